@@ -1,0 +1,12 @@
+"""The Caffe-style layer catalog: one parameter model and one lowering per YAML layer type.
+
+``NetSpec`` is the pydantic model of a whole net file over this catalog.
+"""
+from schemas.net import build_net_model
+
+from . import activations, conv, dense, losses, normalization, structure  # noqa: F401  (registration)
+from .registry import LAYERS, LayerDef, LayerError
+
+NetSpec = build_net_model([d.params for d in LAYERS.values()])
+
+__all__ = ["LAYERS", "LayerDef", "LayerError", "NetSpec"]

@@ -1,0 +1,34 @@
+"""InnerProduct (fully connected) layer: PyTorch's Linear layout, weight [O, I]."""
+from __future__ import annotations
+
+from typing import Literal
+
+from schemas.base import Bool, ParamLayerBase, PositiveInt
+
+from toolkit.ir.dims import product
+
+from .registry import LayerError, layer, static_dim
+
+
+class InnerProductParams(ParamLayerBase):
+    type: Literal["InnerProduct"]
+    num_output: PositiveInt
+    bias_term: Bool = True
+    axis: int = 1
+
+
+@layer(InnerProductParams)
+def lower_inner_product(p: InnerProductParams, ctx, bottoms):
+    x, = bottoms
+    if not -x.rank <= p.axis < x.rank:
+        raise LayerError(f"axis {p.axis} is out of range for the input {ctx.fmt(x)}", "axis")
+    axis = p.axis % x.rank
+    features = static_dim(product(x.shape[axis:]), f"the input's size from axis {axis}", "bottom")
+    b = ctx.b
+    w = ctx.param("weight", (p.num_output, features), fan_in=features, fan_out=p.num_output)
+    rows = product(x.shape[:axis])
+    y = b.op("matmul", b.reshape(x, (rows, features)), w, trans_a=False, trans_b=True)
+    if p.bias_term:
+        bias = ctx.param("bias", (p.num_output,), default_filler={"type": "constant", "value": 0.0})
+        y = b.add(y, bias)
+    return [b.reshape(y, tuple(x.shape[:axis]) + (p.num_output,))]

@@ -1,0 +1,148 @@
+"""Layers that move data: Concat, Slice, Eltwise, Flatten, Reshape."""
+from __future__ import annotations
+
+from typing import ClassVar, Literal, Optional
+
+from schemas.base import LayerBase, Number
+
+from toolkit.ir.dims import DimError, product
+
+from .registry import LayerError, layer
+
+
+def _axis(axis: int, x, ctx) -> int:
+    if not -x.rank <= axis < x.rank:
+        raise LayerError(f"axis {axis} is out of range for the input {ctx.fmt(x)}", "axis")
+    return axis % x.rank
+
+
+class ConcatParams(LayerBase):
+    type: Literal["Concat"]
+    axis: int = 1
+    BOTTOMS: ClassVar = (1, None)
+
+
+@layer(ConcatParams)
+def lower_concat(p: ConcatParams, ctx, bottoms):
+    if len(bottoms) == 1:
+        return [bottoms[0]]
+    return [ctx.b.op("concat", *bottoms, axis=_axis(p.axis, bottoms[0], ctx))]
+
+
+class SliceParams(LayerBase):
+    type: Literal["Slice"]
+    axis: int = 1
+    slice_point: Optional[list[int]] = None
+    TOPS: ClassVar = (1, None)
+
+
+@layer(SliceParams)
+def lower_slice(p: SliceParams, ctx, bottoms):
+    x, = bottoms
+    axis = _axis(p.axis, x, ctx)
+    size = x.shape[axis]
+    n_tops = len(p.tops)
+    if p.slice_point is not None:
+        points = list(p.slice_point)
+        if len(points) != n_tops - 1:
+            raise LayerError(f"{len(points)} slice_point values make {len(points) + 1} pieces, "
+                             f"but the layer has {n_tops} tops", "slice_point")
+        bounds = [0] + points + [size]
+        for lo, hi in zip(bounds, bounds[1:]):
+            try:
+                if not lo < hi:
+                    raise LayerError(f"slice_point must increase within the axis size {size}: {points}",
+                                     "slice_point")
+            except DimError:
+                raise LayerError(f"slice_point needs a fixed size of axis {axis}, got {size}", "slice_point")
+    else:
+        try:
+            piece = size // n_tops
+        except DimError:
+            raise LayerError(f"axis {axis} of size {size} does not split into {n_tops} equal parts", "top")
+        if isinstance(size, int) and size % n_tops:
+            raise LayerError(f"axis {axis} of size {size} does not split into {n_tops} equal parts", "top")
+        bounds = [piece * i for i in range(n_tops)] + [size]
+    return [ctx.b.op("slice", x, axis=axis, start=lo, stop=hi) for lo, hi in zip(bounds, bounds[1:])]
+
+
+class EltwiseParams(LayerBase):
+    type: Literal["Eltwise"]
+    operation: Literal["sum", "prod", "max"] = "sum"
+    coeff: Optional[list[Number]] = None
+    BOTTOMS: ClassVar = (2, None)
+
+
+@layer(EltwiseParams)
+def lower_eltwise(p: EltwiseParams, ctx, bottoms):
+    b = ctx.b
+    for x in bottoms[1:]:
+        if tuple(x.shape) != tuple(bottoms[0].shape):
+            raise LayerError("Eltwise needs bottoms of one shape, got "
+                             + ", ".join(ctx.fmt(v) for v in bottoms), "bottom")
+    if p.coeff is not None and p.operation != "sum":
+        raise LayerError("coeff applies only to operation: sum", "coeff")
+    if p.coeff is not None and len(p.coeff) != len(bottoms):
+        raise LayerError(f"{len(p.coeff)} coeff values for {len(bottoms)} bottoms", "coeff")
+    if p.operation == "sum":
+        coeff = p.coeff or [1.0] * len(bottoms)
+        return [b.add_all([b.scale(x, float(c)) for x, c in zip(bottoms, coeff)])]
+    op = "mul" if p.operation == "prod" else "maximum"
+    out = bottoms[0]
+    for x in bottoms[1:]:
+        out = b.op(op, out, x)
+    return [out]
+
+
+class FlattenParams(LayerBase):
+    type: Literal["Flatten"]
+    axis: int = 1
+    end_axis: int = -1
+
+
+@layer(FlattenParams)
+def lower_flatten(p: FlattenParams, ctx, bottoms):
+    x, = bottoms
+    start = _axis(p.axis, x, ctx)
+    if not -x.rank <= p.end_axis < x.rank:
+        raise LayerError(f"end_axis {p.end_axis} is out of range for the input {ctx.fmt(x)}", "end_axis")
+    end = p.end_axis % x.rank
+    if end < start:
+        raise LayerError(f"end_axis {p.end_axis} comes before axis {p.axis}", "end_axis")
+    shape = tuple(x.shape[:start]) + (product(x.shape[start: end + 1]),) + tuple(x.shape[end + 1:])
+    return [ctx.b.reshape(x, shape)]
+
+
+class ReshapeParams(LayerBase):
+    type: Literal["Reshape"]
+    shape: list[int]
+
+
+@layer(ReshapeParams)
+def lower_reshape(p: ReshapeParams, ctx, bottoms):
+    x, = bottoms
+    dims = list(p.shape)
+    if dims.count(-1) > 1:
+        raise LayerError("at most one -1 in shape", "shape")
+    out = []
+    for i, d in enumerate(dims):
+        if d == 0:
+            if i >= x.rank:
+                raise LayerError(f"shape[{i}] is 0 (copy) but the input {ctx.fmt(x)} has no axis {i}", "shape")
+            out.append(x.shape[i])
+        elif d < -1:
+            raise LayerError(f"shape[{i}] = {d}: dimensions are positive, 0 (copy) or -1 (infer)", "shape")
+        else:
+            out.append(d)
+    if -1 in dims:
+        known = product(d for d in out if not (isinstance(d, int) and d == -1))
+        try:
+            inferred = x.numel // known
+            if isinstance(inferred, int) and inferred * known != x.numel:
+                raise DimError("not divisible")
+        except DimError:
+            raise LayerError(f"cannot reshape {ctx.fmt(x)} to {dims}: the size does not divide", "shape")
+        out[dims.index(-1)] = inferred
+    if product(out) != x.numel:
+        raise LayerError(f"cannot reshape {ctx.fmt(x)} to {dims}: the element counts differ", "shape")
+    return [ctx.b.reshape(x, tuple(out))]

@@ -1,0 +1,108 @@
+"""Pydantic building blocks shared by every layer model: the common layer keys, fillers, inputs.
+
+Depends on pydantic only. Layer parameter models subclass ``LayerBase`` (or ``ParamLayerBase``
+for layers with learnable weights) next to their lowering in ``layers/``.
+"""
+from __future__ import annotations
+
+from typing import Annotated, ClassVar, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
+
+Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.\-/]+$")]
+Phase = Literal["train", "test", "infer"]
+PHASES: tuple[str, ...] = ("train", "test", "infer")
+DType = Literal["float32", "float64", "int32", "int64"]
+PositiveInt = Annotated[StrictInt, Field(gt=0)]
+NonNegInt = Annotated[StrictInt, Field(ge=0)]
+Number = Union[StrictInt, float]
+# kernel_size / stride / pad / dilation: one number for both axes, or [h, w]
+Pair = Union[PositiveInt, Annotated[list[PositiveInt], Field(min_length=2, max_length=2)]]
+PadPair = Union[NonNegInt, Annotated[list[NonNegInt], Field(min_length=2, max_length=2)]]
+Bool = StrictBool
+
+
+class Strict(BaseModel):
+    """Unknown keys are errors everywhere in a net file."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=False)
+
+
+class ConstantFiller(Strict):
+    type: Literal["constant"]
+    value: Number = 0.0
+
+
+class UniformFiller(Strict):
+    type: Literal["uniform"]
+    min: Number = 0.0
+    max: Number = 1.0
+
+
+class GaussianFiller(Strict):
+    type: Literal["gaussian"]
+    mean: Number = 0.0
+    std: Annotated[float, Field(ge=0)] = 1.0
+
+
+class XavierFiller(Strict):
+    """Caffe's xavier: uniform in +-sqrt(3 / n), n = fan_in (default), fan_out or their average."""
+
+    type: Literal["xavier"]
+    variance_norm: Literal["fan_in", "fan_out", "average"] = "fan_in"
+
+
+class MsraFiller(Strict):
+    """Caffe's msra (He): gaussian with std sqrt(2 / n), n as for xavier."""
+
+    type: Literal["msra"]
+    variance_norm: Literal["fan_in", "fan_out", "average"] = "fan_in"
+
+
+Filler = Annotated[Union[ConstantFiller, UniformFiller, GaussianFiller, XavierFiller, MsraFiller],
+                   Field(discriminator="type")]
+
+
+class InputSpec(Strict):
+    shape: Annotated[list[Union[PositiveInt, Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]]],
+                     Field(min_length=0)]
+    dtype: DType = "float32"
+
+
+class LayerBase(Strict):
+    """Keys every layer has. ``type`` is narrowed to a Literal by each layer model."""
+
+    name: Name
+    type: str
+    bottom: Union[Name, list[Name]] = []
+    top: Union[Name, list[Name]] = []
+    phase: Union[Phase, list[Phase], None] = None
+    loss_weight: Union[Number, list[Number], None] = None
+
+    # How many bottoms and tops the layer takes: (least, most), most None for no limit.
+    BOTTOMS: ClassVar[tuple[int, Optional[int]]] = (1, 1)
+    TOPS: ClassVar[tuple[int, Optional[int]]] = (1, 1)
+
+    @property
+    def bottoms(self) -> list[str]:
+        return [self.bottom] if isinstance(self.bottom, str) else list(self.bottom)
+
+    @property
+    def tops(self) -> list[str]:
+        return [self.top] if isinstance(self.top, str) else list(self.top)
+
+    @property
+    def phases(self) -> tuple[str, ...]:
+        if self.phase is None:
+            return PHASES
+        return (self.phase,) if isinstance(self.phase, str) else tuple(self.phase)
+
+
+class ParamLayerBase(LayerBase):
+    """A layer with learnable weights: per-parameter multipliers, sharing and fillers."""
+
+    lr_mult: Union[Number, list[Number], None] = None
+    decay_mult: Union[Number, list[Number], None] = None
+    share: Union[Name, None] = None
+    weight_filler: Union[Filler, None] = None
+    bias_filler: Union[Filler, None] = None

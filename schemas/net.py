@@ -1,0 +1,31 @@
+"""NetSpec: a whole net file. The layer union is assembled from the layer models the catalog
+registers, discriminated on ``type``."""
+from __future__ import annotations
+
+from typing import Annotated, Any, Optional, Union
+
+from pydantic import BaseModel, Field
+
+from .base import InputSpec, LayerBase, Name, Strict
+from .train import TrainSpec
+
+
+def build_net_model(layer_models: list[type[LayerBase]]) -> type[BaseModel]:
+    """The NetSpec model for a catalog of layer models (each with ``type: Literal[...]``)."""
+    Layer = Annotated[Union[tuple(layer_models)], Field(discriminator="type")]  # type: ignore[valid-type]
+
+    class NetSpec(Strict):
+        name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.\-]+$")]
+        inputs: Annotated[dict[Name, InputSpec], Field(min_length=1)]
+        layers: Annotated[list[Layer], Field(min_length=1)]
+        outputs: Optional[list[Name]] = None
+        train: Optional[TrainSpec] = None
+
+    return NetSpec
+
+
+def json_schema(net_model: type[BaseModel]) -> dict[str, Any]:
+    schema = net_model.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "toolkit net"
+    return schema

@@ -1,0 +1,54 @@
+"""The ``train`` section of a net (SPEC section 3): data, solver, lr policy, schedule."""
+from __future__ import annotations
+
+from typing import Annotated, Literal, Optional, Union
+
+from pydantic import Field
+
+from .base import Name, Number, PositiveInt, Strict
+
+
+class DataSpec(Strict):
+    source: str = "builtin:digits"
+    test_fraction: Annotated[float, Field(ge=0, lt=1)] = 0.2
+    test_source: Optional[str] = None
+    batch_size: PositiveInt = 64
+    shuffle: bool = True
+    scale: Optional[Number] = None
+    mean: Optional[Union[Number, list[Number]]] = None
+
+
+class LrPolicy(Strict):
+    type: Literal["fixed", "step", "multistep", "exp", "inv", "poly", "cosine"] = "fixed"
+    gamma: Optional[Number] = None
+    step_size: Optional[PositiveInt] = None
+    milestones: Optional[list[PositiveInt]] = None
+    power: Optional[Number] = None
+    min_lr: Number = 0.0
+    warmup_iters: Annotated[int, Field(ge=0)] = 0
+    warmup_factor: Annotated[float, Field(gt=0, le=1)] = 0.1
+
+
+class SolverSpec(Strict):
+    type: Literal["sgd", "nesterov", "adam", "adamw", "rmsprop", "adagrad"] = "sgd"
+    base_lr: Annotated[float, Field(gt=0)] = 0.01
+    momentum: Annotated[float, Field(ge=0)] = 0.0
+    weight_decay: Optional[Annotated[float, Field(ge=0)]] = None
+    betas: Annotated[list[float], Field(min_length=2, max_length=2)] = [0.9, 0.999]
+    eps: Optional[Annotated[float, Field(gt=0)]] = None
+    alpha: Annotated[float, Field(gt=0, lt=1)] = 0.99
+    lr_policy: LrPolicy = LrPolicy()
+    clip_gradients: Optional[Annotated[float, Field(gt=0)]] = None
+
+
+class TrainSpec(Strict):
+    data: DataSpec = DataSpec()
+    solver: SolverSpec = SolverSpec()
+    losses: Optional[list[Name]] = None
+    max_iter: Optional[PositiveInt] = None
+    epochs: Optional[PositiveInt] = None
+    test_interval: Optional[PositiveInt] = None
+    display: PositiveInt = 50
+    snapshot: Optional[PositiveInt] = None
+    keep_last: PositiveInt = 3
+    seed: int = 0

@@ -1,0 +1,57 @@
+"""Reverse-mode autodiff as a graph transformation: appends backward ops built from each op's
+gradient rule. Fan-out gradients are summed; only nodes between the requested values and the
+objective get gradient work (so frozen weights and data inputs cost nothing).
+"""
+from __future__ import annotations
+
+from .ir.graph import FLOAT_DTYPES, Graph, Value
+from .ops.base import Builder, get_op
+
+
+class AutodiffError(ValueError):
+    """The objective depends on a requested value through an op without a gradient rule."""
+
+
+def _forward_reach(graph: Graph, sources: list[Value]) -> set[int]:
+    """Ids of float values that depend on any source."""
+    reach = {v.id for v in sources}
+    for node in graph.nodes:
+        if any(v.id in reach for v in node.inputs):
+            reach.update(o.id for o in node.outputs if o.dtype in FLOAT_DTYPES)
+    return reach
+
+
+def differentiate(graph: Graph, objective: Value, wrt: list[Value]) -> dict[int, Value | None]:
+    """Append d(objective)/d(v) for each v in ``wrt``; returns {v.id: gradient or None if zero}."""
+    if objective.shape != ():
+        raise AutodiffError(f"the objective must be a scalar, got shape {objective.shape}")
+    depends = _forward_reach(graph, wrt)
+    forward_nodes = list(graph.nodes)
+    pending: dict[int, list[Value]] = {objective.id: [Builder(graph, "autodiff").scalar(1.0, objective.dtype)]}
+
+    def total(b: Builder, v: Value) -> Value | None:
+        parts = pending.pop(v.id, None)
+        if not parts:
+            return None
+        return b.add_all(parts)
+
+    for node in reversed(forward_nodes):
+        if not any(o.id in pending for o in node.outputs):
+            continue
+        if not any(v.id in depends for v in node.inputs):
+            for o in node.outputs:
+                pending.pop(o.id, None)
+            continue
+        b = Builder(graph, f"{node.scope}.grad" if node.scope else "grad")
+        gouts = [total(b, o) for o in node.outputs]
+        opdef = get_op(node.op)
+        if opdef.grad is None:
+            raise AutodiffError(f"layer '{node.scope}': op '{node.op}' has no gradient rule, "
+                                "but the objective depends on it")
+        gins = opdef.grad(b, node, gouts)
+        for v, g in zip(node.inputs, gins):
+            if g is not None and v.id in depends:
+                pending.setdefault(v.id, []).append(g)
+
+    b = Builder(graph, "autodiff")
+    return {v.id: total(b, v) for v in wrt}

@@ -1,0 +1,209 @@
+"""Lowering a validated NetSpec to the graph of one phase: bottoms resolved to the latest top
+of that name above (in-place tops included), each layer lowered by the catalog, shapes inferred
+as nodes are added. Every problem is collected with the location of the key it concerns.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import Location, Problem
+from ..ir.dims import as_dim, format_dim
+from ..ir.graph import FLOAT_DTYPES, Graph, TensorType, Value, Weight
+from ..ops.base import Builder, ShapeError
+from .spec import did_you_mean
+from .yaml_loader import Positions
+
+OBJECTIVE = "@objective"   # the train graph's total loss; '@' cannot appear in a blob name
+
+
+class LowerContext:
+    """What a layer lowering may use: the builder, the phase, weight and state declarations."""
+
+    def __init__(self, graph: Graph, layer, phase: str, float_dtype: str, declared: dict[str, tuple]):
+        self.graph = graph
+        self.layer = layer
+        self.phase = phase
+        self.float_dtype = float_dtype
+        self.b = Builder(graph, layer.name)
+        self._declared = declared         # every weight key -> (shape, layer) across phases
+        self.param_count = 0
+
+    @staticmethod
+    def fmt(v: Value) -> str:
+        return "[" + ", ".join(format_dim(d) for d in v.shape) + "]"
+
+    def _multiplier(self, values, default: float = 1.0) -> float:
+        if values is None:
+            return default
+        if isinstance(values, (int, float)):
+            return float(values)
+        if self.param_count >= len(values):
+            from layers.registry import LayerError
+            raise LayerError(f"{len(values)} values given, but the layer has more parameters", "lr_mult")
+        return float(values[self.param_count])
+
+    def param(self, pname: str, shape: tuple, fan_in: int = 1, fan_out: int = 1,
+              default_filler: dict | None = None, filler_key: str | None = None) -> Value:
+        from layers.registry import LayerError
+        layer = self.layer
+        owner = getattr(layer, "share", None) or layer.name
+        key = f"{owner}.{pname}"
+        lr_mult = self._multiplier(getattr(layer, "lr_mult", None))
+        decay_mult = self._multiplier(getattr(layer, "decay_mult", None))
+        self.param_count += 1
+        if owner != layer.name:
+            if key not in self.graph.weights:
+                raise LayerError(f"share: layer '{owner}' above has no parameter '{pname}' to share", "share")
+            existing = self.graph.weights[key]
+            if tuple(existing.value.shape) != tuple(shape):
+                raise LayerError(f"share: '{key}' has shape {self.fmt(existing.value)} but this layer needs "
+                                 f"[{', '.join(map(str, shape))}]", "share")
+            return existing.value
+        filler_key = filler_key or ("weight_filler" if pname == "weight" else "bias_filler")
+        filler = getattr(layer, filler_key, None)
+        init = filler.model_dump() if filler is not None else (default_filler or {"type": "xavier",
+                                                                                   "variance_norm": "fan_in"})
+        value = Value(TensorType(tuple(shape), self.float_dtype), name=key)
+        self.graph.weights[key] = Weight(key, value, True, init, lr_mult, decay_mult, layer.name, fan_in, fan_out)
+        self._declared.setdefault(key, (tuple(shape), layer.name))
+        return value
+
+    def state(self, pname: str, shape: tuple, fill: float) -> Value:
+        key = f"{getattr(self.layer, 'share', None) or self.layer.name}.{pname}"
+        if key in self.graph.weights:
+            return self.graph.weights[key].value
+        value = Value(TensorType(tuple(shape), self.float_dtype), name=key)
+        self.graph.weights[key] = Weight(key, value, False, {"type": "constant", "value": fill},
+                                         0.0, 0.0, self.layer.name)
+        self._declared.setdefault(key, (tuple(shape), self.layer.name))
+        return value
+
+    def update(self, pname: str, value: Value) -> None:
+        key = f"{getattr(self.layer, 'share', None) or self.layer.name}.{pname}"
+        self.graph.updates[key] = value
+
+
+def _count_problem(what: str, n: int, bounds: tuple) -> str | None:
+    lo, hi = bounds
+    if n < lo or (hi is not None and n > hi):
+        if hi is None:
+            want = f"at least {lo}"
+        elif lo == hi:
+            want = str(lo)
+        else:
+            want = f"{lo} to {hi}"
+        return f"takes {want} {what}{'s' if want != '1' else ''}, got {n}"
+    return None
+
+
+def lower_phase(spec, positions: Positions, phase: str, float_dtype: str | None,
+                declared: dict[str, tuple], loss_layers: set[str] | None = None) -> tuple[Graph, list[Problem]]:
+    """The graph of ``phase`` (outputs not yet pruned) and the problems found building it.
+    ``loss_layers``: names of the objective's layers (None: every layer whose type ends in Loss)."""
+    from layers import LAYERS
+    from layers.registry import LayerError
+
+    graph = Graph(phase)
+    problems: list[Problem] = []
+    blobs: dict[str, Value] = {}
+    consumed: set[int] = set()
+    broken: set[str] = set()              # tops of layers that failed: their users stay quiet
+
+    def where(i: int, key: str | None = None, value: bool = False) -> Location:
+        path = ("layers", i) + ((key,) if key else ())
+        return positions.locate(path, prefer_key=not value)
+
+    for name, inp in spec.inputs.items():
+        dtype = inp.dtype
+        if float_dtype and dtype in FLOAT_DTYPES:
+            dtype = float_dtype
+        v = Value(TensorType(tuple(as_dim(d) for d in inp.shape), dtype), name=name)
+        graph.inputs[name] = v
+        blobs[name] = v
+
+    all_tops: dict[str, list[tuple[int, Any]]] = {}
+    for i, layer in enumerate(spec.layers):
+        for t in layer.tops:
+            all_tops.setdefault(t, []).append((i, layer))
+
+    net_float = float_dtype or "float32"
+    for i, layer in enumerate(spec.layers):
+        if phase not in layer.phases:
+            continue
+        ldef = LAYERS[layer.type]
+        label = f"layer '{layer.name}' ({layer.type})"
+        bad_counts = False
+        for what, items, bounds, key in (("bottom", layer.bottoms, ldef.params.BOTTOMS, "bottom"),
+                                         ("top", layer.tops, ldef.params.TOPS, "top")):
+            msg = _count_problem(what, len(items), bounds)
+            if msg:
+                problems.append(Problem(f"{label} {msg}", where(i, key) if key in _keys(layer) else where(i)))
+                bad_counts = True
+        if bad_counts:
+            broken.update(layer.tops)
+            continue
+        bottoms, missing = [], False
+        for j, bname in enumerate(layer.bottoms):
+            if bname in blobs:
+                bottoms.append(blobs[bname])
+                continue
+            missing = True
+            if bname in broken:
+                continue
+            loc = positions.locate(("layers", i, "bottom") + ((j,) if isinstance(layer.bottom, list) else ()),
+                                   prefer_key=False)
+            problems.append(Problem(f"{label}: {_dangling(bname, i, phase, all_tops, blobs, positions)}", loc))
+        if missing:
+            broken.update(layer.tops)
+            continue
+        ctx = LowerContext(graph, layer, phase, net_float, declared)
+        try:
+            tops = ldef.lower(layer, ctx, bottoms)
+            for key in ("lr_mult", "decay_mult"):
+                vals = getattr(layer, key, None)
+                if isinstance(vals, list) and len(vals) != ctx.param_count:
+                    raise LayerError(f"{len(vals)} {key} values for {ctx.param_count} parameters", key)
+        except LayerError as e:
+            loc = where(i, e.key) if e.key and e.key in _keys(layer) else where(i)
+            problems.append(Problem(f"{label}: {e}", loc))
+            broken.update(layer.tops)
+            continue
+        except ShapeError as e:
+            problems.append(Problem(f"{label}: {e}", where(i)))
+            broken.update(layer.tops)
+            continue
+        for v in bottoms:
+            consumed.add(v.id)
+        for tname, v in zip(layer.tops, tops):
+            v.name = v.name or tname
+            blobs[tname] = v
+        is_loss = layer.name in loss_layers if loss_layers is not None else ldef.type.endswith("Loss")
+        if is_loss:
+            weights = layer.loss_weight if isinstance(layer.loss_weight, list) else [layer.loss_weight] * len(tops)
+            for tname, lw in zip(layer.tops, weights):
+                graph.losses[tname] = 1.0 if lw is None else float(lw)
+
+    graph.outputs = {name: v for name, v in blobs.items()
+                     if v.id not in consumed and name not in graph.inputs and v.producer is not None}
+    graph.blobs = blobs  # type: ignore[attr-defined]  (for choosing outputs by name)
+    return graph, problems
+
+
+def _keys(layer) -> set[str]:
+    return set(layer.model_fields_set) | {"name", "type"}
+
+
+def _dangling(bname: str, index: int, phase: str, all_tops, blobs, positions: Positions) -> str:
+    producers = all_tops.get(bname, [])
+    below = [(j, l) for j, l in producers if j > index]
+    if below:
+        j, other = below[0]
+        line = positions.locate(("layers", j)).line
+        return (f"bottom '{bname}' is produced only below, by layer '{other.name}' (line {line}); "
+                "a bottom must be produced above the layer that uses it")
+    other_phase = [(j, l) for j, l in producers if j < index and phase not in l.phases]
+    if other_phase:
+        j, other = other_phase[0]
+        return (f"bottom '{bname}' is not produced in phase {phase}: layer '{other.name}' runs only in "
+                f"phase {', '.join(other.phases)}")
+    return f"unknown bottom '{bname}'{did_you_mean(bname, list(blobs) + list(all_tops))}"

@@ -1,0 +1,144 @@
+"""``Net``: a net file loaded and checked in every phase, that hands out per-phase graphs.
+
+Loading validates the whole file at once (schema, wiring, shapes in every phase, duplicate
+names, outputs, shares), so one run reports every problem.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+
+from ..errors import Problem, SpecError, UserError
+from ..ir.graph import Graph
+from ..ops.base import Builder
+from ..passes.prune import eliminate_dead_code
+from .lower import OBJECTIVE, lower_phase
+from .spec import did_you_mean, parse_net, read_text
+from .yaml_loader import Positions
+
+PHASES = ("train", "test", "infer")
+
+
+class Net:
+    def __init__(self, spec, positions: Positions, file: str):
+        self.spec = spec
+        self.positions = positions
+        self.file = file
+        self.declared: dict[str, tuple] = {}      # weight key -> (shape, layer), every phase
+        problems = self._check_names()
+        for phase in PHASES:
+            _graph, found = lower_phase(spec, positions, phase, None, self.declared, self._loss_layers())
+            problems += found
+        problems += self._check_outputs()
+        unique = list({(str(p.location), p.message): p for p in problems}.values())
+        if unique:
+            unique.sort(key=lambda p: (p.location.line, p.location.col) if p.location else (0, 0))
+            raise SpecError(*unique)
+
+    @classmethod
+    def load(cls, path: str, overrides: list[tuple[tuple, Any]] = ()) -> "Net":
+        from layers import LAYERS, NetSpec
+        text = read_text(path)
+        spec, _raw, positions = parse_net(text, path, NetSpec, {k: d.params for k, d in LAYERS.items()},
+                                          overrides)
+        return cls(spec, positions, path)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    # -- checks that span layers -------------------------------------------------------------
+    def _check_names(self) -> list[Problem]:
+        problems, seen = [], {}
+        for i, layer in enumerate(self.spec.layers):
+            if layer.name in seen:
+                first = self.positions.locate(("layers", seen[layer.name], "name"), prefer_key=False)
+                problems.append(Problem(f"layer name '{layer.name}' is already used (line {first.line})",
+                                        self.positions.locate(("layers", i, "name"), prefer_key=False)))
+            else:
+                seen[layer.name] = i
+        if self.spec.train and self.spec.train.losses:
+            for j, name in enumerate(self.spec.train.losses):
+                if name not in seen:
+                    problems.append(Problem(f"train.losses names no layer '{name}'{did_you_mean(name, seen)}",
+                                            self.positions.locate(("train", "losses", j), prefer_key=False)))
+        return problems
+
+    def _loss_layers(self) -> set[str] | None:
+        if self.spec.train and self.spec.train.losses:
+            return set(self.spec.train.losses)
+        return None
+
+    def _check_outputs(self) -> list[Problem]:
+        if not self.spec.outputs:
+            return []
+        graph, _ = lower_phase(self.spec, self.positions, "infer", None, {}, self._loss_layers())
+        blobs = getattr(graph, "blobs", {})
+        problems = []
+        for j, name in enumerate(self.spec.outputs):
+            if name not in blobs:
+                problems.append(Problem(f"output '{name}' is not produced in phase infer"
+                                        f"{did_you_mean(name, blobs)}",
+                                        self.positions.locate(("outputs", j), prefer_key=False)))
+        return problems
+
+    # -- graphs ------------------------------------------------------------------------------
+    def graph(self, phase: str, dtype: str | None = None, outputs: list[str] | None = None) -> Graph:
+        """The pruned forward graph of ``phase``. Train graphs output each loss top and the
+        loss_weight-weighted objective under OBJECTIVE."""
+        graph, problems = lower_phase(self.spec, self.positions, phase, dtype, {}, self._loss_layers())
+        if problems:
+            raise SpecError(*problems)
+        blobs = graph.blobs  # type: ignore[attr-defined]
+        if outputs is None and phase == "infer" and self.spec.outputs:
+            outputs = list(self.spec.outputs)
+        if outputs is not None:
+            missing = [o for o in outputs if o not in blobs]
+            if missing:
+                raise UserError(f"no blob named {', '.join(missing)} in phase {phase}")
+            graph.outputs = {o: blobs[o] for o in outputs}
+        if phase == "train":
+            if not graph.losses:
+                raise UserError(f"{self.file}: the train phase has no loss layer (a type ending in 'Loss', "
+                                "or train.losses)")
+            b = Builder(graph, "objective")
+            terms = [b.scale(blobs[t], w) for t, w in graph.losses.items()]
+            graph.outputs.update({t: blobs[t] for t in graph.losses})
+            graph.outputs[OBJECTIVE] = b.add_all(terms)
+        return eliminate_dead_code(graph)
+
+    # -- weights -----------------------------------------------------------------------------
+    def weight_graph(self) -> Graph:
+        """A train graph (or infer if there is no loss) that declares every weight of the net."""
+        graph, _ = lower_phase(self.spec, self.positions, "train", None, {}, self._loss_layers())
+        for phase in ("test", "infer"):
+            other, _ = lower_phase(self.spec, self.positions, phase, None, {}, self._loss_layers())
+            for k, w in other.weights.items():
+                graph.weights.setdefault(k, w)
+        return graph
+
+    def init_weights(self, seed: int = 0, dtype: str | None = None) -> dict[str, np.ndarray]:
+        from ..weights import fill
+        rng = np.random.default_rng(seed)
+        out = {}
+        for key, w in self.weight_graph().weights.items():
+            shape = tuple(int(d) for d in w.value.shape)
+            out[key] = fill(w.init, shape, dtype or w.value.dtype, w.fan_in, w.fan_out, rng)
+        return out
+
+    def load_weights(self, path: str, allow_missing: bool = False, seed: int = 0,
+                     dtype: str | None = None) -> dict[str, np.ndarray]:
+        """Weights from a file, checked against the net; --allow-missing starts the rest."""
+        from ..weights import check_weights, load_weights
+        loaded = load_weights(path)
+        check_weights(path, loaded, self.declared, allow_missing)
+        out = self.init_weights(seed, dtype) if allow_missing else {}
+        for key, (shape, _layer) in self.declared.items():
+            if key in loaded:
+                out[key] = np.ascontiguousarray(loaded[key], dtype=dtype or "float32")
+        return out
+
+
+def weights_for(graph: Graph, weights: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {k: weights[k] for k in graph.weights}

@@ -1,0 +1,153 @@
+"""Reading a net file into a validated NetSpec, with pydantic's errors rewritten as
+``FILE:LINE:COL: error: ...`` lines that name the layer and the key, plus near-miss hints."""
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from ..errors import Problem, SpecError, UserError
+from .yaml_loader import Positions, load_yaml
+
+
+def did_you_mean(word: str, candidates) -> str:
+    match = difflib.get_close_matches(str(word), [str(c) for c in candidates], n=1, cutoff=0.6)
+    return f"; did you mean '{match[0]}'?" if match else ""
+
+
+def read_text(path: str) -> str:
+    p = Path(path)
+    if not p.exists():
+        raise UserError(f"{path}: no such file")
+    if p.is_dir():
+        raise UserError(f"{path}: is a directory, not a net file")
+    try:
+        data = p.read_bytes()
+    except OSError as e:
+        raise UserError(f"{path}: cannot read: {e.strerror}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: not a UTF-8 text file") from None
+
+
+def parse_net(text: str, file: str, net_model: type[BaseModel], layer_models: dict[str, type[BaseModel]],
+              overrides: list[tuple[tuple, Any]] = ()) -> tuple[BaseModel, dict, Positions]:
+    """Returns (NetSpec, the raw mapping, positions). Raises SpecError with every problem found."""
+    data, positions = load_yaml(text, file)
+    if not isinstance(data, dict):
+        raise SpecError(Problem("a net file is a mapping with 'name', 'inputs' and 'layers'",
+                                positions.locate(())))
+    for path, value in overrides:
+        _apply_override(data, path, value)
+    try:
+        spec = net_model.model_validate(data)
+    except ValidationError as e:
+        raise SpecError(*_problems(e, data, positions, net_model, layer_models)) from None
+    return spec, data, positions
+
+
+def _apply_override(data: dict, path: tuple, value: Any) -> None:
+    node = data
+    for key in path[:-1]:
+        if isinstance(node, list) and isinstance(key, int) and -len(node) <= key < len(node):
+            node = node[key]
+            continue
+        if not isinstance(node, dict):
+            raise UserError(f"--set {'.'.join(map(str, path))}: '{key}' is not a mapping in the net")
+        node = node.setdefault(key, {})
+    if isinstance(node, list) and isinstance(path[-1], int):
+        node[path[-1]] = value
+    elif isinstance(node, dict):
+        node[path[-1]] = value
+    else:
+        raise UserError(f"--set {'.'.join(map(str, path))}: the parent is not a mapping")
+
+
+def _walk(loc: tuple, data: Any) -> tuple[tuple, list]:
+    """Split pydantic's loc into the document path (keys that exist) and the rest (tags, members)."""
+    path, rest, cur = [], [], data
+    for el in loc:
+        if isinstance(cur, dict) and el in cur:
+            path.append(el)
+            cur = cur[el]
+        elif isinstance(cur, list) and isinstance(el, int) and 0 <= el < len(cur):
+            path.append(el)
+            cur = cur[el]
+        else:
+            rest.append(el)
+    return tuple(path), rest
+
+
+def _layer_label(data: Any, path: tuple) -> str:
+    if len(path) >= 2 and path[0] == "layers" and isinstance(path[1], int):
+        layer = data["layers"][path[1]]
+        if isinstance(layer, dict):
+            name = layer.get("name")
+            kind = layer.get("type")
+            if name is not None:
+                return f"layer '{name}'" + (f" ({kind})" if isinstance(kind, str) else "")
+        return f"layer #{path[1] + 1}"
+    return ""
+
+
+def _model_for(path: tuple, data: Any, net_model, layer_models) -> type[BaseModel] | None:
+    """The pydantic model that owns the mapping at ``path`` (for key hints)."""
+    if len(path) >= 2 and path[0] == "layers":
+        layer = data["layers"][path[1]]
+        model = layer_models.get(layer.get("type")) if isinstance(layer, dict) else None
+        if len(path) == 2:
+            return model
+        return None
+    model = net_model
+    for key in path:
+        if isinstance(key, int):
+            return None
+        field = model.model_fields.get(key)
+        if field is None:
+            return None
+        ann = field.annotation
+        inner = [a for a in getattr(ann, "__args__", (ann,)) if isinstance(a, type) and issubclass(a, BaseModel)]
+        if not inner:
+            return None
+        model = inner[0]
+    return model
+
+
+def _problems(error: ValidationError, data, positions: Positions, net_model, layer_models) -> list[Problem]:
+    """One problem per offending place; a value that fails every member of a union is one line."""
+    found: dict[tuple, Problem] = {}
+    bad_values: dict[tuple, tuple[str, list[str], object]] = {}
+    for err in error.errors(include_url=False):
+        path, rest = _walk(err["loc"], data)
+        kind = err["type"]
+        label = _layer_label(data, path)
+        prefix = f"{label}: " if label else ""
+        if kind == "union_tag_invalid":
+            tag = err["ctx"]["tag"]
+            found[path] = Problem(f"{prefix}unknown layer type '{tag}'{did_you_mean(tag, layer_models)}",
+                                  positions.locate(path + ("type",), prefer_key=False))
+        elif kind == "union_tag_not_found":
+            found[path] = Problem(f"{prefix}missing 'type' (one of: {', '.join(sorted(layer_models))})",
+                                  positions.locate(path))
+        elif kind == "extra_forbidden":
+            owner = _model_for(path[:-1], data, net_model, layer_models)
+            hint = did_you_mean(path[-1], owner.model_fields) if owner else ""
+            found[path] = Problem(f"{prefix}unknown key '{path[-1]}'{hint}", positions.locate(path))
+        elif kind == "missing":
+            key = rest[-1] if rest else "?"
+            found[path + (key,)] = Problem(f"{prefix}missing required key '{key}'", positions.locate(path))
+        else:
+            key = next((str(k) for k in reversed(path) if isinstance(k, str)), "")
+            what = f"'{key}'" if key else "value"
+            entry = bad_values.setdefault(path, (f"{prefix}bad {what}: ", [], positions.locate(path, prefer_key=False)))
+            entry[1].append(_plain(err["msg"]))
+    for path, (head, reasons, where) in bad_values.items():
+        found.setdefault(path, Problem(head + "; or ".join(dict.fromkeys(reasons)), where))
+    return sorted(found.values(), key=lambda p: (p.location.line, p.location.col))
+
+
+def _plain(msg: str) -> str:
+    return msg[0].lower() + msg[1:] if msg else msg

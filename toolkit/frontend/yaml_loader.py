@@ -1,0 +1,94 @@
+"""Safe YAML reading that remembers where every key and value came from.
+
+Built on PyYAML's SafeLoader composer (no tag can construct Python objects); duplicate keys,
+unknown tags and syntax errors become SpecErrors with FILE:LINE:COL.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+from yaml.constructor import SafeConstructor
+
+from ..errors import Location, Problem, SpecError
+
+Path = tuple[Any, ...]
+
+
+@dataclass
+class Positions:
+    """Where each path of the document starts: the key (for mapping entries) and the value."""
+
+    file: str
+    keys: dict[Path, Location] = field(default_factory=dict)
+    values: dict[Path, Location] = field(default_factory=dict)
+
+    def locate(self, path: Path, prefer_key: bool = True) -> Location:
+        """The location of ``path``, or of its nearest ancestor that has one."""
+        path = tuple(path)
+        while True:
+            table = (self.keys, self.values) if prefer_key else (self.values, self.keys)
+            for t in table:
+                if path in t:
+                    return t[path]
+            if not path:
+                return Location(self.file, 1, 1)
+            path = path[:-1]
+
+
+def _loc(file: str, mark) -> Location:
+    return Location(file, mark.line + 1, mark.column + 1)
+
+
+def load_yaml(text: str, file: str) -> tuple[Any, Positions]:
+    positions = Positions(file)
+    loader = yaml.SafeLoader(text)
+    try:
+        try:
+            root = loader.get_single_node()
+        except yaml.MarkedYAMLError as e:
+            mark = e.problem_mark or e.context_mark
+            where = _loc(file, mark) if mark else Location(file, 1, 1)
+            raise SpecError(Problem(f"YAML syntax: {e.problem or e.context}", where)) from None
+        except yaml.YAMLError as e:
+            raise SpecError(Problem(f"YAML syntax: {e}", Location(file, 1, 1))) from None
+        if root is None:
+            raise SpecError(Problem("the file is empty; a net needs at least 'name', 'inputs' and 'layers'",
+                                    Location(file, 1, 1)))
+        problems: list[Problem] = []
+        data = _construct(loader, root, (), positions, problems)
+        if problems:
+            raise SpecError(*problems)
+        return data, positions
+    finally:
+        loader.dispose()
+
+
+def _construct(loader, node, path: Path, pos: Positions, problems: list[Problem]) -> Any:
+    pos.values.setdefault(path, _loc(pos.file, node.start_mark))
+    if isinstance(node, yaml.MappingNode):
+        try:
+            loader.flatten_mapping(node)            # resolves YAML merge keys (<<)
+        except yaml.MarkedYAMLError as e:
+            problems.append(Problem(f"YAML: {e.problem}", _loc(pos.file, e.problem_mark)))
+            return {}
+        out: dict = {}
+        for key_node, value_node in node.value:
+            key = _construct(loader, key_node, path + ("<key>",), pos, problems)
+            if not isinstance(key, (str, int, float, bool)) or key is None:
+                problems.append(Problem("mapping keys must be plain scalars", _loc(pos.file, key_node.start_mark)))
+                continue
+            if key in out:
+                problems.append(Problem(f"duplicate key '{key}'", _loc(pos.file, key_node.start_mark)))
+                continue
+            pos.keys[path + (key,)] = _loc(pos.file, key_node.start_mark)
+            out[key] = _construct(loader, value_node, path + (key,), pos, problems)
+        return out
+    if isinstance(node, yaml.SequenceNode):
+        return [_construct(loader, item, path + (i,), pos, problems) for i, item in enumerate(node.value)]
+    constructor = SafeConstructor.yaml_constructors.get(node.tag)
+    if constructor is None or node.tag == "tag:yaml.org,2002:timestamp":
+        problems.append(Problem(f"unsupported or unsafe YAML tag '{node.tag}'", _loc(pos.file, node.start_mark)))
+        return None
+    return constructor(loader, node)

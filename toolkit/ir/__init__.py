@@ -1,0 +1,6 @@
+"""Graph IR: symbolic dimensions, tensor types, values, nodes, graphs, the verifier."""
+from .dims import Dim, DimError, Sym, as_dim, evaluate, format_dim, product
+from .graph import DTYPES, FLOAT_DTYPES, Graph, Node, TensorType, Value, Weight
+
+__all__ = ["Dim", "DimError", "Sym", "as_dim", "evaluate", "format_dim", "product", "DTYPES",
+           "FLOAT_DTYPES", "Graph", "Node", "TensorType", "Value", "Weight"]

@@ -1,0 +1,74 @@
+"""Kernel registry keyed by (op, device, dtype), with ``*`` as an explicit any-dtype fallback.
+
+A kernel is a factory: given a KernelContext (the node with concrete shapes), it returns a
+callable ``run(inputs, outputs)`` that writes into preallocated output arrays. Factories do
+their per-shape work (index maps, scratch buffers) once, when a plan is built.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..ir.graph import Node
+
+KernelFn = Callable[[list, list], None]
+KernelFactory = Callable[["KernelContext"], KernelFn]
+
+
+@dataclass
+class KernelContext:
+    node: Node
+    attrs: dict[str, Any]                 # symbolic dimensions already replaced by numbers
+    in_shapes: list[tuple[int, ...]]
+    out_shapes: list[tuple[int, ...]]
+    dtype: str                            # the dtype the kernel was chosen for
+    device: str
+    runtime: Any = None                   # per-executor state: the random generator for impure ops
+    xp: Any = None                        # the array module: numpy or cupy
+
+
+@dataclass(frozen=True)
+class KernelEntry:
+    factory: KernelFactory
+    inplace: bool = False                 # output 0 may share storage with an input of equal shape
+
+
+@dataclass
+class KernelRegistry:
+    entries: dict[tuple[str, str, str], KernelEntry] = field(default_factory=dict)
+
+    def register(self, op: str, device: str, dtype: str = "*", inplace: bool = False):
+        def wrap(factory: KernelFactory) -> KernelFactory:
+            key = (op, device, dtype)
+            if key in self.entries:
+                raise RuntimeError(f"kernel {key} registered twice")
+            self.entries[key] = KernelEntry(factory, inplace)
+            return factory
+        return wrap
+
+    def lookup(self, op: str, device: str, dtype: str) -> KernelEntry:
+        for key in ((op, device, dtype), (op, device, "*")):
+            if key in self.entries:
+                return self.entries[key]
+        have = sorted(f"{d}/{t}" for (o, d, t) in self.entries if o == op)
+        raise KernelMissing(f"no kernel for op '{op}' on device '{device}' with dtype {dtype}; "
+                            f"registered for this op: {', '.join(have) or 'nothing'}")
+
+    def devices_for(self, op: str) -> set[str]:
+        return {d for (o, d, _) in self.entries if o == op}
+
+
+class KernelMissing(LookupError):
+    """No kernel is registered for an (op, device, dtype)."""
+
+
+KERNELS = KernelRegistry()
+register_kernel = KERNELS.register
+
+
+def load_device(device: str) -> None:
+    """Import the kernel modules of a device (cupy only when a GPU is asked for)."""
+    if device == "cpu":
+        from . import cpu  # noqa: F401
+    else:
+        raise KernelMissing(f"unknown device '{device}' (available: cpu)")

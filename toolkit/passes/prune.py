@@ -1,0 +1,20 @@
+"""Dead-code elimination: keep only nodes that an output or a weight update depends on."""
+from __future__ import annotations
+
+from ..ir.graph import Graph
+
+
+def eliminate_dead_code(graph: Graph) -> Graph:
+    """Drop nodes, inputs and weights that no output or update depends on (random ops too:
+    unused randomness has no observable effect)."""
+    live = {v.id for v in graph.outputs.values()} | {v.id for v in graph.updates.values()}
+    kept = []
+    for node in reversed(graph.nodes):
+        if any(o.id in live for o in node.outputs):
+            kept.append(node)
+            live.update(v.id for v in node.inputs)
+    graph.nodes = kept[::-1]
+    graph.weights = {k: w for k, w in graph.weights.items() if w.value.id in live or k in graph.updates}
+    graph.inputs = {k: v for k, v in graph.inputs.items() if v.id in live}
+    return graph
+

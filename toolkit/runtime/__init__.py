@@ -1,0 +1,1 @@
+"""Runtime: binding shapes, memory planning, compiled plans, the reference interpreter."""

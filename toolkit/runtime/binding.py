@@ -1,0 +1,44 @@
+"""Binding symbolic dimensions to numbers from the shapes of the arrays a caller passes in."""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from ..errors import UserError
+from ..ir.dims import Sym, format_dim
+from ..ir.graph import Graph
+
+
+def bind_symbols(graph: Graph, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, int]:
+    """Solve every input's symbolic dims from concrete shapes; a mismatch is a UserError."""
+    bindings: dict[str, int] = {}
+    for name, value in graph.inputs.items():
+        if name not in shapes:
+            raise UserError(f"input '{name}' is missing (the net's inputs: {', '.join(graph.inputs)})")
+        shape = tuple(shapes[name])
+        declared = "[" + ", ".join(format_dim(d) for d in value.shape) + "]"
+        if len(shape) != value.rank:
+            raise UserError(f"input '{name}' has shape {list(shape)} but the net declares {declared}")
+        for dim, actual in zip(value.shape, shape):
+            if isinstance(dim, int):
+                if dim != actual:
+                    raise UserError(f"input '{name}' has shape {list(shape)} but the net declares {declared}")
+                continue
+            (symbol,) = dim.symbols
+            if symbol in bindings and bindings[symbol] != actual:
+                raise UserError(f"input '{name}' gives {symbol}={actual} but another input gave "
+                                f"{symbol}={bindings[symbol]}")
+            if actual < 1:
+                raise UserError(f"input '{name}' has an empty dimension {symbol}=0")
+            bindings[symbol] = actual
+    return bindings
+
+
+def bind_attrs(value: Any, bindings: Mapping[str, int]) -> Any:
+    """Replace symbolic dimensions inside attributes (tuples, dicts) by their numbers."""
+    if isinstance(value, Sym):
+        return value.evaluate(bindings)
+    if isinstance(value, tuple):
+        return tuple(bind_attrs(v, bindings) for v in value)
+    if isinstance(value, dict):
+        return {k: bind_attrs(v, bindings) for k, v in value.items()}
+    return value

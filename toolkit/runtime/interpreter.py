@@ -1,0 +1,42 @@
+"""The reference interpreter: runs a graph node by node with each op's reference implementation.
+
+Slow and allocation-heavy on purpose; it is the oracle that plans, kernels and passes are
+tested against.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+
+from ..ir.graph import Graph
+from ..ops.base import get_op
+from .binding import bind_attrs, bind_symbols
+
+
+def interpret(graph: Graph, inputs: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray],
+              rng: np.random.Generator | None = None) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Returns (outputs by name, weight updates by name)."""
+    bindings = bind_symbols(graph, {k: np.shape(v) for k, v in inputs.items()})
+    env: dict[int, np.ndarray] = {}
+    for name, v in graph.inputs.items():
+        env[v.id] = np.asarray(inputs[name], dtype=v.dtype)
+    for name, w in graph.weights.items():
+        env[w.value.id] = np.asarray(weights[name], dtype=w.value.dtype)
+    rng = rng or np.random.default_rng(0)
+    for node in graph.nodes:
+        opdef = get_op(node.op)
+        attrs = bind_attrs(node.attrs, bindings)
+        if not opdef.pure:
+            attrs = dict(attrs, rng=rng)
+        result = opdef.reference(*[env[v.id] for v in node.inputs], **attrs)
+        results = result if isinstance(result, tuple) else (result,)
+        for v, r in zip(node.outputs, results):
+            r = np.asarray(r, dtype=v.dtype)
+            expected = v.type.concrete(bindings)
+            if r.shape != expected:
+                raise AssertionError(f"{node.op} in {node.scope}: reference gave {r.shape}, type says {expected}")
+            env[v.id] = r
+    outputs = {name: env[v.id] for name, v in graph.outputs.items()}
+    updates = {name: env[v.id] for name, v in graph.updates.items()}
+    return outputs, updates

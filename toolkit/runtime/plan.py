@@ -1,0 +1,135 @@
+"""A compiled plan: the graph resolved for one set of concrete input shapes into a flat list of
+kernel calls on preallocated buffers. Pure nodes on constants are evaluated once at build time.
+
+``Plan.run`` copies inputs in, runs the calls, applies weight updates and returns views of the
+output buffers, valid until the next run.
+"""
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import dataclass
+from typing import Mapping
+
+import numpy as np
+
+from ..ir.graph import FLOAT_DTYPES, Graph, Node
+from ..kernels.registry import KERNELS, KernelContext, load_device
+from ..ops.base import get_op
+from .binding import bind_attrs
+from .memory import FOREVER, Storage, plan_memory
+
+
+@dataclass
+class RuntimeState:
+    """Per-executor mutable state that kernels may use: the random generator of impure ops."""
+
+    rng: np.random.Generator
+
+
+def kernel_dtype(node: Node) -> str:
+    for v in list(node.inputs) + node.outputs:
+        if v.dtype in FLOAT_DTYPES:
+            return v.dtype
+    return node.outputs[0].dtype
+
+
+class Plan:
+    def __init__(self, graph: Graph, bindings: Mapping[str, int], weights: Mapping[str, np.ndarray],
+                 device: str = "cpu", runtime: RuntimeState | None = None, outputs: list[str] | None = None):
+        load_device(device)
+        self.graph = graph
+        self.bindings = dict(bindings)
+        self.device = device
+        self.runtime = runtime or RuntimeState(np.random.default_rng(0))
+        out_names = list(graph.outputs) if outputs is None else outputs
+        shapes = {}
+        dtypes = {}
+        for v in graph.graph_values():
+            shapes[v.id], dtypes[v.id] = v.type.concrete(self.bindings), v.dtype
+        for node in graph.nodes:
+            for v in node.outputs:
+                shapes[v.id], dtypes[v.id] = v.type.concrete(self.bindings), v.dtype
+        self.shapes = shapes
+
+        fixed: dict[int, Storage] = {}
+        for name, w in graph.weights.items():
+            fixed[w.value.id] = Storage(weights[name].nbytes, FOREVER, external=weights[name])
+        for name, upd in graph.updates.items():
+            fixed[graph.weights[name].value.id].update_of = upd.id
+        for v in graph.inputs.values():
+            fixed[v.id] = Storage(max(int(np.prod(shapes[v.id])) * np.dtype(v.dtype).itemsize, 1))
+
+        # fold pure nodes whose inputs are all constant: run once now, never in the loop
+        constant_ids = set()
+        steps: list[Node] = []
+        self.entries = {}
+        for node in graph.nodes:
+            entry = KERNELS.lookup(node.op, device, kernel_dtype(node))
+            self.entries[id(node)] = entry
+            if get_op(node.op).pure and all(v.id in constant_ids for v in node.inputs):
+                ctx = self._context(node, shapes)
+                ins = [fixed[v.id].external for v in node.inputs]
+                outs = [np.empty(shapes[v.id], dtypes[v.id]) for v in node.outputs]
+                entry.factory(ctx)(ins, outs)
+                for v, arr in zip(node.outputs, outs):
+                    fixed[v.id] = Storage(arr.nbytes, FOREVER, external=arr)
+                    constant_ids.add(v.id)
+            else:
+                steps.append(node)
+
+        kept = {graph.outputs[n].id for n in out_names} | {v.id for v in graph.updates.values()}
+        memory = plan_memory(
+            steps, shapes, dtypes, fixed, kept,
+            inplace_ok=lambda n: self.entries[id(n)].inplace,
+            alias_ok=lambda n: get_op(n.op).alias)
+        self.memory = memory
+
+        def view(v):
+            return memory.storage_of[v.id].view(shapes[v.id], dtypes[v.id])
+
+        self.input_views = {name: view(v) for name, v in graph.inputs.items()}
+        self.calls = []
+        self.steps = []
+        for node in steps:
+            if get_op(node.op).alias and memory.storage_of[node.outputs[0].id] is memory.storage_of[node.inputs[0].id]:
+                continue                          # a view: nothing to run
+            fn = self.entries[id(node)].factory(self._context(node, shapes))
+            self.calls.append(functools.partial(fn, [view(v) for v in node.inputs], [view(v) for v in node.outputs]))
+            self.steps.append(node)
+        self.output_views = {n: view(graph.outputs[n]) for n in out_names}
+        self.copy_updates = []
+        for name, upd in graph.updates.items():
+            if memory.storage_of[upd.id] is not fixed[graph.weights[name].value.id]:
+                self.copy_updates.append((weights[name], view(upd)))
+
+    def _context(self, node: Node, shapes) -> KernelContext:
+        return KernelContext(node, bind_attrs(node.attrs, self.bindings),
+                             [shapes[v.id] for v in node.inputs], [shapes[v.id] for v in node.outputs],
+                             kernel_dtype(node), self.device, self.runtime, np)
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.memory.peak_bytes
+
+    def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        for name, buf in self.input_views.items():
+            np.copyto(buf, inputs[name], casting="same_kind")
+        for call in self.calls:
+            call()
+        for target, source in self.copy_updates:
+            np.copyto(target, source)
+        return self.output_views
+
+    def profile(self, inputs: Mapping[str, np.ndarray]) -> list[tuple[Node, float]]:
+        """One run with each call timed (seconds), for `bench --profile`-style reports."""
+        for name, buf in self.input_views.items():
+            np.copyto(buf, inputs[name], casting="same_kind")
+        timings = []
+        for node, call in zip(self.steps, self.calls):
+            start = time.perf_counter()
+            call()
+            timings.append((node, time.perf_counter() - start))
+        for target, source in self.copy_updates:
+            np.copyto(target, source)
+        return timings

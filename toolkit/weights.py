@@ -1,0 +1,113 @@
+"""Weights files (SPEC section 2): LAYER.PARAM keys in .safetensors or .npz (pickle refused),
+fillers that start weights a file does not give, and atomic writes."""
+from __future__ import annotations
+
+import os
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+
+from .errors import UserError
+from .frontend.spec import did_you_mean
+
+FORMATS = (".safetensors", ".npz")
+
+
+def fill(init: dict, shape: tuple[int, ...], dtype: str, fan_in: int, fan_out: int,
+         rng: np.random.Generator) -> np.ndarray:
+    """An array started by a filler spec (Caffe's definitions of xavier and msra)."""
+    kind = init["type"]
+    if kind == "constant":
+        return np.full(shape, init.get("value", 0.0), dtype=dtype)
+    if kind == "uniform":
+        return rng.uniform(init.get("min", 0.0), init.get("max", 1.0), size=shape).astype(dtype)
+    if kind == "gaussian":
+        return rng.normal(init.get("mean", 0.0), init.get("std", 1.0), size=shape).astype(dtype)
+    norm = init.get("variance_norm", "fan_in")
+    n = {"fan_in": fan_in, "fan_out": fan_out, "average": (fan_in + fan_out) / 2}[norm]
+    if kind == "xavier":
+        bound = np.sqrt(3.0 / n)
+        return rng.uniform(-bound, bound, size=shape).astype(dtype)
+    if kind == "msra":
+        return rng.normal(0.0, np.sqrt(2.0 / n), size=shape).astype(dtype)
+    raise ValueError(f"unknown filler {kind}")
+
+
+def load_weights(path: str) -> dict[str, np.ndarray]:
+    p = Path(path)
+    if p.suffix not in FORMATS:
+        raise UserError(f"{path}: unknown weights format '{p.suffix}' (use .safetensors or .npz)")
+    if not p.is_file():
+        raise UserError(f"{path}: no such file")
+    if p.suffix == ".npz":
+        return _load_npz(path)
+    return _load_safetensors(path)
+
+
+def _load_npz(path: str) -> dict[str, np.ndarray]:
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return {k: data[k] for k in data.files}
+    except ValueError as e:
+        if "pickle" in str(e).lower():
+            raise UserError(f"{path}: holds pickled objects, which are refused (they can run code)") from None
+        raise UserError(f"{path}: not a readable .npz file ({e})") from None
+    except (OSError, zipfile.BadZipFile, EOFError) as e:
+        raise UserError(f"{path}: not a readable .npz file ({e})") from None
+
+
+def _load_safetensors(path: str) -> dict[str, np.ndarray]:
+    from safetensors.numpy import load_file
+    try:
+        return dict(load_file(path))
+    except Exception as e:  # the library raises its own error types for every malformation
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise UserError(f"{path}: not a readable .safetensors file ({reason})") from None
+
+
+def check_weights(path: str, loaded: Mapping[str, np.ndarray], declared: Mapping[str, tuple],
+                  allow_missing: bool = False) -> None:
+    """Every declared key present with its shape and a float dtype; no key left over."""
+    problems = []
+    for key, (shape, _layer) in declared.items():
+        if key not in loaded:
+            if not allow_missing:
+                problems.append(f"{path}: missing weight '{key}' of shape {list(shape)} "
+                                "(pass --allow-missing to start it from its filler)")
+            continue
+        arr = loaded[key]
+        if tuple(arr.shape) != tuple(shape):
+            problems.append(f"{path}: weight '{key}' has shape {list(arr.shape)}, the net needs {list(shape)}")
+        elif arr.dtype.kind not in "fiu":
+            problems.append(f"{path}: weight '{key}' has dtype {arr.dtype}, expected a float array")
+    for key in loaded:
+        if key not in declared:
+            problems.append(f"{path}: unexpected weight '{key}' (the net has no such parameter)"
+                            f"{did_you_mean(key, declared)}")
+    if problems:
+        raise UserError(*problems)
+
+
+def save_weights(path: str, arrays: Mapping[str, np.ndarray]) -> None:
+    """Write atomically: a temporary file in the same folder, then a rename over the target."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=target.suffix, dir=target.parent)
+    os.close(fd)
+    try:
+        contiguous = {k: np.ascontiguousarray(v) for k, v in arrays.items()}
+        if target.suffix == ".npz":
+            with open(tmp, "wb") as f:
+                np.savez(f, **contiguous)
+        else:
+            from safetensors.numpy import save_file
+            save_file(contiguous, tmp)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
