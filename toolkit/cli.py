@@ -1,0 +1,106 @@
+"""The ``toolkit`` command: parses arguments, calls the library, prints. User mistakes exit 2
+with ``error: ...`` lines (``FILE:LINE:COL: error: ...`` for net files); a traceback means a bug
+(exit 1)."""
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+
+from . import __version__
+from .errors import UserError
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but its errors look like every other user error: one line, exit 2."""
+
+    def error(self, message: str):  # noqa: D401  (argparse's hook)
+        raise UserError(f"{message} (see '{self.prog} --help')")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
+def _buckets(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(t) for t in text.split(",") if t.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a comma-separated list of sizes") from None
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"'{text}': bucket sizes must be positive")
+    return sizes
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="toolkit", description="Caffe-style YAML nets, compiled and run.")
+    parser.add_argument("--version", action="version", version=f"toolkit {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+
+    p = sub.add_parser("check", help="validate a net; print shapes, parameter counts and FLOPs")
+    p.add_argument("net")
+    p.add_argument("--phase", choices=["train", "test", "infer"], default=None,
+                   help="print this phase's layers (default: every layer, in its first phase)")
+
+    p = sub.add_parser("schema", help="print the JSON Schema of net files (for editors)")
+    p.add_argument("--indent", type=int, default=2)
+
+    p = sub.add_parser("infer", help="run the infer phase on inputs")
+    p.add_argument("net")
+    p.add_argument("--weights", required=True)
+    p.add_argument("--input", action="append", required=True, metavar="[NAME=]FILE",
+                   help=".npy or .npz; repeat for several inputs")
+    p.add_argument("--output", help=".npz (keyed by output name) or .npy (one output); default: print")
+    p.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
+    p.add_argument("--dtype", choices=["float32", "float64"], default=None)
+    p.add_argument("--buckets", type=_buckets, default=None, help="batch bucket sizes, e.g. 1,2,4,8")
+    p.add_argument("--allow-missing", action="store_true", help="start absent weights from their fillers")
+
+    p = sub.add_parser("bench", help="time inference or train steps")
+    p.add_argument("net")
+    p.add_argument("--batch", type=_positive_int, required=True)
+    p.add_argument("--train", action="store_true", help="time forward + backward + SGD update")
+    p.add_argument("--iters", type=_positive_int, default=50)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
+    p.add_argument("--dtype", choices=["float32", "float64"], default=None)
+    p.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE",
+                   help="value of another symbolic dimension, e.g. T=32")
+    p.add_argument("--lr", type=float, default=0.01, help="SGD rate for --train")
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("compile", help="build a phase's graph and report what each stage did")
+    p.add_argument("net")
+    p.add_argument("--phase", choices=["train", "test", "infer"], default="infer")
+    p.add_argument("--explain", action="store_true", help="print per-stage nodes, FLOPs, peak memory")
+    p.add_argument("--dump", action="store_true", help="print the final graph as text")
+    p.add_argument("--batch", type=_positive_int, default=1, help="batch size for the memory plan")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    warnings.simplefilter("ignore", RuntimeWarning)   # overflow in user data is not a crash
+    try:
+        args = build_parser().parse_args(argv)
+        from . import commands
+        return getattr(commands, f"run_{args.command}")(args) or 0
+    except UserError as e:
+        for problem in e.problems:
+            print(problem, file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,7 @@
+"""Implementations of the ``toolkit`` subcommands, one module each; cli.py only dispatches."""
+from .bench import run_bench
+from .check import run_check, run_schema
+from .compile_cmd import run_compile
+from .infer import run_infer
+
+__all__ = ["run_bench", "run_check", "run_compile", "run_infer", "run_schema"]

@@ -1,0 +1,48 @@
+"""``toolkit check`` and ``toolkit schema``."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from ..frontend import Net
+from ..frontend.lower import lower_phase
+from ..ir.dims import format_dim
+from ..report import format_count, graph_flops
+
+PHASE_ORDER = ("infer", "test", "train")
+
+
+def run_check(args) -> int:
+    net = Net.load(args.net)
+    graphs = {p: lower_phase(net.spec, net.positions, p, None, {}, net._loss_layers())[0] for p in PHASE_ORDER}
+    rows = []
+    total_params = 0
+    for layer in net.spec.layers:
+        phases = [args.phase] if args.phase else [p for p in PHASE_ORDER if p in layer.phases]
+        if not phases or phases[0] not in layer.phases:
+            continue
+        graph = graphs[phases[0]]
+        tops = [graph.blobs[t] for t in layer.tops if t in graph.blobs]  # type: ignore[attr-defined]
+        shapes = " ".join("[" + ", ".join(format_dim(d) for d in v.shape) + "]" for v in tops)
+        params = sum(int(np.prod(shape)) for key, (shape, owner) in net.declared.items()
+                     if owner == layer.name and not key.endswith(("running_mean", "running_var")))
+        total_params += params
+        rows.append((layer.name, layer.type, shapes, f"{params:,}", format_count(graph_flops(graph, layer.name)),
+                     ",".join(p for p in PHASE_ORDER if p in layer.phases)))
+    header = ("layer", "type", "output shape", "params", "FLOPs", "phases")
+    widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
+    print(f"{net.file}: net '{net.name}' is valid")
+    print("  ".join(h.ljust(w) for h, w in zip(header, widths)))
+    for r in rows:
+        print("  ".join(str(c).ljust(w) for c, w in zip(r, widths)))
+    infer_flops = graph_flops(net.graph("infer"))
+    print(f"total: {total_params:,} parameters; infer pass {format_count(infer_flops)} FLOPs")
+    return 0
+
+
+def run_schema(args) -> int:
+    from layers import NetSpec
+    from schemas import json_schema
+    print(json.dumps(json_schema(NetSpec), indent=args.indent))
+    return 0

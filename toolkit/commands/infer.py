@@ -1,0 +1,29 @@
+"""``toolkit infer``: the infer phase on .npy/.npz inputs, through batch buckets."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..compile import forward_graph
+from ..frontend import Net
+from ..runtime.session import DEFAULT_BUCKETS, InferSession
+from .io import read_inputs, write_outputs
+from .devices import check_device
+
+
+def run_infer(args) -> int:
+    check_device(args.device)
+    net = Net.load(args.net)
+    graph = forward_graph(net, "infer", args.dtype)
+    weights = net.load_weights(args.weights, allow_missing=args.allow_missing, dtype=args.dtype)
+    arrays = read_inputs(args.input, list(graph.inputs), list(net.spec.inputs))
+    session = InferSession(graph, weights, args.device, args.buckets or DEFAULT_BUCKETS)
+    outputs = session.run(arrays)
+    if args.output:
+        write_outputs(args.output, outputs)
+        shapes = ", ".join(f"{k} {list(v.shape)}" for k, v in outputs.items())
+        print(f"wrote {args.output}: {shapes}")
+    else:
+        with np.printoptions(precision=5, suppress=True, threshold=200):
+            for name, value in outputs.items():
+                print(f"{name} {list(value.shape)} {value.dtype}:\n{value}")
+    return 0

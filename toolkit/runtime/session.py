@@ -1,0 +1,111 @@
+"""InferSession: runs a forward graph on arrays of any batch size through per-bucket plans.
+
+A symbolic batch dimension (the leading dimension of every input) is served by a few static
+plans, one per bucket size: n rows run on the smallest bucket that holds them, padded and sliced
+back; more rows than the largest bucket are cut into chunks. Plans are built on first use (or
+ahead with ``warm``) and reused. Inputs without a symbolic leading dimension use one plan per
+distinct shape.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+
+from ..errors import UserError
+from ..ir.dims import Sym
+from ..ir.graph import FLOAT_DTYPES, Graph
+from .binding import bind_symbols
+from .plan import Plan, RuntimeState
+
+DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def batch_symbol(graph: Graph) -> str | None:
+    """The symbol that leads every input's shape, if there is one such symbol."""
+    leads = set()
+    for v in graph.inputs.values():
+        if not v.shape or not isinstance(v.shape[0], Sym) or len(v.shape[0].terms) != 1:
+            return None
+        (mono, coeff), = v.shape[0].terms.items()
+        if coeff != 1 or len(mono) != 1:
+            return None
+        leads.add(mono[0])
+    return leads.pop() if len(leads) == 1 else None
+
+
+def check_input_arrays(graph: Graph, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The arrays a graph needs, cast to its dtypes; a missing or wrongly typed array is a UserError."""
+    out = {}
+    for name, v in graph.inputs.items():
+        if name not in arrays:
+            raise UserError(f"input '{name}' is missing (the net needs: {', '.join(graph.inputs)})")
+        arr = np.asarray(arrays[name])
+        if v.dtype in FLOAT_DTYPES:
+            if arr.dtype.kind not in "fiub":
+                raise UserError(f"input '{name}' has dtype {arr.dtype}; the net needs numbers ({v.dtype})")
+        elif arr.dtype.kind not in "iub":
+            raise UserError(f"input '{name}' has dtype {arr.dtype}; the net needs integers ({v.dtype})")
+        out[name] = np.ascontiguousarray(arr, dtype=v.dtype)
+    return out
+
+
+class InferSession:
+    def __init__(self, graph: Graph, weights: Mapping[str, np.ndarray], device: str = "cpu",
+                 buckets: tuple[int, ...] = DEFAULT_BUCKETS):
+        self.graph = graph
+        self.weights = {k: weights[k] for k in graph.weights}
+        self.device = device
+        self.buckets = tuple(sorted(set(buckets)))
+        self.batch_symbol = batch_symbol(graph)
+        self.runtime = RuntimeState(np.random.default_rng(0))
+        self.plans: dict[tuple, Plan] = {}
+
+    def plan_for(self, bindings: dict[str, int]) -> Plan:
+        key = tuple(sorted(bindings.items()))
+        if key not in self.plans:
+            self.plans[key] = Plan(self.graph, bindings, self.weights, self.device, self.runtime)
+        return self.plans[key]
+
+    def warm(self, example: Mapping[str, np.ndarray] | None = None) -> None:
+        """Build every bucket's plan now (for servers: no compile on the first request)."""
+        if self.batch_symbol is None:
+            return
+        base = {} if example is None else bind_symbols(self.graph, {k: np.shape(v) for k, v in example.items()})
+        for size in self.buckets:
+            self.plan_for({**base, self.batch_symbol: size})
+
+    def run(self, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        arrays = check_input_arrays(self.graph, arrays)
+        bindings = bind_symbols(self.graph, {k: a.shape for k, a in arrays.items()})
+        if self.batch_symbol is None:
+            return {k: v.copy() for k, v in self.plan_for(bindings).run(arrays).items()}
+        n = bindings[self.batch_symbol]
+        pieces: list[dict[str, np.ndarray]] = []
+        start = 0
+        while start < n:
+            rows = min(n - start, self.buckets[-1])
+            size = next(b for b in self.buckets if b >= rows)
+            chunk = {k: _pad_rows(a[start: start + rows], size) for k, a in arrays.items()}
+            outs = self.plan_for({**bindings, self.batch_symbol: size}).run(chunk)
+            pieces.append({k: self._slice_back(k, v, rows, size, n) for k, v in outs.items()})
+            start += rows
+        return {k: np.concatenate([p[k] for p in pieces]) if len(pieces) > 1 else pieces[0][k]
+                for k in pieces[0]}
+
+    def _slice_back(self, name: str, value: np.ndarray, rows: int, size: int, total: int) -> np.ndarray:
+        out_type = self.graph.outputs[name]
+        batched = out_type.shape and isinstance(out_type.shape[0], Sym) and self.batch_symbol in out_type.shape[0].symbols
+        if not batched and rows == size == total:
+            return value.copy()            # one exact bucket: nothing was padded
+        if not batched:
+            raise UserError(f"output '{name}' does not keep the batch dimension, so it cannot be "
+                            "computed in buckets; pass --buckets with one size at least the batch")
+        return value[:rows].copy()
+
+
+def _pad_rows(a: np.ndarray, size: int) -> np.ndarray:
+    if a.shape[0] == size:
+        return a
+    pad = np.zeros((size - a.shape[0],) + a.shape[1:], dtype=a.dtype)
+    return np.concatenate([a, pad])
