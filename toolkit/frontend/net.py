@@ -14,7 +14,7 @@ from ..ir.graph import Graph
 from ..ops.base import Builder
 from ..passes.prune import eliminate_dead_code
 from .lower import OBJECTIVE, lower_phase
-from .spec import did_you_mean, parse_net, read_text
+from .spec import did_you_mean, duplicate_layer_names, parse_net, read_text
 from .yaml_loader import Positions
 
 PHASES = ("train", "test", "infer")
@@ -26,7 +26,8 @@ class Net:
         self.positions = positions
         self.file = file
         self.declared: dict[str, tuple] = {}      # weight key -> (shape, layer), every phase
-        problems = self._check_names()
+        problems = duplicate_layer_names({"layers": [l.model_dump() for l in spec.layers]}, positions)
+        problems += self._check_losses()
         for phase in PHASES:
             _graph, found = lower_phase(spec, positions, phase, None, self.declared, self._loss_layers())
             problems += found
@@ -49,15 +50,9 @@ class Net:
         return self.spec.name
 
     # -- checks that span layers -------------------------------------------------------------
-    def _check_names(self) -> list[Problem]:
-        problems, seen = [], {}
-        for i, layer in enumerate(self.spec.layers):
-            if layer.name in seen:
-                first = self.positions.locate(("layers", seen[layer.name], "name"), prefer_key=False)
-                problems.append(Problem(f"layer name '{layer.name}' is already used (line {first.line})",
-                                        self.positions.locate(("layers", i, "name"), prefer_key=False)))
-            else:
-                seen[layer.name] = i
+    def _check_losses(self) -> list[Problem]:
+        problems = []
+        seen = {layer.name for layer in self.spec.layers}
         if self.spec.train and self.spec.train.losses:
             for j, name in enumerate(self.spec.train.losses):
                 if name not in seen:

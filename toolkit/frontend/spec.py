@@ -45,8 +45,28 @@ def parse_net(text: str, file: str, net_model: type[BaseModel], layer_models: di
     try:
         spec = net_model.model_validate(data)
     except ValidationError as e:
-        raise SpecError(*_problems(e, data, positions, net_model, layer_models)) from None
+        problems = _problems(e, data, positions, net_model, layer_models) + duplicate_layer_names(data, positions)
+        problems.sort(key=lambda p: (p.location.line, p.location.col))
+        raise SpecError(*problems) from None
     return spec, data, positions
+
+
+def duplicate_layer_names(data: dict, positions: Positions) -> list[Problem]:
+    """A layer name used twice, pointing at the second use (checked on the raw mapping, so it is
+    reported together with schema problems)."""
+    problems, first = [], {}
+    layers = data.get("layers")
+    for i, layer in enumerate(layers if isinstance(layers, list) else []):
+        name = layer.get("name") if isinstance(layer, dict) else None
+        if not isinstance(name, str):
+            continue
+        if name in first:
+            line = positions.locate(("layers", first[name], "name"), prefer_key=False).line
+            problems.append(Problem(f"layer name '{name}' is already used (line {line})",
+                                    positions.locate(("layers", i, "name"), prefer_key=False)))
+        else:
+            first[name] = i
+    return problems
 
 
 def _apply_override(data: dict, path: tuple, value: Any) -> None:

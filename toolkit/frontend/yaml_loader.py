@@ -65,8 +65,15 @@ def load_yaml(text: str, file: str) -> tuple[Any, Positions]:
         loader.dispose()
 
 
+_COLLECTION_TAGS = {yaml.MappingNode: "tag:yaml.org,2002:map", yaml.SequenceNode: "tag:yaml.org,2002:seq"}
+
+
 def _construct(loader, node, path: Path, pos: Positions, problems: list[Problem]) -> Any:
     pos.values.setdefault(path, _loc(pos.file, node.start_mark))
+    expected = _COLLECTION_TAGS.get(type(node))
+    if expected is not None and node.tag != expected:
+        problems.append(Problem(f"unsupported or unsafe YAML tag '{node.tag}'", _loc(pos.file, node.start_mark)))
+        return None
     if isinstance(node, yaml.MappingNode):
         try:
             loader.flatten_mapping(node)            # resolves YAML merge keys (<<)

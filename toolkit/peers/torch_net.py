@@ -1,0 +1,574 @@
+"""A loaded ``Net`` translated to an equivalent PyTorch module for one phase.
+
+The translation reads the net's spec (inputs, layers with their parameters and phases) and builds
+one torch module per layer from PyTorch's own building blocks (``nn.Conv2d``, ``nn.MaxPool2d``,
+``F.batch_norm``, ``F.cross_entropy``, ...), with the semantics of SPEC section 1: Pooling's
+stride defaults to 1, BatchNorm uses batch statistics in phase train (and updates its running
+statistics there) and running statistics elsewhere unless ``use_global_stats`` says otherwise,
+Dropout is the identity outside train, losses reduce as the catalog says. Tops replace blobs of
+the same name, so in-place layers behave as in the toolkit.
+
+It is a test and benchmark oracle: torch is imported inside functions only and is never a
+runtime dependency of the toolkit.
+
+    peer = TorchNet(net, "train", dtype="float64")
+    peer.load(weights)                          # {LAYER.PARAM: ndarray}, the toolkit's keys
+    objective, blobs = peer.train_step(inputs)  # forward + backward of sum(loss_weight * loss)
+    peer.grads(), peer.input_grads(), peer.state()
+"""
+from __future__ import annotations
+
+import functools
+import re
+from types import SimpleNamespace
+from typing import Any, Mapping
+
+import numpy as np
+
+FLOAT_DTYPES = ("float32", "float64")
+
+# every catalog layer type this translator knows (tests assert it covers layers.LAYERS)
+SUPPORTED = frozenset({
+    "Convolution", "Pooling", "InnerProduct", "ReLU", "Sigmoid", "TanH", "ELU", "Softplus", "AbsVal",
+    "Exp", "Log", "GELU", "Softmax", "LogSoftmax", "Dropout", "BatchNorm", "Concat", "Slice",
+    "Eltwise", "Flatten", "Reshape", "SoftmaxWithLoss", "EuclideanLoss", "SigmoidCrossEntropyLoss",
+    "Accuracy",
+})
+
+
+def _pair(v) -> tuple[int, int]:
+    return (v, v) if isinstance(v, int) else (int(v[0]), int(v[1]))
+
+
+def _torch_dtype(name: str):
+    import torch
+    return {"float32": torch.float32, "float64": torch.float64,
+            "int32": torch.int32, "int64": torch.int64}[name]
+
+
+@functools.lru_cache(maxsize=None)
+def _classes() -> SimpleNamespace:
+    """The torch module classes of the translation (defined on first use: torch is imported here)."""
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    class Lambda(nn.Module):
+        def __init__(self, fn, name: str):
+            super().__init__()
+            self.fn = fn
+            self.label = name
+
+        def forward(self, *xs):
+            return self.fn(*xs)
+
+        def extra_repr(self) -> str:
+            return self.label
+
+    class InnerProduct(nn.Module):
+        """nn.Linear on the input flattened from ``axis``: [d0..d(axis-1), O]."""
+
+        def __init__(self, axis: int, in_features: int, out_features: int, bias: bool):
+            super().__init__()
+            self.axis = axis
+            self.linear = nn.Linear(in_features, out_features, bias=bias)
+
+        def forward(self, x):
+            return self.linear(torch.flatten(x, self.axis % x.dim()))
+
+    class BatchNorm(nn.Module):
+        """F.batch_norm with explicit modes: batch statistics or running ones, and whether the
+        running statistics are updated (momentum, unbiased variance: PyTorch's rule)."""
+
+        def __init__(self, channels: int, eps: float, momentum: float, affine: bool,
+                     batch_stats: bool, update_running: bool):
+            super().__init__()
+            self.eps, self.momentum = eps, momentum
+            self.batch_stats, self.update_running = batch_stats, update_running
+            if affine:
+                self.weight = nn.Parameter(torch.ones(channels))
+                self.bias = nn.Parameter(torch.zeros(channels))
+            else:
+                self.weight = self.bias = None
+            self.register_buffer("running_mean", torch.zeros(channels))
+            self.register_buffer("running_var", torch.ones(channels))
+
+        def forward(self, x):
+            if self.batch_stats:
+                rm, rv = (self.running_mean, self.running_var) if self.update_running else (None, None)
+                return F.batch_norm(x, rm, rv, self.weight, self.bias, True, self.momentum, self.eps)
+            return F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias, False,
+                                0.0, self.eps)
+
+    class NumpyDropout(nn.Module):
+        """Inverted dropout whose keep mask is drawn exactly as the toolkit's dropout_mask op
+        draws it (``rng.random(shape) >= ratio``, scaled by 1/(1-ratio)), so that a train step
+        can be compared number for number when both sides start from the same numpy generator."""
+
+        def __init__(self, ratio: float, rng: np.random.Generator):
+            super().__init__()
+            self.ratio, self.rng = ratio, rng
+
+        def forward(self, x):
+            np_dtype = np.float64 if x.dtype == torch.float64 else np.float32
+            keep = self.rng.random(tuple(x.shape), dtype=np_dtype) >= self.ratio
+            mask = np.empty(keep.shape, np_dtype)
+            np.multiply(keep, 1.0 / (1.0 - self.ratio), out=mask)
+            return x * torch.from_numpy(mask)
+
+    class Concat(nn.Module):
+        def __init__(self, axis: int):
+            super().__init__()
+            self.axis = axis
+
+        def forward(self, *xs):
+            return torch.cat(xs, dim=self.axis)
+
+    class Slice(nn.Module):
+        def __init__(self, axis: int, points, pieces: int):
+            super().__init__()
+            self.axis, self.points, self.pieces = axis, points, pieces
+
+        def forward(self, x):
+            size = x.shape[self.axis]
+            if self.points is not None:
+                bounds = [0] + list(self.points) + [size]
+                sizes = [hi - lo for lo, hi in zip(bounds, bounds[1:])]
+            else:
+                sizes = [size // self.pieces] * self.pieces
+            return tuple(torch.split(x, sizes, dim=self.axis))
+
+    class Eltwise(nn.Module):
+        def __init__(self, operation: str, coeff):
+            super().__init__()
+            self.operation, self.coeff = operation, coeff
+
+        def forward(self, *xs):
+            if self.operation == "sum":
+                coeff = self.coeff or [1.0] * len(xs)
+                out = xs[0] * coeff[0] if coeff[0] != 1 else xs[0]
+                for x, c in zip(xs[1:], coeff[1:]):
+                    out = out + (x * c if c != 1 else x)
+                return out
+            out = xs[0]
+            for x in xs[1:]:
+                if self.operation == "prod":
+                    out = out * x
+                else:
+                    # Caffe's max: ties route the gradient to the first bottom (torch.maximum
+                    # would split it), the values are torch.maximum's
+                    out = torch.where(out >= x, out, x)
+            return out
+
+    class Flatten(nn.Module):
+        def __init__(self, axis: int, end_axis: int):
+            super().__init__()
+            self.axis, self.end_axis = axis, end_axis
+
+        def forward(self, x):
+            return torch.flatten(x, self.axis, self.end_axis)
+
+    class Reshape(nn.Module):
+        """Caffe's reshape: 0 copies the input's dimension, -1 is inferred."""
+
+        def __init__(self, shape):
+            super().__init__()
+            self.shape = list(shape)
+
+        def forward(self, x):
+            target = [x.shape[i] if d == 0 else d for i, d in enumerate(self.shape)]
+            return x.reshape(target)
+
+    class SoftmaxWithLoss(nn.Module):
+        def __init__(self, axis: int, ignore_label):
+            super().__init__()
+            self.axis = axis
+            self.ignore = -100 if ignore_label is None else int(ignore_label)
+
+        def forward(self, logits, label):
+            axis = self.axis % logits.dim()
+            if logits.dim() > 1 and axis != 1:
+                logits = logits.movedim(axis, 1)       # cross_entropy's class axis; others keep order
+            return F.cross_entropy(logits, label.long(), ignore_index=self.ignore, reduction="mean")
+
+    class EuclideanLoss(nn.Module):
+        def forward(self, a, b):
+            return F.mse_loss(a, b, reduction="sum") / (2 * a.shape[0])
+
+    class SigmoidCrossEntropyLoss(nn.Module):
+        def forward(self, x, t):
+            return F.binary_cross_entropy_with_logits(x, t.to(x.dtype), reduction="mean")
+
+    class Accuracy(nn.Module):
+        def __init__(self, axis: int, top_k: int):
+            super().__init__()
+            self.axis, self.top_k = axis, top_k
+
+        def forward(self, scores, label):
+            moved = scores.movedim(self.axis % scores.dim(), -1)
+            flat = moved.reshape(-1, moved.shape[-1])
+            top = torch.topk(flat, self.top_k, dim=1).indices
+            hit = (top == label.reshape(-1, 1).long()).any(dim=1)
+            return hit.to(scores.dtype).mean()
+
+    class NetModule(nn.Module):
+        """The whole phase: layer modules in order over a dict of named blobs."""
+
+        def __init__(self, steps):
+            super().__init__()
+            self.layers = nn.ModuleDict({key: mod for key, _layer, mod in steps})
+            self._steps = [(key, layer) for key, layer, _mod in steps]
+
+        def forward(self, blobs: dict) -> dict:
+            env = dict(blobs)
+            for key, layer in self._steps:
+                missing = [b for b in layer.bottoms if b not in env]
+                if missing:
+                    raise KeyError(f"layer '{layer.name}': no blob or input named {', '.join(missing)}")
+                outs = self.layers[key](*[env[b] for b in layer.bottoms])
+                if isinstance(outs, torch.Tensor):
+                    outs = (outs,)
+                for name, value in zip(layer.tops, outs):
+                    env[name] = value
+            return env
+
+    return SimpleNamespace(**{k: v for k, v in locals().items() if isinstance(v, type)})
+
+
+def _lr_mult(layer, index: int) -> float:
+    values = getattr(layer, "lr_mult", None)
+    if values is None:
+        return 1.0
+    if isinstance(values, (int, float)):
+        return float(values)
+    return float(values[index]) if index < len(values) else 1.0
+
+
+class TorchNet:
+    """``net`` in phase ``phase`` as a torch module (``.module``), loaded and read by the
+    toolkit's weight keys (LAYER.PARAM).
+
+    dtype: the float dtype of parameters and float inputs (default float32).
+    dropout_rng: a numpy Generator to draw Dropout masks exactly as the toolkit does (for
+        comparing train steps); without one, train-phase Dropout is torch's own.
+    """
+
+    def __init__(self, net, phase: str = "infer", dtype: str | None = None,
+                 dropout_rng: np.random.Generator | None = None):
+        import torch
+        from torch import nn
+
+        self.net = net
+        self.spec = net.spec
+        self.phase = phase
+        self.dtype = dtype or "float32"
+        if self.dtype not in FLOAT_DTYPES:
+            raise ValueError(f"dtype must be float32 or float64, got {self.dtype}")
+        self.torch_dtype = _torch_dtype(self.dtype)
+        self._dropout_rng = dropout_rng
+        self.params: dict[str, Any] = {}        # LAYER.PARAM -> nn.Parameter
+        self.buffers: dict[str, Any] = {}       # LAYER.PARAM -> state tensor (running statistics)
+        self._owners: dict[str, tuple] = {}     # key -> (module, attribute path)
+        self._inputs: dict[str, Any] = {}
+
+        loss_layers = set(self.spec.train.losses) if self.spec.train and self.spec.train.losses else None
+        self.loss_weights: dict[str, float] = {}
+        steps = []
+        used_keys: set[str] = set()
+        for i, layer in enumerate(self.spec.layers):
+            if phase not in layer.phases:
+                continue
+            if layer.type not in SUPPORTED:
+                raise NotImplementedError(f"layer '{layer.name}': type {layer.type} has no torch translation")
+            mod, params, buffers = getattr(self, f"_build_{layer.type}")(layer)
+            mod = mod.to(self.torch_dtype)
+            self._bind(layer, mod, params, buffers)
+            key = re.sub(r"[^A-Za-z0-9_]", "_", layer.name)
+            while key in used_keys:
+                key = f"{key}_{i}"
+            used_keys.add(key)
+            steps.append((key, layer, mod))
+            is_loss = layer.name in loss_layers if loss_layers is not None else layer.type.endswith("Loss")
+            if is_loss:
+                weights = layer.loss_weight if isinstance(layer.loss_weight, list) else [layer.loss_weight] * len(layer.tops)
+                for top, lw in zip(layer.tops, weights):
+                    self.loss_weights[top] = 1.0 if lw is None else float(lw)
+        self.module = _classes().NetModule(steps)
+        self.module.train(phase == "train")
+        assert isinstance(self.module, nn.Module)
+        self._torch = torch
+
+    # -- building ---------------------------------------------------------------------------
+    def _owner(self, layer) -> str:
+        return getattr(layer, "share", None) or layer.name
+
+    def _declared_shape(self, layer, pname: str) -> tuple:
+        key = f"{self._owner(layer)}.{pname}"
+        if key not in self.net.declared:
+            raise KeyError(f"layer '{layer.name}': the net declares no weight '{key}'")
+        return tuple(self.net.declared[key][0])
+
+    def _bind(self, layer, mod, params: dict[str, str], buffers: dict[str, str]) -> None:
+        """Register the module's parameters under LAYER.PARAM, or point them at the shared owner's."""
+        owner = self._owner(layer)
+        for index, (pname, path) in enumerate(params.items()):
+            key = f"{owner}.{pname}"
+            if owner != layer.name:
+                if key not in self.params:
+                    raise KeyError(f"layer '{layer.name}': share: '{owner}' above has no parameter '{pname}' "
+                                   f"in phase {self.phase}")
+                _set_attr(mod, path, self.params[key])
+                continue
+            p = _get_attr(mod, path)
+            p.requires_grad_(_lr_mult(layer, index) != 0)
+            self.params[key] = p
+            self._owners[key] = (mod, path)
+        for pname, path in buffers.items():
+            key = f"{owner}.{pname}"
+            if key in self.buffers:
+                _set_attr(mod, path, self.buffers[key])
+            else:
+                self.buffers[key] = _get_attr(mod, path)
+                self._owners[key] = (mod, path)
+
+    def _build_Convolution(self, p):
+        from torch import nn
+        o, cg, kh, kw = self._declared_shape(p, "weight")
+        mod = nn.Conv2d(cg * p.group, o, (kh, kw), stride=_pair(p.stride), padding=_pair(p.pad),
+                        dilation=_pair(p.dilation), groups=p.group, bias=p.bias_term)
+        return mod, ({"weight": "weight", "bias": "bias"} if p.bias_term else {"weight": "weight"}), {}
+
+    def _build_Pooling(self, p):
+        from torch import nn
+        if p.global_pooling:
+            mod = nn.AdaptiveMaxPool2d(1) if p.pool == "max" else nn.AdaptiveAvgPool2d(1)
+            return mod, {}, {}
+        k, s, pad = _pair(p.kernel_size), _pair(p.stride), _pair(p.pad)   # stride 1 by default (SPEC)
+        if p.pool == "max":
+            return nn.MaxPool2d(k, s, pad, ceil_mode=p.ceil_mode), {}, {}
+        return nn.AvgPool2d(k, s, pad, ceil_mode=p.ceil_mode, count_include_pad=p.count_include_pad), {}, {}
+
+    def _build_InnerProduct(self, p):
+        o, i = self._declared_shape(p, "weight")
+        mod = _classes().InnerProduct(p.axis, i, o, p.bias_term)
+        params = {"weight": "linear.weight"}
+        if p.bias_term:
+            params["bias"] = "linear.bias"
+        return mod, params, {}
+
+    def _build_ReLU(self, p):
+        from torch import nn
+        return (nn.ReLU() if p.negative_slope == 0 else nn.LeakyReLU(float(p.negative_slope))), {}, {}
+
+    def _build_Sigmoid(self, p):
+        from torch import nn
+        return nn.Sigmoid(), {}, {}
+
+    def _build_TanH(self, p):
+        from torch import nn
+        return nn.Tanh(), {}, {}
+
+    def _build_ELU(self, p):
+        from torch import nn
+        return nn.ELU(alpha=float(p.alpha)), {}, {}
+
+    def _build_Softplus(self, p):
+        from torch import nn
+        return nn.Softplus(beta=1.0, threshold=20.0), {}, {}
+
+    def _build_AbsVal(self, p):
+        import torch
+        return _classes().Lambda(torch.abs, "abs"), {}, {}
+
+    def _build_Exp(self, p):
+        import torch
+        return _classes().Lambda(torch.exp, "exp"), {}, {}
+
+    def _build_Log(self, p):
+        import torch
+        return _classes().Lambda(torch.log, "log"), {}, {}
+
+    def _build_GELU(self, p):
+        from torch import nn
+        return nn.GELU(approximate=p.approximate), {}, {}
+
+    def _build_Softmax(self, p):
+        from torch import nn
+        return nn.Softmax(dim=p.axis), {}, {}
+
+    def _build_LogSoftmax(self, p):
+        from torch import nn
+        return nn.LogSoftmax(dim=p.axis), {}, {}
+
+    def _build_Dropout(self, p):
+        from torch import nn
+        if self.phase != "train" or p.dropout_ratio == 0:
+            return nn.Identity(), {}, {}
+        if self._dropout_rng is not None:
+            return _classes().NumpyDropout(float(p.dropout_ratio), self._dropout_rng), {}, {}
+        return nn.Dropout(float(p.dropout_ratio)), {}, {}
+
+    def _build_BatchNorm(self, p):
+        channels, = self._declared_shape(p, "running_mean")
+        use_global = p.use_global_stats if p.use_global_stats is not None else self.phase != "train"
+        mod = _classes().BatchNorm(channels, float(p.eps), float(p.momentum), p.affine,
+                                   batch_stats=not use_global, update_running=self.phase == "train")
+        params = {"weight": "weight", "bias": "bias"} if p.affine else {}
+        return mod, params, {"running_mean": "running_mean", "running_var": "running_var"}
+
+    def _build_Concat(self, p):
+        return _classes().Concat(p.axis), {}, {}
+
+    def _build_Slice(self, p):
+        return _classes().Slice(p.axis, p.slice_point, len(p.tops)), {}, {}
+
+    def _build_Eltwise(self, p):
+        coeff = [float(c) for c in p.coeff] if p.coeff is not None else None
+        return _classes().Eltwise(p.operation, coeff), {}, {}
+
+    def _build_Flatten(self, p):
+        return _classes().Flatten(p.axis, p.end_axis), {}, {}
+
+    def _build_Reshape(self, p):
+        return _classes().Reshape(p.shape), {}, {}
+
+    def _build_SoftmaxWithLoss(self, p):
+        return _classes().SoftmaxWithLoss(p.axis, p.ignore_label), {}, {}
+
+    def _build_EuclideanLoss(self, p):
+        return _classes().EuclideanLoss(), {}, {}
+
+    def _build_SigmoidCrossEntropyLoss(self, p):
+        return _classes().SigmoidCrossEntropyLoss(), {}, {}
+
+    def _build_Accuracy(self, p):
+        return _classes().Accuracy(p.axis, p.top_k), {}, {}
+
+    # -- weights ----------------------------------------------------------------------------
+    @property
+    def keys(self) -> list[str]:
+        """Every LAYER.PARAM this phase uses: parameters, then state buffers."""
+        return list(self.params) + list(self.buffers)
+
+    def load(self, weights: Mapping[str, np.ndarray], strict: bool = True) -> None:
+        """Copy the toolkit's arrays into the module. Keys of layers outside this phase are
+        ignored; with ``strict`` a key this phase needs and ``weights`` lacks is an error."""
+        torch = self._torch
+        missing = [k for k in self.keys if k not in weights]
+        if missing and strict:
+            raise KeyError(f"weights lack {', '.join(missing)}")
+        unknown = [k for k in weights if k not in self.net.declared]
+        if unknown:
+            raise KeyError(f"weights have keys the net does not declare: {', '.join(unknown)}")
+        with torch.no_grad():
+            for key in self.keys:
+                if key not in weights:
+                    continue
+                target = self.params.get(key, self.buffers.get(key))
+                arr = np.asarray(weights[key])
+                if tuple(arr.shape) != tuple(target.shape):
+                    raise ValueError(f"weight '{key}' has shape {list(arr.shape)}, the module needs "
+                                     f"{list(target.shape)}")
+                target.copy_(torch.from_numpy(np.ascontiguousarray(arr)).to(self.torch_dtype))
+
+    def state(self) -> dict[str, np.ndarray]:
+        """Current parameters and buffers (running statistics) by LAYER.PARAM."""
+        return {k: t.detach().cpu().numpy().copy() for k, t in {**self.params, **self.buffers}.items()}
+
+    def grads(self) -> dict[str, np.ndarray]:
+        """The accumulated gradient of every parameter that has one, by LAYER.PARAM."""
+        return {k: p.grad.detach().cpu().numpy().copy() for k, p in self.params.items() if p.grad is not None}
+
+    def input_grads(self) -> dict[str, np.ndarray]:
+        """Gradients of the float inputs of the last ``forward(..., requires_grad=True)``."""
+        return {k: t.grad.detach().cpu().numpy().copy() for k, t in self._inputs.items()
+                if t.requires_grad and t.grad is not None}
+
+    def zero_grad(self) -> None:
+        for p in self.params.values():
+            p.grad = None
+
+    # -- running ----------------------------------------------------------------------------
+    def _input_tensors(self, inputs: Mapping[str, np.ndarray], requires_grad: bool) -> dict:
+        torch = self._torch
+        out = {}
+        for name, decl in self.spec.inputs.items():
+            if name not in inputs:
+                continue
+            if decl.dtype in FLOAT_DTYPES:
+                t = torch.tensor(np.asarray(inputs[name]), dtype=self.torch_dtype)
+                if requires_grad:
+                    t.requires_grad_(True)
+            else:
+                t = torch.from_numpy(np.ascontiguousarray(inputs[name], dtype=decl.dtype))
+            out[name] = t
+        return out
+
+    def forward(self, inputs: Mapping[str, np.ndarray], requires_grad: bool = False) -> dict[str, Any]:
+        """Every blob of the phase by name (inputs included; in-place tops hold their last value).
+        ``requires_grad`` makes the float inputs leaves whose gradients ``input_grads`` reads."""
+        torch = self._torch
+        self._inputs = self._input_tensors(inputs, requires_grad)
+        if requires_grad or self.phase == "train":
+            return self.module(self._inputs)
+        with torch.no_grad():
+            return self.module(self._inputs)
+
+    __call__ = forward
+
+    @property
+    def output_names(self) -> list[str]:
+        """What the toolkit's graph of this phase outputs: the net's ``outputs`` in phase infer,
+        else every top that no later layer consumes (each loss top in phase train)."""
+        if self.phase == "infer" and self.spec.outputs:
+            return list(self.spec.outputs)
+        version: dict[str, int] = {}
+        consumed: set[tuple[str, int]] = set()
+        counter = 0
+        for layer in self.spec.layers:
+            if self.phase not in layer.phases:
+                continue
+            for b in layer.bottoms:
+                consumed.add((b, version.get(b, -1)))
+            for t in layer.tops:
+                counter += 1
+                version[t] = counter
+        names = [n for n, v in version.items() if (n, v) not in consumed]
+        return names + [t for t in self.loss_weights if t not in names]
+
+    def objective(self, blobs: Mapping[str, Any]):
+        """The train objective: sum of loss_weight * loss top (as the toolkit's OBJECTIVE)."""
+        if not self.loss_weights:
+            raise ValueError(f"phase {self.phase} has no loss layer")
+        total = None
+        for top, w in self.loss_weights.items():
+            term = blobs[top] * w if w != 1.0 else blobs[top]
+            total = term if total is None else total + term
+        return total
+
+    def train_step(self, inputs: Mapping[str, np.ndarray]):
+        """Forward and backward of the objective; returns (objective, blobs). Gradients are then
+        in ``grads()`` and ``input_grads()``, updated running statistics in ``state()``."""
+        self.zero_grad()
+        blobs = self.forward(inputs, requires_grad=True)
+        total = self.objective(blobs)
+        total.backward()
+        return total.detach(), blobs
+
+
+def _get_attr(mod, path: str):
+    for part in path.split("."):
+        mod = getattr(mod, part)
+    return mod
+
+
+def _set_attr(mod, path: str, value) -> None:
+    *parents, last = path.split(".")
+    for part in parents:
+        mod = getattr(mod, part)
+    setattr(mod, last, value)
+
+
+def to_numpy(blobs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """Detached numpy copies of a dict of tensors."""
+    return {k: v.detach().cpu().numpy().copy() for k, v in blobs.items()}
