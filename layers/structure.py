@@ -137,12 +137,12 @@ def lower_reshape(p: ReshapeParams, ctx, bottoms):
     if -1 in dims:
         known = product(d for d in out if not (isinstance(d, int) and d == -1))
         try:
-            inferred = x.numel // known
-            if isinstance(inferred, int) and inferred * known != x.numel:
+            inferred = x.type.numel // known
+            if isinstance(inferred, int) and inferred * known != x.type.numel:
                 raise DimError("not divisible")
         except DimError:
             raise LayerError(f"cannot reshape {ctx.fmt(x)} to {dims}: the size does not divide", "shape")
         out[dims.index(-1)] = inferred
-    if product(out) != x.numel:
+    if product(out) != x.type.numel:
         raise LayerError(f"cannot reshape {ctx.fmt(x)} to {dims}: the element counts differ", "shape")
     return [ctx.b.reshape(x, tuple(out))]

@@ -48,6 +48,15 @@ def load_weights(path: str) -> dict[str, np.ndarray]:
 
 
 def _load_npz(path: str) -> dict[str, np.ndarray]:
+    # np.load takes anything that is neither a zip nor an .npy for a pickle (and would call
+    # random bytes "pickled"), and returns a bare array for an .npy: check the zip magic first
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError as e:
+        raise UserError(f"{path}: cannot read: {e.strerror}") from None
+    if head not in (b"PK\x03\x04", b"PK\x05\x06"):
+        raise UserError(f"{path}: not a readable .npz file (not a zip archive of arrays)")
     try:
         with np.load(path, allow_pickle=False) as data:
             return {k: data[k] for k in data.files}
@@ -91,7 +100,7 @@ def check_weights(path: str, loaded: Mapping[str, np.ndarray], declared: Mapping
         raise UserError(*problems)
 
 
-def save_weights(path: str, arrays: Mapping[str, np.ndarray]) -> None:
+def save_weights(path: str, arrays: Mapping[str, np.ndarray], metadata: dict[str, str] | None = None) -> None:
     """Write atomically: a temporary file in the same folder, then a rename over the target."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -104,7 +113,7 @@ def save_weights(path: str, arrays: Mapping[str, np.ndarray]) -> None:
                 np.savez(f, **contiguous)
         else:
             from safetensors.numpy import save_file
-            save_file(contiguous, tmp)
+            save_file(contiguous, tmp, metadata=metadata)
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, target)

@@ -6,7 +6,7 @@ import numpy as np
 from ..compile import forward_graph
 from ..frontend import Net
 from ..runtime.session import DEFAULT_BUCKETS, InferSession
-from .io import read_inputs, write_outputs
+from .io import check_output_path, read_inputs, write_outputs
 from .devices import check_device
 
 
@@ -14,6 +14,8 @@ def run_infer(args) -> int:
     check_device(args.device)
     net = Net.load(args.net)
     graph = forward_graph(net, "infer", args.dtype)
+    if args.output:   # before loading weights and running: a bad name wastes no work
+        check_output_path(args.output, list(graph.outputs))
     weights = net.load_weights(args.weights, allow_missing=args.allow_missing, dtype=args.dtype)
     arrays = read_inputs(args.input, list(graph.inputs), list(net.spec.inputs))
     session = InferSession(graph, weights, args.device, args.buckets or DEFAULT_BUCKETS)

@@ -19,6 +19,14 @@ def _load_array_file(path: str) -> dict[str, np.ndarray] | np.ndarray:
     if p.suffix not in (".npy", ".npz"):
         raise UserError(f"{path}: unsupported input format '{p.suffix}' (use .npy or .npz)")
     try:
+        with open(path, "rb") as f:
+            head = f.read(6)
+    except OSError as e:
+        raise UserError(f"{path}: cannot read: {e.strerror}") from None
+    # np.load takes anything that is neither .npy nor zip for a pickle: say what it really is
+    if not head.startswith((b"\x93NUMPY", b"PK\x03\x04", b"PK\x05\x06")):
+        raise UserError(f"{path}: not a readable {p.suffix} file (no .npy or .npz header)")
+    try:
         data = np.load(path, allow_pickle=False)
     except ValueError as e:
         if "pickle" in str(e).lower():
@@ -71,16 +79,23 @@ def read_inputs(specs: list[str], needed: list[str], all_inputs: list[str]) -> d
     return arrays
 
 
-def write_outputs(path: str, outputs: Mapping[str, np.ndarray]) -> None:
-    """Atomic write of .npz (keyed by output name) or .npy (exactly one output)."""
+def check_output_path(path: str, outputs: list[str] | None = None) -> None:
+    """The --output mistakes that can be found before anything runs (``outputs``: the output
+    names, once known)."""
     target = Path(path)
     if target.suffix not in (".npz", ".npy"):
         raise UserError(f"--output {path}: use a .npz or .npy file name")
-    if target.suffix == ".npy" and len(outputs) != 1:
+    if outputs is not None and target.suffix == ".npy" and len(outputs) != 1:
         raise UserError(f"--output {path}: a .npy file holds one array, the net has {len(outputs)} outputs "
                         f"({', '.join(outputs)}); use .npz")
     if not target.parent.exists():
         raise UserError(f"--output {path}: folder {target.parent} does not exist")
+
+
+def write_outputs(path: str, outputs: Mapping[str, np.ndarray]) -> None:
+    """Atomic write of .npz (keyed by output name) or .npy (exactly one output)."""
+    target = Path(path)
+    check_output_path(path, list(outputs))
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=target.suffix, dir=target.parent)
     try:
         with os.fdopen(fd, "wb") as f:

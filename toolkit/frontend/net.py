@@ -70,9 +70,12 @@ class Net:
             return []
         graph, _ = lower_phase(self.spec, self.positions, "infer", None, {}, self._loss_layers())
         blobs = getattr(graph, "blobs", {})
+        # a top of an infer layer that failed to lower is missing because of that layer's own
+        # (already reported) problem: no second error for the output that names it
+        declared_tops = {t for layer in self.spec.layers if "infer" in layer.phases for t in layer.tops}
         problems = []
         for j, name in enumerate(self.spec.outputs):
-            if name not in blobs:
+            if name not in blobs and name not in declared_tops:
                 problems.append(Problem(f"output '{name}' is not produced in phase infer"
                                         f"{did_you_mean(name, blobs)}",
                                         self.positions.locate(("outputs", j), prefer_key=False)))

@@ -70,20 +70,33 @@ def duplicate_layer_names(data: dict, positions: Positions) -> list[Problem]:
 
 
 def _apply_override(data: dict, path: tuple, value: Any) -> None:
-    node = data
-    for key in path[:-1]:
-        if isinstance(node, list) and isinstance(key, int) and -len(node) <= key < len(node):
-            node = node[key]
-            continue
-        if not isinstance(node, dict):
-            raise UserError(f"--set {'.'.join(map(str, path))}: '{key}' is not a mapping in the net")
-        node = node.setdefault(key, {})
-    if isinstance(node, list) and isinstance(path[-1], int):
-        node[path[-1]] = value
-    elif isinstance(node, dict):
-        node[path[-1]] = value
-    else:
-        raise UserError(f"--set {'.'.join(map(str, path))}: the parent is not a mapping")
+    """Set one ``--set`` key. In a list, a number is an index and a name picks the layer of that
+    name (``layers.conv1.num_output``)."""
+    shown = ".".join(map(str, path))
+    node: Any = data
+    for depth, key in enumerate(path):
+        last = depth == len(path) - 1
+        if isinstance(node, list):
+            if isinstance(key, int):
+                if not -len(node) <= key < len(node):
+                    raise UserError(f"--set {shown}: index {key} is out of range (the list has {len(node)} items)")
+                index = key
+            else:
+                names = [item.get("name") for item in node if isinstance(item, dict)]
+                if key not in names:
+                    raise UserError(f"--set {shown}: no layer named '{key}'{did_you_mean(key, names)}")
+                index = names.index(key)
+            if last:
+                node[index] = value
+            else:
+                node = node[index]
+        elif isinstance(node, dict):
+            if last:
+                node[key] = value
+            else:
+                node = node.setdefault(key, {})
+        else:
+            raise UserError(f"--set {shown}: '{path[depth - 1]}' is a value, not a mapping or list")
 
 
 def _walk(loc: tuple, data: Any) -> tuple[tuple, list]:

@@ -43,21 +43,39 @@ def _loc(file: str, mark) -> Location:
 
 def load_yaml(text: str, file: str) -> tuple[Any, Positions]:
     positions = Positions(file)
-    loader = yaml.SafeLoader(text)
+    try:
+        loader = yaml.SafeLoader(text)
+    except yaml.reader.ReaderError as e:      # a control character PyYAML refuses, found up front
+        char = f"U+{e.character:04X}" if isinstance(e.character, int) else repr(e.character)
+        raise SpecError(Problem(f"YAML syntax: control character {char} is not allowed",
+                                _offset_loc(file, text, e.position))) from None
     try:
         try:
             root = loader.get_single_node()
         except yaml.MarkedYAMLError as e:
             mark = e.problem_mark or e.context_mark
             where = _loc(file, mark) if mark else Location(file, 1, 1)
-            raise SpecError(Problem(f"YAML syntax: {e.problem or e.context}", where)) from None
+            message = e.problem or e.context
+            cm = e.context_mark
+            if e.problem and e.context and cm is not None and mark is not None and cm.line != mark.line:
+                # the parser notices the problem later than its cause: say where the construct began
+                message += f" ({e.context} that starts at line {cm.line + 1}, column {cm.column + 1})"
+            raise SpecError(Problem(f"YAML syntax: {message}", where)) from None
         except yaml.YAMLError as e:
             raise SpecError(Problem(f"YAML syntax: {e}", Location(file, 1, 1))) from None
+        except RecursionError:
+            raise SpecError(Problem("YAML is nested too deeply", Location(file, 1, 1))) from None
         if root is None:
             raise SpecError(Problem("the file is empty; a net needs at least 'name', 'inputs' and 'layers'",
                                     Location(file, 1, 1)))
         problems: list[Problem] = []
-        data = _construct(loader, root, (), positions, problems)
+        try:
+            data = _construct(loader, root, (), positions, problems)
+        except _TooLarge:
+            raise SpecError(Problem(f"the YAML expands to more than {MAX_NODES:,} values (aliases repeated too often?)",
+                                    Location(file, 1, 1))) from None
+        except RecursionError:
+            raise SpecError(Problem("YAML is nested too deeply", Location(file, 1, 1))) from None
         if problems:
             raise SpecError(*problems)
         return data, positions
@@ -65,10 +83,24 @@ def load_yaml(text: str, file: str) -> tuple[Any, Positions]:
         loader.dispose()
 
 
+def _offset_loc(file: str, text: str, offset: int) -> Location:
+    line = text.count("\n", 0, offset) + 1
+    return Location(file, line, offset - (text.rfind("\n", 0, offset) + 1) + 1)
+
+
 _COLLECTION_TAGS = {yaml.MappingNode: "tag:yaml.org,2002:map", yaml.SequenceNode: "tag:yaml.org,2002:seq"}
 
 
+MAX_NODES = 200_000   # far beyond any net; stops alias bombs ("billion laughs") early
+
+
+class _TooLarge(Exception):
+    pass
+
+
 def _construct(loader, node, path: Path, pos: Positions, problems: list[Problem]) -> Any:
+    if len(pos.values) > MAX_NODES:
+        raise _TooLarge()
     pos.values.setdefault(path, _loc(pos.file, node.start_mark))
     expected = _COLLECTION_TAGS.get(type(node))
     if expected is not None and node.tag != expected:
