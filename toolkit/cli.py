@@ -76,6 +76,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=0.01, help="SGD rate for --train")
     p.add_argument("--json", action="store_true")
 
+    p = sub.add_parser("train", help="train a net (its train section: data, solver, schedule)")
+    p.add_argument("net")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
+                   help="override any key of the net file, e.g. train.solver.base_lr=0.1")
+    p.add_argument("--out", help="run folder (default runs/NAME)")
+    p.add_argument("--weights", help="start from these weights")
+    p.add_argument("--resume", metavar="DIR", help="continue exactly from a run folder or checkpoint")
+    p.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
+
+    p = sub.add_parser("test", help="run the test phase over the net's test data and print the metrics")
+    p.add_argument("net")
+    p.add_argument("--weights", required=True)
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides")
+    p.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
+
+    p = sub.add_parser("data", help="export the net's training data (train or test split) as .npz")
+    p.add_argument("net")
+    p.add_argument("--split", choices=["train", "test"], default="test")
+    p.add_argument("--out", required=True, help=".npz keyed by input name (transforms applied)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides")
+
     p = sub.add_parser("compile", help="build a phase's graph and report what each stage did")
     p.add_argument("net")
     p.add_argument("--phase", choices=["train", "test", "infer"], default="infer")

@@ -1,0 +1,81 @@
+"""``toolkit train`` and ``toolkit test``."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+
+from ..errors import UserError
+from ..frontend import Net
+from .devices import check_device
+
+
+def parse_overrides(items: list[str]) -> list[tuple[tuple, object]]:
+    """``a.b.0.c=VALUE`` -> ((a, b, 0, c), value); VALUE is read as YAML (numbers, lists, strings)."""
+    out = []
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise UserError(f"--set {item}: expected KEY=VALUE, e.g. train.solver.base_lr=0.1")
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError:
+            raise UserError(f"--set {item}: the value is not valid YAML") from None
+        path = tuple(int(p) if p.lstrip("-").isdigit() else p for p in key.strip().split("."))
+        out.append((path, value))
+    return out
+
+
+def run_train(args) -> int:
+    check_device(args.device)
+    from ..train.trainer import Trainer
+    net = Net.load(args.net, parse_overrides(args.overrides))
+    out = Path(args.out) if args.out else None
+    if out is None and args.resume:
+        resume = Path(args.resume)
+        out = resume.parent.parent if resume.is_file() else (resume.parent if resume.name == "checkpoints" else resume)
+    out = out or Path("runs") / net.name
+    trainer = Trainer(net, out, weights=args.weights, resume=args.resume, device=args.device)
+    status = trainer.run()
+    if status == 0:
+        metrics = ", ".join(f"{k} {v:.4f}" for k, v in trainer.final_metrics.items())
+        print(f"trained {net.name} for {trainer.max_iter} iterations; {metrics or 'no test data'}; "
+              f"weights in {out / 'model.safetensors'}")
+    return status
+
+
+def run_test(args) -> int:
+    check_device(args.device)
+    from ..train.trainer import PlanCache, evaluate, load_data, test_graph, train_spec
+    from ..runtime.plan import RuntimeState
+    import numpy as np
+    net = Net.load(args.net, parse_overrides(args.overrides))
+    spec = train_spec(net)
+    _train, test_set = load_data(net, spec)
+    if test_set is None:
+        raise UserError("the net's data has no test split: set train.data.test_fraction or test_source")
+    graph = test_graph(net)
+    if graph is None:
+        raise UserError("the test phase has no scalar output (add an Accuracy or loss layer in phase test)")
+    weights = net.load_weights(args.weights)
+    metrics = evaluate(PlanCache(graph, weights, RuntimeState(np.random.default_rng(0)), args.device),
+                       test_set, spec.data.batch_size)
+    print(json.dumps({"examples": len(test_set), **{k: round(v, 6) for k, v in metrics.items()}}))
+    return 0
+
+
+def run_data(args) -> int:
+    from ..train.trainer import load_data, train_spec
+    from .io import check_output_path, write_outputs
+    net = Net.load(args.net, parse_overrides(args.overrides))
+    if not args.out.endswith(".npz"):
+        raise UserError(f"--out {args.out}: use a .npz file name")
+    check_output_path(args.out, ["data"])
+    train_set, test_set = load_data(net, train_spec(net))
+    chosen = train_set if args.split == "train" else test_set
+    if chosen is None:
+        raise UserError("the net's data has no test split: set train.data.test_fraction or test_source")
+    write_outputs(args.out, chosen.arrays)
+    print(f"wrote {args.out}: {len(chosen)} examples of {', '.join(chosen.arrays)}")
+    return 0

@@ -1,0 +1,235 @@
+"""Training data: sources (builtin:digits, .npz, a folder of .npy, CSV, an image folder), the
+train/test split, input transforms, and the seeded batch order.
+
+Every source yields arrays keyed by the net's input names, one row per example. Arrays are
+checked against the net's inputs (per-example shape and kind) with errors naming the array.
+The order of epoch e is a permutation drawn from (seed, e), so iteration i alone says which
+examples it sees: resuming needs no data-loader state.
+"""
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import UserError
+from ..ir.graph import FLOAT_DTYPES
+
+DATASETS = Path(__file__).parent / "datasets"
+IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp"}
+
+
+@dataclass
+class Dataset:
+    arrays: dict[str, np.ndarray]
+
+    def __len__(self) -> int:
+        return len(next(iter(self.arrays.values())))
+
+    def take(self, rows: np.ndarray) -> dict[str, np.ndarray]:
+        return {k: v[rows] for k, v in self.arrays.items()}
+
+
+def _roles(inputs: dict) -> tuple[str, str]:
+    """(features input, label input) for sources that carry images and labels."""
+    floats = [n for n, s in inputs.items() if s.dtype in FLOAT_DTYPES]
+    ints = [n for n, s in inputs.items() if s.dtype not in FLOAT_DTYPES]
+    if len(floats) != 1 or len(ints) != 1:
+        raise UserError("this data source gives features and labels, so the net needs exactly one float input "
+                        f"and one integer input (it has: {', '.join(inputs)})")
+    return floats[0], ints[0]
+
+
+def load_digits() -> tuple[np.ndarray, np.ndarray]:
+    """The 1797 8x8 digits (pixels 0..16) as [n, 1, 8, 8] float32 and their int64 labels."""
+    with gzip.open(DATASETS / "digits.csv.gz", "rt") as f:
+        table = np.loadtxt(f, delimiter=",", dtype=np.float32)
+    return table[:, :64].reshape(-1, 1, 8, 8), table[:, 64].astype(np.int64)
+
+
+def _load_npz(path: Path) -> dict[str, np.ndarray]:
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return {k: data[k] for k in data.files}
+    except (ValueError, OSError, EOFError) as e:
+        raise UserError(f"{path}: not a readable .npz file ({str(e).splitlines()[0]})") from None
+
+
+def _load_npy_folder(path: Path, inputs: dict) -> dict[str, np.ndarray]:
+    out = {}
+    for name in inputs:
+        f = path / f"{name}.npy"
+        if f.is_file():
+            try:
+                out[name] = np.load(f, allow_pickle=False)
+            except (ValueError, OSError) as e:
+                raise UserError(f"{f}: not a readable .npy file ({str(e).splitlines()[0]})") from None
+    return out
+
+
+def _load_csv(path: Path, inputs: dict) -> dict[str, np.ndarray]:
+    """Numeric CSV: the label column is the one named after the integer input (header row), or
+    the last column; the other columns are the features, in order."""
+    features, label = _roles(inputs)
+    text = path.read_text()
+    rows = list(csv.reader(io.StringIO(text)))
+    rows = [r for r in rows if r]
+    if not rows:
+        raise UserError(f"{path}: the CSV file is empty")
+    header = None
+    try:
+        [float(x) for x in rows[0]]
+    except ValueError:
+        header, rows = rows[0], rows[1:]
+    label_col = header.index(label) if header and label in header else len(rows[0]) - 1
+    try:
+        table = np.array([[float(x) for x in r] for r in rows], dtype=np.float64)
+    except ValueError as e:
+        raise UserError(f"{path}: non-numeric value in the CSV ({e})") from None
+    if table.ndim != 2:
+        raise UserError(f"{path}: rows of the CSV have different lengths")
+    y = table[:, label_col]
+    x = np.delete(table, label_col, axis=1)
+    if np.any(y != np.round(y)):
+        raise UserError(f"{path}: the label column '{header[label_col] if header else label_col}' holds non-integers")
+    return {features: x.astype(np.float32), label: y.astype(np.int64)}
+
+
+def _load_image_folder(path: Path, inputs: dict) -> dict[str, np.ndarray]:
+    """One subfolder per class (sorted names are the class indices); images resized to the input's H x W."""
+    features, label = _roles(inputs)
+    shape = inputs[features].shape
+    if len(shape) != 4 or not all(isinstance(d, int) for d in shape[1:]):
+        raise UserError(f"an image folder needs the input '{features}' shaped [N, C, H, W] with fixed C, H, W")
+    c, h, w = shape[1:]
+    if c not in (1, 3):
+        raise UserError(f"an image folder feeds 1 (grey) or 3 (RGB) channels; input '{features}' has {c}")
+    from PIL import Image, UnidentifiedImageError
+    classes = sorted(d for d in path.iterdir() if d.is_dir())
+    if not classes:
+        raise UserError(f"{path}: an image folder needs one subfolder per class")
+    xs, ys = [], []
+    for index, folder in enumerate(classes):
+        for f in sorted(folder.iterdir()):
+            if f.suffix.lower() not in IMAGE_SUFFIXES:
+                continue
+            try:
+                with Image.open(f) as img:
+                    img = img.convert("L" if c == 1 else "RGB").resize((w, h))
+                    arr = np.asarray(img, dtype=np.float32)
+            except (UnidentifiedImageError, OSError) as e:
+                raise UserError(f"{f}: not a readable image ({e})") from None
+            xs.append(arr[None] if c == 1 else arr.transpose(2, 0, 1))
+            ys.append(index)
+    if not xs:
+        raise UserError(f"{path}: no images found in the class subfolders")
+    return {features: np.stack(xs), label: np.array(ys, dtype=np.int64)}
+
+
+def load_source(source: str, inputs: dict, base: Path | None = None) -> dict[str, np.ndarray]:
+    if source == "builtin:digits":
+        features, label = _roles(inputs)
+        x, y = load_digits()
+        return {features: x, label: y}
+    if source.startswith("builtin:"):
+        raise UserError(f"unknown builtin data set '{source}' (available: builtin:digits)")
+    path = Path(source)
+    if base is not None and not path.is_absolute() and not path.exists():
+        path = base / path
+    if not path.exists():
+        raise UserError(f"data source {source}: no such file or folder")
+    if path.is_dir():
+        npy = _load_npy_folder(path, inputs)
+        return npy if npy else _load_image_folder(path, inputs)
+    if path.suffix == ".npz":
+        return _load_npz(path)
+    if path.suffix == ".csv":
+        return _load_csv(path, inputs)
+    raise UserError(f"data source {source}: unsupported format (use builtin:digits, .npz, .csv, "
+                    "a folder of .npy files or an image folder)")
+
+
+def fit_to_inputs(arrays: dict[str, np.ndarray], inputs: dict, source: str) -> Dataset:
+    """Check and cast arrays to the net's inputs. An array whose per-example size equals the
+    input's is reshaped to it (so 8x8 digits feed a [N, 64] input)."""
+    out = {}
+    for name, spec in inputs.items():
+        if name not in arrays:
+            raise UserError(f"data source {source}: no array '{name}' for the net's input '{name}' "
+                            f"(it has: {', '.join(arrays) or 'nothing'})")
+        arr = np.asarray(arrays[name])
+        want = spec.shape[1:]
+        fixed = all(isinstance(d, int) for d in want)
+        if arr.ndim == 0:
+            raise UserError(f"data source {source}: array '{name}' is a single number, not one row per example")
+        if fixed and tuple(arr.shape[1:]) != tuple(want):
+            if int(np.prod(arr.shape[1:])) == int(np.prod(want)):
+                arr = arr.reshape((arr.shape[0],) + tuple(want))
+            else:
+                raise UserError(f"data source {source}: array '{name}' has examples of shape {list(arr.shape[1:])}, "
+                                f"the net's input '{name}' needs {list(want)}")
+        if spec.dtype not in FLOAT_DTYPES:
+            if arr.dtype.kind == "f" and np.any(arr != np.round(arr)):
+                raise UserError(f"data source {source}: array '{name}' holds non-integers, the input is {spec.dtype}")
+            arr = arr.astype(spec.dtype)
+        elif arr.dtype.kind not in "fiub":
+            raise UserError(f"data source {source}: array '{name}' has dtype {arr.dtype}, not numbers")
+        out[name] = arr
+    lengths = {k: len(v) for k, v in out.items()}
+    if len(set(lengths.values())) != 1:
+        raise UserError(f"data source {source}: arrays have different numbers of examples: "
+                        + ", ".join(f"{k} {n}" for k, n in lengths.items()))
+    if not next(iter(lengths.values())):
+        raise UserError(f"data source {source}: no examples")
+    return Dataset(out)
+
+
+def transform(arrays: dict[str, np.ndarray], inputs: dict, data_spec, dtype: str) -> dict[str, np.ndarray]:
+    """Caffe's input transform on float inputs: (x - mean) * scale, then the net's dtype."""
+    out = {}
+    for name, arr in arrays.items():
+        if inputs[name].dtype in FLOAT_DTYPES:
+            arr = arr.astype(dtype if dtype else inputs[name].dtype)
+            if data_spec.mean is not None:
+                mean = np.asarray(data_spec.mean, dtype=arr.dtype)
+                if mean.ndim == 1 and arr.ndim >= 2 and mean.shape[0] == arr.shape[1]:
+                    mean = mean.reshape((1, -1) + (1,) * (arr.ndim - 2))
+                arr = arr - mean
+            if data_spec.scale is not None:
+                arr = arr * np.asarray(data_spec.scale, dtype=arr.dtype)
+        out[name] = arr
+    return out
+
+
+def split(dataset: Dataset, fraction: float, seed: int) -> tuple[Dataset, Dataset | None]:
+    """A seeded shuffled split: the last ``fraction`` of a permutation is the test set."""
+    if not fraction:
+        return dataset, None
+    order = np.random.default_rng([seed, 7919]).permutation(len(dataset))
+    n_test = max(1, int(round(len(dataset) * fraction)))
+    return Dataset(dataset.take(np.sort(order[n_test:]))), Dataset(dataset.take(np.sort(order[:n_test])))
+
+
+class BatchOrder:
+    """Which rows iteration i reads: epochs of ceil(n / batch) iterations, the last one short."""
+
+    def __init__(self, n: int, batch: int, shuffle: bool, seed: int):
+        self.n, self.batch, self.shuffle, self.seed = n, batch, shuffle, seed
+        self.per_epoch = -(-n // batch)
+        self._cache: tuple[int, np.ndarray] | None = None
+
+    def epoch_order(self, epoch: int) -> np.ndarray:
+        if self._cache and self._cache[0] == epoch:
+            return self._cache[1]
+        order = (np.random.default_rng([self.seed, epoch]).permutation(self.n) if self.shuffle
+                 else np.arange(self.n))
+        self._cache = (epoch, order)
+        return order
+
+    def rows(self, i: int) -> np.ndarray:
+        epoch, k = divmod(i, self.per_epoch)
+        return self.epoch_order(epoch)[k * self.batch: (k + 1) * self.batch]

@@ -1,0 +1,254 @@
+"""The training loop: one compiled train-step plan per batch size (forward, generated backward,
+solver updates), test passes, checkpoints with exact resume, signals, NaN guard, metrics.
+
+Exactness of resume rests on three facts: every array that changes (weights, running stats,
+solver slots) is in the checkpoint; the data order of iteration i is a function of (seed, i);
+and the dropout generator's state is saved with the iteration.
+"""
+from __future__ import annotations
+
+import math
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..compile import add_gradients
+from ..errors import UserError
+from ..frontend import OBJECTIVE, Net
+from ..ir.graph import FLOAT_DTYPES, Graph
+from ..passes.prune import eliminate_dead_code
+from ..runtime.binding import bind_symbols
+from ..runtime.plan import Plan, RuntimeState
+from ..weights import save_weights
+from .checkpoint import Checkpoint, find_resume_point, read_checkpoint, write_checkpoint
+from .data import BatchOrder, Dataset, fit_to_inputs, load_source, split, transform
+from .progress import MetricsLog, Progress, plot
+from .schedule import check_policy, learning_rate
+from .solvers import SolverConfig, add_solver, host_values, is_slot
+
+RESERVED = {"iter", "loss", "lr"}
+
+
+class Interrupted(Exception):
+    def __init__(self, signum: int):
+        self.signum = signum
+
+
+def net_dtype(net: Net) -> str:
+    for spec in net.spec.inputs.values():
+        if spec.dtype in FLOAT_DTYPES:
+            return spec.dtype
+    return "float32"
+
+
+def train_spec(net: Net):
+    from schemas.train import TrainSpec
+    return net.spec.train or TrainSpec()
+
+
+def load_data(net: Net, spec) -> tuple[Dataset, Dataset | None]:
+    """Train and test sets, transformed and shaped for the net's inputs."""
+    base = Path(net.file).parent
+    inputs = net.spec.inputs
+    data_spec = spec.data
+    source = data_spec.source
+    full = fit_to_inputs(load_source(source, inputs, base), inputs, source)
+    if data_spec.test_source:
+        train_set = full
+        test_set = fit_to_inputs(load_source(data_spec.test_source, inputs, base), inputs, data_spec.test_source)
+    else:
+        train_set, test_set = split(full, data_spec.test_fraction, spec.seed)
+    dtype = net_dtype(net)
+    train_set = Dataset(transform(train_set.arrays, inputs, data_spec, dtype))
+    if test_set is not None:
+        test_set = Dataset(transform(test_set.arrays, inputs, data_spec, dtype))
+    return train_set, test_set
+
+
+@dataclass
+class PlanCache:
+    """Plans of one graph by batch binding, all sharing the weight arrays and the runtime state."""
+
+    graph: Graph
+    weights: dict[str, np.ndarray]
+    runtime: RuntimeState
+    device: str = "cpu"
+    plans: dict = field(default_factory=dict)
+
+    def run(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        shapes = {k: np.shape(v) for k, v in arrays.items()}
+        key = tuple(sorted(shapes.items()))
+        if key not in self.plans:
+            bindings = bind_symbols(self.graph, shapes)
+            self.plans[key] = Plan(self.graph, bindings, {k: self.weights[k] for k in self.graph.weights},
+                                   self.device, self.runtime)
+        return self.plans[key].run(arrays)
+
+
+def evaluate(cache: PlanCache, dataset: Dataset, batch: int) -> dict[str, float]:
+    """Example-weighted means of the graph's scalar outputs over a data set."""
+    names = [n for n, v in cache.graph.outputs.items() if v.shape == ()]
+    totals = dict.fromkeys(names, 0.0)
+    inputs = list(cache.graph.inputs)
+    for start in range(0, len(dataset), batch):
+        rows = np.arange(start, min(start + batch, len(dataset)))
+        outs = cache.run({k: v for k, v in dataset.take(rows).items() if k in inputs})
+        for n in names:
+            totals[n] += float(outs[n]) * len(rows)
+    return {n: t / len(dataset) for n, t in totals.items()}
+
+
+def test_graph(net: Net) -> Graph | None:
+    graph = net.graph("test")
+    graph.outputs = {k: v for k, v in graph.outputs.items() if v.shape == ()}
+    if not graph.outputs:
+        return None
+    return eliminate_dead_code(graph)
+
+
+class Trainer:
+    def __init__(self, net: Net, out: Path, weights: str | None = None, resume: str | None = None,
+                 device: str = "cpu", stream=None):
+        self.net = net
+        self.spec = spec = train_spec(net)
+        self.cfg = SolverConfig.from_spec(spec.solver)
+        if self.cfg.type == "nesterov" and not self.cfg.momentum:
+            raise UserError("solver nesterov needs momentum > 0")
+        check_policy(spec.solver.lr_policy)
+        self.stream = stream
+        self.train_set, self.test_set = load_data(net, spec)
+        self.order = BatchOrder(len(self.train_set), spec.data.batch_size, spec.data.shuffle, spec.seed)
+        if spec.max_iter:
+            self.max_iter = spec.max_iter
+        elif spec.epochs:
+            self.max_iter = spec.epochs * self.order.per_epoch
+        else:
+            raise UserError("train needs max_iter or epochs (e.g. --set train.max_iter=1000)")
+
+        graph = net.graph("train")
+        add_solver(graph, add_gradients(graph), self.cfg)
+        self.graph = eliminate_dead_code(graph)
+        self.dtype = net_dtype(net)
+        self.store = self._initial_weights(weights)
+        self.runtime = RuntimeState(np.random.default_rng(spec.seed))
+        self.start = 0
+        self.out = out
+        if resume:
+            self._resume(resume)
+        self.train_plans = PlanCache(self.graph, self.store, self.runtime, device)
+        tg = test_graph(net) if self.test_set is not None else None
+        self.test_plans = PlanCache(tg, self.store, RuntimeState(np.random.default_rng(0)), device) if tg else None
+        self.loss_tops = [t for t in self.graph.losses if t not in RESERVED]
+        self._stop: int | None = None
+
+    # -- state ------------------------------------------------------------------------------------
+    def _initial_weights(self, path: str | None) -> dict[str, np.ndarray]:
+        if path:
+            model = self.net.load_weights(path, dtype=self.dtype)
+        else:
+            model = self.net.init_weights(self.spec.seed, self.dtype)
+        store = {k: np.ascontiguousarray(v, dtype=self.dtype) for k, v in model.items()}
+        for name, w in self.graph.weights.items():
+            if name not in store:
+                store[name] = np.zeros(tuple(int(d) for d in w.value.shape), dtype=w.value.dtype)
+        return store
+
+    def _resume(self, target: str) -> None:
+        path = find_resume_point(target)
+        ckpt = read_checkpoint(path)
+        if ckpt.meta.get("solver") != self.cfg.type:
+            raise UserError(f"{path}: written by solver '{ckpt.meta.get('solver')}', but the net now says "
+                            f"'{self.cfg.type}'; resuming must continue the same solver")
+        missing = sorted(set(self.store) - set(ckpt.arrays))
+        extra = sorted(set(ckpt.arrays) - set(self.store))
+        if missing or extra:
+            raise UserError(f"{path}: does not match this net (missing: {', '.join(missing) or '-'}; "
+                            f"unexpected: {', '.join(extra) or '-'})")
+        for k, arr in ckpt.arrays.items():
+            if arr.shape != self.store[k].shape:
+                raise UserError(f"{path}: '{k}' has shape {list(arr.shape)}, the net needs {list(self.store[k].shape)}")
+            np.copyto(self.store[k], arr)
+        self.runtime.rng.bit_generator.state = ckpt.meta["rng"]
+        self.start = ckpt.iteration
+        self.resumed_from = path
+
+    def checkpoint(self, iteration: int) -> Path:
+        meta = {"net": self.net.name, "solver": self.cfg.type, "rng": self.runtime.rng.bit_generator.state,
+                "max_iter": self.max_iter, "seed": self.spec.seed}
+        return write_checkpoint(self.out / "checkpoints", Checkpoint(iteration, self.store, meta),
+                                self.spec.keep_last)
+
+    def model_weights(self) -> dict[str, np.ndarray]:
+        return {k: v for k, v in self.store.items() if not is_slot(k)}
+
+    # -- the loop -----------------------------------------------------------------------------------
+    def _on_signal(self, signum, frame):
+        self._stop = signum
+
+    def lr_at(self, i: int) -> float:
+        return learning_rate(self.spec.solver.base_lr, self.spec.solver.lr_policy, i, self.max_iter)
+
+    def step(self, i: int) -> dict[str, float]:
+        batch = self.train_set.take(self.order.rows(i))
+        feed = {k: v for k, v in batch.items() if k in self.graph.inputs}
+        feed.update(host_values(self.cfg, self.lr_at(i), i + 1, self.dtype))
+        outs = self.train_plans.run(feed)
+        return {"loss": float(outs[OBJECTIVE]), **{t: float(outs[t]) for t in self.loss_tops}}
+
+    def test(self) -> dict[str, float]:
+        if self.test_plans is None:
+            return {}
+        metrics = evaluate(self.test_plans, self.test_set, self.spec.data.batch_size)
+        return {(f"test_{k}" if k in RESERVED or k in self.loss_tops else k): v for k, v in metrics.items()}
+
+    def run(self) -> int:
+        """Trains to max_iter; returns the exit status (0, or 128 + signal after a checkpoint)."""
+        self.out.mkdir(parents=True, exist_ok=True)
+        log = MetricsLog(self.out / "metrics.jsonl", self.start if self.start else None)
+        spec = self.spec
+        progress = Progress(self.max_iter, self.start, spec.display, self.stream)
+        test_every = spec.test_interval
+        test_keys: set[str] = set()
+        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        last_good: Path | None = getattr(self, "resumed_from", None)
+        try:
+            for i in range(self.start, self.max_iter):
+                record: dict = {}
+                if test_every and i > 0 and i % test_every == 0:
+                    metrics = self.test()
+                    test_keys |= set(metrics)
+                    record.update(metrics)
+                values = self.step(i)
+                if not math.isfinite(values["loss"]):
+                    progress.close()
+                    where = f"the last good checkpoint is {last_good}" if last_good else "no checkpoint was written yet"
+                    raise UserError(f"the loss became {values['loss']} at iteration {i} (lr {self.lr_at(i):.3g}); "
+                                    f"training stopped and {where}")
+                progress.update(i, values["loss"], self.lr_at(i))
+                if record or i % spec.display == 0:
+                    log.write({"iter": i, "loss": values["loss"], "lr": self.lr_at(i),
+                               **{t: values[t] for t in self.loss_tops}, **record})
+                done = i + 1
+                if spec.snapshot and done % spec.snapshot == 0 and done < self.max_iter:
+                    last_good = self.checkpoint(done)
+                if self._stop is not None:
+                    last_good = self.checkpoint(done)
+                    save_weights(str(self.out / "model.safetensors"), self.model_weights())
+                    progress.message(f"stopped by signal {self._stop} after iteration {done}; "
+                                     f"checkpoint {last_good} (continue with --resume {self.out})")
+                    return 128 + self._stop
+            progress.close()
+            final = self.test()
+            test_keys |= set(final)
+            if final:
+                log.write({"iter": self.max_iter, "lr": self.lr_at(self.max_iter - 1), **final})
+            self.checkpoint(self.max_iter)
+            save_weights(str(self.out / "model.safetensors"), self.model_weights())
+            plot(log.records(), self.out / "loss.png", self.net.name, sorted(test_keys))
+            self.final_metrics = final
+            return 0
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
