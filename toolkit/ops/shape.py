@@ -84,6 +84,9 @@ def _slice_infer(types, attrs):
     length = stop - start
     if isinstance(length, int) and length <= 0:
         raise ShapeError(f"empty slice [{start}:{stop}] of axis {axis}")
+    size = x.shape[axis]
+    if (isinstance(start, int) and start < 0) or (isinstance(stop, int) and isinstance(size, int) and stop > size):
+        raise ShapeError(f"slice [{start}:{stop}] is out of range for axis {axis} of size {size}")
     shape = list(x.shape)
     shape[axis] = length
     return [TensorType(tuple(shape), x.dtype)]

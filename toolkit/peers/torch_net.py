@@ -256,7 +256,6 @@ class TorchNet:
     def __init__(self, net, phase: str = "infer", dtype: str | None = None,
                  dropout_rng: np.random.Generator | None = None):
         import torch
-        from torch import nn
 
         self.net = net
         self.spec = net.spec
@@ -295,7 +294,6 @@ class TorchNet:
                     self.loss_weights[top] = 1.0 if lw is None else float(lw)
         self.module = _classes().NetModule(steps)
         self.module.train(phase == "train")
-        assert isinstance(self.module, nn.Module)
         self._torch = torch
 
     # -- building ---------------------------------------------------------------------------

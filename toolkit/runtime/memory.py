@@ -54,6 +54,17 @@ def plan_memory(steps, shapes, dtypes, fixed: dict[int, Storage], kept: set[int]
             last_use[v.id] = idx
     for vid in kept:
         last_use[vid] = FOREVER
+    # views share their source's storage: a weight may be overwritten in place only after the
+    # last read of the weight or of any view of it
+    root: dict[int, int] = {}
+    for node in steps:
+        if alias_ok(node):
+            src = node.inputs[0].id
+            root[node.outputs[0].id] = root.get(src, src)
+    last_read: dict[int, int] = {}
+    for vid, idx in last_use.items():
+        r = root.get(vid, vid)
+        last_read[r] = max(last_read.get(r, -1), idx)
 
     plan = MemoryPlan(dict(fixed))
     for vid, st in fixed.items():
@@ -84,7 +95,7 @@ def plan_memory(steps, shapes, dtypes, fixed: dict[int, Storage], kept: set[int]
                     same = shapes[inp.id] == shapes[v.id] and dtypes[inp.id] == dtypes[v.id]
                     dies_here = cand.last == idx
                     if cand.external is not None:
-                        writable = cand.update_of == v.id and last_use.get(inp.id) == idx
+                        writable = cand.update_of == v.id and last_read.get(root.get(inp.id, inp.id)) == idx
                     else:
                         writable = dies_here
                     if same and writable:

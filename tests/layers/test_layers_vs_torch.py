@@ -1,0 +1,486 @@
+"""Every catalog layer against PyTorch (toolkit.peers.torch_net), in float32 and float64.
+
+Each case is a small net exercising one layer kind with non-default parameters. With random
+weights (biases and BatchNorm statistics perturbed away from 0 and 1) loaded into both sides:
+- infer phase: every blob, through the reference interpreter and through a compiled Plan;
+- train phase: the objective, each loss top, the gradient of the objective with respect to every
+  trainable parameter (compile.add_gradients) and every float input, and the running statistics
+  after the step (graph.updates), through the interpreter and a Plan.
+Tolerances: 1e-4 relative in float32, 1e-7 in float64 (elementwise, with an absolute floor of the
+same fraction of the largest expected magnitude).
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+import yaml
+
+torch = pytest.importorskip("torch")
+
+from layers import LAYERS  # noqa: E402
+from toolkit.autodiff import differentiate  # noqa: E402
+from toolkit.compile import add_gradients  # noqa: E402
+from toolkit.frontend import OBJECTIVE, Net  # noqa: E402
+from toolkit.ir.graph import FLOAT_DTYPES  # noqa: E402
+from toolkit.peers.torch_net import SUPPORTED, TorchNet, to_numpy  # noqa: E402
+from toolkit.runtime.binding import bind_symbols  # noqa: E402
+from toolkit.runtime.interpreter import interpret  # noqa: E402
+from toolkit.runtime.plan import Plan  # noqa: E402
+
+TOL = {"float32": 1e-4, "float64": 1e-7}
+BATCH = 3
+
+
+# -- comparison --------------------------------------------------------------------------------
+def assert_close(actual, expected, dtype: str, what: str) -> None:
+    """|a - e| <= tol |e| + tol max|e| elementwise: 1e-4 (float32) / 1e-7 (float64) relative."""
+    tol = TOL[dtype]
+    a = np.asarray(actual, dtype=np.float64)
+    e = np.asarray(expected, dtype=np.float64)
+    assert a.shape == e.shape, f"{what}: shape {a.shape} != torch's {e.shape}"
+    assert np.all(np.isfinite(e)), f"{what}: torch gave non-finite values"
+    scale = max(float(np.abs(e).max()) if e.size else 0.0, 1e-6)
+    np.testing.assert_allclose(a, e, rtol=tol, atol=tol * scale, err_msg=what)
+
+
+# -- nets, weights and inputs ------------------------------------------------------------------
+@dataclass
+class Case:
+    id: str
+    inputs: dict                     # name -> (shape, dtype)
+    layers: list                     # layer mappings, in order
+    gens: dict = field(default_factory=dict)   # input name -> fn(rng, shape, dtype) -> array
+    # parameters whose gradient is zero in exact arithmetic (a bias right before a BatchNorm in
+    # batch-statistics mode): both sides must give rounding noise only, far below the others
+    zero_grads: tuple = ()
+
+    def text(self) -> str:
+        doc = {"name": self.id,
+               "inputs": {k: {"shape": list(s), "dtype": d} for k, (s, d) in self.inputs.items()},
+               "layers": self.layers}
+        return yaml.safe_dump(doc, sort_keys=False)
+
+
+def L(name, type, bottom, top=None, **params):
+    return {"name": name, "type": type, "bottom": bottom, "top": top or name, **params}
+
+
+def head(bottom, classes=5):
+    """InnerProduct to ``classes`` scores and a train-phase SoftmaxWithLoss on ``label``: a
+    generic objective behind the layers under test."""
+    return [L("head", "InnerProduct", bottom, num_output=classes),
+            L("loss", "SoftmaxWithLoss", ["head", "label"], phase="train")]
+
+
+IMG = {"data": (["N", 3, 5, 6], "float32"), "label": (["N"], "int64")}
+
+
+def normal(scale=1.0, shift=0.0):
+    return lambda rng, shape, dtype: (rng.normal(shift, scale, size=shape)).astype(dtype)
+
+
+def uniform(lo, hi):
+    return lambda rng, shape, dtype: rng.uniform(lo, hi, size=shape).astype(dtype)
+
+
+def labels(classes):
+    return lambda rng, shape, dtype: rng.integers(0, classes, size=shape).astype(dtype)
+
+
+def activation(id, type, gen=None, **params):
+    layers = [L("act", type, "data", **params)] + head("act")
+    return Case(id, dict(IMG), layers, {"data": gen} if gen else {})
+
+
+CASES = [
+    Case("conv_grouped_dilated_strided_padded",
+         {"data": (["N", 4, 9, 11], "float32"), "label": (["N"], "int64")},
+         [L("conv", "Convolution", "data", num_output=6, kernel_size=[3, 2], stride=[2, 1], pad=[1, 2],
+            dilation=[2, 3], group=2)] + head("conv")),
+    Case("conv_depthwise_nobias_then_1x1",
+         {"data": (["N", 3, 8, 8], "float32"), "label": (["N"], "int64")},
+         [L("conv1", "Convolution", "data", num_output=6, kernel_size=3, stride=2, pad=1, group=3,
+            bias_term=False),
+          L("relu", "ReLU", "conv1", "conv1"),
+          L("conv2", "Convolution", "conv1", num_output=4, kernel_size=1, dilation=2)] + head("conv2")),
+    Case("pool_max_padded_ceil",
+         {"data": (["N", 3, 8, 9], "float32"), "label": (["N"], "int64")},
+         [L("pool1", "Pooling", "data", pool="max", kernel_size=3, stride=2, pad=1, ceil_mode=True),
+          L("pool2", "Pooling", "pool1", pool="max", kernel_size=[2, 3], stride=[1, 2], pad=[0, 1]),
+          L("pool3", "Pooling", "pool2", pool="max", kernel_size=2)] + head("pool3")),
+    Case("pool_ave_padded_ceil_include_pad",
+         {"data": (["N", 3, 8, 9], "float32"), "label": (["N"], "int64")},
+         [L("pool", "Pooling", "data", pool="ave", kernel_size=3, stride=2, pad=1, ceil_mode=True)]
+         + head("pool")),
+    Case("pool_ave_padded_ceil_exclude_pad",
+         {"data": (["N", 3, 7, 9], "float32"), "label": (["N"], "int64")},
+         [L("pool", "Pooling", "data", pool="ave", kernel_size=[3, 2], stride=[2, 2], pad=[1, 1],
+            ceil_mode=True, count_include_pad=False),
+          L("pool2", "Pooling", "pool", pool="ave", kernel_size=2, pad=1, count_include_pad=False)]
+         + head("pool2")),
+    Case("pool_global",
+         dict(IMG),
+         [L("gmax", "Pooling", "data", pool="max", global_pooling=True),
+          L("gave", "Pooling", "data", pool="ave", global_pooling=True),
+          L("cat", "Concat", ["gmax", "gave"])] + head("cat")),
+    Case("inner_product_axes",
+         {"data": (["N", 3, 4, 5], "float32"), "label": (["N"], "int64")},
+         [L("ip1", "InnerProduct", "data", num_output=7, axis=2),
+          L("ip2", "InnerProduct", "ip1", num_output=4, axis=-1, bias_term=False)] + head("ip2")),
+    Case("relu_inplace", dict(IMG), [L("relu", "ReLU", "data", "data")] + head("data")),
+    activation("relu_leaky", "ReLU", negative_slope=0.2),
+    activation("sigmoid", "Sigmoid", normal(3.0)),
+    activation("tanh", "TanH", normal(2.0)),
+    activation("elu", "ELU", normal(2.0), alpha=0.7),
+    activation("softplus_past_threshold", "Softplus", normal(15.0)),
+    activation("absval", "AbsVal"),
+    activation("exp", "Exp"),
+    activation("log", "Log", uniform(0.3, 4.0)),
+    activation("gelu_erf", "GELU", normal(2.0)),
+    activation("gelu_tanh", "GELU", normal(2.0), approximate="tanh"),
+    Case("activations_at_kinks",
+         dict(IMG),
+         [L("relu", "ReLU", "data"), L("leaky", "ReLU", "data", negative_slope=0.3),
+          L("abs", "AbsVal", "data"), L("elu", "ELU", "data", alpha=2.0),
+          L("sum", "Eltwise", ["relu", "leaky", "abs", "elu"], coeff=[1.0, -0.5, 0.25, 2.0])] + head("sum"),
+         {"data": lambda rng, shape, dtype: rng.integers(-2, 3, size=shape).astype(dtype)}),
+    Case("pool_max_ties",
+         {"data": (["N", 2, 7, 7], "float32"), "label": (["N"], "int64")},
+         [L("pool", "Pooling", "data", pool="max", kernel_size=3, stride=2, pad=1, ceil_mode=True),
+          L("pool2", "Pooling", "data", pool="max", kernel_size=2),
+          L("max", "Eltwise", ["data", "data"], operation="max"),
+          L("cat", "Concat", ["pool", "pool"], axis=2),
+          L("f1", "Flatten", "cat"), L("f2", "Flatten", "pool2"), L("f3", "Flatten", "max"),
+          L("all", "Concat", ["f1", "f2", "f3"])] + head("all"),
+         {"data": lambda rng, shape, dtype: rng.integers(-1, 2, size=shape).astype(dtype)}),
+    Case("softmax_axes",
+         {"data": (["N", 5, 4], "float32"), "label": (["N"], "int64")},
+         [L("sm1", "Softmax", "data"),
+          L("sm2", "Softmax", "data", axis=-1),
+          L("lsm", "LogSoftmax", "data", axis=2),
+          L("lsm1", "LogSoftmax", "data"),
+          L("sum", "Eltwise", ["sm1", "sm2", "lsm", "lsm1"], coeff=[1.0, 2.0, 0.5, -0.25])] + head("sum"),
+         {"data": normal(2.0)}),
+    Case("relu_inplace_on_input_dropout",
+         {"data": (["N", 10], "float32"), "label": (["N"], "int64")},
+         [L("relu", "ReLU", "data", "data"),
+          L("ip", "InnerProduct", "data", num_output=12),
+          L("drop", "Dropout", "ip", dropout_ratio=0.3),
+          L("drop2", "Dropout", "drop", "drop")] + head("drop")),
+    Case("batchnorm_conv_train_stats",
+         {"data": (["N", 3, 5, 6], "float32"), "label": (["N"], "int64")},
+         [L("conv", "Convolution", "data", num_output=4, kernel_size=3, pad=1),
+          L("bn", "BatchNorm", "conv", momentum=0.3, eps=1e-3),
+          L("relu", "ReLU", "bn", "bn")] + head("bn"),
+         {"data": normal(1.5, 0.7)}, zero_grads=("conv.bias",)),
+    Case("batchnorm_inplace_2d_no_affine",
+         {"data": (["N", 6], "float32"), "label": (["N"], "int64")},
+         [L("ip", "InnerProduct", "data", num_output=5),
+          L("bn", "BatchNorm", "ip", "ip", affine=False)] + head("ip"), zero_grads=("ip.bias",)),
+    Case("batchnorm_3d_default",
+         {"data": (["N", 4, 7], "float32"), "label": (["N"], "int64")},
+         [L("bn", "BatchNorm", "data")] + head("bn"), {"data": normal(2.0, -1.0)}),
+    Case("batchnorm_global_stats_in_train",
+         dict(IMG),
+         [L("bn", "BatchNorm", "data", use_global_stats=True, eps=1e-4)] + head("bn")),
+    Case("batchnorm_batch_stats_everywhere",
+         dict(IMG),
+         [L("bn", "BatchNorm", "data", use_global_stats=False, momentum=0.05)] + head("bn")),
+    Case("concat_axes",
+         {"a": (["N", 2, 4, 5], "float32"), "b": (["N", 3, 4, 5], "float32"), "label": (["N"], "int64")},
+         [L("cat1", "Concat", ["a", "b"]),
+          L("cat2", "Concat", ["a", "a", "a"], axis=3),
+          L("cat3", "Concat", ["cat1", "cat1"], axis=-2),
+          L("one", "Concat", ["cat2"]),
+          L("f1", "Flatten", "cat3"), L("f2", "Flatten", "one"),
+          L("cat4", "Concat", ["f1", "f2"])] + head("cat4")),
+    Case("slice_points_and_equal",
+         {"data": (["N", 6, 4], "float32"), "label": (["N"], "int64")},
+         [L("sl", "Slice", "data", ["s1", "s2", "s3"], slice_point=[1, 4]),
+          L("back", "Concat", ["s3", "s1", "s2"]),
+          L("sl2", "Slice", "data", ["t1", "t2"], axis=2),
+          L("prod", "Eltwise", ["t1", "t2"], operation="prod"),
+          L("sl3", "Slice", "back", ["u1", "u2"], axis=-1, slice_point=[3]),
+          L("cat", "Concat", ["back", "prod", "u2"], axis=2)] + head("cat")),
+    Case("eltwise_ops",
+         {"a": (["N", 3, 4], "float32"), "b": (["N", 3, 4], "float32"), "c": (["N", 3, 4], "float32"),
+          "label": (["N"], "int64")},
+         [L("sum", "Eltwise", ["a", "b", "c"], coeff=[0.5, -2.0, 1.5]),
+          L("sum2", "Eltwise", ["a", "c"]),
+          L("prod", "Eltwise", ["a", "b", "c"], operation="prod"),
+          L("max", "Eltwise", ["a", "b", "c"], operation="max"),
+          L("cat", "Concat", ["sum", "sum2", "prod", "max"])] + head("cat")),
+    Case("flatten_axes",
+         {"data": (["N", 2, 3, 4, 2], "float32"), "target": (["N", 3], "float32")},
+         [L("f1", "Flatten", "data", axis=1, end_axis=2),
+          L("f2", "Flatten", "f1", axis=2),
+          L("f3", "Flatten", "data", axis=-3, end_axis=-2),
+          L("f4", "Flatten", "f3", axis=0),
+          L("ip", "InnerProduct", "f2", num_output=3, axis=1),
+          L("loss", "EuclideanLoss", ["ip", "target"], phase="train")]),
+    Case("reshape_copy_and_infer",
+         {"data": (["N", 4, 6], "float32"), "label": (["N"], "int64")},
+         [L("r1", "Reshape", "data", shape=[0, -1, 3]),
+          L("r2", "Reshape", "r1", shape=[0, 2, 0, -1]),
+          L("conv", "Convolution", "r2", num_output=3, kernel_size=[2, 3]),
+          L("r3", "Reshape", "conv", shape=[-1, 3]),
+          L("r4", "Reshape", "r3", shape=[0, 0]),
+          L("r5", "Reshape", "conv", shape=[0, -1])] + head("r5")),
+    Case("softmax_loss_spatial_ignore_and_axis",
+         {"data": (["N", 4, 3, 5], "float32"), "label": (["N", 3, 5], "int64"),
+          "seq": (["N", 3, 6], "float32"), "label2": (["N", 3], "int64")},
+         [L("score", "Convolution", "data", num_output=5, kernel_size=1),
+          L("loss", "SoftmaxWithLoss", ["score", "label"], ignore_label=2),
+          L("loss2", "SoftmaxWithLoss", ["seq", "label2"], axis=-1, loss_weight=0.7),
+          L("acc", "Accuracy", ["score", "label"], phase=["test", "infer"])],
+         {"label": labels(5), "label2": labels(6)}),
+    Case("euclidean_loss",
+         {"data": (["N", 3, 4], "float32"), "target": (["N", 6], "float32")},
+         [L("ip", "InnerProduct", "data", num_output=6),
+          L("loss", "EuclideanLoss", ["ip", "target"], loss_weight=0.5),
+          L("loss2", "EuclideanLoss", ["data", "data"], phase="infer")]),
+    Case("sigmoid_cross_entropy_loss",
+         {"data": (["N", 2, 4, 4], "float32"), "target": (["N", 3, 4, 4], "float32"),
+          "hard": (["N", 3, 4, 4], "int64")},
+         [L("score", "Convolution", "data", num_output=3, kernel_size=3, pad=1),
+          L("loss", "SigmoidCrossEntropyLoss", ["score", "target"]),
+          L("loss2", "SigmoidCrossEntropyLoss", ["score", "hard"], loss_weight=2.0)],
+         {"data": normal(2.0), "target": uniform(0.0, 1.0), "hard": labels(2)}),
+    Case("accuracy_top_k",
+         {"data": (["N", 6], "float32"), "label": (["N"], "int64"), "seq": (["N", 4, 3], "float32"),
+          "label2": (["N", 3], "int64"), "label3": (["N", 4], "int64")},
+         [L("acc1", "Accuracy", ["data", "label"]),
+          L("acc3", "Accuracy", ["data", "label"], top_k=3),
+          L("acc_seq", "Accuracy", ["seq", "label2"], top_k=2),
+          L("acc_seq_axis", "Accuracy", ["seq", "label3"], axis=2, top_k=1, phase="infer")] + head("data"),
+         {"label": labels(3), "label2": labels(4), "label3": labels(3)}),
+    Case("share_and_frozen_bias",
+         {"a": (["N", 2, 5, 5], "float32"), "b": (["N", 2, 5, 5], "float32"), "label": (["N"], "int64")},
+         [L("conv_a", "Convolution", "a", num_output=3, kernel_size=3, lr_mult=[1, 0]),
+          L("conv_b", "Convolution", "b", num_output=3, kernel_size=3, share="conv_a"),
+          L("sum", "Eltwise", ["conv_a", "conv_b"], operation="max")] + head("sum")),
+]
+BY_ID = {c.id: c for c in CASES}
+
+
+def load_net(tmp_path, case: Case) -> Net:
+    path = tmp_path / f"{case.id}.yaml"
+    path.write_text(case.text())
+    return Net.load(str(path))
+
+
+def layer_types(net: Net) -> dict[str, str]:
+    return {layer.name: layer.type for layer in net.spec.layers}
+
+
+def random_weights(net: Net, dtype: str, seed: int = 7) -> dict[str, np.ndarray]:
+    """The net's fillers, then every bias, BatchNorm scale and running statistic moved away from
+    the 0 / 1 it starts at, so that no term of the computation is trivially absent."""
+    weights = net.init_weights(seed, dtype)
+    rng = np.random.default_rng(seed + 1)
+    types = layer_types(net)
+    for key, arr in weights.items():
+        layer, pname = key.rsplit(".", 1)
+        if pname == "bias" or pname == "running_mean":
+            arr[...] = rng.normal(0.0, 0.5, arr.shape)
+        elif pname == "running_var":
+            arr[...] = rng.uniform(0.4, 2.5, arr.shape)
+        elif pname == "weight" and types[layer] == "BatchNorm":
+            arr[...] = rng.uniform(0.5, 1.5, arr.shape) * rng.choice([-1.0, 1.0], arr.shape)
+    return weights
+
+
+def random_inputs(net: Net, case: Case, dtype: str, seed: int = 11, batch: int = BATCH) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, spec in net.spec.inputs.items():
+        shape = tuple(batch if isinstance(d, str) else d for d in spec.shape)
+        kind = spec.dtype if spec.dtype not in FLOAT_DTYPES else dtype
+        gen = case.gens.get(name) or (normal() if spec.dtype in FLOAT_DTYPES else labels(5))
+        out[name] = gen(rng, shape, kind)
+    return out
+
+
+def tops_in(net: Net, phase: str) -> list[str]:
+    names = []
+    for layer in net.spec.layers:
+        if phase in layer.phases:
+            names += [t for t in layer.tops if t not in names]
+    return names
+
+
+def run_plan(graph, weights, inputs, names):
+    plan = Plan(graph, bind_symbols(graph, {k: v.shape for k, v in inputs.items()}), weights)
+    views = plan.run(inputs)
+    return {n: np.array(views[n]) for n in names}
+
+
+# -- tests ---------------------------------------------------------------------------------------
+def test_translator_and_cases_cover_the_catalog():
+    assert set(LAYERS) <= SUPPORTED, f"no torch translation for {sorted(set(LAYERS) - SUPPORTED)}"
+    covered = {layer["type"] for case in CASES for layer in case.layers}
+    assert set(LAYERS) <= covered, f"layer types without a test case: {sorted(set(LAYERS) - covered)}"
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("case_id", list(BY_ID))
+def test_infer_forward_matches_torch(tmp_path, case_id, dtype):
+    case = BY_ID[case_id]
+    net = load_net(tmp_path, case)
+    weights = random_weights(net, dtype)
+    inputs = random_inputs(net, case, dtype)
+    names = tops_in(net, "infer")
+
+    peer = TorchNet(net, "infer", dtype)
+    peer.load(weights)
+    expected = to_numpy(peer.forward(inputs))
+
+    graph = net.graph("infer", dtype, outputs=names)
+    interpreted, updates = interpret(graph, inputs, weights)
+    assert updates == {}
+    planned = run_plan(graph, copy.deepcopy(weights), inputs, names)
+    for name in names:
+        assert_close(interpreted[name], expected[name], dtype, f"{case_id}: blob '{name}' (interpreter)")
+        assert_close(planned[name], expected[name], dtype, f"{case_id}: blob '{name}' (plan)")
+
+
+def train_graph_with_gradients(net: Net, dtype: str):
+    """The train graph plus outputs d(objective)/d(every trainable weight) and /d(every float input)."""
+    graph = net.graph("train", dtype)
+    weight_grads = add_gradients(graph)
+    float_inputs = {k: v for k, v in graph.inputs.items() if v.dtype in FLOAT_DTYPES}
+    input_grads = differentiate(graph, graph.outputs[OBJECTIVE], list(float_inputs.values()))
+    for key, g in weight_grads.items():
+        graph.outputs[f"grad:{key}"] = g
+    for name, v in float_inputs.items():
+        if input_grads[v.id] is not None:
+            graph.outputs[f"dinput:{name}"] = input_grads[v.id]
+    return graph
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("case_id", list(BY_ID))
+def test_train_step_matches_torch(tmp_path, case_id, dtype):
+    case = BY_ID[case_id]
+    net = load_net(tmp_path, case)
+    weights = random_weights(net, dtype)
+    inputs = random_inputs(net, case, dtype)
+
+    peer = TorchNet(net, "train", dtype, dropout_rng=np.random.default_rng(0))
+    peer.load(weights)
+    objective, blobs = peer.train_step(inputs)
+    torch_grads = peer.grads()
+    torch_input_grads = peer.input_grads()
+    torch_state = peer.state()
+
+    graph = train_graph_with_gradients(net, dtype)
+    names = list(graph.outputs)
+    interpreted, updates = interpret(graph, inputs, weights, rng=np.random.default_rng(0))
+    plan_weights = copy.deepcopy(weights)
+    planned = run_plan(graph, plan_weights, inputs, names)
+
+    grad_keys = {n.split(":", 1)[1] for n in names if n.startswith("grad:")}
+    assert grad_keys == set(torch_grads), "parameters with a gradient differ from torch's"
+    assert grad_keys, "the case trains no parameter"
+    input_keys = {n.split(":", 1)[1] for n in names if n.startswith("dinput:")}
+    assert input_keys == set(torch_input_grads), "float inputs with a gradient differ from torch's"
+    assert set(updates) == set(graph.updates)
+
+    for source, out in (("interpreter", interpreted), ("plan", planned)):
+        assert_close(out[OBJECTIVE], objective.numpy(), dtype, f"{case_id}: objective ({source})")
+        for top in peer.loss_weights:
+            assert_close(out[top], blobs[top].detach().numpy(), dtype, f"{case_id}: loss '{top}' ({source})")
+        for key in grad_keys - set(case.zero_grads):
+            assert_close(out[f"grad:{key}"], torch_grads[key], dtype, f"{case_id}: d/d {key} ({source})")
+        for key in case.zero_grads:
+            noise = TOL[dtype] * max(np.abs(g).max() for g in torch_grads.values())
+            assert np.abs(out[f"grad:{key}"]).max() <= noise, f"{case_id}: d/d {key} should vanish ({source})"
+            assert np.abs(torch_grads[key]).max() <= noise, f"{case_id}: torch's d/d {key} should vanish"
+        for name in input_keys:
+            assert_close(out[f"dinput:{name}"], torch_input_grads[name], dtype,
+                         f"{case_id}: d/d input '{name}' ({source})")
+    # running statistics after the step: graph.updates (interpreter) / the plan's weights, and torch's buffers
+    for key in graph.updates:
+        assert_close(updates[key], torch_state[key], dtype, f"{case_id}: updated {key} (interpreter)")
+        assert_close(plan_weights[key], torch_state[key], dtype, f"{case_id}: updated {key} (plan)")
+    for key in peer.buffers:
+        if key not in graph.updates:     # frozen statistics stay as loaded on both sides
+            np.testing.assert_array_equal(torch_state[key], weights[key].astype(torch_state[key].dtype))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_batchnorm_running_statistics_over_steps(tmp_path, dtype):
+    """Three train steps chaining the running statistics: each step's graph.updates fed back as
+    weights equals torch's buffers after three forwards in train mode (momentum, unbiased var)."""
+    case = BY_ID["batchnorm_conv_train_stats"]
+    net = load_net(tmp_path, case)
+    weights = random_weights(net, dtype)
+    peer = TorchNet(net, "train", dtype)
+    peer.load(weights)
+    graph = net.graph("train", dtype)
+    assert set(graph.updates) == {"bn.running_mean", "bn.running_var"}
+    plan_weights = copy.deepcopy(weights)
+    plan = None
+    state = dict(weights)
+    for step in range(3):
+        inputs = random_inputs(net, case, dtype, seed=100 + step)
+        peer.forward(inputs)
+        _, updates = interpret(graph, inputs, state)
+        state.update(updates)
+        if plan is None:
+            plan = Plan(graph, bind_symbols(graph, {k: v.shape for k, v in inputs.items()}), plan_weights)
+        plan.run(inputs)
+    torch_state = peer.state()
+    for key in ("bn.running_mean", "bn.running_var"):
+        assert not np.allclose(torch_state[key], weights[key]), "the statistics did not move"
+        assert_close(state[key], torch_state[key], dtype, f"{key} after 3 steps (interpreter)")
+        assert_close(plan_weights[key], torch_state[key], dtype, f"{key} after 3 steps (plan)")
+
+
+def test_comparison_detects_a_small_mismatch(tmp_path):
+    """The oracle is not vacuous: a 1% change of one weight, or average pooling's divisor rule
+    flipped on the torch side, fails the comparison."""
+    case = BY_ID["conv_grouped_dilated_strided_padded"]
+    net = load_net(tmp_path, case)
+    weights = random_weights(net, "float32")
+    inputs = random_inputs(net, case, "float32")
+    changed = copy.deepcopy(weights)
+    changed["conv.weight"][1, 0, 1, 1] *= 1.01
+    peer = TorchNet(net, "infer", "float32")
+    peer.load(changed)
+    expected = to_numpy(peer.forward(inputs))
+    out, _ = interpret(net.graph("infer", "float32", outputs=["conv"]), inputs, weights)
+    with pytest.raises(AssertionError):
+        assert_close(out["conv"], expected["conv"], "float32", "conv")
+
+    case = BY_ID["pool_ave_padded_ceil_exclude_pad"]
+    flipped = copy.deepcopy(case)
+    flipped.layers[0]["count_include_pad"] = True
+    net = load_net(tmp_path, case)
+    (tmp_path / "flipped").mkdir()
+    other = load_net(tmp_path / "flipped", flipped)
+    inputs = random_inputs(net, case, "float32")
+    out, _ = interpret(net.graph("infer", "float32", outputs=["pool"]), inputs, {})
+    expected = to_numpy(TorchNet(other, "infer").forward(inputs))
+    with pytest.raises(AssertionError):
+        assert_close(out["pool"], expected["pool"], "float32", "pool")
+
+
+def test_torch_net_round_trips_weights_and_reports_keys(tmp_path):
+    net = load_net(tmp_path, BY_ID["batchnorm_conv_train_stats"])
+    weights = random_weights(net, "float64")
+    peer = TorchNet(net, "train", "float64")
+    peer.load(weights)
+    assert set(peer.keys) == set(net.declared)
+    state = peer.state()
+    for key, arr in weights.items():
+        np.testing.assert_array_equal(state[key], arr)
+    with pytest.raises(KeyError, match="bn.running_var"):
+        peer.load({k: v for k, v in weights.items() if k != "bn.running_var"})
+    with pytest.raises(ValueError, match="conv.bias"):
+        peer.load({**weights, "conv.bias": np.zeros(5)})
+    assert peer.output_names == ["loss"]
+    assert TorchNet(net, "infer").output_names == ["head"]
