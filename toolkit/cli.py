@@ -116,6 +116,10 @@ def main(argv: list[str] | None = None) -> int:
         for problem in e.problems:
             print(problem, file=sys.stderr)
         return 2
+    except OSError as e:    # the machine, not the toolkit: a full disk, a read-only folder
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"error: {where}{e.strerror or e}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

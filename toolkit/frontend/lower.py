@@ -126,7 +126,8 @@ def lower_phase(spec, positions: Positions, phase: str, float_dtype: str | None,
         for t in layer.tops:
             all_tops.setdefault(t, []).append((i, layer))
 
-    net_float = float_dtype or "float32"
+    declared_floats = [i.dtype for i in spec.inputs.values() if i.dtype in FLOAT_DTYPES]
+    net_float = float_dtype or (declared_floats[0] if declared_floats else "float32")
     for i, layer in enumerate(spec.layers):
         if phase not in layer.phases:
             continue

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import UserError
 from ..ir.graph import INT_DTYPES, TensorType
 from .base import Builder, OpDef, ShapeError, register
 from .rules import fmt_shape, need_float, norm_axis
@@ -78,7 +79,8 @@ def _nll_mask(label, num_classes, ignore_index):
     keep = np.ones(label.shape, dtype=bool) if ignore_index is None else label != ignore_index
     bad = keep & ((label < 0) | (label >= num_classes))
     if bad.any():
-        raise ValueError(f"label {int(label[bad][0])} is out of range for {num_classes} classes")
+        raise UserError(f"bad label in the data: label {int(label[bad][0])} is out of range for {num_classes} classes "
+                        "(labels count from 0 to the number of classes - 1)")
     return keep
 
 

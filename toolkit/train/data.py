@@ -85,16 +85,21 @@ def _load_csv(path: Path, inputs: dict) -> dict[str, np.ndarray]:
         [float(x) for x in rows[0]]
     except ValueError:
         header, rows = rows[0], rows[1:]
+    if not rows:
+        raise UserError(f"{path}: the CSV file has a header but no data rows")
+    width = len(header) if header else len(rows[0])
+    for n, r in enumerate(rows):
+        if len(r) != width:
+            raise UserError(f"{path}: rows of the CSV have different lengths (data row {n + 1} has {len(r)} "
+                            f"values, the {'header' if header else 'first row'} {width})")
     label_col = header.index(label) if header and label in header else len(rows[0]) - 1
     try:
         table = np.array([[float(x) for x in r] for r in rows], dtype=np.float64)
     except ValueError as e:
         raise UserError(f"{path}: non-numeric value in the CSV ({e})") from None
-    if table.ndim != 2:
-        raise UserError(f"{path}: rows of the CSV have different lengths")
     y = table[:, label_col]
     x = np.delete(table, label_col, axis=1)
-    if np.any(y != np.round(y)):
+    if not np.all(np.isfinite(y) & (y == np.round(y))):
         raise UserError(f"{path}: the label column '{header[label_col] if header else label_col}' holds non-integers")
     return {features: x.astype(np.float32), label: y.astype(np.int64)}
 
@@ -172,12 +177,12 @@ def fit_to_inputs(arrays: dict[str, np.ndarray], inputs: dict, source: str) -> D
             else:
                 raise UserError(f"data source {source}: array '{name}' has examples of shape {list(arr.shape[1:])}, "
                                 f"the net's input '{name}' needs {list(want)}")
+        if arr.dtype.kind not in "fiub":
+            raise UserError(f"data source {source}: array '{name}' has dtype {arr.dtype}, not numbers")
         if spec.dtype not in FLOAT_DTYPES:
-            if arr.dtype.kind == "f" and np.any(arr != np.round(arr)):
+            if arr.dtype.kind == "f" and not np.all(np.isfinite(arr) & (arr == np.round(arr))):
                 raise UserError(f"data source {source}: array '{name}' holds non-integers, the input is {spec.dtype}")
             arr = arr.astype(spec.dtype)
-        elif arr.dtype.kind not in "fiub":
-            raise UserError(f"data source {source}: array '{name}' has dtype {arr.dtype}, not numbers")
         out[name] = arr
     lengths = {k: len(v) for k, v in out.items()}
     if len(set(lengths.values())) != 1:

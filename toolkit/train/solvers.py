@@ -125,7 +125,12 @@ def add_solver(graph: Graph, grads: dict[str, Value], cfg: SolverConfig) -> None
                 new_acc = b.add(acc, b.op("square", g))
             graph.updates[slot_name(name, slot)] = new_acc
             denom = b.add(b.op("sqrt", new_acc), b.scalar(cfg.eps, dtype))
-            new_p = b.sub(p, b.mul(b.div(g, denom), lr_p))
+            step = b.div(g, denom)
+            if cfg.type == "rmsprop" and cfg.momentum:                   # torch's RMSprop(momentum=m)
+                buf = _slot(graph, w, "momentum")
+                step = b.add(b.scale(buf, cfg.momentum), step)           # buf = m * buf + g / denom
+                graph.updates[slot_name(name, "momentum")] = step
+            new_p = b.sub(p, b.mul(step, lr_p))
         else:
             raise ValueError(f"unknown solver {cfg.type}")
         graph.updates[name] = new_p

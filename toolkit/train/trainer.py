@@ -116,6 +116,8 @@ class Trainer:
         self.cfg = SolverConfig.from_spec(spec.solver)
         if self.cfg.type == "nesterov" and not self.cfg.momentum:
             raise UserError("solver nesterov needs momentum > 0")
+        if self.cfg.momentum and self.cfg.type in ("adam", "adamw", "adagrad"):
+            raise UserError(f"solver {self.cfg.type} has no momentum (use betas for adam/adamw)")
         check_policy(spec.solver.lr_policy)
         self.stream = stream
         self.train_set, self.test_set = load_data(net, spec)
@@ -203,6 +205,19 @@ class Trainer:
         metrics = evaluate(self.test_plans, self.test_set, self.spec.data.batch_size)
         return {(f"test_{k}" if k in RESERVED or k in self.loss_tops else k): v for k, v in metrics.items()}
 
+    @staticmethod
+    def _where(last_good: Path | None) -> str:
+        return f"the last good checkpoint is {last_good}" if last_good else "no checkpoint was written yet"
+
+    def _check_finite(self, i: int, last_good: Path | None, progress: Progress) -> None:
+        """A finite loss does not make the update that follows it finite: check the whole state
+        (weights, running stats, solver slots) before it is written."""
+        bad = next((k for k, v in self.store.items() if v.dtype.kind == "f" and not np.isfinite(v).all()), None)
+        if bad is not None:
+            progress.close()
+            raise UserError(f"the weights became nan/inf at iteration {i} ('{bad}', lr {self.lr_at(i):.3g}); "
+                            f"training stopped and {self._where(last_good)}")
+
     def run(self) -> int:
         """Trains to max_iter; returns the exit status (0, or 128 + signal after a checkpoint)."""
         self.out.mkdir(parents=True, exist_ok=True)
@@ -223,15 +238,17 @@ class Trainer:
                 values = self.step(i)
                 if not math.isfinite(values["loss"]):
                     progress.close()
-                    where = f"the last good checkpoint is {last_good}" if last_good else "no checkpoint was written yet"
                     raise UserError(f"the loss became {values['loss']} at iteration {i} (lr {self.lr_at(i):.3g}); "
-                                    f"training stopped and {where}")
+                                    f"training stopped and {self._where(last_good)}")
                 progress.update(i, values["loss"], self.lr_at(i))
                 if record or i % spec.display == 0:
                     log.write({"iter": i, "loss": values["loss"], "lr": self.lr_at(i),
                                **{t: values[t] for t in self.loss_tops}, **record})
                 done = i + 1
-                if spec.snapshot and done % spec.snapshot == 0 and done < self.max_iter:
+                snapshot = bool(spec.snapshot and done % spec.snapshot == 0 and done < self.max_iter)
+                if snapshot or self._stop is not None or done == self.max_iter:
+                    self._check_finite(i, last_good, progress)   # never checkpoint a nan/inf state
+                if snapshot:
                     last_good = self.checkpoint(done)
                 if self._stop is not None:
                     last_good = self.checkpoint(done)

@@ -1,0 +1,655 @@
+"""The training loop end to end, through the ``toolkit`` command: exact resume, atomic
+checkpoints and keep-last-K, SIGINT/SIGTERM, the NaN guard, metrics.jsonl and the loss plot,
+``--set`` overrides, ``--weights`` and ``toolkit test``.
+
+Every run is tiny (a few dozen iterations on a 60-example synthetic set or on the digits), so
+the whole file takes seconds; the numbers are still checked exactly or against numpy.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+import safetensors.numpy as st_numpy
+from toolkit.cli import main
+from toolkit.train.checkpoint import (Checkpoint, find_resume_point, list_checkpoints, read_checkpoint,
+                                      write_checkpoint)
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+# ---------------------------------------------------------------------------------------------
+
+# ip1 -> BatchNorm -> ReLU -> Dropout -> ip2: every kind of state a resume must carry (weights,
+# running statistics, solver slots, the dropout generator). 45 training examples in batches of
+# 8: an epoch is 6 iterations, the last one a short batch of 5.
+RESUME_NET = """\
+name: resumenet
+inputs:
+  data: {shape: [N, 16], dtype: float32}
+  label: {shape: [N], dtype: int64}
+layers:
+  - {name: ip1, type: InnerProduct, bottom: data, top: ip1, num_output: 24}
+  - {name: bn1, type: BatchNorm, bottom: ip1, top: ip1}
+  - {name: relu1, type: ReLU, bottom: ip1, top: ip1}
+  - {name: drop1, type: Dropout, bottom: ip1, top: ip1, dropout_ratio: 0.3}
+  - {name: ip2, type: InnerProduct, bottom: ip1, top: ip2, num_output: 4}
+  - {name: loss, type: SoftmaxWithLoss, bottom: [ip2, label], top: loss, phase: [train, test]}
+  - {name: accuracy, type: Accuracy, bottom: [ip2, label], top: accuracy, phase: test}
+  - {name: prob, type: Softmax, bottom: ip2, top: prob, phase: infer}
+train:
+  data: {source: data.npz, test_fraction: 0.25, batch_size: 8, shuffle: true}
+  solver: {type: sgd, base_lr: 0.1, momentum: 0.9, weight_decay: 0.001,
+           lr_policy: {type: step, gamma: 0.5, step_size: 7}}
+  max_iter: 20
+  test_interval: 5
+  display: 1
+  snapshot: 4
+  seed: 3
+"""
+
+# Softmax regression: deterministic, so its losses and metrics can be recomputed with numpy.
+# The loss top is weighted 2 and named 'xent' so that 'loss' (the objective) and 'xent' differ.
+SOFTREG_NET = """\
+name: softreg
+inputs:
+  data: {shape: [N, 16], dtype: float32}
+  label: {shape: [N], dtype: int64}
+layers:
+  - {name: ip1, type: InnerProduct, bottom: data, top: ip1, num_output: 4}
+  - {name: xent, type: SoftmaxWithLoss, bottom: [ip1, label], top: xent, loss_weight: 2, phase: [train, test]}
+  - {name: acc, type: Accuracy, bottom: [ip1, label], top: acc, phase: test}
+  - {name: prob, type: Softmax, bottom: ip1, top: prob, phase: infer}
+train:
+  data: {source: data.npz, test_fraction: 0.25, batch_size: 8, shuffle: true}
+  solver: {type: sgd, base_lr: 0.05, lr_policy: {type: step, gamma: 0.5, step_size: 4}}
+  max_iter: 10
+  test_interval: 4
+  display: 1
+  snapshot: 2
+  keep_last: 10
+  seed: 1
+"""
+
+
+@contextlib.contextmanager
+def _cwd(path: Path):
+    old = os.getcwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(old)
+
+
+class Result:
+    def __init__(self, status: int, out: str, err: str):
+        self.status, self.out, self.err = status, out, err
+
+    @property
+    def errors(self) -> list[str]:
+        return [line for line in self.err.splitlines() if "error:" in line]
+
+
+def cli(*args) -> Result:
+    """``toolkit ARGS`` in this process; an exception escaping main fails the test."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        status = main([str(a) for a in args])
+    return Result(status, out.getvalue(), err.getvalue())
+
+
+def sets(**kv) -> list[str]:
+    """--set arguments from keyword arguments; '__' separates key levels."""
+    args = []
+    for k, v in kv.items():
+        args += ["--set", f"{k.replace('__', '.')}={v}"]
+    return args
+
+
+def make_data(folder: Path, n: int = 60, seed: int = 0) -> None:
+    """Four Gaussian blobs in 16 dimensions: learnable in a few steps."""
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 4, n)
+    centres = rng.normal(size=(4, 16)) * 2
+    x = (centres[y] + rng.normal(size=(n, 16))).astype(np.float32)
+    np.savez(folder / "data.npz", data=x, label=y.astype(np.int64))
+
+
+@pytest.fixture
+def resume_net(tmp_path) -> Path:
+    make_data(tmp_path)
+    path = tmp_path / "net.yaml"
+    path.write_text(RESUME_NET)
+    return path
+
+
+@pytest.fixture
+def softreg_net(tmp_path) -> Path:
+    make_data(tmp_path)
+    path = tmp_path / "softreg.yaml"
+    path.write_text(SOFTREG_NET)
+    return path
+
+
+def train(net: Path, out: Path, *extra) -> Result:
+    r = cli("train", net, "--out", out, *extra)
+    assert r.status == 0, r.err
+    return r
+
+
+def records(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def assert_same_arrays(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> None:
+    assert sorted(a) == sorted(b)
+    for k in a:
+        assert a[k].dtype == b[k].dtype, k
+        assert np.array_equal(a[k], b[k]), f"{k} differs (max |diff| {np.max(np.abs(a[k] - b[k]))})"
+
+
+def assert_same_checkpoints(run_a: Path, run_b: Path) -> None:
+    """Same checkpoint iterations; each checkpoint equal bit for bit (arrays and metadata)."""
+    ca, cb = list_checkpoints(run_a / "checkpoints"), list_checkpoints(run_b / "checkpoints")
+    assert [i for i, _ in ca] == [i for i, _ in cb]
+    for (_, pa), (_, pb) in zip(ca, cb):
+        a, b = read_checkpoint(pa), read_checkpoint(pb)
+        assert a.iteration == b.iteration
+        assert_same_arrays(a.arrays, b.arrays)
+        assert a.meta == b.meta
+
+
+def sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def softmax_xent(w: dict, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """(mean cross-entropy, accuracy) of the softmax regression net, in float64."""
+    logits = x.astype(np.float64) @ w["ip1.weight"].astype(np.float64).T + w["ip1.bias"]
+    z = logits - logits.max(axis=1, keepdims=True)
+    logp = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
+    return float(-logp[np.arange(len(y)), y].mean()), float((logits.argmax(axis=1) == y).mean())
+
+
+def net_data(net_path: Path, *overrides):
+    """The net (with overrides), its train/test sets and batch order, as the trainer builds them."""
+    from toolkit.commands.train_cmd import parse_overrides
+    from toolkit.frontend import Net
+    from toolkit.train.data import BatchOrder
+    from toolkit.train.trainer import load_data, train_spec
+    net = Net.load(str(net_path), parse_overrides(list(overrides)))
+    spec = train_spec(net)
+    train_set, test_set = load_data(net, spec)
+    order = BatchOrder(len(train_set), spec.data.batch_size, spec.data.shuffle, spec.seed)
+    return net, spec, train_set, test_set, order
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. resume is exact
+# ---------------------------------------------------------------------------------------------
+
+ADAM = "{type: adam, base_lr: 0.01, weight_decay: 0.0001, lr_policy: {type: step, gamma: 0.5, step_size: 7}}"
+
+
+@pytest.mark.parametrize("solver", ["sgd", "adam"])
+def test_resume_is_bit_exact(resume_net, tmp_path, solver):
+    """2N iterations == N, --resume, N more: every array of the model, of every checkpoint
+    (solver slots and running stats included), the checkpoint metadata (rng state) and
+    metrics.jsonl. N = 10 is not a multiple of the 6-iteration epoch, the step policy changes
+    the rate at 7 and 14, and a test pass runs every 5 iterations."""
+    extra = [] if solver == "sgd" else ["--set", f"train.solver={ADAM}"]
+    _net, _spec, train_set, _test, order = net_data(resume_net)
+    assert len(train_set) == 45 and order.per_epoch == 6 and 10 % order.per_epoch  # N=10 mid-epoch
+    full, split = tmp_path / "full", tmp_path / "split"
+    train(resume_net, full, *extra)
+    train(resume_net, split, *extra, *sets(train__max_iter=10))
+    first = read_checkpoint(find_resume_point(str(split)))
+    assert first.iteration == 10
+    train(resume_net, split, "--resume", split, *extra)          # the net says max_iter 20
+
+    slots = {"sgd": "@momentum", "adam": "@exp_avg_sq"}[solver]
+    final = read_checkpoint(split / "checkpoints" / "iter_0000020.safetensors")
+    assert final.iteration == 20
+    assert any(k.endswith(slots) for k in final.arrays), sorted(final.arrays)
+    assert {"bn1.running_mean", "bn1.running_var"} <= set(final.arrays)
+    # the running stats moved away from their start (0 and 1), so comparing them means something
+    assert np.abs(final.arrays["bn1.running_mean"]).max() > 1e-3
+    assert np.abs(final.arrays["bn1.running_var"] - 1).max() > 1e-3
+
+    assert_same_arrays(load_file(full / "model.safetensors"), load_file(split / "model.safetensors"))
+    assert "bn1.running_mean" in load_file(full / "model.safetensors")
+    assert not any("@" in k for k in load_file(full / "model.safetensors"))   # no solver slots in models
+    assert_same_checkpoints(full, split)
+    # metrics: identical records; every iteration logged once, in order, losses finite
+    rf, rs = records(full), records(split)
+    assert rf == rs
+    assert [r["iter"] for r in rf if "loss" in r] == list(range(20))
+    # the rate followed the step policy across the resume point
+    assert [r["lr"] for r in rf if "loss" in r] == pytest.approx(
+        [(0.1 if solver == "sgd" else 0.01) * 0.5 ** (i // 7) for i in range(20)], rel=1e-12)
+
+
+def test_resume_restores_the_dropout_generator(resume_net, tmp_path):
+    """The control for the test above: the same resume from a checkpoint whose generator state
+    was replaced ends elsewhere, so the generator state is what makes dropout repeat."""
+    full, split = tmp_path / "full", tmp_path / "split"
+    train(resume_net, full)
+    train(resume_net, split, *sets(train__max_iter=10))
+    path = find_resume_point(str(split))
+    ck = read_checkpoint(path)
+    ck.meta["rng"] = np.random.default_rng(12345).bit_generator.state
+    write_checkpoint(path.parent, ck, keep_last=10)
+    train(resume_net, split, "--resume", path)
+    a, b = load_file(full / "model.safetensors"), load_file(split / "model.safetensors")
+    assert not np.array_equal(a["ip1.weight"], b["ip1.weight"])
+
+
+def test_resume_from_a_middle_checkpoint_file_into_a_new_folder(resume_net, tmp_path):
+    """--resume FILE --out OTHER: starts at that checkpoint's iteration; same end state."""
+    full, other = tmp_path / "full", tmp_path / "other"
+    train(resume_net, full, *sets(train__keep_last=10))
+    mid = full / "checkpoints" / "iter_0000008.safetensors"
+    assert mid.is_file()
+    train(resume_net, other, "--resume", mid)
+    assert_same_arrays(load_file(full / "model.safetensors"), load_file(other / "model.safetensors"))
+    assert [r["iter"] for r in records(other) if "loss" in r] == list(range(8, 20))
+    losses = {r["iter"]: r["loss"] for r in records(full) if "loss" in r}
+    assert all(losses[r["iter"]] == r["loss"] for r in records(other) if "loss" in r)
+
+
+def test_resume_checks_solver_and_missing_checkpoint(resume_net, tmp_path):
+    run = tmp_path / "run"
+    train(resume_net, run, *sets(train__max_iter=4))
+    r = cli("train", resume_net, "--resume", run, "--set", f"train.solver={ADAM}")
+    assert r.status == 2
+    assert r.errors and "solver 'sgd'" in r.errors[0] and "'adam'" in r.errors[0]
+    r = cli("train", resume_net, "--resume", tmp_path / "nowhere")
+    assert r.status == 2 and "no such file or folder" in r.errors[0]
+    (tmp_path / "empty").mkdir()
+    r = cli("train", resume_net, "--resume", tmp_path / "empty")
+    assert r.status == 2 and "no checkpoint" in r.errors[0]
+    # a torn file under a checkpoint's name (what a non-atomic writer leaves) is refused cleanly
+    torn = tmp_path / "torn" / "checkpoints"
+    torn.mkdir(parents=True)
+    (torn / "iter_0000004.safetensors").write_bytes((run / "checkpoints" / "iter_0000004.safetensors")
+                                                    .read_bytes()[:100])
+    r = cli("train", resume_net, "--resume", tmp_path / "torn")
+    assert r.status == 2 and "not a readable checkpoint" in r.errors[0]
+    assert "Traceback" not in r.err
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. checkpoints are atomic; keep_last
+# ---------------------------------------------------------------------------------------------
+
+def _state(seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {"ip1.weight": rng.normal(size=(32, 16)).astype(np.float32),
+            "ip1.weight@momentum": rng.normal(size=(32, 16)).astype(np.float32),
+            "ip1.bias": rng.normal(size=(32,)).astype(np.float32)}
+
+
+def _torn_save_file(tensors, filename, metadata=None):
+    """Writes half a file, then fails as a full disk would."""
+    with open(filename, "wb") as f:
+        f.write(b"\x00" * 64)
+        f.flush()
+    raise OSError(28, "No space left on device")
+
+
+@pytest.mark.parametrize("failure", ["save_file", "os.replace"])
+def test_a_failed_checkpoint_write_leaves_the_previous_one(tmp_path, monkeypatch, failure):
+    folder = tmp_path / "checkpoints"
+    meta = {"net": "x", "solver": "sgd", "rng": np.random.default_rng(0).bit_generator.state}
+    first = write_checkpoint(folder, Checkpoint(4, _state(0), meta), keep_last=1)
+    before = sha(first)
+    if failure == "save_file":
+        monkeypatch.setattr(st_numpy, "save_file", _torn_save_file)
+    else:
+        def bad_replace(src, dst):
+            raise OSError(5, "Input/output error")
+        monkeypatch.setattr("toolkit.weights.os.replace", bad_replace)
+    with pytest.raises(OSError):
+        write_checkpoint(folder, Checkpoint(8, _state(1), meta), keep_last=1)
+    # keep_last=1 must not have removed the previous checkpoint for a write that failed, and no
+    # file of the failed write (neither iter_0000008 nor its temporary) is left behind
+    assert sorted(p.name for p in folder.iterdir()) == [first.name]
+    assert sha(first) == before
+    monkeypatch.undo()
+    back = read_checkpoint(first)
+    assert back.iteration == 4 and back.meta == json.loads(json.dumps(meta))
+    assert_same_arrays(back.arrays, _state(0))
+    assert find_resume_point(str(tmp_path)) == first
+
+
+def test_a_crash_during_a_training_checkpoint_then_resume(resume_net, tmp_path, monkeypatch):
+    """Inside a run: the checkpoint at 8 fails half written; the one at 4 is intact and resuming
+    from it reaches exactly the state of an uninterrupted run."""
+    full, run = tmp_path / "full", tmp_path / "run"
+    train(resume_net, full, *sets(train__max_iter=12))
+    real = st_numpy.save_file
+    calls = []
+
+    def flaky(tensors, filename, metadata=None):
+        calls.append(filename)
+        if len(calls) == 2:                      # the second write is the checkpoint at 8
+            _torn_save_file(tensors, filename, metadata)
+        return real(tensors, filename, metadata=metadata)
+
+    monkeypatch.setattr(st_numpy, "save_file", flaky)
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        status = main(["train", str(resume_net), "--out", str(run), "--set", "train.max_iter=12"])
+    monkeypatch.undo()
+    assert status == 2                                         # the machine's fault: a clear line, no traceback
+    assert err.getvalue().splitlines()[-1].startswith("error: ") and "Traceback" not in err.getvalue()
+    names = sorted(p.name for p in (run / "checkpoints").iterdir())
+    assert names == ["iter_0000004.safetensors"]              # no iter_0000008, no temporary file
+    assert not (run / "model.safetensors").exists()
+    assert_same_arrays(read_checkpoint(run / "checkpoints" / names[0]).arrays,
+                       read_checkpoint(full / "checkpoints" / names[0]).arrays)
+    train(resume_net, run, "--resume", run, *sets(train__max_iter=12))
+    assert_same_arrays(load_file(full / "model.safetensors"), load_file(run / "model.safetensors"))
+
+
+def test_a_failed_model_write_keeps_the_old_model(tmp_path, monkeypatch):
+    from toolkit.weights import save_weights
+    target = tmp_path / "model.safetensors"
+    save_weights(str(target), _state(0))
+    before = sha(target)
+    monkeypatch.setattr(st_numpy, "save_file", _torn_save_file)
+    with pytest.raises(OSError):
+        save_weights(str(target), _state(1))
+    monkeypatch.undo()
+    assert sha(target) == before
+    assert [p.name for p in tmp_path.iterdir()] == ["model.safetensors"]
+    assert_same_arrays(load_file(target), _state(0))
+
+
+def test_leftover_temporary_files_are_not_checkpoints(tmp_path):
+    """What a kill -9 between write and rename leaves (a hidden temporary) is never resumed from."""
+    folder = tmp_path / "checkpoints"
+    meta = {"net": "x", "solver": "sgd", "rng": np.random.default_rng(0).bit_generator.state}
+    good = write_checkpoint(folder, Checkpoint(4, _state(0), meta), keep_last=3)
+    (folder / ".iter_0000008.safetensors.k3j2h1.safetensors").write_bytes(b"\x00" * 10)
+    assert [i for i, _ in list_checkpoints(folder)] == [4]
+    assert find_resume_point(str(tmp_path)) == good
+    assert find_resume_point(str(folder)) == good
+    assert find_resume_point(str(good)) == good
+
+
+@pytest.mark.parametrize("keep", [1, 3])
+def test_keep_last_leaves_the_k_newest(resume_net, tmp_path, keep):
+    run = tmp_path / "run"
+    train(resume_net, run, *sets(train__max_iter=12, train__snapshot=2, train__keep_last=keep))
+    kept = [i for i, _ in list_checkpoints(run / "checkpoints")]
+    assert kept == [2, 4, 6, 8, 10, 12][-keep:]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == \
+        [f"iter_{i:07d}.safetensors" for i in kept]
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. SIGINT / SIGTERM
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_stops_with_a_checkpoint_and_resume_continues(resume_net, tmp_path, signum):
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "toolkit.cli", "train", str(resume_net), "--out", str(run),
+           *sets(train__max_iter=100000, train__snapshot=100000, train__test_interval=100000)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    watchdog = threading.Timer(120, proc.kill)          # a hung child fails the test, never the suite
+    watchdog.start()
+    seen = []
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            if not line:
+                break
+            seen.append(line)
+            if line.startswith("iter 3 "):       # the loop is running, its handlers are in place
+                break
+        assert seen and seen[-1].startswith("iter 3 "), "".join(seen)
+        proc.send_signal(signum)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        watchdog.cancel()
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    err = "".join(seen) + err
+    assert proc.returncode == 128 + signum, err
+    assert "Traceback" not in err
+    m = re.search(rf"stopped by signal {int(signum)} after iteration (\d+)", err)
+    assert m, err
+    done = int(m.group(1))
+    assert 4 <= done < 100000
+    found = list_checkpoints(run / "checkpoints")
+    assert [i for i, _ in found] == [done]                     # the signal's checkpoint, only it
+    assert read_checkpoint(found[0][1]).iteration == done
+    assert (run / "model.safetensors").is_file()
+    assert_same_arrays({k: v for k, v in read_checkpoint(found[0][1]).arrays.items() if "@" not in k},
+                       load_file(run / "model.safetensors"))
+    logged = [r["iter"] for r in records(run) if "loss" in r]
+    assert logged == list(range(done))
+
+    # --resume continues to max_iter; the result equals a run that was never stopped
+    end = done + 5
+    train(resume_net, run, "--resume", run, *sets(train__max_iter=end, train__snapshot=100000,
+                                                  train__test_interval=100000))
+    assert [i for i, _ in list_checkpoints(run / "checkpoints")][-1] == end
+    assert [r["iter"] for r in records(run) if "loss" in r] == list(range(end))
+    ref = tmp_path / "ref"
+    train(resume_net, ref, *sets(train__max_iter=end, train__snapshot=100000, train__test_interval=100000))
+    assert_same_arrays(load_file(ref / "model.safetensors"), load_file(run / "model.safetensors"))
+    ref_losses = [r["loss"] for r in records(ref) if "loss" in r]
+    assert ref_losses == [r["loss"] for r in records(run) if "loss" in r]
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. NaN guard
+# ---------------------------------------------------------------------------------------------
+
+NONFINITE = re.compile(r"^error: the (loss|weights) became (nan|inf|-inf|nan/inf) at iteration (\d+) .*"
+                       r"training stopped and the last good checkpoint is (\S+)$")
+
+
+def test_a_huge_learning_rate_stops_with_one_error_line(resume_net, tmp_path):
+    run = tmp_path / "run"
+    r = cli("train", resume_net, "--out", run, *sets(train__solver__base_lr=1e6, train__snapshot=1,
+                                                     train__keep_last=100, train__display=1000))
+    assert r.status == 2
+    assert "Traceback" not in r.err
+    assert len(r.errors) == 1, r.err
+    m = NONFINITE.match(r.errors[0])
+    assert m, r.errors[0]
+    it, named = int(m.group(3)), Path(m.group(4))
+    assert 1 <= it < 20
+    # the named checkpoint is the newest, written before the failing iteration, and wholly finite
+    found = list_checkpoints(run / "checkpoints")
+    assert found and found[-1][1] == named and found[-1][0] == it
+    ck = read_checkpoint(named)
+    assert all(np.isfinite(v).all() for v in ck.arrays.values()), \
+        [k for k, v in ck.arrays.items() if not np.isfinite(v).all()]
+    assert not (run / "model.safetensors").exists()
+    rec = records(run)                                 # (json.loads would accept NaN: check)
+    assert rec and all(np.isfinite(x["loss"]) for x in rec if "loss" in x)
+    assert max(x["iter"] for x in rec) < it + 1
+
+
+def test_the_last_good_checkpoint_stays_untouched(resume_net, tmp_path):
+    """The rate jumps from 0.1 to 1e6 at iteration 4; checkpoints 2 and 4 are those of a sane
+    run, bit for bit, and nothing later is written."""
+    sane, blow = tmp_path / "sane", tmp_path / "blow"
+    common = sets(train__snapshot=2, train__keep_last=100, train__display=1000)
+    train(resume_net, sane, *common, "--set", "train.solver.lr_policy={type: step, gamma: 1, step_size: 4}")
+    r = cli("train", resume_net, "--out", blow, *common,
+            "--set", "train.solver.lr_policy={type: step, gamma: 1e7, step_size: 4}")
+    assert r.status == 2 and len(r.errors) == 1, r.err
+    m = NONFINITE.match(r.errors[0])
+    assert m, r.errors[0]
+    found = list_checkpoints(blow / "checkpoints")
+    assert [i for i, _ in found][:2] == [2, 4]
+    assert found[-1][1] == Path(m.group(4))
+    for i in (2, 4):
+        a = read_checkpoint(blow / "checkpoints" / f"iter_{i:07d}.safetensors")
+        b = read_checkpoint(sane / "checkpoints" / f"iter_{i:07d}.safetensors")
+        assert_same_arrays(a.arrays, b.arrays)
+        assert a.meta == b.meta
+    for _, p in found:
+        assert all(np.isfinite(v).all() for v in read_checkpoint(p).arrays.values())
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. metrics.jsonl and the plot
+# ---------------------------------------------------------------------------------------------
+
+def test_metrics_are_the_batch_loss_before_the_update(softreg_net, tmp_path):
+    run = tmp_path / "run"
+    r = train(softreg_net, run, *sets(train__snapshot=1))
+    net, spec, train_set, test_set, order = net_data(softreg_net)
+    rec = records(run)
+    steps = [x for x in rec if "loss" in x]
+    assert [x["iter"] for x in steps] == list(range(10))
+    for x in steps:
+        assert set(x) >= {"iter", "loss", "lr", "xent"}
+        assert x["lr"] == pytest.approx(0.05 * 0.5 ** (x["iter"] // 4), rel=1e-12)
+        assert x["loss"] == pytest.approx(2 * x["xent"], rel=1e-6)     # loss_weight 2
+    # the logged loss of iteration i is that of the weights *before* its update, on its batch
+    weights = {0: net.init_weights(spec.seed, "float32")}
+    for i in range(1, 11):
+        weights[i] = read_checkpoint(run / "checkpoints" / f"iter_{i:07d}.safetensors").arrays
+    for x in steps:
+        i = x["iter"]
+        batch = train_set.take(order.rows(i))
+        before, _ = softmax_xent(weights[i], batch["data"], batch["label"])
+        after, _ = softmax_xent(weights[i + 1], batch["data"], batch["label"])
+        assert x["xent"] == pytest.approx(before, rel=1e-5, abs=1e-6), i
+        assert abs(after - x["xent"]) > 1e-4, i          # (so the check above can tell them apart)
+
+    # test metrics named after their tops ('xent' is also a train metric, so its test value is
+    # 'test_xent'); a test pass at iteration i sees the weights after i updates
+    tests = {x["iter"]: x for x in rec if "acc" in x}
+    assert sorted(tests) == [4, 8, 10]
+    assert "loss" not in tests[10] and "xent" not in tests[10]
+    for i, x in tests.items():
+        xent, acc = softmax_xent(weights[i], test_set.arrays["data"], test_set.arrays["label"])
+        assert x["acc"] == pytest.approx(acc, abs=1e-6)
+        assert x["test_xent"] == pytest.approx(xent, rel=1e-5)
+    assert_same_arrays({k: v for k, v in weights[10].items() if "@" not in k}, load_file(run / "model.safetensors"))
+    assert "acc" in r.out and "test_xent" in r.out
+
+
+def test_display_logs_every_kth_iteration_and_tests(softreg_net, tmp_path):
+    run = tmp_path / "run"
+    train(softreg_net, run, *sets(train__display=3))
+    assert [x["iter"] for x in records(run)] == [0, 3, 4, 6, 8, 9, 10]
+    assert [x["iter"] for x in records(run) if "acc" in x] == [4, 8, 10]
+
+
+def test_loss_plot_is_written(softreg_net, tmp_path):
+    pytest.importorskip("matplotlib", reason="the loss plot needs matplotlib")
+    PIL = pytest.importorskip("PIL.Image", reason="reading the plot back needs pillow")
+    run = tmp_path / "run"
+    train(softreg_net, run)
+    png = run / "loss.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with PIL.open(png) as img:
+        assert img.size[0] >= 200 and img.size[1] >= 100
+
+
+# ---------------------------------------------------------------------------------------------
+# 6. --set, --weights, toolkit test
+# ---------------------------------------------------------------------------------------------
+
+def test_set_overrides_scalar_nested_and_layer_by_name(softreg_net, tmp_path):
+    run = tmp_path / "run"
+    train(softreg_net, run, *sets(train__max_iter=7, train__solver__base_lr=0.123,
+                                  train__solver__lr_policy__type="fixed", layers__ip1__num_output=6,
+                                  train__snapshot=100))
+    steps = [x for x in records(run) if "loss" in x]
+    assert [x["iter"] for x in steps] == list(range(7))                       # scalar
+    assert all(x["lr"] == pytest.approx(0.123, rel=1e-12) for x in steps)    # nested
+    model = load_file(run / "model.safetensors")
+    assert model["ip1.weight"].shape == (6, 16)                               # layer by name
+    assert [i for i, _ in list_checkpoints(run / "checkpoints")] == [7]
+    # a list index works like a name: layers.0 is ip1
+    run2 = tmp_path / "run2"
+    train(softreg_net, run2, *sets(train__max_iter=1, layers__0__num_output=5))
+    assert load_file(run2 / "model.safetensors")["ip1.weight"].shape == (5, 16)
+
+
+@pytest.mark.parametrize("item, expect", [
+    ("train.solver.bogus=1", "unknown key 'bogus'"),
+    ("train.solver.base_lr=abc", "base_lr"),
+    ("train.solver.base_lr=-1", "base_lr"),
+    ("layers.nosuch.num_output=3", "no layer named 'nosuch'"),
+    ("layers.ip.num_output=3", "did you mean 'ip1'"),
+    ("train.max_iter", "expected KEY=VALUE"),
+    ("train.max_iter=[1", "not valid YAML"),
+    ("layers.9.num_output=3", "out of range"),
+    ("train.max_iter.x=3", "is a value"),
+])
+def test_bad_set_is_a_user_error(softreg_net, tmp_path, item, expect):
+    r = cli("train", softreg_net, "--out", tmp_path / "run", "--set", item)
+    assert r.status == 2
+    assert "Traceback" not in r.err
+    assert r.errors and any(expect in e for e in r.errors), r.err
+    assert not (tmp_path / "run" / "model.safetensors").exists()
+
+
+def test_weights_start_and_toolkit_test(softreg_net, tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    train(softreg_net, a)
+    trained = load_file(a / "model.safetensors")
+    train(softreg_net, b, "--weights", a / "model.safetensors", *sets(train__max_iter=1))
+    net, spec, train_set, test_set, order = net_data(softreg_net)
+    batch = train_set.take(order.rows(0))
+    xent, _ = softmax_xent(trained, batch["data"], batch["label"])
+    first = records(b)[0]
+    assert first["iter"] == 0 and first["xent"] == pytest.approx(xent, rel=1e-5)
+    fresh, _ = softmax_xent(net.init_weights(spec.seed, "float32"), batch["data"], batch["label"])
+    assert abs(fresh - xent) > 1e-3                       # so the check above tells them apart
+
+    # toolkit test: JSON metrics over the test split, equal to the run's final record
+    r = cli("test", softreg_net, "--weights", a / "model.safetensors")
+    assert r.status == 0, r.err
+    got = json.loads(r.out)
+    assert got["examples"] == len(test_set) == 15
+    x_ref, acc_ref = softmax_xent(trained, test_set.arrays["data"], test_set.arrays["label"])
+    assert got["acc"] == pytest.approx(acc_ref, abs=1e-6)
+    assert got["xent"] == pytest.approx(x_ref, rel=1e-5, abs=1e-6)
+    final = records(a)[-1]
+    assert final["iter"] == 10
+    assert got["acc"] == pytest.approx(final["acc"], abs=1e-6)
+    assert got["xent"] == pytest.approx(final["test_xent"], abs=2e-6)
+
+
+def test_weights_and_test_errors(softreg_net, tmp_path):
+    a = tmp_path / "a"
+    train(softreg_net, a, *sets(train__max_iter=1))
+    # weights of another shape
+    r = cli("train", softreg_net, "--out", tmp_path / "b", "--weights", a / "model.safetensors",
+            *sets(layers__ip1__num_output=5))
+    assert r.status == 2 and any("ip1.weight" in e and "[4, 16]" in e for e in r.errors), r.err
+    r = cli("train", softreg_net, "--out", tmp_path / "b", "--weights", tmp_path / "none.safetensors")
+    assert r.status == 2 and "no such file" in r.errors[0]
+    r = cli("test", softreg_net, "--weights", a / "model.safetensors", *sets(train__data__test_fraction=0))
+    assert r.status == 2 and "no test split" in r.errors[0]
+    assert "Traceback" not in r.err

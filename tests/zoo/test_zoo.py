@@ -1,0 +1,97 @@
+"""The model zoo: every ``zoo/*/net.yaml`` parses, compiles in each phase, and trains (a few
+dozen steps with its own train section: the loss falls and stays finite); each has a README."""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from toolkit.cli import main
+from toolkit.frontend import Net
+from toolkit.train.trainer import load_data, train_spec
+
+ROOT = Path(__file__).resolve().parents[2]
+ZOO = sorted(p.parent for p in (ROOT / "zoo").glob("*/net.yaml"))
+IDS = [p.name for p in ZOO]
+
+
+def cli(*args):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        status = main([str(a) for a in args])
+    return status, out.getvalue(), err.getvalue()
+
+
+def test_the_zoo_is_there():
+    assert {"lenet", "mlp"} <= set(IDS)
+    # every folder of the zoo is a model (no stray folder without a net)
+    assert sorted(p.name for p in (ROOT / "zoo").iterdir() if p.is_dir() and not p.name.startswith((".", "_"))) == IDS
+
+
+@pytest.mark.parametrize("model", ZOO, ids=IDS)
+def test_readme(model):
+    readme = model / "README.md"
+    assert readme.is_file(), f"{model.name} has no README.md"
+    text = readme.read_text()
+    assert len(text.strip()) > 100 and "toolkit train" in text
+
+
+@pytest.mark.parametrize("model", ZOO, ids=IDS)
+def test_parses_and_compiles_in_every_phase(model):
+    net = Net.load(str(model / "net.yaml"))
+    assert net.name == model.name
+    assert net.spec.train is not None and net.spec.train.data.source
+    for phase in ("train", "test", "infer"):
+        graph = net.graph(phase)
+        assert graph.outputs, phase
+        status, out, err = cli("compile", model / "net.yaml", "--phase", phase)
+        assert status == 0, err
+        assert "plan" in out
+    status, out, err = cli("check", model / "net.yaml")
+    assert status == 0, err
+    assert "parameters" in out
+
+
+@pytest.mark.parametrize("model", ZOO, ids=IDS)
+def test_a_few_steps_lower_the_loss(model, tmp_path):
+    run = tmp_path / "run"
+    status, out, err = cli("train", model / "net.yaml", "--out", run, "--set", "train.max_iter=40",
+                           "--set", "train.display=1", "--set", "train.test_interval=1000",
+                           "--set", "train.snapshot=1000")
+    assert status == 0, err
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in records if "loss" in r]
+    assert len(losses) == 40 and all(math.isfinite(v) for v in losses)
+    first, last = np.mean(losses[:5]), np.mean(losses[-5:])
+    assert last < 0.95 * first, (first, last)
+    final = records[-1]
+    assert final["iter"] == 40 and all(math.isfinite(v) for k, v in final.items())
+    assert (run / "model.safetensors").is_file()
+    # the trained weights run in the test phase (toolkit test) ...
+    status, out, err = cli("test", model / "net.yaml", "--weights", run / "model.safetensors")
+    assert status == 0, err
+    metrics = json.loads(out)
+    assert metrics["examples"] > 0
+    if "accuracy" in metrics:
+        assert metrics["accuracy"] > 0.2                   # ten classes: chance is 0.1
+    # ... and in the infer phase (toolkit infer), on a few test examples
+    net = Net.load(str(model / "net.yaml"))
+    _train, test = load_data(net, train_spec(net))
+    args = []
+    for name in net.graph("infer").inputs:
+        np.save(tmp_path / f"{name}.npy", test.arrays[name][:5])
+        args += ["--input", f"{name}={tmp_path / name}.npy"]
+    status, out, err = cli("infer", model / "net.yaml", "--weights", run / "model.safetensors", *args,
+                           "--output", tmp_path / "out.npz")
+    assert status == 0, err
+    with np.load(tmp_path / "out.npz") as outs:
+        assert set(outs.files) == set(net.spec.outputs or outs.files)
+        for name in outs.files:
+            assert outs[name].shape[0] == 5 and np.isfinite(outs[name]).all()
+        if "prob" in outs.files:
+            assert np.allclose(outs["prob"].sum(axis=1), 1, atol=1e-5)
