@@ -1,0 +1,604 @@
+#!/usr/bin/env python
+"""Side-by-side CPU timings of one net in the toolkit, PyTorch eager and ONNX Runtime.
+
+    python benchmarks/compare.py [NET.yaml] --batch 64 [--iters 50] [--rounds 5] [--json]
+
+In one process and on the same inputs and starting weights it measures
+
+  * inference: the toolkit's compiled Plan of the infer phase, PyTorch eager (eval, no_grad)
+    and ONNX Runtime (CPU EP, all graph optimisations, intra-op threads = --threads);
+  * a train step (forward + backward + plain SGD, lr 0.01, no momentum): the toolkit's
+    train-step Plan vs PyTorch eager with torch.optim.SGD.
+
+Before timing it checks that the frameworks compute the same thing (infer outputs within 1e-4
+relative, the train step's loss and updated weights likewise) and prints that check; a mismatch
+stops the run (exit 1) unless --force. Timing rounds are interleaved (A B C, B C A, C A B, ...)
+so that load from elsewhere on the machine falls on every framework alike; the statistics are
+taken over every timed iteration of every round.
+
+Needs the ``bench`` extra (torch, onnx, onnxruntime): ``pip install -e '.[bench]'``.
+The PyTorch and ONNX models are built here from the net's YAML spec, independently of the
+toolkit's lowering, for the layer types listed in SUPPORTED_TORCH / toolkit.peers.onnx_export.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_NET = ROOT / "benchmarks" / "nets" / "lenet.yaml"
+TOLERANCE = 1e-4
+
+
+def machine_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:                        # not Linux
+        return os.cpu_count() or 1
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("net", nargs="?", default=str(DEFAULT_NET), help="net file (default: %(default)s)")
+    p.add_argument("--batch", type=int, default=64, help="batch size (default: %(default)s)")
+    p.add_argument("--iters", type=int, default=50,
+                   help="timed iterations per framework and mode, over all rounds (default: %(default)s)")
+    p.add_argument("--rounds", type=int, default=5,
+                   help="interleaved rounds the iterations are split into (default: %(default)s)")
+    p.add_argument("--warmup", type=int, default=5,
+                   help="untimed iterations per framework before the first round (default: %(default)s)")
+    p.add_argument("--threads", type=int, default=machine_cores(),
+                   help="threads for every framework (default: this machine's cores, %(default)s)")
+    p.add_argument("--lr", type=float, default=0.01, help="SGD learning rate (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the weights and inputs (default: %(default)s)")
+    p.add_argument("--mode", choices=["both", "infer", "train"], default="both")
+    p.add_argument("--quiet-wait", type=float, default=0.0, metavar="SECONDS",
+                   help="on a shared machine: before each round, wait until other processes use under "
+                        "10%% of the CPU, up to SECONDS in all (default: %(default)s, no waiting)")
+    p.add_argument("--force", action="store_true", help="time even if the outputs disagree")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    args = p.parse_args(argv)
+    for name in ("batch", "iters", "rounds", "threads"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name} must be at least 1")
+    if args.warmup < 0 or args.quiet_wait < 0:
+        p.error("--warmup and --quiet-wait must not be negative")
+    args.rounds = min(args.rounds, args.iters)
+    return args
+
+
+def pin_threads(threads: int) -> None:
+    """Before numpy / torch load: their BLAS and OpenMP pools size themselves from these."""
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[var] = str(threads)
+
+
+# -- PyTorch peer: the net's layers as eager torch calls -----------------------------------------
+SUPPORTED_TORCH = ("Convolution", "Pooling", "InnerProduct", "ReLU", "ELU", "GELU", "Sigmoid", "TanH",
+                   "AbsVal", "Exp", "Log", "Softplus", "Softmax", "LogSoftmax", "Flatten", "Reshape",
+                   "Concat", "Eltwise", "Dropout", "BatchNorm", "SoftmaxWithLoss", "EuclideanLoss",
+                   "SigmoidCrossEntropyLoss")
+
+
+def torch_module(net, weights, phase: str):
+    """An nn.Module running ``net``'s ``phase`` from the spec; forward(dict) -> dict of blobs.
+    In the train phase the dict also holds '@objective' (the loss_weight-weighted sum)."""
+    import torch
+    import torch.nn.functional as F
+    from toolkit.errors import UserError
+    from toolkit.frontend.lower import OBJECTIVE
+    from toolkit.peers.onnx_export import live_layers
+
+    graph = net.graph(phase)
+    outputs = list(graph.outputs)
+    losses = dict(graph.losses) if phase == "train" else {}
+    layers = [layer for layer in net.spec.layers if phase in layer.phases]
+    live = live_layers(layers, list(graph.inputs), [o for o in outputs if o != OBJECTIVE])
+    layers = [layer for layer, keep in zip(layers, live) if keep]
+    for layer in layers:
+        if layer.type not in SUPPORTED_TORCH:
+            raise UserError(f"compare.py: layer '{layer.name}' has type {layer.type}, which the PyTorch "
+                            f"peer does not support (supported: {', '.join(SUPPORTED_TORCH)})")
+        if layer.type == "Dropout" and phase == "train" and layer.dropout_ratio > 0:
+            raise UserError(f"compare.py: layer '{layer.name}': random dropout masks cannot be compared "
+                            "(use --mode infer)")
+
+    def pair(v):
+        return (v, v) if isinstance(v, int) else tuple(v)
+
+    class SpecNet(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.params = torch.nn.ParameterDict()
+            self.lr_mult = {}
+            for key, w in graph.weights.items():
+                t = torch.from_numpy(weights[key].copy())
+                self.params[key.replace(".", "__")] = torch.nn.Parameter(t, requires_grad=w.trainable)
+                self.lr_mult[key] = w.lr_mult
+
+        def w(self, layer, pname):
+            owner = getattr(layer, "share", None) or layer.name
+            return self.params[f"{owner}__{pname}"]
+
+        def param_groups(self, lr):
+            groups = {}
+            for key, mult in self.lr_mult.items():
+                p = self.params[key.replace(".", "__")]
+                if p.requires_grad and mult != 0:
+                    groups.setdefault(mult, []).append(p)
+            return [{"params": ps, "lr": lr * m} for m, ps in groups.items()]
+
+        def forward(self, inputs):
+            blobs = dict(inputs)
+            for layer in layers:
+                tops = self.run_layer(layer, [blobs[b] for b in layer.bottoms])
+                blobs.update(zip(layer.tops, tops))
+            out = {name: blobs[name] for name in outputs if name != OBJECTIVE}
+            if losses:
+                out[OBJECTIVE] = sum(w * blobs[t] for t, w in losses.items())
+            return out
+
+        def run_layer(self, p, xs):
+            t = p.type
+            x = xs[0]
+            if t == "Convolution":
+                return [F.conv2d(x, self.w(p, "weight"), self.w(p, "bias") if p.bias_term else None,
+                                 pair(p.stride), pair(p.pad), pair(p.dilation), p.group)]
+            if t == "Pooling":
+                if p.global_pooling:
+                    return [x.mean((2, 3), keepdim=True) if p.pool == "ave" else x.amax((2, 3), keepdim=True)]
+                if p.pool == "max":
+                    return [F.max_pool2d(x, pair(p.kernel_size), pair(p.stride), pair(p.pad),
+                                         ceil_mode=p.ceil_mode)]
+                return [F.avg_pool2d(x, pair(p.kernel_size), pair(p.stride), pair(p.pad), ceil_mode=p.ceil_mode,
+                                     count_include_pad=p.count_include_pad)]
+            if t == "InnerProduct":
+                return [F.linear(x.flatten(p.axis % x.dim()), self.w(p, "weight"),
+                                 self.w(p, "bias") if p.bias_term else None)]
+            if t == "ReLU":
+                return [F.relu(x) if p.negative_slope == 0 else F.leaky_relu(x, float(p.negative_slope))]
+            if t == "ELU":
+                return [F.elu(x, float(p.alpha))]
+            if t == "GELU":
+                return [F.gelu(x, approximate=p.approximate)]
+            simple = {"Sigmoid": torch.sigmoid, "TanH": torch.tanh, "AbsVal": torch.abs, "Exp": torch.exp,
+                      "Log": torch.log, "Softplus": F.softplus}
+            if t in simple:
+                return [simple[t](x)]
+            if t == "Softmax":
+                return [torch.softmax(x, p.axis)]
+            if t == "LogSoftmax":
+                return [torch.log_softmax(x, p.axis)]
+            if t == "Flatten":
+                return [x.flatten(p.axis, p.end_axis)]
+            if t == "Reshape":
+                shape = [x.shape[i] if d == 0 else d for i, d in enumerate(p.shape)]
+                return [x.reshape(shape)]
+            if t == "Concat":
+                return [torch.cat(xs, p.axis)]
+            if t == "Eltwise":
+                if p.operation == "sum":
+                    coeff = p.coeff or [1.0] * len(xs)
+                    return [sum(float(c) * v for c, v in zip(coeff, xs))]
+                out = xs[0]
+                for v in xs[1:]:
+                    out = out * v if p.operation == "prod" else torch.maximum(out, v)
+                return [out]
+            if t == "Dropout":
+                return [x]
+            if t == "BatchNorm":
+                batch_stats = p.use_global_stats is False or (p.use_global_stats is None and phase == "train")
+                keep = not batch_stats or phase == "train"          # running stats used or updated
+                return [F.batch_norm(x, self.w(p, "running_mean") if keep else None,
+                                     self.w(p, "running_var") if keep else None,
+                                     self.w(p, "weight") if p.affine else None,
+                                     self.w(p, "bias") if p.affine else None,
+                                     training=batch_stats, momentum=p.momentum, eps=p.eps)]
+            if t == "SoftmaxWithLoss":
+                ignore = -100 if p.ignore_label is None else p.ignore_label
+                logits = x if p.axis % x.dim() == 1 else x.movedim(p.axis, 1)
+                return [F.cross_entropy(logits, xs[1], ignore_index=ignore)]
+            if t == "EuclideanLoss":
+                return [((x - xs[1]) ** 2).sum() / (2 * x.shape[0])]
+            if t == "SigmoidCrossEntropyLoss":
+                return [F.binary_cross_entropy_with_logits(x, xs[1].to(x.dtype))]
+            raise AssertionError(t)
+
+    return SpecNet()
+
+
+# -- inputs, checks and timing ------------------------------------------------------------------
+def make_inputs(net, graph, bindings, rng):
+    """Standard-normal floats; integer inputs that feed a loss or Accuracy as labels get valid
+    random class indices (zeros otherwise)."""
+    import numpy as np
+    from toolkit.ir.graph import FLOAT_DTYPES
+
+    classes = {}
+    for phase in ("train", "test"):
+        try:
+            g = net.graph(phase)
+        except Exception:                         # a phase without a loss: no labels there
+            continue
+        by_id = {v.id: name for name, v in g.inputs.items()}
+        for node in g.nodes:
+            if node.op in ("nll_loss", "accuracy") and node.inputs[1].id in by_id:
+                n = node.inputs[0].shape[node.attrs["axis"]]
+                if isinstance(n, int):
+                    classes[by_id[node.inputs[1].id]] = n
+    out = {}
+    for name, v in graph.inputs.items():
+        shape = v.type.concrete(bindings)
+        if v.dtype in FLOAT_DTYPES:
+            out[name] = rng.standard_normal(shape).astype(v.dtype)
+        else:
+            out[name] = rng.integers(0, classes.get(name, 1), size=shape).astype(v.dtype)
+    return out
+
+
+def rel_err(a, b) -> float:
+    """max |a - b| over the larger of max |a|, max |b|: relative to the output's scale."""
+    import numpy as np
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    scale = max(float(np.abs(a).max(initial=0.0)), float(np.abs(b).max(initial=0.0)), 1e-30)
+    return float(np.abs(a - b).max(initial=0.0)) / scale
+
+
+def time_interleaved(fns: dict, iters: int, rounds: int, warmup: int, before_round=lambda: None):
+    """Times each callable call by call; returns ({name: [seconds, ...] per round}, the share
+    of the CPU that other processes used during the rounds).
+
+    Rounds rotate the order (A B C, B C A, C A B, ...). Each framework's turn starts with one
+    untimed call, which wakes its thread pool after the other frameworks' turns."""
+    names = list(fns)
+    for name in names:
+        for _ in range(warmup):
+            fns[name]()
+    counts = [iters // rounds + (1 if r < iters % rounds else 0) for r in range(rounds)]
+    times = {name: [] for name in names}
+    spent = [0.0, 0.0, 0.0]                       # busy, ours, wall over the rounds
+    for r, count in enumerate(counts):
+        before_round()
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            gc.collect()
+            before = cpu_counters()
+            f = fns[name]
+            f()
+            laps = []
+            for _ in range(count):
+                start = time.perf_counter()
+                f()
+                laps.append(time.perf_counter() - start)
+            times[name].append(laps)
+            after = cpu_counters()
+            if before is not None and after is not None:
+                spent = [t + a - b for t, a, b in zip(spent, after, before)]
+    return times, others_share((0.0, 0.0, 0.0), tuple(spent)) if spent[2] > 0 else None
+
+
+def cpu_counters():
+    """(busy CPU seconds of the whole machine, CPU seconds of this process, wall seconds)."""
+    try:
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
+    t = os.times()
+    return ((user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK"),
+            t.user + t.system, time.monotonic())
+
+
+def others_share(before, after) -> float | None:
+    """Share of the machine's CPU capacity that other processes used between two counters."""
+    if before is None or after is None:
+        return None
+    busy, ours, wall = (a - b for a, b in zip(after, before))
+    capacity = wall * machine_cores()
+    return round(min(max((busy - ours) / capacity, 0.0), 1.0), 3) if capacity > 0 else None
+
+
+class QuietWaiter:
+    """Before each round, waits (within a total budget of seconds) until other processes have
+    used under ``threshold`` of the machine's CPU over the last ``window`` seconds."""
+
+    def __init__(self, budget: float, threshold: float = 0.1, window: float = 1.0):
+        self.left, self.threshold, self.window = budget, threshold, window
+        self.waited = 0.0
+
+    def __call__(self) -> None:
+        while self.left > 0:
+            before = cpu_counters()
+            time.sleep(self.window)
+            share = others_share(before, cpu_counters())
+            self.left -= self.window
+            if share is None or share < self.threshold:
+                return
+            self.waited += self.window
+
+
+def stats(rounds: list[list[float]], batch: int) -> dict:
+    """Median, p10, p90 over every timed call of every round; each round's median besides."""
+    import numpy as np
+    ms = np.concatenate([np.asarray(r) for r in rounds]) * 1e3
+    median = float(np.median(ms))
+    return {"median_ms": round(median, 4), "p10_ms": round(float(np.percentile(ms, 10)), 4),
+            "p90_ms": round(float(np.percentile(ms, 90)), 4), "items_per_s": round(batch / (median / 1e3), 1),
+            "n": len(ms), "round_medians_ms": [round(float(np.median(r)) * 1e3, 3) for r in rounds]}
+
+
+def numpy_blas_threads() -> int | None:
+    """The thread count of numpy's bundled OpenBLAS, where it can be asked (numpy wheels)."""
+    import ctypes
+    import glob
+
+    import numpy as np
+    for lib in glob.glob(os.path.join(os.path.dirname(np.__file__), os.pardir, "numpy.libs", "*openblas*")):
+        try:
+            dll = ctypes.CDLL(lib)
+        except OSError:
+            continue
+        for symbol in ("scipy_openblas_get_num_threads64_", "openblas_get_num_threads64_",
+                       "openblas_get_num_threads"):
+            if hasattr(dll, symbol):
+                return int(getattr(dll, symbol)())
+    return None
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+# -- the two modes ------------------------------------------------------------------------------
+def bench_infer(net, weights, bindings, args, rng):
+    import numpy as np
+    import onnxruntime as ort
+    import torch
+    from toolkit.compile import forward_graph
+    from toolkit.peers.onnx_export import build_onnx_model
+    from toolkit.runtime.plan import Plan
+
+    graph = forward_graph(net, "infer")
+    plan = Plan(graph, bindings, {k: weights[k].copy() for k in graph.weights})
+    inputs = make_inputs(net, graph, bindings, rng)
+    model = torch_module(net, weights, "infer").eval()
+    model.requires_grad_(False)
+    t_inputs = {k: torch.from_numpy(v) for k, v in inputs.items()}
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = args.threads
+    opts.inter_op_num_threads = 1
+    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    onnx_model = build_onnx_model(net, weights, bindings)
+    sess = ort.InferenceSession(onnx_model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+
+    def run_torch():
+        with torch.no_grad():
+            return model(t_inputs)
+
+    def run_ort():
+        return sess.run(names, inputs)
+
+    ours = {k: np.array(v) for k, v in plan.run(inputs).items()}
+    theirs = {k: v.numpy() for k, v in run_torch().items()}
+    onnx_out = dict(zip(names, run_ort()))
+    checks = []
+    for name in graph.outputs:
+        errs = {"toolkit_vs_torch": rel_err(ours[name], theirs[name]),
+                "toolkit_vs_ort": rel_err(ours[name], onnx_out[name]),
+                "torch_vs_ort": rel_err(theirs[name], onnx_out[name])}
+        checks.append({"output": name, "shape": list(ours[name].shape), **errs,
+                       "ok": all(e <= TOLERANCE for e in errs.values())})
+    fns = {"toolkit": lambda: plan.run(inputs), "torch": run_torch, "ort": run_ort}
+    meta = {"kernel_calls": len(plan.calls), "arena_mib": round(plan.peak_bytes / 2**20, 2)}
+    return checks, fns, meta
+
+
+def bench_train(net, weights, bindings, args, rng):
+    import numpy as np
+    import torch
+    from toolkit.compile import train_step_graph
+    from toolkit.frontend.lower import OBJECTIVE
+    from toolkit.runtime.plan import Plan
+
+    graph = train_step_graph(net, args.lr)
+    start = {k: weights[k].copy() for k in graph.weights}
+    live = {k: v.copy() for k, v in start.items()}      # the plan updates these in place
+    plan = Plan(graph, bindings, live)
+    inputs = make_inputs(net, graph, bindings, rng)
+    model = torch_module(net, start, "train").train()
+    groups = model.param_groups(args.lr)
+    opt = torch.optim.SGD(groups, lr=args.lr, momentum=0.0)
+    t_inputs = {k: torch.from_numpy(v) for k, v in inputs.items()}
+
+    def step_torch():
+        opt.zero_grad(set_to_none=True)
+        out = model(t_inputs)
+        out[OBJECTIVE].backward()
+        opt.step()
+        return out
+
+    scalars = list(graph.losses) + ([OBJECTIVE] if len(graph.losses) > 1 else [])
+    ours = {k: float(v) for k, v in plan.run(inputs).items() if k in scalars}
+    theirs = {k: float(v.detach()) for k, v in step_torch().items() if k in scalars}
+    checks = []
+    for name in scalars:
+        err = rel_err(ours[name], theirs[name])
+        checks.append({"output": "objective" if name == OBJECTIVE else name, "toolkit": ours[name],
+                       "torch": theirs[name], "rel_err": err, "ok": err <= TOLERANCE})
+    # after one step, each array against the torch one, relative to the largest weight of the
+    # net (an array that stays near zero, e.g. a bias before BatchNorm, has no scale of its own)
+    after = {k: model.params[k.replace(".", "__")].detach().numpy() for k in graph.updates}
+    scale = max(float(np.abs(a).max(initial=0.0)) for a in after.values())
+    werr = max(float(np.abs(live[k] - after[k]).max(initial=0.0)) for k in after) / max(scale, 1e-30)
+    checks.append({"output": "weights after the step", "rel_err": werr, "ok": werr <= TOLERANCE,
+                   "count": len(graph.updates)})
+    # back to the same starting point for the timed steps
+    for k, v in start.items():
+        np.copyto(live[k], v)
+        with torch.no_grad():
+            model.params[k.replace(".", "__")].copy_(torch.from_numpy(v))
+    fns = {"toolkit": lambda: plan.run(inputs), "torch": step_torch}
+    meta = {"kernel_calls": len(plan.calls), "arena_mib": round(plan.peak_bytes / 2**20, 2)}
+    return checks, fns, meta
+
+
+# -- report -----------------------------------------------------------------------------------
+LABELS = {"toolkit": "toolkit (numpy)", "torch": "PyTorch eager", "ort": "ONNX Runtime"}
+
+
+def busy(report: dict) -> str:
+    """How much of the machine other processes took while we timed; a warning when it matters."""
+    shares = {m: v for m, v in report.get("others_cpu", {}).items() if v is not None}
+    if not shares:
+        return ""
+    text = " Other processes used " + ", ".join(f"{100 * v:.0f}% ({m})" for m, v in shares.items()) + \
+        " of the machine's CPU time during timing"
+    if max(shares.values()) > 0.1:
+        text += ": the figures are disturbed by that load, the multi-threaded ones most"
+    waited = sum(report.get("quiet_waited_s", {}).values())
+    if waited:
+        text += f"; the rounds waited {waited:.0f} s in all for quieter moments"
+    return text + "."
+
+
+def markdown(report: dict) -> str:
+    cfg = report["config"]
+    lines = [f"### {cfg['net']}, batch {cfg['batch']}: toolkit vs PyTorch vs ONNX Runtime", "",
+             f"CPU: {cfg['cpu']} ({cfg['cores']} cores), {cfg['threads']} thread(s) for every framework; "
+             f"{cfg['iters']} timed iterations each in {cfg['rounds']} interleaved rounds "
+             f"(+{cfg['warmup']} warmup); numpy {cfg['versions']['numpy']}, torch {cfg['versions']['torch']}, "
+             f"onnxruntime {cfg['versions']['onnxruntime']}, Python {cfg['versions']['python']}."
+             + busy(report), "",
+             "| mode | framework | median ms | p10 ms | p90 ms | items/s | toolkit / framework |",
+             "|---|---|--:|--:|--:|--:|--:|"]
+    for mode, res in report["results"].items():
+        base = res["toolkit"]["median_ms"]
+        for fw, s in res.items():
+            ratio = base / s["median_ms"]
+            lines.append(f"| {'train step' if mode == 'train' else mode} | {LABELS[fw]} | {s['median_ms']:.3f} | "
+                         f"{s['p10_ms']:.3f} | {s['p90_ms']:.3f} | {s['items_per_s']:.0f} | {ratio:.2f}x |")
+    lines.append("")
+    lines.append("toolkit / framework > 1 means the toolkit takes longer (ratio of medians).")
+    return "\n".join(lines)
+
+
+def check_lines(report: dict) -> list[str]:
+    out = [f"check (same inputs and starting weights; tolerance {TOLERANCE:g} relative to each output's "
+           "largest magnitude):"]
+    for c in report["checks"].get("infer", []):
+        out.append(f"  infer {c['output']} {c['shape']}: toolkit~torch {c['toolkit_vs_torch']:.1e}, "
+                   f"toolkit~ORT {c['toolkit_vs_ort']:.1e}, torch~ORT {c['torch_vs_ort']:.1e}  "
+                   f"{'ok' if c['ok'] else 'MISMATCH'}")
+    for c in report["checks"].get("train", []):
+        if "toolkit" in c:
+            out.append(f"  train {c['output']}: toolkit {c['toolkit']:.6f}, torch {c['torch']:.6f}, "
+                       f"rel err {c['rel_err']:.1e}  {'ok' if c['ok'] else 'MISMATCH'}")
+        else:
+            out.append(f"  train {c['output']} ({c['count']} arrays, lr {report['config']['lr']}): "
+                       f"max rel err {c['rel_err']:.1e}  {'ok' if c['ok'] else 'MISMATCH'}")
+    return out
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    pin_threads(args.threads)
+    sys.path.insert(0, str(ROOT))                  # run from a checkout without installing
+    try:
+        import numpy as np
+        import onnx  # noqa: F401
+        import onnxruntime as ort
+        import torch
+    except ImportError as e:
+        print(f"compare.py needs the bench extra (pip install -e '.[bench]'): {e}", file=sys.stderr)
+        return 2
+    from toolkit.errors import UserError
+    from toolkit.frontend import Net
+    from toolkit.runtime.session import batch_symbol
+
+    torch.set_num_threads(args.threads)
+    try:
+        net = Net.load(args.net)
+        weights = net.init_weights(seed=args.seed)
+        modes = ["infer", "train"] if args.mode == "both" else [args.mode]
+        report = {"config": {"net": net.name, "file": args.net, "batch": args.batch, "iters": args.iters,
+                             "rounds": args.rounds, "warmup": args.warmup, "threads": args.threads,
+                             "lr": args.lr, "seed": args.seed, "cpu": cpu_name(), "cores": machine_cores(),
+                             "numpy_blas_threads": numpy_blas_threads(), "torch_threads": torch.get_num_threads(),
+                             "versions": {"numpy": np.__version__, "torch": torch.__version__,
+                                          "onnxruntime": ort.__version__,
+                                          "python": platform.python_version()}},
+                  "checks": {}, "results": {}, "meta": {}}
+        runs = {}
+        for mode in modes:
+            try:
+                graph = net.graph(mode)
+            except UserError as e:
+                if args.mode != "both":
+                    raise
+                print(f"skipping the {mode} mode: {e}", file=sys.stderr)
+                continue
+            bindings = {}
+            symbol = batch_symbol(graph)
+            if symbol is not None:
+                bindings[symbol] = args.batch
+            missing = sorted(graph.symbols() - set(bindings))
+            if missing:
+                raise UserError(f"{args.net}: symbolic dimension(s) {', '.join(missing)} besides the batch")
+            rng = np.random.default_rng(args.seed)
+            setup = bench_infer if mode == "infer" else bench_train
+            checks, fns, meta = setup(net, weights, bindings, args, rng)
+            report["checks"][mode], report["meta"][mode] = checks, meta
+            runs[mode] = fns
+    except UserError as e:
+        print(e, file=sys.stderr)
+        return 2
+
+    ok = all(c["ok"] for cs in report["checks"].values() for c in cs)
+    if not args.json:
+        print("\n".join(check_lines(report)), flush=True)
+    if not ok and not args.force:
+        if args.json:
+            print(json.dumps(report))
+        print("outputs disagree: the timings would compare different computations (--force to time anyway)",
+              file=sys.stderr)
+        return 1
+
+    waiter = QuietWaiter(args.quiet_wait)
+    for mode, fns in runs.items():
+        waited = waiter.waited
+        times, others = time_interleaved(fns, args.iters, args.rounds, args.warmup, waiter)
+        report.setdefault("others_cpu", {})[mode] = others
+        report.setdefault("quiet_waited_s", {})[mode] = round(waiter.waited - waited, 1)
+        res = {fw: stats(t, args.batch) for fw, t in times.items()}
+        report["results"][mode] = res
+        report.setdefault("ratios", {})[mode] = {
+            f"toolkit/{fw}": round(res["toolkit"]["median_ms"] / res[fw]["median_ms"], 3)
+            for fw in res if fw != "toolkit"}
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print()
+        print(markdown(report))
+        print()
+        for mode, ratios in report["ratios"].items():
+            print(f"{mode}: " + ", ".join(f"{k} = {v:.2f}" for k, v in ratios.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
