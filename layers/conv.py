@@ -32,12 +32,11 @@ def lower_convolution(p: ConvolutionParams, ctx, bottoms):
     kh, kw = pair(p.kernel_size)
     shape = (p.num_output, channels // p.group, kh, kw)
     w = ctx.param("weight", shape, fan_in=channels // p.group * kh * kw, fan_out=p.num_output * kh * kw)
-    y = ctx.b.op("conv2d", x, w, stride=pair(p.stride), pad=pair(p.pad), dilation=pair(p.dilation),
-                 group=p.group)
+    inputs = [x, w]
     if p.bias_term:
-        bias = ctx.param("bias", (p.num_output,), default_filler={"type": "constant", "value": 0.0})
-        y = ctx.b.add(y, ctx.b.reshape(bias, (1, p.num_output, 1, 1)))
-    return [y]
+        inputs.append(ctx.param("bias", (p.num_output,), default_filler={"type": "constant", "value": 0.0}))
+    return [ctx.b.op("conv2d", *inputs, stride=pair(p.stride), pad=pair(p.pad), dilation=pair(p.dilation),
+                     group=p.group)]
 
 
 class PoolingParams(LayerBase):

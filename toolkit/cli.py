@@ -73,7 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=["float32", "float64"], default=None)
     p.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE",
                    help="value of another symbolic dimension, e.g. T=32")
-    p.add_argument("--lr", type=float, default=0.01, help="SGD rate for --train")
+    p.add_argument("--lr", type=float, default=None,
+                   help="rate for --train (default: the net's base_lr; plain SGD at 0.01 without a train section)")
+    p.add_argument("--no-optimize", action="store_true", help="skip the optional graph passes (fusion)")
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("train", help="train a net (its train section: data, solver, schedule)")

@@ -1,17 +1,17 @@
-"""From a Net to executable graphs: the infer/test forward graph, and the train step
-(forward + generated backward + solver updates) as one graph."""
+"""From a Net to optimised executable graphs: the forward graph of a phase, and the train step
+(forward + generated backward + solver update ops) as one graph; both through the pass pipeline."""
 from __future__ import annotations
 
 from .autodiff import differentiate
 from .frontend import OBJECTIVE, Net
 from .ir.graph import Graph, Value
-from .ops.base import Builder
-from .passes.prune import eliminate_dead_code
+from .passes.pipeline import run_pipeline
+from .train.solvers import SolverConfig, add_solver
 
 
 def forward_graph(net: Net, phase: str = "infer", dtype: str | None = None,
-                  outputs: list[str] | None = None) -> Graph:
-    return net.graph(phase, dtype, outputs)
+                  outputs: list[str] | None = None, disable: tuple[str, ...] = ()) -> Graph:
+    return run_pipeline(net.graph(phase, dtype, outputs), disable)
 
 
 def add_gradients(graph: Graph) -> dict[str, Value]:
@@ -22,16 +22,16 @@ def add_gradients(graph: Graph) -> dict[str, Value]:
     return {w.name: grads[w.value.id] for w in trainable if grads[w.value.id] is not None}
 
 
-def add_sgd_updates(graph: Graph, grads: dict[str, Value], lr: float) -> None:
-    """Plain SGD as update ops: w <- w - lr * lr_mult * dw (the solver issue adds the others)."""
-    for name, g in grads.items():
-        w = graph.weights[name]
-        b = Builder(graph, f"{w.layer}.sgd")
-        graph.updates[name] = b.sub(w.value, b.scale(g, lr * w.lr_mult))
+def solver_config(net: Net) -> SolverConfig:
+    """The net's own solver (its train section), or plain SGD when it has none."""
+    if net.spec.train is not None:
+        return SolverConfig.from_spec(net.spec.train.solver)
+    return SolverConfig()
 
 
-def train_step_graph(net: Net, lr: float = 0.01, dtype: str | None = None) -> Graph:
+def train_step_graph(net: Net, solver: SolverConfig | None = None, dtype: str | None = None,
+                     disable: tuple[str, ...] = ()) -> Graph:
+    """Forward, backward and the solver's updates; per-step scalars (``@lr``, ...) are inputs."""
     graph = net.graph("train", dtype)
-    grads = add_gradients(graph)
-    add_sgd_updates(graph, grads, lr)
-    return eliminate_dead_code(graph)
+    add_solver(graph, add_gradients(graph), solver or solver_config(net))
+    return run_pipeline(graph, disable)

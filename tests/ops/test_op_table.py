@@ -387,6 +387,9 @@ CONV = [
     ("depthwise", (1, 3, 6, 6), (3, 1, 3, 3), (1, 1), (1, 1), (1, 1), 3),
     ("1x1", (3, 5, 4, 3), (2, 5, 1, 1), (1, 1), (0, 0), (1, 1), 1),
     ("mixed-dil12-g2", (2, 4, 7, 9), (4, 2, 2, 3), (1, 2), (1, 2), (1, 2), 2),
+    # output widths >= 16 take the CPU kernels' NCHW layout instead of the batch-last one
+    ("wide-nchw-p1", (2, 2, 5, 20), (3, 2, 3, 3), (1, 1), (1, 1), (1, 1), 1),
+    ("wide-nchw-s12-dil-g2", (1, 4, 6, 40), (4, 2, 3, 3), (1, 2), (1, 1), (1, 2), 2),
 ]
 for cid, xs, ws, stride, pad, dil, group in CONV:
     attrs = dict(stride=stride, pad=pad, dilation=dil, group=group)
@@ -396,12 +399,36 @@ for cid, xs, ws, stride, pad, dil, group in CONV:
     ys = tuple(_conv(torch.zeros(xs, dtype=torch.float64), torch.zeros(ws, dtype=torch.float64)).shape)
     case("conv2d", cid, lambda r, xs=xs, ws=ws: [uni(r, xs), uni(r, ws)],
          lambda x, w, _conv=_conv: tn(_conv(tt(x), tt(w))), attrs=attrs)
+    # with the optional bias input [O]
+    case("conv2d", cid + "-bias", lambda r, xs=xs, ws=ws: [uni(r, xs), uni(r, ws), uni(r, (ws[0],))],
+         lambda x, w, bias, _conv=_conv: tn(_conv(tt(x), tt(w))) + bias.reshape(1, -1, 1, 1), attrs=attrs)
     case("conv2d_grad_input", cid, lambda r, xs=xs, ws=ws, ys=ys: [uni(r, ys), uni(r, ws)],
          lambda g, w, _conv=_conv, xs=xs: vjp(_conv, [np.zeros(xs), w], g, index=0),
          attrs=dict(attrs, input_hw=xs[2:]))
     case("conv2d_grad_weight", cid, lambda r, xs=xs, ys=ys: [uni(r, ys), uni(r, xs)],
          lambda g, x, _conv=_conv, ws=ws: vjp(_conv, [x, np.zeros(ws)], g, index=1),
          attrs=dict(attrs, kernel=ws[2:]))
+
+
+# conv2d_max_pool2d (the fusion pass's op), in both of the CPU kernel's layouts
+FUSED_CONV_POOL = [
+    # id, x shape, w shape, conv stride, pad, dilation, group, pool kernel, pool stride, bias
+    ("narrow", (2, 3, 9, 9), (4, 3, 3, 3), (1, 1), (1, 1), (1, 1), 1, (2, 2), (2, 2), True),
+    ("narrow-k3s2-g2", (2, 4, 8, 8), (6, 2, 3, 3), (1, 1), (0, 0), (1, 1), 2, (3, 3), (2, 2), False),
+    ("wide-nchw", (2, 2, 6, 21), (3, 2, 3, 3), (1, 1), (1, 1), (1, 1), 1, (2, 2), (2, 2), True),
+    ("wide-dil-s12", (1, 2, 7, 40), (2, 2, 2, 3), (1, 2), (0, 1), (1, 2), 1, (2, 3), (1, 2), True),
+]
+for fid, xs, ws, stride, pad, dil, group, pk, ps, with_bias in FUSED_CONV_POOL:
+    fattrs = dict(stride=stride, pad=pad, dilation=dil, group=group, pool_kernel=pk, pool_stride=ps,
+                  pool_pad=(0, 0), pool_ceil_mode=False)
+
+    def _conv_pool(x, w, *bias, stride=stride, pad=pad, dil=dil, group=group, pk=pk, ps=ps):
+        y = F.conv2d(tt(x), tt(w), tt(bias[0]) if bias else None, stride=stride, padding=pad,
+                     dilation=dil, groups=group)
+        return tn(F.max_pool2d(y, pk, ps))
+    case("conv2d_max_pool2d", fid,
+         lambda r, xs=xs, ws=ws, b=with_bias: [uni(r, xs), uni(r, ws)] + ([uni(r, (ws[0],))] if b else []),
+         _conv_pool, attrs=fattrs)
 
 
 # pooling (+ grads): odd sizes, stride/pad variants, ceil_mode, count_include_pad
@@ -628,6 +655,8 @@ TABLE_EXCLUSIONS: dict[str, str] = {}
 NO_GRAD_RULE = {
     "accuracy": "a metric: piecewise constant in the scores, never on a loss path",
     "bessel_correct": "only feeds the running-variance state update, which is never differentiated",
+    "conv2d_max_pool2d": "made by an inference-only fusion: in a train graph the pooling gradient also "
+                         "reads the convolution's output, so the fusion never fires there",
 }
 CONSTANT_OPS = {"scalar", "constant"}
 # gradient helpers: named *_grad or *_grad_<what> (conv2d_grad_input, conv2d_grad_weight)

@@ -6,12 +6,14 @@ import time
 
 import numpy as np
 
-from ..compile import forward_graph, train_step_graph
+from ..compile import forward_graph, solver_config, train_step_graph
 from ..errors import UserError
 from ..frontend import Net
 from ..ir.graph import FLOAT_DTYPES
+from ..passes.pipeline import pass_names
 from ..runtime.plan import Plan
 from ..runtime.session import batch_symbol
+from ..train.solvers import host_values
 from .devices import check_device
 
 
@@ -29,6 +31,8 @@ def bench_inputs(graph, bindings, rng) -> dict[str, np.ndarray]:
     """Random normal floats and zero integers (valid labels / indices) of the declared shapes."""
     out = {}
     for name, v in graph.inputs.items():
+        if name.startswith("@"):
+            continue                      # per-step solver scalars: set by the caller
         shape = v.type.concrete(bindings)
         out[name] = (rng.standard_normal(shape).astype(v.dtype) if v.dtype in FLOAT_DTYPES
                      else np.zeros(shape, dtype=v.dtype))
@@ -49,7 +53,12 @@ def time_plan(plan: Plan, inputs, iters: int, warmup: int) -> list[float]:
 def run_bench(args) -> int:
     check_device(args.device)
     net = Net.load(args.net)
-    graph = train_step_graph(net, args.lr, args.dtype) if args.train else forward_graph(net, "infer", args.dtype)
+    disable = tuple(pass_names()[1:]) if args.no_optimize else ()   # dead-code removal always runs
+    solver = solver_config(net)
+    if args.train:
+        graph = train_step_graph(net, solver, args.dtype, disable)
+    else:
+        graph = forward_graph(net, "infer", args.dtype, disable=disable)
     bindings = parse_dims(args.dim)
     symbol = batch_symbol(graph)
     if symbol is not None:
@@ -58,14 +67,20 @@ def run_bench(args) -> int:
     if missing:
         raise UserError(f"give a size for the symbolic dimension(s) {', '.join(missing)} with --dim NAME=SIZE")
     weights = net.init_weights(seed=0, dtype=args.dtype)
+    for name, w in graph.weights.items():          # solver slots start at zero
+        weights.setdefault(name, np.zeros(w.value.type.concrete({}), w.value.dtype))
     plan = Plan(graph, bindings, {k: weights[k] for k in graph.weights}, args.device)
     inputs = bench_inputs(graph, bindings, np.random.default_rng(0))
+    if args.train:
+        base_lr = args.lr if args.lr is not None else (net.spec.train.solver.base_lr if net.spec.train else 0.01)
+        inputs.update(host_values(solver, base_lr, 1, args.dtype or "float32"))
     times = np.array(time_plan(plan, inputs, args.iters, args.warmup)) * 1e3
     median = float(np.median(times))
     report = {
         "net": net.name, "mode": "train" if args.train else "infer", "batch": args.batch,
         "device": args.device, "dtype": args.dtype or "float32", "iters": args.iters,
-        "median_ms": round(median, 4), "p10_ms": round(float(np.percentile(times, 10)), 4),
+        "solver": solver.type if args.train else None,
+        "optimized": not args.no_optimize, "median_ms": round(median, 4), "p10_ms": round(float(np.percentile(times, 10)), 4),
         "p90_ms": round(float(np.percentile(times, 90)), 4),
         "items_per_s": round(args.batch / (median / 1e3), 1),
         "kernel_calls": len(plan.calls), "peak_bytes": plan.peak_bytes,

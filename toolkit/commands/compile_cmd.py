@@ -3,18 +3,21 @@ from __future__ import annotations
 
 import time
 
-from ..compile import add_gradients, add_sgd_updates
+import numpy as np
+
+from ..compile import add_gradients, solver_config
 from ..frontend import Net
 from ..frontend.lower import lower_phase
-from ..passes.prune import eliminate_dead_code
+from ..passes.pipeline import PassRecord, run_pipeline
 from ..report import format_count, graph_flops
 from ..runtime.plan import Plan
 from ..runtime.session import batch_symbol
+from ..train.solvers import add_solver
 
 
 def run_compile(args) -> int:
     net = Net.load(args.net)
-    stages = []
+    stages: list[tuple[str, int, str, float]] = []
 
     def record(name, graph, start):
         stages.append((name, len(graph.nodes), format_count(graph_flops(graph)), (time.perf_counter() - start) * 1e3))
@@ -24,27 +27,31 @@ def run_compile(args) -> int:
     record("lower", raw, start)
     start = time.perf_counter()
     graph = net.graph(args.phase)
-    record("prune (dead code, unused inputs)", graph, start)
+    record("outputs chosen, unused inputs dropped", graph, start)
     if args.phase == "train":
         start = time.perf_counter()
-        add_sgd_updates(graph, add_gradients(graph), 0.01)
-        record("autodiff + sgd updates", graph, start)
-        start = time.perf_counter()
-        graph = eliminate_dead_code(graph)
-        record("prune", graph, start)
-    symbol = batch_symbol(graph)
-    bindings = {symbol: args.batch} if symbol else {}
+        cfg = solver_config(net)
+        add_solver(graph, add_gradients(graph), cfg)
+        record(f"autodiff + {cfg.type} updates", graph, start)
+    records: list[PassRecord] = []
+    graph = run_pipeline(graph, check=True, records=records)
+    for r in records:
+        stages.append((f"pass {r.name}", r.nodes_after, format_count(r.flops_after), r.ms))
+    symbol = batch_symbol(graph) or next(iter(graph.symbols()), None)
+    bindings = {s: args.batch for s in graph.symbols()}
     weights = net.init_weights()
+    for name, w in graph.weights.items():
+        weights.setdefault(name, np.zeros(w.value.type.concrete({}), w.value.dtype))   # solver slots
     start = time.perf_counter()
     plan = Plan(graph, bindings, {k: weights[k] for k in graph.weights})
     plan_ms = (time.perf_counter() - start) * 1e3
     if args.explain or not args.dump:
-        print(f"{'stage':34s} {'nodes':>6s} {'FLOPs':>14s} {'ms':>8s}")
+        print(f"{'stage':40s} {'nodes':>6s} {'FLOPs':>18s} {'ms':>8s}")
         for name, nodes, flops, ms in stages:
-            print(f"{name:34s} {nodes:6d} {flops:>14s} {ms:8.2f}")
-        print(f"{'plan (fold constants, memory)':34s} {len(plan.calls):6d} {'':>14s} {plan_ms:8.2f}")
-        print(f"memory plan at batch {args.batch}: {plan.peak_bytes / 2**20:.2f} MiB in "
-              f"{len(plan.memory.arena)} buffers")
+            print(f"{name:40s} {nodes:6d} {flops:>18s} {ms:8.2f}")
+        print(f"{'plan (constants folded, kernels bound)':40s} {len(plan.calls):6d} {'':>18s} {plan_ms:8.2f}")
+        size = f"{symbol}={args.batch}" if symbol else "fixed shapes"
+        print(f"memory plan at {size}: {plan.peak_bytes / 2**20:.2f} MiB in {len(plan.memory.arena)} buffers")
     if args.dump:
         print(graph.dump())
     return 0

@@ -31,6 +31,8 @@ class OpDef:
     pure: bool = True                      # impure (random) ops are never merged or folded
     elementwise: bool = False              # output i depends on input element i only (in-place safe)
     alias: bool = False                    # output is a view of input 0's storage (reshape)
+    batch_rows: bool = False               # output rows depend only on the same rows of batched inputs
+    batch_sum: bool = False                # output is a sum over the batch rows of its inputs
     doc: str = ""
 
 

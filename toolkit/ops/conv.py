@@ -20,8 +20,12 @@ def conv_out_size(size, kernel, stride, pad, dilation):
 
 
 def _conv_infer(types, attrs):
-    x, w = types
+    if len(types) not in (2, 3):
+        raise ShapeError(f"conv2d takes (input, weight[, bias]), got {len(types)} inputs")
+    x, w = types[:2]
     same_dtype(types)
+    if len(types) == 3 and tuple(types[2].shape) != (w.shape[0],):
+        raise ShapeError(f"bias has shape {fmt_shape(types[2].shape)}, expected [{w.shape[0]}]")
     need_float(x)
     need_rank(x, 4, "convolution input")
     need_rank(w, 4, "convolution weight")
@@ -55,7 +59,7 @@ def _groups(c, o, group):
     return [(slice(k * cg, (k + 1) * cg), slice(k * og, (k + 1) * og)) for k in range(group)]
 
 
-def conv2d_reference(x, w, stride, pad, dilation, group):
+def conv2d_reference(x, w, *bias, stride, pad, dilation, group):
     attrs = dict(stride=stride, pad=pad, dilation=dilation)
     n, c = x.shape[:2]
     o, _, kh, kw = w.shape
@@ -68,6 +72,8 @@ def conv2d_reference(x, w, stride, pad, dilation, group):
             for j in range(kw):
                 patch = _windows(xp, i, j, oh, ow, attrs)[:, cs]
                 y[:, os] += np.einsum("nchw,oc->nohw", patch, w[os, :, i, j])
+    if bias:
+        y += bias[0].reshape(1, -1, 1, 1)
     return y
 
 
@@ -107,9 +113,11 @@ def _conv_attrs(node):
 
 def _conv_grad(b: Builder, node, gouts):
     g, = gouts
-    x, w = node.inputs
+    x, w = node.inputs[:2]
     gx = b.op("conv2d_grad_input", g, w, input_hw=tuple(x.shape[2:]), **_conv_attrs(node))
     gw = b.op("conv2d_grad_weight", g, x, kernel=tuple(w.shape[2:]), **_conv_attrs(node))
+    if len(node.inputs) == 3:
+        return [gx, gw, b.reduce_sum(g, (0, 2, 3))]        # d bias = sum over N, H, W
     return [gx, gw]
 
 
@@ -137,9 +145,9 @@ def _grad_weight_flops(ins, outs, attrs):
     return 2 * ins[0].numel * outs[0].shape[1] * outs[0].shape[2] * outs[0].shape[3]
 
 
-register(OpDef("conv2d", _conv_infer, conv2d_reference, _conv_grad, _conv_flops,
-               doc="cross-correlation, NCHW, grouped and dilated"))
+register(OpDef("conv2d", _conv_infer, conv2d_reference, _conv_grad, _conv_flops, batch_rows=True,
+               doc="cross-correlation, NCHW, grouped and dilated, with an optional bias [O]"))
 register(OpDef("conv2d_grad_input", _grad_input_infer, conv2d_grad_input_reference,
-               flops=_grad_input_flops, doc="gradient of conv2d with respect to its input"))
+               flops=_grad_input_flops, batch_rows=True, doc="gradient of conv2d with respect to its input"))
 register(OpDef("conv2d_grad_weight", _grad_weight_infer, conv2d_grad_weight_reference,
-               flops=_grad_weight_flops, doc="gradient of conv2d with respect to its weight"))
+               flops=_grad_weight_flops, batch_sum=True, doc="gradient of conv2d with respect to its weight"))

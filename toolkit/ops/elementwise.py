@@ -30,7 +30,7 @@ def _define(name: str, impl: Callable, infer, grad=None, flops_per: int = 1, pur
         return impl(*arrays, out=None, **attrs)
 
     register(OpDef(name, infer, reference, grad, elementwise_flops(flops_per), pure=pure,
-                   elementwise=True, doc=doc))
+                   elementwise=True, batch_rows=pure, doc=doc))
 
 
 def _zero_grad(b, node, gouts):

@@ -57,5 +57,5 @@ def _matmul_flops(ins, outs, attrs):
     return 2 * outs[0].numel * k
 
 
-register(OpDef("matmul", _matmul_infer, _matmul_ref, _matmul_grad, _matmul_flops,
+register(OpDef("matmul", _matmul_infer, _matmul_ref, _matmul_grad, _matmul_flops, batch_rows=True,
                doc="op(a) @ op(b), op = transpose of the last two axes where the flag is set"))

@@ -139,10 +139,10 @@ def _avg_grad_infer(types, attrs):
     return [TensorType(tuple(g.shape[:2]) + tuple(attrs["input_hw"]), g.dtype)]
 
 
-register(OpDef("max_pool2d", _pool_infer, max_pool2d_reference, _max_grad, _pool_flops))
+register(OpDef("max_pool2d", _pool_infer, max_pool2d_reference, _max_grad, _pool_flops, batch_rows=True))
 register(OpDef("max_pool2d_grad", lambda types, attrs: [types[1]], max_pool2d_grad_reference,
-               flops=lambda i, o, a: i[0].numel * a["kernel"][0] * a["kernel"][1],
+               flops=lambda i, o, a: i[0].numel * a["kernel"][0] * a["kernel"][1], batch_rows=True,
                doc="routes g to the first maximum of each window"))
-register(OpDef("avg_pool2d", _pool_infer, avg_pool2d_reference, _avg_grad, _pool_flops))
+register(OpDef("avg_pool2d", _pool_infer, avg_pool2d_reference, _avg_grad, _pool_flops, batch_rows=True))
 register(OpDef("avg_pool2d_grad", _avg_grad_infer, avg_pool2d_grad_reference,
-               flops=lambda i, o, a: i[0].numel * a["kernel"][0] * a["kernel"][1]))
+               flops=lambda i, o, a: i[0].numel * a["kernel"][0] * a["kernel"][1], batch_rows=True))

@@ -47,8 +47,9 @@ def _softmax_flops(ins, outs, attrs):
     return 5 * outs[0].numel
 
 
-register(OpDef("softmax", _softmax_infer, softmax_reference, _softmax_grad, _softmax_flops))
-register(OpDef("log_softmax", _softmax_infer, log_softmax_reference, _log_softmax_grad, _softmax_flops))
+register(OpDef("softmax", _softmax_infer, softmax_reference, _softmax_grad, _softmax_flops, batch_rows=True))
+register(OpDef("log_softmax", _softmax_infer, log_softmax_reference, _log_softmax_grad, _softmax_flops,
+               batch_rows=True))
 
 
 def check_label(scores, label, axis) -> int:

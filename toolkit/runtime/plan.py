@@ -18,6 +18,7 @@ from ..kernels.registry import KERNELS, KernelContext, load_device
 from ..ops.base import get_op
 from .binding import bind_attrs
 from .memory import FOREVER, Storage, plan_memory
+from .parallel import Blas, Workers, default_threads, split_kind, worth_splitting
 
 
 @dataclass
@@ -36,7 +37,8 @@ def kernel_dtype(node: Node) -> str:
 
 class Plan:
     def __init__(self, graph: Graph, bindings: Mapping[str, int], weights: Mapping[str, np.ndarray],
-                 device: str = "cpu", runtime: RuntimeState | None = None, outputs: list[str] | None = None):
+                 device: str = "cpu", runtime: RuntimeState | None = None, outputs: list[str] | None = None,
+                 threads: int | None = None):
         load_device(device)
         self.graph = graph
         self.bindings = dict(bindings)
@@ -89,19 +91,66 @@ class Plan:
             return memory.storage_of[v.id].view(shapes[v.id], dtypes[v.id])
 
         self.input_views = {name: view(v) for name, v in graph.inputs.items()}
+        self.threads = default_threads() if threads is None else threads
+        workers = Workers.shared(self.threads) if self.threads > 1 else None
+        self.blas = Blas.shared() if workers else None
         self.calls = []
         self.steps = []
+        self.split_steps = 0
         for node in steps:
             if get_op(node.op).alias and memory.storage_of[node.outputs[0].id] is memory.storage_of[node.inputs[0].id]:
                 continue                          # a view: nothing to run
-            fn = self.entries[id(node)].factory(self._context(node, shapes))
-            self.calls.append(functools.partial(fn, [view(v) for v in node.inputs], [view(v) for v in node.outputs]))
+            ins, outs = [view(v) for v in node.inputs], [view(v) for v in node.outputs]
+            split = self._split(node, shapes, ins, outs) if workers else None
+            if split:
+                self.calls.append(functools.partial(workers.run, *split))
+                self.split_steps += 1
+            else:
+                fn = self.entries[id(node)].factory(self._context(node, shapes))
+                self.calls.append(functools.partial(fn, ins, outs))
             self.steps.append(node)
         self.output_views = {n: view(graph.outputs[n]) for n in out_names}
         self.copy_updates = []
         for name, upd in graph.updates.items():
             if memory.storage_of[upd.id] is not fixed[graph.weights[name].value.id]:
                 self.copy_updates.append((weights[name], view(upd)))
+
+    def _split(self, node: Node, shapes, ins, outs) -> tuple[list, object] | None:
+        """One kernel call per thread on its own batch rows, for a large batch-parallel op;
+        returns (shares, then) where ``then`` adds the shares of a batch-sum op."""
+        kind = split_kind(node)
+        if kind is None:
+            return None
+        mode, batched = kind
+        rows = shapes[node.inputs[batched.index(True)].id][0]
+        out_shape = shapes[node.outputs[0].id]
+        if rows < self.threads:
+            return None
+        opdef = get_op(node.op)
+        flops = bind_attrs(opdef.flops([v.type for v in node.inputs], [v.type for v in node.outputs], node.attrs),
+                           self.bindings) if opdef.flops else 0
+        if not worth_splitting(node, int(flops), int(np.prod(out_shape)) * np.dtype(node.outputs[0].dtype).itemsize):
+            return None
+        bounds = np.linspace(0, rows, self.threads + 1).astype(int)
+        partials = [outs[0]] + [np.empty_like(outs[0]) for _ in range(self.threads - 1)] if mode == "sum" else None
+        shares = []
+        for k, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
+            def cut(shape, is_batched):
+                return (hi - lo,) + tuple(shape[1:]) if is_batched else tuple(shape)
+            in_shapes = [cut(shapes[v.id], b) for v, b in zip(node.inputs, batched)]
+            out_shapes = [tuple(out_shape)] if mode == "sum" else [cut(out_shape, True)]
+            ctx = KernelContext(node, bind_attrs(node.attrs, self.bindings), in_shapes, out_shapes,
+                                kernel_dtype(node), self.device, self.runtime, np)
+            fn = self.entries[id(node)].factory(ctx)
+            share_ins = [a[lo:hi] if b else a for a, b in zip(ins, batched)]
+            share_out = partials[k] if mode == "sum" else outs[0][lo:hi]
+            shares.append(functools.partial(fn, share_ins, [share_out]))
+        then = None
+        if mode == "sum":
+            def then(total=outs[0], rest=partials[1:]):
+                for part in rest:
+                    np.add(total, part, out=total)
+        return shares, then
 
     def _context(self, node: Node, shapes) -> KernelContext:
         return KernelContext(node, bind_attrs(node.attrs, self.bindings),
@@ -113,23 +162,31 @@ class Plan:
         return self.memory.peak_bytes
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        for name, buf in self.input_views.items():
-            np.copyto(buf, inputs[name], casting="same_kind")
-        for call in self.calls:
-            call()
-        for target, source in self.copy_updates:
-            np.copyto(target, source)
+        self._execute(inputs, None)
         return self.output_views
 
     def profile(self, inputs: Mapping[str, np.ndarray]) -> list[tuple[Node, float]]:
-        """One run with each call timed (seconds), for `bench --profile`-style reports."""
+        """One run with each call timed (seconds)."""
+        timings: list[tuple[Node, float]] = []
+        self._execute(inputs, timings)
+        return timings
+
+    def _execute(self, inputs, timings: list | None) -> None:
         for name, buf in self.input_views.items():
             np.copyto(buf, inputs[name], casting="same_kind")
-        timings = []
-        for node, call in zip(self.steps, self.calls):
-            start = time.perf_counter()
-            call()
-            timings.append((node, time.perf_counter() - start))
+        if self.blas is not None:
+            self.blas.set_threads(1)          # the plan's own threads split the work (parallel.py)
+        try:
+            if timings is None:
+                for call in self.calls:
+                    call()
+            else:
+                for node, call in zip(self.steps, self.calls):
+                    start = time.perf_counter()
+                    call()
+                    timings.append((node, time.perf_counter() - start))
+        finally:
+            if self.blas is not None:
+                self.blas.restore()
         for target, source in self.copy_updates:
             np.copyto(target, source)
-        return timings

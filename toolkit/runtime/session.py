@@ -25,6 +25,8 @@ def batch_symbol(graph: Graph) -> str | None:
     """The symbol that leads every input's shape, if there is one such symbol."""
     leads = set()
     for v in graph.inputs.values():
+        if v.rank == 0:
+            continue                  # per-step scalars (a solver's @lr) have no batch
         if not v.shape or not isinstance(v.shape[0], Sym) or len(v.shape[0].terms) != 1:
             return None
         (mono, coeff), = v.shape[0].terms.items()

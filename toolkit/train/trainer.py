@@ -18,7 +18,7 @@ from ..compile import add_gradients
 from ..errors import UserError
 from ..frontend import OBJECTIVE, Net
 from ..ir.graph import FLOAT_DTYPES, Graph
-from ..passes.prune import eliminate_dead_code
+from ..passes.pipeline import run_pipeline
 from ..runtime.binding import bind_symbols
 from ..runtime.plan import Plan, RuntimeState
 from ..weights import save_weights
@@ -105,7 +105,7 @@ def test_graph(net: Net) -> Graph | None:
     graph.outputs = {k: v for k, v in graph.outputs.items() if v.shape == ()}
     if not graph.outputs:
         return None
-    return eliminate_dead_code(graph)
+    return run_pipeline(graph)
 
 
 class Trainer:
@@ -131,7 +131,7 @@ class Trainer:
 
         graph = net.graph("train")
         add_solver(graph, add_gradients(graph), self.cfg)
-        self.graph = eliminate_dead_code(graph)
+        self.graph = run_pipeline(graph)
         self.dtype = net_dtype(net)
         self.store = self._initial_weights(weights)
         self.runtime = RuntimeState(np.random.default_rng(spec.seed))
