@@ -56,7 +56,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="untimed iterations per framework before the first round (default: %(default)s)")
     p.add_argument("--threads", type=int, default=machine_cores(),
                    help="threads for every framework (default: this machine's cores, %(default)s)")
-    p.add_argument("--lr", type=float, default=0.01, help="SGD learning rate (default: %(default)s)")
+    p.add_argument("--lr", type=float, default=None,
+                   help="learning rate (default: the net's base_lr, or 0.01 without a train section)")
     p.add_argument("--seed", type=int, default=0, help="seed of the weights and inputs (default: %(default)s)")
     p.add_argument("--mode", choices=["both", "infer", "train"], default="both")
     p.add_argument("--quiet-wait", type=float, default=0.0, metavar="SECONDS",
@@ -118,22 +119,28 @@ def torch_module(net, weights, phase: str):
             super().__init__()
             self.params = torch.nn.ParameterDict()
             self.lr_mult = {}
+            self.decay_mult = {}
             for key, w in graph.weights.items():
+                if "@" in key:
+                    continue                      # a solver slot: torch's optimizer keeps its own
                 t = torch.from_numpy(weights[key].copy())
                 self.params[key.replace(".", "__")] = torch.nn.Parameter(t, requires_grad=w.trainable)
                 self.lr_mult[key] = w.lr_mult
+                self.decay_mult[key] = w.decay_mult
 
         def w(self, layer, pname):
             owner = getattr(layer, "share", None) or layer.name
             return self.params[f"{owner}__{pname}"]
 
-        def param_groups(self, lr):
+        def param_groups(self, lr, weight_decay=0.0):
+            """One torch param group per (lr_mult, decay_mult), as the toolkit scales them."""
             groups = {}
             for key, mult in self.lr_mult.items():
                 p = self.params[key.replace(".", "__")]
                 if p.requires_grad and mult != 0:
-                    groups.setdefault(mult, []).append(p)
-            return [{"params": ps, "lr": lr * m} for m, ps in groups.items()]
+                    groups.setdefault((mult, self.decay_mult[key]), []).append(p)
+            return [{"params": ps, "lr": lr * m, "weight_decay": weight_decay * d}
+                    for (m, d), ps in groups.items()]
 
         def forward(self, inputs):
             blobs = dict(inputs)
@@ -235,6 +242,8 @@ def make_inputs(net, graph, bindings, rng):
                     classes[by_id[node.inputs[1].id]] = n
     out = {}
     for name, v in graph.inputs.items():
+        if name.startswith("@"):
+            continue                                  # the solver's per-step scalars
         shape = v.type.concrete(bindings)
         if v.dtype in FLOAT_DTYPES:
             out[name] = rng.standard_normal(shape).astype(v.dtype)
@@ -415,15 +424,25 @@ def bench_train(net, weights, bindings, args, rng):
     from toolkit.frontend.lower import OBJECTIVE
     from toolkit.runtime.plan import Plan
 
-    graph = train_step_graph(net, args.lr)
-    start = {k: weights[k].copy() for k in graph.weights}
+    from toolkit.compile import solver_config
+    from toolkit.train.solvers import host_values
+
+    solver = solver_config(net)                           # the net's own solver, else plain SGD
+    if solver.type not in ("sgd", "nesterov") or solver.clip_gradients:
+        raise SystemExit(f"error: compare.py times sgd/nesterov train steps; the net says {solver.type}")
+    lr = args.lr if args.lr is not None else (net.spec.train.solver.base_lr if net.spec.train else 0.01)
+    graph = train_step_graph(net, solver)
+    start = {k: weights[k].copy() for k in graph.weights if k in weights}
+    for name, w in graph.weights.items():                 # solver slots (momentum) start at zero
+        start.setdefault(name, np.zeros(w.value.type.concrete({}), w.value.dtype))
     live = {k: v.copy() for k, v in start.items()}      # the plan updates these in place
     plan = Plan(graph, bindings, live)
     inputs = make_inputs(net, graph, bindings, rng)
+    inputs.update(host_values(solver, lr, 1, "float32"))
     model = torch_module(net, start, "train").train()
-    groups = model.param_groups(args.lr)
-    opt = torch.optim.SGD(groups, lr=args.lr, momentum=0.0)
-    t_inputs = {k: torch.from_numpy(v) for k, v in inputs.items()}
+    groups = model.param_groups(lr, solver.weight_decay)
+    opt = torch.optim.SGD(groups, lr=lr, momentum=solver.momentum, nesterov=solver.type == "nesterov")
+    t_inputs = {k: torch.from_numpy(v) for k, v in inputs.items() if not k.startswith("@")}
 
     def step_torch():
         opt.zero_grad(set_to_none=True)
@@ -442,7 +461,7 @@ def bench_train(net, weights, bindings, args, rng):
                        "torch": theirs[name], "rel_err": err, "ok": err <= TOLERANCE})
     # after one step, each array against the torch one, relative to the largest weight of the
     # net (an array that stays near zero, e.g. a bias before BatchNorm, has no scale of its own)
-    after = {k: model.params[k.replace(".", "__")].detach().numpy() for k in graph.updates}
+    after = {k: model.params[k.replace(".", "__")].detach().numpy() for k in graph.updates if "@" not in k}
     scale = max(float(np.abs(a).max(initial=0.0)) for a in after.values())
     werr = max(float(np.abs(live[k] - after[k]).max(initial=0.0)) for k in after) / max(scale, 1e-30)
     checks.append({"output": "weights after the step", "rel_err": werr, "ok": werr <= TOLERANCE,
@@ -450,10 +469,13 @@ def bench_train(net, weights, bindings, args, rng):
     # back to the same starting point for the timed steps
     for k, v in start.items():
         np.copyto(live[k], v)
-        with torch.no_grad():
-            model.params[k.replace(".", "__")].copy_(torch.from_numpy(v))
+        if "@" not in k:
+            with torch.no_grad():
+                model.params[k.replace(".", "__")].copy_(torch.from_numpy(v))
+    opt.state.clear()                                    # torch's momentum buffers start over too
     fns = {"toolkit": lambda: plan.run(inputs), "torch": step_torch}
-    meta = {"kernel_calls": len(plan.calls), "arena_mib": round(plan.peak_bytes / 2**20, 2)}
+    meta = {"kernel_calls": len(plan.calls), "arena_mib": round(plan.peak_bytes / 2**20, 2),
+            "solver": f"{solver.type} lr {lr} momentum {solver.momentum} weight_decay {solver.weight_decay}"}
     return checks, fns, meta
 
 
@@ -509,7 +531,7 @@ def check_lines(report: dict) -> list[str]:
             out.append(f"  train {c['output']}: toolkit {c['toolkit']:.6f}, torch {c['torch']:.6f}, "
                        f"rel err {c['rel_err']:.1e}  {'ok' if c['ok'] else 'MISMATCH'}")
         else:
-            out.append(f"  train {c['output']} ({c['count']} arrays, lr {report['config']['lr']}): "
+            out.append(f"  train {c['output']} ({c['count']} arrays, {report['meta']['train']['solver']}): "
                        f"max rel err {c['rel_err']:.1e}  {'ok' if c['ok'] else 'MISMATCH'}")
     return out
 
