@@ -2,8 +2,6 @@
 fillers that start weights a file does not give, and atomic writes."""
 from __future__ import annotations
 
-import os
-import tempfile
 import zipfile
 from pathlib import Path
 from typing import Mapping
@@ -11,6 +9,7 @@ from typing import Mapping
 import numpy as np
 
 from .errors import UserError
+from .fileio import atomic_write
 from .frontend.spec import did_you_mean
 
 FORMATS = (".safetensors", ".npz")
@@ -101,22 +100,16 @@ def check_weights(path: str, loaded: Mapping[str, np.ndarray], declared: Mapping
 
 
 def save_weights(path: str, arrays: Mapping[str, np.ndarray], metadata: dict[str, str] | None = None) -> None:
-    """Write atomically: a temporary file in the same folder, then a rename over the target."""
+    """Write atomically (see fileio.atomic_write): .npz, or .safetensors with optional metadata."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=target.suffix, dir=target.parent)
-    os.close(fd)
-    try:
-        contiguous = {k: np.ascontiguousarray(v) for k, v in arrays.items()}
+    contiguous = {k: np.ascontiguousarray(v) for k, v in arrays.items()}
+
+    def write(tmp: str) -> None:
         if target.suffix == ".npz":
             with open(tmp, "wb") as f:
                 np.savez(f, **contiguous)
         else:
             from safetensors.numpy import save_file
             save_file(contiguous, tmp, metadata=metadata)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(target, write)

@@ -322,7 +322,7 @@ def test_a_failed_checkpoint_write_leaves_the_previous_one(tmp_path, monkeypatch
     else:
         def bad_replace(src, dst):
             raise OSError(5, "Input/output error")
-        monkeypatch.setattr("toolkit.weights.os.replace", bad_replace)
+        monkeypatch.setattr("toolkit.fileio.os.replace", bad_replace)
     with pytest.raises(OSError):
         write_checkpoint(folder, Checkpoint(8, _state(1), meta), keep_last=1)
     # keep_last=1 must not have removed the previous checkpoint for a write that failed, and no
@@ -653,3 +653,14 @@ def test_weights_and_test_errors(softreg_net, tmp_path):
     r = cli("test", softreg_net, "--weights", a / "model.safetensors", *sets(train__data__test_fraction=0))
     assert r.status == 2 and "no test split" in r.errors[0]
     assert "Traceback" not in r.err
+
+
+def test_written_files_get_ordinary_permissions(tmp_path):
+    """Atomic writes go through a private temporary file; the result must not stay private."""
+    from toolkit.weights import save_weights
+    old = os.umask(0o022)
+    try:
+        save_weights(str(tmp_path / "w.safetensors"), _state(0))
+    finally:
+        os.umask(old)
+    assert (tmp_path / "w.safetensors").stat().st_mode & 0o777 == 0o644

@@ -1,8 +1,6 @@
 """Reading input arrays and writing output arrays for the commands (npy / npz, pickle refused)."""
 from __future__ import annotations
 
-import os
-import tempfile
 import zipfile
 from pathlib import Path
 from typing import Mapping
@@ -10,6 +8,7 @@ from typing import Mapping
 import numpy as np
 
 from ..errors import UserError
+from ..fileio import atomic_write
 
 
 def _load_array_file(path: str) -> dict[str, np.ndarray] | np.ndarray:
@@ -96,14 +95,11 @@ def write_outputs(path: str, outputs: Mapping[str, np.ndarray]) -> None:
     """Atomic write of .npz (keyed by output name) or .npy (exactly one output)."""
     target = Path(path)
     check_output_path(path, list(outputs))
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=target.suffix, dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
+
+    def write(tmp: str) -> None:
+        with open(tmp, "wb") as f:
             if target.suffix == ".npy":
                 np.save(f, next(iter(outputs.values())))
             else:
                 np.savez(f, **outputs)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(target, write)
