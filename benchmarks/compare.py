@@ -225,7 +225,6 @@ def torch_module(net, weights, phase: str):
 def make_inputs(net, graph, bindings, rng):
     """Standard-normal floats; integer inputs that feed a loss or Accuracy as labels get valid
     random class indices (zeros otherwise)."""
-    import numpy as np
     from toolkit.ir.graph import FLOAT_DTYPES
 
     classes = {}
@@ -550,7 +549,7 @@ def main(argv=None) -> int:
         return 2
     from toolkit.errors import UserError
     from toolkit.frontend import Net
-    from toolkit.runtime.session import batch_symbol
+    from toolkit.runtime.session import batch_bindings
 
     torch.set_num_threads(args.threads)
     try:
@@ -574,13 +573,7 @@ def main(argv=None) -> int:
                     raise
                 print(f"skipping the {mode} mode: {e}", file=sys.stderr)
                 continue
-            bindings = {}
-            symbol = batch_symbol(graph)
-            if symbol is not None:
-                bindings[symbol] = args.batch
-            missing = sorted(graph.symbols() - set(bindings))
-            if missing:
-                raise UserError(f"{args.net}: symbolic dimension(s) {', '.join(missing)} besides the batch")
+            bindings = batch_bindings(graph, args.batch)
             rng = np.random.default_rng(args.seed)
             setup = bench_infer if mode == "infer" else bench_train
             checks, fns, meta = setup(net, weights, bindings, args, rng)

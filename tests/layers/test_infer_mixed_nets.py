@@ -25,7 +25,7 @@ from toolkit.ir.graph import FLOAT_DTYPES  # noqa: E402
 from toolkit.peers.torch_net import TorchNet, to_numpy  # noqa: E402
 from toolkit.runtime.plan import Plan  # noqa: E402
 
-TOL = {"float32": 1e-4, "float64": 1e-7}
+from numeric_asserts import TOL, assert_close  # noqa: E402  (tests/ is on the path)
 
 IMAGE_NET = """
 name: mixed_image
@@ -113,16 +113,6 @@ outputs: [sm, ip2, pmax, hsum, p2]
 NETS = {"image": IMAGE_NET, "sequence": SEQUENCE_NET}
 # biases right before a BatchNorm on batch statistics: zero gradient in exact arithmetic
 ZERO_GRADS = {"image": {"conv1.bias"}, "sequence": {"conv1.bias"}}
-
-
-def assert_close(actual, expected, dtype: str, what: str) -> None:
-    tol = TOL[dtype]
-    a = np.asarray(actual, dtype=np.float64)
-    e = np.asarray(expected, dtype=np.float64)
-    assert a.shape == e.shape, f"{what}: shape {a.shape} != torch's {e.shape}"
-    assert np.all(np.isfinite(e)), f"{what}: torch gave non-finite values"
-    scale = max(float(np.abs(e).max()), 1e-6)
-    np.testing.assert_allclose(a, e, rtol=tol, atol=tol * scale, err_msg=what)
 
 
 @pytest.fixture(scope="module")

@@ -30,22 +30,11 @@ from toolkit.runtime.binding import bind_symbols  # noqa: E402
 from toolkit.runtime.interpreter import interpret  # noqa: E402
 from toolkit.runtime.plan import Plan  # noqa: E402
 
-TOL = {"float32": 1e-4, "float64": 1e-7}
+from numeric_asserts import TOL, assert_close  # noqa: E402  (tests/ is on the path)
 BATCH = 3
 
 
 # -- comparison --------------------------------------------------------------------------------
-def assert_close(actual, expected, dtype: str, what: str) -> None:
-    """|a - e| <= tol |e| + tol max|e| elementwise: 1e-4 (float32) / 1e-7 (float64) relative."""
-    tol = TOL[dtype]
-    a = np.asarray(actual, dtype=np.float64)
-    e = np.asarray(expected, dtype=np.float64)
-    assert a.shape == e.shape, f"{what}: shape {a.shape} != torch's {e.shape}"
-    assert np.all(np.isfinite(e)), f"{what}: torch gave non-finite values"
-    scale = max(float(np.abs(e).max()) if e.size else 0.0, 1e-6)
-    np.testing.assert_allclose(a, e, rtol=tol, atol=tol * scale, err_msg=what)
-
-
 # -- nets, weights and inputs ------------------------------------------------------------------
 @dataclass
 class Case:

@@ -23,6 +23,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from numeric_asserts import assert_close as shared_assert_close
 import pytest
 import yaml
 
@@ -37,6 +38,10 @@ from toolkit.train.trainer import Trainer  # noqa: E402
 from toolkit.weights import save_weights  # noqa: E402
 
 TOL = {"float32": 1e-4, "float64": 1e-9}
+
+
+def assert_close(actual, expected, dtype: str, what: str) -> None:
+    shared_assert_close(actual, expected, dtype, what, tol=TOL[dtype], scale_floor=1e-12)
 TORCH_DTYPE = {"float32": torch.float32, "float64": torch.float64}
 CLASSES = 5
 
@@ -49,16 +54,6 @@ SLOTS = {
     "rmsprop": {"square_avg": "square_avg"},
     "adagrad": {"sum": "sum"},
 }
-
-
-def assert_close(actual, expected, dtype: str, what: str) -> None:
-    tol = TOL[dtype]
-    a = np.asarray(actual, dtype=np.float64)
-    e = np.asarray(expected, dtype=np.float64)
-    assert a.shape == e.shape, f"{what}: shape {a.shape} != torch's {e.shape}"
-    assert np.all(np.isfinite(e)), f"{what}: torch gave non-finite values"
-    scale = max(float(np.abs(e).max()) if e.size else 0.0, 1e-12)
-    np.testing.assert_allclose(a, e, rtol=tol, atol=tol * scale, err_msg=what)
 
 
 # -- nets -----------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from ..frontend import Net
 from ..ir.graph import FLOAT_DTYPES
 from ..passes.pipeline import pass_names
 from ..runtime.plan import Plan
-from ..runtime.session import batch_symbol
+from ..runtime.session import batch_bindings
 from ..train.solvers import host_values
 from .devices import check_device
 
@@ -59,13 +59,7 @@ def run_bench(args) -> int:
         graph = train_step_graph(net, solver, args.dtype, disable)
     else:
         graph = forward_graph(net, "infer", args.dtype, disable=disable)
-    bindings = parse_dims(args.dim)
-    symbol = batch_symbol(graph)
-    if symbol is not None:
-        bindings[symbol] = args.batch
-    missing = sorted(graph.symbols() - set(bindings))
-    if missing:
-        raise UserError(f"give a size for the symbolic dimension(s) {', '.join(missing)} with --dim NAME=SIZE")
+    bindings = batch_bindings(graph, args.batch, parse_dims(args.dim))
     weights = net.init_weights(seed=0, dtype=args.dtype)
     for name, w in graph.weights.items():          # solver slots start at zero
         weights.setdefault(name, np.zeros(w.value.type.concrete({}), w.value.dtype))

@@ -145,12 +145,13 @@ class Plan:
             share_ins = [a[lo:hi] if b else a for a, b in zip(ins, batched)]
             share_out = partials[k] if mode == "sum" else outs[0][lo:hi]
             shares.append(functools.partial(fn, share_ins, [share_out]))
-        then = None
-        if mode == "sum":
-            def then(total=outs[0], rest=partials[1:]):
-                for part in rest:
-                    np.add(total, part, out=total)
-        return shares, then
+        if mode != "sum":
+            return shares, None
+
+        def add_shares(total=outs[0], rest=partials[1:]):
+            for part in rest:
+                np.add(total, part, out=total)
+        return shares, add_shares
 
     def _context(self, node: Node, shapes) -> KernelContext:
         return KernelContext(node, bind_attrs(node.attrs, self.bindings),

@@ -36,6 +36,19 @@ def batch_symbol(graph: Graph) -> str | None:
     return leads.pop() if len(leads) == 1 else None
 
 
+def batch_bindings(graph: Graph, batch: int, extra: dict[str, int] | None = None) -> dict[str, int]:
+    """Numbers for every symbolic dimension: the batch symbol gets ``batch``, the others must be
+    in ``extra`` (``--dim T=32``)."""
+    bindings = dict(extra or {})
+    symbol = batch_symbol(graph)
+    if symbol is not None:
+        bindings[symbol] = batch
+    missing = sorted(graph.symbols() - set(bindings))
+    if missing:
+        raise UserError(f"give a size for the symbolic dimension(s) {', '.join(missing)} with --dim NAME=SIZE")
+    return bindings
+
+
 def check_input_arrays(graph: Graph, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The arrays a graph needs, cast to its dtypes; a missing or wrongly typed array is a UserError."""
     out = {}

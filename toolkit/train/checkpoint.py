@@ -44,7 +44,6 @@ def list_checkpoints(folder: Path) -> list[tuple[int, Path]]:
 
 
 def write_checkpoint(folder: Path, ckpt: Checkpoint, keep_last: int) -> Path:
-    from safetensors.numpy import save_file  # noqa: F401  (fail early if missing)
     path = checkpoint_path(folder, ckpt.iteration)
     meta = {"format": FORMAT, "iteration": str(ckpt.iteration), "meta": json.dumps(ckpt.meta)}
     save_weights(str(path), ckpt.arrays, metadata=meta)
