@@ -6,7 +6,6 @@ import json
 import numpy as np
 
 from ..frontend import Net
-from ..frontend.lower import lower_phase
 from ..ir.dims import format_dim
 from ..report import format_count, graph_flops
 
@@ -15,15 +14,15 @@ PHASE_ORDER = ("infer", "test", "train")
 
 def run_check(args) -> int:
     net = Net.load(args.net)
-    graphs = {p: lower_phase(net.spec, net.positions, p, None, {}, net._loss_layers())[0] for p in PHASE_ORDER}
+    lowered = {p: net.lower(p) for p in PHASE_ORDER}
     rows = []
     total_params = 0
     for layer in net.spec.layers:
         phases = [args.phase] if args.phase else [p for p in PHASE_ORDER if p in layer.phases]
         if not phases or phases[0] not in layer.phases:
             continue
-        graph = graphs[phases[0]]
-        tops = [graph.blobs[t] for t in layer.tops if t in graph.blobs]  # type: ignore[attr-defined]
+        graph, blobs = lowered[phases[0]].graph, lowered[phases[0]].blobs
+        tops = [blobs[t] for t in layer.tops if t in blobs]
         shapes = " ".join("[" + ", ".join(format_dim(d) for d in v.shape) + "]" for v in tops)
         params = sum(int(np.prod(shape)) for key, (shape, owner) in net.declared.items()
                      if owner == layer.name and not key.endswith(("running_mean", "running_var")))

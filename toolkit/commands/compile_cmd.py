@@ -7,7 +7,6 @@ import numpy as np
 
 from ..compile import add_gradients, solver_config
 from ..frontend import Net
-from ..frontend.lower import lower_phase
 from ..passes.pipeline import PassRecord, run_pipeline
 from ..report import format_count, graph_flops
 from ..runtime.plan import Plan
@@ -23,7 +22,7 @@ def run_compile(args) -> int:
         stages.append((name, len(graph.nodes), format_count(graph_flops(graph)), (time.perf_counter() - start) * 1e3))
 
     start = time.perf_counter()
-    raw, _ = lower_phase(net.spec, net.positions, args.phase, None, {}, net._loss_layers())
+    raw = net.lower(args.phase).graph
     record("lower", raw, start)
     start = time.perf_counter()
     graph = net.graph(args.phase)

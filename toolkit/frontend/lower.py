@@ -4,6 +4,7 @@ as nodes are added. Every problem is collected with the location of the key it c
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import Location, Problem
@@ -96,9 +97,19 @@ def _count_problem(what: str, n: int, bounds: tuple) -> str | None:
     return None
 
 
+@dataclass
+class Lowered:
+    """A phase's graph before output selection, the latest value of every blob name, and the
+    problems found while building it."""
+
+    graph: Graph
+    blobs: dict[str, Value]
+    problems: list[Problem]
+
+
 def lower_phase(spec, positions: Positions, phase: str, float_dtype: str | None,
-                declared: dict[str, tuple], loss_layers: set[str] | None = None) -> tuple[Graph, list[Problem]]:
-    """The graph of ``phase`` (outputs not yet pruned) and the problems found building it.
+                declared: dict[str, tuple], loss_layers: set[str] | None = None) -> Lowered:
+    """The graph of ``phase`` (default outputs: tops nothing consumes) and the problems found.
     ``loss_layers``: names of the objective's layers (None: every layer whose type ends in Loss)."""
     from layers import LAYERS
     from layers.registry import LayerError
@@ -186,8 +197,7 @@ def lower_phase(spec, positions: Positions, phase: str, float_dtype: str | None,
 
     graph.outputs = {name: v for name, v in blobs.items()
                      if v.id not in consumed and name not in graph.inputs and v.producer is not None}
-    graph.blobs = blobs  # type: ignore[attr-defined]  (for choosing outputs by name)
-    return graph, problems
+    return Lowered(graph, blobs, problems)
 
 
 def _keys(layer) -> set[str]:

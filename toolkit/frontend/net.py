@@ -13,7 +13,7 @@ from ..errors import Problem, SpecError, UserError
 from ..ir.graph import Graph
 from ..ops.base import Builder
 from ..passes.prune import eliminate_dead_code
-from .lower import OBJECTIVE, lower_phase
+from .lower import OBJECTIVE, Lowered, lower_phase
 from .spec import did_you_mean, duplicate_layer_names, parse_net, read_text
 from .yaml_loader import Positions
 
@@ -28,10 +28,11 @@ class Net:
         self.declared: dict[str, tuple] = {}      # weight key -> (shape, layer), every phase
         problems = duplicate_layer_names({"layers": [l.model_dump() for l in spec.layers]}, positions)
         problems += self._check_losses()
+        checked = {}
         for phase in PHASES:
-            _graph, found = lower_phase(spec, positions, phase, None, self.declared, self._loss_layers())
-            problems += found
-        problems += self._check_outputs()
+            checked[phase] = lower_phase(spec, positions, phase, None, self.declared, self._loss_layers())
+            problems += checked[phase].problems
+        problems += self._check_outputs(checked["infer"])
         unique = list({(str(p.location), p.message): p for p in problems}.values())
         if unique:
             unique.sort(key=lambda p: (p.location.line, p.location.col) if p.location else (0, 0))
@@ -65,11 +66,14 @@ class Net:
             return set(self.spec.train.losses)
         return None
 
-    def _check_outputs(self) -> list[Problem]:
+    def lower(self, phase: str, dtype: str | None = None) -> Lowered:
+        """A fresh lowering of one phase (graphs are mutated by passes, so never shared)."""
+        return lower_phase(self.spec, self.positions, phase, dtype, {}, self._loss_layers())
+
+    def _check_outputs(self, infer: Lowered) -> list[Problem]:
         if not self.spec.outputs:
             return []
-        graph, _ = lower_phase(self.spec, self.positions, "infer", None, {}, self._loss_layers())
-        blobs = getattr(graph, "blobs", {})
+        blobs = infer.blobs
         # a top of an infer layer that failed to lower is missing because of that layer's own
         # (already reported) problem: no second error for the output that names it
         declared_tops = {t for layer in self.spec.layers if "infer" in layer.phases for t in layer.tops}
@@ -85,10 +89,10 @@ class Net:
     def graph(self, phase: str, dtype: str | None = None, outputs: list[str] | None = None) -> Graph:
         """The pruned forward graph of ``phase``. Train graphs output each loss top and the
         loss_weight-weighted objective under OBJECTIVE."""
-        graph, problems = lower_phase(self.spec, self.positions, phase, dtype, {}, self._loss_layers())
-        if problems:
-            raise SpecError(*problems)
-        blobs = graph.blobs  # type: ignore[attr-defined]
+        lowered = self.lower(phase, dtype)
+        if lowered.problems:
+            raise SpecError(*lowered.problems)
+        graph, blobs = lowered.graph, lowered.blobs
         if outputs is None and phase == "infer" and self.spec.outputs:
             outputs = list(self.spec.outputs)
         if outputs is not None:
@@ -109,10 +113,9 @@ class Net:
     # -- weights -----------------------------------------------------------------------------
     def weight_graph(self) -> Graph:
         """A train graph (or infer if there is no loss) that declares every weight of the net."""
-        graph, _ = lower_phase(self.spec, self.positions, "train", None, {}, self._loss_layers())
+        graph = self.lower("train").graph
         for phase in ("test", "infer"):
-            other, _ = lower_phase(self.spec, self.positions, phase, None, {}, self._loss_layers())
-            for k, w in other.weights.items():
+            for k, w in self.lower(phase).graph.weights.items():
                 graph.weights.setdefault(k, w)
         return graph
 
