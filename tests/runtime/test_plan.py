@@ -286,3 +286,19 @@ def test_profile_times_every_call(rng):
     assert [n for n, _ in timings] == plan.steps
     assert all(t >= 0 for _, t in timings)
     np.testing.assert_allclose(plan.output_views["prob"], interpret(g, {"x": x}, w)[0]["prob"], rtol=1e-12)
+
+
+def test_infer_session_keeps_a_bounded_number_of_plans():
+    """Memory must not grow with every new input shape: old plans are dropped, least recent first."""
+    from toolkit.ir.dims import Sym
+    from toolkit.runtime.session import InferSession
+    g = Graph("infer")
+    x = add_input(g, "x", (Sym.named("N"), Sym.named("T")), "float64")
+    g.outputs["y"] = Builder(g, "t").op("relu", x)
+    session = InferSession(g, {}, buckets=(1, 2))
+    session.max_plans = 3
+    for t in range(1, 8):
+        out = session.run({"x": -np.ones((2, t)) * np.arange(t)})["y"]
+        np.testing.assert_array_equal(out, np.zeros((2, t)))
+    assert len(session.plans) == 3
+    assert [dict(k)["T"] for k in session.plans] == [5, 6, 7]

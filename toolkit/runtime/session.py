@@ -8,6 +8,7 @@ distinct shape.
 """
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Mapping
 
 import numpy as np
@@ -19,6 +20,7 @@ from .binding import bind_symbols
 from .plan import Plan, RuntimeState
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+MAX_PLANS = 16          # plans kept per session beyond the buckets (shapes other than the batch)
 
 
 def batch_symbol(graph: Graph) -> str | None:
@@ -74,13 +76,20 @@ class InferSession:
         self.buckets = tuple(sorted(set(buckets)))
         self.batch_symbol = batch_symbol(graph)
         self.runtime = RuntimeState(np.random.default_rng(0))
-        self.plans: dict[tuple, Plan] = {}
+        # least recently used first; bounded so that memory does not grow with every new shape
+        self.plans: OrderedDict[tuple, Plan] = OrderedDict()
+        self.max_plans = max(len(self.buckets), MAX_PLANS)
 
     def plan_for(self, bindings: dict[str, int]) -> Plan:
         key = tuple(sorted(bindings.items()))
-        if key not in self.plans:
-            self.plans[key] = Plan(self.graph, bindings, self.weights, self.device, self.runtime)
-        return self.plans[key]
+        if key in self.plans:
+            self.plans.move_to_end(key)
+            return self.plans[key]
+        plan = Plan(self.graph, bindings, self.weights, self.device, self.runtime)
+        self.plans[key] = plan
+        if len(self.plans) > self.max_plans:
+            self.plans.popitem(last=False)
+        return plan
 
     def warm(self, example: Mapping[str, np.ndarray] | None = None) -> None:
         """Build every bucket's plan now (for servers: no compile on the first request)."""
