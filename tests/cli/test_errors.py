@@ -158,6 +158,15 @@ layers:
       Expect("num_outptu", ("unknown key 'num_outptu'", "did you mean 'num_output'?")),
       Expect("{name: ip1", ("missing required key 'num_output'",)),
       Expect("ip1, type: Softmax", ("layer name 'ip1' is already used",))]),
+    Case("schema_and_wiring_errors_together", HEAD + """\
+  - {name: conv1, type: Convolutoin, bottom: data, top: conv1, num_output: 4, kernel_size: 3}
+  - {name: relu1, type: ReLU, bottom: conv1, top: conv1}
+  - {name: ip1, type: InnerProduct, bottom: data, top: ip1, num_output: 5}
+  - {name: relu2, type: ReLU, bottom: ip_1, top: r2}
+  - {name: pool, type: Pooling, bottom: ip1, top: p, kernel_size: 2}
+""", [Expect("Convolutoin", ("unknown layer type",)),              # relu1 reads the broken conv1: quiet
+      Expect("ip_1", ("unknown bottom 'ip_1'", "did you mean 'ip1'?")),
+      Expect("bottom: ip1, top: p", ("Pooling", "4-d"))]),
     Case("several_wiring_errors", HEAD + """\
   - {name: conv1, type: Convolution, bottom: data, top: conv1, num_output: 4, kernel_size: 3}
   - {name: ip1, type: InnerProduct, bottom: conv9, top: ip1, num_output: 5}

@@ -142,6 +142,9 @@ def lower_phase(spec, positions: Positions, phase: str, float_dtype: str | None,
     for i, layer in enumerate(spec.layers):
         if phase not in layer.phases:
             continue
+        if getattr(layer, "broken", False):      # failed validation, already reported
+            broken.update(layer.tops)
+            continue
         ldef = LAYERS[layer.type]
         label = f"layer '{layer.name}' ({layer.type})"
         bad_counts = False

@@ -42,8 +42,11 @@ class Net:
     def load(cls, path: str, overrides: list[tuple[tuple, Any]] = ()) -> "Net":
         from layers import LAYERS, NetSpec
         text = read_text(path)
-        spec, _raw, positions = parse_net(text, path, NetSpec, {k: d.params for k, d in LAYERS.items()},
-                                          overrides)
+        try:
+            spec, _raw, positions = parse_net(text, path, NetSpec, {k: d.params for k, d in LAYERS.items()},
+                                              overrides)
+        except SpecError as error:
+            raise _with_wiring_problems(error) from None
         return cls(spec, positions, path)
 
     @property
@@ -143,3 +146,17 @@ class Net:
 
 def weights_for(graph: Graph, weights: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {k: weights[k] for k in graph.weights}
+
+
+def _with_wiring_problems(error: SpecError) -> SpecError:
+    """Schema problems plus the wiring and shape problems of the layers that did validate, so
+    that one run reports both kinds."""
+    partial = getattr(error, "partial", None)
+    if partial is None:
+        return error
+    problems = list(error.problems)
+    for phase in PHASES:
+        problems += lower_phase(partial, error.positions, phase, None, {}, None).problems
+    unique = list({(str(p.location), p.message): p for p in problems}.values())
+    unique.sort(key=lambda p: (p.location.line, p.location.col) if p.location else (0, 0))
+    return SpecError(*unique)

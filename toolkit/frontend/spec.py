@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import difflib
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import get_args
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from ..errors import Problem, SpecError, UserError
 from .yaml_loader import Positions, load_yaml
@@ -47,8 +50,48 @@ def parse_net(text: str, file: str, net_model: type[BaseModel], layer_models: di
     except ValidationError as e:
         problems = _problems(e, data, positions, net_model, layer_models) + duplicate_layer_names(data, positions)
         problems.sort(key=lambda p: (p.location.line, p.location.col))
-        raise SpecError(*problems) from None
+        error = SpecError(*problems)
+        error.partial = partial_spec(data, net_model)     # what validated, for the wiring checks
+        error.positions = positions
+        raise error from None
     return spec, data, positions
+
+
+@dataclass
+class BrokenLayer:
+    """A layer that failed validation: skipped by the wiring checks, its tops known to be broken
+    so that layers using them get no second error."""
+
+    name: str
+    tops: list[str]
+    phases: tuple[str, ...]
+    broken: bool = True
+
+
+def partial_spec(data: dict, net_model: type[BaseModel]) -> SimpleNamespace | None:
+    """The parts of a net that validate on their own: the inputs (required) and each layer,
+    with BrokenLayer in place of the ones that do not. None if the inputs themselves are bad."""
+    fields = net_model.model_fields
+    try:
+        inputs = TypeAdapter(fields["inputs"].annotation).validate_python(data.get("inputs"))
+    except ValidationError:
+        return None
+    raw_layers = data.get("layers")
+    if not isinstance(raw_layers, list):
+        return None
+    layer_adapter = TypeAdapter(get_args(fields["layers"].annotation)[0])
+    layers = []
+    for i, raw in enumerate(raw_layers):
+        try:
+            layers.append(layer_adapter.validate_python(raw))
+        except ValidationError:
+            raw = raw if isinstance(raw, dict) else {}
+            top = raw.get("top", [])
+            tops = [top] if isinstance(top, str) else [t for t in top if isinstance(t, str)] if isinstance(top, list) else []
+            phase = raw.get("phase")
+            phases = tuple(phase) if isinstance(phase, list) else (phase,) if isinstance(phase, str) else ("train", "test", "infer")
+            layers.append(BrokenLayer(str(raw.get("name", f"#{i + 1}")), tops, phases))
+    return SimpleNamespace(inputs=inputs, layers=layers, outputs=None, train=None)
 
 
 def duplicate_layer_names(data: dict, positions: Positions) -> list[Problem]:
