@@ -17,7 +17,8 @@ def run_infer(args) -> int:
     if args.output:   # before loading weights and running: a bad name wastes no work
         check_output_path(args.output, list(graph.outputs))
     weights = net.load_weights(args.weights, allow_missing=args.allow_missing, dtype=args.dtype)
-    arrays = read_inputs(args.input, list(graph.inputs), list(net.spec.inputs))
+    shapes = {name: tuple(v.shape) for name, v in graph.inputs.items()}
+    arrays = read_inputs(args.input, list(graph.inputs), list(net.spec.inputs), shapes)
     session = InferSession(graph, weights, args.device, args.buckets or DEFAULT_BUCKETS)
     outputs = session.run(arrays)
     if args.output:
