@@ -18,7 +18,7 @@ taken over every timed iteration of every round.
 
 Needs the ``bench`` extra (torch, onnx, onnxruntime): ``pip install -e '.[bench]'``.
 The PyTorch and ONNX models are built here from the net's YAML spec, independently of the
-toolkit's lowering, for the layer types listed in SUPPORTED_TORCH / toolkit.peers.onnx_export.
+toolkit's lowering, for every catalog layer (torch) / those of toolkit.peers.onnx_export (ONNX).
 """
 from __future__ import annotations
 
@@ -81,144 +81,32 @@ def pin_threads(threads: int) -> None:
         os.environ[var] = str(threads)
 
 
-# -- PyTorch peer: the net's layers as eager torch calls -----------------------------------------
-SUPPORTED_TORCH = ("Convolution", "Pooling", "InnerProduct", "ReLU", "ELU", "GELU", "Sigmoid", "TanH",
-                   "AbsVal", "Exp", "Log", "Softplus", "Softmax", "LogSoftmax", "Flatten", "Reshape",
-                   "Concat", "Eltwise", "Dropout", "BatchNorm", "SoftmaxWithLoss", "EuclideanLoss",
-                   "SigmoidCrossEntropyLoss")
-
-
-def torch_module(net, weights, phase: str):
-    """An nn.Module running ``net``'s ``phase`` from the spec; forward(dict) -> dict of blobs.
-    In the train phase the dict also holds '@objective' (the loss_weight-weighted sum)."""
-    import torch
-    import torch.nn.functional as F
+# -- PyTorch peer: toolkit.peers.torch_net, the same translation the parity tests use ------------
+def torch_peer(net, weights, phase: str):
+    """The net's ``phase`` as a TorchNet loaded with ``weights`` (solver slots left out)."""
     from toolkit.errors import UserError
-    from toolkit.frontend.lower import OBJECTIVE
-    from toolkit.peers.onnx_export import live_layers
+    from toolkit.peers.torch_net import TorchNet
 
-    graph = net.graph(phase)
-    outputs = list(graph.outputs)
-    losses = dict(graph.losses) if phase == "train" else {}
-    layers = [layer for layer in net.spec.layers if phase in layer.phases]
-    live = live_layers(layers, list(graph.inputs), [o for o in outputs if o != OBJECTIVE])
-    layers = [layer for layer, keep in zip(layers, live) if keep]
-    for layer in layers:
-        if layer.type not in SUPPORTED_TORCH:
-            raise UserError(f"compare.py: layer '{layer.name}' has type {layer.type}, which the PyTorch "
-                            f"peer does not support (supported: {', '.join(SUPPORTED_TORCH)})")
-        if layer.type == "Dropout" and phase == "train" and layer.dropout_ratio > 0:
+    for layer in net.spec.layers:
+        if layer.type == "Dropout" and phase == "train" and layer.dropout_ratio > 0 and phase in layer.phases:
             raise UserError(f"compare.py: layer '{layer.name}': random dropout masks cannot be compared "
                             "(use --mode infer)")
+    try:
+        peer = TorchNet(net, phase)
+    except NotImplementedError as e:
+        raise UserError(f"compare.py: {e}") from None
+    peer.load({k: v for k, v in weights.items() if "@" not in k})
+    return peer
 
-    def pair(v):
-        return (v, v) if isinstance(v, int) else tuple(v)
 
-    class SpecNet(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.params = torch.nn.ParameterDict()
-            self.lr_mult = {}
-            self.decay_mult = {}
-            for key, w in graph.weights.items():
-                if "@" in key:
-                    continue                      # a solver slot: torch's optimizer keeps its own
-                t = torch.from_numpy(weights[key].copy())
-                self.params[key.replace(".", "__")] = torch.nn.Parameter(t, requires_grad=w.trainable)
-                self.lr_mult[key] = w.lr_mult
-                self.decay_mult[key] = w.decay_mult
-
-        def w(self, layer, pname):
-            owner = getattr(layer, "share", None) or layer.name
-            return self.params[f"{owner}__{pname}"]
-
-        def param_groups(self, lr, weight_decay=0.0):
-            """One torch param group per (lr_mult, decay_mult), as the toolkit scales them."""
-            groups = {}
-            for key, mult in self.lr_mult.items():
-                p = self.params[key.replace(".", "__")]
-                if p.requires_grad and mult != 0:
-                    groups.setdefault((mult, self.decay_mult[key]), []).append(p)
-            return [{"params": ps, "lr": lr * m, "weight_decay": weight_decay * d}
-                    for (m, d), ps in groups.items()]
-
-        def forward(self, inputs):
-            blobs = dict(inputs)
-            for layer in layers:
-                tops = self.run_layer(layer, [blobs[b] for b in layer.bottoms])
-                blobs.update(zip(layer.tops, tops))
-            out = {name: blobs[name] for name in outputs if name != OBJECTIVE}
-            if losses:
-                out[OBJECTIVE] = sum(w * blobs[t] for t, w in losses.items())
-            return out
-
-        def run_layer(self, p, xs):
-            t = p.type
-            x = xs[0]
-            if t == "Convolution":
-                return [F.conv2d(x, self.w(p, "weight"), self.w(p, "bias") if p.bias_term else None,
-                                 pair(p.stride), pair(p.pad), pair(p.dilation), p.group)]
-            if t == "Pooling":
-                if p.global_pooling:
-                    return [x.mean((2, 3), keepdim=True) if p.pool == "ave" else x.amax((2, 3), keepdim=True)]
-                if p.pool == "max":
-                    return [F.max_pool2d(x, pair(p.kernel_size), pair(p.stride), pair(p.pad),
-                                         ceil_mode=p.ceil_mode)]
-                return [F.avg_pool2d(x, pair(p.kernel_size), pair(p.stride), pair(p.pad), ceil_mode=p.ceil_mode,
-                                     count_include_pad=p.count_include_pad)]
-            if t == "InnerProduct":
-                return [F.linear(x.flatten(p.axis % x.dim()), self.w(p, "weight"),
-                                 self.w(p, "bias") if p.bias_term else None)]
-            if t == "ReLU":
-                return [F.relu(x) if p.negative_slope == 0 else F.leaky_relu(x, float(p.negative_slope))]
-            if t == "ELU":
-                return [F.elu(x, float(p.alpha))]
-            if t == "GELU":
-                return [F.gelu(x, approximate=p.approximate)]
-            simple = {"Sigmoid": torch.sigmoid, "TanH": torch.tanh, "AbsVal": torch.abs, "Exp": torch.exp,
-                      "Log": torch.log, "Softplus": F.softplus}
-            if t in simple:
-                return [simple[t](x)]
-            if t == "Softmax":
-                return [torch.softmax(x, p.axis)]
-            if t == "LogSoftmax":
-                return [torch.log_softmax(x, p.axis)]
-            if t == "Flatten":
-                return [x.flatten(p.axis, p.end_axis)]
-            if t == "Reshape":
-                shape = [x.shape[i] if d == 0 else d for i, d in enumerate(p.shape)]
-                return [x.reshape(shape)]
-            if t == "Concat":
-                return [torch.cat(xs, p.axis)]
-            if t == "Eltwise":
-                if p.operation == "sum":
-                    coeff = p.coeff or [1.0] * len(xs)
-                    return [sum(float(c) * v for c, v in zip(coeff, xs))]
-                out = xs[0]
-                for v in xs[1:]:
-                    out = out * v if p.operation == "prod" else torch.maximum(out, v)
-                return [out]
-            if t == "Dropout":
-                return [x]
-            if t == "BatchNorm":
-                batch_stats = p.use_global_stats is False or (p.use_global_stats is None and phase == "train")
-                keep = not batch_stats or phase == "train"          # running stats used or updated
-                return [F.batch_norm(x, self.w(p, "running_mean") if keep else None,
-                                     self.w(p, "running_var") if keep else None,
-                                     self.w(p, "weight") if p.affine else None,
-                                     self.w(p, "bias") if p.affine else None,
-                                     training=batch_stats, momentum=p.momentum, eps=p.eps)]
-            if t == "SoftmaxWithLoss":
-                ignore = -100 if p.ignore_label is None else p.ignore_label
-                logits = x if p.axis % x.dim() == 1 else x.movedim(p.axis, 1)
-                return [F.cross_entropy(logits, xs[1], ignore_index=ignore)]
-            if t == "EuclideanLoss":
-                return [((x - xs[1]) ** 2).sum() / (2 * x.shape[0])]
-            if t == "SigmoidCrossEntropyLoss":
-                return [F.binary_cross_entropy_with_logits(x, xs[1].to(x.dtype))]
-            raise AssertionError(t)
-
-    return SpecNet()
+def param_groups(peer, graph, lr: float, weight_decay: float) -> list[dict]:
+    """One torch param group per (lr_mult, decay_mult), as the toolkit scales them."""
+    groups: dict[tuple, list] = {}
+    for key, w in graph.weights.items():
+        p = peer.params.get(key)
+        if p is not None and p.requires_grad and w.lr_mult != 0:
+            groups.setdefault((w.lr_mult, w.decay_mult), []).append(p)
+    return [{"params": ps, "lr": lr * m, "weight_decay": weight_decay * d} for (m, d), ps in groups.items()]
 
 
 # -- inputs, checks and timing ------------------------------------------------------------------
@@ -381,8 +269,7 @@ def bench_infer(net, weights, bindings, args, rng):
     graph = forward_graph(net, "infer")
     plan = Plan(graph, bindings, {k: weights[k].copy() for k in graph.weights})
     inputs = make_inputs(net, graph, bindings, rng)
-    model = torch_module(net, weights, "infer").eval()
-    model.requires_grad_(False)
+    peer = torch_peer(net, weights, "infer")
     t_inputs = {k: torch.from_numpy(v) for k, v in inputs.items()}
 
     opts = ort.SessionOptions()
@@ -396,7 +283,7 @@ def bench_infer(net, weights, bindings, args, rng):
 
     def run_torch():
         with torch.no_grad():
-            return model(t_inputs)
+            return peer.module(t_inputs)
 
     def run_ort():
         return sess.run(names, inputs)
@@ -438,14 +325,15 @@ def bench_train(net, weights, bindings, args, rng):
     plan = Plan(graph, bindings, live)
     inputs = make_inputs(net, graph, bindings, rng)
     inputs.update(host_values(solver, lr, 1, "float32"))
-    model = torch_module(net, start, "train").train()
-    groups = model.param_groups(lr, solver.weight_decay)
+    peer = torch_peer(net, start, "train")
+    groups = param_groups(peer, graph, lr, solver.weight_decay)
     opt = torch.optim.SGD(groups, lr=lr, momentum=solver.momentum, nesterov=solver.type == "nesterov")
     t_inputs = {k: torch.from_numpy(v) for k, v in inputs.items() if not k.startswith("@")}
 
     def step_torch():
         opt.zero_grad(set_to_none=True)
-        out = model(t_inputs)
+        out = dict(peer.module(t_inputs))
+        out[OBJECTIVE] = peer.objective(out)
         out[OBJECTIVE].backward()
         opt.step()
         return out
@@ -460,7 +348,7 @@ def bench_train(net, weights, bindings, args, rng):
                        "torch": theirs[name], "rel_err": err, "ok": err <= TOLERANCE})
     # after one step, each array against the torch one, relative to the largest weight of the
     # net (an array that stays near zero, e.g. a bias before BatchNorm, has no scale of its own)
-    after = {k: model.params[k.replace(".", "__")].detach().numpy() for k in graph.updates if "@" not in k}
+    after = {k: peer.params[k].detach().numpy() for k in graph.updates if k in peer.params}
     scale = max(float(np.abs(a).max(initial=0.0)) for a in after.values())
     werr = max(float(np.abs(live[k] - after[k]).max(initial=0.0)) for k in after) / max(scale, 1e-30)
     checks.append({"output": "weights after the step", "rel_err": werr, "ok": werr <= TOLERANCE,
@@ -468,9 +356,7 @@ def bench_train(net, weights, bindings, args, rng):
     # back to the same starting point for the timed steps
     for k, v in start.items():
         np.copyto(live[k], v)
-        if "@" not in k:
-            with torch.no_grad():
-                model.params[k.replace(".", "__")].copy_(torch.from_numpy(v))
+    peer.load({k: v for k, v in start.items() if "@" not in k})
     opt.state.clear()                                    # torch's momentum buffers start over too
     fns = {"toolkit": lambda: plan.run(inputs), "torch": step_torch}
     meta = {"kernel_calls": len(plan.calls), "arena_mib": round(plan.peak_bytes / 2**20, 2),

@@ -1,7 +1,7 @@
 """Per-layer and per-graph figures for reports: output shapes, parameter counts, FLOPs."""
 from __future__ import annotations
 
-from .ir.dims import Dim, Sym
+from .ir.dims import Dim
 from .ir.graph import Graph
 from .ops.base import get_op
 
@@ -34,6 +34,3 @@ def format_count(d: Dim) -> str:
         parts.append(f"{human(coeff)}*{sym}" if mono else human(coeff))
     return " + ".join(parts)
 
-
-def is_symbolic(d: Dim) -> bool:
-    return isinstance(d, Sym)

@@ -33,14 +33,16 @@ class LowerContext:
     def fmt(v: Value) -> str:
         return "[" + ", ".join(format_dim(d) for d in v.shape) + "]"
 
-    def _multiplier(self, values, default: float = 1.0) -> float:
+    def _multiplier(self, key: str) -> float:
+        """This parameter's lr_mult / decay_mult: one number for all, or one per parameter."""
+        values = getattr(self.layer, key, None)
         if values is None:
-            return default
+            return 1.0
         if isinstance(values, (int, float)):
             return float(values)
         if self.param_count >= len(values):
             from layers.registry import LayerError
-            raise LayerError(f"{len(values)} values given, but the layer has more parameters", "lr_mult")
+            raise LayerError(f"{len(values)} {key} values given, but the layer has more parameters", key)
         return float(values[self.param_count])
 
     def param(self, pname: str, shape: tuple, fan_in: int = 1, fan_out: int = 1,
@@ -49,8 +51,8 @@ class LowerContext:
         layer = self.layer
         owner = getattr(layer, "share", None) or layer.name
         key = f"{owner}.{pname}"
-        lr_mult = self._multiplier(getattr(layer, "lr_mult", None))
-        decay_mult = self._multiplier(getattr(layer, "decay_mult", None))
+        lr_mult = self._multiplier("lr_mult")
+        decay_mult = self._multiplier("decay_mult")
         self.param_count += 1
         if owner != layer.name:
             if key not in self.graph.weights:

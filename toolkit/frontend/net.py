@@ -5,7 +5,7 @@ names, outputs, shares), so one run reports every problem.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -143,9 +143,6 @@ class Net:
                 out[key] = np.ascontiguousarray(loaded[key], dtype=dtype or "float32")
         return out
 
-
-def weights_for(graph: Graph, weights: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    return {k: weights[k] for k in graph.weights}
 
 
 def _with_wiring_problems(error: SpecError) -> SpecError:

@@ -54,8 +54,6 @@ class KernelRegistry:
         raise KernelMissing(f"no kernel for op '{op}' on device '{device}' with dtype {dtype}; "
                             f"registered for this op: {', '.join(have) or 'nothing'}")
 
-    def devices_for(self, op: str) -> set[str]:
-        return {d for (o, d, _) in self.entries if o == op}
 
 
 class KernelMissing(LookupError):

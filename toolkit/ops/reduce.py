@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ir.dims import product
 from ..ir.graph import TensorType
 from .base import Builder, OpDef, ShapeError, register
 from .rules import broadcast_shapes, fmt_shape, need_float, norm_axis
@@ -92,6 +91,3 @@ def _bessel_ref(var, x, axes):
 register(OpDef("bessel_correct", _bessel_infer, _bessel_ref, flops=lambda i, o, a: o[0].numel,
                doc="biased variance over x's axes -> unbiased: var * n / (n - 1)"))
 
-
-def reduced_count(shape, axes):
-    return product(shape[a] for a in axes)
