@@ -8,6 +8,8 @@ from pydantic import Field
 
 from schemas.base import Bool, LayerBase, ParamLayerBase
 
+from toolkit.ops.reduce import reduced_count
+
 from .registry import LayerError, layer, static_dim
 
 
@@ -44,7 +46,7 @@ def lower_batch_norm(p: BatchNormParams, ctx, bottoms):
             m = p.momentum
             keep = b.scalar(1.0 - m, x.dtype)
             new_mean = b.add(b.mul(running_mean, keep), b.scale(b.reshape(mean, (channels,)), m))
-            unbiased = b.op("bessel_correct", b.reshape(var, (channels,)), x, axes=axes)
+            unbiased = b.op("bessel_correct", b.reshape(var, (channels,)), count=reduced_count(x.shape, axes))
             new_var = b.add(b.mul(running_var, keep), b.scale(unbiased, m))
             ctx.update("running_mean", new_mean)
             ctx.update("running_var", new_var)

@@ -10,6 +10,13 @@ from .base import InputSpec, LayerBase, Name, Strict
 from .train import TrainSpec
 
 
+class OptimizeSpec(Strict):
+    """``optimize: {disable: [PASS, ...]}``: graph passes this net switches off (names are checked
+    against the toolkit's pipeline when the net is loaded)."""
+
+    disable: list[Annotated[str, Field(pattern=r"^[a-z_]+$")]] = []
+
+
 def build_net_model(layer_models: list[type[LayerBase]]) -> type[BaseModel]:
     """The NetSpec model for a catalog of layer models (each with ``type: Literal[...]``)."""
     Layer = Annotated[Union[tuple(layer_models)], Field(discriminator="type")]  # type: ignore[valid-type]
@@ -20,6 +27,7 @@ def build_net_model(layer_models: list[type[LayerBase]]) -> type[BaseModel]:
         layers: Annotated[list[Layer], Field(min_length=1)]
         outputs: Optional[list[Name]] = None
         train: Optional[TrainSpec] = None
+        optimize: Optional[OptimizeSpec] = None
 
     return NetSpec
 

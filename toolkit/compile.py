@@ -1,17 +1,53 @@
 """From a Net to optimised executable graphs: the forward graph of a phase, and the train step
-(forward + generated backward + solver update ops) as one graph; both through the pass pipeline."""
+(forward + generated backward + solver update ops) as one graph; both through the pass pipeline.
+
+Where the weights are fixed for the graph's life (infer, and the test command), they are given
+here and frozen into constants before the passes run, so that what is computed from weights
+alone (a BatchNorm folded into its convolution, concatenated GEMM weights) is computed once, at
+compile time. A train graph's weights change every step and are never frozen.
+"""
 from __future__ import annotations
 
+from typing import Iterable, Mapping
+
+import numpy as np
+
 from .autodiff import differentiate
+from .errors import UserError
 from .frontend import OBJECTIVE, Net
 from .ir.graph import Graph, Value
-from .passes.pipeline import run_pipeline
+from .passes.constants import freeze_weights
+from .passes.pipeline import UnknownPass, check_pass_names, no_optimize, run_pipeline
 from .train.solvers import SolverConfig, add_solver
 
 
+def disabled_passes(net: Net | None = None, disable: Iterable[str] = (), no_opt: bool = False) -> tuple[str, ...]:
+    """The passes switched off: the net file's ``optimize: {disable: [...]}``, then ``--disable``
+    flags, and everything optional under ``--no-optimize``. An unknown name is a user error."""
+    names = list(net.spec.optimize.disable) if net is not None and net.spec.optimize else []
+    try:
+        check_pass_names(list(disable))
+    except UnknownPass as e:
+        raise UserError(f"--disable: {e}") from None
+    names += [n for n in disable if n not in names]
+    if no_opt:
+        names += [n for n in no_optimize() if n not in names]
+    return tuple(names)
+
+
+def optimize(graph: Graph, disable: tuple[str, ...] = (), weights: Mapping[str, np.ndarray] | None = None,
+             device: str = "cpu", **pipeline_options) -> Graph:
+    """Freeze ``weights`` (when given) into constants, then run the pass pipeline."""
+    graph.device = device
+    if weights is not None:
+        freeze_weights(graph, weights)
+    return run_pipeline(graph, disable, **pipeline_options)
+
+
 def forward_graph(net: Net, phase: str = "infer", dtype: str | None = None,
-                  outputs: list[str] | None = None, disable: tuple[str, ...] = ()) -> Graph:
-    return run_pipeline(net.graph(phase, dtype, outputs), disable)
+                  outputs: list[str] | None = None, disable: tuple[str, ...] = (),
+                  weights: Mapping[str, np.ndarray] | None = None, device: str = "cpu") -> Graph:
+    return optimize(net.graph(phase, dtype, outputs), disable, weights, device)
 
 
 def add_gradients(graph: Graph) -> dict[str, Value]:
@@ -29,9 +65,14 @@ def solver_config(net: Net) -> SolverConfig:
     return SolverConfig()
 
 
-def train_step_graph(net: Net, solver: SolverConfig | None = None, dtype: str | None = None,
-                     disable: tuple[str, ...] = ()) -> Graph:
-    """Forward, backward and the solver's updates; per-step scalars (``@lr``, ...) are inputs."""
+def train_graph(net: Net, solver: SolverConfig | None = None, dtype: str | None = None) -> Graph:
+    """Forward, generated backward and the solver's updates, before any pass."""
     graph = net.graph("train", dtype)
     add_solver(graph, add_gradients(graph), solver or solver_config(net))
-    return run_pipeline(graph, disable)
+    return graph
+
+
+def train_step_graph(net: Net, solver: SolverConfig | None = None, dtype: str | None = None,
+                     disable: tuple[str, ...] = (), device: str = "cpu") -> Graph:
+    """The optimised train step; per-step scalars (``@lr``, ...) are graph inputs."""
+    return optimize(train_graph(net, solver, dtype), disable, device=device)

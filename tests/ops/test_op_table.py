@@ -268,9 +268,9 @@ for s, axes, keep in [((3, 4), (1,), False), ((3, 4), (0,), True), ((2, 3, 5), (
     if axes:
         kept = tuple(1 if i in {a % len(s) for a in axes} else d for i, d in enumerate(s))
         case("reduce_mean_grad", f"{s}-{axes}",
-             lambda r, s=s, kept=kept: [uni(r, kept), uni(r, s)],
-             lambda g, x, axes=axes: vjp(lambda t: torch.mean(t, dim=axes, keepdim=True), [x], g),
-             attrs=dict(axes=axes))
+             lambda r, kept=kept: [uni(r, kept)],
+             lambda g, s=s, axes=axes: vjp(lambda t: torch.mean(t, dim=axes, keepdim=True), [np.zeros(s)], g),
+             attrs=dict(shape=s, axes=axes))
 
 for s, target in [((3, 1), (2, 3, 4)), ((), (2, 2)), ((4,), (3, 4)), ((2, 1, 5), (2, 3, 5))]:
     case("broadcast_to", f"{s}->{target}", lambda r, s=s: [uni(r, s)],
@@ -278,11 +278,16 @@ for s, target in [((3, 1), (2, 3, 4)), ((), (2, 2)), ((4,), (3, 4)), ((2, 1, 5),
 
 for s, axes in [((6, 3, 4, 5), (0, 2, 3)), ((5, 7), (0,)), ((2, 3, 4), (0, 2))]:
     def _bessel_make(r, s=s, axes=axes):
-        x = uni(r, s)
-        var = x.var(axis=axes)         # biased variance, the op's first input
-        return [var, x]
-    case("bessel_correct", f"{s}-{axes}", _bessel_make,
-         lambda var, x, axes=axes: tn(torch.var(tt(x), dim=axes, correction=1)), attrs=dict(axes=axes))
+        return [uni(r, s).var(axis=axes)]          # a biased variance over `axes`
+
+    def _bessel_ref(var, s=s, axes=axes):
+        # the unbiased variance of the same data, from the biased one
+        rng = np.random.default_rng(zlib.crc32(f"bessel_correct-{s}-{axes}".encode()))
+        x = uni(rng, s)
+        np.testing.assert_allclose(x.var(axis=axes), var)
+        return tn(torch.var(tt(x), dim=axes, correction=1))
+    count = int(np.prod([s[a] for a in axes]))
+    case("bessel_correct", f"{s}-{axes}", _bessel_make, _bessel_ref, attrs=dict(count=count))
 
 # data movement
 for s, target in [((2, 3, 4), (6, 4)), ((2, 3, 4), (4, 1, 6)), ((5,), (1, 5, 1)), ((3, 1), (3,))]:

@@ -107,7 +107,7 @@ def test_memory_is_reused():
     total = sum(nbytes_of(v.type.concrete({}), v.dtype) for v in values)
     assert plan.peak_bytes < 0.6 * total, (plan.peak_bytes, total)
     # arena storages are distinct buffers; values share them
-    assert len(plan.memory.arena) < len(values)
+    assert len(plan.memory.storages) < len(values)
 
 
 def test_dead_buffers_are_recycled():

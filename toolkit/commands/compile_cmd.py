@@ -50,7 +50,7 @@ def run_compile(args) -> int:
             print(f"{name:40s} {nodes:6d} {flops:>18s} {ms:8.2f}")
         print(f"{'plan (constants folded, kernels bound)':40s} {len(plan.calls):6d} {'':>18s} {plan_ms:8.2f}")
         size = f"{symbol}={args.batch}" if symbol else "fixed shapes"
-        print(f"memory plan at {size}: {plan.peak_bytes / 2**20:.2f} MiB in {len(plan.memory.arena)} buffers")
+        print(f"memory plan at {size}: {plan.peak_bytes / 2**20:.2f} MiB in {len(plan.memory.storages)} buffers")
     if args.dump:
         print(graph.dump())
     return 0

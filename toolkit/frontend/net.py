@@ -28,6 +28,7 @@ class Net:
         self.declared: dict[str, tuple] = {}      # weight key -> (shape, layer), every phase
         problems = duplicate_layer_names({"layers": [l.model_dump() for l in spec.layers]}, positions)
         problems += self._check_losses()
+        problems += self._check_passes()
         checked = {}
         for phase in PHASES:
             checked[phase] = lower_phase(spec, positions, phase, None, self.declared, self._loss_layers())
@@ -63,6 +64,16 @@ class Net:
                     problems.append(Problem(f"train.losses names no layer '{name}'{did_you_mean(name, seen)}",
                                             self.positions.locate(("train", "losses", j), prefer_key=False)))
         return problems
+
+    def _check_passes(self) -> list[Problem]:
+        from ..passes.pipeline import pass_names
+        if not self.spec.optimize:
+            return []
+        known = pass_names()
+        return [Problem(f"optimize.disable: unknown pass '{name}'{did_you_mean(name, known)} "
+                        f"(the passes are: {', '.join(known)})",
+                        self.positions.locate(("optimize", "disable", j), prefer_key=False))
+                for j, name in enumerate(self.spec.optimize.disable) if name not in known]
 
     def _loss_layers(self) -> set[str] | None:
         if self.spec.train and self.spec.train.losses:

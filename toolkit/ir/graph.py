@@ -112,6 +112,12 @@ class Graph:
     updates: dict[str, Value] = field(default_factory=dict)
     # names of the loss tops with their weights, for the train phase
     losses: dict[str, float] = field(default_factory=dict)
+    # where the kernels will run: fusions ask the registry whether a fused kernel exists there
+    device: str = "cpu"
+    # passes switched off for this graph (the plan reads 'plan_memory' from here)
+    disabled: frozenset = frozenset()
+    # one line per change a pass made, for `toolkit compile --explain`
+    notes: list = field(default_factory=list)
 
     def symbols(self) -> set[str]:
         out: set[str] = set()

@@ -30,14 +30,21 @@ class KernelContext:
 @dataclass(frozen=True)
 class KernelEntry:
     factory: KernelFactory
-    inplace: bool = False                 # output 0 may share storage with an input of equal shape
+    # True: output 0 may share storage with any input of its shape and dtype; a callable
+    # node -> {output position: input positions} says it per node (fused kernels)
+    inplace: bool | Callable[[Node], dict[int, tuple[int, ...]]] = False
+
+    def inplace_pairs(self, node: Node) -> dict[int, tuple[int, ...]]:
+        if callable(self.inplace):
+            return self.inplace(node)
+        return {0: tuple(range(len(node.inputs)))} if self.inplace else {}
 
 
 @dataclass
 class KernelRegistry:
     entries: dict[tuple[str, str, str], KernelEntry] = field(default_factory=dict)
 
-    def register(self, op: str, device: str, dtype: str = "*", inplace: bool = False):
+    def register(self, op: str, device: str, dtype: str = "*", inplace=False):
         def wrap(factory: KernelFactory) -> KernelFactory:
             key = (op, device, dtype)
             if key in self.entries:

@@ -1,4 +1,8 @@
-"""Reductions and broadcasting: reduce_sum, reduce_mean (+ its gradient), broadcast_to, bessel_correct."""
+"""Reductions and broadcasting: reduce_sum, reduce_mean (+ its gradient), broadcast_to, bessel_correct.
+
+Ops that only need a tensor's shape take it as an attribute (possibly symbolic) rather than as an
+input, so that no tensor is kept alive just to be measured.
+"""
 from __future__ import annotations
 
 import numpy as np
@@ -36,7 +40,7 @@ def _reduce_sum_grad(b: Builder, node, gouts):
 def _reduce_mean_grad(b: Builder, node, gouts):
     x = node.inputs[0]
     g = b.reshape(gouts[0], _kept_shape(node))
-    return [b.op("reduce_mean_grad", g, x, axes=node.attrs["axes"])]
+    return [b.op("reduce_mean_grad", g, shape=tuple(x.shape), axes=node.attrs["axes"])]
 
 
 def _reduce_flops(ins, outs, attrs):
@@ -51,14 +55,28 @@ register(OpDef("reduce_mean", _reduced_type,
                _reduce_mean_grad, _reduce_flops))
 
 
-def _reduce_mean_grad_ref(g, x, axes):
-    count = int(np.prod([x.shape[a] for a in axes])) if axes else 1
-    return np.broadcast_to(g / count, x.shape).copy()
+def reduced_count(shape, axes):
+    """How many elements each output of a reduction over ``axes`` of ``shape`` sums (a Dim)."""
+    count = 1
+    for a in axes:
+        count = count * shape[a % len(shape)]
+    return count
 
 
-register(OpDef("reduce_mean_grad", lambda types, attrs: [TensorType(types[1].shape, types[0].dtype)],
-               _reduce_mean_grad_ref, flops=lambda i, o, a: o[0].numel,
-               doc="g (kept dims) spread evenly over x's reduced axes: g / count"))
+def _reduce_mean_grad_ref(g, shape, axes):
+    return np.broadcast_to(g / reduced_count(shape, axes), shape).copy()
+
+
+def _reduce_mean_grad_infer(types, attrs):
+    shape = tuple(attrs["shape"])
+    if broadcast_shapes(types[0].shape, shape) != shape:
+        raise ShapeError(f"cannot spread {fmt_shape(types[0].shape)} over {fmt_shape(shape)}")
+    return [TensorType(shape, types[0].dtype)]
+
+
+register(OpDef("reduce_mean_grad", _reduce_mean_grad_infer, _reduce_mean_grad_ref, flops=lambda i, o, a: o[0].numel,
+               batch_rows=True,
+               doc="g (kept dims) spread evenly over the reduced axes of `shape`: g / count"))
 
 
 def _broadcast_infer(types, attrs):
@@ -83,11 +101,14 @@ def _bessel_infer(types, attrs):
     return [types[0]]
 
 
-def _bessel_ref(var, x, axes):
-    n = int(np.prod([x.shape[a] for a in axes]))
-    return var * (n / max(n - 1, 1))
+def bessel_factor(count: int) -> float:
+    return count / max(count - 1, 1)
+
+
+def _bessel_ref(var, count):
+    return var * bessel_factor(count)
 
 
 register(OpDef("bessel_correct", _bessel_infer, _bessel_ref, flops=lambda i, o, a: o[0].numel,
-               doc="biased variance over x's axes -> unbiased: var * n / (n - 1)"))
+               doc="a biased variance over `count` values -> unbiased: var * count / (count - 1)"))
 

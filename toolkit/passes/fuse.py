@@ -14,11 +14,12 @@ def _has_kernel(op: str, device: str, dtype: str) -> bool:
         return False
 
 
-def fuse_conv_max_pool(graph: Graph, device: str = "cpu") -> Graph:
+def fuse_conv_max_pool(graph: Graph) -> Graph:
     """conv2d -> max_pool2d becomes conv2d_max_pool2d when the convolution's output is read by
     that pooling alone (so never in a train graph, whose pooling gradient reads it too), is not
     a graph output, and the pooling is unpadded and floor-mode (its windows stay inside)."""
     from ..kernels.registry import load_device
+    device = graph.device
     load_device(device)
     readers = graph.consumers()
     kept_ids = {v.id for v in graph.outputs.values()} | {v.id for v in graph.updates.values()}

@@ -1,23 +1,58 @@
-"""The graph pass pipeline: a visible, named list of passes, each switchable by name.
+"""The graph pass pipeline: one visible, named list of passes, each switchable by name.
 
-``run_pipeline`` runs them in order, verifies the graph after each (``verify=True`` in tests and
-``toolkit compile``), and records what each did for ``toolkit compile --explain``.
+Canonicalising passes (dead code, constant folding, dedup, simplification, CSE) run first, to
+a fixpoint, and again after every transforming pass that changed the graph, so that what a
+transform leaves behind (a BatchNorm's scale now computed from constants, a weight concat,
+duplicate slices) is folded and merged before the next one looks. ``plan_memory`` has no graph
+function: it is the memory planner that runs when a plan is built, switchable like the rest.
+
+``run_pipeline`` verifies the graph after every pass when asked (tests, ``toolkit compile``),
+naming the pass that broke it, and records what each did for ``toolkit compile --explain``.
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, field
+from typing import Callable, Optional
 
 from ..ir.graph import Graph
 from ..ir.verify import VerifyError, verify
+from .constants import dedup_constants, fold_constants
+from .cse import eliminate_common
 from .fuse import fuse_conv_max_pool
 from .prune import eliminate_dead_code
+from .rewrite import fingerprint
+from .simplify import simplify
 
-PIPELINE: list[tuple[str, Callable[[Graph], Graph]]] = [
-    ("eliminate_dead_code", eliminate_dead_code),
-    ("fuse_conv_max_pool", fuse_conv_max_pool),
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    run: Optional[Callable[[Graph], Graph]]
+    contract: str
+    canonical: bool = False           # part of the canonicalising group, repeated to a fixpoint
+
+
+PIPELINE: list[Stage] = [
+    Stage("eliminate_dead_code", eliminate_dead_code,
+          "drop nodes no output or update depends on", canonical=True),
+    Stage("fold_constants", fold_constants,
+          "evaluate pure nodes on constants (and shape-derived factors) at compile time", canonical=True),
+    Stage("dedup_constants", dedup_constants,
+          "merge constants equal in dtype, shape and bytes", canonical=True),
+    Stage("simplify", simplify,
+          "algebraic identities from the rule table (x*1, transpose chains, scalings, ...)", canonical=True),
+    Stage("eliminate_common", eliminate_common,
+          "merge pure nodes with equal op, inputs and attributes", canonical=True),
+    Stage("fuse_conv_max_pool", fuse_conv_max_pool,
+          "conv2d -> max_pool2d as one kernel where the pooling is the convolution's only reader"),
+    Stage("plan_memory", None,
+          "when a plan is built: reuse dead buffers and run kernels in place (off: one buffer per value)"),
 ]
+
+# A fixpoint is normally reached in two or three rounds; the cap only guards against a rule
+# pair that undoes each other.
+MAX_CANONICAL_ROUNDS = 8
 
 
 @dataclass
@@ -26,31 +61,81 @@ class PassRecord:
     nodes_before: int
     nodes_after: int
     ms: float
-    flops_after: object = None     # a Dim: FLOPs of the graph after the pass
+    flops_after: object = None        # a Dim: FLOPs of the graph after the pass
+    notes: list[str] = field(default_factory=list)
+    memory: dict | None = None        # filled by callers that bind shapes (toolkit compile)
 
 
 def pass_names() -> list[str]:
-    return [name for name, _ in PIPELINE]
+    return [stage.name for stage in PIPELINE]
+
+
+# What --no-optimize switches off: every pass but dead-code elimination (which only removes work
+# nothing needs, such as the label input of an infer graph) and the memory planner (buffer reuse
+# changes no value).
+ALWAYS_ON = ("eliminate_dead_code", "plan_memory")
+
+
+def no_optimize() -> tuple[str, ...]:
+    return tuple(name for name in pass_names() if name not in ALWAYS_ON)
+
+
+class UnknownPass(ValueError):
+    """A pass name that the pipeline does not have (the message lists the ones it has)."""
+
+
+def check_pass_names(names) -> None:
+    unknown = [n for n in names if n not in pass_names()]
+    if unknown:
+        raise UnknownPass(f"unknown pass{'es' if len(unknown) > 1 else ''} {', '.join(repr(n) for n in unknown)}; "
+                          f"the passes are: {', '.join(pass_names())}")
 
 
 def run_pipeline(graph: Graph, disable: tuple[str, ...] | list[str] = (), check: bool = False,
-                 records: list[PassRecord] | None = None) -> Graph:
-    unknown = set(disable) - set(pass_names())
-    if unknown:
-        raise ValueError(f"unknown pass(es) {', '.join(sorted(unknown))}; passes: {', '.join(pass_names())}")
-    for name, run in PIPELINE:
-        if name in disable:
-            continue
+                 records: list[PassRecord] | None = None,
+                 observe: Callable[[PassRecord, Graph], None] | None = None) -> Graph:
+    """Run every enabled pass of PIPELINE over ``graph``. ``observe(record, graph)`` is called
+    after each pass run (``toolkit compile`` adds memory figures there)."""
+    check_pass_names(disable)
+    disabled = frozenset(disable)
+    graph.disabled = disabled
+    enabled = [s for s in PIPELINE if s.name not in disabled and s.run is not None]
+    canonical = [s for s in enabled if s.canonical]
+
+    def run(stage: Stage) -> bool:
+        nonlocal graph
         before = len(graph.nodes)
+        print_before = fingerprint(graph)
+        notes_before = len(graph.notes)
         start = time.perf_counter()
-        graph = run(graph)
+        graph = stage.run(graph)
+        ms = (time.perf_counter() - start) * 1e3
         if check:
             try:
                 verify(graph)
             except VerifyError as e:
-                raise VerifyError(f"after pass {name}: {e}") from None
+                raise VerifyError(f"after pass {stage.name}: {e}") from None
+        changed = fingerprint(graph) != print_before
         if records is not None:
             from ..report import graph_flops
-            ms = (time.perf_counter() - start) * 1e3
-            records.append(PassRecord(name, before, len(graph.nodes), ms, graph_flops(graph)))
+            record = PassRecord(stage.name, before, len(graph.nodes), ms, graph_flops(graph),
+                                graph.notes[notes_before:])
+            if observe is not None:
+                observe(record, graph)
+            records.append(record)
+        return changed
+
+    def canonicalize() -> None:
+        for _ in range(MAX_CANONICAL_ROUNDS):
+            changed = False
+            for stage in canonical:
+                changed |= run(stage)
+            if not changed:
+                return
+
+    canonicalize()
+    for stage in enabled:
+        if not stage.canonical and run(stage):
+            canonicalize()
+    graph.disabled = disabled
     return graph

@@ -1,53 +1,72 @@
-"""Memory planning: assigns every value a storage, reusing storages whose values are dead.
+"""Memory planning over the final schedule: every value gets a storage, reusing memory whose
+values are dead, and all storages are placed at offsets of one arena.
 
-Rules, in order: a view op (reshape) shares its input's storage; an in-place-capable kernel
-takes the storage of an input of its own size that dies at this node (a weight's storage only
-when the output is that weight's update); otherwise the smallest free storage that fits, or a
-new one. Storage liveness is the last use of any value living in it.
+Step one decides which values share a storage: a view op (reshape) shares its input's; a kernel
+that may run in place takes the storage of an input of its own size that dies at this step (a
+weight's storage only when the output is that weight's update, after the weight's last read).
+Step two places the storages: each lives from the step that first writes it to the step that
+last reads it, and two storages whose lifetimes meet may not overlap in the arena. Placement is
+greedy by size (largest first, each at the lowest offset that fits between the storages already
+placed and alive at the same time), which stays close to the lower bound: the most bytes live at
+any one step. With planning off (``--disable plan_memory``) every value gets memory of its own.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
 FOREVER = 1 << 60
+ALIGN = 64                     # bytes: every storage starts on a cache line
 
 
 @dataclass(eq=False)
 class Storage:
     nbytes: int
     last: int = -1                 # index of the last step that reads it; FOREVER if kept
-    external: np.ndarray | None = None   # weights and folded constants own their arrays
-    buffer: np.ndarray | None = None
+    external: np.ndarray | None = None   # weights and constants own their arrays
     update_of: int | None = None   # for a weight: the id of the value that replaces it
+    first: int = -1                # index of the step that first writes it (-1: graph inputs)
+    offset: int = 0                # position in the arena
+    arena: np.ndarray | None = None
 
     def view(self, shape, dtype) -> np.ndarray:
         if self.external is not None:
             return self.external.reshape(shape)
         n = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-        return self.buffer[:n].view(dtype).reshape(shape)
+        return self.arena[self.offset: self.offset + n].view(dtype).reshape(shape)
 
 
 @dataclass
 class MemoryPlan:
     storage_of: dict[int, Storage] = field(default_factory=dict)
-    arena: list[Storage] = field(default_factory=list)
+    storages: list[Storage] = field(default_factory=list)     # the planned (non-external) ones
+    peak_bytes: int = 0            # the arena's size
+    naive_bytes: int = 0           # one buffer per value (views excluded: they never own memory)
+    lower_bound_bytes: int = 0     # the most bytes of values live at any one step
 
-    @property
-    def peak_bytes(self) -> int:
-        return sum(s.nbytes for s in self.arena)
+    def summary(self) -> dict[str, int]:
+        return {"peak_bytes": self.peak_bytes, "naive_bytes": self.naive_bytes,
+                "lower_bound_bytes": self.lower_bound_bytes}
 
 
 def nbytes_of(shape, dtype) -> int:
     return max(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize, 1)
 
 
+def _aligned(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
 def plan_memory(steps, shapes, dtypes, fixed: dict[int, Storage], kept: set[int],
-                inplace_ok, alias_ok) -> MemoryPlan:
-    """steps: nodes in run order; shapes/dtypes: concrete per value id; fixed: storages of
-    graph inputs, weights and constants; kept: value ids that must survive the whole run;
-    inplace_ok(node) / alias_ok(node): what the node's kernel allows."""
+                inplace_pairs: Callable, alias_ok: Callable, reuse: bool = True,
+                allocate: bool = True) -> MemoryPlan:
+    """steps: nodes in run order; shapes/dtypes: concrete per value id; fixed: storages of graph
+    inputs, weights and constants; kept: value ids that must survive the whole run;
+    inplace_pairs(node) -> {output position: input positions it may overwrite};
+    alias_ok(node): output 0 is a view of input 0. ``reuse=False`` gives every value its own
+    memory; ``allocate=False`` only computes the figures."""
     last_use: dict[int, int] = {}
     for idx, node in enumerate(steps):
         for v in node.inputs:
@@ -67,49 +86,91 @@ def plan_memory(steps, shapes, dtypes, fixed: dict[int, Storage], kept: set[int]
         last_read[r] = max(last_read.get(r, -1), idx)
 
     plan = MemoryPlan(dict(fixed))
+    live_values: list[tuple[int, int, int]] = []     # (first, last, nbytes) of every owning value
     for vid, st in fixed.items():
         if st.external is None:
+            st.first = -1
             st.last = max(st.last, last_use.get(vid, -1))
-            plan.arena.append(st)
-    free: list[Storage] = []
-
-    def take(nbytes: int) -> Storage:
-        fits = [s for s in free if s.nbytes >= nbytes]
-        if fits:
-            best = min(fits, key=lambda s: s.nbytes)
-            free.remove(best)
-            return best
-        st = Storage(nbytes)
-        plan.arena.append(st)
-        return st
+            plan.storages.append(st)
+            live_values.append((-1, st.last, st.nbytes))
 
     for idx, node in enumerate(steps):
+        pairs = inplace_pairs(node) if reuse else {}
+        taken: set[int] = set()
         for pos, v in enumerate(node.outputs):
             need = nbytes_of(shapes[v.id], dtypes[v.id])
+            last = last_use.get(v.id, idx)
             st = None
             if pos == 0 and alias_ok(node):
                 st = plan.storage_of[node.inputs[0].id]
-            elif pos == 0 and inplace_ok(node):
-                for inp in node.inputs:
+            else:
+                live_values.append((idx, last, need))
+                for i in pairs.get(pos, ()):
+                    inp = node.inputs[i]
                     cand = plan.storage_of[inp.id]
+                    if id(cand) in taken:
+                        continue
                     same = shapes[inp.id] == shapes[v.id] and dtypes[inp.id] == dtypes[v.id]
-                    dies_here = cand.last == idx
                     if cand.external is not None:
                         writable = cand.update_of == v.id and last_read.get(root.get(inp.id, inp.id)) == idx
                     else:
-                        writable = dies_here
+                        writable = cand.last == idx
                     if same and writable:
                         st = cand
                         break
             if st is None:
-                st = take(need)
+                st = Storage(need, first=idx)
+                plan.storages.append(st)
+            taken.add(id(st))
             plan.storage_of[v.id] = st
             if st.external is None:
-                st.last = max(st.last, last_use.get(v.id, idx))
-        for st in {id(plan.storage_of[v.id]): plan.storage_of[v.id] for v in list(node.inputs) + node.outputs}.values():
-            if st.external is None and st.last <= idx and st not in free:
-                free.append(st)
+                st.last = max(st.last, last)
 
-    for st in plan.arena:
-        st.buffer = np.empty(st.nbytes, dtype=np.uint8)
+    plan.naive_bytes = sum(n for _first, _last, n in live_values)
+    plan.lower_bound_bytes = _most_live(live_values, len(steps))
+    if reuse:
+        plan.peak_bytes = _place(plan.storages)
+    else:
+        offset = 0
+        for st in plan.storages:
+            st.offset = offset
+            offset += _aligned(st.nbytes)
+        plan.peak_bytes = offset
+    if allocate:
+        arena = np.empty(max(plan.peak_bytes, 1), dtype=np.uint8)
+        for st in plan.storages:
+            st.arena = arena
     return plan
+
+
+def _most_live(values: list[tuple[int, int, int]], n_steps: int) -> int:
+    """The most bytes of values alive at one step (a value is alive from its writing step to its
+    last read, both included; graph inputs from before the first step)."""
+    delta = np.zeros(n_steps + 2, dtype=np.int64)
+    for first, last, n in values:
+        start = first + 1                       # shift by one: graph inputs start at -1
+        stop = min(last, n_steps) + 1 + 1
+        delta[start] += n
+        delta[min(stop, n_steps + 1)] -= n
+    return int(np.cumsum(delta).max(initial=0))
+
+
+def _place(storages: list[Storage]) -> int:
+    """Offsets for storages, greedy by size: the largest first, each at the lowest offset where it
+    overlaps no storage already placed whose lifetime meets its own. Returns the arena size."""
+    order = sorted(storages, key=lambda s: (-s.nbytes, s.first))
+    placed: list[Storage] = []
+    peak = 0
+    for st in order:
+        size = _aligned(st.nbytes)
+        busy = sorted((p.offset, p.offset + _aligned(p.nbytes)) for p in placed
+                      if p.first <= st.last and st.first <= p.last)
+        offset = 0
+        for lo, hi in busy:
+            if lo - offset >= size:
+                break
+            offset = max(offset, hi)
+        st.offset = offset
+        placed.append(st)
+        peak = max(peak, offset + size)
+    return peak

@@ -67,6 +67,11 @@ class Plan:
         steps: list[Node] = []
         self.entries = {}
         for node in graph.nodes:
+            if node.op == "constant":             # shared with the graph (read-only), never copied
+                arr = node.attrs["value"]
+                fixed[node.outputs[0].id] = Storage(arr.nbytes, FOREVER, external=arr)
+                constant_ids.add(node.outputs[0].id)
+                continue
             entry = KERNELS.lookup(node.op, device, kernel_dtype(node))
             self.entries[id(node)] = entry
             if get_op(node.op).pure and all(v.id in constant_ids for v in node.inputs):
@@ -83,8 +88,9 @@ class Plan:
         kept = {graph.outputs[n].id for n in out_names} | {v.id for v in graph.updates.values()}
         memory = plan_memory(
             steps, shapes, dtypes, fixed, kept,
-            inplace_ok=lambda n: self.entries[id(n)].inplace,
-            alias_ok=lambda n: get_op(n.op).alias)
+            inplace_pairs=lambda n: self.entries[id(n)].inplace_pairs(n),
+            alias_ok=lambda n: get_op(n.op).alias,
+            reuse="plan_memory" not in graph.disabled)
         self.memory = memory
 
         def view(v):

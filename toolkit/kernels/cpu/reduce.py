@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...ops.reduce import bessel_factor, reduced_count
 from ..registry import register_kernel
 
 
@@ -24,13 +25,9 @@ def reduce_mean_cpu(ctx):
     return run
 
 
-def _count(shape, axes):
-    return int(np.prod([shape[a] for a in axes])) if axes else 1
-
-
 @register_kernel("reduce_mean_grad", "cpu")
 def reduce_mean_grad_cpu(ctx):
-    inv = 1.0 / _count(ctx.in_shapes[1], [a % len(ctx.in_shapes[1]) for a in ctx.attrs["axes"]])
+    inv = 1.0 / reduced_count(ctx.out_shapes[0], ctx.attrs["axes"])
 
     def run(ins, outs):
         np.multiply(ins[0], inv, out=outs[0])
@@ -46,8 +43,7 @@ def broadcast_to_cpu(ctx):
 
 @register_kernel("bessel_correct", "cpu", inplace=True)
 def bessel_correct_cpu(ctx):
-    n = _count(ctx.in_shapes[1], ctx.attrs["axes"])
-    factor = n / max(n - 1, 1)
+    factor = bessel_factor(ctx.attrs["count"])
 
     def run(ins, outs):
         np.multiply(ins[0], factor, out=outs[0])
