@@ -38,6 +38,14 @@ def _buckets(text: str) -> tuple[int, ...]:
     return sizes
 
 
+def _optimize_flags(p: argparse.ArgumentParser) -> None:
+    """--no-optimize and --disable PASS: on every command that builds a plan."""
+    p.add_argument("--no-optimize", action="store_true",
+                   help="skip every optional graph pass (dead-code removal and buffer reuse stay)")
+    p.add_argument("--disable", action="append", default=[], metavar="PASS",
+                   help="switch off one graph pass by name (repeatable; `toolkit compile --explain` lists them)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="toolkit", description="Caffe-style YAML nets, compiled and run.")
     parser.add_argument("--version", action="version", version=f"toolkit {__version__}")
@@ -62,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=["float32", "float64"], default=None)
     p.add_argument("--buckets", type=_buckets, default=None, help="batch bucket sizes, e.g. 1,2,4,8")
     p.add_argument("--allow-missing", action="store_true", help="start absent weights from their fillers")
+    _optimize_flags(p)
 
     p = sub.add_parser("bench", help="time inference or train steps")
     p.add_argument("net")
@@ -75,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="value of another symbolic dimension, e.g. T=32")
     p.add_argument("--lr", type=float, default=None,
                    help="rate for --train (default: the net's base_lr; plain SGD at 0.01 without a train section)")
-    p.add_argument("--no-optimize", action="store_true", help="skip the optional graph passes (fusion)")
+    _optimize_flags(p)
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("train", help="train a net (its train section: data, solver, schedule)")
@@ -86,12 +95,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--weights", help="start from these weights")
     p.add_argument("--resume", metavar="DIR", help="continue exactly from a run folder or checkpoint")
     p.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
+    _optimize_flags(p)
 
     p = sub.add_parser("test", help="run the test phase over the net's test data and print the metrics")
     p.add_argument("net")
     p.add_argument("--weights", required=True)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides")
     p.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
+    _optimize_flags(p)
 
     p = sub.add_parser("data", help="export the net's training data (train or test split) as .npz")
     p.add_argument("net")
@@ -99,12 +110,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help=".npz keyed by input name (transforms applied)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides")
 
-    p = sub.add_parser("compile", help="build a phase's graph and report what each stage did")
+    p = sub.add_parser("compile", help="run a phase's graph through the passes and report what each did")
     p.add_argument("net")
     p.add_argument("--phase", choices=["train", "test", "infer"], default="infer")
-    p.add_argument("--explain", action="store_true", help="print per-stage nodes, FLOPs, peak memory")
+    p.add_argument("--explain", action="store_true",
+                   help="print per-pass nodes, FLOPs, peak memory and changes (the default output)")
+    p.add_argument("--json", action="store_true", help="print one JSON object (SPEC section 4)")
     p.add_argument("--dump", action="store_true", help="print the final graph as text")
     p.add_argument("--batch", type=_positive_int, default=1, help="batch size for the memory plan")
+    p.add_argument("--weights", help="weights to freeze into infer and test graphs (default: the fillers')")
+    _optimize_flags(p)
+
+    p = sub.add_parser("graph", help="draw a phase's graph, before or after the passes, as .svg or .dot")
+    p.add_argument("net")
+    p.add_argument("--phase", choices=["train", "test", "infer"], default="infer",
+                   help="train adds the generated backward pass and the solver's updates")
+    p.add_argument("--optimized", action="store_true", help="draw the graph after the optimiser passes")
+    p.add_argument("-o", "--output", required=True, metavar="FILE.svg|FILE.dot",
+                   help=".dot (Graphviz's text) or .svg (needs Graphviz's dot program)")
+    p.add_argument("--weights", help="with --optimized: weights frozen into infer and test graphs "
+                                     "(default: the fillers')")
+    _optimize_flags(p)
     return parser
 
 
@@ -118,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
         for problem in e.problems:
             print(problem, file=sys.stderr)
         return 2
+    except BrokenPipeError:   # the reader went away (`toolkit compile --json | head`): not an error
+        return 0
     except OSError as e:    # the machine, not the toolkit: a full disk, a read-only folder
         where = f"{e.filename}: " if e.filename else ""
         print(f"error: {where}{e.strerror or e}", file=sys.stderr)
@@ -125,8 +153,6 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:
-        return 0
 
 
 if __name__ == "__main__":

@@ -103,7 +103,7 @@ def save_weights(path: str, arrays: Mapping[str, np.ndarray], metadata: dict[str
     """Write atomically (see fileio.atomic_write): .npz, or .safetensors with optional metadata."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    contiguous = {k: np.ascontiguousarray(v) for k, v in arrays.items()}
+    contiguous = {k: np.asarray(v, order="C") for k, v in arrays.items()}   # keeps 0-d arrays 0-d
 
     def write(tmp: str) -> None:
         if target.suffix == ".npz":

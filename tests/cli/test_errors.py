@@ -125,6 +125,43 @@ inputs:
 layers:
   - {name: cat, type: Concat, bottom: [a, b], top: cat}
 """, [Expect("{name: cat", ("cat", "Concat", "[N, 3, 8, 8]", "[N, 3, 4, 4]"))]),
+    Case("scale_axis_out_of_range", HEAD + """\
+  - {name: sc, type: Scale, bottom: data, top: sc, axis: 4}
+""", [Expect("axis: 4", ("layer 'sc' (Scale)", "axis 4 is out of range", "[N, 3, 8, 8]"))]),
+    Case("scale_num_axes_past_the_input", HEAD + """\
+  - {name: sc, type: Scale, bottom: data, top: sc, axis: -2, num_axes: 3}
+""", [Expect("num_axes: 3", ("layer 'sc' (Scale)", "num_axes 3 from axis -2 runs past the input [N, 3, 8, 8]"))]),
+    Case("scale_num_axes_below_minus_one", HEAD + """\
+  - {name: sc, type: Scale, bottom: data, top: sc, num_axes: -2}
+""", [Expect("num_axes: -2", ("layer 'sc' (Scale)", "num_axes -2 must be -1", "or at least 0"))]),
+    Case("scale_learned_over_the_batch_axis", HEAD + """\
+  - {name: sc, type: Scale, bottom: data, top: sc, axis: 0}
+""", [Expect("axis: 0", ("layer 'sc' (Scale)", "fixed number", "symbolic dimension N"))]),
+    Case("scale_two_bottoms_shapes_differ", """
+name: sc
+inputs:
+  data: {shape: [N, 3, 8, 8]}
+  s: {shape: [8]}
+layers:
+  - {name: sc, type: Scale, bottom: [data, s], top: sc}
+""", [Expect("bottom: [data, s]", ("layer 'sc' (Scale)", "the scale bottom [8]", "input [N, 3, 8, 8]",
+                                  "from axis 1, which are [3]"))]),
+    Case("scale_two_bottoms_past_the_input", """
+name: sc
+inputs:
+  data: {shape: [N, 3, 8, 8]}
+  s: {shape: [8, 8, 2]}
+layers:
+  - {name: sc, type: Scale, bottom: [data, s], top: sc, axis: 2}
+""", [Expect("bottom: [data, s]", ("layer 'sc' (Scale)", "[8, 8, 2] has 3 axes", "only 2 from axis 2"))]),
+    Case("scale_bias_over_a_symbolic_scale_bottom", """
+name: sc
+inputs:
+  data: {shape: [N, 3, 8, 8]}
+  s: {shape: [N, 3]}
+layers:
+  - {name: sc, type: Scale, bottom: [data, s], top: sc, axis: 0, bias_term: true}
+""", [Expect("bias_term: true", ("layer 'sc' (Scale)", "dimension 0 of the bias", "[N, 3]", "fixed number"))]),
     Case("yaml_syntax_unclosed_list", TINY.replace("bottom: pool1,", "bottom: [pool1,"),
          [Expect("}\n  - {name: prob", ("YAML syntax", "']'"))]),     # at the '}' closing the ip1 line
     Case("yaml_syntax_tab", TINY.replace("  data: {", "\tdata: {"),

@@ -28,6 +28,7 @@ from toolkit.autodiff import differentiate
 from toolkit.ir.graph import Graph, TensorType, Value
 from toolkit.kernels import KERNELS, KernelContext, load_device
 from toolkit.ops import OPS, Builder
+from toolkit.ops.fused import make_step
 from toolkit.runtime.interpreter import interpret
 from toolkit.runtime.plan import Plan, RuntimeState
 
@@ -436,6 +437,56 @@ for fid, xs, ws, stride, pad, dil, group, pk, ps, with_bias in FUSED_CONV_POOL:
          _conv_pool, attrs=fattrs)
 
 
+# fused_elementwise / fused_epilogue (the fusion passes' ops): programs over inputs ("x", i),
+# earlier steps ("t", j) and an epilogue's head ("h",); broadcast operands; fan-out inside the
+# program; ops that cannot run in place; and one group large enough to run block by block.
+def _step(op, *args, **attrs):
+    return make_step(op, args, attrs)
+
+
+X0, X1, X2, X3, T0, T1, T2, H = ("x", 0), ("x", 1), ("x", 2), ("x", 3), ("t", 0), ("t", 1), ("t", 2), ("h",)
+FUSED_ELEMENTWISE = [
+    # id, input shapes, program, outputs, independent reference
+    ("bias-relu", [(3, 4), (4,), ()], (_step("mul", X0, X1), _step("add", T0, X2), _step("relu", T1)), (2,),
+     lambda a, b, c: np.maximum(a * b + c, 0)),
+    ("swish-leaky", [(2, 3, 5)], (_step("sigmoid", X0), _step("mul", X0, T0), _step("leaky_relu", T1, alpha=0.1)), (2,),
+     lambda a: (lambda y: np.where(y > 0, y, 0.1 * y))(a / (1 + np.exp(-a)))),
+    ("channel-scale", [(2, 3, 4, 4), (1, 3, 1, 1), (1, 3, 1, 1)],
+     (_step("sub", X0, X1), _step("mul", T0, X2), _step("tanh", T1)), (2,),
+     lambda a, m, s: np.tanh((a - m) * s)),
+    # 1100 x 1024 values: 4.5 MB in float32, so the kernel cuts it into blocks (rows and columns
+    # broadcast from both sides)
+    ("blocked", [(1100, 1024), (1024,), (1100, 1)],
+     (_step("mul", X0, X1), _step("add", T0, X2), _step("elu", T1, alpha=1.0)), (2,),
+     lambda a, b, c: (lambda y: np.where(y > 0, y, np.expm1(np.minimum(y, 0))))(a * b + c)),
+]
+for fid, shapes, program, outs, ref in FUSED_ELEMENTWISE:
+    case("fused_elementwise", fid, lambda r, shapes=shapes: [uni(r, sh) for sh in shapes], ref,
+         attrs=dict(program=program, outputs=outs), grad=False)
+
+FUSED_EPILOGUE = [
+    ("gemm-bias-relu", [(5, 4), (3, 4), (3,)], "matmul", dict(trans_a=False, trans_b=True), 2,
+     (_step("add", H, X2), _step("relu", T0)), lambda a, w, b: np.maximum(a @ w.T + b, 0)),
+    ("conv-residual-relu", [(2, 3, 6, 6), (4, 3, 3, 3), (4,), (2, 4, 6, 6)], "conv2d",
+     dict(stride=(1, 1), pad=(1, 1), dilation=(1, 1), group=1), 3,
+     (_step("add", H, X3), _step("relu", T0)),
+     lambda x, w, b, res: np.maximum(tn(F.conv2d(tt(x), tt(w), tt(b), padding=1)) + res, 0)),
+    ("dgrad-relu-grad", [(2, 4, 5, 5), (4, 3, 3, 3), (2, 3, 7, 7)], "conv2d_grad_input",
+     dict(stride=(1, 1), pad=(0, 0), dilation=(1, 1), group=1, input_hw=(7, 7)), 2,
+     (_step("relu_grad", H, X2),),
+     lambda g, w, y: vjp(lambda t: F.conv2d(t, tt(w)), [np.zeros((2, 3, 7, 7))], g) * (y > 0)),
+    ("conv-pool-gelu", [(1, 2, 8, 8), (3, 2, 3, 3)], "conv2d_max_pool2d",
+     dict(stride=(1, 1), pad=(1, 1), dilation=(1, 1), group=1, pool_kernel=(2, 2), pool_stride=(2, 2),
+          pool_pad=(0, 0), pool_ceil_mode=False), 2,
+     (_step("gelu", H, approximate="tanh"),),
+     lambda x, w: tn(F.gelu(F.max_pool2d(F.conv2d(tt(x), tt(w), padding=1), 2, 2), approximate="tanh"))),
+]
+for fid, shapes, head, head_attrs, k, program, ref in FUSED_EPILOGUE:
+    case("fused_epilogue", fid, lambda r, shapes=shapes: [uni(r, sh) for sh in shapes], ref,
+         attrs=dict(head=head, head_attrs=tuple(sorted(head_attrs.items())), head_inputs=k, program=program,
+                    outputs=(len(program) - 1,)), grad=False)
+
+
 # pooling (+ grads): odd sizes, stride/pad variants, ceil_mode, count_include_pad
 POOL = [
     # id, x shape, kernel, stride, pad, ceil_mode
@@ -662,6 +713,8 @@ NO_GRAD_RULE = {
     "bessel_correct": "only feeds the running-variance state update, which is never differentiated",
     "conv2d_max_pool2d": "made by an inference-only fusion: in a train graph the pooling gradient also "
                          "reads the convolution's output, so the fusion never fires there",
+    "fused_elementwise": "made by a fusion pass after autodiff: the backward pass is already ops",
+    "fused_epilogue": "made by a fusion pass after autodiff: the backward pass is already ops",
 }
 CONSTANT_OPS = {"scalar", "constant"}
 # gradient helpers: named *_grad or *_grad_<what> (conv2d_grad_input, conv2d_grad_weight)
@@ -736,11 +789,13 @@ def inplace_cases():
     for c in DETERMINISTIC:
         if c.op in CONSTANT_OPS:
             continue
-        if not KERNELS.lookup(c.op, "cpu", "float64").inplace:
+        entry = KERNELS.lookup(c.op, "cpu", "float64")
+        if not entry.inplace:
             continue
         arrays = c.inputs("float64")
         _, _, y = one_node_graph(c, arrays, c.attrs_for("float64"))
-        if any(a.shape == tuple(y.shape) and str(a.dtype) == y.dtype for a in arrays):
+        allowed = entry.inplace_pairs(y.producer).get(0, ())
+        if any(a.shape == tuple(y.shape) and str(a.dtype) == y.dtype and i in allowed for i, a in enumerate(arrays)):
             out.append(c)             # some input can be the output's storage
     return out
 
@@ -771,7 +826,7 @@ def test_inplace_kernel_matches_out_of_place(case: Case, dtype):
     entry.factory(ctx())([a.copy() for a in arrays], [fresh])
     aliased = 0
     for i, a in enumerate(arrays):
-        if a.shape != out_shape or str(a.dtype) != y.dtype:
+        if a.shape != out_shape or str(a.dtype) != y.dtype or i not in entry.inplace_pairs(node).get(0, ()):
             continue
         aliased += 1
         ins = [b.copy() for b in arrays]

@@ -6,11 +6,10 @@ import time
 
 import numpy as np
 
-from ..compile import forward_graph, solver_config, train_step_graph
+from ..compile import disabled_passes, forward_graph, solver_config, train_step_graph
 from ..errors import UserError
 from ..frontend import Net
 from ..ir.graph import FLOAT_DTYPES
-from ..passes.pipeline import pass_names
 from ..runtime.plan import Plan
 from ..runtime.session import batch_bindings
 from ..train.solvers import host_values
@@ -53,14 +52,14 @@ def time_plan(plan: Plan, inputs, iters: int, warmup: int) -> list[float]:
 def run_bench(args) -> int:
     check_device(args.device)
     net = Net.load(args.net)
-    disable = tuple(pass_names()[1:]) if args.no_optimize else ()   # dead-code removal always runs
+    disable = disabled_passes(net, args.disable, args.no_optimize)
     solver = solver_config(net)
+    weights = net.init_weights(seed=0, dtype=args.dtype)
     if args.train:
         graph = train_step_graph(net, solver, args.dtype, disable)
-    else:
-        graph = forward_graph(net, "infer", args.dtype, disable=disable)
+    else:    # as `toolkit infer` runs it: the weights frozen into the graph
+        graph = forward_graph(net, "infer", args.dtype, disable=disable, weights=weights)
     bindings = batch_bindings(graph, args.batch, parse_dims(args.dim))
-    weights = net.init_weights(seed=0, dtype=args.dtype)
     for name, w in graph.weights.items():          # solver slots start at zero
         weights.setdefault(name, np.zeros(w.value.type.concrete({}), w.value.dtype))
     plan = Plan(graph, bindings, {k: weights[k] for k in graph.weights}, args.device)
@@ -74,7 +73,7 @@ def run_bench(args) -> int:
         "net": net.name, "mode": "train" if args.train else "infer", "batch": args.batch,
         "device": args.device, "dtype": args.dtype or "float32", "iters": args.iters,
         "solver": solver.type if args.train else None,
-        "optimized": not args.no_optimize, "median_ms": round(median, 4), "p10_ms": round(float(np.percentile(times, 10)), 4),
+        "optimized": not args.no_optimize, "disabled": list(disable), "median_ms": round(median, 4), "p10_ms": round(float(np.percentile(times, 10)), 4),
         "p90_ms": round(float(np.percentile(times, 90)), 4),
         "items_per_s": round(args.batch / (median / 1e3), 1),
         "kernel_calls": len(plan.calls), "peak_bytes": plan.peak_bytes,

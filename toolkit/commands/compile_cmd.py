@@ -1,56 +1,124 @@
-"""``toolkit compile``: builds a phase's graph stage by stage and says what each stage did."""
+"""``toolkit compile``: runs a phase's graph through the pass pipeline and says what each pass did
+(nodes, FLOPs, peak memory, before and after); ``--json`` prints SPEC section 4's object."""
 from __future__ import annotations
 
+import json
 import time
+from collections import Counter
 
-import numpy as np
-
-from ..compile import add_gradients, solver_config
+from ..compile import disabled_passes, optimize, train_graph
 from ..frontend import Net
-from ..passes.pipeline import PassRecord, run_pipeline
+from ..ir.dims import Dim, evaluate
+from ..passes.pipeline import PIPELINE, PassRecord
 from ..report import format_count, graph_flops
-from ..runtime.plan import Plan
+from ..runtime.plan import Plan, memory_figures
 from ..runtime.session import batch_symbol
-from ..train.solvers import add_solver
+
+
+def _figure(d: Dim, bindings) -> int:
+    return int(evaluate(d, bindings))
+
+
+def fused_members(graph) -> dict[str, dict[str, int]]:
+    """What the fused ops of a graph contain, by primitive: GEMMs inside epilogues count here."""
+    out: dict[str, Counter] = {}
+    for node in graph.nodes:
+        if node.op in ("fused_elementwise", "fused_epilogue"):
+            members = out.setdefault(node.op, Counter())
+            if node.op == "fused_epilogue":
+                members[node.attrs["head"]] += 1
+            for step in node.attrs["program"]:
+                members[step[0]] += 1
+        elif node.op == "conv2d_max_pool2d":
+            members = out.setdefault(node.op, Counter())
+            members.update(["conv2d", "max_pool2d"])
+    return {k: dict(sorted(v.items())) for k, v in out.items()}
 
 
 def run_compile(args) -> int:
     net = Net.load(args.net)
-    stages: list[tuple[str, int, str, float]] = []
-
-    def record(name, graph, start):
-        stages.append((name, len(graph.nodes), format_count(graph_flops(graph)), (time.perf_counter() - start) * 1e3))
-
+    disable = disabled_passes(net, args.disable, args.no_optimize)
     start = time.perf_counter()
-    raw = net.lower(args.phase).graph
-    record("lower", raw, start)
-    start = time.perf_counter()
-    graph = net.graph(args.phase)
-    record("outputs chosen, unused inputs dropped", graph, start)
-    if args.phase == "train":
-        start = time.perf_counter()
-        cfg = solver_config(net)
-        add_solver(graph, add_gradients(graph), cfg)
-        record(f"autodiff + {cfg.type} updates", graph, start)
-    records: list[PassRecord] = []
-    graph = run_pipeline(graph, check=True, records=records)
-    for r in records:
-        stages.append((f"pass {r.name}", r.nodes_after, format_count(r.flops_after), r.ms))
-    symbol = batch_symbol(graph) or next(iter(graph.symbols()), None)
+    graph = train_graph(net) if args.phase == "train" else net.graph(args.phase)
+    build_ms = (time.perf_counter() - start) * 1e3
     bindings = {s: args.batch for s in graph.symbols()}
-    weights = net.init_weights()
-    for name, w in graph.weights.items():
-        weights.setdefault(name, np.zeros(w.value.type.concrete({}), w.value.dtype))   # solver slots
+    symbol = batch_symbol(graph)
+    weights = None
+    if args.phase != "train":     # as infer and test run it: the weights frozen into the graph
+        weights = net.load_weights(args.weights) if args.weights else net.init_weights()
+    lowered = {"nodes": len(graph.nodes), "flops": _figure(graph_flops(graph), bindings),
+               "flops_symbolic": format_count(graph_flops(graph)), "ms": round(build_ms, 3),
+               "memory": memory_figures(graph, bindings)}
+
+    def observe(record: PassRecord, g) -> None:
+        record.memory = memory_figures(g, bindings)
+
+    records: list[PassRecord] = []
+    graph = optimize(graph, disable, weights, check=True, records=records, observe=observe)
+    slots = {name: w for name, w in graph.weights.items()}
+    arrays = dict(weights or {})
+    if args.phase == "train":
+        arrays = net.init_weights()
+    import numpy as np
+    for name, w in slots.items():               # solver slots start at zero
+        arrays.setdefault(name, np.zeros(w.value.type.concrete({}), w.value.dtype))
     start = time.perf_counter()
-    plan = Plan(graph, bindings, {k: weights[k] for k in graph.weights})
+    plan = Plan(graph, bindings, {k: arrays[k] for k in graph.weights})
     plan_ms = (time.perf_counter() - start) * 1e3
-    if args.explain or not args.dump:
-        print(f"{'stage':40s} {'nodes':>6s} {'FLOPs':>18s} {'ms':>8s}")
-        for name, nodes, flops, ms in stages:
-            print(f"{name:40s} {nodes:6d} {flops:>18s} {ms:8.2f}")
-        print(f"{'plan (constants folded, kernels bound)':40s} {len(plan.calls):6d} {'':>18s} {plan_ms:8.2f}")
-        size = f"{symbol}={args.batch}" if symbol else "fixed shapes"
-        print(f"memory plan at {size}: {plan.peak_bytes / 2**20:.2f} MiB in {len(plan.memory.storages)} buffers")
+    final_flops = graph_flops(graph)
+    report = {
+        "phase": args.phase,
+        "passes": [{"name": r.name, "nodes_before": r.nodes_before, "nodes_after": r.nodes_after,
+                    "ms": round(r.ms, 3), "changes": r.notes, "peak_bytes": r.memory["peak_bytes"]}
+                   for r in records],
+        "ops": dict(sorted(Counter(n.op for n in graph.nodes).items())),
+        "fused": fused_members(graph),
+        "flops": _figure(final_flops, bindings),
+        "flops_symbolic": format_count(final_flops),
+        "memory": {"batch": args.batch if symbol else None, **plan.memory.summary()},
+        "kernel_calls": len(plan.calls),
+        "lowered": lowered,
+        "disabled": list(disable),
+        "weights": "frozen" if weights is not None else "trained (updated every step)",
+        "plan_ms": round(plan_ms, 3),
+    }
+    if args.json:
+        print(json.dumps(report))
+        return 0
     if args.dump:
         print(graph.dump())
+        return 0
+    _print_explain(report, args, symbol, disable)
     return 0
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.3f}"
+
+
+def _print_explain(report: dict, args, symbol: str | None, disable) -> None:
+    size = f"{symbol}={args.batch}" if symbol else "fixed shapes"
+    low = report["lowered"]
+    print(f"{report['phase']} graph of {args.net}; memory at {size}; FLOPs per call")
+    print(f"{'stage':24s} {'nodes':>12s} {'FLOPs':>14s} {'peak MiB':>9s} {'ms':>8s}")
+    print(f"{'lowered':24s} {low['nodes']:>12d} {low['flops_symbolic']:>14s} {_mib(low['memory']['peak_bytes']):>9s} "
+          f"{low['ms']:8.2f}")
+    contracts = {s.name: s.contract for s in PIPELINE}
+    for p in report["passes"]:
+        if p["nodes_before"] == p["nodes_after"] and not p["changes"]:
+            continue                              # a canonicalising run that found nothing
+        nodes = f"{p['nodes_before']} -> {p['nodes_after']}"
+        print(f"{p['name']:24s} {nodes:>12s} {'':>14s} {_mib(p['peak_bytes']):>9s} {p['ms']:8.2f}")
+        for change in p["changes"]:
+            print(f"    {change}")
+    print(f"{'plan':24s} {report['kernel_calls']:>12d} {report['flops_symbolic']:>14s} "
+          f"{_mib(report['memory']['peak_bytes']):>9s} {report['plan_ms']:8.2f}   (kernel calls)")
+    mem = report["memory"]
+    print(f"memory at {size}: planned {_mib(mem['peak_bytes'])} MiB, naive {_mib(mem['naive_bytes'])} MiB "
+          f"(one buffer per value), lower bound {_mib(mem['lower_bound_bytes'])} MiB (most bytes live at one step)")
+    print("ops: " + ", ".join(f"{k} {v}" for k, v in report["ops"].items()))
+    for op, members in report["fused"].items():
+        print(f"  inside {op}: " + ", ".join(f"{k} {v}" for k, v in members.items()))
+    print("passes (switch one off with --disable NAME):")
+    for name, contract in contracts.items():
+        print(f"  {name:22s} {'(disabled) ' if name in disable else ''}{contract}")

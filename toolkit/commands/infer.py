@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..compile import forward_graph
+from ..compile import disabled_passes, optimize
 from ..frontend import Net
 from ..runtime.session import DEFAULT_BUCKETS, InferSession
 from .io import check_output_path, read_inputs, write_outputs
@@ -13,12 +13,14 @@ from .devices import check_device
 def run_infer(args) -> int:
     check_device(args.device)
     net = Net.load(args.net)
-    graph = forward_graph(net, "infer", args.dtype)
+    disable = disabled_passes(net, args.disable, args.no_optimize)
+    graph = net.graph("infer", args.dtype)
     if args.output:   # before loading weights and running: a bad name wastes no work
         check_output_path(args.output, list(graph.outputs))
     weights = net.load_weights(args.weights, allow_missing=args.allow_missing, dtype=args.dtype)
     shapes = {name: tuple(v.shape) for name, v in graph.inputs.items()}
     arrays = read_inputs(args.input, list(graph.inputs), list(net.spec.inputs), shapes)
+    graph = optimize(graph, disable, weights, args.device)     # the weights frozen into the graph
     session = InferSession(graph, weights, args.device, args.buckets or DEFAULT_BUCKETS)
     outputs = session.run(arrays)
     if args.output:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import yaml
 
+from ..compile import disabled_passes
 from ..errors import UserError
 from ..frontend import Net
 from .devices import check_device
@@ -36,7 +37,8 @@ def run_train(args) -> int:
         resume = Path(args.resume)
         out = resume.parent.parent if resume.is_file() else (resume.parent if resume.name == "checkpoints" else resume)
     out = out or Path("runs") / net.name
-    trainer = Trainer(net, out, weights=args.weights, resume=args.resume, device=args.device)
+    trainer = Trainer(net, out, weights=args.weights, resume=args.resume, device=args.device,
+                      disable=disabled_passes(net, args.disable, args.no_optimize))
     status = trainer.run()
     if status == 0:
         metrics = ", ".join(f"{k} {v:.4f}" for k, v in trainer.final_metrics.items())
@@ -55,10 +57,10 @@ def run_test(args) -> int:
     _train, test_set = load_data(net, spec)
     if test_set is None:
         raise UserError("the net's data has no test split: set train.data.test_fraction or test_source")
-    graph = test_graph(net)
+    weights = net.load_weights(args.weights)
+    graph = test_graph(net, disabled_passes(net, args.disable, args.no_optimize), weights)
     if graph is None:
         raise UserError("the test phase has no scalar output (add an Accuracy or loss layer in phase test)")
-    weights = net.load_weights(args.weights)
     metrics = evaluate(PlanCache(graph, weights, RuntimeState(np.random.default_rng(0)), args.device),
                        test_set, spec.data.batch_size)
     print(json.dumps({"examples": len(test_set), **{k: round(v, 6) for k, v in metrics.items()}}))

@@ -151,7 +151,7 @@ class Net:
         out = self.init_weights(seed, dtype) if allow_missing else {}
         for key, (shape, _layer) in self.declared.items():
             if key in loaded:
-                out[key] = np.ascontiguousarray(loaded[key], dtype=dtype or "float32")
+                out[key] = np.asarray(loaded[key], dtype=dtype or "float32", order="C")
         return out
 
 

@@ -1,13 +1,27 @@
-"""Fused ops that graph passes create (users never write them): one kernel for a chain of ops.
+"""Fused ops that graph passes create (users never write them): one kernel for a group of ops.
 
 conv2d_max_pool2d: conv2d (with optional bias) whose output feeds only an unpadded, floor-mode
 max_pool2d; the kernel pools in the convolution's working layout before the move back to NCHW.
-Inference only: a train graph also reads the convolution's output for the pooling gradient, so
-the fusion never fires there and the op needs no gradient rule.
+
+fused_elementwise: a group of elementwise ops of one shape, described as a *program*: a tuple of
+steps ``(op, args, attrs)`` whose args name a node input ``("x", i)``, an earlier step
+``("t", j)`` or, in an epilogue, the head's result ``("h",)``. ``outputs`` lists the steps
+whose values leave the group (one node output each). Inputs of other shapes broadcast into the
+group's shape (biases, scalars); every step has the group's shape.
+
+fused_epilogue: a head op (matmul, conv2d, conv2d_max_pool2d, conv2d_grad_input) whose result is
+read only by an elementwise program: ``head``/``head_attrs`` name it, the first ``head_inputs``
+node inputs are its operands, and the program reads the rest.
+
+All are made after autodiff, so none needs a gradient rule.
 """
 from __future__ import annotations
 
-from .base import OpDef, register
+from typing import Any
+
+from ..ir.dims import Dim
+from ..ir.graph import TensorType
+from .base import OpDef, ShapeError, get_op, register
 from .conv import _conv_flops, _conv_infer, conv2d_reference
 from .pool import _pool_flops, _pool_infer, max_pool2d_reference
 
@@ -39,3 +53,123 @@ def _flops(ins, outs, attrs):
 
 register(OpDef("conv2d_max_pool2d", _infer, _reference, None, _flops, batch_rows=True,
                doc="max_pool2d(conv2d(x, w[, b])) in one kernel; made by the fuse_conv_max_pool pass"))
+
+
+# -- programs ---------------------------------------------------------------------------------
+def step_attrs(step) -> dict[str, Any]:
+    return dict(step[2])
+
+
+def make_step(op: str, args, attrs: dict) -> tuple:
+    return (op, tuple(args), tuple(sorted(attrs.items())))
+
+
+def _arg(ref, inputs: list, steps: list, head):
+    kind = ref[0]
+    if kind == "x":
+        return inputs[ref[1]]
+    if kind == "t":
+        return steps[ref[1]]
+    if kind == "h" and head is not None:
+        return head
+    raise ShapeError(f"program argument {ref} names nothing")
+
+
+def program_types(program, input_types: list[TensorType], head: TensorType | None = None) -> list[TensorType]:
+    """The type of every step, by each op's own shape rule; every step must have the type of
+    the last one (the group's shape), as the fused kernels compute all steps block by block."""
+    types: list[TensorType] = []
+    for op, args, attrs in program:
+        opdef = get_op(op)
+        if not opdef.elementwise or not opdef.pure:
+            raise ShapeError(f"fused program step {op} is not a pure elementwise op")
+        (t,) = opdef.infer([_arg(a, input_types, types, head) for a in args], dict(attrs))
+        types.append(t)
+    group = types[-1]
+    for t in types:
+        if t.shape != group.shape:
+            raise ShapeError(f"fused program steps differ in shape: {t} vs {group}")
+    return types
+
+
+def run_program(program, inputs: list, head=None) -> list:
+    """Every step's value, by each op's reference (the slow, obvious evaluation)."""
+    values: list = []
+    for op, args, attrs in program:
+        values.append(get_op(op).reference(*[_arg(a, inputs, values, head) for a in args], **dict(attrs)))
+    return values
+
+
+def program_flops(program, types: list[TensorType]) -> Dim:
+    total: Dim = 0
+    for (op, _args, _attrs), t in zip(program, types):
+        fl = get_op(op).flops
+        if fl is not None:
+            total = total + fl([], [t], {})
+    return total
+
+
+def _check_outputs(attrs):
+    if not attrs["outputs"]:
+        raise ShapeError("a fused program needs at least one output")
+
+
+def _elementwise_infer(types, attrs):
+    _check_outputs(attrs)
+    steps = program_types(attrs["program"], types)
+    return [steps[j] for j in attrs["outputs"]]
+
+
+def _elementwise_reference(*arrays, program, outputs):
+    values = run_program(program, list(arrays))
+    result = tuple(values[j] for j in outputs)
+    return result if len(result) > 1 else result[0]
+
+
+def _elementwise_flops(ins, outs, attrs):
+    return program_flops(attrs["program"], program_types(attrs["program"], ins))
+
+
+register(OpDef("fused_elementwise", _elementwise_infer, _elementwise_reference, None, _elementwise_flops,
+               batch_rows=True,
+               doc="a chain of elementwise ops as one pass over memory; made by the fuse_elementwise pass"))
+
+
+# -- epilogues --------------------------------------------------------------------------------
+EPILOGUE_HEADS = ("matmul", "conv2d", "conv2d_max_pool2d", "conv2d_grad_input")
+
+
+def head_parts(attrs: dict) -> tuple[str, dict, int]:
+    return attrs["head"], dict(attrs["head_attrs"]), attrs["head_inputs"]
+
+
+def _epilogue_infer(types, attrs):
+    _check_outputs(attrs)
+    head, head_attrs, k = head_parts(attrs)
+    if head not in EPILOGUE_HEADS:
+        raise ShapeError(f"{head} cannot head an epilogue (heads: {', '.join(EPILOGUE_HEADS)})")
+    (head_type,) = get_op(head).infer(types[:k], head_attrs)
+    steps = program_types(attrs["program"], types, head_type)
+    if steps[-1].shape != head_type.shape:
+        raise ShapeError(f"the epilogue's shape {steps[-1]} differs from its head's {head_type}")
+    return [steps[j] for j in attrs["outputs"]]
+
+
+def _epilogue_reference(*arrays, head, head_attrs, head_inputs, program, outputs):
+    head_value = get_op(head).reference(*arrays[:head_inputs], **dict(head_attrs))
+    values = run_program(program, list(arrays), head_value)
+    result = tuple(values[j] for j in outputs)
+    return result if len(result) > 1 else result[0]
+
+
+def _epilogue_flops(ins, outs, attrs):
+    head, head_attrs, k = head_parts(attrs)
+    opdef = get_op(head)
+    (head_type,) = opdef.infer(ins[:k], head_attrs)
+    total = opdef.flops(ins[:k], [head_type], head_attrs) if opdef.flops else 0
+    return total + program_flops(attrs["program"], program_types(attrs["program"], ins, head_type))
+
+
+register(OpDef("fused_epilogue", _epilogue_infer, _epilogue_reference, None, _epilogue_flops, batch_rows=True,
+               doc="a GEMM or convolution followed by an elementwise program, in one kernel; made by the "
+                   "fuse_epilogue pass"))

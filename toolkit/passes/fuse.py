@@ -1,9 +1,20 @@
-"""Operator fusion: chains of ops replaced by one fused op where a fused kernel exists."""
+"""Operator fusion: groups of ops replaced by one fused op, only where the fused kernel is
+registered for the graph's device and dtype.
+
+Placement rule shared by the fusions: a fused node runs where the group's last member ran, so a
+group may only grow while no node outside it has read one of its values; the first outside
+reader closes the group (else that reader would run before the value exists).
+"""
 from __future__ import annotations
 
-from ..ir.graph import Graph, Node
-from ..kernels.registry import KERNELS, KernelMissing
-from ..ops.fused import POOL_PREFIX
+from ..ir.graph import Graph, Node, Value
+from ..kernels.registry import KERNELS, KernelMissing, load_device
+from ..ops.base import get_op
+from ..ops.fused import EPILOGUE_HEADS, POOL_PREFIX, make_step
+from .rewrite import kept_ids, note
+
+# Elementwise ops a fused program may hold: pure, one output, same dtype in and out.
+NOT_FUSABLE = frozenset({"cast", "scalar", "constant"})
 
 
 def _has_kernel(op: str, device: str, dtype: str) -> bool:
@@ -18,18 +29,17 @@ def fuse_conv_max_pool(graph: Graph) -> Graph:
     """conv2d -> max_pool2d becomes conv2d_max_pool2d when the convolution's output is read by
     that pooling alone (so never in a train graph, whose pooling gradient reads it too), is not
     a graph output, and the pooling is unpadded and floor-mode (its windows stay inside)."""
-    from ..kernels.registry import load_device
     device = graph.device
     load_device(device)
     readers = graph.consumers()
-    kept_ids = {v.id for v in graph.outputs.values()} | {v.id for v in graph.updates.values()}
+    kept = kept_ids(graph)
     new_nodes: list[Node] = []
     for node in graph.nodes:
         if node.op == "max_pool2d":
             conv = node.inputs[0].producer
             ok = (conv is not None and conv.op == "conv2d"
                   and len(readers.get(node.inputs[0].id, [])) == 1
-                  and node.inputs[0].id not in kept_ids
+                  and node.inputs[0].id not in kept
                   and node.attrs["pad"] == (0, 0) and not node.attrs["ceil_mode"]
                   and _has_kernel("conv2d_max_pool2d", device, node.outputs[0].dtype))
             if ok:
@@ -41,7 +51,171 @@ def fuse_conv_max_pool(graph: Graph) -> Graph:
                     out.producer = fused
                 new_nodes.remove(conv)
                 new_nodes.append(fused)
+                note(graph, f"fuse_conv_max_pool: {fused.scope}")
                 continue
         new_nodes.append(node)
     graph.nodes = new_nodes
+    return graph
+
+
+# -- elementwise groups ---------------------------------------------------------------------------
+def _fusable(node: Node) -> bool:
+    opdef = get_op(node.op)
+    return (opdef.elementwise and opdef.pure and node.op not in NOT_FUSABLE and len(node.outputs) == 1
+            and all(v.dtype == node.outputs[0].dtype for v in node.inputs))
+
+
+class _Group:
+    def __init__(self, node: Node):
+        self.members = [node]
+        self.type = node.outputs[0].type
+        self.open = True
+
+    def produced(self) -> set[int]:
+        return {n.outputs[0].id for n in self.members}
+
+
+def _scope_of(nodes: list[Node]) -> str:
+    scopes = list(dict.fromkeys(n.scope for n in nodes))
+    return scopes[0] if len(scopes) == 1 else f"{scopes[0]}+{len(scopes) - 1} more"
+
+
+def _program(members: list[Node], inputs: list[Value], extra_refs: dict[int, tuple] | None = None):
+    """Steps for ``members`` in order; values they read from outside become node inputs
+    (appended to ``inputs``), or the refs given in ``extra_refs`` (an epilogue's head)."""
+    extra_refs = extra_refs or {}
+    step_of = {n.outputs[0].id: j for j, n in enumerate(members)}
+    slot = {v.id: i for i, v in enumerate(inputs)}
+    steps = []
+    for n in members:
+        refs = []
+        for v in n.inputs:
+            if v.id in step_of:
+                refs.append(("t", step_of[v.id]))
+            elif v.id in extra_refs:
+                refs.append(extra_refs[v.id])
+            else:
+                if v.id not in slot:
+                    slot[v.id] = len(inputs)
+                    inputs.append(v)
+                refs.append(("x", slot[v.id]))
+        steps.append(make_step(n.op, refs, n.attrs))
+    return tuple(steps)
+
+
+def _replace_group(graph: Graph, members: list[Node], fused: Node, leaving: list[Value]) -> None:
+    """Put ``fused`` where the last member was, drop the members, point ``leaving`` at it."""
+    fused.outputs = leaving
+    for v in leaving:
+        v.producer = fused
+    gone = {id(n) for n in members}
+    last = max(i for i, n in enumerate(graph.nodes) if id(n) in gone)
+    graph.nodes = [fused if i == last else n for i, n in enumerate(graph.nodes) if id(n) not in gone or i == last]
+
+
+def fuse_elementwise(graph: Graph) -> Graph:
+    """Chains and trees of elementwise ops of one shape and dtype become one fused_elementwise
+    op that passes over memory once; values read outside the group become its outputs."""
+    load_device(graph.device)
+    owner: dict[int, _Group] = {}
+    groups: list[_Group] = []
+    order = {id(n): i for i, n in enumerate(graph.nodes)}
+    for node in graph.nodes:
+        joined: list[_Group] = []
+        if _fusable(node):
+            for v in node.inputs:
+                g = owner.get(v.id)
+                if g is not None and g.open and g.type == node.outputs[0].type and g not in joined:
+                    joined.append(g)
+        for v in node.inputs:                 # an outside reader closes the group it reads
+            g = owner.get(v.id)
+            if g is not None and g not in joined:
+                g.open = False
+        if joined:
+            # every group this node reads is still open (no outside reader has seen its values),
+            # so they may all run where this node runs: one group
+            target = joined[0]
+            for other in joined[1:]:
+                target.members.extend(other.members)
+                for n in other.members:
+                    owner[n.outputs[0].id] = target
+                groups.remove(other)
+            target.members.append(node)
+            target.members.sort(key=lambda n: order[id(n)])
+            owner[node.outputs[0].id] = target
+        elif _fusable(node):
+            g = _Group(node)
+            groups.append(g)
+            owner[node.outputs[0].id] = g
+
+    kept = kept_ids(graph)
+    readers = graph.consumers()
+    fused_count = 0
+    for g in groups:
+        if len(g.members) < 2 or not _has_kernel("fused_elementwise", graph.device, g.type.dtype):
+            continue
+        inside = {id(n) for n in g.members}
+        leaving = [n.outputs[0] for n in g.members
+                   if n.outputs[0].id in kept or any(id(r) not in inside for r in readers.get(n.outputs[0].id, []))]
+        inputs: list[Value] = []
+        program = _program(g.members, inputs)
+        step_of = {n.outputs[0].id: j for j, n in enumerate(g.members)}
+        fused = Node("fused_elementwise", inputs,
+                     {"program": program, "outputs": tuple(step_of[v.id] for v in leaving)}, _scope_of(g.members))
+        _replace_group(graph, g.members, fused, leaving)
+        fused_count += 1
+        note(graph, f"fuse_elementwise: {len(g.members)} ops of {fused.scope} -> one pass "
+                    f"({', '.join(n.op for n in g.members)})")
+    return graph
+
+
+# -- epilogues ------------------------------------------------------------------------------------
+def _can_head(node: Node) -> bool:
+    """A head whose output the plan splits by rows (or not at all), never a sum over the batch
+    (a weight gradient: its per-core shares are added after the GEMM, so no epilogue can run on
+    a share)."""
+    if node.op not in EPILOGUE_HEADS or len(node.outputs) != 1:
+        return False
+    if node.op == "matmul" and node.attrs["trans_a"]:
+        return False
+    return True
+
+
+def fuse_epilogue(graph: Graph) -> Graph:
+    """A GEMM or convolution whose result only an elementwise op or group reads becomes one
+    fused_epilogue op: the program runs on the head's output while it is still in cache (bias,
+    activation, residual add, scaling)."""
+    load_device(graph.device)
+    readers = graph.consumers()
+    kept = kept_ids(graph)
+    for node in list(graph.nodes):
+        if node.op == "fused_elementwise":
+            program, outputs = node.attrs["program"], node.attrs["outputs"]
+        elif _fusable(node):
+            program, outputs = (make_step(node.op, [("x", i) for i in range(len(node.inputs))], node.attrs),), (0,)
+        else:
+            continue
+        group_type = node.outputs[0].type
+        head = next((v.producer for v in node.inputs
+                     if v.producer is not None and _can_head(v.producer) and v.type == group_type
+                     and v.id not in kept and len(readers.get(v.id, [])) == 1), None)
+        if head is None or not _has_kernel("fused_epilogue", graph.device, group_type.dtype):
+            continue
+        head_value = head.outputs[0]
+        inputs = list(head.inputs)
+        old_to_new = {}
+        for i, v in enumerate(node.inputs):
+            if v.id == head_value.id:
+                old_to_new[i] = ("h",)
+            else:
+                old_to_new[i] = ("x", len(inputs))
+                inputs.append(v)
+        remapped = tuple((op, tuple(old_to_new[r[1]] if r[0] == "x" else r for r in args), attrs)
+                         for op, args, attrs in program)
+        attrs = {"head": head.op, "head_attrs": tuple(sorted(head.attrs.items())), "head_inputs": len(head.inputs),
+                 "program": remapped, "outputs": outputs}
+        fused = Node("fused_epilogue", inputs, attrs, f"{head.scope}+{node.scope}")
+        _replace_group(graph, [head, node], fused, list(node.outputs))
+        note(graph, f"fuse_epilogue: {head.op} of {head.scope} + {len(program)} elementwise op(s) "
+                    f"({', '.join(step[0] for step in program)})")
     return graph

@@ -17,9 +17,11 @@ from typing import Callable, Optional
 
 from ..ir.graph import Graph
 from ..ir.verify import VerifyError, verify
+from .batchnorm import fold_batch_norm
 from .constants import dedup_constants, fold_constants
 from .cse import eliminate_common
-from .fuse import fuse_conv_max_pool
+from .fuse import fuse_conv_max_pool, fuse_elementwise, fuse_epilogue
+from .gemm import batch_gemms
 from .prune import eliminate_dead_code
 from .rewrite import fingerprint
 from .simplify import simplify
@@ -44,8 +46,17 @@ PIPELINE: list[Stage] = [
           "algebraic identities from the rule table (x*1, transpose chains, scalings, ...)", canonical=True),
     Stage("eliminate_common", eliminate_common,
           "merge pure nodes with equal op, inputs and attributes", canonical=True),
+    Stage("fold_batch_norm", fold_batch_norm,
+          "static per-channel scale and shift (BatchNorm on running statistics, Scale) into the "
+          "preceding convolution's or InnerProduct's weights and bias"),
+    Stage("batch_gemms", batch_gemms,
+          "matmuls sharing an operand, sums of matmuls, and small same-shape matmuls as one GEMM"),
     Stage("fuse_conv_max_pool", fuse_conv_max_pool,
           "conv2d -> max_pool2d as one kernel where the pooling is the convolution's only reader"),
+    Stage("fuse_elementwise", fuse_elementwise,
+          "chains of elementwise ops of one shape as one blocked pass over memory"),
+    Stage("fuse_epilogue", fuse_epilogue,
+          "a GEMM or convolution and the elementwise ops on its result as one kernel"),
     Stage("plan_memory", None,
           "when a plan is built: reuse dead buffers and run kernels in place (off: one buffer per value)"),
 ]

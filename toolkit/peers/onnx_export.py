@@ -236,6 +236,41 @@ def _batch_norm(c: _Ctx, p) -> list[str]:
     return [c.node("BatchNormalization", [x, scale, bias, mean, var], epsilon=float(p.eps))]
 
 
+def _scale(c: _Ctx, p) -> list[str]:
+    # ONNX's Mul/Add broadcast numpy-style from the right, so the scale gets trailing 1s that
+    # line it up with axis: the learned weight and bias as reshaped initializers, a second
+    # bottom through a Reshape (0 keeps its dimensions).
+    x = c.bottoms[0]
+    rank = c.builder.rank.get(x)
+    if rank is None:
+        c.unsupported("a bottom of unknown rank")
+    if len(c.bottoms) == 2:
+        scale = c.bottoms[1]
+        k = c.builder.rank.get(scale)
+        if k is None:
+            c.unsupported("a scale bottom of unknown rank")
+    else:
+        owner = getattr(p, "share", None) or p.name
+        learned = c.builder.weights.get(f"{owner}.weight")
+        if learned is None:
+            c.weight("weight")                      # raises the missing-weight error
+        k = learned.ndim
+        scale = None
+    axis = rank if k == 0 else p.axis % rank
+    trailing = rank - axis - k
+
+    def lined_up(a: np.ndarray) -> np.ndarray:
+        return a.reshape(a.shape + (1,) * trailing)
+    lined_up.__name__ = f"trailing{trailing}"       # the initializer's name: one per layout
+
+    if scale is None:
+        scale = c.weight("weight", lined_up)
+    elif trailing:
+        scale = c.node("Reshape", [scale, c.const(np.array([0] * k + [1] * trailing, np.int64), "shape")])
+    y = c.node("Mul", [x, scale])
+    return [c.node("Add", [y, c.weight("bias", lined_up)]) if p.bias_term else y]
+
+
 CONVERTERS: dict[str, Callable[[_Ctx, object], list[str]]] = {
     "Convolution": _convolution,
     "Pooling": _pooling,
@@ -257,6 +292,7 @@ CONVERTERS: dict[str, Callable[[_Ctx, object], list[str]]] = {
     "Eltwise": _eltwise,
     "Dropout": _dropout,
     "BatchNorm": _batch_norm,
+    "Scale": _scale,
 }
 SUPPORTED = tuple(sorted(CONVERTERS))
 

@@ -32,7 +32,7 @@ SUPPORTED = frozenset({
     "Convolution", "Pooling", "InnerProduct", "ReLU", "Sigmoid", "TanH", "ELU", "Softplus", "AbsVal",
     "Exp", "Log", "GELU", "Softmax", "LogSoftmax", "Dropout", "BatchNorm", "Concat", "Slice",
     "Eltwise", "Flatten", "Reshape", "SoftmaxWithLoss", "EuclideanLoss", "SigmoidCrossEntropyLoss",
-    "Accuracy",
+    "Accuracy", "Scale",
 })
 
 
@@ -178,6 +178,26 @@ def _classes() -> SimpleNamespace:
         def forward(self, x):
             target = [x.shape[i] if d == 0 else d for i, d in enumerate(self.shape)]
             return x.reshape(target)
+
+    class Scale(nn.Module):
+        """Caffe's Scale: x times a scale spanning x's axes [axis, axis + scale.dim()), plus an
+        optional bias of the scale's shape. The scale is the learned ``weight`` (one bottom) or
+        the second bottom; a 0-d second bottom ignores axis, as in Caffe."""
+
+        def __init__(self, axis: int, weight_shape, bias_shape):
+            super().__init__()
+            self.axis = axis
+            self.weight = None if weight_shape is None else nn.Parameter(torch.ones(weight_shape))
+            self.bias = None if bias_shape is None else nn.Parameter(torch.zeros(bias_shape))
+
+        def forward(self, x, *given):
+            scale = given[0] if given else self.weight
+            axis = x.dim() if scale.dim() == 0 else self.axis % x.dim()
+            trailing = (1,) * (x.dim() - axis - scale.dim())
+            y = x * scale.reshape(tuple(scale.shape) + trailing)
+            if self.bias is not None:
+                y = y + self.bias.reshape(tuple(self.bias.shape) + trailing)
+            return y
 
     class SoftmaxWithLoss(nn.Module):
         def __init__(self, axis: int, ignore_label):
@@ -430,6 +450,16 @@ class TorchNet:
     def _build_Reshape(self, p):
         return _classes().Reshape(p.shape), {}, {}
 
+    def _build_Scale(self, p):
+        learned = len(p.bottoms) == 1
+        weight_shape = self._declared_shape(p, "weight") if learned else None
+        bias_shape = self._declared_shape(p, "bias") if p.bias_term else None
+        mod = _classes().Scale(p.axis, weight_shape, bias_shape)
+        params = {"weight": "weight"} if learned else {}
+        if p.bias_term:
+            params["bias"] = "bias"
+        return mod, params, {}
+
     def _build_SoftmaxWithLoss(self, p):
         return _classes().SoftmaxWithLoss(p.axis, p.ignore_label), {}, {}
 
@@ -467,7 +497,8 @@ class TorchNet:
                 if tuple(arr.shape) != tuple(target.shape):
                     raise ValueError(f"weight '{key}' has shape {list(arr.shape)}, the module needs "
                                      f"{list(target.shape)}")
-                target.copy_(torch.from_numpy(np.ascontiguousarray(arr)).to(self.torch_dtype))
+                # asarray(order="C"), not ascontiguousarray: that one makes a 0-d weight [1]
+                target.copy_(torch.from_numpy(np.asarray(arr, order="C")).to(self.torch_dtype))
 
     def state(self) -> dict[str, np.ndarray]:
         """Current parameters and buffers (running statistics) by LAYER.PARAM."""
@@ -498,7 +529,7 @@ class TorchNet:
                 if requires_grad:
                     t.requires_grad_(True)
             else:
-                t = torch.from_numpy(np.ascontiguousarray(inputs[name], dtype=decl.dtype))
+                t = torch.from_numpy(np.asarray(inputs[name], dtype=decl.dtype, order="C"))
             out[name] = t
         return out
 

@@ -1,9 +1,10 @@
 """Memory planning over the final schedule: every value gets a storage, reusing memory whose
 values are dead, and all storages are placed at offsets of one arena.
 
-Step one decides which values share a storage: a view op (reshape) shares its input's; a kernel
-that may run in place takes the storage of an input of its own size that dies at this step (a
-weight's storage only when the output is that weight's update, after the weight's last read).
+Step one decides which values share a storage: a view (a reshape, or a slice that is one
+contiguous run of its input) shares its input's, at an offset; a kernel that may run in place
+takes the storage (and offset) of an input of its own size that dies at this step (a weight's
+storage only when the output is that weight's update, after the weight's last read).
 Step two places the storages: each lives from the step that first writes it to the step that
 last reads it, and two storages whose lifetimes meet may not overlap in the arena. Placement is
 greedy by size (largest first, each at the lowest offset that fits between the storages already
@@ -31,16 +32,23 @@ class Storage:
     offset: int = 0                # position in the arena
     arena: np.ndarray | None = None
 
-    def view(self, shape, dtype) -> np.ndarray:
-        if self.external is not None:
-            return self.external.reshape(shape)
+    def view(self, shape, dtype, offset: int = 0) -> np.ndarray:
+        """The array of a value living in this storage ``offset`` bytes from its start."""
         n = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-        return self.arena[self.offset: self.offset + n].view(dtype).reshape(shape)
+        if self.external is not None:
+            if offset == 0 and self.external.size * self.external.itemsize == n:
+                return self.external.reshape(shape)
+            flat = self.external.reshape(-1).view(np.uint8)
+            return flat[offset: offset + n].view(dtype).reshape(shape)
+        start = self.offset + offset
+        return self.arena[start: start + n].view(dtype).reshape(shape)
 
 
 @dataclass
 class MemoryPlan:
     storage_of: dict[int, Storage] = field(default_factory=dict)
+    offset_of: dict[int, int] = field(default_factory=dict)   # bytes into its storage (views)
+    views: set[int] = field(default_factory=set)               # id(node) of steps that are views
     storages: list[Storage] = field(default_factory=list)     # the planned (non-external) ones
     peak_bytes: int = 0            # the arena's size
     naive_bytes: int = 0           # one buffer per value (views excluded: they never own memory)
@@ -60,13 +68,19 @@ def _aligned(n: int) -> int:
 
 
 def plan_memory(steps, shapes, dtypes, fixed: dict[int, Storage], kept: set[int],
-                inplace_pairs: Callable, alias_ok: Callable, reuse: bool = True,
+                inplace_pairs: Callable, view_offset: Callable, reuse: bool = True,
                 allocate: bool = True) -> MemoryPlan:
     """steps: nodes in run order; shapes/dtypes: concrete per value id; fixed: storages of graph
     inputs, weights and constants; kept: value ids that must survive the whole run;
     inplace_pairs(node) -> {output position: input positions it may overwrite};
-    alias_ok(node): output 0 is a view of input 0. ``reuse=False`` gives every value its own
-    memory; ``allocate=False`` only computes the figures."""
+    view_offset(node) -> bytes into input 0 where output 0 starts as a view of it, or None.
+    ``reuse=False`` gives every value its own memory; ``allocate=False`` only computes the
+    figures."""
+    alias_at = {id(n): view_offset(n) for n in steps}
+
+    def alias_ok(node) -> bool:
+        return alias_at[id(node)] is not None
+
     last_use: dict[int, int] = {}
     for idx, node in enumerate(steps):
         for v in node.inputs:
@@ -101,8 +115,11 @@ def plan_memory(steps, shapes, dtypes, fixed: dict[int, Storage], kept: set[int]
             need = nbytes_of(shapes[v.id], dtypes[v.id])
             last = last_use.get(v.id, idx)
             st = None
+            offset = 0
             if pos == 0 and alias_ok(node):
                 st = plan.storage_of[node.inputs[0].id]
+                offset = plan.offset_of.get(node.inputs[0].id, 0) + alias_at[id(node)]
+                plan.views.add(id(node))
             else:
                 live_values.append((idx, last, need))
                 for i in pairs.get(pos, ()):
@@ -117,12 +134,14 @@ def plan_memory(steps, shapes, dtypes, fixed: dict[int, Storage], kept: set[int]
                         writable = cand.last == idx
                     if same and writable:
                         st = cand
+                        offset = plan.offset_of.get(inp.id, 0)
                         break
             if st is None:
                 st = Storage(need, first=idx)
                 plan.storages.append(st)
             taken.add(id(st))
             plan.storage_of[v.id] = st
+            plan.offset_of[v.id] = offset
             if st.external is None:
                 st.last = max(st.last, last)
 

@@ -17,7 +17,7 @@ from ..ir.graph import FLOAT_DTYPES, Graph, Node
 from ..kernels.registry import KERNELS, KernelContext, load_device
 from ..ops.base import get_op
 from .binding import bind_attrs
-from .memory import FOREVER, Storage, plan_memory
+from .memory import FOREVER, Storage, nbytes_of, plan_memory
 from .parallel import Blas, Workers, default_threads, split_kind, worth_splitting
 
 
@@ -28,11 +28,94 @@ class RuntimeState:
     rng: np.random.Generator
 
 
+def view_offset(node: Node, shapes, dtypes, bindings) -> int | None:
+    """Where output 0 starts in input 0's memory, in bytes, when it is a view of it: a reshape
+    (row-major relabelling), or a slice that is one contiguous run (every axis before the sliced
+    one has length 1, as the rows of a matrix or the columns of a one-row one); else None."""
+    if get_op(node.op).alias:
+        return 0
+    if node.op == "slice":
+        shape = shapes[node.inputs[0].id]
+        axis = node.attrs["axis"] % len(shape)
+        if all(d == 1 for d in shape[:axis]):
+            inner = int(np.prod(shape[axis + 1:], dtype=np.int64))
+            start = bind_attrs(node.attrs["start"], bindings)
+            return int(start) * inner * np.dtype(dtypes[node.inputs[0].id]).itemsize
+    return None
+
+
 def kernel_dtype(node: Node) -> str:
     for v in list(node.inputs) + node.outputs:
         if v.dtype in FLOAT_DTYPES:
             return v.dtype
     return node.outputs[0].dtype
+
+
+def concrete_types(graph: Graph, bindings: Mapping[str, int]) -> tuple[dict, dict]:
+    """Shape (numbers) and dtype of every value of the graph under ``bindings``."""
+    shapes, dtypes = {}, {}
+    for v in graph.graph_values():
+        shapes[v.id], dtypes[v.id] = v.type.concrete(bindings), v.dtype
+    for node in graph.nodes:
+        for v in node.outputs:
+            shapes[v.id], dtypes[v.id] = v.type.concrete(bindings), v.dtype
+    return shapes, dtypes
+
+
+def split_build_time(graph: Graph) -> tuple[list[Node], list[Node]]:
+    """(nodes evaluated once when the plan is built: pure nodes on constants; the steps that run
+    on every call), both in graph order. Constant nodes are in neither: the plan shares them."""
+    constant_ids: set[int] = set()
+    build, steps = [], []
+    for node in graph.nodes:
+        if node.op == "constant":
+            constant_ids.add(node.outputs[0].id)
+        elif get_op(node.op).pure and all(v.id in constant_ids for v in node.inputs):
+            build.append(node)
+            constant_ids.update(o.id for o in node.outputs)
+        else:
+            steps.append(node)
+    return build, steps
+
+
+def graph_storages(graph: Graph, shapes, weights: Mapping[str, np.ndarray] | None) -> dict[int, Storage]:
+    """Storages of what the graph owns: weights (their arrays; a placeholder when ``weights`` is
+    None) and constants, which the memory plan never places, and the inputs, which it does."""
+    fixed: dict[int, Storage] = {}
+    for name, w in graph.weights.items():
+        arr = weights[name] if weights is not None else np.empty(0, w.value.dtype)
+        fixed[w.value.id] = Storage(arr.nbytes, FOREVER, external=arr)
+    for name, upd in graph.updates.items():
+        fixed[graph.weights[name].value.id].update_of = upd.id
+    for v in graph.inputs.values():
+        fixed[v.id] = Storage(max(int(np.prod(shapes[v.id])) * np.dtype(v.dtype).itemsize, 1))
+    for node in graph.nodes:
+        if node.op == "constant":             # shared with the graph (read-only), never copied
+            arr = node.attrs["value"]
+            fixed[node.outputs[0].id] = Storage(arr.nbytes, FOREVER, external=arr)
+    return fixed
+
+
+def kept_values(graph: Graph, out_names: list[str]) -> set[int]:
+    return {graph.outputs[n].id for n in out_names} | {v.id for v in graph.updates.values()}
+
+
+def memory_figures(graph: Graph, bindings: Mapping[str, int], device: str = "cpu") -> dict[str, int]:
+    """The memory plan of ``graph`` under ``bindings`` as a Plan would make it (peak, naive and
+    lower-bound bytes), computed without building kernels or allocating the arena."""
+    load_device(device)
+    shapes, dtypes = concrete_types(graph, bindings)
+    fixed = graph_storages(graph, shapes, None)
+    build, steps = split_build_time(graph)
+    for node in build:
+        for v in node.outputs:
+            fixed[v.id] = Storage(nbytes_of(shapes[v.id], dtypes[v.id]), FOREVER, external=np.empty(0))
+    entries = {id(n): KERNELS.lookup(n.op, device, kernel_dtype(n)) for n in steps}
+    memory = plan_memory(steps, shapes, dtypes, fixed, kept_values(graph, list(graph.outputs)),
+                         inplace_pairs=lambda n: entries[id(n)].inplace_pairs(n),
+                         view_offset=lambda n: view_offset(n, shapes, dtypes, bindings),
+                         reuse="plan_memory" not in graph.disabled, allocate=False)
+    return memory.summary()
 
 
 class Plan:
@@ -45,56 +128,27 @@ class Plan:
         self.device = device
         self.runtime = runtime or RuntimeState(np.random.default_rng(0))
         out_names = list(graph.outputs) if outputs is None else outputs
-        shapes = {}
-        dtypes = {}
-        for v in graph.graph_values():
-            shapes[v.id], dtypes[v.id] = v.type.concrete(self.bindings), v.dtype
-        for node in graph.nodes:
-            for v in node.outputs:
-                shapes[v.id], dtypes[v.id] = v.type.concrete(self.bindings), v.dtype
+        shapes, dtypes = concrete_types(graph, self.bindings)
         self.shapes = shapes
+        fixed = graph_storages(graph, shapes, weights)
+        build, steps = split_build_time(graph)
+        self.entries = {id(n): KERNELS.lookup(n.op, device, kernel_dtype(n)) for n in build + steps}
+        for node in build:                        # computed once now, never in the loop
+            ins = [fixed[v.id].view(shapes[v.id], dtypes[v.id]) for v in node.inputs]
+            outs = [np.empty(shapes[v.id], dtypes[v.id]) for v in node.outputs]
+            self.entries[id(node)].factory(self._context(node, shapes))(ins, outs)
+            for v, arr in zip(node.outputs, outs):
+                fixed[v.id] = Storage(arr.nbytes, FOREVER, external=arr)
 
-        fixed: dict[int, Storage] = {}
-        for name, w in graph.weights.items():
-            fixed[w.value.id] = Storage(weights[name].nbytes, FOREVER, external=weights[name])
-        for name, upd in graph.updates.items():
-            fixed[graph.weights[name].value.id].update_of = upd.id
-        for v in graph.inputs.values():
-            fixed[v.id] = Storage(max(int(np.prod(shapes[v.id])) * np.dtype(v.dtype).itemsize, 1))
-
-        # fold pure nodes whose inputs are all constant: run once now, never in the loop
-        constant_ids = set()
-        steps: list[Node] = []
-        self.entries = {}
-        for node in graph.nodes:
-            if node.op == "constant":             # shared with the graph (read-only), never copied
-                arr = node.attrs["value"]
-                fixed[node.outputs[0].id] = Storage(arr.nbytes, FOREVER, external=arr)
-                constant_ids.add(node.outputs[0].id)
-                continue
-            entry = KERNELS.lookup(node.op, device, kernel_dtype(node))
-            self.entries[id(node)] = entry
-            if get_op(node.op).pure and all(v.id in constant_ids for v in node.inputs):
-                ctx = self._context(node, shapes)
-                ins = [fixed[v.id].external for v in node.inputs]
-                outs = [np.empty(shapes[v.id], dtypes[v.id]) for v in node.outputs]
-                entry.factory(ctx)(ins, outs)
-                for v, arr in zip(node.outputs, outs):
-                    fixed[v.id] = Storage(arr.nbytes, FOREVER, external=arr)
-                    constant_ids.add(v.id)
-            else:
-                steps.append(node)
-
-        kept = {graph.outputs[n].id for n in out_names} | {v.id for v in graph.updates.values()}
         memory = plan_memory(
-            steps, shapes, dtypes, fixed, kept,
+            steps, shapes, dtypes, fixed, kept_values(graph, out_names),
             inplace_pairs=lambda n: self.entries[id(n)].inplace_pairs(n),
-            alias_ok=lambda n: get_op(n.op).alias,
+            view_offset=lambda n: view_offset(n, shapes, dtypes, self.bindings),
             reuse="plan_memory" not in graph.disabled)
         self.memory = memory
 
         def view(v):
-            return memory.storage_of[v.id].view(shapes[v.id], dtypes[v.id])
+            return memory.storage_of[v.id].view(shapes[v.id], dtypes[v.id], memory.offset_of.get(v.id, 0))
 
         self.input_views = {name: view(v) for name, v in graph.inputs.items()}
         self.threads = default_threads() if threads is None else threads
@@ -104,7 +158,7 @@ class Plan:
         self.steps = []
         self.split_steps = 0
         for node in steps:
-            if get_op(node.op).alias and memory.storage_of[node.outputs[0].id] is memory.storage_of[node.inputs[0].id]:
+            if id(node) in memory.views:
                 continue                          # a view: nothing to run
             ins, outs = [view(v) for v in node.inputs], [view(v) for v in node.outputs]
             split = self._split(node, shapes, ins, outs) if workers else None

@@ -63,7 +63,7 @@ def check_input_arrays(graph: Graph, arrays: Mapping[str, np.ndarray]) -> dict[s
                 raise UserError(f"input '{name}' has dtype {arr.dtype}; the net needs numbers ({v.dtype})")
         elif arr.dtype.kind not in "iub":
             raise UserError(f"input '{name}' has dtype {arr.dtype}; the net needs integers ({v.dtype})")
-        out[name] = np.ascontiguousarray(arr, dtype=v.dtype)
+        out[name] = np.asarray(arr, dtype=v.dtype, order="C")
     return out
 
 

@@ -14,11 +14,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..compile import add_gradients
+from ..compile import disabled_passes, optimize, train_graph
 from ..errors import UserError
 from ..frontend import OBJECTIVE, Net
 from ..ir.graph import FLOAT_DTYPES, Graph
-from ..passes.pipeline import run_pipeline
 from ..runtime.binding import bind_symbols
 from ..runtime.plan import Plan, RuntimeState
 from ..weights import save_weights
@@ -26,7 +25,7 @@ from .checkpoint import Checkpoint, find_resume_point, read_checkpoint, write_ch
 from .data import BatchOrder, Dataset, fit_to_inputs, load_source, split, transform
 from .progress import MetricsLog, Progress, plot
 from .schedule import check_policy, learning_rate
-from .solvers import SolverConfig, add_solver, host_values, is_slot
+from .solvers import SolverConfig, host_values, is_slot
 
 RESERVED = {"iter", "loss", "lr"}
 
@@ -100,17 +99,19 @@ def evaluate(cache: PlanCache, dataset: Dataset, batch: int) -> dict[str, float]
     return {n: t / len(dataset) for n, t in totals.items()}
 
 
-def test_graph(net: Net) -> Graph | None:
+def test_graph(net: Net, disable: tuple[str, ...] = (), weights: dict[str, np.ndarray] | None = None) -> Graph | None:
+    """The test phase's scalar outputs, optimised; ``weights`` (when they stay fixed, as in
+    ``toolkit test``) are frozen into it. A training run's test graph reads the live weights."""
     graph = net.graph("test")
     graph.outputs = {k: v for k, v in graph.outputs.items() if v.shape == ()}
     if not graph.outputs:
         return None
-    return run_pipeline(graph)
+    return optimize(graph, disable, weights)
 
 
 class Trainer:
     def __init__(self, net: Net, out: Path, weights: str | None = None, resume: str | None = None,
-                 device: str = "cpu", stream=None):
+                 device: str = "cpu", stream=None, disable: tuple[str, ...] | None = None):
         self.net = net
         self.spec = spec = train_spec(net)
         self.cfg = SolverConfig.from_spec(spec.solver)
@@ -129,9 +130,8 @@ class Trainer:
         else:
             raise UserError("train needs max_iter or epochs (e.g. --set train.max_iter=1000)")
 
-        graph = net.graph("train")
-        add_solver(graph, add_gradients(graph), self.cfg)
-        self.graph = run_pipeline(graph)
+        self.disable = disabled_passes(net) if disable is None else disable
+        self.graph = optimize(train_graph(net, self.cfg), self.disable, device=device)
         self.dtype = net_dtype(net)
         self.store = self._initial_weights(weights)
         self.runtime = RuntimeState(np.random.default_rng(spec.seed))
@@ -140,7 +140,7 @@ class Trainer:
         if resume:
             self._resume(resume)
         self.train_plans = PlanCache(self.graph, self.store, self.runtime, device)
-        tg = test_graph(net) if self.test_set is not None else None
+        tg = test_graph(net, self.disable) if self.test_set is not None else None
         self.test_plans = PlanCache(tg, self.store, RuntimeState(np.random.default_rng(0)), device) if tg else None
         self.loss_tops = [t for t in self.graph.losses if t not in RESERVED]
         self._stop: int | None = None
@@ -151,7 +151,7 @@ class Trainer:
             model = self.net.load_weights(path, dtype=self.dtype)
         else:
             model = self.net.init_weights(self.spec.seed, self.dtype)
-        store = {k: np.ascontiguousarray(v, dtype=self.dtype) for k, v in model.items()}
+        store = {k: np.array(v, dtype=self.dtype, order="C") for k, v in model.items()}
         for name, w in self.graph.weights.items():
             if name not in store:
                 store[name] = np.zeros(tuple(int(d) for d in w.value.shape), dtype=w.value.dtype)

@@ -1,2 +1,2 @@
 """numpy kernels for the CPU; importing this package registers them."""
-from . import conv, elementwise, linalg, misc, pool, reduce  # noqa: F401  (registration)
+from . import conv, elementwise, fused, linalg, misc, pool, reduce  # noqa: F401  (registration)

@@ -6,7 +6,7 @@ from ..registry import register_kernel
 
 # Expressions that read an input after writing part of ``out`` cannot run with ``out`` aliasing
 # an input; every other elementwise kernel may update its input in place.
-_NOT_IN_PLACE = {"leaky_relu", "elu", "softplus", "gelu", "sigmoid_cross_entropy", "dropout_mask",
+NOT_IN_PLACE = {"leaky_relu", "elu", "softplus", "gelu", "sigmoid_cross_entropy", "dropout_mask",
                  "cast", "scalar", "constant"}
 _NEEDS_RNG = {"dropout_mask"}
 
@@ -38,4 +38,4 @@ def _make(name):
 
 
 for _name in ELEMENTWISE_IMPL:
-    register_kernel(_name, "cpu", inplace=_name not in _NOT_IN_PLACE)(_make(_name))
+    register_kernel(_name, "cpu", inplace=_name not in NOT_IN_PLACE)(_make(_name))
