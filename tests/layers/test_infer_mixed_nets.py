@@ -2,11 +2,11 @@
 (toolkit.peers.torch_net) to 1e-4 relative in float32 (1e-7 in float64).
 
 Between them the two nets use every layer type of the catalog: grouped, dilated, strided and
-padded convolution, BatchNorm on running statistics (perturbed away from 0 / 1), max and average
-pooling with padding and ceil_mode (and global), Concat, Slice with slice_point and equal split,
-Eltwise sum with coefficients / prod / max, Reshape with 0 and -1, Flatten, InnerProduct on an
-axis, every activation, Softmax / LogSoftmax on axes, Dropout, and the losses and Accuracy in the
-train and test phases.
+padded convolution, BatchNorm on running statistics (perturbed away from 0 / 1) followed by a
+learned Scale, Scale by a second bottom, max and average pooling with padding and ceil_mode (and
+global), Concat, Slice with slice_point and equal split, Eltwise sum with coefficients / prod /
+max, Reshape with 0 and -1, Flatten, InnerProduct on an axis, every activation, Softmax /
+LogSoftmax on axes, Dropout, and the losses and Accuracy in the train and test phases.
 """
 from __future__ import annotations
 
@@ -55,6 +55,7 @@ layers:
   - {name: pool2, type: Pooling, bottom: cat2, top: pool2, pool: ave, kernel_size: 3, stride: 2, pad: 1,
      ceil_mode: true, count_include_pad: false}
   - {name: bn2, type: BatchNorm, bottom: pool2, top: pool2, affine: false, eps: 0.001}
+  - {name: sc2, type: Scale, bottom: pool2, top: pool2, bias_term: true}
   - {name: flat, type: Reshape, bottom: pool2, top: flat, shape: [0, -1]}
   - {name: ip1, type: InnerProduct, bottom: flat, top: ip1, num_output: 32}
   - {name: gelu, type: GELU, bottom: ip1, top: ip1}
@@ -104,10 +105,11 @@ layers:
   - {name: halves, type: Slice, bottom: lsm, top: [h1, h2], axis: 2}
   - {name: pmax, type: Eltwise, bottom: [p1, p3], top: pmax, operation: max}
   - {name: hsum, type: Eltwise, bottom: [h1, h2], top: hsum, coeff: [-1.5, 0.5]}
+  - {name: gated, type: Scale, bottom: [h1, h2], top: gated, axis: 0}
   - {name: ip2, type: InnerProduct, bottom: lsm, top: ip2, num_output: 3, axis: 2}
   - {name: l2, type: EuclideanLoss, bottom: [ip2, target], top: l2, phase: train, loss_weight: 0.3}
   - {name: bce, type: SigmoidCrossEntropyLoss, bottom: [ip2, target], top: bce, phase: [train, test]}
-outputs: [sm, ip2, pmax, hsum, p2]
+outputs: [sm, ip2, pmax, hsum, p2, gated]
 """
 
 NETS = {"image": IMAGE_NET, "sequence": SEQUENCE_NET}
@@ -136,7 +138,7 @@ def random_weights(net: Net, dtype: str, seed: int = 3) -> dict[str, np.ndarray]
             arr[...] = rng.normal(0.0, 0.5, arr.shape)
         elif pname == "running_var":
             arr[...] = rng.uniform(0.4, 2.5, arr.shape)
-        elif pname == "weight" and types[layer] == "BatchNorm":
+        elif pname == "weight" and types[layer] in ("BatchNorm", "Scale"):   # filled with 1
             arr[...] = rng.uniform(0.5, 1.5, arr.shape)
     return weights
 

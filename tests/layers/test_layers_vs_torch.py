@@ -246,6 +246,40 @@ CASES = [
           L("acc_seq", "Accuracy", ["seq", "label2"], top_k=2),
           L("acc_seq_axis", "Accuracy", ["seq", "label3"], axis=2, top_k=1, phase="infer")] + head("data"),
          {"label": labels(3), "label2": labels(4), "label3": labels(3)}),
+    Case("scale_channels_bias",
+         dict(IMG),
+         [L("scale", "Scale", "data", bias_term=True),
+          L("scale2", "Scale", "scale", axis=1, num_axes=1)] + head("scale2")),
+    Case("scale_num_axes_2_and_all",
+         dict(IMG),
+         [L("s2", "Scale", "data", num_axes=2),
+          L("s2b", "Scale", "data", axis=2, num_axes=2, bias_term=True),
+          L("all", "Scale", "data", num_axes=-1, bias_term=True),
+          L("all2", "Scale", "data", axis=3, num_axes=-1),
+          L("sum", "Eltwise", ["s2", "s2b", "all", "all2"])] + head("sum")),
+    Case("scale_scalar_num_axes_0",
+         dict(IMG),
+         [L("s0", "Scale", "data", num_axes=0),
+          L("s0b", "Scale", "data", axis=3, num_axes=0, bias_term=True),
+          L("cat", "Concat", ["s0", "s0b"])] + head("cat")),
+    Case("scale_negative_axis",
+         {"data": (["N", 3, 4, 5], "float32"), "label": (["N"], "int64")},
+         [L("last", "Scale", "data", axis=-1, bias_term=True),
+          L("mid", "Scale", "data", axis=-3, num_axes=2),
+          L("rest", "Scale", "data", axis=-2, num_axes=-1, bias_term=True),
+          L("sum", "Eltwise", ["last", "mid", "rest"], coeff=[1.0, -0.5, 2.0])] + head("sum")),
+    Case("scale_inplace_after_batchnorm",     # Caffe's idiom: BatchNorm without affine, then Scale
+         dict(IMG),
+         [L("bn", "BatchNorm", "data", "data", affine=False),
+          L("scale", "Scale", "data", "data", bias_term=True, lr_mult=[1, 2])] + head("data")),
+    Case("scale_two_bottoms",
+         {"data": (["N", 3, 5, 6], "float32"), "ch": ([3], "float32"), "hw": ([5, 6], "float32"),
+          "nc": (["N", 3], "float32"), "one": ([], "float32"), "label": (["N"], "int64")},
+         [L("by_ch", "Scale", ["data", "ch"]),
+          L("by_hw", "Scale", ["data", "hw"], axis=-2, bias_term=True),
+          L("by_nc", "Scale", ["data", "nc"], axis=0),
+          L("by_one", "Scale", ["data", "one"], num_axes=3),       # num_axes: ignored with two bottoms
+          L("sum", "Eltwise", ["by_ch", "by_hw", "by_nc", "by_one"])] + head("sum")),
     Case("share_and_frozen_bias",
          {"a": (["N", 2, 5, 5], "float32"), "b": (["N", 2, 5, 5], "float32"), "label": (["N"], "int64")},
          [L("conv_a", "Convolution", "a", num_output=3, kernel_size=3, lr_mult=[1, 0]),
@@ -277,7 +311,7 @@ def random_weights(net: Net, dtype: str, seed: int = 7) -> dict[str, np.ndarray]
             arr[...] = rng.normal(0.0, 0.5, arr.shape)
         elif pname == "running_var":
             arr[...] = rng.uniform(0.4, 2.5, arr.shape)
-        elif pname == "weight" and types[layer] == "BatchNorm":
+        elif pname == "weight" and types[layer] in ("BatchNorm", "Scale"):   # filled with 1
             arr[...] = rng.uniform(0.5, 1.5, arr.shape) * rng.choice([-1.0, 1.0], arr.shape)
     return weights
 
