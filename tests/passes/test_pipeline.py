@@ -1,5 +1,6 @@
-"""Graph passes: what each changed (structure) and that the numbers did not change (reference
-interpreter before vs compiled plan after), including cases where a pass must not fire."""
+"""The pipeline: passes by name (each switchable, unknown names an error listing them), the
+canonicalising fixpoint, the verifier naming the pass that broke the graph, records for
+``--explain``, conv + max-pool fusion, and numbers unchanged by the whole pipeline."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,8 +8,10 @@ import pytest
 
 from toolkit.compile import add_gradients, forward_graph
 from toolkit.frontend import Net
+from toolkit.ir.graph import Graph
 from toolkit.ir.verify import VerifyError, verify
-from toolkit.passes.pipeline import PIPELINE, run_pipeline
+from toolkit.passes import pipeline as pipeline_module
+from toolkit.passes.pipeline import PIPELINE, PassRecord, Stage, UnknownPass, no_optimize, pass_names, run_pipeline
 from toolkit.runtime.interpreter import interpret
 from toolkit.runtime.plan import Plan
 from toolkit.train.solvers import SolverConfig, add_solver
@@ -41,38 +44,47 @@ def ops_of(graph):
     return [n.op for n in graph.nodes]
 
 
+def conv_pools(graph) -> list[str]:
+    """Scopes of conv + max-pool fusions, fused alone or as an epilogue's head."""
+    out = [n.scope for n in graph.nodes if n.op == "conv2d_max_pool2d"]
+    out += [n.scope.rsplit("+", 1)[0] for n in graph.nodes
+            if n.op == "fused_epilogue" and n.attrs["head"] == "conv2d_max_pool2d"]
+    return out
+
+
 def test_fuses_only_where_the_pooling_is_the_sole_unpadded_reader(net):
-    graph = forward_graph(net, "infer")
-    ops = ops_of(graph)
+    graph = forward_graph(net, "infer", disable=("fuse_epilogue",))
     # conv1 -> pool1 fuses; conv2 -> pool2 does not (padded pooling); conv3 -> relu -> pool3 does
     # once simplify has moved the relu after the pooling (max commutes with a monotone activation)
-    assert ops.count("conv2d_max_pool2d") == 2
-    assert ops.count("conv2d") == 1 and ops.count("max_pool2d") == 1
-    fused = [n for n in graph.nodes if n.op == "conv2d_max_pool2d"]
-    assert fused[0].scope == "conv1+pool1" and fused[0].attrs["pool_kernel"] == (2, 2)
-    assert fused[1].scope == "conv3+pool3" and ops[-1] == "relu"
+    assert conv_pools(graph) == ["conv1+pool1", "conv3+pool3"]
+    ops = ops_of(graph)
+    assert ops.count("conv2d") == 1 and ops.count("max_pool2d") == 1 and ops[-1] == "relu"
+    fused = next(n for n in graph.nodes if n.op == "conv2d_max_pool2d")
+    assert fused.attrs["pool_kernel"] == (2, 2)
     verify(graph)
 
 
 def test_no_fusion_when_the_convolution_has_another_reader(net):
     graph = forward_graph(net, "test")            # the test phase also average-pools conv1
-    assert not any(n.op == "conv2d_max_pool2d" and n.scope.startswith("conv1") for n in graph.nodes)
+    assert "conv1+pool1" not in conv_pools(graph)
 
 
-def test_no_fusion_in_train_graphs(net):
+def test_no_conv_pool_fusion_in_train_graphs(net):
     graph = net.graph("train")
     add_solver(graph, add_gradients(graph), SolverConfig())
     graph = run_pipeline(graph, check=True)
-    assert "conv2d_max_pool2d" not in ops_of(graph)  # the pooling gradient reads the conv output
+    assert conv_pools(graph) == []                 # the pooling gradient reads the conv output
 
 
 @pytest.mark.parametrize("dtype,tol", [("float32", 1e-5), ("float64", 1e-12)])
-def test_numbers_unchanged_by_the_pipeline(net, rng, dtype, tol):
+@pytest.mark.parametrize("frozen", [False, True], ids=["weights", "frozen"])
+def test_numbers_unchanged_by_the_pipeline(net, rng, dtype, tol, frozen):
     before = net.graph("infer", dtype)
-    after = run_pipeline(net.graph("infer", dtype), check=True)
     weights = {k: v.astype(dtype) for k, v in net.init_weights(3).items()}
     for k in weights:
         weights[k] += rng.uniform(-0.5, 0.5, weights[k].shape).astype(dtype)
+    after = forward_graph(net, "infer", dtype, weights=weights if frozen else None)
+    verify(after)
     for n in (1, 3):
         x = rng.standard_normal((n, 2, 18, 18)).astype(dtype)
         expected, _ = interpret(before, {"data": x}, weights)
@@ -83,10 +95,55 @@ def test_numbers_unchanged_by_the_pipeline(net, rng, dtype, tol):
 
 def test_passes_switch_off_by_name(net):
     graph = run_pipeline(net.graph("infer"), disable=("fuse_conv_max_pool",))
-    assert "conv2d_max_pool2d" not in ops_of(graph)
-    with pytest.raises(ValueError, match="unknown pass"):
+    assert conv_pools(graph) == [] and graph.disabled == frozenset({"fuse_conv_max_pool"})
+    with pytest.raises(UnknownPass, match="unknown pass 'fuse_everything'; the passes are: eliminate_dead_code"):
         run_pipeline(net.graph("infer"), disable=("fuse_everything",))
-    assert PIPELINE[0].name == "eliminate_dead_code"
+    assert PIPELINE[0].name == "eliminate_dead_code" and pass_names()[-1] == "plan_memory"
+    assert len(set(pass_names())) == len(PIPELINE)
+    assert set(no_optimize()) == set(pass_names()) - {"eliminate_dead_code", "plan_memory"}
+
+
+def test_every_pass_has_a_contract_and_runs_alone(net, rng):
+    """Each pass alone (every other one off) keeps the graph valid and its numbers equal."""
+    before = net.graph("infer")
+    weights = net.init_weights(1)
+    x = rng.standard_normal((2, 2, 18, 18)).astype(np.float32)
+    expected, _ = interpret(before, {"data": x}, weights)
+    for stage in PIPELINE:
+        assert stage.contract and stage.contract[0].islower()
+        others = tuple(n for n in pass_names() if n != stage.name)
+        graph = run_pipeline(net.graph("infer"), disable=others, check=True)
+        got = Plan(graph, {"N": 2}, {k: weights[k] for k in graph.weights}).run({"data": x})
+        np.testing.assert_allclose(got["pool3"], expected["pool3"], rtol=1e-5, atol=1e-6, err_msg=stage.name)
+
+
+def test_records_say_what_each_pass_did(net):
+    records: list[PassRecord] = []
+    run_pipeline(net.graph("infer"), records=records, check=True)
+    names = [r.name for r in records]
+    assert names[:5] == ["eliminate_dead_code", "fold_constants", "dedup_constants", "simplify", "eliminate_common"]
+    fused = next(r for r in records if r.name == "fuse_conv_max_pool")
+    assert fused.nodes_after < fused.nodes_before and fused.notes == ["fuse_conv_max_pool: conv1+pool1",
+                                                                      "fuse_conv_max_pool: conv3+pool3"]
+    assert all(r.ms >= 0 for r in records)
+
+
+def test_verifier_names_the_pass_that_broke_the_graph(net, monkeypatch):
+    def breaks(graph: Graph) -> Graph:
+        graph.nodes.reverse()
+        return graph
+    broken = [Stage("eliminate_dead_code", breaks, "breaks the order", canonical=True)]
+    monkeypatch.setattr(pipeline_module, "PIPELINE", broken)
+    with pytest.raises(VerifyError, match="after pass eliminate_dead_code: .*not defined above"):
+        run_pipeline(net.graph("infer"), check=True)
+
+
+def test_canonicalisation_reaches_a_fixpoint(net):
+    """Running the pipeline again finds nothing more to do."""
+    graph = run_pipeline(net.graph("infer"))
+    records: list[PassRecord] = []
+    run_pipeline(graph, records=records)
+    assert all(r.nodes_before == r.nodes_after and not r.notes for r in records)
 
 
 def test_verifier_names_the_broken_invariant(net):

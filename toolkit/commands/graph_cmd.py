@@ -69,6 +69,7 @@ def run_graph(args) -> int:
             raise UserError(NO_DOT.format(stem=target.stem or "net"))
 
     net = Net.load(args.net)
+    disable = disabled_passes(net, args.disable, args.no_optimize)
     graph = train_graph(net) if args.phase == "train" else net.graph(args.phase)
     stage = "as lowered"
     if args.phase == "train":
@@ -78,7 +79,7 @@ def run_graph(args) -> int:
         weights = None
         if args.phase != "train":
             weights = net.load_weights(args.weights) if args.weights else net.init_weights()
-        graph = optimize(graph, disabled_passes(net, args.disable, args.no_optimize), weights)
+        graph = optimize(graph, disable, weights)
         stage = "after the passes" + (", with backward and solver updates" if args.phase == "train" else "")
     text = to_dot(graph, title=f"{net.name}: {args.phase} phase, {stage}")
 

@@ -53,12 +53,13 @@ def run_test(args) -> int:
     from ..runtime.plan import RuntimeState
     import numpy as np
     net = Net.load(args.net, parse_overrides(args.overrides))
+    disable = disabled_passes(net, args.disable, args.no_optimize)
     spec = train_spec(net)
     _train, test_set = load_data(net, spec)
     if test_set is None:
         raise UserError("the net's data has no test split: set train.data.test_fraction or test_source")
     weights = net.load_weights(args.weights)
-    graph = test_graph(net, disabled_passes(net, args.disable, args.no_optimize), weights)
+    graph = test_graph(net, disable, weights)
     if graph is None:
         raise UserError("the test phase has no scalar output (add an Accuracy or loss layer in phase test)")
     metrics = evaluate(PlanCache(graph, weights, RuntimeState(np.random.default_rng(0)), args.device),

@@ -135,7 +135,7 @@ def _product_terms(v: Value, places: _Places, kept: set[int]) -> list[Node] | No
 def _batch_sums(graph: Graph, subst: Substitution, inserts, places: _Places, done: set[int]) -> list[str]:
     notes = []
     kept = kept_ids(graph)
-    for node in graph.nodes:
+    for node in reversed(graph.nodes):        # the root of an add tree first: it takes every term
         if node.op != "add" or id(node) in done:
             continue
         out = node.outputs[0]

@@ -171,7 +171,8 @@ def _merged_scale(a: float, b: float, dtype: str) -> float | None:
     separate products did not: the merged factor must be finite and normal (or a true zero)."""
     if dtype not in FLOAT_DTYPES:
         return None
-    prod = np.multiply(np.asarray(a, dtype), np.asarray(b, dtype))
+    with np.errstate(over="ignore", under="ignore"):       # overflow is the case being ruled out
+        prod = np.multiply(np.asarray(a, dtype), np.asarray(b, dtype))
     if not np.isfinite(prod):
         return None
     if prod == 0:

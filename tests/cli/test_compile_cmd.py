@@ -1,0 +1,119 @@
+"""``toolkit compile`` (--explain, --json as SPEC section 4 shapes it) and the pass switches of
+every command that builds a plan: --no-optimize, --disable PASS (unknown names are errors that
+list the passes) and ``optimize: {disable: [...]}`` in the net file (located errors)."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from toolkit.passes.pipeline import pass_names
+
+from cli_helpers import LENET, col_of, expect_error, line_of, run_cli, write_net
+
+BN_NET = """
+name: bnnet
+inputs:
+  data: {shape: [N, 1, 8, 8]}
+  label: {shape: [N], dtype: int64}
+layers:
+  - {name: conv, type: Convolution, bottom: data, top: conv, num_output: 4, kernel_size: 3, pad: 1}
+  - {name: bn, type: BatchNorm, bottom: conv, top: conv}
+  - {name: relu, type: ReLU, bottom: conv, top: conv}
+  - {name: pool, type: Pooling, bottom: conv, top: pool, pool: ave, global_pooling: true}
+  - {name: ip, type: InnerProduct, bottom: pool, top: ip, num_output: 10}
+  - {name: loss, type: SoftmaxWithLoss, bottom: [ip, label], top: loss, phase: [train, test]}
+  - {name: accuracy, type: Accuracy, bottom: [ip, label], top: accuracy, phase: test}
+  - {name: prob, type: Softmax, bottom: ip, top: prob, phase: infer}
+"""
+
+
+def compile_json(*args) -> dict:
+    result = run_cli("compile", *args, "--json")
+    assert result.status == 0, result.err
+    return json.loads(result.out)
+
+
+@pytest.mark.parametrize("phase", ["infer", "test", "train"])
+def test_json_has_the_spec_keys(phase):
+    report = compile_json(LENET, "--phase", phase, "--batch", "8")
+    assert report["phase"] == phase
+    for p in report["passes"]:
+        assert set(p) >= {"name", "nodes_before", "nodes_after", "ms"} and p["name"] in pass_names()
+    assert report["ops"] and all(isinstance(v, int) and v > 0 for v in report["ops"].values())
+    assert isinstance(report["flops"], int) and report["flops"] > 0
+    memory = report["memory"]
+    assert memory["batch"] == 8
+    assert 0 < memory["lower_bound_bytes"] <= memory["naive_bytes"] and 0 < memory["peak_bytes"] <= memory["naive_bytes"]
+
+
+def test_batch_norm_leaves_no_arithmetic_in_infer(tmp_path):
+    net = write_net(tmp_path, BN_NET)
+    report = compile_json(net, "--phase", "infer")
+    assert not {"sub", "mul", "rsqrt", "add", "div"} & set(report["ops"])
+    for members in report["fused"].values():
+        assert not {"sub", "mul", "rsqrt", "div"} & set(members)
+    plain = compile_json(net, "--phase", "infer", "--no-optimize")
+    assert {"sub", "mul", "rsqrt"} <= set(plain["ops"]) and plain["passes"][0]["name"] == "eliminate_dead_code"
+    assert {p["name"] for p in plain["passes"]} == {"eliminate_dead_code"}
+
+
+def test_explain_lists_changes_memory_and_the_passes(tmp_path):
+    result = run_cli("compile", write_net(tmp_path, BN_NET), "--explain", "--batch", "4")
+    assert result.status == 0, result.err
+    assert "fold_batch_norm: bn into conv" in result.out
+    assert "memory at N=4: planned" in result.out and "lower bound" in result.out
+    for name in pass_names():
+        assert f"  {name} " in result.out
+
+
+def test_disable_switches_one_pass_off(tmp_path):
+    net = write_net(tmp_path, BN_NET)
+    report = compile_json(net, "--disable", "fold_batch_norm")
+    assert "rsqrt" not in report["ops"]                    # folded to a constant: weights are frozen
+    assert not any(p["name"] == "fold_batch_norm" for p in report["passes"])
+    assert report["disabled"] == ["fold_batch_norm"]
+
+
+@pytest.mark.parametrize("command", ["compile", "infer", "bench", "train", "test", "graph"])
+def test_unknown_pass_is_an_error_listing_the_passes(tmp_path, command):
+    extra = {"compile": [], "infer": ["--weights", "w.npz", "--input", "x.npy"], "bench": ["--batch", "1"],
+             "train": [], "test": ["--weights", "w.npz"], "graph": ["-o", tmp_path / "g.dot"]}[command]
+    result = run_cli(command, LENET, *extra, "--disable", "fuse_evrything")
+    expect_error(result, "--disable", "unknown pass 'fuse_evrything'", "fuse_elementwise", "plan_memory")
+
+
+def test_net_file_can_disable_passes(tmp_path):
+    net = write_net(tmp_path, BN_NET.replace("layers:", "optimize: {disable: [fold_batch_norm, fuse_epilogue]}\nlayers:"))
+    report = compile_json(net)
+    assert set(report["disabled"]) == {"fold_batch_norm", "fuse_epilogue"} and "fused_epilogue" not in report["ops"]
+
+
+def test_net_file_unknown_pass_is_located(tmp_path):
+    text = BN_NET.replace("layers:", "optimize: {disable: [fuse_elementwise, fold_batchnorm]}\nlayers:")
+    net = write_net(tmp_path, text)
+    result = run_cli("check", net)
+    expect_error(result, "optimize.disable: unknown pass 'fold_batchnorm'", "did you mean 'fold_batch_norm'",
+                 file=net, line=line_of(text, "fold_batchnorm"), col=col_of(text, "fold_batchnorm"))
+
+
+def test_every_plan_command_runs_with_and_without_the_optimiser(tmp_path):
+    net = write_net(tmp_path, BN_NET + "train: {max_iter: 3, display: 1, test_interval: 100, snapshot: 100}\n")
+    for flags in ([], ["--no-optimize"], ["--disable", "fuse_elementwise", "--disable", "plan_memory"]):
+        out = tmp_path / ("run" + "".join(flags))
+        result = run_cli("train", net, "--out", out, *flags)
+        assert result.status == 0, result.err
+        weights = out / "model.safetensors"
+        assert run_cli("test", net, "--weights", weights, *flags).status == 0
+        assert run_cli("bench", net, "--batch", "2", "--iters", "2", "--warmup", "0", *flags).status == 0
+    x = np.random.default_rng(0).normal(size=(5, 1, 8, 8)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    outputs = []
+    for flags in ([], ["--no-optimize"]):
+        target = tmp_path / f"out{len(outputs)}.npy"
+        result = run_cli("infer", net, "--weights", tmp_path / "run" / "model.safetensors", "--input",
+                         tmp_path / "x.npy", "--output", target, *flags)
+        assert result.status == 0, result.err
+        outputs.append(np.load(target))
+    np.testing.assert_allclose(outputs[0], outputs[1], rtol=1e-5, atol=1e-7)
