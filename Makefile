@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: test train bench clean
+.PHONY: test test-slow train bench bench-optimizer clean
 
 $(VENV)/.installed-test: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -18,6 +18,10 @@ $(VENV)/.installed: pyproject.toml
 
 test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -q
+
+# The longer sweeps (3000 random nets through the optimiser against the reference interpreter).
+test-slow: $(VENV)/.installed-test
+	$(BIN)/python -m pytest -q -m slow
 
 # Trains zoo/lenet on the digits that ship with the toolkit, then scores held-out digits with
 # `toolkit infer` (the net's test split, never seen in training).
@@ -34,6 +38,10 @@ train: $(VENV)/.installed
 bench: $(VENV)/.installed-test
 	$(BIN)/python -m pip install --quiet -e '.[bench]'
 	$(BIN)/python benchmarks/compare.py benchmarks/nets/lenet.yaml --batch 64
+
+# toolkit bench with and without the optimiser on every zoo net, infer and train.
+bench-optimizer: $(VENV)/.installed
+	$(BIN)/python benchmarks/optimizer.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

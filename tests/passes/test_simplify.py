@@ -113,6 +113,16 @@ def dropout_times(phase):
     return make
 
 
+def matmul_with(weight_kind):
+    def make():
+        t = _graph()
+        x = t.input("x", (3, 4))
+        w = t.const(np.arange(20.0).reshape(5, 4) / 20) if weight_kind == "constant" else t.weight("w", (5, 4))
+        t.out("y", t.b.op("matmul", x, w, trans_a=False, trans_b=True))
+        return t.g
+    return make
+
+
 # rule -> (a graph where it fires, a near miss where it must not)
 CASES: dict[str, tuple] = {
     "mul_by_one": (binary("mul", (3, 4), 1.0), binary("mul", (4,), 1.0, (3, 4))),   # ones that broadcast x
@@ -152,6 +162,7 @@ CASES: dict[str, tuple] = {
     "dropout_outside_training": (dropout_times("infer"), dropout_times("train")),
     "pool_before_activation": (pool_of("relu"), pool_of("gelu", approximate="none")),             # gelu dips
     "matmul_of_transpose": (matmul_transposed((1, 0)), matmul_transposed((1, 0, 2), shape=(4, 3, 3))),
+    "pretranspose_constant_operand": (matmul_with("constant"), matmul_with("weight")),    # a live weight
 }
 
 # more near misses for the same rules: each must leave the graph alone

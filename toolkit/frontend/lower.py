@@ -120,6 +120,7 @@ def lower_phase(spec, positions: Positions, phase: str, float_dtype: str | None,
     problems: list[Problem] = []
     blobs: dict[str, Value] = {}
     consumed: set[int] = set()
+    exported: dict[int, str] = {}         # value id -> the latest top name it was given
     broken: set[str] = set()              # tops of layers that failed: their users stay quiet
 
     def where(i: int, key: str | None = None, value: bool = False) -> Location:
@@ -194,6 +195,10 @@ def lower_phase(spec, positions: Positions, phase: str, float_dtype: str | None,
         for tname, v in zip(layer.tops, tops):
             v.name = v.name or tname
             blobs[tname] = v
+            # a layer that passes its bottom through (Flatten to the same shape, Dropout outside
+            # train) hands the value on under its top's name: unread, that top is an output
+            consumed.discard(v.id)
+            exported[v.id] = tname
         is_loss = layer.name in loss_layers if loss_layers is not None else ldef.type.endswith("Loss")
         if is_loss:
             weights = layer.loss_weight if isinstance(layer.loss_weight, list) else [layer.loss_weight] * len(tops)
@@ -201,7 +206,8 @@ def lower_phase(spec, positions: Positions, phase: str, float_dtype: str | None,
                 graph.losses[tname] = 1.0 if lw is None else float(lw)
 
     graph.outputs = {name: v for name, v in blobs.items()
-                     if v.id not in consumed and name not in graph.inputs and v.producer is not None}
+                     if v.id not in consumed and name not in graph.inputs and v.producer is not None
+                     and exported.get(v.id) == name}       # one name per value: the latest top
     return Lowered(graph, blobs, problems)
 
 

@@ -13,6 +13,10 @@ fused_epilogue: a head op (matmul, conv2d, conv2d_max_pool2d, conv2d_grad_input)
 read only by an elementwise program: ``head``/``head_attrs`` name it, the first ``head_inputs``
 node inputs are its operands, and the program reads the rest.
 
+Both fused programs may read an input through a view, ``views[i] = (axis, start, stop)`` (empty
+when none): a slice along a non-batch axis, such as one branch's columns of a batched GEMM's
+result, read in place instead of copied out first.
+
 All are made after autodiff, so none needs a gradient rule.
 """
 from __future__ import annotations
@@ -114,20 +118,44 @@ def _check_outputs(attrs):
         raise ShapeError("a fused program needs at least one output")
 
 
+def viewed_types(types: list[TensorType], views) -> list[TensorType]:
+    """The types a program reads: each input through its view, if it has one."""
+    out = []
+    for t, view in zip(types, views or ()):
+        if view:
+            axis, start, stop = view
+            if axis < 1:
+                raise ShapeError("a fused program views inputs along a non-batch axis only")
+            (t,) = get_op("slice").infer([t], {"axis": axis, "start": start, "stop": stop})
+        out.append(t)
+    return out + list(types[len(views or ()):])
+
+
+def viewed_arrays(arrays: list, views) -> list:
+    out = list(arrays)
+    for i, view in enumerate(views or ()):
+        if view:
+            axis, start, stop = view
+            index = [slice(None)] * arrays[i].ndim
+            index[axis] = slice(start, stop)
+            out[i] = arrays[i][tuple(index)]
+    return out
+
+
 def _elementwise_infer(types, attrs):
     _check_outputs(attrs)
-    steps = program_types(attrs["program"], types)
+    steps = program_types(attrs["program"], viewed_types(types, attrs.get("views")))
     return [steps[j] for j in attrs["outputs"]]
 
 
-def _elementwise_reference(*arrays, program, outputs):
-    values = run_program(program, list(arrays))
+def _elementwise_reference(*arrays, program, outputs, views=()):
+    values = run_program(program, viewed_arrays(list(arrays), views))
     result = tuple(values[j] for j in outputs)
     return result if len(result) > 1 else result[0]
 
 
 def _elementwise_flops(ins, outs, attrs):
-    return program_flops(attrs["program"], program_types(attrs["program"], ins))
+    return program_flops(attrs["program"], program_types(attrs["program"], viewed_types(ins, attrs.get("views"))))
 
 
 register(OpDef("fused_elementwise", _elementwise_infer, _elementwise_reference, None, _elementwise_flops,
@@ -149,15 +177,15 @@ def _epilogue_infer(types, attrs):
     if head not in EPILOGUE_HEADS:
         raise ShapeError(f"{head} cannot head an epilogue (heads: {', '.join(EPILOGUE_HEADS)})")
     (head_type,) = get_op(head).infer(types[:k], head_attrs)
-    steps = program_types(attrs["program"], types, head_type)
+    steps = program_types(attrs["program"], viewed_types(types, attrs.get("views")), head_type)
     if steps[-1].shape != head_type.shape:
         raise ShapeError(f"the epilogue's shape {steps[-1]} differs from its head's {head_type}")
     return [steps[j] for j in attrs["outputs"]]
 
 
-def _epilogue_reference(*arrays, head, head_attrs, head_inputs, program, outputs):
+def _epilogue_reference(*arrays, head, head_attrs, head_inputs, program, outputs, views=()):
     head_value = get_op(head).reference(*arrays[:head_inputs], **dict(head_attrs))
-    values = run_program(program, list(arrays), head_value)
+    values = run_program(program, viewed_arrays(list(arrays), views), head_value)
     result = tuple(values[j] for j in outputs)
     return result if len(result) > 1 else result[0]
 
@@ -167,7 +195,8 @@ def _epilogue_flops(ins, outs, attrs):
     opdef = get_op(head)
     (head_type,) = opdef.infer(ins[:k], head_attrs)
     total = opdef.flops(ins[:k], [head_type], head_attrs) if opdef.flops else 0
-    return total + program_flops(attrs["program"], program_types(attrs["program"], ins, head_type))
+    viewed = viewed_types(ins, attrs.get("views"))
+    return total + program_flops(attrs["program"], program_types(attrs["program"], viewed, head_type))
 
 
 register(OpDef("fused_epilogue", _epilogue_infer, _epilogue_reference, None, _epilogue_flops, batch_rows=True,

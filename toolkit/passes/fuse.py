@@ -80,25 +80,41 @@ def _scope_of(nodes: list[Node]) -> str:
     return scopes[0] if len(scopes) == 1 else f"{scopes[0]}+{len(scopes) - 1} more"
 
 
-def _program(members: list[Node], inputs: list[Value], extra_refs: dict[int, tuple] | None = None):
+def _view_of(v: Value) -> tuple | None:
+    """(source, (axis, start, stop)) when ``v`` is a slice a fused program can read in place:
+    along a non-batch axis, with fixed bounds."""
+    node = v.producer
+    if node is None or node.op != "slice":
+        return None
+    axis = node.attrs["axis"] % v.rank
+    start, stop = node.attrs["start"], node.attrs["stop"]
+    if axis < 1 or not isinstance(start, int) or not isinstance(stop, int):
+        return None
+    return node.inputs[0], (axis, start, stop)
+
+
+def _program(members: list[Node], inputs: list[Value], views: list[tuple], absorb=lambda v: False):
     """Steps for ``members`` in order; values they read from outside become node inputs
-    (appended to ``inputs``), or the refs given in ``extra_refs`` (an epilogue's head)."""
-    extra_refs = extra_refs or {}
+    (appended to ``inputs``, with ``views``), a slice that ``absorb`` allows read in place
+    through a view of its source."""
     step_of = {n.outputs[0].id: j for j, n in enumerate(members)}
-    slot = {v.id: i for i, v in enumerate(inputs)}
+    slot = {(v.id, view): i for i, (v, view) in enumerate(zip(inputs, views))}
     steps = []
     for n in members:
         refs = []
         for v in n.inputs:
             if v.id in step_of:
                 refs.append(("t", step_of[v.id]))
-            elif v.id in extra_refs:
-                refs.append(extra_refs[v.id])
-            else:
-                if v.id not in slot:
-                    slot[v.id] = len(inputs)
-                    inputs.append(v)
-                refs.append(("x", slot[v.id]))
+                continue
+            source, view = v, ()
+            viewed = _view_of(v) if absorb(v) else None
+            if viewed is not None:
+                source, view = viewed
+            if (source.id, view) not in slot:
+                slot[(source.id, view)] = len(inputs)
+                inputs.append(source)
+                views.append(view)
+            refs.append(("x", slot[(source.id, view)]))
         steps.append(make_step(n.op, refs, n.attrs))
     return tuple(steps)
 
@@ -150,22 +166,29 @@ def fuse_elementwise(graph: Graph) -> Graph:
 
     kept = kept_ids(graph)
     readers = graph.consumers()
-    fused_count = 0
     for g in groups:
-        if len(g.members) < 2 or not _has_kernel("fused_elementwise", graph.device, g.type.dtype):
+        if not _has_kernel("fused_elementwise", graph.device, g.type.dtype):
             continue
         inside = {id(n) for n in g.members}
+
+        def absorb(v: Value) -> bool:     # a slice only this group reads: read it in place
+            return v.id not in kept and all(id(r) in inside for r in readers.get(v.id, []))
+        reads_slice = any(absorb(v) and _view_of(v) for n in g.members for v in n.inputs)
+        if len(g.members) < 2 and not reads_slice:
+            continue
         leaving = [n.outputs[0] for n in g.members
                    if n.outputs[0].id in kept or any(id(r) not in inside for r in readers.get(n.outputs[0].id, []))]
         inputs: list[Value] = []
-        program = _program(g.members, inputs)
+        views: list[tuple] = []
+        program = _program(g.members, inputs, views, absorb)
         step_of = {n.outputs[0].id: j for j, n in enumerate(g.members)}
-        fused = Node("fused_elementwise", inputs,
-                     {"program": program, "outputs": tuple(step_of[v.id] for v in leaving)}, _scope_of(g.members))
+        attrs = {"program": program, "outputs": tuple(step_of[v.id] for v in leaving)}
+        if any(views):
+            attrs["views"] = tuple(views)
+        fused = Node("fused_elementwise", inputs, attrs, _scope_of(g.members))
         _replace_group(graph, g.members, fused, leaving)
-        fused_count += 1
-        note(graph, f"fuse_elementwise: {len(g.members)} ops of {fused.scope} -> one pass "
-                    f"({', '.join(n.op for n in g.members)})")
+        note(graph, f"fuse_elementwise: {len(g.members)} op(s) of {fused.scope} -> one pass "
+                    f"({', '.join(n.op for n in g.members)}{', reading slices in place' if any(views) else ''})")
     return graph
 
 
@@ -191,29 +214,35 @@ def fuse_epilogue(graph: Graph) -> Graph:
     for node in list(graph.nodes):
         if node.op == "fused_elementwise":
             program, outputs = node.attrs["program"], node.attrs["outputs"]
+            views = node.attrs.get("views", ((),) * len(node.inputs))
         elif _fusable(node):
             program, outputs = (make_step(node.op, [("x", i) for i in range(len(node.inputs))], node.attrs),), (0,)
+            views = ((),) * len(node.inputs)
         else:
             continue
         group_type = node.outputs[0].type
-        head = next((v.producer for v in node.inputs
-                     if v.producer is not None and _can_head(v.producer) and v.type == group_type
+        head = next((v.producer for v, view in zip(node.inputs, views)
+                     if not view and v.producer is not None and _can_head(v.producer) and v.type == group_type
                      and v.id not in kept and len(readers.get(v.id, [])) == 1), None)
         if head is None or not _has_kernel("fused_epilogue", graph.device, group_type.dtype):
             continue
         head_value = head.outputs[0]
         inputs = list(head.inputs)
+        new_views = [()] * len(inputs)
         old_to_new = {}
-        for i, v in enumerate(node.inputs):
-            if v.id == head_value.id:
+        for i, (v, view) in enumerate(zip(node.inputs, views)):
+            if v.id == head_value.id and not view:
                 old_to_new[i] = ("h",)
             else:
                 old_to_new[i] = ("x", len(inputs))
                 inputs.append(v)
+                new_views.append(view)
         remapped = tuple((op, tuple(old_to_new[r[1]] if r[0] == "x" else r for r in args), attrs)
                          for op, args, attrs in program)
         attrs = {"head": head.op, "head_attrs": tuple(sorted(head.attrs.items())), "head_inputs": len(head.inputs),
                  "program": remapped, "outputs": outputs}
+        if any(new_views):
+            attrs["views"] = tuple(new_views)
         fused = Node("fused_epilogue", inputs, attrs, f"{head.scope}+{node.scope}")
         _replace_group(graph, [head, node], fused, list(node.outputs))
         note(graph, f"fuse_epilogue: {head.op} of {head.scope} + {len(program)} elementwise op(s) "

@@ -17,9 +17,11 @@ also what keeps a product that depends on another's result out of its group.
 """
 from __future__ import annotations
 
+import numpy as np
+
 from ..ir.dims import Dim
 from ..ir.graph import FLOAT_DTYPES, Graph, Node, Value
-from .rewrite import Emitter, Substitution, kept_ids, note
+from .rewrite import CONSTANT_OPS, Emitter, Substitution, kept_ids, note
 
 # Rule 3 only batches products this small (M*N*K multiply-adds each): above it, the copies that
 # stack the operands cost more than the matmul calls they save (measured on 2-core EPYC: two
@@ -84,8 +86,38 @@ def _shared_operand_groups(graph: Graph) -> dict[tuple, list[Node]]:
     return groups
 
 
+def _layer_order(graph: Graph) -> dict[str, int]:
+    """Position of each layer's first node: groups are joined in layer order, so that the forward
+    pass and the backward pass concatenate the same weights and gradients the same way and the
+    common-subexpression pass can share them."""
+    order: dict[str, int] = {}
+    for i, node in enumerate(graph.nodes):
+        order.setdefault(_layer_of(node), i)
+    return order
+
+
+def _layer_of(node: Node) -> str:
+    scope = node.scope
+    return scope[:-len(".grad")] if scope.endswith(".grad") else scope
+
+
+def _bias_of(node: Node, places: _Places, kept: set[int]) -> Node | None:
+    """The add that is the only reader of a [rows, O] product and adds a [O] vector to it."""
+    out = node.outputs[0]
+    uses = places.readers.get(out.id, [])
+    if out.id in kept or len(uses) != 1 or uses[0].op != "add":
+        return None
+    add = uses[0]
+    other = add.inputs[1] if add.inputs[0] is out else add.inputs[0]
+    if other is out or tuple(other.shape) != (out.shape[1],) or add.outputs[0].type != out.type:
+        return None
+    return add
+
+
 def _batch_shared(graph: Graph, subst: Substitution, inserts, places: _Places, done: set[int]) -> list[str]:
     notes = []
+    order = _layer_order(graph)
+    kept = kept_ids(graph)
     for (shared_id, role, ta, tb), nodes in _shared_operand_groups(graph).items():
         # the other operands are concatenated along the axis that becomes the result's columns
         # (shared a: b's N axis) or rows (shared b: a's M axis); it must have a fixed size
@@ -97,6 +129,7 @@ def _batch_shared(graph: Graph, subst: Substitution, inserts, places: _Places, d
         nodes = _largest_fitting(nodes, places) if len(nodes) > 1 else []
         if len(nodes) < 2:
             continue
+        nodes.sort(key=lambda n: (order[_layer_of(n)], places.pos[id(n)]))
         shared = nodes[0].inputs[0] if role == "a" else nodes[0].inputs[1]
         b = Emitter("+".join(dict.fromkeys(n.scope for n in nodes)))
         joined = b.op("concat", *[other(n) for n in nodes], axis=axis)
@@ -104,10 +137,19 @@ def _batch_shared(graph: Graph, subst: Substitution, inserts, places: _Places, d
             product, out_axis = b.op("matmul", shared, joined, trans_a=ta, trans_b=tb), 1
         else:
             product, out_axis = b.op("matmul", joined, shared, trans_a=ta, trans_b=tb), 0
+        # InnerProducts' bias adds join too (zeros for a layer without one): one add on the joined
+        # result, which the epilogue fusion then puts in the GEMM's kernel
+        adds = [_bias_of(n, places, kept) if out_axis == 1 else None for n in nodes]
+        if any(adds):
+            vectors = [(a.inputs[1] if a.inputs[0] is n.outputs[0] else a.inputs[0]) if a is not None else
+                       b.op("constant", value=np.zeros(n.outputs[0].shape[1], n.outputs[0].dtype))
+                       for n, a in zip(nodes, adds)]
+            product = b.add(product, b.op("concat", *vectors, axis=0))
         start = 0
-        for n in nodes:
+        for n, add in zip(nodes, adds):
             size = n.outputs[0].shape[out_axis]
-            subst.replace(n.outputs[0], b.op("slice", product, axis=out_axis, start=start, stop=start + size))
+            part = b.op("slice", product, axis=out_axis, start=start, stop=start + size)
+            subst.replace(add.outputs[0] if add is not None else n.outputs[0], part)
             start += size
             done.add(id(n))
         _last_def, first_use = places.window(nodes)
@@ -135,6 +177,7 @@ def _product_terms(v: Value, places: _Places, kept: set[int]) -> list[Node] | No
 def _batch_sums(graph: Graph, subst: Substitution, inserts, places: _Places, done: set[int]) -> list[str]:
     notes = []
     kept = kept_ids(graph)
+    order = _layer_order(graph)
     for node in reversed(graph.nodes):        # the root of an add tree first: it takes every term
         if node.op != "add" or id(node) in done:
             continue
@@ -148,6 +191,7 @@ def _batch_sums(graph: Graph, subst: Substitution, inserts, places: _Places, don
             terms += t
         if not terms or len(terms) < 2:
             continue
+        terms.sort(key=lambda t: (order[_layer_of(t)], places.pos[id(t)]))
         ta, tb = terms[0].attrs["trans_a"], terms[0].attrs["trans_b"]
         a_axis, b_axis = (0 if ta else 1), (1 if tb else 0)
         if any(t.attrs["trans_a"] != ta or t.attrs["trans_b"] != tb or t.outputs[0].type != out.type
@@ -204,6 +248,9 @@ def batch_gemms(graph: Graph) -> Graph:
     """matmuls sharing an operand -> one wider GEMM and slices; sums of matmuls -> one GEMM over
     the joined inner dimension; small independent matmuls of one shape -> one batched matmul."""
     notes = []
+    # constants read nothing: first in the order, they never keep a group from fitting
+    graph.nodes = ([n for n in graph.nodes if n.op in CONSTANT_OPS] +
+                   [n for n in graph.nodes if n.op not in CONSTANT_OPS])
     for rule in (_batch_shared, _batch_sums, _batch_independent):
         places = _Places(graph)
         subst = Substitution()

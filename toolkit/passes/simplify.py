@@ -393,6 +393,27 @@ def matmul_of_transpose(node: Node, m: Match):
     return m.emit("matmul", a, b, **attrs) if changed else None
 
 
+@rule("matmul")
+def pretranspose_constant_operand(node: Node, m: Match):
+    """matmul(a, C, trans_b) -> matmul(a, transpose(C)) for a constant C (a frozen InnerProduct
+    weight), and likewise for a constant first operand; the transpose folds to a constant, so the
+    GEMM reads row-major memory. Measured with OpenBLAS on 2-core EPYC: [64,800]x[800,500] took
+    657 us read transposed vs 537 us row-major, [4,256]x[256,384] 54 vs 8 us. Not for a weight
+    that changes every step (a train graph's): that would copy it on every step."""
+    a, b = node.inputs
+    attrs = dict(node.attrs)
+    changed = False
+    for key, v in (("trans_a", a), ("trans_b", b)):
+        if attrs[key] and v.rank == 2 and v.producer is not None and v.producer.op == "constant":
+            attrs[key] = False
+            changed = True
+            if key == "trans_a":
+                a = m.emit("transpose", a, perm=(1, 0))
+            else:
+                b = m.emit("transpose", b, perm=(1, 0))
+    return m.emit("matmul", a, b, **attrs) if changed else None
+
+
 # -- the pass -------------------------------------------------------------------------------------
 def simplify(graph: Graph) -> Graph:
     """Apply the rule table once over the graph in order: each node is matched against the rules

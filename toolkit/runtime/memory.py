@@ -122,7 +122,10 @@ def plan_memory(steps, shapes, dtypes, fixed: dict[int, Storage], kept: set[int]
                 plan.views.add(id(node))
             else:
                 live_values.append((idx, last, need))
-                for i in pairs.get(pos, ()):
+                # a weight's own storage first (its update in place saves the copy back), then
+                # any input that dies here
+                order = sorted(pairs.get(pos, ()), key=lambda i: plan.storage_of[node.inputs[i].id].update_of != v.id)
+                for i in order:
                     inp = node.inputs[i]
                     cand = plan.storage_of[inp.id]
                     if id(cand) in taken:

@@ -77,9 +77,18 @@ class ProgramRunner:
     steps write scratch, released after their last reader (never to the step reading it, so an
     op that cannot run in place never does)."""
 
-    def __init__(self, program, outputs, in_shapes, out_shape, dtype, head_shape=None):
+    def __init__(self, program, outputs, in_shapes, out_shape, dtype, head_shape=None, views=()):
         dtype = np.dtype(dtype)
         out_shape = tuple(out_shape)
+        in_shapes = [tuple(s) for s in in_shapes]
+        view_index = {}
+        for i, view in enumerate(views or ()):
+            if view:                          # read input i through a slice (a strided view)
+                axis, start, stop = view
+                index = [slice(None)] * len(in_shapes[i])
+                index[axis] = slice(start, stop)
+                view_index[i] = tuple(index)
+                in_shapes[i] = in_shapes[i][:axis] + (stop - start,) + in_shapes[i][axis + 1:]
         self.blocks = _blocks(out_shape, dtype.itemsize)
         blocked = self.blocks != [()]
         first = self.blocks[0]
@@ -92,6 +101,13 @@ class ProgramRunner:
                     last_read[ref[1]] = s
         used = sorted({r[1] for _op, args, _attrs in program for r in args if r[0] == "x"})
         namespace: dict = {"np": np}
+        source = {}
+        for i in used:
+            if i in view_index:
+                namespace[f"v{i}"] = view_index[i]
+                source[i] = f"ins[{i}][v{i}]"
+            else:
+                source[i] = f"ins[{i}]"
         body: list[str] = []
         free: list[str] = []
         names: list[str] = []
@@ -119,7 +135,7 @@ class ProgramRunner:
                     free.append(names[t].split("[")[0])
         lines = ["def run(ins, outs, h=None):"]
         if not blocked:
-            lines += [f"    x{i} = ins[{i}]" for i in used]
+            lines += [f"    x{i} = {source[i]}" for i in used]
             lines += [f"    o{k} = outs[{k}]" for k in range(len(outputs))]
             lines += [f"    {line}" for line in body]
         else:
@@ -128,7 +144,7 @@ class ProgramRunner:
                 (b, b[-1].stop - b[-1].start, [_operand_index(b, tuple(in_shapes[i]), rank) for i in used])
                 for b in self.blocks]
             lines.append("    for b, n, idx in blocks:")
-            lines += [f"        x{i} = ins[{i}][idx[{j}]]" for j, i in enumerate(used)]
+            lines += [f"        x{i} = {source[i]}[idx[{j}]]" for j, i in enumerate(used)]
             lines += [f"        o{k} = outs[{k}][b]" for k in range(len(outputs))]
             if head_shape is not None:
                 lines.append("        h = h_full[b] if h_full is not None else None")
@@ -149,6 +165,7 @@ def elementwise_inplace_pairs(node: Node) -> dict[int, tuple[int, ...]]:
     the one producing output k reads input i, and that step, if it reads input i, can run in
     place. Block by block, every read of input i's block then precedes the write over it."""
     program = node.attrs["program"]
+    viewed = {i for i, view in enumerate(node.attrs.get("views", ())) if view}
     last_read: dict[int, int] = {}
     for s, (_op, args, _attrs) in enumerate(program):
         for ref in args:
@@ -159,13 +176,14 @@ def elementwise_inplace_pairs(node: Node) -> dict[int, tuple[int, ...]]:
         op, args, _attrs = program[s]
         reads = {r[1] for r in args if r[0] == "x"}
         pairs[k] = tuple(i for i, last in sorted(last_read.items())
-                         if last <= s and (i not in reads or op not in NOT_IN_PLACE))
+                         if last <= s and i not in viewed and (i not in reads or op not in NOT_IN_PLACE))
     return pairs
 
 
 @register_kernel("fused_elementwise", "cpu", inplace=elementwise_inplace_pairs)
 def fused_elementwise_cpu(ctx: KernelContext):
-    runner = ProgramRunner(ctx.attrs["program"], ctx.attrs["outputs"], ctx.in_shapes, ctx.out_shapes[0], ctx.dtype)
+    runner = ProgramRunner(ctx.attrs["program"], ctx.attrs["outputs"], ctx.in_shapes, ctx.out_shapes[0], ctx.dtype,
+                           views=ctx.attrs.get("views", ()))
 
     def run(ins, outs):
         runner(ins, outs)
@@ -183,7 +201,8 @@ def fused_epilogue_cpu(ctx: KernelContext):
     head_ctx = KernelContext(head_node, head_attrs, ctx.in_shapes[:k], [group_shape], ctx.dtype, ctx.device,
                              ctx.runtime, ctx.xp)
     head_fn = KERNELS.lookup(head, ctx.device, ctx.dtype).factory(head_ctx)
-    runner = ProgramRunner(program, outputs, ctx.in_shapes, group_shape, ctx.dtype, head_shape=group_shape)
+    runner = ProgramRunner(program, outputs, ctx.in_shapes, group_shape, ctx.dtype, head_shape=group_shape,
+                           views=ctx.attrs.get("views", ()))
     first = outputs[0]
     late_reader = any(("h",) in args for _op, args, _attrs in program[first + 1:])
     unsafe_write = ("h",) in program[first][1] and program[first][0] in NOT_IN_PLACE
