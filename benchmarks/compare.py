@@ -64,6 +64,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="on a shared machine: before each round, wait until other processes use under "
                         "10%% of the CPU, up to SECONDS in all (default: %(default)s, no waiting)")
     p.add_argument("--force", action="store_true", help="time even if the outputs disagree")
+    p.add_argument("--no-optimize", action="store_true",
+                   help="time the toolkit without its optional graph passes (as `toolkit bench --no-optimize`)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     args = p.parse_args(argv)
     for name in ("batch", "iters", "rounds", "threads"):
@@ -72,6 +74,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.warmup < 0 or args.quiet_wait < 0:
         p.error("--warmup and --quiet-wait must not be negative")
     args.rounds = min(args.rounds, args.iters)
+    from toolkit.passes.pipeline import no_optimize
+    args.disable = no_optimize() if args.no_optimize else ()
     return args
 
 
@@ -266,8 +270,10 @@ def bench_infer(net, weights, bindings, args, rng):
     from toolkit.peers.onnx_export import build_onnx_model
     from toolkit.runtime.plan import Plan
 
-    graph = forward_graph(net, "infer")
-    plan = Plan(graph, bindings, {k: weights[k].copy() for k in graph.weights})
+    # as `toolkit infer` compiles it: the weights frozen into the graph
+    frozen = {k: v.copy() for k, v in weights.items()}
+    graph = forward_graph(net, "infer", disable=args.disable, weights=frozen)
+    plan = Plan(graph, bindings, {k: frozen[k] for k in graph.weights})
     inputs = make_inputs(net, graph, bindings, rng)
     peer = torch_peer(net, weights, "infer")
     t_inputs = {k: torch.from_numpy(v) for k, v in inputs.items()}
@@ -317,7 +323,7 @@ def bench_train(net, weights, bindings, args, rng):
     if solver.type not in ("sgd", "nesterov") or solver.clip_gradients:
         raise SystemExit(f"error: compare.py times sgd/nesterov train steps; the net says {solver.type}")
     lr = args.lr if args.lr is not None else (net.spec.train.solver.base_lr if net.spec.train else 0.01)
-    graph = train_step_graph(net, solver)
+    graph = train_step_graph(net, solver, disable=args.disable)
     start = {k: weights[k].copy() for k in graph.weights if k in weights}
     for name, w in graph.weights.items():                 # solver slots (momentum) start at zero
         start.setdefault(name, np.zeros(w.value.type.concrete({}), w.value.dtype))
@@ -440,7 +446,8 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     try:
         net = Net.load(args.net)
-        weights = net.init_weights(seed=args.seed)
+        from toolkit.commands.bench import stand_in_weights
+        weights = stand_in_weights(net.init_weights(seed=args.seed), args.seed)
         modes = ["infer", "train"] if args.mode == "both" else [args.mode]
         report = {"config": {"net": net.name, "file": args.net, "batch": args.batch, "iters": args.iters,
                              "rounds": args.rounds, "warmup": args.warmup, "threads": args.threads,

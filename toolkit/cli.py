@@ -84,6 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="value of another symbolic dimension, e.g. T=32")
     p.add_argument("--lr", type=float, default=None,
                    help="rate for --train (default: the net's base_lr; plain SGD at 0.01 without a train section)")
+    p.add_argument("--weights", help="weights to run with (default: the fillers', biases and BatchNorm "
+                                     "parameters given small random values as after training)")
     _optimize_flags(p)
     p.add_argument("--json", action="store_true")
 

@@ -101,6 +101,10 @@ def test_forward_and_backward_gemms_batch_in_the_train_step(net, rng):
     # the branches (summed into the trunk's output gradient) and of out: 4 -> 2
     assert count_train_gemms(unbatched) == {"forward": 5, "weight_gradient": 5, "input_gradient": 4}
     assert count_train_gemms(batched) == {"forward": 3, "weight_gradient": 3, "input_gradient": 2}
+    # the branches' bias gradients: one column sum of the joined output gradient (c has no bias)
+    assert any(n.startswith("batch_gemms: 2 bias gradients") for n in batched.notes)
+    bias_sums = [n for n in batched.nodes if n.op == "reduce_sum" and n.inputs[0].shape[-1] == 18]
+    assert len(bias_sums) == 1
 
     weights = random_weights(net, rng)
     reference = train_graph(net, cfg)

@@ -28,7 +28,7 @@ def cli(*args):
 
 
 def test_the_zoo_is_there():
-    assert {"lenet", "mlp"} <= set(IDS)
+    assert {"lenet", "mlp", "resnet", "branchnet"} <= set(IDS)
     # every folder of the zoo is a model (no stray folder without a net)
     assert sorted(p.name for p in (ROOT / "zoo").iterdir() if p.is_dir() and not p.name.startswith((".", "_"))) == IDS
 
@@ -95,3 +95,30 @@ def test_a_few_steps_lower_the_loss(model, tmp_path):
             assert outs[name].shape[0] == 5 and np.isfinite(outs[name]).all()
         if "prob" in outs.files:
             assert np.allclose(outs["prob"].sum(axis=1), 1, atol=1e-5)
+
+
+def test_resnet_infer_has_no_normalisation_left_and_matches_unoptimised():
+    """The shipped resnet: BatchNorm folded into the convolutions (nothing of it runs per call),
+    outputs equal to the unoptimised graph's to 1e-5, and the train step's memory plan within
+    the issue's bounds (at most 0.6 of one buffer per value, 1.2 of the most bytes live)."""
+    from toolkit.compile import forward_graph, train_step_graph
+    from toolkit.passes.pipeline import no_optimize
+    from toolkit.runtime.plan import Plan, memory_figures
+
+    net = Net.load(str(ROOT / "zoo/resnet/net.yaml"))
+    weights = net.load_weights(str(ROOT / "zoo/resnet/model.safetensors"))
+    graph = forward_graph(net, "infer", weights=weights)
+    arithmetic = {"sub", "mul", "rsqrt", "div", "add", "bessel_correct"}
+    assert not arithmetic & {n.op for n in graph.nodes}
+    for n in graph.nodes:
+        if n.op in ("fused_elementwise", "fused_epilogue"):
+            assert not {"sub", "mul", "rsqrt", "div"} & {s[0] for s in n.attrs["program"]}
+    _train, test = load_data(net, train_spec(net))
+    x = test.arrays["data"][:64]
+    plain = forward_graph(net, "infer", disable=no_optimize())
+    expected = Plan(plain, {"N": 64}, {k: weights[k] for k in plain.weights}).run({"data": x})["prob"].copy()
+    got = Plan(graph, {"N": 64}, {}).run({"data": x})["prob"]
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5 * np.abs(expected).max())
+    figures = memory_figures(train_step_graph(net), {"N": 64})
+    assert figures["peak_bytes"] <= 0.6 * figures["naive_bytes"]
+    assert figures["peak_bytes"] <= 1.2 * figures["lower_bound_bytes"]

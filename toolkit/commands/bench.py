@@ -49,24 +49,53 @@ def time_plan(plan: Plan, inputs, iters: int, warmup: int) -> list[float]:
     return times
 
 
+def stand_in_weights(weights: dict[str, np.ndarray], seed: int = 0) -> dict[str, np.ndarray]:
+    """Filler weights with every constant-filled array (biases, BatchNorm parameters and
+    statistics) given small random values, as after training: a zero bias or a unit scale
+    frozen into an infer graph would let the optimiser drop work a trained model needs."""
+    rng = np.random.default_rng(seed + 1)
+    out = {}
+    for key, w in weights.items():
+        if w.size and np.all(w == w.flat[0]):
+            w = w + rng.uniform(-0.1, 0.1, w.shape).astype(w.dtype)
+            if key.endswith("running_var"):
+                w = np.abs(w) + 0.5
+        out[key] = np.asarray(w, order="C")
+    return out
+
+
+def bench_plan(net: Net, batch: int, train: bool, dtype: str | None = None, disable: tuple[str, ...] = (),
+               dims: dict[str, int] | None = None, device: str = "cpu", weights_file: str | None = None,
+               lr: float | None = None) -> tuple[Plan, dict]:
+    """The plan `toolkit bench` times and its inputs: the infer phase with the weights frozen in
+    (as `toolkit infer` runs it), or the train step with the net's solver."""
+    solver = solver_config(net)
+    if weights_file:
+        weights = net.load_weights(weights_file, dtype=dtype)
+    else:
+        weights = stand_in_weights(net.init_weights(seed=0, dtype=dtype))
+    if train:
+        graph = train_step_graph(net, solver, dtype, disable)
+    else:
+        graph = forward_graph(net, "infer", dtype, disable=disable, weights=weights)
+    bindings = batch_bindings(graph, batch, dims or {})
+    for name, w in graph.weights.items():          # solver slots start at zero
+        weights.setdefault(name, np.zeros(w.value.type.concrete({}), w.value.dtype))
+    plan = Plan(graph, bindings, {k: weights[k] for k in graph.weights}, device)
+    inputs = bench_inputs(graph, bindings, np.random.default_rng(0))
+    if train:
+        base_lr = lr if lr is not None else (net.spec.train.solver.base_lr if net.spec.train else 0.01)
+        inputs.update(host_values(solver, base_lr, 1, dtype or "float32"))
+    return plan, inputs
+
+
 def run_bench(args) -> int:
     check_device(args.device)
     net = Net.load(args.net)
     disable = disabled_passes(net, args.disable, args.no_optimize)
     solver = solver_config(net)
-    weights = net.init_weights(seed=0, dtype=args.dtype)
-    if args.train:
-        graph = train_step_graph(net, solver, args.dtype, disable)
-    else:    # as `toolkit infer` runs it: the weights frozen into the graph
-        graph = forward_graph(net, "infer", args.dtype, disable=disable, weights=weights)
-    bindings = batch_bindings(graph, args.batch, parse_dims(args.dim))
-    for name, w in graph.weights.items():          # solver slots start at zero
-        weights.setdefault(name, np.zeros(w.value.type.concrete({}), w.value.dtype))
-    plan = Plan(graph, bindings, {k: weights[k] for k in graph.weights}, args.device)
-    inputs = bench_inputs(graph, bindings, np.random.default_rng(0))
-    if args.train:
-        base_lr = args.lr if args.lr is not None else (net.spec.train.solver.base_lr if net.spec.train else 0.01)
-        inputs.update(host_values(solver, base_lr, 1, args.dtype or "float32"))
+    plan, inputs = bench_plan(net, args.batch, args.train, args.dtype, disable, parse_dims(args.dim), args.device,
+                              args.weights, args.lr)
     times = np.array(time_plan(plan, inputs, args.iters, args.warmup)) * 1e3
     median = float(np.median(times))
     report = {

@@ -244,14 +244,55 @@ def _batch_independent(graph: Graph, subst: Substitution, inserts, places: _Plac
     return notes
 
 
+def _batch_bias_gradients(graph: Graph, subst: Substitution, inserts, places: _Places, done: set[int]) -> list[str]:
+    """The bias gradients of batched InnerProducts, sum(g_i over rows), read from the joined
+    gradient [g_1, g_2, ...] the batched GEMMs already made: one column sum and slices of it."""
+    notes = []
+    for node in graph.nodes:
+        if node.op != "concat" or node.outputs[0].rank != 2 or node.attrs["axis"] % 2 != 1:
+            continue
+        joined = node.outputs[0]
+        sums = []                    # per input: (the sum's value, or the [O] reshape of it) or None
+        for g in node.inputs:
+            found = [r for r in places.readers.get(g.id, []) if r.op == "reduce_sum" and r.attrs["keepdims"]
+                     and tuple(a % 2 for a in r.attrs["axes"]) == (0,) and id(r) not in done]
+            target = found[0].outputs[0] if found else None
+            if target is not None:   # sum_to's reshape to [O] reads it at once: replace that instead
+                uses = places.readers.get(target.id, [])
+                if len(uses) == 1 and uses[0].op == "reshape" and tuple(uses[0].outputs[0].shape) == (g.shape[1],):
+                    target = uses[0].outputs[0]
+            sums.append(target)
+        if sum(t is not None for t in sums) < 2:
+            continue
+        position = places.pos[id(node)] + 1
+        if any(t is not None and places.first_read.get(t.id, 1 << 30) < position for t in sums):
+            continue                 # a bias update that runs before the joined gradient exists
+        b = Emitter(f"{node.scope}.bias")
+        total = b.op("reduce_sum", joined, axes=(0,), keepdims=True)
+        flat = b.reshape(total, (joined.shape[1],))
+        start = 0
+        for g, t in zip(node.inputs, sums):
+            stop = start + g.shape[1]
+            if t is not None:
+                source = flat if t.rank == 1 else total
+                subst.replace(t, b.op("slice", source, axis=source.rank - 1, start=start, stop=stop))
+                done.add(id(t.producer))
+            start = stop
+        inserts.setdefault(position, []).extend(b.take())
+        notes.append(f"batch_gemms: {sum(t is not None for t in sums)} bias gradients ({node.scope}) -> one "
+                     "column sum of the joined gradient")
+    return notes
+
+
 def batch_gemms(graph: Graph) -> Graph:
     """matmuls sharing an operand -> one wider GEMM and slices; sums of matmuls -> one GEMM over
-    the joined inner dimension; small independent matmuls of one shape -> one batched matmul."""
+    the joined inner dimension; small independent matmuls of one shape -> one batched matmul;
+    the batched layers' bias gradients -> one column sum."""
     notes = []
     # constants read nothing: first in the order, they never keep a group from fitting
     graph.nodes = ([n for n in graph.nodes if n.op in CONSTANT_OPS] +
                    [n for n in graph.nodes if n.op not in CONSTANT_OPS])
-    for rule in (_batch_shared, _batch_sums, _batch_independent):
+    for rule in (_batch_shared, _batch_sums, _batch_independent, _batch_bias_gradients):
         places = _Places(graph)
         subst = Substitution()
         inserts: dict[int, list[Node]] = {}
