@@ -25,6 +25,7 @@ class KernelContext:
     device: str
     runtime: Any = None                   # per-executor state: the random generator for impure ops
     xp: Any = None                        # the array module: numpy or cupy
+    share: int = 0                        # which share of a split op (its rows): keys its scratch
 
 
 @dataclass(frozen=True)

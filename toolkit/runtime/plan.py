@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping
 
 import numpy as np
@@ -23,9 +23,26 @@ from .parallel import Blas, Workers, default_threads, split_kind, worth_splittin
 
 @dataclass
 class RuntimeState:
-    """Per-executor mutable state that kernels may use: the random generator of impure ops."""
+    """Per-executor mutable state that kernels may use: the random generator of impure ops, and
+    scratch memory that kernels borrow for the length of one call (fused programs' temporaries).
+
+    Scratch is shared by every kernel of the plans that share this state, one set per share of a
+    split op (``KernelContext.share``): kernels of one share run one after another, so they may
+    all use the same few buffers, which then stay in cache. (Plans sharing a state must not run
+    at the same time; they do not: a session or a trainer runs one plan at a time.)"""
 
     rng: np.random.Generator
+    scratch: dict = field(default_factory=dict)
+
+    def scratch_array(self, key: tuple, shape: tuple[int, ...], dtype) -> np.ndarray:
+        """A scratch array for ``key`` (share, slot), grown when a kernel needs more."""
+        dtype = np.dtype(dtype)
+        need = max(int(np.prod(shape, dtype=np.int64)) * dtype.itemsize, 1)
+        buf = self.scratch.get(key)
+        if buf is None or buf.nbytes < need:
+            buf = np.empty(need, np.uint8)
+            self.scratch[key] = buf
+        return buf[:int(np.prod(shape, dtype=np.int64)) * dtype.itemsize].view(dtype).reshape(shape)
 
 
 def view_offset(node: Node, shapes, dtypes, bindings) -> int | None:
@@ -200,7 +217,7 @@ class Plan:
             in_shapes = [cut(shapes[v.id], b) for v, b in zip(node.inputs, batched)]
             out_shapes = [tuple(out_shape)] if mode == "sum" else [cut(out_shape, True)]
             ctx = KernelContext(node, bind_attrs(node.attrs, self.bindings), in_shapes, out_shapes,
-                                kernel_dtype(node), self.device, self.runtime, np)
+                                kernel_dtype(node), self.device, self.runtime, np, share=k)
             fn = self.entries[id(node)].factory(ctx)
             share_ins = [a[lo:hi] if b else a for a, b in zip(ins, batched)]
             share_out = partials[k] if mode == "sum" else outs[0][lo:hi]

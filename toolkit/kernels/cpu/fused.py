@@ -77,7 +77,7 @@ class ProgramRunner:
     steps write scratch, released after their last reader (never to the step reading it, so an
     op that cannot run in place never does)."""
 
-    def __init__(self, program, outputs, in_shapes, out_shape, dtype, head_shape=None, views=()):
+    def __init__(self, program, outputs, in_shapes, out_shape, dtype, head_shape=None, views=(), scratch=None):
         dtype = np.dtype(dtype)
         out_shape = tuple(out_shape)
         in_shapes = [tuple(s) for s in in_shapes]
@@ -118,7 +118,8 @@ class ProgramRunner:
                 dest = free.pop()
             else:
                 dest = f"s{s}"
-                namespace[dest] = np.empty(block_shape, dtype)
+                slot = sum(1 for k in namespace if k.startswith("s") and k[1:].isdigit())
+                namespace[dest] = scratch(slot, block_shape, dtype) if scratch else np.empty(block_shape, dtype)
             target = dest
             if blocked and s not in out_of:
                 target = f"{dest}[:n]"
@@ -180,10 +181,18 @@ def elementwise_inplace_pairs(node: Node) -> dict[int, tuple[int, ...]]:
     return pairs
 
 
+def _scratch(ctx: KernelContext):
+    """Scratch borrowed from the plan's runtime (shared by every fused kernel of a share, so the
+    temporaries of one kernel reuse the cache lines of the last); fresh arrays without one."""
+    if ctx.runtime is None or not hasattr(ctx.runtime, "scratch_array"):
+        return None
+    return lambda slot, shape, dtype: ctx.runtime.scratch_array((ctx.share, slot), shape, dtype)
+
+
 @register_kernel("fused_elementwise", "cpu", inplace=elementwise_inplace_pairs)
 def fused_elementwise_cpu(ctx: KernelContext):
     runner = ProgramRunner(ctx.attrs["program"], ctx.attrs["outputs"], ctx.in_shapes, ctx.out_shapes[0], ctx.dtype,
-                           views=ctx.attrs.get("views", ()))
+                           views=ctx.attrs.get("views", ()), scratch=_scratch(ctx))
 
     def run(ins, outs):
         runner(ins, outs)
@@ -201,15 +210,18 @@ def fused_epilogue_cpu(ctx: KernelContext):
     head_ctx = KernelContext(head_node, head_attrs, ctx.in_shapes[:k], [group_shape], ctx.dtype, ctx.device,
                              ctx.runtime, ctx.xp)
     head_fn = KERNELS.lookup(head, ctx.device, ctx.dtype).factory(head_ctx)
+    scratch = _scratch(ctx)
     runner = ProgramRunner(program, outputs, ctx.in_shapes, group_shape, ctx.dtype, head_shape=group_shape,
-                           views=ctx.attrs.get("views", ()))
+                           views=ctx.attrs.get("views", ()), scratch=scratch)
     first = outputs[0]
     late_reader = any(("h",) in args for _op, args, _attrs in program[first + 1:])
     unsafe_write = ("h",) in program[first][1] and program[first][0] in NOT_IN_PLACE
-    scratch = np.empty(group_shape, ctx.dtype) if late_reader or unsafe_write else None
+    head_buffer = None
+    if late_reader or unsafe_write:          # the slot after the program's own temporaries
+        head_buffer = scratch(len(program), group_shape, ctx.dtype) if scratch else np.empty(group_shape, ctx.dtype)
 
     def run(ins, outs):
-        target = outs[0] if scratch is None else scratch
+        target = outs[0] if head_buffer is None else head_buffer
         head_fn(ins[:k], [target])
         runner(ins, outs, target)
     return run
