@@ -6,6 +6,8 @@ import json
 import time
 from collections import Counter
 
+import numpy as np
+
 from ..compile import disabled_passes, optimize, train_graph
 from ..frontend import Net
 from ..ir.dims import Dim, evaluate
@@ -43,9 +45,9 @@ def run_compile(args) -> int:
     build_ms = (time.perf_counter() - start) * 1e3
     bindings = {s: args.batch for s in graph.symbols()}
     symbol = batch_symbol(graph)
-    weights = None
-    if args.phase != "train":     # as infer and test run it: the weights frozen into the graph
-        weights = net.load_weights(args.weights) if args.weights else net.init_weights()
+    arrays = net.load_weights(args.weights) if args.weights else net.init_weights()
+    # infer and test as `toolkit infer` and `toolkit test` run them: the weights frozen in
+    weights = arrays if args.phase != "train" else None
     lowered = {"nodes": len(graph.nodes), "flops": _figure(graph_flops(graph), bindings),
                "flops_symbolic": format_count(graph_flops(graph)), "ms": round(build_ms, 3),
                "memory": memory_figures(graph, bindings)}
@@ -55,12 +57,7 @@ def run_compile(args) -> int:
 
     records: list[PassRecord] = []
     graph = optimize(graph, disable, weights, check=True, records=records, observe=observe)
-    slots = {name: w for name, w in graph.weights.items()}
-    arrays = dict(weights or {})
-    if args.phase == "train":
-        arrays = net.init_weights()
-    import numpy as np
-    for name, w in slots.items():               # solver slots start at zero
+    for name, w in graph.weights.items():       # solver slots start at zero
         arrays.setdefault(name, np.zeros(w.value.type.concrete({}), w.value.dtype))
     start = time.perf_counter()
     plan = Plan(graph, bindings, {k: arrays[k] for k in graph.weights})

@@ -6,7 +6,7 @@ and dtype), so a rewrite can never change what a consumer's shape rule sees.
 """
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 
@@ -136,8 +136,3 @@ def fingerprint(graph: Graph) -> tuple:
     """A cheap summary that changes whenever a pass changes the program."""
     return (tuple((n.op, tuple(v.id for v in n.inputs), tuple(o.id for o in n.outputs)) for n in graph.nodes),
             tuple(v.id for v in graph.outputs.values()), tuple(v.id for v in graph.updates.values()))
-
-
-def positions(nodes: Iterable[Node]) -> dict[int, int]:
-    """id(node) -> index in the list."""
-    return {id(n): i for i, n in enumerate(nodes)}
