@@ -117,3 +117,12 @@ def test_every_plan_command_runs_with_and_without_the_optimiser(tmp_path):
         assert result.status == 0, result.err
         outputs.append(np.load(target))
     np.testing.assert_allclose(outputs[0], outputs[1], rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("value,words", [("{disable: fuse_all}", ("bad 'disable'", "valid list")),
+                                         ("{disable: [simplify], enable: [x]}", ("unknown key 'enable'",))])
+def test_net_file_optimize_key_is_validated(tmp_path, value, words):
+    text = BN_NET.replace("layers:", f"optimize: {value}\nlayers:")
+    net = write_net(tmp_path, text)
+    needle = "fuse_all" if "fuse_all" in value else "enable"
+    expect_error(run_cli("check", net), *words, file=net, line=line_of(text, needle), col=col_of(text, needle))

@@ -54,6 +54,10 @@ class KernelRegistry:
             return factory
         return wrap
 
+    def has(self, op: str, device: str, dtype: str) -> bool:
+        """Whether ``lookup`` would find a kernel (fusions ask this before they fire)."""
+        return (op, device, dtype) in self.entries or (op, device, "*") in self.entries
+
     def lookup(self, op: str, device: str, dtype: str) -> KernelEntry:
         for key in ((op, device, dtype), (op, device, "*")):
             if key in self.entries:

@@ -8,21 +8,13 @@ reader closes the group (else that reader would run before the value exists).
 from __future__ import annotations
 
 from ..ir.graph import Graph, Node, Value
-from ..kernels.registry import KERNELS, KernelMissing, load_device
+from ..kernels.registry import KERNELS, load_device
 from ..ops.base import get_op
 from ..ops.fused import EPILOGUE_HEADS, POOL_PREFIX, make_step
 from .rewrite import kept_ids, note
 
 # Elementwise ops a fused program may hold: pure, one output, same dtype in and out.
 NOT_FUSABLE = frozenset({"cast", "scalar", "constant"})
-
-
-def _has_kernel(op: str, device: str, dtype: str) -> bool:
-    try:
-        KERNELS.lookup(op, device, dtype)
-        return True
-    except KernelMissing:
-        return False
 
 
 def fuse_conv_max_pool(graph: Graph) -> Graph:
@@ -41,7 +33,7 @@ def fuse_conv_max_pool(graph: Graph) -> Graph:
                   and len(readers.get(node.inputs[0].id, [])) == 1
                   and node.inputs[0].id not in kept
                   and node.attrs["pad"] == (0, 0) and not node.attrs["ceil_mode"]
-                  and _has_kernel("conv2d_max_pool2d", device, node.outputs[0].dtype))
+                  and KERNELS.has("conv2d_max_pool2d", device, node.outputs[0].dtype))
             if ok:
                 attrs = dict(conv.attrs)
                 attrs.update({POOL_PREFIX + k: v for k, v in node.attrs.items()})
@@ -167,7 +159,7 @@ def fuse_elementwise(graph: Graph) -> Graph:
     kept = kept_ids(graph)
     readers = graph.consumers()
     for g in groups:
-        if not _has_kernel("fused_elementwise", graph.device, g.type.dtype):
+        if not KERNELS.has("fused_elementwise", graph.device, g.type.dtype):
             continue
         inside = {id(n) for n in g.members}
 
@@ -224,7 +216,7 @@ def fuse_epilogue(graph: Graph) -> Graph:
         head = next((v.producer for v, view in zip(node.inputs, views)
                      if not view and v.producer is not None and _can_head(v.producer) and v.type == group_type
                      and v.id not in kept and len(readers.get(v.id, [])) == 1), None)
-        if head is None or not _has_kernel("fused_epilogue", graph.device, group_type.dtype):
+        if head is None or not KERNELS.has("fused_epilogue", graph.device, group_type.dtype):
             continue
         head_value = head.outputs[0]
         inputs = list(head.inputs)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ir.dims import Dim
+from ..ir.dims import is_static
 from ..ir.graph import FLOAT_DTYPES, Graph, Node, Value
 from .rewrite import CONSTANT_OPS, Emitter, Substitution, kept_ids, note
 
@@ -32,10 +32,6 @@ SMALL_PRODUCT = 32 * 32 * 32
 def _is_plain(node: Node) -> bool:
     return (node.op == "matmul" and len(node.outputs) == 1 and node.inputs[0].rank == 2 and node.inputs[1].rank == 2
             and node.outputs[0].dtype in FLOAT_DTYPES)
-
-
-def _static(d: Dim) -> bool:
-    return isinstance(d, int)
 
 
 class _Places:
@@ -125,7 +121,7 @@ def _batch_shared(graph: Graph, subst: Substitution, inserts, places: _Places, d
 
         def other(n: Node) -> Value:
             return n.inputs[1] if role == "a" else n.inputs[0]
-        nodes = [n for n in nodes if id(n) not in done and other(n).id != shared_id and _static(other(n).shape[axis])]
+        nodes = [n for n in nodes if id(n) not in done and other(n).id != shared_id and is_static(other(n).shape[axis])]
         nodes = _largest_fitting(nodes, places) if len(nodes) > 1 else []
         if len(nodes) < 2:
             continue
@@ -195,7 +191,7 @@ def _batch_sums(graph: Graph, subst: Substitution, inserts, places: _Places, don
         ta, tb = terms[0].attrs["trans_a"], terms[0].attrs["trans_b"]
         a_axis, b_axis = (0 if ta else 1), (1 if tb else 0)
         if any(t.attrs["trans_a"] != ta or t.attrs["trans_b"] != tb or t.outputs[0].type != out.type
-               or not _static(t.inputs[0].shape[a_axis]) or id(t) in done for t in terms):
+               or not is_static(t.inputs[0].shape[a_axis]) or id(t) in done for t in terms):
             continue
         b = Emitter(node.scope)
         joined_a = b.op("concat", *[t.inputs[0] for t in terms], axis=a_axis)
@@ -218,7 +214,7 @@ def _batch_independent(graph: Graph, subst: Substitution, inserts, places: _Plac
         if not _is_plain(node) or id(node) in done:
             continue
         a, b = node.inputs
-        if not all(_static(d) for d in a.shape + b.shape):
+        if not all(is_static(d) for d in a.shape + b.shape):
             continue
         rows, inner = (a.shape[1], a.shape[0]) if node.attrs["trans_a"] else a.shape
         cols = b.shape[0] if node.attrs["trans_b"] else b.shape[1]

@@ -111,6 +111,7 @@ class ProgramRunner:
         body: list[str] = []
         free: list[str] = []
         names: list[str] = []
+        scratch_names: list[str] = []
         for s, (op, args, attrs) in enumerate(program):
             if s in out_of:
                 dest = f"o{out_of[s]}"
@@ -118,7 +119,8 @@ class ProgramRunner:
                 dest = free.pop()
             else:
                 dest = f"s{s}"
-                slot = sum(1 for k in namespace if k.startswith("s") and k[1:].isdigit())
+                slot = len(scratch_names)       # scratch slots are numbered in allocation order
+                scratch_names.append(dest)
                 namespace[dest] = scratch(slot, block_shape, dtype) if scratch else np.empty(block_shape, dtype)
             target = dest
             if blocked and s not in out_of:
