@@ -57,12 +57,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--phase", choices=["train", "test", "infer"], default=None,
                    help="print this phase's layers (default: every layer, in its first phase)")
 
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
+                   help="override any key of the net file, e.g. layers.conv1.num_output=32")
+
+    p = sub.add_parser("render", help="print the net with every base merged and every --set applied")
+    p.add_argument("net")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
+                   help="override any key of the net file, applied after the bases")
+
     p = sub.add_parser("schema", help="print the JSON Schema of net files (for editors)")
     p.add_argument("--indent", type=int, default=2)
 
     p = sub.add_parser("infer", help="run the infer phase on inputs")
-    p.add_argument("net")
-    p.add_argument("--weights", required=True)
+    p.add_argument("net", help="a net file or zoo:NAME")
+    p.add_argument("--weights", help="weights file (default for zoo:NAME: the model's published weights)")
     p.add_argument("--input", action="append", required=True, metavar="[NAME=]FILE",
                    help=".npy or .npz; repeat for several inputs")
     p.add_argument("--output", help=".npz (keyed by output name) or .npy (one output); default: print")
@@ -100,8 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
     _optimize_flags(p)
 
     p = sub.add_parser("test", help="run the test phase over the net's test data and print the metrics")
-    p.add_argument("net")
-    p.add_argument("--weights", required=True)
+    p.add_argument("net", help="a net file or zoo:NAME")
+    p.add_argument("--weights", help="weights file (default for zoo:NAME: the model's published weights)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides")
     p.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
     _optimize_flags(p)

@@ -1,9 +1,9 @@
 """Implementations of the ``toolkit`` subcommands, one module each; cli.py only dispatches."""
 from .bench import run_bench
-from .check import run_check, run_schema
+from .check import run_check, run_render, run_schema
 from .compile_cmd import run_compile
 from .graph_cmd import run_graph
 from .infer import run_infer
 from .train_cmd import run_data, run_test, run_train
 
-__all__ = ["run_bench", "run_check", "run_compile", "run_graph", "run_infer", "run_schema", "run_test", "run_train", "run_data"]
+__all__ = ["run_bench", "run_check", "run_render", "run_compile", "run_graph", "run_infer", "run_schema", "run_test", "run_train", "run_data"]

@@ -1,4 +1,4 @@
-"""``toolkit check`` and ``toolkit schema``."""
+"""``toolkit check``, ``toolkit render`` and ``toolkit schema``."""
 from __future__ import annotations
 
 import json
@@ -13,7 +13,8 @@ PHASE_ORDER = ("infer", "test", "train")
 
 
 def run_check(args) -> int:
-    net = Net.load(args.net)
+    from .train_cmd import parse_overrides
+    net = Net.load(args.net, parse_overrides(args.overrides))
     lowered = {p: net.lower(p) for p in PHASE_ORDER}
     rows = []
     total_params = 0
@@ -37,6 +38,14 @@ def run_check(args) -> int:
         print("  ".join(str(c).ljust(w) for c, w in zip(r, widths)))
     infer_flops = graph_flops(net.graph("infer"))
     print(f"total: {total_params:,} parameters; infer pass {format_count(infer_flops)} FLOPs")
+    return 0
+
+
+def run_render(args) -> int:
+    from ..frontend.render import render_net
+    from .train_cmd import parse_overrides
+    net = Net.load(args.net, parse_overrides(args.overrides))
+    print(render_net(net), end="")
     return 0
 
 

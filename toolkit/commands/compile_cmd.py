@@ -45,7 +45,8 @@ def run_compile(args) -> int:
     build_ms = (time.perf_counter() - start) * 1e3
     bindings = {s: args.batch for s in graph.symbols()}
     symbol = batch_symbol(graph)
-    arrays = net.load_weights(args.weights) if args.weights else net.init_weights()
+    weights_file = args.weights or (net.default_weights(None) if net.zoo else None)
+    arrays = net.load_weights(weights_file) if weights_file else net.init_weights()
     # infer and test as `toolkit infer` and `toolkit test` run them: the weights frozen in
     weights = arrays if args.phase != "train" else None
     lowered = {"nodes": len(graph.nodes), "flops": _figure(graph_flops(graph), bindings),

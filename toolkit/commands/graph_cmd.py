@@ -78,7 +78,8 @@ def run_graph(args) -> int:
         # as compile, infer and test build it: infer and test graphs with the weights frozen in
         weights = None
         if args.phase != "train":
-            weights = net.load_weights(args.weights) if args.weights else net.init_weights()
+            weights_file = args.weights or (net.default_weights(None) if net.zoo else None)
+            weights = net.load_weights(weights_file) if weights_file else net.init_weights()
         graph = optimize(graph, disable, weights)
         stage = "after the passes" + (", with backward and solver updates" if args.phase == "train" else "")
     text = to_dot(graph, title=f"{net.name}: {args.phase} phase, {stage}")

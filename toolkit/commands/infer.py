@@ -17,7 +17,7 @@ def run_infer(args) -> int:
     graph = net.graph("infer", args.dtype)
     if args.output:   # before loading weights and running: a bad name wastes no work
         check_output_path(args.output, list(graph.outputs))
-    weights = net.load_weights(args.weights, allow_missing=args.allow_missing, dtype=args.dtype)
+    weights = net.load_weights(net.default_weights(args.weights), allow_missing=args.allow_missing, dtype=args.dtype)
     shapes = {name: tuple(v.shape) for name, v in graph.inputs.items()}
     arrays = read_inputs(args.input, list(graph.inputs), list(net.spec.inputs), shapes)
     graph = optimize(graph, disable, weights, args.device)     # the weights frozen into the graph

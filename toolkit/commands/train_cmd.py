@@ -58,7 +58,7 @@ def run_test(args) -> int:
     _train, test_set = load_data(net, spec)
     if test_set is None:
         raise UserError("the net's data has no test split: set train.data.test_fraction or test_source")
-    weights = net.load_weights(args.weights)
+    weights = net.load_weights(net.default_weights(args.weights))
     graph = test_graph(net, disable, weights)
     if graph is None:
         raise UserError("the test phase has no scalar output (add an Accuracy or loss layer in phase test)")

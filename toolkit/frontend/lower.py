@@ -220,7 +220,8 @@ def _dangling(bname: str, index: int, phase: str, all_tops, blobs, positions: Po
     below = [(j, l) for j, l in producers if j > index]
     if below:
         j, other = below[0]
-        line = positions.locate(("layers", j)).line
+        where = positions.locate(("layers", j))
+        line = where.line if where.file == positions.file else where   # a base file's layer: FILE:LINE:COL
         return (f"bottom '{bname}' is produced only below, by layer '{other.name}' (line {line}); "
                 "a bottom must be produced above the layer that uses it")
     other_phase = [(j, l) for j, l in producers if j < index and phase not in l.phases]

@@ -14,7 +14,8 @@ from ..ir.graph import Graph
 from ..ops.base import Builder
 from ..passes.prune import eliminate_dead_code
 from .lower import OBJECTIVE, Lowered, lower_phase
-from .spec import did_you_mean, duplicate_layer_names, parse_net, read_text
+from .compose import compose
+from .spec import did_you_mean, duplicate_layer_names, validate_net
 from .yaml_loader import Positions
 
 PHASES = ("train", "test", "infer")
@@ -26,6 +27,9 @@ class Net:
         self.positions = positions
         self.file = file
         self.declared: dict[str, tuple] = {}      # weight key -> (shape, layer), every phase
+        self.raw: dict = {}                       # the merged net as plain data (what render prints)
+        self.files: list[str] = [file]            # this file, then the bases it is built on
+        self.zoo = None                           # the zoo model when loaded as zoo:NAME
         problems = duplicate_layer_names({"layers": [l.model_dump() for l in spec.layers]}, positions)
         problems += self._check_losses()
         problems += self._check_passes()
@@ -41,14 +45,37 @@ class Net:
 
     @classmethod
     def load(cls, path: str, overrides: list[tuple[tuple, Any]] = ()) -> "Net":
+        """A net file, or ``zoo:NAME``, with its bases merged and ``--set`` overrides applied."""
         from layers import LAYERS, NetSpec
-        text = read_text(path)
+        zoo_model = None
+        if path.startswith("zoo:"):
+            from ..zoo.resolve import resolve
+            zoo_model = resolve(path, need_weights=False)
+            path = str(zoo_model.net)
+        composed = compose(path)
         try:
-            spec, _raw, positions = parse_net(text, path, NetSpec, {k: d.params for k, d in LAYERS.items()},
-                                              overrides)
+            spec, raw, positions = validate_net(composed.data, composed.positions, NetSpec,
+                                                {k: d.params for k, d in LAYERS.items()}, overrides)
+            net = cls(spec, positions, path)
         except SpecError as error:
-            raise _with_wiring_problems(error) from None
-        return cls(spec, positions, path)
+            error = _with_wiring_problems(error)
+            raise SpecError(*[composed.explain(p) for p in error.problems]) from None
+        net.raw = raw
+        net.files = composed.files
+        net.zoo = zoo_model
+        return net
+
+    def default_weights(self, given: str | None, flag: str = "--weights") -> str:
+        """``given``, or for a ``zoo:NAME`` net its published weights (fetched if need be)."""
+        if given:
+            return given
+        if self.zoo is not None:
+            from ..zoo.resolve import resolve
+            weights = resolve(f"zoo:{self.zoo.name}", need_weights=True).weights
+            if weights is not None:
+                return str(weights)
+            raise UserError(f"zoo:{self.zoo.name} publishes no weights; pass {flag} FILE")
+        raise UserError(f"{flag} FILE is required (a zoo:NAME net uses its published weights by default)")
 
     @property
     def name(self) -> str:

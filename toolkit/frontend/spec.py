@@ -40,6 +40,13 @@ def parse_net(text: str, file: str, net_model: type[BaseModel], layer_models: di
               overrides: list[tuple[tuple, Any]] = ()) -> tuple[BaseModel, dict, Positions]:
     """Returns (NetSpec, the raw mapping, positions). Raises SpecError with every problem found."""
     data, positions = load_yaml(text, file)
+    return validate_net(data, positions, net_model, layer_models, overrides)
+
+
+def validate_net(data: Any, positions: Positions, net_model: type[BaseModel],
+                 layer_models: dict[str, type[BaseModel]],
+                 overrides: list[tuple[tuple, Any]] = ()) -> tuple[BaseModel, dict, Positions]:
+    """A net already read (and composed) as plain data, with ``--set`` overrides applied last."""
     if not isinstance(data, dict):
         raise SpecError(Problem("a net file is a mapping with 'name', 'inputs' and 'layers'",
                                 positions.locate(())))

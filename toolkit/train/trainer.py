@@ -16,6 +16,7 @@ import numpy as np
 
 from ..compile import disabled_passes, optimize, train_graph
 from ..errors import UserError
+from ..fileio import atomic_write
 from ..frontend import OBJECTIVE, Net
 from ..ir.graph import FLOAT_DTYPES, Graph
 from ..runtime.binding import bind_symbols
@@ -49,14 +50,14 @@ def train_spec(net: Net):
 
 def load_data(net: Net, spec) -> tuple[Dataset, Dataset | None]:
     """Train and test sets, transformed and shaped for the net's inputs."""
-    base = Path(net.file).parent
     inputs = net.spec.inputs
     data_spec = spec.data
     source = data_spec.source
-    full = fit_to_inputs(load_source(source, inputs, base), inputs, source)
+    full = fit_to_inputs(load_source(source, inputs, _folder_of(net, "source")), inputs, source)
     if data_spec.test_source:
         train_set = full
-        test_set = fit_to_inputs(load_source(data_spec.test_source, inputs, base), inputs, data_spec.test_source)
+        test_set = fit_to_inputs(load_source(data_spec.test_source, inputs, _folder_of(net, "test_source")),
+                                 inputs, data_spec.test_source)
     else:
         train_set, test_set = split(full, data_spec.test_fraction, spec.seed)
     dtype = net_dtype(net)
@@ -64,6 +65,12 @@ def load_data(net: Net, spec) -> tuple[Dataset, Dataset | None]:
     if test_set is not None:
         test_set = Dataset(transform(test_set.arrays, inputs, data_spec, dtype))
     return train_set, test_set
+
+
+def _folder_of(net: Net, key: str) -> Path:
+    """The folder of the file that wrote ``train.data.KEY``: a relative data path in a base file
+    is relative to that base, as its ``base:`` paths are."""
+    return Path(net.positions.locate(("train", "data", key), prefer_key=False).file).parent
 
 
 @dataclass
@@ -186,6 +193,18 @@ class Trainer:
         return {k: v for k, v in self.store.items() if not is_slot(k)}
 
     # -- the loop -----------------------------------------------------------------------------------
+    def _save_net(self) -> None:
+        """The run folder keeps the net it trained, bases merged and --set applied (what
+        `toolkit zoo publish RUN_DIR` shares)."""
+        from ..frontend.render import render_net
+        if not self.net.raw:       # a Net built in code, not loaded from a file
+            return
+        text = render_net(self.net, folder=self.out)
+        target = self.out / "net.yaml"
+        if target.exists() and target.read_text() == text:
+            return
+        atomic_write(target, lambda tmp: Path(tmp).write_text(text))
+
     def _on_signal(self, signum, frame):
         self._stop = signum
 
@@ -221,6 +240,7 @@ class Trainer:
     def run(self) -> int:
         """Trains to max_iter; returns the exit status (0, or 128 + signal after a checkpoint)."""
         self.out.mkdir(parents=True, exist_ok=True)
+        self._save_net()
         log = MetricsLog(self.out / "metrics.jsonl", self.start if self.start else None)
         spec = self.spec
         progress = Progress(self.max_iter, self.start, spec.display, self.stream)

@@ -1,0 +1,359 @@
+"""Composition: a net file built on others with ``base:`` (SPEC section 1, "Composition").
+
+Every file is read into a *located tree* (each mapping key, list item and scalar keeps the
+FILE:LINE:COL where it was written), bases are merged first to last and the file itself last,
+and the result is flattened back into plain data plus Positions. Because locations travel with
+the values, a problem in the merged net is reported in whichever file wrote the offending key.
+
+Merge rules: layers merge by name, in the bases' order (``after``/``before`` place a layer,
+``delete: true`` removes one); mappings merge key by key, except that a mapping whose ``type``
+changes (a layer, a filler, the solver, the lr policy) is replaced whole, because its keys belong
+to another kind of thing (a sgd ``momentum`` means nothing to adam); every other list replaces.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Union
+
+from ..errors import Location, Problem, SpecError, UserError
+from .spec import did_you_mean, read_text
+from .yaml_loader import Positions, load_yaml
+
+PLACEMENT_KEYS = ("after", "before", "delete")   # consumed by the merge, never seen by the schema
+
+
+@dataclass
+class Scalar:
+    value: Any
+    loc: Location
+
+
+@dataclass
+class Seq:
+    items: list["Node"]
+    loc: Location
+
+
+@dataclass
+class Map:
+    entries: dict[Any, tuple[Location, "Node"]]   # key -> (where the key was written, value)
+    loc: Location
+
+    def get(self, key) -> "Node | None":
+        entry = self.entries.get(key)
+        return entry[1] if entry else None
+
+    def key_loc(self, key) -> Location:
+        return self.entries[key][0]
+
+    def scalar(self, key) -> Any:
+        node = self.get(key)
+        return node.value if isinstance(node, Scalar) else None
+
+
+Node = Union[Scalar, Seq, Map]
+
+
+@dataclass
+class Composed:
+    """A net file with its bases merged: plain data, where each piece was written, the files read
+    and the tops of layers that a derived file deleted (top -> (layer, where it was deleted))."""
+
+    data: Any
+    positions: Positions
+    files: list[str] = field(default_factory=list)
+    deleted: dict[str, tuple[str, Location]] = field(default_factory=dict)
+
+    def explain(self, problem: Problem) -> Problem:
+        """A wiring problem about a top that a deleted layer used to produce says so."""
+        for top, (layer, where) in self.deleted.items():
+            if f"unknown bottom '{top}'" in problem.message:
+                return Problem(f"{problem.message} (layer '{layer}', which produced it, is deleted at {where})",
+                               problem.location)
+        return problem
+
+
+def compose(path: str) -> Composed:
+    """Reads ``path`` and, if it has ``base:``, everything it builds on. Raises SpecError with
+    every composition problem found (missing or cyclic bases, merges naming no base layer)."""
+    text = read_text(path)
+    data, positions = load_yaml(text, path)
+    if not (isinstance(data, dict) and "base" in data):
+        return Composed(data, positions, [path])
+    state = _State()
+    tree = _compose_file(path, _tree(data, positions, ()), positions, state, (_real(path),))
+    if state.problems:
+        problems = sorted(state.problems, key=lambda p: (p.location.file != path, p.location.file,
+                                                         p.location.line, p.location.col))
+        raise SpecError(*problems)
+    out = Positions(path)
+    merged = _flatten(tree, (), out)
+    return Composed(merged, out, state.files, state.deleted)
+
+
+@dataclass
+class _State:
+    problems: list[Problem] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)
+    deleted: dict[str, tuple[str, Location]] = field(default_factory=dict)
+
+
+def _real(path: str | Path) -> str:
+    return os.path.realpath(path)
+
+
+# -- located trees ---------------------------------------------------------------------------
+def _tree(data: Any, positions: Positions, path: tuple) -> Node:
+    loc = positions.locate(path, prefer_key=False)
+    if isinstance(data, dict):
+        return Map({k: (positions.locate(path + (k,)), _tree(v, positions, path + (k,))) for k, v in data.items()}, loc)
+    if isinstance(data, list):
+        return Seq([_tree(v, positions, path + (i,)) for i, v in enumerate(data)], loc)
+    return Scalar(data, loc)
+
+
+def _flatten(node: Node, path: tuple, out: Positions) -> Any:
+    out.values[path] = node.loc
+    if isinstance(node, Map):
+        result = {}
+        for key, (key_loc, value) in node.entries.items():
+            out.keys[path + (key,)] = key_loc
+            result[key] = _flatten(value, path + (key,), out)
+        return result
+    if isinstance(node, Seq):
+        return [_flatten(item, path + (i,), out) for i, item in enumerate(node.items)]
+    return node.value
+
+
+# -- bases -----------------------------------------------------------------------------------
+def _compose_file(path: str, root: Node, positions: Positions, state: _State, chain: tuple[str, ...]) -> Node:
+    """The file's tree with its bases merged under it (``chain``: the real paths being composed,
+    to catch a base that includes itself)."""
+    state.files.append(path)
+    if not isinstance(root, Map):
+        if chain[1:]:   # a base that is not a mapping; the root file's own case is the schema's
+            state.problems.append(Problem("a base net file is a mapping (name, inputs, layers, train, ...)", root.loc))
+        return root
+    base_node = root.get("base")
+    merged: Map | None = None
+    for ref, where in _base_refs(root, state):
+        base_path = _locate_base(ref, path, where, state)
+        if base_path is None:
+            continue
+        real = _real(base_path)
+        if real in chain:
+            here = os.path.dirname(_real(path))
+            cycle = " -> ".join(_short(p, here) for p in chain[chain.index(real):] + (real,))
+            state.problems.append(Problem(f"base '{ref}' includes itself ({cycle})", where))
+            continue
+        try:
+            data, base_positions = load_yaml(read_text(base_path), base_path)
+        except SpecError as error:
+            state.problems.extend(error.problems)
+            continue
+        except UserError as error:
+            state.problems.append(Problem(f"base '{ref}': {error.problems[0].message}", where))
+            continue
+        if not isinstance(data, dict):
+            state.problems.append(Problem(f"base '{ref}' is not a net file (a mapping with name, inputs, layers)",
+                                          where))
+            continue
+        base_tree = _compose_file(base_path, _tree(data, base_positions, ()), base_positions, state,
+                                  chain + (real,))
+        merged = base_tree if merged is None else _overlay(merged, base_tree, state, has_base=True)
+    own = Map({k: v for k, v in root.entries.items() if k != "base"}, root.loc)
+    if base_node is None or merged is None:
+        return _overlay(Map({}, root.loc), own, state, has_base=False) if base_node is None else own
+    return _overlay(merged, own, state, has_base=True)
+
+
+def _short(real: str, start: str) -> str:
+    """A path as seen from the folder of the file that reports it."""
+    try:
+        return os.path.relpath(real, start)
+    except ValueError:      # another drive (Windows)
+        return real
+
+
+def _base_refs(root: Map, state: _State) -> list[tuple[str, Location]]:
+    node = root.get("base")
+    if node is None:
+        return []
+    items = node.items if isinstance(node, Seq) else [node]
+    refs = []
+    for item in items:
+        if isinstance(item, Scalar) and isinstance(item.value, str) and item.value.strip():
+            refs.append((item.value.strip(), item.loc))
+        else:
+            state.problems.append(Problem("base: expected a path, zoo:NAME, or a list of them", item.loc))
+    if isinstance(node, Seq) and not node.items:
+        state.problems.append(Problem("base: the list is empty", node.loc))
+    return refs
+
+
+def _locate_base(ref: str, path: str, where: Location, state: _State) -> str | None:
+    if ref.startswith("zoo:"):
+        from ..zoo.resolve import resolve
+        try:
+            return str(resolve(ref, need_weights=False).net)
+        except UserError as error:
+            state.problems.append(Problem(f"base '{ref}': {error.problems[0].message}", where))
+            return None
+    candidate = Path(ref).expanduser()
+    if not candidate.is_absolute():
+        candidate = Path(path).parent / candidate
+    if not candidate.exists():
+        state.problems.append(Problem(f"base '{ref}': no such file (paths are relative to the folder of "
+                                      f"{Path(path).name})", where))
+        return None
+    if candidate.is_dir():
+        nested = candidate / "net.yaml"
+        if nested.is_file():
+            return str(nested)
+        state.problems.append(Problem(f"base '{ref}' is a folder without a net.yaml", where))
+        return None
+    return str(candidate)
+
+
+# -- merging ---------------------------------------------------------------------------------
+def _overlay(under: Map, over: Map, state: _State, has_base: bool) -> Map:
+    """``over`` merged onto ``under``: top-level keys merge, ``layers`` by layer name."""
+    entries = dict(under.entries)
+    for key, (key_loc, value) in over.entries.items():
+        if key == "layers":
+            before = under.get("layers")
+            entries[key] = (key_loc, _merge_layers(before if isinstance(before, Seq) else None, value, state, has_base))
+        else:
+            entries[key] = (key_loc, _merge_value(under.get(key), value))
+    return Map(entries, over.loc if over.entries else under.loc)
+
+
+def _merge_value(under: Node | None, over: Node) -> Node:
+    """Mappings merge key by key (``over`` wins), except that a mapping whose ``type`` differs
+    from the one under it replaces it whole; anything else is replaced."""
+    if not (isinstance(under, Map) and isinstance(over, Map)):
+        return over
+    if "type" in over.entries and over.scalar("type") != under.scalar("type"):
+        return over
+    entries = dict(under.entries)
+    for key, (key_loc, value) in over.entries.items():
+        entries[key] = (key_loc, _merge_value(under.get(key), value))
+    return Map(entries, over.loc)
+
+
+def _merge_layers(under: Seq | None, over: Node, state: _State, has_base: bool) -> Node:
+    if not isinstance(over, Seq):
+        return over       # not a list: the schema says so, at this file's line
+    layers: list[Node] = list(under.items) if under is not None else []
+    seen_here: dict[str, Location] = {}
+    for entry in over.items:
+        name = entry.scalar("name") if isinstance(entry, Map) else None
+        if not isinstance(name, str):
+            layers.append(entry)     # the schema reports a missing or odd name
+            continue
+        name_loc = entry.get("name").loc
+        if name in seen_here:
+            state.problems.append(Problem(f"layer name '{name}' is already used (line {seen_here[name].line})",
+                                          name_loc))
+            continue
+        seen_here[name] = name_loc
+        controls = _placement(entry, name, state)
+        if controls is None:
+            continue
+        body = Map({k: v for k, v in entry.entries.items() if k not in PLACEMENT_KEYS}, entry.loc)
+        index = _index_of(layers, name)
+        if controls.get("delete"):
+            _delete(layers, index, name, entry, state, has_base)
+            continue
+        if index is not None:
+            merged = _merge_value(layers[index], body)
+            if "after" in controls or "before" in controls:
+                layers.pop(index)
+                _place(layers, merged, controls, name, state)
+            else:
+                layers[index] = merged
+            continue
+        if has_base and "type" not in body.entries:
+            names = [n for n in (_layer_name(l) for l in layers) if n]
+            state.problems.append(Problem(f"layer '{name}' is in no base, and has no 'type' to be a new layer"
+                                          f"{did_you_mean(name, names)}", name_loc))
+            continue
+        _place(layers, body, controls, name, state)
+    return Seq(layers, over.loc)
+
+
+def _placement(entry: Map, name: str, state: _State) -> dict | None:
+    """The entry's after/before/delete, checked; None if they are unusable (already reported)."""
+    controls = {}
+    for key in PLACEMENT_KEYS:
+        node = entry.get(key)
+        if node is None:
+            continue
+        value = node.value if isinstance(node, Scalar) else None
+        if key == "delete":
+            if not isinstance(value, bool):
+                state.problems.append(Problem(f"layer '{name}': 'delete' is true or false", node.loc))
+                return None
+        elif not isinstance(value, str):
+            state.problems.append(Problem(f"layer '{name}': '{key}' names the layer to place it {key}", node.loc))
+            return None
+        controls[key] = (value, node.loc)
+    if "after" in controls and "before" in controls:
+        state.problems.append(Problem(f"layer '{name}': give 'after' or 'before', not both",
+                                      entry.key_loc("before")))
+        return None
+    if controls.get("delete", (False,))[0]:
+        extra = [k for k in entry.entries if k not in ("name", "delete")]
+        if extra:
+            state.problems.append(Problem(f"layer '{name}': a deleted layer takes no other keys (found "
+                                          f"'{extra[0]}')", entry.key_loc(extra[0])))
+            return None
+        return {"delete": True}
+    controls.pop("delete", None)
+    return controls
+
+
+def _delete(layers: list[Node], index: int | None, name: str, entry: Map, state: _State, has_base: bool) -> None:
+    where = entry.key_loc("delete")
+    if index is None:
+        names = [n for n in (_layer_name(l) for l in layers) if n]
+        state.problems.append(Problem(f"delete: no layer '{name}' in the base{'s' if has_base else ''} to delete"
+                                      f"{did_you_mean(name, names)}", entry.get("name").loc))
+        return
+    removed = layers.pop(index)
+    top = removed.get("top") if isinstance(removed, Map) else None
+    tops = [t.value for t in top.items] if isinstance(top, Seq) else [top.value] if isinstance(top, Scalar) else []
+    for t in tops:
+        if isinstance(t, str):
+            state.deleted[t] = (name, where)
+
+
+def _place(layers: list[Node], layer: Map, controls: dict, name: str, state: _State) -> None:
+    for key, offset in (("after", 1), ("before", 0)):
+        if key not in controls:
+            continue
+        target, where = controls[key]
+        index = _index_of(layers, target)
+        if target == name or index is None:
+            names = [n for n in (_layer_name(l) for l in layers) if n and n != name]
+            state.problems.append(Problem(f"layer '{name}': {key}: no layer '{target}' to place it {key}"
+                                          f"{did_you_mean(target, names)}", where))
+            layers.append(layer)
+            return
+        layers.insert(index + offset, layer)
+        return
+    layers.append(layer)
+
+
+def _layer_name(node: Node) -> str | None:
+    name = node.scalar("name") if isinstance(node, Map) else None
+    return name if isinstance(name, str) else None
+
+
+def _index_of(layers: list[Node], name: str) -> int | None:
+    for i, layer in enumerate(layers):
+        if _layer_name(layer) == name:
+            return i
+    return None

@@ -1,0 +1,62 @@
+"""Printing a net as YAML with its bases merged and ``--set`` applied (``toolkit render``).
+
+The text is itself a valid net file that loads to the same net: one layer per line in flow
+style, as the zoo writes them. Relative data paths are rewritten to hold from the folder the
+text is meant for, so the printed net finds the same data.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .net import Net
+
+ORDER = ("name", "inputs", "layers", "outputs", "train", "optimize")
+
+
+def render_net(net: Net, header: bool = True, folder: str | Path | None = None) -> str:
+    """The merged net as YAML; relative data paths are rewritten to hold from ``folder`` (default:
+    the net file's folder), where the text is meant to be saved."""
+    data = _with_data_paths_rebased(net, Path(folder) if folder is not None else Path(net.file).parent)
+    lines = []
+    if header and len(net.files) > 1:
+        lines.append(f"# {net.name}: {net.files[0]} with its bases merged ({', '.join(net.files[1:])})")
+    keys = [k for k in ORDER if k in data] + [k for k in data if k not in ORDER]
+    for key in keys:
+        value = data[key]
+        if key == "layers" and isinstance(value, list):
+            lines.append("layers:")
+            lines += [f"  - {_flow(layer)}" for layer in value]
+        elif isinstance(value, dict) and value:
+            lines.append(f"{key}:")
+            lines += [f"  {_flow(k)}: {_flow(v)}" for k, v in value.items()]
+        else:
+            lines.append(f"{_flow(key)}: {_flow(value)}")
+    return "\n".join(lines) + "\n"
+
+
+def _flow(value: Any) -> str:
+    text = yaml.safe_dump(value, default_flow_style=True, sort_keys=False, width=1 << 30, allow_unicode=True)
+    text = text.strip()
+    return text[:-len("...")].strip() if text.endswith("...") else text   # a bare scalar ends the document
+
+
+def _with_data_paths_rebased(net: Net, here: Path) -> dict:
+    data = dict(net.raw)
+    train = data.get("train")
+    if not isinstance(train, dict) or not isinstance(train.get("data"), dict):
+        return data
+    source = dict(train["data"])
+    for key in ("source", "test_source"):
+        value = source.get(key)
+        if not isinstance(value, str) or value.startswith("builtin:") or Path(value).is_absolute():
+            continue
+        written_in = Path(net.positions.locate(("train", "data", key), prefer_key=False).file).parent
+        found = Path(value) if Path(value).exists() else written_in / value   # as the data loader looks
+        if found.exists() and found.resolve() != (here / value).resolve():
+            source[key] = os.path.relpath(found, here)
+    data["train"] = {**train, "data": source}
+    return data
