@@ -359,3 +359,13 @@ def test_the_acceptance_derived_lenet_renders_checks_and_trains(tmp_path):
     trained = run_cli("train", derived, "--out", tmp_path / "run")
     assert trained.status == 0, trained.err
     assert (tmp_path / "run" / "model.safetensors").is_file()
+
+
+def test_a_bad_set_value_is_the_flags_error_not_the_files(tmp_path, base):
+    derived = write_net(tmp_path, "base: base/net.yaml\n")
+    result = run_cli("check", derived, "--set", "layers.conv1.num_output=-2", "--set", "train.solver.momentun=1",
+                     "--set", "layers.ip1.bottom=nope")
+    expect_error(result, "--set layers.conv1.num_output: layer 'conv1'", "num_output")
+    expect_error(result, "--set train.solver.momentun: unknown key 'momentun'")
+    expect_error(result, "--set layers.ip1.bottom: layer 'ip1'", "unknown bottom 'nope'")
+    assert str(base) not in result.err and str(derived) not in result.err

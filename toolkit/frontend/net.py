@@ -15,7 +15,7 @@ from ..ops.base import Builder
 from ..passes.prune import eliminate_dead_code
 from .lower import OBJECTIVE, Lowered, lower_phase
 from .compose import compose
-from .spec import did_you_mean, duplicate_layer_names, validate_net
+from .spec import did_you_mean, duplicate_layer_names, from_command_line, validate_net
 from .yaml_loader import Positions
 
 PHASES = ("train", "test", "infer")
@@ -59,7 +59,7 @@ class Net:
             net = cls(spec, positions, path)
         except SpecError as error:
             error = _with_wiring_problems(error)
-            raise SpecError(*[composed.explain(p) for p in error.problems]) from None
+            raise SpecError(*[from_command_line(composed.explain(p)) for p in error.problems]) from None
         net.raw = raw
         net.files = composed.files
         net.zoo = zoo_model

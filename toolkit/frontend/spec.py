@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from ..errors import Problem, SpecError, UserError
+from ..errors import Location, Problem, SpecError, UserError
 from .yaml_loader import Positions, load_yaml
 
 
@@ -51,7 +51,8 @@ def validate_net(data: Any, positions: Positions, net_model: type[BaseModel],
         raise SpecError(Problem("a net file is a mapping with 'name', 'inputs' and 'layers'",
                                 positions.locate(())))
     for path, value in overrides:
-        _apply_override(data, path, value)
+        written = _apply_override(data, path, value)
+        _mark_overridden(positions, written, f"--set {'.'.join(map(str, path))}")
     try:
         spec = net_model.model_validate(data)
     except ValidationError as e:
@@ -124,6 +125,7 @@ def _apply_override(data: dict, path: tuple, value: Any) -> None:
     name (``layers.conv1.num_output``)."""
     shown = ".".join(map(str, path))
     node: Any = data
+    written: list = []
     for depth, key in enumerate(path):
         last = depth == len(path) - 1
         if isinstance(node, list):
@@ -136,17 +138,40 @@ def _apply_override(data: dict, path: tuple, value: Any) -> None:
                 if key not in names:
                     raise UserError(f"--set {shown}: no layer named '{key}'{did_you_mean(key, names)}")
                 index = names.index(key)
+            written.append(index)
             if last:
                 node[index] = value
             else:
                 node = node[index]
         elif isinstance(node, dict):
+            written.append(key)
             if last:
                 node[key] = value
             else:
                 node = node.setdefault(key, {})
         else:
             raise UserError(f"--set {shown}: '{path[depth - 1]}' is a value, not a mapping or list")
+    return tuple(written)
+
+
+COMMAND_LINE = 0    # the line number of a location that stands for a --set flag, not a file
+
+
+def _mark_overridden(positions: Positions, path: tuple, flag: str) -> None:
+    """Problems in a value that ``--set`` wrote are the flag's, not the file's: its path (and
+    everything under it) is located at the flag, which the CLI prints as ``error: --set ...``."""
+    for table in (positions.keys, positions.values):
+        for known in [p for p in table if p[:len(path)] == path]:
+            del table[known]
+        table[path] = Location(flag, COMMAND_LINE, 0)
+
+
+def from_command_line(problem: Problem) -> Problem:
+    """A problem located at a --set flag, as the plain ``error: --set KEY: ...`` line it is."""
+    where = problem.location
+    if where is not None and where.line == COMMAND_LINE:
+        return Problem(f"{where.file}: {problem.message}")
+    return problem
 
 
 def _walk(loc: tuple, data: Any) -> tuple[tuple, list]:
