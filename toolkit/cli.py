@@ -141,6 +141,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--weights", help="with --optimized: weights frozen into infer and test graphs "
                                      "(default: the fillers')")
     _optimize_flags(p)
+
+    p = sub.add_parser("zoo", help="the model zoo: list, show, get, verify and publish models with checksummed weights")
+    zoo = p.add_subparsers(dest="zoo_command", metavar="ACTION", parser_class=_Parser)
+    zoo.required = True
+    zoo_list = zoo.add_parser("list", help="the models of the shipped zoo, the sources and the cache")
+    zoo_show = zoo.add_parser("show", help="a model's card: its fields, its text, where it is cached")
+    zoo_show.add_argument("name", metavar="NAME")
+    zoo_get = zoo.add_parser("get", help="fetch a model into the cache (checked by sha256), or copy it out with --to")
+    zoo_get.add_argument("name", metavar="NAME")
+    zoo_get.add_argument("--to", metavar="DIR", help="also copy the card, net and weights into DIR")
+    zoo_get.add_argument("--force", action="store_true", help="replace differing files in DIR")
+    zoo_verify = zoo.add_parser("verify", help="check a model folder: card, hashes, net, weights, the metric")
+    zoo_verify.add_argument("dir", metavar="DIR", help="a model folder (with README.md), or zoo:NAME")
+    zoo_verify.add_argument("--no-test", action="store_true", help="do not measure the card's metric")
+    for q in (zoo_list, zoo_show, zoo_get, zoo_verify):
+        q.add_argument("--source", action="append", default=None, metavar="FOLDER|URL|git+URL[@REF]",
+                       help="where to look after the shipped zoo (repeatable; default: $TOOLKIT_ZOO, "
+                            "comma-separated)")
+    q = zoo.add_parser("publish", help="add the model in DIR (net, weights, draft card) to a zoo folder")
+    q.add_argument("dir", metavar="DIR", help="a folder with net.yaml (or one *.yaml), its weights and "
+                                              "optionally a draft README.md")
+    q.add_argument("--to", required=True, metavar="FOLDER", help="the zoo folder (then a source as it stands)")
+    q.add_argument("--name", help="the model's name (default: the draft card's, else the net's)")
+    q.add_argument("--licence", help="the licence of the weights (or 'licence' in the draft card)")
+    q.add_argument("--task", help="what the model does (or 'task' in the draft card)")
+    q.add_argument("--force", action="store_true", help="replace a differing model of that name in FOLDER")
     return parser
 
 

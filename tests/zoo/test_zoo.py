@@ -1,5 +1,6 @@
 """The model zoo: every ``zoo/*/net.yaml`` parses, compiles in each phase, and trains (a few
-dozen steps with its own train section: the loss falls and stays finite); each has a README."""
+dozen steps with its own train section: the loss falls and stays finite); each has a README
+whose card (front matter) validates and matches the files."""
 from __future__ import annotations
 
 import contextlib
@@ -39,6 +40,20 @@ def test_readme(model):
     assert readme.is_file(), f"{model.name} has no README.md"
     text = readme.read_text()
     assert len(text.strip()) > 100 and "toolkit train" in text
+
+
+@pytest.mark.parametrize("model", ZOO, ids=IDS)
+def test_card_validates_and_matches_the_files(model):
+    """The card's front matter is a valid ModelCard and its sha256 and sizes are the files':
+    editing net.yaml or the weights without the card fails here."""
+    from toolkit.zoo.card import check_files, read_card
+    card, body = read_card(model / "README.md", expect_name=model.name)
+    problems = check_files(model, card)
+    assert not problems, (f"the card no longer matches its files; run `toolkit zoo publish zoo/{model.name} "
+                          "--to zoo` or update the sha256 and bytes in the card:\n" + "\n".join(problems))
+    assert card.licence and card.reproduce == f"toolkit train zoo:{model.name}"
+    assert "CC BY 4.0" in card.data and card.metric.name == "accuracy"
+    assert f'"accuracy": {card.metric.value}' in body          # the value `toolkit test` printed
 
 
 @pytest.mark.parametrize("model", ZOO, ids=IDS)
@@ -122,3 +137,10 @@ def test_resnet_infer_has_no_normalisation_left_and_matches_unoptimised():
     figures = memory_figures(train_step_graph(net), {"N": 64})
     assert figures["peak_bytes"] <= 0.6 * figures["naive_bytes"]
     assert figures["peak_bytes"] <= 1.2 * figures["lower_bound_bytes"]
+
+
+def test_every_shipped_model_is_packaged():
+    """A wheel installs the zoo through pyproject's data-files, one entry per model folder."""
+    import tomllib
+    data_files = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["data-files"]
+    assert data_files == {f"share/toolkit/zoo/{name}": [f"zoo/{name}/*"] for name in IDS}

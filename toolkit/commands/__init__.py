@@ -5,5 +5,7 @@ from .compile_cmd import run_compile
 from .graph_cmd import run_graph
 from .infer import run_infer
 from .train_cmd import run_data, run_test, run_train
+from .zoo_cmd import run_zoo
 
-__all__ = ["run_bench", "run_check", "run_render", "run_compile", "run_graph", "run_infer", "run_schema", "run_test", "run_train", "run_data"]
+__all__ = ["run_bench", "run_check", "run_render", "run_compile", "run_graph", "run_infer", "run_schema", "run_test", "run_train", "run_data",
+           "run_zoo"]

@@ -65,6 +65,7 @@ class Composed:
     positions: Positions
     files: list[str] = field(default_factory=list)
     deleted: dict[str, tuple[str, Location]] = field(default_factory=dict)
+    bases: list[str] = field(default_factory=list)     # the root file's bases, as written
 
     def explain(self, problem: Problem) -> Problem:
         """A wiring problem about a top that a deleted layer used to produce says so."""
@@ -90,7 +91,8 @@ def compose(path: str) -> Composed:
         raise SpecError(*problems)
     out = Positions(path)
     merged = _flatten(tree, (), out)
-    return Composed(merged, out, state.files, state.deleted)
+    bases = data["base"] if isinstance(data["base"], list) else [data["base"]]
+    return Composed(merged, out, state.files, state.deleted, [str(b) for b in bases])
 
 
 @dataclass

@@ -29,6 +29,7 @@ class Net:
         self.declared: dict[str, tuple] = {}      # weight key -> (shape, layer), every phase
         self.raw: dict = {}                       # the merged net as plain data (what render prints)
         self.files: list[str] = [file]            # this file, then the bases it is built on
+        self.bases: list[str] = []                # its bases as written in it
         self.zoo = None                           # the zoo model when loaded as zoo:NAME
         problems = duplicate_layer_names({"layers": [l.model_dump() for l in spec.layers]}, positions)
         problems += self._check_losses()
@@ -62,6 +63,7 @@ class Net:
             raise SpecError(*[from_command_line(composed.explain(p)) for p in error.problems]) from None
         net.raw = raw
         net.files = composed.files
+        net.bases = composed.bases
         net.zoo = zoo_model
         return net
 

@@ -21,9 +21,9 @@ def render_net(net: Net, header: bool = True, folder: str | Path | None = None) 
     """The merged net as YAML; relative data paths are rewritten to hold from ``folder`` (default:
     the net file's folder), where the text is meant to be saved."""
     data = _with_data_paths_rebased(net, Path(folder) if folder is not None else Path(net.file).parent)
-    lines = []
-    if header and len(net.files) > 1:
-        lines.append(f"# {net.name}: {net.files[0]} with its bases merged ({', '.join(net.files[1:])})")
+    lines = _leading_comments(net.file) if header else []
+    if header and net.bases:
+        lines.append(f"# (rendered: {Path(net.file).name} with its bases merged: {', '.join(net.bases)})")
     keys = [k for k in ORDER if k in data] + [k for k in data if k not in ORDER]
     for key in keys:
         value = data[key]
@@ -36,6 +36,20 @@ def render_net(net: Net, header: bool = True, folder: str | Path | None = None) 
         else:
             lines.append(f"{_flow(key)}: {_flow(value)}")
     return "\n".join(lines) + "\n"
+
+
+def _leading_comments(path: str) -> list[str]:
+    """The comment lines that open the net file (its description, by the zoo's habit)."""
+    lines = []
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return lines
+    for line in text.splitlines():
+        if not line.startswith("#"):
+            break
+        lines.append(line)
+    return lines
 
 
 def _flow(value: Any) -> str:

@@ -1,0 +1,187 @@
+"""The local cache of fetched zoo models: ``CACHE/zoo/<source-slug>/<NAME>/`` (CACHE is
+``$TOOLKIT_CACHE``, else the user's cache folder). Files arrive through pooch, which writes a
+temporary file beside the target, checks its sha256 against the card and only then renames it:
+a file under its real name has always matched its card, and an interrupted or refused download
+leaves nothing behind."""
+from __future__ import annotations
+
+import os
+import re
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from schemas.card import CardFile, ModelCard
+
+from ..errors import UserError
+from .card import CARD, check_files, parse_card, read_card, read_card_text, sha256_file, write_text
+
+ENV_CACHE = "TOOLKIT_CACHE"
+SOURCE_FILE = ".source"          # in each source's cache folder: the source as the user gave it
+STALE_S = 600                    # a temporary file this old belongs to a download that was killed
+
+
+def cache_root() -> Path:
+    env = os.environ.get(ENV_CACHE)
+    if env:
+        return Path(env).expanduser()
+    import pooch
+    return Path(pooch.os_cache("toolkit"))
+
+
+def notice(message: str) -> None:
+    """A one-line note on stderr: something the user should know that is not an error."""
+    print(f"note: {message}", file=sys.stderr)
+
+
+def wanted(card: ModelCard, weights: str) -> list[CardFile]:
+    """The files a use needs: the config, plus no weights, the default (first) or all of them."""
+    chosen = {"none": [], "default": card.weights[:1], "all": card.weights}[weights]
+    return [card.config, *chosen]
+
+
+@dataclass
+class Fetched:
+    dir: Path
+    card: ModelCard
+    actions: list[tuple[CardFile, str]]      # each file and what was done: cached, fetched, ...
+
+
+def fetch_model(source, name: str, weights: str = "default") -> Fetched | None:
+    """NAME from ``source`` into its cache folder: the card fresh (the cached one, with a notice,
+    when the source cannot be reached), then each wanted file unless the cached copy matches.
+    None when the source has no model NAME."""
+    from .sources import Unreachable
+    dest = source.cache_dir / name
+    card_path = dest / CARD
+    try:
+        text = source.card_text(name)
+    except Unreachable as e:
+        if not card_path.is_file():
+            raise
+        notice(f"{e.problems[0].message}; using the card of {name} fetched earlier")
+        text, origin = read_card_text(card_path), str(card_path)
+    else:
+        if text is None:
+            return None
+        origin = source.card_origin(name)
+    card, _body = parse_card(text, origin, expect_name=name)
+    dest.mkdir(parents=True, exist_ok=True)
+    remember_source(source)
+    if origin != str(card_path):
+        write_text(card_path, text)
+    actions = [(entry, retrieve(source, name, entry, dest)) for entry in wanted(card, weights)]
+    return Fetched(dest, card, actions)
+
+
+def remember_source(source) -> None:
+    marker = source.cache_dir / SOURCE_FILE
+    if not marker.is_file() or marker.read_text(encoding="utf-8") != source.text:
+        source.cache_dir.mkdir(parents=True, exist_ok=True)
+        write_text(marker, source.text)
+
+
+def retrieve(source, name: str, entry: CardFile, folder: Path) -> str:
+    """One file of a card into ``folder``, verified by sha256 (pooch.retrieve); one retry for a
+    transfer that broke off. Returns what was done."""
+    import pooch
+    import requests
+
+    from .sources import MissingFile, Unreachable, network_reason
+    pooch.get_logger().setLevel("WARNING")
+    sweep_temporaries(folder)
+    target = folder / entry.file
+    damaged = ""
+    if target.is_file():
+        digest = sha256_file(target)
+        if digest == entry.sha256:
+            return "cached"
+        damaged = f"the cached {target} has sha256 {digest}, the card says {entry.sha256}"
+        target.unlink()          # never leave a file that fails its card under the real name
+    url, downloader = source.locator(name, entry.file)
+    got: dict = {}
+
+    def download(url: str, output_file: str, pooch_instance) -> None:
+        got.clear()
+        downloader(url, output_file, pooch_instance)
+        got["bytes"] = os.path.getsize(output_file)
+        got["sha256"] = sha256_file(output_file)
+
+    failure = ""
+    for _attempt in range(2):
+        try:
+            pooch.retrieve(url, known_hash=f"sha256:{entry.sha256}", fname=entry.file, path=folder,
+                           downloader=download, progressbar=False)
+            return "fetched (the cached copy did not match the card)" if damaged else "fetched"
+        except MissingFile:
+            raise UserError(f"zoo source {source}: {name}/{entry.file} is missing (its card lists it)") from None
+        except ValueError:                       # pooch: the sha256 does not match the card
+            if "sha256" not in got or got["bytes"] < entry.bytes:
+                failure = f"the transfer stopped after {got.get('bytes', 0)} of {entry.bytes} bytes"
+                continue
+            raise UserError(f"{url}: sha256 is {got['sha256']}, the card says {entry.sha256} "
+                            f"({got['bytes']} bytes, the card says {entry.bytes}); the file was refused "
+                            "and not kept") from None
+        except requests.HTTPError as e:
+            if e.response is not None and e.response.status_code == 404:
+                raise UserError(f"{url}: not found (the card of {name} lists {entry.file})") from None
+            failure = network_reason(e)
+        except (requests.ConnectionError, requests.Timeout) as e:
+            failure = f"cannot reach the server ({network_reason(e)})"
+        except requests.RequestException as e:
+            failure = f"the transfer broke off ({network_reason(e)})"
+    what = f"{damaged}; fetching it again" if damaged else f"fetching {entry.file}"
+    raise UserError(f"zoo:{name}: {what} failed twice: {url}: {failure}; nothing was kept")
+
+
+_TEMPORARY = re.compile(r"tmp[a-z0-9_]{8}")     # tempfile's names, as pooch makes them
+
+
+def sweep_temporaries(folder: Path) -> None:
+    """Remove what downloads killed mid-way left behind (a live download's file is younger)."""
+    if not folder.is_dir():
+        return
+    now = time.time()
+    for path in folder.iterdir():
+        if _TEMPORARY.fullmatch(path.name) and path.is_file() and now - path.stat().st_mtime > STALE_S:
+            path.unlink(missing_ok=True)
+
+
+def cached_copy(folder: Path, name: str, weights: str) -> tuple[ModelCard | None, list[str]]:
+    """(card, problems) of a cached model folder, with no network: (None, []) when nothing is
+    cached there; problems name each wanted file that is missing or fails its sha256."""
+    card_path = folder / CARD
+    if not card_path.is_file():
+        return None, []
+    try:
+        card, _body = read_card(card_path, expect_name=name)
+    except UserError as e:
+        return None, [str(e.problems[0])]
+    return card, check_files(folder, card, wanted(card, weights))
+
+
+def cached_elsewhere(name: str, skip: set[Path]) -> list[tuple[Path, str]]:
+    """Cached copies of NAME from any source but those in ``skip``, the most recent first, as
+    (model folder, source text)."""
+    root = cache_root() / "zoo"
+    if not root.is_dir():
+        return []
+    found = [p.parent for p in root.glob(f"*/{name}/{CARD}") if p.parent.parent not in skip]
+    found.sort(key=lambda p: (p / CARD).stat().st_mtime, reverse=True)
+    return [(folder, source_text(folder.parent)) for folder in found]
+
+
+def cached_models() -> dict[str, list[tuple[Path, str]]]:
+    """Every cached model: name -> [(model folder, source text)], the most recent first."""
+    root = cache_root() / "zoo"
+    out: dict[str, list[tuple[Path, str]]] = {}
+    if root.is_dir():
+        for card_path in sorted(root.glob(f"*/*/{CARD}"), key=lambda p: p.stat().st_mtime, reverse=True):
+            out.setdefault(card_path.parent.name, []).append((card_path.parent, source_text(card_path.parent.parent)))
+    return out
+
+
+def source_text(source_folder: Path) -> str:
+    marker = source_folder / SOURCE_FILE
+    return marker.read_text(encoding="utf-8").strip() if marker.is_file() else source_folder.name

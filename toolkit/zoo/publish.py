@@ -1,0 +1,299 @@
+"""``toolkit zoo publish`` and ``toolkit zoo verify``: a net, its weights and a card made into a
+model folder of a zoo (with the metric measured, not copied), and a model folder checked end to
+end (card, hashes, net, weights, metric)."""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from schemas.card import CardFile, ModelCard
+
+from ..errors import Problem, SpecError, UserError
+from .card import (CARD, check_files, read_card, read_card_text, read_front_matter, render_card, schema_problems,
+                   write_bytes, write_text)
+from .sources import INDEX, INDEX_FORMAT, scan_cards
+
+NET_FILE = "net.yaml"
+WEIGHTS_FILE = "model.safetensors"
+REQUIRED_FROM_USER = ("licence", "task")
+
+
+@dataclass
+class Measured:
+    name: str
+    value: float
+    examples: int
+    outputs: list[str]
+
+
+def measure(net, weights_path: Path, metric: str | None = None) -> Measured | None:
+    """The test phase's metric with these weights, as ``toolkit test`` computes it; None when
+    the net has no test data (no train section, no test split, or no scalar test output)."""
+    if net.spec.train is None:
+        return None
+    import numpy as np
+
+    from ..compile import disabled_passes
+    from ..runtime.plan import RuntimeState
+    from ..train.trainer import PlanCache, evaluate, load_data, test_graph, train_spec
+    spec = train_spec(net)
+    _train, test_set = load_data(net, spec)
+    if test_set is None:
+        return None
+    weights = net.load_weights(str(weights_path))
+    graph = test_graph(net, disabled_passes(net), weights)
+    if graph is None:
+        return None
+    values = evaluate(PlanCache(graph, weights, RuntimeState(np.random.default_rng(0))), test_set,
+                      spec.data.batch_size)
+    name = metric or ("accuracy" if "accuracy" in values else next(iter(values)))
+    if name not in values:
+        raise UserError(f"the test phase of {net.file} has no output '{name}' (it gives: {', '.join(values)})")
+    return Measured(name, round(values[name], 6), len(test_set), list(values))
+
+
+def net_text_for_publishing(net, path: Path, folder: Path) -> str:
+    """The net file as it is published into ``folder``: as written (comments and all) when it
+    stands alone, else rendered with its bases merged, so the published folder needs nothing else."""
+    if len(net.files) == 1:
+        return Path(path).read_text(encoding="utf-8")
+    from ..frontend.render import render_net
+    return render_net(net, folder=folder)
+
+
+def find_inputs(folder: Path) -> tuple[Path, Path, Path | None]:
+    """(net file, weights file, draft card or None) of a folder to publish."""
+    if not folder.is_dir():
+        raise UserError(f"{folder}: no such folder (publish takes a folder with a net file and its weights)")
+    nets = ([folder / NET_FILE] if (folder / NET_FILE).is_file()
+            else sorted(folder.glob("*.yaml")) + sorted(folder.glob("*.yml")))
+    weights = ([folder / WEIGHTS_FILE] if (folder / WEIGHTS_FILE).is_file()
+               else sorted(folder.glob("*.safetensors")) + sorted(folder.glob("*.npz")))
+    problems = []
+    if len(nets) != 1:
+        problems.append(f"{folder}: {'no net file' if not nets else 'several net files'} "
+                        f"(publish takes {NET_FILE}, or the only *.yaml)")
+    if len(weights) != 1:
+        problems.append(f"{folder}: {'no weights file' if not weights else 'several weights files'} "
+                        f"(publish takes {WEIGHTS_FILE}, or the only *.safetensors or *.npz)")
+    if problems:
+        raise UserError(*problems)
+    draft = folder / CARD
+    return nets[0], weights[0], draft if draft.is_file() else None
+
+
+def read_draft(path: Path | None) -> tuple[dict, object, str]:
+    """A draft card: (front matter fields, positions, body). Keys must be card keys; values are
+    checked when the card is complete."""
+    if path is None:
+        return {}, None, ""
+    fields, positions, body = read_front_matter(read_card_text(path), str(path))
+    if fields is None:
+        return {}, None, body
+    from ..frontend.spec import did_you_mean
+    unknown = [Problem(f"card: unknown key '{k}'{did_you_mean(k, ModelCard.model_fields)}", positions.locate((k,)))
+               for k in fields if k not in ModelCard.model_fields]
+    if "metric" in fields and not isinstance(fields["metric"], dict):
+        unknown.append(Problem("card: 'metric' is a mapping {name, value, split, tolerance}",
+                               positions.locate(("metric",), prefer_key=False)))
+    if unknown:
+        raise SpecError(*unknown)
+    return fields, positions, body
+
+
+@dataclass
+class Published:
+    folder: Path
+    card: ModelCard
+    measured: Measured | None
+    changed: bool
+    models: int                 # how many models the zoo folder's index lists
+
+
+def publish(dir: Path | str, to_folder: Path | str, name: str | None = None, licence: str | None = None,
+            task: str | None = None, force: bool = False) -> Published:
+    """Adds the model in ``dir`` to the zoo folder ``to_folder``: net.yaml, model.safetensors
+    and README.md (the card, its metric measured) in ``to_folder/NAME``, and index.json."""
+    from .. import __version__
+    from ..frontend import Net
+    from ..weights import load_weights
+    from .resolve import model_name
+    src, to = Path(dir), Path(to_folder)
+    net_path, weights_path, draft_path = find_inputs(src)
+    fields, positions, body = read_draft(draft_path)
+    net = Net.load(str(net_path))
+    net.load_weights(str(weights_path))                      # every key present with its shape
+    name = model_name(str(name or fields.get("name") or net.name))
+    given = {"licence": licence or fields.get("licence"), "task": task or fields.get("task")}
+    missing = [k for k in REQUIRED_FROM_USER if not given[k]]
+    if missing:
+        raise UserError(f"publish {src}: the card needs {' and '.join(f'a {k}' for k in missing)}: pass "
+                        f"{' and '.join('--' + k for k in missing)}, or write {' and '.join(missing)} in the "
+                        f"front matter of {src / CARD}")
+    draft_metric = dict(fields.get("metric") or {})
+    measured = measure(net, weights_path, draft_metric.get("name"))
+    metric = _metric(draft_metric, measured, draft_path or src / CARD)
+
+    net_bytes = net_text_for_publishing(net, net_path, to / name).encode("utf-8")
+    if weights_path.suffix == ".safetensors":
+        weights_bytes = weights_path.read_bytes()             # as given, metadata and all
+    else:
+        from safetensors.numpy import save
+        weights_bytes = save({k: v for k, v in load_weights(str(weights_path)).items()})
+    card_fields = {**fields, **given, "name": name, "metric": metric,
+                   "description": (fields.get("description") or _first_comment(net_bytes)
+                                   or f"{name}: {given['task']}"),
+                   "data": fields.get("data") or _data_of(net, measured),
+                   "config": _entry(NET_FILE, net_bytes), "weights": [_entry(WEIGHTS_FILE, weights_bytes)],
+                   "reproduce": fields.get("reproduce") or f"toolkit train zoo:{name}",
+                   "toolkit_version": __version__}
+    try:
+        card = ModelCard.model_validate(card_fields)
+    except ValidationError as e:
+        from ..frontend.yaml_loader import Positions
+        raise SpecError(*schema_problems(e, card_fields, positions or Positions(str(src / CARD)))) from None
+    text = render_card(card, body if body.strip() else _default_body(card, measured))
+    files = {NET_FILE: net_bytes, WEIGHTS_FILE: weights_bytes, CARD: text.encode("utf-8")}
+
+    target = to / name
+    differing = [f for f, data in files.items() if not (target / f).is_file() or (target / f).read_bytes() != data]
+    in_place = target.resolve() == src.resolve()             # refreshing a model's own card
+    if target.exists() and differing and not (force or in_place):
+        raise UserError(f"{target} already holds a model whose {', '.join(differing)} "
+                        f"{'differs' if len(differing) == 1 else 'differ'} from what publish would write; "
+                        "pass --force to replace it")
+    target.mkdir(parents=True, exist_ok=True)
+    for f in (NET_FILE, WEIGHTS_FILE, CARD):                  # the card last: it vouches for the others
+        if f in differing:
+            write_bytes(target / f, files[f])
+    models = write_index(to)
+    return Published(target, card, measured, bool(differing), len(models))
+
+
+def _entry(file: str, data: bytes) -> dict:
+    return {"file": file, "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+
+
+def _metric(draft: dict, measured: Measured | None, draft_path: Path) -> dict:
+    if measured is None:
+        if "name" not in draft or "value" not in draft:
+            raise UserError(f"the net has no test data to measure a metric: give metric {{name, value}} in "
+                            f"the front matter of {draft_path}")
+        return draft
+    if "value" in draft:
+        tolerance = draft.get("tolerance", 0.001)
+        if not isinstance(draft["value"], (int, float)) or abs(draft["value"] - measured.value) > tolerance:
+            raise UserError(f"{draft_path}: the draft card says {measured.name} {draft['value']}, the test "
+                            f"phase measures {measured.value} on {measured.examples} examples "
+                            f"(tolerance {tolerance})")
+    return {**draft, "name": measured.name, "value": measured.value, "split": draft.get("split", "test")}
+
+
+def _first_comment(net_bytes: bytes) -> str | None:
+    """The net file's opening comment line, a natural one-line description."""
+    for line in net_bytes.decode("utf-8").splitlines():
+        if line.strip().startswith("#"):
+            return line.strip().lstrip("#").strip() or None
+        if line.strip():
+            return None
+    return None
+
+
+def _data_of(net, measured: Measured | None) -> str:
+    if net.spec.train is None:
+        return "not stated"
+    data = net.spec.train.data
+    if data.test_source:
+        return f"{data.source}; test: {data.test_source}"
+    held = f", {measured.examples} examples" if measured else ""
+    return f"{data.source} (seeded {data.test_fraction:.0%} held-out split{held})"
+
+
+def _default_body(card: ModelCard, measured: Measured | None) -> str:
+    m = card.metric
+    on = f" on {measured.examples} {m.split} examples" if measured else f" ({m.split})"
+    return (f"\n# {card.name}\n\n{card.description}\n\n- **Task**: {card.task}\n- **Data**: {card.data}\n"
+            f"- **Metric**: {m.name} {m.value}{on}\n- **Reproduce**: `{card.reproduce}`\n"
+            f"- **Licence**: {card.licence}\n")
+
+
+def write_index(folder: Path) -> dict[str, dict]:
+    """``index.json`` of a zoo folder, rebuilt from its cards (so it never disagrees with them)."""
+    models = scan_cards(folder)
+    write_text(folder / INDEX, json.dumps({"format": INDEX_FORMAT, "models": models}, indent=2) + "\n")
+    return models
+
+
+@dataclass
+class Check:
+    status: str        # ok, skip or FAIL
+    what: str
+
+
+def verify(dir: Path | str, no_test: bool = False) -> list[Check]:
+    """Every check of a model folder, in order; raises UserError listing every problem after
+    the checks that could run (``report`` in the error's ``checks`` attribute)."""
+    from ..frontend import Net
+    folder = Path(dir)
+    if not folder.is_dir():
+        raise UserError(f"{folder}: no such folder (verify takes a model folder with {CARD})")
+    card, _body = read_card(folder / CARD)
+    checks = [Check("ok", f"card {folder / CARD} ({card.name}, toolkit {card.toolkit_version})")]
+    problems: list[Problem | str] = []
+    for entry in card.files:
+        found = check_files(folder, card, [entry])
+        checks.append(Check("FAIL" if found else "ok",
+                            f"{entry.file}: sha256 {entry.sha256[:12]}…, {entry.bytes} bytes"))
+        problems += found
+    net = None
+    try:
+        net = Net.load(str(folder / card.config.file))
+        checks.append(Check("ok", f"{card.config.file} loads (net '{net.name}')"))
+    except UserError as e:
+        checks.append(Check("FAIL", f"{card.config.file} loads"))
+        problems += e.problems
+    loaded = []
+    for entry in card.weights:
+        if net is None or not (folder / entry.file).is_file():
+            checks.append(Check("skip", f"{entry.file} matches the net (no net or no file)"))
+            continue
+        try:
+            net.load_weights(str(folder / entry.file))
+            checks.append(Check("ok", f"{entry.file} matches the net ({len(net.declared)} arrays)"))
+            loaded.append(entry)
+        except UserError as e:
+            checks.append(Check("FAIL", f"{entry.file} matches the net"))
+            problems += e.problems
+    checks.append(_check_metric(folder, card, net, loaded, no_test, problems))
+    if problems:
+        error = UserError(*problems)
+        error.checks = checks
+        raise error
+    return checks
+
+
+def _check_metric(folder: Path, card: ModelCard, net, loaded: list[CardFile], no_test: bool,
+                  problems: list) -> Check:
+    m = card.metric
+    if no_test:
+        return Check("skip", f"{m.name} not measured (--no-test)")
+    if net is None or not loaded or loaded[0] is not card.weights[0]:
+        return Check("skip", f"{m.name} not measured (the net or its default weights did not load)")
+    try:
+        measured = measure(net, folder / card.weights[0].file, m.name)
+    except UserError as e:
+        problems += e.problems
+        return Check("FAIL", f"{m.name} measured")
+    if measured is None:
+        return Check("skip", f"{m.name} not measured: the net has no test data")
+    line = (f"{m.name} {measured.value} on {measured.examples} {m.split} examples "
+            f"(the card says {m.value}, tolerance {m.tolerance})")
+    if abs(measured.value - m.value) > m.tolerance + 1e-12:
+        problems.append(f"{folder / card.weights[0].file}: {m.name} is {measured.value} on "
+                        f"{measured.examples} examples, the card says {m.value} (tolerance {m.tolerance})")
+        return Check("FAIL", line)
+    return Check("ok", line)

@@ -1,0 +1,157 @@
+"""``zoo:NAME`` -> a model's files on disk, checked against its card: the shipped zoo first,
+then cached copies (no network), then the configured sources. Light to import: nothing here
+touches the network or pooch until a model has to be fetched."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from schemas.card import ModelCard
+
+from ..errors import UserError
+from .cache import cached_copy, cached_elsewhere, fetch_model, notice, wanted
+from .card import CARD, check_files, read_card
+from .sources import SHIPPED, Source, Unreachable, configured_sources, shipped_zoo_dir
+
+PREFIX = "zoo:"
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
+
+
+@dataclass
+class ZooModel:
+    name: str
+    source: str              # "shipped", or the source as configured
+    dir: Path
+    net: Path                # the config (net.yaml)
+    weights: Path | None     # the default (first) weights file, None when not asked for
+    card: ModelCard
+    actions: dict[str, str] = field(default_factory=dict)     # file -> what was done to it
+
+
+def is_zoo_ref(s) -> bool:
+    return isinstance(s, str) and s.startswith(PREFIX)
+
+
+def model_name(ref: str) -> str:
+    """``zoo:NAME`` or ``NAME`` -> NAME, checked."""
+    name = ref[len(PREFIX):] if is_zoo_ref(ref) else ref
+    if not _NAME.fullmatch(name):
+        raise UserError(f"{ref}: not a zoo model name (letters, digits, '_', '.', '-'; not starting with '.')")
+    return name
+
+
+def resolve(ref: str, sources: list[str] | None = None, need_weights: bool = True) -> ZooModel:
+    """The model ``ref`` names, from the shipped zoo, a cached copy, or the sources (``None``:
+    ``TOOLKIT_ZOO``), every file checked by sha256 against the card."""
+    name = model_name(ref)
+    return find(name, configured_sources(sources), "default" if need_weights else "none", refresh=False)
+
+
+def find(name: str, sources: list[Source], weights: str, refresh: bool) -> ZooModel:
+    """The shipped zoo, then: without ``refresh`` the cached copies before any network; with it
+    (``zoo get``) each source first (its cached copy serves when it cannot be reached)."""
+    model = shipped_model(name, weights)
+    if model is not None:
+        return model
+    if not refresh:
+        for source in sources:
+            model = _from_cache(source, name, weights)
+            if model is not None:
+                return model
+        model = _from_other_caches(name, weights, sources)
+        if model is not None:
+            return model
+    unreachable = []
+    for source in sources:
+        try:
+            fetched = fetch_model(source, name, weights)
+        except Unreachable as e:
+            notice(e.problems[0].message)
+            unreachable.append(source)
+            continue
+        if fetched is not None:
+            return _model(name, str(source), fetched.dir, fetched.card, weights,
+                          {entry.file: action for entry, action in fetched.actions})
+    if refresh:
+        model = _from_other_caches(name, weights, sources)
+        if model is not None:
+            return model
+    raise not_found(name, sources, unreachable)
+
+
+def shipped_model(name: str, weights: str = "default") -> ZooModel | None:
+    """NAME from the shipped zoo, its files used in place once they match the card."""
+    folder = shipped_zoo_dir() / name
+    if not (folder / CARD).is_file():
+        return None
+    card, _body = read_card(folder / CARD, expect_name=name)
+    problems = check_files(folder, card, wanted(card, weights))
+    if problems:
+        raise UserError(*[f"zoo:{name}: {p}; if the change is meant, run `toolkit zoo publish {folder} "
+                          f"--to {folder.parent}` or update the sha256 and bytes in {folder / CARD}"
+                          for p in problems])
+    return _model(name, SHIPPED, folder, card, weights, "checked (shipped, used in place)")
+
+
+def _model(name: str, source: str, folder: Path, card: ModelCard, weights: str,
+           actions: dict[str, str] | str = "checked in the cache") -> ZooModel:
+    if isinstance(actions, str):
+        actions = {entry.file: actions for entry in wanted(card, weights)}
+    default = folder / card.weights[0].file if weights != "none" else None
+    return ZooModel(name, source, folder, folder / card.config.file, default, card, actions)
+
+
+def _from_cache(source: Source, name: str, weights: str) -> ZooModel | None:
+    """The cached copy from ``source``, or None if there is none. A copy with a missing or
+    damaged file is fetched again; when the source cannot be reached, that is an error."""
+    folder = source.cache_dir / name
+    card, problems = cached_copy(folder, name, weights)
+    if card is not None and not problems:
+        return _model(name, str(source), folder, card, weights)
+    if card is None and not problems:
+        return None
+    try:
+        fetched = fetch_model(source, name, weights)
+    except Unreachable as e:
+        raise UserError(f"zoo:{name}: {problems[0]}, and {e.problems[0].message}") from None
+    if fetched is None:
+        raise UserError(f"zoo:{name}: {problems[0]}, and {source} no longer has the model")
+    notice(f"zoo:{name}: {problems[0]}; fetched it again from {source}")
+    return _model(name, str(source), fetched.dir, fetched.card, weights,
+                  {entry.file: action for entry, action in fetched.actions})
+
+
+def _from_other_caches(name: str, weights: str, sources: list[Source]) -> ZooModel | None:
+    """A complete, intact cached copy of NAME fetched earlier from any other source."""
+    for folder, source_text in cached_elsewhere(name, {s.cache_dir for s in sources}):
+        card, problems = cached_copy(folder, name, weights)
+        if card is not None and not problems:
+            return _model(name, source_text, folder, card, weights)
+    return None
+
+
+def shipped_names() -> list[str]:
+    root = shipped_zoo_dir()
+    return sorted(p.parent.name for p in root.glob(f"*/{CARD}")) if root.is_dir() else []
+
+
+def not_found(name: str, sources: list[Source], unreachable: list[Source]) -> UserError:
+    from ..frontend.spec import did_you_mean
+    from .cache import cached_models
+    shipped = shipped_names()
+    where = f"in the shipped zoo ({', '.join(shipped) or 'empty'})"
+    if sources:
+        where += f" or in the sources ({', '.join(map(str, sources))})"
+    else:
+        where += "; no other source is configured (--source or TOOLKIT_ZOO)"
+    if unreachable:
+        where += f"; could not reach {', '.join(map(str, unreachable))}"
+    cached = cached_models()
+    if name in cached:
+        _folder, source = cached[name][0]
+        return UserError(f"zoo:{name}: the cached copy from {source} is incomplete or damaged and cannot be "
+                         f"fetched again from the sources now configured; run `toolkit zoo get {name} "
+                         f"--source {source}` when it can be reached")
+    known = set(shipped) | set(cached)
+    return UserError(f"zoo:{name}: no model named '{name}' {where}{did_you_mean(name, known)}")
