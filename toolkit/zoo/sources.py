@@ -29,6 +29,7 @@ INDEX = "index.json"
 INDEX_FORMAT = 1
 TIMEOUT_S = 30          # seconds without an answer from an http(s) server
 GIT_TIMEOUT_S = 600
+MAX_TEXT_BYTES = 1 << 20   # a card or an index is a few kB; a server sending more is not a zoo
 
 
 class Unreachable(UserError):
@@ -342,18 +343,24 @@ def http_text(url: str) -> str | None:
     """The text at ``url``; None for 404. Unreachable when the server cannot be reached, a
     UserError naming the URL for any other failure."""
     import requests
+    import urllib3
     try:
-        response = requests.get(url, timeout=TIMEOUT_S)
+        with requests.get(url, timeout=TIMEOUT_S, stream=True) as response:
+            if response.status_code == 404:
+                return None
+            if response.status_code >= 400:
+                raise UserError(f"{url}: HTTP {response.status_code} {response.reason}")
+            content = response.raw.read(MAX_TEXT_BYTES + 1, decode_content=True)
     except (requests.ConnectionError, requests.Timeout) as e:
         raise Unreachable(f"{url}: cannot reach the server ({network_reason(e)})") from None
     except requests.RequestException as e:
         raise UserError(f"{url}: {network_reason(e)}") from None
-    if response.status_code == 404:
-        return None
-    if response.status_code >= 400:
-        raise UserError(f"{url}: HTTP {response.status_code} {response.reason}")
+    except (OSError, urllib3.exceptions.HTTPError) as e:      # while reading the body
+        raise Unreachable(f"{url}: the transfer broke off ({network_reason(e)})") from None
+    if len(content) > MAX_TEXT_BYTES:
+        raise UserError(f"{url}: more than {MAX_TEXT_BYTES >> 20} MiB, not a zoo card or index")
     try:
-        return response.content.decode("utf-8")        # whatever charset the server claims
+        return content.decode("utf-8")        # whatever charset the server claims
     except UnicodeDecodeError:
         raise UserError(f"{url}: not a UTF-8 text file") from None
 
