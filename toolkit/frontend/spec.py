@@ -174,7 +174,7 @@ def from_command_line(problem: Problem) -> Problem:
     return problem
 
 
-def _walk(loc: tuple, data: Any) -> tuple[tuple, list]:
+def split_loc(loc: tuple, data: Any) -> tuple[tuple, list]:
     """Split pydantic's loc into the document path (keys that exist) and the rest (tags, members)."""
     path, rest, cur = [], [], data
     for el in loc:
@@ -229,7 +229,7 @@ def _problems(error: ValidationError, data, positions: Positions, net_model, lay
     found: dict[tuple, Problem] = {}
     bad_values: dict[tuple, tuple[str, list[str], object]] = {}
     for err in error.errors(include_url=False):
-        path, rest = _walk(err["loc"], data)
+        path, rest = split_loc(err["loc"], data)
         kind = err["type"]
         label = _layer_label(data, path)
         prefix = f"{label}: " if label else ""

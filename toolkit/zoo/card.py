@@ -14,6 +14,7 @@ from schemas.card import CardFile, CardMetric, ModelCard
 
 from ..errors import Location, Problem, SpecError, UserError
 from ..fileio import atomic_write
+from ..frontend.spec import split_loc
 
 if TYPE_CHECKING:
     from ..frontend.yaml_loader import Positions
@@ -101,7 +102,7 @@ def schema_problems(error: ValidationError, data: dict, positions: Positions) ->
     missing: dict[tuple, list[str]] = {}
     errors = error.errors(include_url=False)
     for err in sorted(errors, key=lambda e: e["type"] != "extra_forbidden"):
-        path, rest = _walk(err["loc"], data)
+        path, rest = split_loc(err["loc"], data)
         kind = err["type"]
         if kind == "extra_forbidden":
             owner = _OWNERS.get(path[0], ModelCard) if len(path) > 1 else ModelCard
@@ -125,21 +126,6 @@ def schema_problems(error: ValidationError, data: dict, positions: Positions) ->
         found[path + ("<missing>",)] = Problem(f"card: {where}missing required key{'s' if len(keys) > 1 else ''} "
                                                f"{listed}", positions.locate(path, prefer_key=False))
     return sorted(found.values(), key=lambda p: (p.location.line, p.location.col))
-
-
-def _walk(loc: tuple, data: Any) -> tuple[tuple, list]:
-    """Split pydantic's loc into the document path (keys that exist) and the rest."""
-    path, rest, cur = [], [], data
-    for el in loc:
-        if isinstance(cur, dict) and el in cur:
-            path.append(el)
-            cur = cur[el]
-        elif isinstance(cur, list) and isinstance(el, int) and 0 <= el < len(cur):
-            path.append(el)
-            cur = cur[el]
-        else:
-            rest.append(el)
-    return tuple(path), rest
 
 
 class _Dumper(yaml.SafeDumper):
