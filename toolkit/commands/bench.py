@@ -94,7 +94,7 @@ def run_bench(args) -> int:
     net = Net.load(args.net)
     disable = disabled_passes(net, args.disable, args.no_optimize)
     solver = solver_config(net)
-    weights_file = args.weights or (net.default_weights(None) if net.zoo else None)
+    weights_file = net.weights_or_published(args.weights)
     plan, inputs = bench_plan(net, args.batch, args.train, args.dtype, disable, parse_dims(args.dim), args.device,
                               weights_file, args.lr)
     times = np.array(time_plan(plan, inputs, args.iters, args.warmup)) * 1e3

@@ -45,7 +45,7 @@ def run_compile(args) -> int:
     build_ms = (time.perf_counter() - start) * 1e3
     bindings = {s: args.batch for s in graph.symbols()}
     symbol = batch_symbol(graph)
-    weights_file = args.weights or (net.default_weights(None) if net.zoo else None)
+    weights_file = net.weights_or_published(args.weights)
     arrays = net.load_weights(weights_file) if weights_file else net.init_weights()
     # infer and test as `toolkit infer` and `toolkit test` run them: the weights frozen in
     weights = arrays if args.phase != "train" else None

@@ -78,7 +78,7 @@ def run_graph(args) -> int:
         # as compile, infer and test build it: infer and test graphs with the weights frozen in
         weights = None
         if args.phase != "train":
-            weights_file = args.weights or (net.default_weights(None) if net.zoo else None)
+            weights_file = net.weights_or_published(args.weights)
             weights = net.load_weights(weights_file) if weights_file else net.init_weights()
         graph = optimize(graph, disable, weights)
         stage = "after the passes" + (", with backward and solver updates" if args.phase == "train" else "")

@@ -67,6 +67,10 @@ class Net:
         net.zoo = zoo_model
         return net
 
+    def weights_or_published(self, given: str | None) -> str | None:
+        """``given``, else a ``zoo:NAME`` net's published weights, else None (the caller's default)."""
+        return given or (self.default_weights(None) if self.zoo is not None else None)
+
     def default_weights(self, given: str | None, flag: str = "--weights") -> str:
         """``given``, or for a ``zoo:NAME`` net its published weights (fetched if need be)."""
         if given:
