@@ -185,6 +185,19 @@ def test_a_damaged_cache_file_is_fetched_again(server, isolated_cache):
     (folder / WEIGHTS).write_bytes(b"not the weights")
     model = resolve(f"zoo:{NAME}", [server.url])
     assert sha256_file(model.weights) == sha256_file(LENET / WEIGHTS)
+    (folder / WEIGHTS).write_bytes(b"not the weights")
+    r = run("zoo", "verify", f"zoo:{NAME}", "--no-test", "--source", server.url)
+    assert r.status == 0 and f"note: zoo:{NAME}: " in r.err and f"fetched it again from {server.url}" in r.err
+
+
+def test_a_damaged_cache_with_no_source_to_refetch_from_says_how_to_get_it(server, isolated_cache):
+    assert run("zoo", "get", NAME, "--source", server.url).status == 0
+    (cache_folder(isolated_cache, server.url) / WEIGHTS).unlink()
+    r = run("test", f"zoo:{NAME}")                         # TOOLKIT_ZOO is not set
+    assert r.status == 2 and "Traceback" not in r.err
+    assert r.err.strip() == (f"error: zoo:{NAME}: the cached copy from {server.url} is incomplete or damaged and "
+                             "cannot be fetched again from the sources now configured; run `toolkit zoo get "
+                             f"{NAME} --source {server.url}` when it can be reached")
 
 
 def test_unknown_models_and_unreachable_sources(server, tmp_path, monkeypatch):
