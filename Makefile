@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: test test-slow train bench bench-optimizer clean
+.PHONY: test test-slow test-native train bench bench-optimizer clean
 
 $(VENV)/.installed-test: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -45,3 +45,7 @@ bench-optimizer: $(VENV)/.installed
 
 clean:
 	rm -rf $(VENV) build *.egg-info
+
+# The whole suite through the generated native kernels (compiles a unit per plan: slower cold).
+test-native: $(VENV)/.installed-test
+	TOOLKIT_NATIVE=1 $(BIN)/python -m pytest -q

@@ -1,7 +1,16 @@
-"""Shared test fixtures: seeded random generators and the path of the repository."""
+"""Shared test fixtures: seeded random generators and the path of the repository.
+
+Plans run the numpy kernels in the suite unless TOOLKIT_NATIVE is set (``make test-native``
+runs everything through the generated kernels): compiling a native unit for each of the
+suite's thousands of one-off plans would take most of its time budget. tests/runtime/
+test_native.py runs every op case and every zoo net both ways and compares them.
+"""
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+os.environ.setdefault("TOOLKIT_NATIVE", "0")
 
 import numpy as np
 import pytest

@@ -26,6 +26,7 @@ class KernelContext:
     runtime: Any = None                   # per-executor state: the random generator for impure ops
     xp: Any = None                        # the array module: numpy or cupy
     share: int = 0                        # which share of a split op (its rows): keys its scratch
+    threads: int = 1                      # threads the plan runs on (native kernels' parallel loops)
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,20 @@ class KernelEntry:
 @dataclass
 class KernelRegistry:
     entries: dict[tuple[str, str, str], KernelEntry] = field(default_factory=dict)
+    # generated-code builders, tried before the entry's factory: (op, device) -> builder(ctx)
+    # returning a codegen.native.NativeCall, or None where it declines (that dtype, those attrs)
+    natives: dict[tuple[str, str], Callable] = field(default_factory=dict)
+
+    def register_native(self, op: str, device: str):
+        def wrap(builder):
+            if (op, device) in self.natives:
+                raise RuntimeError(f"native kernel {(op, device)} registered twice")
+            self.natives[(op, device)] = builder
+            return builder
+        return wrap
+
+    def native(self, op: str, device: str) -> Callable | None:
+        return self.natives.get((op, device))
 
     def register(self, op: str, device: str, dtype: str = "*", inplace=False):
         def wrap(factory: KernelFactory) -> KernelFactory:
@@ -74,11 +89,12 @@ class KernelMissing(LookupError):
 
 KERNELS = KernelRegistry()
 register_kernel = KERNELS.register
+register_native = KERNELS.register_native
 
 
 def load_device(device: str) -> None:
     """Import the kernel modules of a device (cupy only when a GPU is asked for)."""
     if device == "cpu":
-        from . import cpu  # noqa: F401
+        from . import cpu, native  # noqa: F401
     else:
         raise KernelMissing(f"unknown device '{device}' (available: cpu)")

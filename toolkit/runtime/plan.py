@@ -13,6 +13,8 @@ from typing import Mapping
 
 import numpy as np
 
+from ..codegen import toolchain
+from ..codegen.native import Linked, NativeCall
 from ..ir.graph import FLOAT_DTYPES, Graph, Node
 from ..kernels.registry import KERNELS, KernelContext, load_device
 from ..ops.base import get_op
@@ -138,11 +140,12 @@ def memory_figures(graph: Graph, bindings: Mapping[str, int], device: str = "cpu
 class Plan:
     def __init__(self, graph: Graph, bindings: Mapping[str, int], weights: Mapping[str, np.ndarray],
                  device: str = "cpu", runtime: RuntimeState | None = None, outputs: list[str] | None = None,
-                 threads: int | None = None):
+                 threads: int | None = None, native: bool | None = None):
         load_device(device)
         self.graph = graph
         self.bindings = dict(bindings)
         self.device = device
+        self.threads = default_threads() if threads is None else threads
         self.runtime = runtime or RuntimeState(np.random.default_rng(0))
         out_names = list(graph.outputs) if outputs is None else outputs
         shapes, dtypes = concrete_types(graph, self.bindings)
@@ -168,29 +171,86 @@ class Plan:
             return memory.storage_of[v.id].view(shapes[v.id], dtypes[v.id], memory.offset_of.get(v.id, 0))
 
         self.input_views = {name: view(v) for name, v in graph.inputs.items()}
-        self.threads = default_threads() if threads is None else threads
         workers = Workers.shared(self.threads) if self.threads > 1 else None
-        self.blas = Blas.shared() if workers else None
+        native_on = native if native is not None else (device == "cpu" and toolchain.available())
         self.calls = []
         self.steps = []
+        self.impls: list[str] = []                # "native" or "numpy", per step
         self.split_steps = 0
+        natives: list[tuple[int, NativeCall, list, list]] = []
+        python: list[tuple[int, Node, list, list]] = []
         for node in steps:
             if id(node) in memory.views:
                 continue                          # a view: nothing to run
             ins, outs = [view(v) for v in node.inputs], [view(v) for v in node.outputs]
-            split = self._split(node, shapes, ins, outs) if workers else None
-            if split:
-                self.calls.append(functools.partial(workers.run, *split))
-                self.split_steps += 1
+            builder = KERNELS.native(node.op, device) if native_on else None
+            native_call = builder(self._context(node, shapes), ins, outs) if builder else None
+            if native_call is not None:
+                natives.append((len(self.calls), native_call, ins, outs))
+                self.impls.append("native")
             else:
-                fn = self.entries[id(node)].factory(self._context(node, shapes))
-                self.calls.append(functools.partial(fn, ins, outs))
+                python.append((len(self.calls), node, ins, outs))
+                self.impls.append("numpy")
+            self.calls.append(None)
             self.steps.append(node)
+        if natives:
+            # native kernels run their own threads (OpenMP); numpy steps beside them run on
+            # one, or the two pools would fight over the cores (measured: 4x slower steps)
+            workers = None
+        for p, node, ins, outs in python:
+            self.calls[p] = self._python_call(node, shapes, ins, outs, workers)
+        self.native_source = None
+        self.run_calls = self.calls
+        if natives:
+            self._link(natives, shapes, workers)
+        self.blas = Blas.shared() if (workers or natives) else None
         self.output_views = {n: view(graph.outputs[n]) for n in out_names}
         self.copy_updates = []
         for name, upd in graph.updates.items():
             if memory.storage_of[upd.id] is not fixed[graph.weights[name].value.id]:
                 self.copy_updates.append((weights[name], view(upd)))
+
+    def _python_call(self, node, shapes, ins, outs, workers):
+        split = self._split(node, shapes, ins, outs) if workers else None
+        if split:
+            self.split_steps += 1
+            return functools.partial(workers.run, *split)
+        fn = self.entries[id(node)].factory(self._context(node, shapes))
+        return functools.partial(fn, ins, outs)
+
+    def _link(self, natives, shapes, workers) -> None:
+        """Compile the plan's native calls as one unit; consecutive native steps become one
+        segment, called from Python once. Where the compiler fails, the numpy kernels run."""
+        positions = [p for p, *_ in natives]
+        segments: list[list[int]] = []
+        for k, p in enumerate(positions):
+            if segments and positions[segments[-1][-1]] == p - 1:
+                segments[-1].append(k)
+            else:
+                segments.append([k])
+        try:
+            linked = Linked([c for _, c, *_ in natives], segments)
+        except toolchain.NativeUnavailable as e:
+            toolchain.notice_once(str(e), f"{e}; running the numpy kernels")
+            for p, _call, ins, outs in natives:
+                self.calls[p] = self._python_call(self.steps[p], shapes, ins, outs, workers)
+                self.impls[p] = "numpy"
+            return
+        self.native_source = linked.source
+        self._linked = linked
+        for k, (p, call, _ins, _outs) in enumerate(natives):
+            self.calls[p] = linked.step(k, call)
+        run_calls, at = [], 0
+        seg_of = {positions[seg[0]]: (j, len(seg)) for j, seg in enumerate(segments)}
+        while at < len(self.calls):
+            if at in seg_of:
+                j, length = seg_of[at]
+                run_calls.append(linked.segment(j))
+                at += length
+            else:
+                run_calls.append(self.calls[at])
+                at += 1
+        self.run_calls = run_calls
 
     def _split(self, node: Node, shapes, ins, outs) -> tuple[list, object] | None:
         """One kernel call per thread on its own batch rows, for a large batch-parallel op;
@@ -233,7 +293,7 @@ class Plan:
     def _context(self, node: Node, shapes) -> KernelContext:
         return KernelContext(node, bind_attrs(node.attrs, self.bindings),
                              [shapes[v.id] for v in node.inputs], [shapes[v.id] for v in node.outputs],
-                             kernel_dtype(node), self.device, self.runtime, np)
+                             kernel_dtype(node), self.device, self.runtime, np, threads=self.threads)
 
     @property
     def peak_bytes(self) -> int:
@@ -256,7 +316,7 @@ class Plan:
             self.blas.set_threads(1)          # the plan's own threads split the work (parallel.py)
         try:
             if timings is None:
-                for call in self.calls:
+                for call in self.run_calls:
                     call()
             else:
                 for node, call in zip(self.steps, self.calls):

@@ -1,0 +1,171 @@
+"""Generated native kernels against the numpy kernels, and the compiler cache and fallbacks.
+
+The op table (tests/ops) and the differential sweep (tests/passes) already run every plan with
+native kernels where a compiler is present; here each op case and each zoo net is run both ways
+and compared, and the toolchain's cache, atomic publication and no-compiler path are checked.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from toolkit.codegen import toolchain
+from toolkit.codegen.loops import Buf, For, Kernel, Names, Store, lift
+from toolkit.codegen.render import CDialect, CudaDialect
+from toolkit.commands.bench import bench_plan
+from toolkit.frontend import Net
+from toolkit.runtime.plan import Plan, RuntimeState
+
+ROOT = Path(__file__).resolve().parents[2]
+HAVE_CC = toolchain.compiler() is not None
+needs_cc = pytest.mark.skipif(not HAVE_CC, reason="no C compiler on this machine (cc, gcc or clang, or $CC)")
+
+
+@pytest.fixture(autouse=True)
+def native_on(monkeypatch):
+    """The suite runs numpy kernels by default (tests/conftest.py); these tests need both."""
+    monkeypatch.setenv("TOOLKIT_NATIVE", "1")
+TOL = {"float32": 1e-5, "float64": 1e-12}
+
+
+def _close(a, b, dtype, what):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    scale = max(1.0, float(np.max(np.abs(b), initial=0.0)))
+    np.testing.assert_allclose(a, b, rtol=TOL[dtype], atol=TOL[dtype] * scale, err_msg=what)
+
+
+def _op_cases():
+    from tests.ops.test_op_table import DETERMINISTIC
+    from toolkit.kernels.registry import KERNELS
+    return [c for c in DETERMINISTIC if KERNELS.native(c.op, "cpu") is not None]
+
+
+@needs_cc
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_every_op_case_native_equals_numpy(dtype):
+    from tests.ops.test_op_table import feeds, one_node_graph
+    ran_native = 0
+    for case in _op_cases():
+        arrays = case.inputs(dtype)
+        graph, _, y = one_node_graph(case, arrays, case.attrs_for(dtype))
+        graph.outputs["y"] = y
+        outs = {}
+        for native in (True, False):
+            plan = Plan(graph, {}, {}, runtime=RuntimeState(np.random.default_rng(0)), native=native)
+            outs[native] = np.array(plan.run(feeds(arrays))["y"])
+            ran_native += native and plan.impls.count("native")
+        if outs[False].dtype.kind == "f":
+            _close(outs[True], outs[False], str(outs[False].dtype), case.id)
+        else:
+            np.testing.assert_array_equal(outs[True], outs[False], err_msg=case.id)
+    assert ran_native >= len(_op_cases()) // 2, "native builders declined most cases"
+
+
+ZOO = sorted(p.parent.name for p in (ROOT / "zoo").glob("*/net.yaml"))
+
+
+@needs_cc
+@pytest.mark.parametrize("name", ZOO)
+@pytest.mark.parametrize("batch,train", [(1, False), (5, False), (8, True)])
+def test_zoo_net_native_equals_numpy(name, batch, train):
+    """Inference outputs, and after a train step the loss and every updated weight and slot."""
+    net = Net.load(str(ROOT / "zoo" / name / "net.yaml"))
+    results = {}
+    for native in (True, False):
+        plan, inputs = bench_plan(net, batch, train)
+        plan = Plan(plan.graph, plan.bindings, {k: np.array(plan.memory.storage_of[v.value.id].external)
+                                                  for k, v in plan.graph.weights.items()}, native=native)
+        outs = {k: np.array(v) for k, v in plan.run(inputs).items()}
+        weights = {k: np.array(plan.memory.storage_of[v.value.id].external) for k, v in plan.graph.weights.items()}
+        results[native] = (outs, weights, plan.impls)
+    assert "native" in results[True][2] and "native" not in results[False][2]
+    for k in results[False][0]:
+        _close(results[True][0][k], results[False][0][k], "float32", f"{name} output {k}")
+    for k in results[False][1]:
+        _close(results[True][1][k], results[False][1][k], "float32", f"{name} weight {k}")
+
+
+def _tiny_kernel(value: float) -> Kernel:
+    names = Names()
+    out = Buf("out", "float32", 4, const=False)
+    i = names.var("i")
+    return Kernel("fill", [out], [For(i, lift(0, "int64"), lift(4, "int64"), [Store(out, i, lift(value, "float32"))])])
+
+
+@needs_cc
+def test_cache_reuses_a_built_library(tmp_path, monkeypatch):
+    monkeypatch.setenv("TOOLKIT_CACHE", str(tmp_path))
+    source = CDialect().unit([_tiny_kernel(1.5)])
+    first = toolchain.build(source)
+    stamp = first.stat().st_mtime_ns
+    assert toolchain.build(source) == first and first.stat().st_mtime_ns == stamp
+    assert (first.parent / (first.stem + ".c")).read_text() == source
+    other = toolchain.build(CDialect().unit([_tiny_kernel(2.5)]))
+    assert other != first
+    assert not [p for p in first.parent.iterdir() if p.name.startswith(".")], "temporary files left behind"
+
+
+@needs_cc
+def test_concurrent_builds_publish_whole_libraries(tmp_path):
+    """Two processes compiling the same unit at once both load a whole library."""
+    script = ("import sys, ctypes, numpy as np\n"
+              "from toolkit.codegen import toolchain\n"
+              "from toolkit.codegen.render import CDialect\n"
+              "from tests.runtime.test_native import _tiny_kernel\n"
+              "lib = toolchain.load(CDialect().unit([_tiny_kernel(3.25)]))\n"
+              "out = np.zeros(4, np.float32)\n"
+              "args = np.array([out.ctypes.data], dtype=np.uintp)\n"
+              "lib.fill(ctypes.c_void_p(args.ctypes.data))\n"
+              "print(out.sum())\n")
+    env = {**os.environ, "TOOLKIT_CACHE": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    procs = [subprocess.Popen([sys.executable, "-c", script], env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+        assert float(out) == 13.0
+    assert len(list((tmp_path / "kernels").rglob("*.so"))) == 1
+
+
+@pytest.mark.parametrize("how", ["no compiler on PATH", "TOOLKIT_NATIVE=0"])
+def test_without_a_compiler_the_numpy_kernels_run_with_one_notice(tmp_path, how):
+    env = {**os.environ, "TOOLKIT_CACHE": str(tmp_path / "cache")}
+    env.pop("CC", None)
+    env["TOOLKIT_NATIVE"] = "1"
+    if how == "TOOLKIT_NATIVE=0":
+        env["TOOLKIT_NATIVE"] = "0"
+    else:
+        bin_dir = tmp_path / "bin"
+        bin_dir.mkdir()
+        os.symlink(sys.executable, bin_dir / "python")
+        env["PATH"] = str(bin_dir)
+    x = np.random.default_rng(0).standard_normal((3, 1, 8, 8)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    cmd = [sys.executable, "-m", "toolkit.cli", "infer", "zoo:lenet", "--input",
+           f"data={tmp_path / 'x.npy'}", "--output", str(tmp_path / "p.npy")]
+    result = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    notes = [line for line in result.stderr.splitlines() if "C compiler" in line]
+    assert len(notes) == (1 if how == "no compiler on PATH" else 0), result.stderr
+    assert not (tmp_path / "cache" / "kernels").exists()
+    prob = np.load(tmp_path / "p.npy")
+    assert prob.shape == (3, 10) and np.allclose(prob.sum(1), 1, atol=1e-5)
+
+
+def test_cuda_dialect_renders_the_same_program():
+    """The GPU seam: a parallel loop program renders as a grid-stride CUDA kernel."""
+    names = Names()
+    x, y = Buf("x", "float32", 100), Buf("y", "float32", 100, const=False)
+    i = names.var("i")
+    k = Kernel("double_it", [x, y], [For(i, lift(0, "int64"), lift(100, "int64"),
+                                         [Store(y, i, x[i] * 2.0)], parallel=True)], threads=2)
+    cuda = CudaDialect().unit([k])
+    assert '__global__ void double_it(const float *__restrict__ x, float *__restrict__ y)' in cuda
+    assert "blockIdx.x * blockDim.x" in cuda and "omp" not in cuda
+    c = CDialect().unit([k])
+    assert "#pragma omp parallel for" in c and "y[i1] = (x[i1] * 2.0f);" in c

@@ -1,0 +1,281 @@
+"""Loop programs: the small, device-neutral IR that native kernels are written in.
+
+A kernel is a list of statements over typed buffers: nested ``For`` loops (the outermost may be
+marked ``parallel``), scalar ``Let``/``Set``, ``Store`` into a buffer (optionally accumulating),
+``If``, and ``Gemm`` (a call into the BLAS library; a GPU dialect maps it to cuBLAS). Expressions
+are trees of constants, variables, buffer loads, arithmetic, comparisons, ``select`` and math
+functions. Shapes are numbers: a plan's shapes are fixed, so every extent is a compile-time
+constant the C compiler can vectorise and unroll against.
+
+Nothing here knows C or CUDA: ``render.py`` holds the dialects. Expressions overload Python's
+arithmetic operators so that kernel definitions read like the loops they describe; comparisons
+are methods (``a.lt(b)``), since ``==`` must stay identity for hashing.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Union
+
+SCALAR_TYPES = ("float32", "float64", "int64", "int32", "bool")
+
+
+class Expr:
+    dtype: str
+
+    def _bin(self, op, other, swap=False):
+        other = lift(other, self.dtype)
+        return Bin(op, other, self) if swap else Bin(op, self, other)
+
+    def __add__(self, o): return self._bin("+", o)
+    def __radd__(self, o): return self._bin("+", o, True)
+    def __sub__(self, o): return self._bin("-", o)
+    def __rsub__(self, o): return self._bin("-", o, True)
+    def __mul__(self, o): return self._bin("*", o)
+    def __rmul__(self, o): return self._bin("*", o, True)
+    def __truediv__(self, o): return self._bin("/", o)
+    def __rtruediv__(self, o): return self._bin("/", o, True)
+    def __floordiv__(self, o): return self._bin("/", o)        # integer division on index exprs
+    def __mod__(self, o): return self._bin("%", o)
+    def __neg__(self): return Un("-", self)
+
+    def lt(self, o): return Cmp("<", self, lift(o, self.dtype))
+    def le(self, o): return Cmp("<=", self, lift(o, self.dtype))
+    def gt(self, o): return Cmp(">", self, lift(o, self.dtype))
+    def ge(self, o): return Cmp(">=", self, lift(o, self.dtype))
+    def eq(self, o): return Cmp("==", self, lift(o, self.dtype))
+    def ne(self, o): return Cmp("!=", self, lift(o, self.dtype))
+
+
+@dataclass(eq=False)
+class Const(Expr):
+    value: Union[int, float]
+    dtype: str
+
+
+@dataclass(eq=False)
+class Var(Expr):
+    name: str
+    dtype: str
+
+
+@dataclass(eq=False)
+class Buf:
+    """A kernel parameter: a pointer to ``size`` elements of ``dtype``."""
+    name: str
+    dtype: str
+    size: int
+    const: bool = True                 # read only
+
+    def __getitem__(self, index) -> "Load":
+        return Load(self, lift(index, "int64"))
+
+
+@dataclass(eq=False)
+class Load(Expr):
+    buf: Buf
+    index: Expr
+
+    @property
+    def dtype(self) -> str:
+        return self.buf.dtype
+
+
+@dataclass(eq=False)
+class Bin(Expr):
+    op: str
+    a: Expr
+    b: Expr
+
+    @property
+    def dtype(self) -> str:
+        return promote(self.a.dtype, self.b.dtype)
+
+
+@dataclass(eq=False)
+class Cmp(Expr):
+    op: str
+    a: Expr
+    b: Expr
+    dtype: str = "bool"
+
+
+@dataclass(eq=False)
+class Un(Expr):
+    op: str                            # "-" or "!"
+    a: Expr
+
+    @property
+    def dtype(self) -> str:
+        return self.a.dtype
+
+
+@dataclass(eq=False)
+class Call(Expr):
+    """A math function of the dialect's library: exp, log, tanh, sqrt, abs, expm1, log1p, erf,
+    min, max, floor (float arguments; the result has the first argument's dtype)."""
+    fn: str
+    args: tuple
+
+    @property
+    def dtype(self) -> str:
+        return self.args[0].dtype
+
+
+@dataclass(eq=False)
+class Select(Expr):
+    cond: Expr
+    a: Expr
+    b: Expr
+
+    @property
+    def dtype(self) -> str:
+        return promote(self.a.dtype, self.b.dtype)
+
+
+@dataclass(eq=False)
+class Cast(Expr):
+    dtype: str
+    a: Expr
+
+
+@dataclass(eq=False)
+class ThreadIndex(Expr):
+    """The index of the thread running the current parallel loop's iteration (for per-thread
+    scratch); 0 outside a parallel loop."""
+    dtype: str = "int64"
+
+
+# -- statements --------------------------------------------------------------------------------
+@dataclass(eq=False)
+class For:
+    var: Var
+    start: Expr
+    stop: Expr
+    body: list
+    parallel: bool = False             # iterations are independent: a dialect may run them at once
+    step: int = 1
+    reduction: "Var | None" = None     # a sum into this variable that may be reordered (vectorised)
+
+
+@dataclass(eq=False)
+class Let:
+    var: Var
+    value: Expr
+
+
+@dataclass(eq=False)
+class Set:
+    var: Var
+    value: Expr
+
+
+@dataclass(eq=False)
+class Store:
+    buf: Buf
+    index: Expr
+    value: Expr
+    accumulate: bool = False
+
+
+@dataclass(eq=False)
+class If:
+    cond: Expr
+    then: list
+    orelse: list = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class Gemm:
+    """C[c_off:] = alpha * op(A) @ op(B) + beta * C, row-major, through the BLAS library."""
+    trans_a: bool
+    trans_b: bool
+    m: Expr
+    n: Expr
+    k: Expr
+    a: Buf
+    a_off: Expr
+    lda: int
+    b: Buf
+    b_off: Expr
+    ldb: int
+    c: Buf
+    c_off: Expr
+    ldc: int
+    alpha: float = 1.0
+    beta: Union[float, Expr] = 0.0        # an expression: accumulate on all but the first call
+
+
+@dataclass(eq=False)
+class Kernel:
+    """One function: ``params`` in order (the caller passes one pointer per param), ``body``."""
+    name: str
+    params: list
+    body: list
+    threads: int = 1                   # threads a parallel loop may use
+
+    def uses_gemm(self) -> bool:
+        return any(isinstance(s, Gemm) for s in walk(self.body))
+
+
+def walk(body):
+    for s in body:
+        yield s
+        if isinstance(s, For):
+            yield from walk(s.body)
+        elif isinstance(s, If):
+            yield from walk(s.then)
+            yield from walk(s.orelse)
+
+
+# -- helpers -----------------------------------------------------------------------------------
+def lift(value, dtype: str) -> Expr:
+    if isinstance(value, Expr):
+        return value
+    if isinstance(value, bool):
+        return Const(int(value), "int64")
+    if isinstance(value, int):
+        return Const(value, "int64" if dtype in ("int64", "int32", "bool") else dtype)
+    if isinstance(value, float):
+        return Const(value, dtype if dtype in ("float32", "float64") else "float64")
+    raise TypeError(f"cannot use {value!r} in a loop program")
+
+
+def promote(a: str, b: str) -> str:
+    order = ["bool", "int32", "int64", "float32", "float64"]
+    return max(a, b, key=order.index)
+
+
+def call(fn: str, *args) -> Call:
+    return Call(fn, tuple(args))
+
+
+def select(cond, a, b) -> Select:
+    dtype = a.dtype if isinstance(a, Expr) else b.dtype if isinstance(b, Expr) else "float64"
+    return Select(cond, lift(a, dtype), lift(b, dtype))
+
+
+def maximum(a, b) -> Call:
+    dtype = a.dtype if isinstance(a, Expr) else b.dtype
+    return Call("max", (lift(a, dtype), lift(b, dtype)))
+
+
+def minimum(a, b) -> Call:
+    dtype = a.dtype if isinstance(a, Expr) else b.dtype
+    return Call("min", (lift(a, dtype), lift(b, dtype)))
+
+
+class Names:
+    """Fresh variable names for one kernel."""
+
+    def __init__(self):
+        self.count = 0
+
+    def var(self, stem: str, dtype: str = "int64") -> Var:
+        self.count += 1
+        return Var(f"{stem}{self.count}", dtype)
+
+
+def loop(names: Names, stop: int, body_of, stem: str = "i", parallel: bool = False, start: int = 0) -> For:
+    """``For`` over range(start, stop) whose body is ``body_of(index_var)`` (a list)."""
+    i = names.var(stem)
+    return For(i, lift(start, "int64"), lift(stop, "int64"), body_of(i), parallel)

@@ -1,0 +1,92 @@
+"""Native calls: loop programs bound to a plan's arrays, compiled together, called through ctypes.
+
+A native kernel builder (kernels/native/) turns a node with concrete shapes into a ``NativeCall``:
+the loop program and the arrays its parameters point at, in order. A plan links all of its
+native calls into one translation unit (one compiler run per plan, cached on disk), plus one
+C function per *segment*, a run of consecutive native steps, that calls them in turn: a plan
+made only of native steps is one call from Python per run, and the interpreter's per-step cost
+(about a microsecond per ctypes call, several per numpy call) is paid once.
+
+Each call's arguments are a pointer array built once, when the plan is built: a plan's buffers
+never move.
+"""
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import toolchain
+from .blas import numpy_blas
+from .loops import Kernel
+from .render import CDialect
+
+
+@dataclass(eq=False)
+class NativeCall:
+    kernel: Kernel
+    arrays: list                              # one per kernel parameter, C-contiguous
+    label: str = "native"
+    pointers: np.ndarray = field(init=False)
+
+    def __post_init__(self):
+        for a in self.arrays:
+            if not (isinstance(a, np.ndarray) and a.flags.c_contiguous):
+                raise ValueError("a native call needs C-contiguous arrays")
+        self.pointers = np.array([a.ctypes.data for a in self.arrays], dtype=np.uintp)
+
+
+def dialect() -> CDialect:
+    blas = numpy_blas()
+    return CDialect(blas.int_type if blas else "int64_t")
+
+
+def needs_blas_missing(kernel: Kernel) -> bool:
+    return kernel.uses_gemm() and numpy_blas() is None
+
+
+class Linked:
+    """The loaded library of a plan's native calls, and one Python callable per segment."""
+
+    def __init__(self, calls: list[NativeCall], segments: list[list[int]]):
+        self.calls = calls                        # keeps every pointer array and scratch alive
+        kernels = [dataclasses.replace(call.kernel, name=f"tk_k{i}_{call.kernel.name}") for i, call in enumerate(calls)]
+        extra = []
+        for j, seg in enumerate(segments):
+            body = "".join(f"    {kernels[i].name}((void *const *)argv[{n}]);\n" for n, i in enumerate(seg))
+            extra.append(f"void tk_segment{j}(void *const *argv) {{\n{body}}}")
+        self.source = dialect().unit(kernels, "\n\n".join(extra))
+        self.lib = toolchain.load(self.source)
+        blas = numpy_blas()
+        if blas is not None:
+            self.lib.tk_set_blas(ctypes.c_void_p(blas.sgemm), ctypes.c_void_p(blas.dgemm))
+        self.functions = []
+        for kernel in kernels:
+            fn = getattr(self.lib, kernel.name)
+            fn.argtypes, fn.restype = [ctypes.c_void_p], None
+            self.functions.append(fn)
+        self.segments = []
+        self._keep = []
+        for j, seg in enumerate(segments):
+            fn = getattr(self.lib, f"tk_segment{j}")
+            fn.argtypes, fn.restype = [ctypes.c_void_p], None
+            argv = np.array([calls[i].pointers.ctypes.data for i in seg], dtype=np.uintp)
+            self._keep.append(argv)
+            self.segments.append((fn, int(argv.ctypes.data)))
+
+    def step(self, i: int, call: NativeCall):
+        """A no-argument callable running call i alone (for profiling)."""
+        fn, ptr = self.functions[i], int(call.pointers.ctypes.data)
+        return lambda: fn(ptr)
+
+    def segment(self, j: int):
+        fn, ptr = self.segments[j]
+        return lambda: fn(ptr)
+
+
+def run_standalone(call: NativeCall) -> None:
+    """Compile (or find) ``call`` alone and run it once: for tests and one-off use."""
+    linked = Linked([call], [[0]])
+    linked.segment(0)()

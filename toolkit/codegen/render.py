@@ -1,0 +1,204 @@
+"""Dialects: loop programs (loops.py) rendered to source text.
+
+``CDialect`` writes C99 for the system compiler: one function per kernel taking an array of
+pointers, extents as literals, the outermost ``parallel`` loop as an OpenMP ``parallel for``,
+``Gemm`` as a call through a BLAS function pointer that the loader sets once.
+``CudaDialect`` writes the same programs as CUDA ``__global__`` functions: the outermost
+parallel loop becomes a grid-stride loop over threads. It is the seam the GPU back end renders
+through (``Gemm`` is a host-side cuBLAS call there, so a CUDA kernel may not contain one).
+
+Both keep numpy's semantics where C differs: max/min propagate NaN as np.maximum does, and no
+fast-math reassociation is asked for, so results equal the numpy kernels' to rounding.
+"""
+from __future__ import annotations
+
+import math
+
+from .loops import (Bin, Buf, Call, Cast, Cmp, Const, For, Gemm, If, Kernel, Let, Load, Select, Set,
+                    Store, ThreadIndex, Un, Var)
+
+C_TYPES = {"float32": "float", "float64": "double", "int64": "int64_t", "int32": "int32_t", "bool": "int"}
+FLOAT_SUFFIX = {"float32": "f", "float64": ""}
+
+PRELUDE = r"""
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#define TK_THREAD() omp_get_thread_num()
+#else
+#define TK_THREAD() 0
+#endif
+/* numpy's maximum/minimum: a NaN in either argument is the result */
+static inline float tk_maxf(float a, float b) { return (a >= b || a != a) ? a : b; }
+static inline float tk_minf(float a, float b) { return (a <= b || a != a) ? a : b; }
+static inline double tk_max(double a, double b) { return (a >= b || a != a) ? a : b; }
+static inline double tk_min(double a, double b) { return (a <= b || a != a) ? a : b; }
+typedef void (*tk_sgemm_t)(int, int, int, TK_BLAS_INT, TK_BLAS_INT, TK_BLAS_INT, float, const float *,
+                           TK_BLAS_INT, const float *, TK_BLAS_INT, float, float *, TK_BLAS_INT);
+typedef void (*tk_dgemm_t)(int, int, int, TK_BLAS_INT, TK_BLAS_INT, TK_BLAS_INT, double, const double *,
+                           TK_BLAS_INT, const double *, TK_BLAS_INT, double, double *, TK_BLAS_INT);
+static tk_sgemm_t tk_sgemm;
+static tk_dgemm_t tk_dgemm;
+void tk_set_blas(void *sgemm, void *dgemm) { tk_sgemm = (tk_sgemm_t)sgemm; tk_dgemm = (tk_dgemm_t)dgemm; }
+"""
+
+MATH_C = {"exp": "exp", "log": "log", "tanh": "tanh", "sqrt": "sqrt", "abs": "fabs", "expm1": "expm1",
+          "log1p": "log1p", "erf": "erf", "floor": "floor"}
+
+
+class CDialect:
+    name = "c"
+    types = C_TYPES
+
+    def __init__(self, blas_int: str = "int64_t"):
+        self.blas_int = blas_int
+
+    # -- expressions -------------------------------------------------------------------------
+    def const(self, c: Const) -> str:
+        if c.dtype in ("float32", "float64"):
+            v = float(c.value)
+            if math.isnan(v):
+                return "NAN"
+            if math.isinf(v):
+                return "INFINITY" if v > 0 else "(-INFINITY)"
+            text = repr(v)
+            return f"{text}{FLOAT_SUFFIX[c.dtype]}"
+        return f"{int(c.value)}L" if c.dtype == "int64" else str(int(c.value))
+
+    def call(self, e: Call) -> str:
+        args = [self.expr(a) for a in e.args]
+        single = e.dtype == "float32"
+        if e.fn in ("max", "min"):
+            fn = f"tk_{e.fn}{'f' if single else ''}"
+            return f"{fn}({args[0]}, {args[1]})"
+        return f"{MATH_C[e.fn]}{'f' if single else ''}({', '.join(args)})"
+
+    def expr(self, e) -> str:
+        if isinstance(e, Const):
+            return self.const(e)
+        if isinstance(e, Var):
+            return e.name
+        if isinstance(e, Load):
+            return f"{e.buf.name}[{self.expr(e.index)}]"
+        if isinstance(e, (Bin, Cmp)):
+            return f"({self.expr(e.a)} {e.op} {self.expr(e.b)})"
+        if isinstance(e, Un):
+            return f"({e.op}{self.expr(e.a)})"
+        if isinstance(e, Call):
+            return self.call(e)
+        if isinstance(e, Select):
+            return f"({self.expr(e.cond)} ? {self.expr(e.a)} : {self.expr(e.b)})"
+        if isinstance(e, Cast):
+            return f"(({self.types[e.dtype]}){self.expr(e.a)})"
+        if isinstance(e, ThreadIndex):
+            return "((int64_t)TK_THREAD())"
+        raise TypeError(f"cannot render {e!r}")
+
+    # -- statements --------------------------------------------------------------------------
+    def stmts(self, body, depth: int, kernel: Kernel, in_parallel: bool) -> list[str]:
+        lines = []
+        pad = "    " * depth
+        for s in body:
+            if isinstance(s, For):
+                parallel = s.parallel and not in_parallel and kernel.threads > 1
+                if parallel:
+                    lines.append(f"{pad}#pragma omp parallel for schedule(static) num_threads({kernel.threads})")
+                if s.reduction is not None and not parallel:
+                    lines.append(f"{pad}#pragma omp simd reduction(+:{s.reduction.name})")
+                v = s.var.name
+                lines.append(f"{pad}for ({self.types['int64']} {v} = {self.expr(s.start)}; {v} < {self.expr(s.stop)}; "
+                             f"{v} += {s.step}) {{")
+                lines += self.stmts(s.body, depth + 1, kernel, in_parallel or parallel)
+                lines.append(f"{pad}}}")
+            elif isinstance(s, Let):
+                lines.append(f"{pad}{self.types[s.var.dtype]} {s.var.name} = {self.expr(s.value)};")
+            elif isinstance(s, Set):
+                lines.append(f"{pad}{s.var.name} = {self.expr(s.value)};")
+            elif isinstance(s, Store):
+                op = "+=" if s.accumulate else "="
+                lines.append(f"{pad}{s.buf.name}[{self.expr(s.index)}] {op} {self.expr(s.value)};")
+            elif isinstance(s, If):
+                lines.append(f"{pad}if ({self.expr(s.cond)}) {{")
+                lines += self.stmts(s.then, depth + 1, kernel, in_parallel)
+                if s.orelse:
+                    lines.append(f"{pad}}} else {{")
+                    lines += self.stmts(s.orelse, depth + 1, kernel, in_parallel)
+                lines.append(f"{pad}}}")
+            elif isinstance(s, Gemm):
+                fn = "tk_sgemm" if s.c.dtype == "float32" else "tk_dgemm"
+                ta, tb = (112 if s.trans_a else 111), (112 if s.trans_b else 111)
+                lines.append(f"{pad}{fn}(101, {ta}, {tb}, {self.expr(s.m)}, {self.expr(s.n)}, {self.expr(s.k)}, "
+                             f"{s.alpha!r}, {s.a.name} + {self.expr(s.a_off)}, {s.lda}, "
+                             f"{s.b.name} + {self.expr(s.b_off)}, {s.ldb}, {self.scalar(s.beta)}, "
+                             f"{s.c.name} + {self.expr(s.c_off)}, {s.ldc});")
+            else:
+                raise TypeError(f"cannot render statement {s!r}")
+        return lines
+
+    def scalar(self, value) -> str:
+        return repr(float(value)) if isinstance(value, (int, float)) else self.expr(value)
+
+    def kernel(self, k: Kernel) -> str:
+        lines = [f"void {k.name}(void *const *args) {{"]
+        for i, p in enumerate(k.params):
+            assert isinstance(p, Buf)
+            const = "const " if p.const else ""
+            ctype = C_TYPES[p.dtype]
+            lines.append(f"    {const}{ctype} *{p.name} = ({const}{ctype} *)args[{i}];")
+        lines += self.stmts(k.body, 1, k, False)
+        lines.append("}")
+        return "\n".join(lines)
+
+    def unit(self, kernels: list[Kernel], extra: str = "") -> str:
+        """One translation unit: the prelude, every kernel, then ``extra`` (a plan function)."""
+        head = f"#define TK_BLAS_INT {self.blas_int}\n" + PRELUDE
+        return head + "\n\n" + "\n\n".join(self.kernel(k) for k in kernels) + ("\n\n" + extra if extra else "") + "\n"
+
+
+class CudaDialect(CDialect):
+    """The same programs as CUDA kernels: one thread per iteration of the outermost parallel loop
+    (grid-stride), everything inside it sequential per thread."""
+
+    name = "cuda"
+    types = {**C_TYPES, "int64": "long long", "int32": "int"}
+
+    def stmts(self, body, depth, kernel, in_parallel):
+        lines = []
+        pad = "    " * depth
+        for s in body:
+            if isinstance(s, For) and s.parallel and not in_parallel:
+                v = s.var.name
+                lines.append(f"{pad}for (long long {v} = {self.expr(s.start)} + (long long)blockIdx.x * blockDim.x "
+                             f"+ threadIdx.x; {v} < {self.expr(s.stop)}; {v} += (long long)gridDim.x * blockDim.x) {{")
+                lines += super().stmts(s.body, depth + 1, kernel, True)
+                lines.append(f"{pad}}}")
+            elif isinstance(s, Gemm):
+                raise TypeError("a CUDA kernel cannot call the BLAS library: split the program at its Gemm "
+                                "and run that as a cuBLAS call")
+            elif isinstance(s, For) and not in_parallel:
+                raise TypeError("a CUDA kernel's outermost loops must be parallel")
+            else:
+                lines += super().stmts([s], depth, kernel, in_parallel)
+        return lines
+
+    def expr(self, e) -> str:
+        if isinstance(e, ThreadIndex):
+            return "((long long)(blockIdx.x * blockDim.x + threadIdx.x))"
+        return super().expr(e)
+
+    def kernel(self, k: Kernel) -> str:
+        params = []
+        for p in k.params:
+            const = "const " if p.const else ""
+            params.append(f"{const}{self.types[p.dtype]} *__restrict__ {p.name}")
+        body = "\n".join(self.stmts(k.body, 1, k, False))
+        return f'extern "C" __global__ void {k.name}({", ".join(params)}) {{\n{body}\n}}'
+
+    def unit(self, kernels, extra: str = "") -> str:
+        helpers = ("__device__ inline float tk_maxf(float a, float b) { return (a >= b || a != a) ? a : b; }\n"
+                   "__device__ inline float tk_minf(float a, float b) { return (a <= b || a != a) ? a : b; }\n"
+                   "__device__ inline double tk_max(double a, double b) { return (a >= b || a != a) ? a : b; }\n"
+                   "__device__ inline double tk_min(double a, double b) { return (a <= b || a != a) ? a : b; }\n")
+        return helpers + "\n".join(self.kernel(k) for k in kernels) + "\n"

@@ -1,0 +1,340 @@
+"""Generated kernels for elementwise work: single ops, fused programs, and GEMM epilogues.
+
+A program becomes one loop nest over the group's shape: each element's steps are scalar
+expressions kept in registers, so a chain of k ops reads its inputs and writes its outputs once,
+whatever k is. Broadcast operands and inputs read through a view are addressed by strides;
+dimensions whose strides line up are merged, so a same-shape chain is one flat loop the compiler
+vectorises. A matmul epilogue tiles the GEMM's rows (or, for a few rows, its columns) across
+threads and runs the program over each tile while it is still in cache.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ...codegen.loops import (Buf, Const, For, Gemm, Kernel, Let, Names, Store, Var, call, lift, maximum,
+                              select)
+from ...codegen.native import NativeCall
+from ...ops.elementwise import ELEMENTWISE_IMPL
+from ...ops.fused import head_parts
+from ..registry import register_native
+
+# Below this many elements a parallel loop costs more to start than it saves.
+PARALLEL_MIN_ELEMENTS = 1 << 15
+FLOATS = ("float32", "float64")
+SQRT_HALF = 1 / math.sqrt(2)
+
+
+def _f(x, dtype):
+    return Const(float(x), dtype)
+
+
+def step_expr(op: str, a: list, attrs: dict, dtype: str):
+    """The scalar expression of one elementwise op, with numpy's semantics; None if unsupported."""
+    one, zero = _f(1, dtype), _f(0, dtype)
+    if op in ("add", "sub", "mul", "div"):
+        return {"add": a[0] + a[1], "sub": a[0] - a[1], "mul": a[0] * a[1], "div": a[0] / a[1]}[op]
+    if op == "maximum":
+        return maximum(a[0], a[1])
+    if op == "neg":
+        return -a[0]
+    if op in ("exp", "log", "tanh", "sqrt", "abs"):
+        return call(op, a[0])
+    if op == "sign":
+        return select(a[0].gt(zero), one, select(a[0].lt(zero), -one, a[0] * zero))
+    if op == "rsqrt":
+        return one / call("sqrt", a[0])
+    if op == "square":
+        return a[0] * a[0]
+    if op == "relu":
+        return maximum(a[0], zero)
+    if op == "relu_grad":
+        return a[0] * select(a[1].gt(zero), one, zero)
+    if op == "ge_mask":
+        return select(a[0].ge(a[1]), one, zero)
+    if op == "leaky_relu":
+        alpha = _f(attrs["alpha"], dtype)
+        scaled = a[0] * alpha
+        return maximum(a[0], scaled) if attrs["alpha"] <= 1 else call("min", a[0], scaled)
+    if op == "leaky_relu_grad":
+        return a[0] * select(a[1].gt(zero), one, _f(attrs["alpha"], dtype))
+    if op == "sigmoid":
+        return one / (one + call("exp", -a[0]))
+    if op == "elu":
+        alpha = _f(attrs["alpha"], dtype)
+        return select(a[0].gt(zero), a[0], call("expm1", call("min", a[0], zero)) * alpha)
+    if op == "elu_grad":
+        return a[0] * select(a[1].gt(zero), one, a[2] + _f(attrs["alpha"], dtype))
+    if op == "softplus":
+        x = a[0]
+        soft = maximum(x, zero) + call("log1p", call("exp", -call("abs", x)))
+        return select(x.gt(_f(20, dtype)), x, soft)
+    if op == "sigmoid_cross_entropy":
+        x, t = a
+        return maximum(x, zero) - x * t + call("log1p", call("exp", -call("abs", x)))
+    if op == "gelu" and attrs["approximate"] == "tanh":
+        x = a[0]
+        inner = _f(math.sqrt(2 / math.pi), dtype) * (x + _f(0.044715, dtype) * x * x * x)
+        return (call("tanh", inner) + one) * x * _f(0.5, dtype)
+    if op == "gelu":
+        x = a[0]
+        return (call("erf", x * _f(SQRT_HALF, dtype)) + one) * x * _f(0.5, dtype)
+    return None
+
+
+def _strides(shape) -> list[int]:
+    out, acc = [], 1
+    for d in reversed(shape):
+        out.append(acc)
+        acc *= d
+    return out[::-1]
+
+
+def operand_layout(in_shape, group_shape, view=None) -> tuple[list[int], int]:
+    """Element strides of an operand over the group's dimensions (0 where it broadcasts) and its
+    starting offset; ``view`` = (axis, start, stop) reads a slice of the operand in place."""
+    full = list(in_shape)
+    strides = _strides(full)
+    offset = 0
+    shape = list(full)
+    if view:
+        axis, start, stop = view
+        offset = start * strides[axis]
+        shape[axis] = stop - start
+    shift = len(group_shape) - len(shape)
+    out = []
+    for d in range(len(group_shape)):
+        j = d - shift
+        out.append(0 if j < 0 or shape[j] == 1 else strides[j])
+    return out, offset
+
+
+def merge_dims(shape, layouts: list[list[int]]) -> tuple[list[int], list[list[int]]]:
+    """Merge neighbouring dimensions along which every operand steps uniformly."""
+    dims = [int(d) for d in shape] or [1]
+    layouts = [list(s) or [0] for s in layouts] if shape else [[0] for _ in layouts]
+    d = len(dims) - 2
+    while d >= 0:
+        if all(s[d] == s[d + 1] * dims[d + 1] for s in layouts):
+            dims[d] *= dims[d + 1]
+            del dims[d + 1]
+            for s in layouts:
+                s[d] = s[d + 1]                       # the merged stride is the inner one
+                del s[d + 1]
+        d -= 1
+    return dims, layouts
+
+
+def program_body(program, outputs, operands: dict, dtype: str, index_of, out_bufs, names: Names) -> list | None:
+    """Statements computing one element: Lets per step, Stores per output. ``operands`` maps
+    ("x", i) / ("h",) to Bufs; ``index_of(key)`` gives that operand's index expression."""
+    body, values, stores = [], [], []
+    out_of = {s: k for k, s in enumerate(outputs)}
+    for s, (op, args, attrs) in enumerate(program):
+        a = []
+        for ref in args:
+            if ref[0] == "t":
+                a.append(values[ref[1]])
+            else:
+                key = ("h",) if ref[0] == "h" else ("x", ref[1])
+                a.append(operands[key][index_of(key)])
+        expr = step_expr(op, a, dict(attrs), dtype)
+        if expr is None:
+            return None
+        v = names.var("t", dtype)
+        body.append(Let(v, expr))
+        values.append(v)
+        if s in out_of:
+            k = out_of[s]
+            stores.append(Store(out_bufs[k], index_of(("o", k)), v))
+    # every read of the element before any write: an output may share memory with an input
+    # (in-place plans) or, in an epilogue, with the head's result
+    return body + stores
+
+
+def elementwise_kernel(name: str, program, outputs, in_shapes, group_shape, dtype: str, views, threads: int,
+                       head: bool = False) -> tuple[Kernel, list] | None:
+    """(kernel, parameter keys) of a program over ``group_shape``; None if a step is unsupported.
+    Parameter keys: ("x", i) for the inputs the program reads, ("o", k), and ("h",) for a head."""
+    used = sorted({r[1] for _op, args, _a in program for r in args if r[0] == "x"})
+    keys = [("x", i) for i in used] + [("o", k) for k in range(len(outputs))] + ([("h",)] if head else [])
+    size = int(np.prod(group_shape, dtype=np.int64)) if group_shape else 1
+    layouts, offsets = [], []
+    for key in keys:
+        if key[0] == "x":
+            view = views[key[1]] if key[1] < len(views) else ()
+            strides, offset = operand_layout(in_shapes[key[1]], group_shape, view or None)
+        else:
+            strides, offset = _strides(group_shape), 0
+        layouts.append(strides)
+        offsets.append(offset)
+    dims, merged = merge_dims(group_shape, layouts)
+    names = Names()
+    bufs = {}
+    for n, key in enumerate(keys):
+        if key[0] == "x":
+            bufs[key] = Buf(f"x{key[1]}", dtype, int(np.prod(in_shapes[key[1]], dtype=np.int64)))
+        elif key[0] == "o":
+            bufs[key] = Buf(f"o{key[1]}", dtype, size, const=False)
+        else:
+            bufs[key] = Buf("h", dtype, size)
+    loop_vars = [names.var("i") for _ in dims]
+    position = {key: n for n, key in enumerate(keys)}
+
+    def index_of(key):
+        n = position[key]
+        expr = lift(offsets[n], "int64")
+        for v, stride in zip(loop_vars, merged[n]):
+            if stride:
+                expr = expr + v * stride if not (isinstance(expr, Const) and expr.value == 0) else v * stride
+        return expr
+
+    operands = {k: b for k, b in bufs.items() if k[0] in ("x", "h")}
+    body = program_body(program, outputs, operands, dtype, index_of, [bufs[("o", k)] for k in range(len(outputs))],
+                        names)
+    if body is None:
+        return None
+    parallel = threads > 1 and size >= PARALLEL_MIN_ELEMENTS
+    for depth in range(len(dims) - 1, -1, -1):
+        body = [For(loop_vars[depth], lift(0, "int64"), lift(dims[depth], "int64"), body,
+                    parallel=parallel and depth == 0)]
+    return Kernel(name, [bufs[k] for k in keys], body, threads), keys
+
+
+def _arrays_for(keys, ins, outs, head=None):
+    out = []
+    for key in keys:
+        out.append(ins[key[1]] if key[0] == "x" else outs[key[1]] if key[0] == "o" else head)
+    return out
+
+
+@register_native("fused_elementwise", "cpu")
+def fused_elementwise_native(ctx, ins, outs):
+    if ctx.dtype not in FLOATS:
+        return None
+    built = elementwise_kernel("fused", ctx.attrs["program"], ctx.attrs["outputs"], ctx.in_shapes,
+                               tuple(ctx.out_shapes[0]), ctx.dtype, ctx.attrs.get("views", ()), ctx.threads)
+    if built is None:
+        return None
+    kernel, keys = built
+    return NativeCall(kernel, _arrays_for(keys, ins, outs))
+
+
+def _single_op(op):
+    def builder(ctx, ins, outs):
+        if ctx.dtype not in FLOATS or any(a.dtype != np.dtype(ctx.dtype) for a in list(ins) + list(outs)):
+            return None
+        program = ((op, tuple(("x", i) for i in range(len(ins))), tuple(sorted(ctx.attrs.items()))),)
+        built = elementwise_kernel(op, program, (0,), ctx.in_shapes, tuple(ctx.out_shapes[0]), ctx.dtype, (),
+                                   ctx.threads)
+        if built is None:
+            return None
+        kernel, keys = built
+        return NativeCall(kernel, _arrays_for(keys, ins, outs))
+    return builder
+
+
+for _op in ELEMENTWISE_IMPL:
+    if _op not in ("cast", "dropout_mask"):
+        register_native(_op, "cpu")(_single_op(_op))
+
+
+# -- matmul and its epilogue -------------------------------------------------------------------
+def gemm_tiles(m: int, n: int, threads: int, flops: int) -> tuple[int, int]:
+    """(row tiles, column tiles): rows split across threads when there are enough of them, else
+    columns (a GEMV-like product at batch 1), else none (too little work to share)."""
+    if threads <= 1 or flops < 500_000:
+        return 1, 1
+    if m >= 8 * threads:
+        return threads, 1
+    if n >= 64 * threads:
+        return 1, threads
+    return 1, 1
+
+
+def matmul_kernel(name, a_shape, b_shape, trans_a, trans_b, dtype, threads, epilogue=None):
+    """C = op(A) op(B) for 2-D operands, tiled over threads; ``epilogue(names, c, row0, rows,
+    col0, cols)`` adds statements run on each tile after its GEMM. Returns (kernel, a, b, c)."""
+    m = a_shape[1] if trans_a else a_shape[0]
+    k = a_shape[0] if trans_a else a_shape[1]
+    n = b_shape[0] if trans_b else b_shape[1]
+    a = Buf("a", dtype, a_shape[0] * a_shape[1])
+    b = Buf("b", dtype, b_shape[0] * b_shape[1])
+    c = Buf("c", dtype, m * n, const=False)
+    row_tiles, col_tiles = gemm_tiles(m, n, threads, 2 * m * n * k)
+    names = Names()
+    tile = names.var("tile")
+    rows_per, cols_per = -(-m // row_tiles), -(-n // col_tiles)
+    r0, c0 = names.var("r"), names.var("c")
+    nr, nc = names.var("nr"), names.var("nc")
+    body = [Let(r0, (tile // col_tiles) * rows_per), Let(c0, (tile % col_tiles) * cols_per),
+            Let(nr, _imin(lift(rows_per, "int64"), lift(m, "int64") - r0)),
+            Let(nc, _imin(lift(cols_per, "int64"), lift(n, "int64") - c0))]
+    a_off = r0 if trans_a else r0 * a_shape[1]
+    b_off = c0 * b_shape[1] if trans_b else c0
+    body.append(Gemm(trans_a, trans_b, nr, nc, lift(k, "int64"), a, a_off, a_shape[1], b, b_off, b_shape[1],
+                     c, r0 * n + c0, n))
+    if epilogue is not None:
+        body += epilogue(names, c, r0, nr, c0, nc)
+    loop = For(tile, lift(0, "int64"), lift(row_tiles * col_tiles, "int64"), body, parallel=row_tiles * col_tiles > 1)
+    return Kernel(name, [a, b, c], [loop], threads), a, b, c
+
+
+def _imin(x, y):
+    return select(x.lt(y), x, y)
+
+
+@register_native("matmul", "cpu")
+def matmul_native(ctx, ins, outs):
+    if ctx.dtype not in FLOATS or len(ctx.in_shapes[0]) != 2 or len(ctx.in_shapes[1]) != 2:
+        return None
+    kernel, *_ = matmul_kernel("matmul", ctx.in_shapes[0], ctx.in_shapes[1], ctx.attrs["trans_a"],
+                               ctx.attrs["trans_b"], ctx.dtype, ctx.threads)
+    return NativeCall(kernel, [ins[0], ins[1], outs[0]])
+
+
+@register_native("fused_epilogue", "cpu")
+def fused_epilogue_native(ctx, ins, outs):
+    head, head_attrs, k = head_parts(ctx.attrs)
+    if head != "matmul":
+        from .conv import conv_epilogue_native
+        return conv_epilogue_native(ctx, ins, outs)
+    if ctx.dtype not in FLOATS or any(len(s) != 2 for s in ctx.in_shapes[:2]):
+        return None
+    program, outputs = ctx.attrs["program"], ctx.attrs["outputs"]
+    views = ctx.attrs.get("views", ())
+    group = tuple(ctx.out_shapes[0])
+    m, n = group
+    used = sorted({r[1] for _op, args, _a in program for r in args if r[0] == "x"})
+    layouts = {i: operand_layout(ctx.in_shapes[i], group, (views[i] if i < len(views) else ()) or None) for i in used}
+    bufs = {("x", i): Buf(f"x{i}", ctx.dtype, int(np.prod(ctx.in_shapes[i], dtype=np.int64))) for i in used}
+    out_bufs = [Buf(f"o{j}", ctx.dtype, m * n, const=False) for j in range(len(outputs))]
+    state = {}
+
+    def epilogue(names, c, r0, nr, c0, nc):
+        i, j = names.var("i"), names.var("j")
+
+        def index_of(key):
+            if key[0] == "x":
+                (si, sj), off = layouts[key[1]]
+                expr = lift(off, "int64")
+                return expr + i * si + j * sj
+            return i * n + j
+        operands = dict(bufs)
+        operands[("h",)] = c
+        body = program_body(program, outputs, operands, ctx.dtype, index_of, out_bufs, names)
+        if body is None:
+            state["unsupported"] = True
+            return []
+        inner = For(j, c0, c0 + nc, body)
+        return [For(i, r0, r0 + nr, [inner])]
+
+    # the GEMM writes the first output's array, which the program then reads as the head and
+    # overwrites element by element (every element's reads come before its writes)
+    kernel, a, b, c = matmul_kernel("epilogue", ctx.in_shapes[0], ctx.in_shapes[1], head_attrs["trans_a"],
+                                    head_attrs["trans_b"], ctx.dtype, ctx.threads, epilogue)
+    if state.get("unsupported"):
+        return None
+    kernel.params = [a, b, c] + [bufs[("x", i)] for i in used] + out_bufs
+    return NativeCall(kernel, [ins[0], ins[1], outs[0]] + [ins[i] for i in used] + list(outs))
