@@ -95,6 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--weights", help="weights to run with (default: the fillers', biases and BatchNorm "
                                      "parameters given small random values as after training)")
     _optimize_flags(p)
+    p.add_argument("--per-layer", action="store_true",
+                   help="also profile the timed iterations and print the time of each layer (forward and, "
+                        "with --train, backward), as Caffe's `caffe time`")
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("train", help="train a net (its train section: data, solver, schedule)")

@@ -1,4 +1,5 @@
-"""``toolkit bench``: times inference passes or full train steps in one process."""
+"""``toolkit bench``: times inference passes or full train steps in one process (``--per-layer``:
+the table of bench_layers.py)."""
 from __future__ import annotations
 
 import json
@@ -13,6 +14,7 @@ from ..ir.graph import FLOAT_DTYPES
 from ..runtime.plan import Plan
 from ..runtime.session import batch_bindings
 from ..train.solvers import host_values
+from .bench_layers import format_table, json_rows, per_layer_table
 from .devices import check_device
 
 
@@ -38,7 +40,10 @@ def bench_inputs(graph, bindings, rng) -> dict[str, np.ndarray]:
     return out
 
 
-def time_plan(plan: Plan, inputs, iters: int, warmup: int) -> list[float]:
+def time_plan(plan: Plan, inputs, iters: int, warmup: int, profiles: list | None = None) -> list[float]:
+    """Seconds of each of ``iters`` runs after ``warmup``; given ``profiles``, each timed run is
+    followed by a profiled one (``Plan.profile``) appended there, interleaved so that both see
+    the same machine load."""
     for _ in range(warmup):
         plan.run(inputs)
     times = []
@@ -46,6 +51,8 @@ def time_plan(plan: Plan, inputs, iters: int, warmup: int) -> list[float]:
         start = time.perf_counter()
         plan.run(inputs)
         times.append(time.perf_counter() - start)
+        if profiles is not None:
+            profiles.append(plan.profile(inputs))
     return times
 
 
@@ -97,7 +104,8 @@ def run_bench(args) -> int:
     weights_file = net.weights_or_published(args.weights)
     plan, inputs = bench_plan(net, args.batch, args.train, args.dtype, disable, parse_dims(args.dim), args.device,
                               weights_file, args.lr)
-    times = np.array(time_plan(plan, inputs, args.iters, args.warmup)) * 1e3
+    profiles = [] if args.per_layer else None
+    times = np.array(time_plan(plan, inputs, args.iters, args.warmup, profiles)) * 1e3
     median = float(np.median(times))
     report = {
         "net": net.name, "mode": "train" if args.train else "infer", "batch": args.batch,
@@ -108,11 +116,23 @@ def run_bench(args) -> int:
         "items_per_s": round(args.batch / (median / 1e3), 1),
         "kernel_calls": len(plan.calls), "peak_bytes": plan.peak_bytes,
     }
+    rows = None
+    if profiles is not None:
+        phase = "train" if args.train else "infer"
+        layers = [(layer.name, layer.type) for layer in net.spec.layers if phase in layer.phases]
+        with_impls = getattr(plan, "impls", None) is not None
+        rows, profiled = per_layer_table(plan, profiles, layers, solver.type if args.train else None)
+        report["profiled_ms"] = round(profiled, 4)
+        report["per_layer"] = json_rows(rows, profiled, with_impls)
     if args.json:
         print(json.dumps(report))
-    else:
-        print(f"{report['net']} {report['mode']} batch {args.batch} on {args.device} ({report['dtype']}): "
-              f"median {median:.3f} ms (p10 {report['p10_ms']:.3f}, p90 {report['p90_ms']:.3f}), "
-              f"{report['items_per_s']:.0f} items/s, {len(plan.calls)} kernel calls, "
-              f"{plan.peak_bytes / 2**20:.1f} MiB arena")
+        return 0
+    print(f"{report['net']} {report['mode']} batch {args.batch} on {args.device} ({report['dtype']}): "
+          f"median {median:.3f} ms (p10 {report['p10_ms']:.3f}, p90 {report['p90_ms']:.3f}), "
+          f"{report['items_per_s']:.0f} items/s, {len(plan.calls)} kernel calls, "
+          f"{plan.peak_bytes / 2**20:.1f} MiB arena")
+    if rows is not None:
+        print(f"per layer, median of {args.iters} profiled runs, each after a timed one: {profiled:.3f} ms in all "
+              f"(a timer on each of {len(plan.steps)} calls) vs {median:.3f} ms unprofiled median")
+        print(format_table(rows, profiled, args.train, with_impls))
     return 0
