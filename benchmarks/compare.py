@@ -371,7 +371,7 @@ def bench_train(net, weights, bindings, args, rng):
 
 
 # -- report -----------------------------------------------------------------------------------
-LABELS = {"toolkit": "toolkit (numpy)", "torch": "PyTorch eager", "ort": "ONNX Runtime"}
+LABELS = {"toolkit": "toolkit", "torch": "PyTorch eager", "ort": "ONNX Runtime"}
 
 
 def busy(report: dict) -> str:
