@@ -43,15 +43,14 @@ def dialect() -> CDialect:
     return CDialect(blas.int_type if blas else "int64_t")
 
 
-def needs_blas_missing(kernel: Kernel) -> bool:
-    return kernel.uses_gemm() and numpy_blas() is None
-
-
 class Linked:
     """The loaded library of a plan's native calls, and one Python callable per segment."""
 
     def __init__(self, calls: list[NativeCall], segments: list[list[int]]):
         self.calls = calls                        # keeps every pointer array and scratch alive
+        if numpy_blas() is None and any(call.kernel.uses_gemm() for call in calls):
+            # the GEMM pointer would stay null: refuse here, and the plan runs the numpy kernels
+            raise toolchain.NativeUnavailable("numpy's BLAS library has no cblas_sgemm the generated kernels can call")
         kernels = [dataclasses.replace(call.kernel, name=f"tk_k{i}_{call.kernel.name}") for i, call in enumerate(calls)]
         extra = []
         for j, seg in enumerate(segments):
@@ -85,8 +84,3 @@ class Linked:
         fn, ptr = self.segments[j]
         return lambda: fn(ptr)
 
-
-def run_standalone(call: NativeCall) -> None:
-    """Compile (or find) ``call`` alone and run it once: for tests and one-off use."""
-    linked = Linked([call], [[0]])
-    linked.segment(0)()

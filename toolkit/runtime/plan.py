@@ -179,6 +179,7 @@ class Plan:
         self.split_steps = 0
         natives: list[tuple[int, NativeCall, list, list]] = []
         python: list[tuple[int, Node, list, list]] = []
+        step_arrays: list[tuple[list, list]] = []
         for node in steps:
             if id(node) in memory.views:
                 continue                          # a view: nothing to run
@@ -193,16 +194,15 @@ class Plan:
                 self.impls.append("numpy")
             self.calls.append(None)
             self.steps.append(node)
-        if natives:
-            # native kernels run their own threads (OpenMP); numpy steps beside them run on
-            # one, or the two pools would fight over the cores (measured: 4x slower steps)
-            workers = None
+            step_arrays.append((ins, outs))
+        # native kernels run their own threads (OpenMP); numpy steps beside them run on one,
+        # or the two pools would fight over the cores (measured: 4x slower steps)
         for p, node, ins, outs in python:
-            self.calls[p] = self._python_call(node, shapes, ins, outs, workers)
+            self.calls[p] = self._python_call(node, shapes, ins, outs, None if natives else workers)
         self.native_source = None
         self.run_calls = self.calls
         if natives:
-            self._link(natives, shapes, workers)
+            self._link(natives, shapes, workers, step_arrays)
         self.blas = Blas.shared() if (workers or natives) else None
         self.output_views = {n: view(graph.outputs[n]) for n in out_names}
         self.copy_updates = []
@@ -218,7 +218,7 @@ class Plan:
         fn = self.entries[id(node)].factory(self._context(node, shapes))
         return functools.partial(fn, ins, outs)
 
-    def _link(self, natives, shapes, workers) -> None:
+    def _link(self, natives, shapes, workers, step_arrays) -> None:
         """Compile the plan's native calls as one unit; consecutive native steps become one
         segment, called from Python once. Where the compiler fails, the numpy kernels run."""
         positions = [p for p, *_ in natives]
@@ -232,8 +232,9 @@ class Plan:
             linked = Linked([c for _, c, *_ in natives], segments)
         except toolchain.NativeUnavailable as e:
             toolchain.notice_once(str(e), f"{e}; running the numpy kernels")
-            for p, _call, ins, outs in natives:
-                self.calls[p] = self._python_call(self.steps[p], shapes, ins, outs, workers)
+            self.split_steps = 0                  # every step numpy, split across cores again
+            for p, (node, (ins, outs)) in enumerate(zip(self.steps, step_arrays)):
+                self.calls[p] = self._python_call(node, shapes, ins, outs, workers)
                 self.impls[p] = "numpy"
             return
         self.native_source = linked.source

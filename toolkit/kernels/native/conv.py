@@ -19,6 +19,7 @@ import numpy as np
 from ...codegen.loops import (Buf, For, Gemm, If, Kernel, Let, Names, Set, Store, ThreadIndex, lift, maximum,
                               select)
 from ...codegen.native import NativeCall
+from ...ops.conv import conv_out_size
 from ...ops.fused import head_parts, split_attrs
 from ..registry import register_native
 from .elementwise import FLOATS, operand_layout, program_body
@@ -116,7 +117,6 @@ def _forward(ctx, ins, outs, pool, program=None):
     has_bias = head_ins == 3
     out_shape = tuple(ctx.out_shapes[0])
     if pool:
-        from ...ops.conv import conv_out_size
         hw = [conv_out_size(x_shape[2 + a], w_shape[2 + a], conv_attrs["stride"][a], conv_attrs["pad"][a],
                             conv_attrs["dilation"][a]) for a in (0, 1)]
     else:
@@ -283,24 +283,17 @@ def conv2d_grad_weight_native(ctx, ins, outs):
     t, n, e = names.var("t"), names.var("n"), names.var("e")
     lo, hi = names.var("lo"), names.var("hi")
     body = [Let(lo, (t * s.n) // threads), Let(hi, ((t + 1) * s.n) // threads)]
-    inner = []
-    for g in range(s.g):
-        inner += im2col(names, s, x, cols, n, g, t * cols_size)
-        target, off = (dw, _i(g * s.og * s.k)) if threads == 1 else (None, None)
-        beta = select(n.gt(lo), 1.0, 0.0)
-        inner.append(("gemm", g, beta))
-    # the GEMM's target: thread 0 writes dw, the others their part
+    beta = select(n.gt(lo), 1.0, 0.0)              # each thread's first image overwrites its sum
     stmts = []
-    for item in inner:
-        if isinstance(item, tuple):
-            _, g, beta = item
-            a_off = (n * s.o + g * s.og) * s.p
-            stmts.append(If(t.eq(0), [Gemm(False, True, _i(s.og), _i(s.k), _i(s.p), gy, a_off, s.p, cols,
-                                           t * cols_size, s.p, dw, _i(g * s.og * s.k), s.k, beta=beta)],
-                            [Gemm(False, True, _i(s.og), _i(s.k), _i(s.p), gy, a_off, s.p, cols, t * cols_size, s.p,
-                                  part, (t - 1) * (s.o * s.k) + g * s.og * s.k, s.k, beta=beta)]))
-        else:
-            stmts.append(item)
+    for g in range(s.g):
+        stmts += im2col(names, s, x, cols, n, g, t * cols_size)
+
+        def weight_gemm(target, offset, g=g):
+            return Gemm(False, True, _i(s.og), _i(s.k), _i(s.p), gy, (n * s.o + g * s.og) * s.p, s.p, cols,
+                        t * cols_size, s.p, target, offset, s.k, beta=beta)
+        # thread 0 sums into dw itself, the others into their part, added at the end
+        stmts.append(If(t.eq(0), [weight_gemm(dw, _i(g * s.og * s.k))],
+                        [weight_gemm(part, (t - 1) * (s.o * s.k) + g * s.og * s.k)]))
     body.append(For(n, lo, hi, stmts))
     kernel_body = [For(t, _i(0), _i(threads), body, parallel=threads > 1)]
     if threads > 1:
