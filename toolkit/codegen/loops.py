@@ -155,6 +155,9 @@ class For:
     parallel: bool = False             # iterations are independent: a dialect may run them at once
     step: int = 1
     reduction: "Var | None" = None     # a sum into this variable that may be reordered (vectorised)
+    # iterations touch only their own elements (outputs alias inputs, if at all, element for
+    # element), so a dialect may run several at once in vector lanes
+    vector: bool = False
 
 
 @dataclass(eq=False)

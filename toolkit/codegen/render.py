@@ -103,10 +103,13 @@ class CDialect:
         for s in body:
             if isinstance(s, For):
                 parallel = s.parallel and not in_parallel and kernel.threads > 1
+                simd = " simd" if s.vector else ""
                 if parallel:
-                    lines.append(f"{pad}#pragma omp parallel for schedule(static) num_threads({kernel.threads})")
-                if s.reduction is not None and not parallel:
+                    lines.append(f"{pad}#pragma omp parallel for{simd} schedule(static) num_threads({kernel.threads})")
+                elif s.reduction is not None:
                     lines.append(f"{pad}#pragma omp simd reduction(+:{s.reduction.name})")
+                elif s.vector:
+                    lines.append(f"{pad}#pragma omp simd")
                 v = s.var.name
                 lines.append(f"{pad}for ({self.types['int64']} {v} = {self.expr(s.start)}; {v} < {self.expr(s.stop)}; "
                              f"{v} += {s.step}) {{")
@@ -179,8 +182,9 @@ class CudaDialect(CDialect):
                                 "and run that as a cuBLAS call")
             elif isinstance(s, For) and not in_parallel:
                 raise TypeError("a CUDA kernel's outermost loops must be parallel")
-            else:
-                lines += super().stmts([s], depth, kernel, in_parallel)
+            else:                      # OpenMP's pragmas mean nothing inside a GPU thread
+                lines += [line for line in super().stmts([s], depth, kernel, in_parallel)
+                          if not line.lstrip().startswith("#pragma omp")]
         return lines
 
     def expr(self, e) -> str:
@@ -191,13 +195,18 @@ class CudaDialect(CDialect):
     def kernel(self, k: Kernel) -> str:
         params = []
         for p in k.params:
+            # no __restrict__: a planned buffer may be an input and an output of one kernel (an
+            # update in place), and restrict would let the compiler read it through a cache
+            # that does not see the kernel's own writes
             const = "const " if p.const else ""
-            params.append(f"{const}{self.types[p.dtype]} *__restrict__ {p.name}")
+            params.append(f"{const}{self.types[p.dtype]} *{p.name}")
         body = "\n".join(self.stmts(k.body, 1, k, False))
         return f'extern "C" __global__ void {k.name}({", ".join(params)}) {{\n{body}\n}}'
 
     def unit(self, kernels, extra: str = "") -> str:
-        helpers = ("__device__ inline float tk_maxf(float a, float b) { return (a >= b || a != a) ? a : b; }\n"
+        helpers = ("#ifndef INFINITY\n#define INFINITY __int_as_float(0x7f800000)\n#endif\n"
+                   "#ifndef NAN\n#define NAN __int_as_float(0x7fffffff)\n#endif\n"
+                   "__device__ inline float tk_maxf(float a, float b) { return (a >= b || a != a) ? a : b; }\n"
                    "__device__ inline float tk_minf(float a, float b) { return (a <= b || a != a) ? a : b; }\n"
                    "__device__ inline double tk_max(double a, double b) { return (a >= b || a != a) ? a : b; }\n"
                    "__device__ inline double tk_min(double a, double b) { return (a <= b || a != a) ? a : b; }\n")

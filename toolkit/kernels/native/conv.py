@@ -42,41 +42,67 @@ class ConvShape:
         self.padded = bool(self.ph or self.pw)
 
 
+def _valid_span(names: Names, out_size: int, in_size: int, stride: int, pad: int, offset) -> tuple[list, object, object]:
+    """Lets for [lo, hi): the output positions o whose input position o*stride - pad + offset
+    lies inside [0, in_size). Hoisting the bounds out of the copy loop leaves a plain strided
+    copy there, which the compiler vectorises."""
+    lo, hi = names.var("lo"), names.var("hi")
+    first = _i(pad) - offset                           # o*stride >= pad - offset
+    last = _i(in_size - 1 + pad) - offset              # o*stride <= in_size - 1 + pad - offset
+    lo_expr = select(first.gt(0), (first + (stride - 1)) // stride, _i(0))
+    hi_expr = select(last.ge(0), last // stride + 1, _i(0))
+    hi_expr = select(hi_expr.gt(out_size), _i(out_size), hi_expr)
+    lo_expr = select(lo_expr.gt(hi_expr), hi_expr, lo_expr)
+    return [Let(hi, hi_expr), Let(lo, lo_expr)], lo, hi
+
+
+def _window_rows(names: Names, s: ConvShape, r):
+    ci, ki, kj = names.var("ci"), names.var("ki"), names.var("kj")
+    return [Let(ci, r // (s.kh * s.kw)), Let(ki, (r // s.kw) % s.kh), Let(kj, r % s.kw)], ci, ki, kj
+
+
 def im2col(names: Names, s: ConvShape, x: Buf, cols: Buf, n, g, cols_base, rows=None, parallel=False) -> list:
     """cols[base + r*P + p] = x[n, g*Cg + c, ih, iw] (0 outside the image) for window row r."""
     r = names.var("r")
     oh, ow = names.var("oh"), names.var("ow")
-    ci, ki, kj = names.var("ci"), names.var("ki"), names.var("kj")
-    ih, iw = names.var("ih"), names.var("iw")
-    src = ((n * s.c + g * s.cg + ci) * s.h + ih) * s.w + iw
-    dst = cols_base + r * s.p + oh * s.ow + ow
-    if s.padded:
-        inside = select(ih.ge(0), 1, 0) * select(ih.lt(s.h), 1, 0) * select(iw.ge(0), 1, 0) * select(iw.lt(s.w), 1, 0)
-        value = select(inside.gt(0), x[select(inside.gt(0), src, 0)], lift(0.0, x.dtype))
+    lets, ci, ki, kj = _window_rows(names, s, r)
+    ih = names.var("ih")
+    src_row = ((n * s.c + g * s.cg + ci) * s.h + ih) * s.w - s.pw + kj * s.dw
+    dst_row = cols_base + r * s.p + oh * s.ow
+    zero = lift(0.0, x.dtype)
+    if not s.padded:
+        row_body = lets + [For(oh, _i(0), _i(s.oh), [Let(ih, oh * s.sh + ki * s.dh), For(ow, _i(0), _i(s.ow), [
+            Store(cols, dst_row + ow, x[src_row + ow * s.sw])], vector=True)])]
     else:
-        value = x[src]
-    inner = For(ow, _i(0), _i(s.ow), [Let(iw, ow * s.sw - s.pw + kj * s.dw), Store(cols, dst, value)])
-    row_body = [Let(ci, r // (s.kh * s.kw)), Let(ki, (r // s.kw) % s.kh), Let(kj, r % s.kw),
-                For(oh, _i(0), _i(s.oh), [Let(ih, oh * s.sh - s.ph + ki * s.dh), inner])]
-    lo, hi = rows if rows else (_i(0), _i(s.k))
-    return [For(r, lo, hi, row_body, parallel=parallel)]
+        span, lo, hi = _valid_span(names, s.ow, s.w, s.sw, s.pw, kj * s.dw)
+        rows_span, rlo, rhi = _valid_span(names, s.oh, s.h, s.sh, s.ph, ki * s.dh)
+        fill = For(ow, _i(0), _i(s.ow), [Store(cols, dst_row + ow, zero)], vector=True)
+        copy = [For(ow, _i(0), lo, [Store(cols, dst_row + ow, zero)]),
+                For(ow, lo, hi, [Store(cols, dst_row + ow, x[src_row + ow * s.sw])], vector=True),
+                For(ow, hi, _i(s.ow), [Store(cols, dst_row + ow, zero)])]
+        row_body = lets + span + rows_span + [
+            For(oh, _i(0), rlo, [fill]),
+            For(oh, rlo, rhi, [Let(ih, oh * s.sh - s.ph + ki * s.dh)] + copy),
+            For(oh, rhi, _i(s.oh), [fill])]
+    lo_r, hi_r = rows if rows else (_i(0), _i(s.k))
+    return [For(r, lo_r, hi_r, row_body, parallel=parallel)]
 
 
 def col2im(names: Names, s: ConvShape, cols: Buf, dx: Buf, n, g, cols_base) -> list:
     """dx[n, g*Cg + c, ih, iw] += cols[base + r*P + p] over every window row r and position p."""
     r = names.var("r")
     oh, ow = names.var("oh"), names.var("ow")
-    ci, ki, kj = names.var("ci"), names.var("ki"), names.var("kj")
-    ih, iw = names.var("ih"), names.var("iw")
-    dst = ((n * s.c + g * s.cg + ci) * s.h + ih) * s.w + iw
-    store = Store(dx, dst, cols[cols_base + r * s.p + oh * s.ow + ow], accumulate=True)
-    if s.padded:
-        store = If(iw.ge(0), [If(iw.lt(s.w), [store])])
-    inner = For(ow, _i(0), _i(s.ow), [Let(iw, ow * s.sw - s.pw + kj * s.dw), store])
-    oh_body = [Let(ih, oh * s.sh - s.ph + ki * s.dh)]
-    oh_body += [If(ih.ge(0), [If(ih.lt(s.h), [inner])])] if s.padded else [inner]
-    return [For(r, _i(0), _i(s.k), [Let(ci, r // (s.kh * s.kw)), Let(ki, (r // s.kw) % s.kh), Let(kj, r % s.kw),
-                                    For(oh, _i(0), _i(s.oh), oh_body)])]
+    lets, ci, ki, kj = _window_rows(names, s, r)
+    ih = names.var("ih")
+    dst_row = ((n * s.c + g * s.cg + ci) * s.h + ih) * s.w - s.pw + kj * s.dw
+    src_row = cols_base + r * s.p + oh * s.ow
+    span, lo, hi = _valid_span(names, s.ow, s.w, s.sw, s.pw, kj * s.dw)
+    rows_span, rlo, rhi = _valid_span(names, s.oh, s.h, s.sh, s.ph, ki * s.dh)
+    # the positions of one row land on distinct input elements, so its adds may share vector
+    # lanes (overlapping windows meet only across rows, which stay in order)
+    add = For(ow, lo, hi, [Store(dx, dst_row + ow * s.sw, cols[src_row + ow], accumulate=True)], vector=True)
+    return [For(r, _i(0), _i(s.k), lets + span + rows_span + [
+        For(oh, rlo, rhi, [Let(ih, oh * s.sh - s.ph + ki * s.dh), add])])]
 
 
 def epilogue_statements(names, program, outputs, group_shape, in_shapes, views, dtype, x_bufs, out_bufs, head: Buf,
@@ -266,6 +292,11 @@ def conv2d_grad_input_native(ctx, ins, outs):
 
 @register_native("conv2d_grad_weight", "cpu")
 def conv2d_grad_weight_native(ctx, ins, outs):
+    """dW = sum over images of g_n cols_n^T, computed transposed: each thread sums
+    cols_n g_n^T ([K, O]) into its own buffer, and the buffers are added and transposed into dW
+    at the end. The transposed product has the long K side as its rows, which the BLAS library
+    runs about 1.6x faster than [O, K] at these sizes (measured: 5.1 against 8.3 us for
+    O=16, K=144, 64 positions)."""
     dtype = ctx.dtype
     if dtype not in FLOATS:
         return None
@@ -279,28 +310,25 @@ def conv2d_grad_weight_native(ctx, ins, outs):
     dw = Buf("dw", dtype, s.o * s.k, const=False)
     cols_size = s.k * s.p
     cols = Buf("cols", dtype, threads * cols_size, const=False)
-    part = Buf("part", dtype, max(threads - 1, 1) * s.o * s.k, const=False)   # threads 1..T-1's sums
-    t, n, e = names.var("t"), names.var("n"), names.var("e")
+    sums = Buf("sums", dtype, threads * s.k * s.o, const=False)     # each thread's [K, O] sum
+    t, n, e, o, k = names.var("t"), names.var("n"), names.var("e"), names.var("o"), names.var("k")
     lo, hi = names.var("lo"), names.var("hi")
     body = [Let(lo, (t * s.n) // threads), Let(hi, ((t + 1) * s.n) // threads)]
     beta = select(n.gt(lo), 1.0, 0.0)              # each thread's first image overwrites its sum
     stmts = []
     for g in range(s.g):
         stmts += im2col(names, s, x, cols, n, g, t * cols_size)
-
-        def weight_gemm(target, offset, g=g):
-            return Gemm(False, True, _i(s.og), _i(s.k), _i(s.p), gy, (n * s.o + g * s.og) * s.p, s.p, cols,
-                        t * cols_size, s.p, target, offset, s.k, beta=beta)
-        # thread 0 sums into dw itself, the others into their part, added at the end
-        stmts.append(If(t.eq(0), [weight_gemm(dw, _i(g * s.og * s.k))],
-                        [weight_gemm(part, (t - 1) * (s.o * s.k) + g * s.og * s.k)]))
+        stmts.append(Gemm(False, True, _i(s.k), _i(s.og), _i(s.p), cols, t * cols_size, s.p,
+                          gy, (n * s.o + g * s.og) * s.p, s.p, sums, t * (s.k * s.o) + g * s.og, s.o, beta=beta))
     body.append(For(n, lo, hi, stmts))
-    kernel_body = [For(t, _i(0), _i(threads), body, parallel=threads > 1)]
-    if threads > 1:
-        kernel_body.append(For(e, _i(0), _i(s.o * s.k), [
-            Store(dw, e, part[(k - 1) * (s.o * s.k) + e], accumulate=True) for k in range(1, threads)]))
-    arrays = [ins[0], ins[1], outs[0], np.zeros(cols.size, dtype), np.zeros(part.size, dtype)]
-    return NativeCall(Kernel("conv_grad_weight", [gy, x, dw, cols, part], kernel_body, ctx.threads), arrays)
+    total = sums[k * s.o + o]
+    for other in range(1, threads):
+        total = total + sums[other * (s.k * s.o) + k * s.o + o]
+    kernel_body = [For(t, _i(0), _i(threads), body, parallel=threads > 1),
+                   For(o, _i(0), _i(s.o), [For(k, _i(0), _i(s.k), [Store(dw, o * s.k + k, total)])],
+                       parallel=threads > 1 and s.o * s.k >= 1 << 14)]
+    arrays = [ins[0], ins[1], outs[0], np.zeros(cols.size, dtype), np.zeros(sums.size, dtype)]
+    return NativeCall(Kernel("conv_grad_weight", [gy, x, dw, cols, sums], kernel_body, ctx.threads), arrays)
 
 
 def conv_epilogue_native(ctx, ins, outs):

@@ -39,6 +39,8 @@ def step_expr(op: str, a: list, attrs: dict, dtype: str):
         return maximum(a[0], a[1])
     if op == "neg":
         return -a[0]
+    if op == "scale":                  # not a graph op: a native builder's multiply by a constant
+        return a[0] * _f(attrs["factor"], dtype)
     if op in ("exp", "log", "tanh", "sqrt", "abs"):
         return call(op, a[0])
     if op == "sign":
@@ -154,9 +156,11 @@ def program_body(program, outputs, operands: dict, dtype: str, index_of, out_buf
 
 
 def elementwise_kernel(name: str, program, outputs, in_shapes, group_shape, dtype: str, views, threads: int,
-                       head: bool = False) -> tuple[Kernel, list] | None:
+                       head: bool = False, min_parallel: int = PARALLEL_MIN_ELEMENTS) -> tuple[Kernel, list] | None:
     """(kernel, parameter keys) of a program over ``group_shape``; None if a step is unsupported.
-    Parameter keys: ("x", i) for the inputs the program reads, ("o", k), and ("h",) for a head."""
+    Parameter keys: ("x", i) for the inputs the program reads, ("o", k), and ("h",) for a head.
+    The outermost loop is parallel from ``min_parallel`` elements (0 for a GPU, whose threads
+    need a parallel loop to run at all)."""
     used = sorted({r[1] for _op, args, _a in program for r in args if r[0] == "x"})
     keys = [("x", i) for i in used] + [("o", k) for k in range(len(outputs))] + ([("h",)] if head else [])
     size = int(np.prod(group_shape, dtype=np.int64)) if group_shape else 1
@@ -195,10 +199,10 @@ def elementwise_kernel(name: str, program, outputs, in_shapes, group_shape, dtyp
                         names)
     if body is None:
         return None
-    parallel = threads > 1 and size >= PARALLEL_MIN_ELEMENTS
+    parallel = threads > 1 and size >= min_parallel
     for depth in range(len(dims) - 1, -1, -1):
         body = [For(loop_vars[depth], lift(0, "int64"), lift(dims[depth], "int64"), body,
-                    parallel=parallel and depth == 0)]
+                    parallel=parallel and depth == 0, vector=depth == len(dims) - 1)]
     return Kernel(name, [bufs[k] for k in keys], body, threads), keys
 
 
@@ -241,15 +245,20 @@ for _op in ELEMENTWISE_IMPL:
 
 
 # -- matmul and its epilogue -------------------------------------------------------------------
-def gemm_tiles(m: int, n: int, threads: int, flops: int) -> tuple[int, int]:
-    """(row tiles, column tiles): rows split across threads when there are enough of them, else
-    columns (a GEMV-like product at batch 1), else none (too little work to share)."""
-    if threads <= 1 or flops < 500_000:
+def gemm_tiles(m: int, n: int, k: int, threads: int) -> tuple[int, int]:
+    """(row tiles, column tiles) for sharing one GEMM among threads, or (1, 1) when there is too
+    little work to share. Each thread's BLAS call packs its own panels of A (rows x k) and B
+    (k x columns), so the split is the one that packs less: columns when B (the weights of a
+    layer at a small batch) is the bigger operand, rows otherwise."""
+    if threads <= 1 or 2 * m * n * k < 500_000:
         return 1, 1
-    if m >= 8 * threads:
-        return threads, 1
-    if n >= 64 * threads:
+    rows_ok, cols_ok = m >= 8 * threads, n >= 64 * threads
+    by_rows = -(-m // threads) * k + k * n
+    by_cols = m * k + k * -(-n // threads)
+    if cols_ok and (not rows_ok or by_cols < by_rows):
         return 1, threads
+    if rows_ok:
+        return threads, 1
     return 1, 1
 
 
@@ -262,10 +271,12 @@ def matmul_kernel(name, a_shape, b_shape, trans_a, trans_b, dtype, threads, epil
     a = Buf("a", dtype, a_shape[0] * a_shape[1])
     b = Buf("b", dtype, b_shape[0] * b_shape[1])
     c = Buf("c", dtype, m * n, const=False)
-    row_tiles, col_tiles = gemm_tiles(m, n, threads, 2 * m * n * k)
+    row_tiles, col_tiles = gemm_tiles(m, n, k, threads)
     names = Names()
     tile = names.var("tile")
-    rows_per, cols_per = -(-m // row_tiles), -(-n // col_tiles)
+    rows_per = -(-m // row_tiles)
+    cols_per = n if col_tiles == 1 else -(-n // (16 * col_tiles)) * 16   # whole cache lines of C
+    col_tiles = -(-n // cols_per)
     r0, c0 = names.var("r"), names.var("c")
     nr, nc = names.var("nr"), names.var("nc")
     body = [Let(r0, (tile // col_tiles) * rows_per), Let(c0, (tile % col_tiles) * cols_per),

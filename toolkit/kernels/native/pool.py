@@ -1,20 +1,18 @@
-"""Generated max pooling (forward and backward) and sums over axes.
+"""Generated max pooling, forward and backward.
 
 Max pooling runs one (image, channel) plane per iteration, threads over planes. Its gradient
 finds each window's first maximum in row-major order (PyTorch's and the numpy kernel's rule)
 and adds the output gradient there, so overlapping windows accumulate as they should. Padding
-counts as -inf. Sums accumulate in double precision, then round once: closer to the exact sum
-than numpy's pairwise float32 sum, so the two agree to float32 rounding.
+counts as -inf.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from ...codegen.loops import Buf, Cast, For, If, Kernel, Let, Names, Set, Store, lift, maximum, select
+from ...codegen.loops import Buf, For, If, Kernel, Let, Names, Set, Store, lift, maximum, select
 from ...codegen.native import NativeCall
-from ...ops.rules import norm_axis
 from ..registry import register_native
-from .elementwise import FLOATS, PARALLEL_MIN_ELEMENTS
+from .elementwise import FLOATS
 
 
 def _i(v):
@@ -92,38 +90,3 @@ def max_pool2d_grad_native(ctx, ins, outs):
         For(e, _i(0), _i(h * w), [Store(dx, plane * (h * w) + e, lift(0.0, dtype))]),
         For(i, _i(0), _i(oh), [For(j, _i(0), _i(ow), stmts)])], parallel=ctx.threads > 1 and n * c * h * w >= 4096)
     return NativeCall(Kernel("max_pool_grad", [g, x, dx], [body], ctx.threads), [ins[0], ins[1], outs[0]])
-
-
-@register_native("reduce_sum", "cpu")
-def reduce_sum_native(ctx, ins, outs):
-    """Sums over any set of axes: the input as (outer, reduced, inner) blocks when the reduced
-    axes are contiguous in it (biases' gradients: (0,) on [N, C], (0, 2, 3) on NCHW is not, so
-    NCHW is read as [N, C, HW] with N and HW reduced)."""
-    dtype = ctx.dtype
-    if dtype not in FLOATS:
-        return None
-    shape = [int(d) for d in ctx.in_shapes[0]]
-    rank = len(shape)
-    axes = sorted({norm_axis(a, rank) for a in ctx.attrs["axes"]})
-    kept = [d for d in range(rank) if d not in axes]
-    if len(kept) > 1 or rank == 0:
-        return None                              # several kept axes: the numpy kernel
-    names = Names()
-    x = Buf("x", dtype, int(np.prod(shape)))
-    y = Buf("y", dtype, int(np.prod(ctx.out_shapes[0])) or 1, const=False)
-    acc = names.var("acc", "float64")
-    if not kept:                                 # everything: one sum
-        e = names.var("e")
-        body = [Let(acc, lift(0.0, "float64")),
-                For(e, _i(0), _i(int(np.prod(shape))), [Set(acc, acc + Cast("float64", x[e]))], reduction=acc),
-                Store(y, _i(0), Cast(dtype, acc))]
-        return NativeCall(Kernel("sum_all", [x, y], body, 1), [ins[0], outs[0]])
-    k = kept[0]
-    outer, mid, inner = int(np.prod(shape[:k])), shape[k], int(np.prod(shape[k + 1:]))
-    ch, a, b = names.var("ch"), names.var("a"), names.var("b")
-    body = For(ch, _i(0), _i(mid), [
-        Let(acc, lift(0.0, "float64")),
-        For(a, _i(0), _i(outer), [For(b, _i(0), _i(inner), [
-            Set(acc, acc + Cast("float64", x[(a * mid + ch) * inner + b]))], reduction=acc)]),
-        Store(y, ch, Cast(dtype, acc))], parallel=ctx.threads > 1 and outer * mid * inner >= PARALLEL_MIN_ELEMENTS)
-    return NativeCall(Kernel("sum_axes", [x, y], [body], ctx.threads), [ins[0], outs[0]])

@@ -1,0 +1,102 @@
+"""Generated reductions: reduce_sum and reduce_mean over any axes, the mean's gradient, and the
+Bessel correction of BatchNorm's running variance.
+
+A reduction views its input as (outer, kept, inner) blocks once neighbouring axes of one kind
+are merged: the kept axes must form one run (a bias gradient [N, C] -> [C], BatchNorm's
+statistics [N, C, H, W] -> [C], global pooling [N, C, H, W] -> [N, C]); any other pattern stays
+with the numpy kernel. Sums accumulate in double precision and round once, which is closer to
+the exact sum than numpy's pairwise float32 sum, so the two agree to float32 rounding.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ...codegen.loops import Buf, Cast, For, Kernel, Let, Names, Set, Store, lift
+from ...codegen.native import NativeCall
+from ...ops.reduce import bessel_factor, reduced_count
+from ...ops.rules import norm_axis
+from ..registry import register_native
+from .elementwise import FLOATS, PARALLEL_MIN_ELEMENTS, elementwise_kernel, _arrays_for
+
+
+def _i(v):
+    return lift(int(v), "int64")
+
+
+def _blocks(shape, axes) -> tuple[int, int, int] | None:
+    """(outer, kept, inner) sizes when the kept axes are one run, else None."""
+    kept = [d for d in range(len(shape)) if d not in axes]
+    if not kept:
+        return 1, 1, int(np.prod(shape))
+    if kept != list(range(kept[0], kept[-1] + 1)):
+        return None
+    return (int(np.prod(shape[:kept[0]])), int(np.prod(shape[kept[0]:kept[-1] + 1])),
+            int(np.prod(shape[kept[-1] + 1:])))
+
+
+def reduction_kernel(name: str, shape, axes, dtype: str, scale: float, threads: int) -> Kernel | None:
+    """y[k] = scale * sum of x over the reduced axes, for each kept position k."""
+    axes = sorted({norm_axis(a, len(shape)) for a in axes})
+    blocks = _blocks(shape, axes) if shape else (1, 1, 1)
+    if blocks is None:
+        return None
+    outer, mid, inner = blocks
+    names = Names()
+    x = Buf("x", dtype, outer * mid * inner)
+    y = Buf("y", dtype, mid, const=False)
+    acc = names.var("acc", "float64")
+    ch, a, b = names.var("ch"), names.var("a"), names.var("b")
+    total = Cast(dtype, acc * lift(float(scale), "float64")) if scale != 1 else Cast(dtype, acc)
+    if outer == 1:                     # each kept position sums one contiguous run
+        inner_loop = For(b, _i(0), _i(inner), [Set(acc, acc + Cast("float64", x[ch * inner + b]))], reduction=acc)
+    else:
+        inner_loop = For(a, _i(0), _i(outer), [For(b, _i(0), _i(inner), [
+            Set(acc, acc + Cast("float64", x[(a * mid + ch) * inner + b]))], reduction=acc)])
+    body = For(ch, _i(0), _i(mid), [Let(acc, lift(0.0, "float64")), inner_loop, Store(y, ch, total)],
+               parallel=threads > 1 and mid > 1 and outer * mid * inner >= PARALLEL_MIN_ELEMENTS)
+    return Kernel(name, [x, y], [body], threads)
+
+
+@register_native("reduce_sum", "cpu")
+def reduce_sum_native(ctx, ins, outs):
+    if ctx.dtype not in FLOATS:
+        return None
+    kernel = reduction_kernel("sum_axes", [int(d) for d in ctx.in_shapes[0]], ctx.attrs["axes"], ctx.dtype, 1,
+                              ctx.threads)
+    return None if kernel is None else NativeCall(kernel, [ins[0], outs[0]])
+
+
+@register_native("reduce_mean", "cpu")
+def reduce_mean_native(ctx, ins, outs):
+    if ctx.dtype not in FLOATS:
+        return None
+    shape = [int(d) for d in ctx.in_shapes[0]]
+    count = int(np.prod(shape)) // max(int(np.prod(ctx.out_shapes[0])), 1) if shape else 1
+    if count == 0:
+        return None                    # a mean of nothing is NaN: the numpy kernel says so
+    kernel = reduction_kernel("mean_axes", shape, ctx.attrs["axes"], ctx.dtype, 1.0 / count, ctx.threads)
+    return None if kernel is None else NativeCall(kernel, [ins[0], outs[0]])
+
+
+def _scaled(name: str, ctx, ins, outs, factor: float):
+    """out = in * factor, the input broadcast over the output's shape."""
+    if ctx.dtype not in FLOATS:
+        return None
+    program = (("scale", (("x", 0),), (("factor", float(factor)),)),)
+    built = elementwise_kernel(name, program, (0,), ctx.in_shapes, tuple(ctx.out_shapes[0]), ctx.dtype, (),
+                               ctx.threads)
+    if built is None:
+        return None
+    kernel, keys = built
+    return NativeCall(kernel, _arrays_for(keys, ins, outs))
+
+
+@register_native("reduce_mean_grad", "cpu")
+def reduce_mean_grad_native(ctx, ins, outs):
+    count = int(reduced_count(ctx.attrs["shape"], ctx.attrs["axes"]))
+    return _scaled("mean_grad", ctx, ins, outs, 1.0 / count) if count else None
+
+
+@register_native("bessel_correct", "cpu")
+def bessel_correct_native(ctx, ins, outs):
+    return _scaled("bessel", ctx, ins, outs, bessel_factor(ctx.attrs["count"]))
