@@ -54,7 +54,7 @@ def test_split_inference_matches_the_interpreter(net, rng, split_everything, thr
     graph = forward_graph(net, "infer", "float64")
     weights = weights_of(net, graph, rng)
     x = rng.standard_normal((batch, 2, 12, 12))
-    plan = Plan(graph, {"N": batch}, weights, threads=threads)
+    plan = Plan(graph, {"N": batch}, weights, threads=threads, native=False)   # the numpy split path
     assert (plan.split_steps > 0) == (batch >= threads)
     expected, _ = interpret(graph, {"data": x}, weights)
     np.testing.assert_allclose(plan.run({"data": x})["prob"], expected["prob"], rtol=1e-12, atol=1e-14)
@@ -67,7 +67,7 @@ def test_split_train_step_matches_the_interpreter(net, rng, split_everything):
             **host_values(SolverConfig(momentum=0.9), 0.1, 1, "float64")}
     _, expected = interpret(graph, feed, weights)
     live = {k: v.copy() for k, v in weights.items()}
-    plan = Plan(graph, {"N": 6}, live, threads=2)
+    plan = Plan(graph, {"N": 6}, live, threads=2, native=False)   # the numpy split path
     kinds = {parallel.split_kind(n)[0] for n in plan.steps if parallel.split_kind(n)}
     assert kinds == {"rows", "sum"}            # both ways of splitting are exercised
     plan.run(feed)
