@@ -225,17 +225,23 @@ def fused_elementwise_native(ctx, ins, outs):
     return NativeCall(kernel, _arrays_for(keys, ins, outs))
 
 
+def one_step_call(name: str, step, ctx, ins, outs):
+    """A single program step over the output's shape, its inputs broadcast: a NativeCall, or
+    None where a dtype differs or the step is unsupported."""
+    if ctx.dtype not in FLOATS or any(a.dtype != np.dtype(ctx.dtype) for a in list(ins) + list(outs)):
+        return None
+    built = elementwise_kernel(name, (step,), (0,), ctx.in_shapes, tuple(ctx.out_shapes[0]), ctx.dtype, (),
+                               ctx.threads)
+    if built is None:
+        return None
+    kernel, keys = built
+    return NativeCall(kernel, _arrays_for(keys, ins, outs))
+
+
 def _single_op(op):
     def builder(ctx, ins, outs):
-        if ctx.dtype not in FLOATS or any(a.dtype != np.dtype(ctx.dtype) for a in list(ins) + list(outs)):
-            return None
-        program = ((op, tuple(("x", i) for i in range(len(ins))), tuple(sorted(ctx.attrs.items()))),)
-        built = elementwise_kernel(op, program, (0,), ctx.in_shapes, tuple(ctx.out_shapes[0]), ctx.dtype, (),
-                                   ctx.threads)
-        if built is None:
-            return None
-        kernel, keys = built
-        return NativeCall(kernel, _arrays_for(keys, ins, outs))
+        step = (op, tuple(("x", i) for i in range(len(ins))), tuple(sorted(ctx.attrs.items())))
+        return one_step_call(op, step, ctx, ins, outs)
     return builder
 
 

@@ -16,7 +16,7 @@ from ...codegen.native import NativeCall
 from ...ops.reduce import bessel_factor, reduced_count
 from ...ops.rules import norm_axis
 from ..registry import register_native
-from .elementwise import FLOATS, PARALLEL_MIN_ELEMENTS, elementwise_kernel, _arrays_for
+from .elementwise import FLOATS, PARALLEL_MIN_ELEMENTS, one_step_call
 
 
 def _i(v):
@@ -80,15 +80,7 @@ def reduce_mean_native(ctx, ins, outs):
 
 def _scaled(name: str, ctx, ins, outs, factor: float):
     """out = in * factor, the input broadcast over the output's shape."""
-    if ctx.dtype not in FLOATS:
-        return None
-    program = (("scale", (("x", 0),), (("factor", float(factor)),)),)
-    built = elementwise_kernel(name, program, (0,), ctx.in_shapes, tuple(ctx.out_shapes[0]), ctx.dtype, (),
-                               ctx.threads)
-    if built is None:
-        return None
-    kernel, keys = built
-    return NativeCall(kernel, _arrays_for(keys, ins, outs))
+    return one_step_call(name, ("scale", (("x", 0),), (("factor", float(factor)),)), ctx, ins, outs)
 
 
 @register_native("reduce_mean_grad", "cpu")
