@@ -130,6 +130,20 @@ def epilogue_statements(names, program, outputs, group_shape, in_shapes, views, 
     return [For(o, o_lo, o_hi, [For(y, _i(0), _i(hh), [For(z, _i(0), _i(ww), body)])])]
 
 
+def _epilogue_buffers(program, ctx, ins, outs, shape, params: list, arrays: list):
+    """The buffers of a fused epilogue's program (the inputs it reads, its outputs over
+    ``shape``), appended to the kernel's params and arrays; ({}, []) without a program."""
+    if program is None:
+        return {}, []
+    dtype = ctx.dtype
+    used = sorted({r[1] for _op, args, _a in program[0] for r in args if r[0] == "x"})
+    x_bufs = {i: Buf(f"e{i}", dtype, int(np.prod(ctx.in_shapes[i]))) for i in used}
+    out_bufs = [Buf(f"out{j}", dtype, int(np.prod(shape)), const=False) for j in range(len(program[1]))]
+    params += list(x_bufs.values()) + out_bufs
+    arrays += [ins[i] for i in used] + list(outs)
+    return x_bufs, out_bufs
+
+
 def _forward(ctx, ins, outs, pool, program=None):
     """conv2d (+bias) [+max pool] [+elementwise program] as one kernel; None where unsupported."""
     dtype = ctx.dtype
@@ -162,13 +176,7 @@ def _forward(ctx, ins, outs, pool, program=None):
     params = [x, w] + ([b] if b else []) + [y, cols] + ([tmp] if tmp else [])
     arrays = [ins[0], ins[1]] + ([ins[2]] if b else []) + [outs[0], np.zeros(cols.size, dtype)] + \
              ([np.zeros(tmp.size, dtype)] if tmp else [])
-    x_bufs, out_bufs = {}, []
-    if program is not None:
-        used = sorted({r[1] for _op, args, _a in program[0] for r in args if r[0] == "x"})
-        x_bufs = {i: Buf(f"e{i}", dtype, int(np.prod(ctx.in_shapes[i]))) for i in used}
-        out_bufs = [Buf(f"out{j}", dtype, int(np.prod(out_shape)), const=False) for j in range(len(program[1]))]
-        params += list(x_bufs.values()) + out_bufs
-        arrays += [ins[i] for i in used] + list(outs)
+    x_bufs, out_bufs = _epilogue_buffers(program, ctx, ins, outs, out_shape, params, arrays)
 
     def finish(n, slot, o_lo, o_hi) -> list | None:
         """Channels [o_lo, o_hi) of image n, whose GEMM result is in y (or tmp's slot)."""
@@ -259,13 +267,7 @@ def _grad_input(ctx, ins, outs, program=None):
     cols = Buf("cols", dtype, threads * cols_size, const=False)
     params = [gy, w, dx, cols]
     arrays = [ins[0], ins[1], outs[0], np.zeros(cols.size, dtype)]
-    x_bufs, out_bufs = {}, []
-    if program is not None:
-        used = sorted({r[1] for _op, args, _a in program[0] for r in args if r[0] == "x"})
-        x_bufs = {i: Buf(f"e{i}", dtype, int(np.prod(ctx.in_shapes[i]))) for i in used}
-        out_bufs = [Buf(f"out{j}", dtype, int(np.prod(x_shape)), const=False) for j in range(len(program[1]))]
-        params += list(x_bufs.values()) + out_bufs
-        arrays += [ins[i] for i in used] + list(outs)
+    x_bufs, out_bufs = _epilogue_buffers(program, ctx, ins, outs, x_shape, params, arrays)
     n, slot, e = names.var("n"), names.var("slot"), names.var("e")
     image = s.c * s.h * s.w
     body = [Let(slot, ThreadIndex()), For(e, _i(0), _i(image), [Store(dx, n * image + e, lift(0.0, dtype))])]
