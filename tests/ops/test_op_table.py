@@ -393,6 +393,10 @@ CONV = [
     ("depthwise", (1, 3, 6, 6), (3, 1, 3, 3), (1, 1), (1, 1), (1, 1), 3),
     ("1x1", (3, 5, 4, 3), (2, 5, 1, 1), (1, 1), (0, 0), (1, 1), 1),
     ("mixed-dil12-g2", (2, 4, 7, 9), (4, 2, 2, 3), (1, 2), (1, 2), (1, 2), 2),
+    # stride 1: the native input gradient gathers (flipped weight, padding k-1-pad), except where
+    # the padding reaches the kernel size
+    ("group2-s1-k23-p10", (2, 4, 6, 5), (6, 2, 2, 3), (1, 1), (1, 0), (1, 1), 2),
+    ("1x1-p1", (2, 3, 4, 4), (2, 3, 1, 1), (1, 1), (1, 1), (1, 1), 1),
     # output widths >= 16 take the CPU kernels' NCHW layout instead of the batch-last one
     ("wide-nchw-p1", (2, 2, 5, 20), (3, 2, 3, 3), (1, 1), (1, 1), (1, 1), 1),
     ("wide-nchw-s12-dil-g2", (1, 4, 6, 40), (4, 2, 3, 3), (1, 2), (1, 1), (1, 2), 2),
