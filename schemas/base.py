@@ -11,6 +11,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.\-/]+$")]
 Phase = Literal["train", "test", "infer"]
+# where a layer runs: cpu or gpu, or one of several (cpu:1, gpu:0)
+DeviceName = Annotated[str, Field(pattern=r"^(cpu|gpu)(:[0-9]+)?$")]
 PHASES: tuple[str, ...] = ("train", "test", "infer")
 DType = Literal["float32", "float64", "int32", "int64"]
 PositiveInt = Annotated[StrictInt, Field(gt=0)]
@@ -78,6 +80,7 @@ class LayerBase(Strict):
     top: Union[Name, list[Name]] = []
     phase: Union[Phase, list[Phase], None] = None
     loss_weight: Union[Number, list[Number], None] = None
+    device: Optional[DeviceName] = None
 
     # How many bottoms and tops the layer takes: (least, most), most None for no limit.
     BOTTOMS: ClassVar[tuple[int, Optional[int]]] = (1, 1)

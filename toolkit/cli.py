@@ -18,6 +18,19 @@ class _Parser(argparse.ArgumentParser):
         raise UserError(f"{message} (see '{self.prog} --help')")
 
 
+def _device_name(text: str) -> str:
+    from .runtime.devices import parse_device
+    from .errors import UserError
+    try:
+        return parse_device(text).name
+    except UserError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+DEVICE_HELP = "cpu (default) or gpu; cpu:N / gpu:N name one of several"
+DTYPES = ["float32", "float64", "float16", "bfloat16"]
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -74,8 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input", action="append", required=True, metavar="[NAME=]FILE",
                    help=".npy or .npz; repeat for several inputs")
     p.add_argument("--output", help=".npz (keyed by output name) or .npy (one output); default: print")
-    p.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
-    p.add_argument("--dtype", choices=["float32", "float64"], default=None)
+    p.add_argument("--device", type=_device_name, default="cpu", help=DEVICE_HELP)
+    p.add_argument("--dtype", choices=DTYPES, default=None,
+                   help="float16 and bfloat16 accumulate in float32; on cpu they run as float32")
     p.add_argument("--buckets", type=_buckets, default=None, help="batch bucket sizes, e.g. 1,2,4,8")
     p.add_argument("--allow-missing", action="store_true", help="start absent weights from their fillers")
     _optimize_flags(p)
@@ -86,8 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--train", action="store_true", help="time forward + backward + SGD update")
     p.add_argument("--iters", type=_positive_int, default=50)
     p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
-    p.add_argument("--dtype", choices=["float32", "float64"], default=None)
+    p.add_argument("--device", type=_device_name, default="cpu", help=DEVICE_HELP)
+    p.add_argument("--dtype", choices=DTYPES, default=None,
+                   help="float16 and bfloat16 accumulate in float32; on cpu they run as float32")
     p.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE",
                    help="value of another symbolic dimension, e.g. T=32")
     p.add_argument("--lr", type=float, default=None,
@@ -107,14 +122,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="run folder (default runs/NAME)")
     p.add_argument("--weights", help="start from these weights")
     p.add_argument("--resume", metavar="DIR", help="continue exactly from a run folder or checkpoint")
-    p.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
+    p.add_argument("--device", type=_device_name, default="cpu", help=DEVICE_HELP)
     _optimize_flags(p)
 
     p = sub.add_parser("test", help="run the test phase over the net's test data and print the metrics")
     p.add_argument("net", help="a net file or zoo:NAME")
     p.add_argument("--weights", help="weights file (default for zoo:NAME: the model's published weights)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides")
-    p.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
+    p.add_argument("--device", type=_device_name, default="cpu", help=DEVICE_HELP)
     _optimize_flags(p)
 
     p = sub.add_parser("data", help="export the net's training data (train or test split) as .npz")

@@ -526,7 +526,7 @@ def test_output_failure_is_reported_before_the_run(tiny, tmp_path, monkeypatch):
     ([], ("required", "COMMAND")),
     (["infer", "NET", "--input", "x.npy"], ("--weights",)),
     (["infer", "NET", "--weights", "w.npz", "--input", "x.npy", "--buckets", "0,4"], ("--buckets",)),
-    (["infer", "NET", "--weights", "w.npz", "--input", "x.npy", "--dtype", "float16"], ("--dtype", "float16")),
+    (["infer", "NET", "--weights", "w.npz", "--input", "x.npy", "--dtype", "int8"], ("--dtype", "int8")),
     (["check", "NET", "--phase", "deploy"], ("--phase", "deploy")),
     (["check", "NET", "--no-such-flag"], ("--no-such-flag",)),
     (["bench", "NET", "--batch", "2", "--dim", "T"], ("--dim", "NAME=SIZE")),

@@ -291,6 +291,9 @@ for s, axes in [((6, 3, 4, 5), (0, 2, 3)), ((5, 7), (0,)), ((2, 3, 4), (0, 2))]:
     case("bessel_correct", f"{s}-{axes}", _bessel_make, _bessel_ref, attrs=dict(count=count))
 
 # data movement
+for s, src, dst in [((2, 3, 4), "cpu", "cpu:1"), ((5,), "cpu:1", "cpu")]:
+    case("transfer", f"{s}-{src}-{dst}", lambda r, s=s: [uni(r, s)], lambda x: np.array(x.tolist()),
+         attrs=dict(src=src, dst=dst))
 for s, target in [((2, 3, 4), (6, 4)), ((2, 3, 4), (4, 1, 6)), ((5,), (1, 5, 1)), ((3, 1), (3,))]:
     case("reshape", f"{s}->{target}", lambda r, s=s: [uni(r, s)],
          lambda x, target=target: np.array(x.ravel().tolist()).reshape(target), attrs=dict(shape=target))

@@ -5,6 +5,8 @@ from pathlib import Path
 
 import pytest
 
+from toolkit.runtime.devices import gpu_available
+
 from toolkit.cli import main
 from toolkit.kernels import KERNELS, KernelMissing, load_device
 
@@ -26,8 +28,17 @@ def test_the_any_dtype_entry_is_an_explicit_fallback():
         KERNELS.lookup("no_such_op", "cpu", "float32")
 
 
-def test_asking_for_an_absent_device_is_a_user_error(capsys):
+@pytest.mark.skipif(gpu_available(), reason="this machine has a GPU: --device gpu runs")
+def test_asking_for_an_absent_gpu_is_a_user_error(capsys):
     lenet = Path(__file__).resolve().parents[2] / "benchmarks" / "nets" / "lenet.yaml"
     assert main(["bench", str(lenet), "--batch", "2", "--device", "gpu"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: device 'gpu' is not available") and "Traceback" not in err
+    assert err.startswith("error: --device gpu needs CuPy") and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_a_malformed_device_name_is_a_usage_error(capsys):
+    lenet = Path(__file__).resolve().parents[2] / "benchmarks" / "nets" / "lenet.yaml"
+    assert main(["bench", str(lenet), "--batch", "2", "--device", "tpu"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown device 'tpu'" in err and "Traceback" not in err

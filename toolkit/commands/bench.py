@@ -15,7 +15,7 @@ from ..runtime.plan import Plan
 from ..runtime.session import batch_bindings
 from ..train.solvers import host_values
 from .bench_layers import format_table, json_rows, per_layer_table
-from .devices import check_device
+from .devices import check_device, resolve_dtype
 
 
 def parse_dims(items: list[str]) -> dict[str, int]:
@@ -82,7 +82,7 @@ def bench_plan(net: Net, batch: int, train: bool, dtype: str | None = None, disa
     else:
         weights = stand_in_weights(net.init_weights(seed=0, dtype=dtype))
     if train:
-        graph = train_step_graph(net, solver, dtype, disable)
+        graph = train_step_graph(net, solver, dtype, disable, device)
     else:
         graph = forward_graph(net, "infer", dtype, disable=disable, weights=weights)
     bindings = batch_bindings(graph, batch, dims or {})
@@ -97,7 +97,8 @@ def bench_plan(net: Net, batch: int, train: bool, dtype: str | None = None, disa
 
 
 def run_bench(args) -> int:
-    check_device(args.device)
+    args.device = check_device(args.device)
+    args.dtype = resolve_dtype(args.dtype, args.device)
     net = Net.load(args.net)
     disable = disabled_passes(net, args.disable, args.no_optimize)
     solver = solver_config(net)

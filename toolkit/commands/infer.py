@@ -7,11 +7,12 @@ from ..compile import disabled_passes, optimize
 from ..frontend import Net
 from ..runtime.session import DEFAULT_BUCKETS, InferSession
 from .io import check_output_path, read_inputs, write_outputs
-from .devices import check_device
+from .devices import check_device, resolve_dtype
 
 
 def run_infer(args) -> int:
-    check_device(args.device)
+    args.device = check_device(args.device)
+    args.dtype = resolve_dtype(args.dtype, args.device)
     net = Net.load(args.net)
     disable = disabled_passes(net, args.disable, args.no_optimize)
     graph = net.graph("infer", args.dtype)

@@ -140,6 +140,7 @@ class Net:
         if lowered.problems:
             raise SpecError(*lowered.problems)
         graph, blobs = lowered.graph, lowered.blobs
+        graph.layer_devices = {layer.name: layer.device for layer in self.spec.layers if layer.device}
         if outputs is None and phase == "infer" and self.spec.outputs:
             outputs = list(self.spec.outputs)
         if outputs is not None:

@@ -114,6 +114,8 @@ class Graph:
     losses: dict[str, float] = field(default_factory=dict)
     # where the kernels will run: fusions ask the registry whether a fused kernel exists there
     device: str = "cpu"
+    # layer name -> device, for the layers whose net file says ``device:`` (runtime/devices.py)
+    layer_devices: dict = field(default_factory=dict)
     # passes switched off for this graph (the plan reads 'plan_memory' from here)
     disabled: frozenset = frozenset()
     # one line per change a pass made, for `toolkit compile --explain`

@@ -93,8 +93,17 @@ register_native = KERNELS.register_native
 
 
 def load_device(device: str) -> None:
-    """Import the kernel modules of a device (cupy only when a GPU is asked for)."""
-    if device == "cpu":
+    """Import the kernel modules of a device's kind (cupy only when a GPU is asked for)."""
+    from ..runtime.devices import parse_device
+    kind = parse_device(device).kind
+    if kind == "cpu":
         from . import cpu, native  # noqa: F401
     else:
-        raise KernelMissing(f"unknown device '{device}' (available: cpu)")
+        from . import gpu  # noqa: F401  (imports cupy: a UserError where it cannot run)
+
+
+def load_graph_devices(graph) -> None:
+    """Import the kernels of every device a graph's nodes run on (fusions ask what exists)."""
+    from ..runtime.devices import graph_devices
+    for device in graph_devices(graph):
+        load_device(device.name)

@@ -4,17 +4,18 @@ from __future__ import annotations
 
 from ..ir.graph import Graph, Node
 from ..ops.base import get_op
+from ..runtime.devices import node_device
 from .rewrite import CONSTANT_OPS, Substitution, note
 
 # a + b == b + a and a * b == b * a exactly in IEEE arithmetic (and with numpy broadcasting)
 COMMUTATIVE = frozenset({"add", "mul"})
 
 
-def _key(node: Node) -> tuple | None:
+def _key(node: Node, where) -> tuple | None:
     ids = [v.id for v in node.inputs]
     if node.op in COMMUTATIVE:
         ids.sort()
-    key = (node.op, tuple(ids), tuple(sorted(node.attrs.items())))
+    key = (node.op, tuple(ids), tuple(sorted(node.attrs.items())), where)
     try:
         hash(key)
     except TypeError:           # an attribute that cannot be compared cheaply: leave the node alone
@@ -24,7 +25,7 @@ def _key(node: Node) -> tuple | None:
 
 def eliminate_common(graph: Graph) -> Graph:
     """Pure nodes with the same op, inputs and attributes compute the same values: the first stays
-    and the later ones' readers use it (constants are dedup_constants' job; random ops never merge)."""
+    and the later ones' readers use it, where both run on one device (constants are dedup_constants' job; random ops never merge)."""
     seen: dict[tuple, Node] = {}
     subst = Substitution()
     kept: list[Node] = []
@@ -34,7 +35,7 @@ def eliminate_common(graph: Graph) -> Graph:
         if node.op in CONSTANT_OPS or not get_op(node.op).pure:
             kept.append(node)
             continue
-        key = _key(node)
+        key = _key(node, node_device(graph, node) if graph.layer_devices else None)
         first = seen.get(key) if key is not None else None
         if first is not None:
             for out, same in zip(node.outputs, first.outputs):

@@ -8,9 +8,10 @@ reader closes the group (else that reader would run before the value exists).
 from __future__ import annotations
 
 from ..ir.graph import Graph, Node, Value
-from ..kernels.registry import KERNELS, load_device
+from ..kernels.registry import KERNELS, load_graph_devices
 from ..ops.base import get_op
 from ..ops.fused import EPILOGUE_HEADS, POOL_PREFIX, make_step
+from ..runtime.devices import node_device
 from .rewrite import kept_ids, note
 
 # Elementwise ops a fused program may hold: pure, one output, same dtype in and out.
@@ -21,19 +22,19 @@ def fuse_conv_max_pool(graph: Graph) -> Graph:
     """conv2d -> max_pool2d becomes conv2d_max_pool2d when the convolution's output is read by
     that pooling alone (so never in a train graph, whose pooling gradient reads it too), is not
     a graph output, and the pooling is unpadded and floor-mode (its windows stay inside)."""
-    device = graph.device
-    load_device(device)
+    load_graph_devices(graph)
     readers = graph.consumers()
     kept = kept_ids(graph)
     new_nodes: list[Node] = []
     for node in graph.nodes:
         if node.op == "max_pool2d":
             conv = node.inputs[0].producer
-            ok = (conv is not None and conv.op == "conv2d"
+            device = node_device(graph, node)
+            ok = (conv is not None and conv.op == "conv2d" and node_device(graph, conv) == device
                   and len(readers.get(node.inputs[0].id, [])) == 1
                   and node.inputs[0].id not in kept
                   and node.attrs["pad"] == (0, 0) and not node.attrs["ceil_mode"]
-                  and KERNELS.has("conv2d_max_pool2d", device, node.outputs[0].dtype))
+                  and KERNELS.has("conv2d_max_pool2d", device.kind, node.outputs[0].dtype))
             if ok:
                 attrs = dict(conv.attrs)
                 attrs.update({POOL_PREFIX + k: v for k, v in node.attrs.items()})
@@ -58,9 +59,10 @@ def _fusable(node: Node) -> bool:
 
 
 class _Group:
-    def __init__(self, node: Node):
+    def __init__(self, node: Node, device):
         self.members = [node]
         self.type = node.outputs[0].type
+        self.device = device
         self.open = True
 
     def produced(self) -> set[int]:
@@ -124,16 +126,18 @@ def _replace_group(graph: Graph, members: list[Node], fused: Node, leaving: list
 def fuse_elementwise(graph: Graph) -> Graph:
     """Chains and trees of elementwise ops of one shape and dtype become one fused_elementwise
     op that passes over memory once; values read outside the group become its outputs."""
-    load_device(graph.device)
+    load_graph_devices(graph)
     owner: dict[int, _Group] = {}
     groups: list[_Group] = []
     order = {id(n): i for i, n in enumerate(graph.nodes)}
     for node in graph.nodes:
         joined: list[_Group] = []
+        device = node_device(graph, node)
         if _fusable(node):
             for v in node.inputs:
                 g = owner.get(v.id)
-                if g is not None and g.open and g.type == node.outputs[0].type and g not in joined:
+                if (g is not None and g.open and g.type == node.outputs[0].type and g.device == device
+                        and g not in joined):
                     joined.append(g)
         for v in node.inputs:                 # an outside reader closes the group it reads
             g = owner.get(v.id)
@@ -152,14 +156,14 @@ def fuse_elementwise(graph: Graph) -> Graph:
             target.members.sort(key=lambda n: order[id(n)])
             owner[node.outputs[0].id] = target
         elif _fusable(node):
-            g = _Group(node)
+            g = _Group(node, device)
             groups.append(g)
             owner[node.outputs[0].id] = g
 
     kept = kept_ids(graph)
     readers = graph.consumers()
     for g in groups:
-        if not KERNELS.has("fused_elementwise", graph.device, g.type.dtype):
+        if not KERNELS.has("fused_elementwise", g.device.kind, g.type.dtype):
             continue
         inside = {id(n) for n in g.members}
 
@@ -200,7 +204,7 @@ def fuse_epilogue(graph: Graph) -> Graph:
     """A GEMM or convolution whose result only an elementwise op or group reads becomes one
     fused_epilogue op: the program runs on the head's output while it is still in cache (bias,
     activation, residual add, scaling)."""
-    load_device(graph.device)
+    load_graph_devices(graph)
     readers = graph.consumers()
     kept = kept_ids(graph)
     for node in list(graph.nodes):
@@ -213,10 +217,12 @@ def fuse_epilogue(graph: Graph) -> Graph:
         else:
             continue
         group_type = node.outputs[0].type
+        device = node_device(graph, node)
         head = next((v.producer for v, view in zip(node.inputs, views)
                      if not view and v.producer is not None and _can_head(v.producer) and v.type == group_type
-                     and v.id not in kept and len(readers.get(v.id, [])) == 1), None)
-        if head is None or not KERNELS.has("fused_epilogue", graph.device, group_type.dtype):
+                     and v.id not in kept and len(readers.get(v.id, [])) == 1
+                     and node_device(graph, v.producer) == device), None)
+        if head is None or not KERNELS.has("fused_epilogue", device.kind, group_type.dtype):
             continue
         head_value = head.outputs[0]
         inputs = list(head.inputs)

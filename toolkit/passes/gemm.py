@@ -21,6 +21,7 @@ import numpy as np
 
 from ..ir.dims import is_static
 from ..ir.graph import FLOAT_DTYPES, Graph, Node, Value
+from ..runtime.devices import node_device
 from .rewrite import CONSTANT_OPS, Emitter, Substitution, kept_ids, note
 
 # Rule 3 only batches products this small (M*N*K multiply-adds each): above it, the copies that
@@ -77,8 +78,9 @@ def _shared_operand_groups(graph: Graph) -> dict[tuple, list[Node]]:
             continue
         ta, tb = node.attrs["trans_a"], node.attrs["trans_b"]
         a, b = node.inputs
-        groups.setdefault((a.id, "a", ta, tb), []).append(node)
-        groups.setdefault((b.id, "b", ta, tb), []).append(node)
+        where = node_device(graph, node)           # one GEMM never spans two devices
+        groups.setdefault((a.id, "a", ta, tb, where), []).append(node)
+        groups.setdefault((b.id, "b", ta, tb, where), []).append(node)
     return groups
 
 
@@ -114,7 +116,7 @@ def _batch_shared(graph: Graph, subst: Substitution, inserts, places: _Places, d
     notes = []
     order = _layer_order(graph)
     kept = kept_ids(graph)
-    for (shared_id, role, ta, tb), nodes in _shared_operand_groups(graph).items():
+    for (shared_id, role, ta, tb, _where), nodes in _shared_operand_groups(graph).items():
         # the other operands are concatenated along the axis that becomes the result's columns
         # (shared a: b's N axis) or rows (shared b: a's M axis); it must have a fixed size
         axis = (0 if tb else 1) if role == "a" else (1 if ta else 0)
@@ -190,8 +192,10 @@ def _batch_sums(graph: Graph, subst: Substitution, inserts, places: _Places, don
         terms.sort(key=lambda t: (order[_layer_of(t)], places.pos[id(t)]))
         ta, tb = terms[0].attrs["trans_a"], terms[0].attrs["trans_b"]
         a_axis, b_axis = (0 if ta else 1), (1 if tb else 0)
+        where = node_device(graph, node)
         if any(t.attrs["trans_a"] != ta or t.attrs["trans_b"] != tb or t.outputs[0].type != out.type
-               or not is_static(t.inputs[0].shape[a_axis]) or id(t) in done for t in terms):
+               or not is_static(t.inputs[0].shape[a_axis]) or id(t) in done
+               or node_device(graph, t) != where for t in terms):
             continue
         b = Emitter(node.scope)
         joined_a = b.op("concat", *[t.inputs[0] for t in terms], axis=a_axis)
@@ -220,8 +224,9 @@ def _batch_independent(graph: Graph, subst: Substitution, inserts, places: _Plac
         cols = b.shape[0] if node.attrs["trans_b"] else b.shape[1]
         if rows * cols * inner > SMALL_PRODUCT:
             continue
-        groups.setdefault((a.type, b.type, node.attrs["trans_a"], node.attrs["trans_b"]), []).append(node)
-    for (_ta, _tb, trans_a, trans_b), nodes in groups.items():
+        groups.setdefault((a.type, b.type, node.attrs["trans_a"], node.attrs["trans_b"], node_device(graph, node)),
+                          []).append(node)
+    for (_ta, _tb, trans_a, trans_b, _where), nodes in groups.items():
         nodes = _largest_fitting(nodes, places) if len(nodes) > 1 else []
         if len(nodes) < 2:
             continue
@@ -259,6 +264,8 @@ def _batch_bias_gradients(graph: Graph, subst: Substitution, inserts, places: _P
                     target = uses[0].outputs[0]
             sums.append(target)
         if sum(t is not None for t in sums) < 2:
+            continue
+        if any(t is not None and node_device(graph, t.producer) != node_device(graph, node) for t in sums):
             continue
         position = places.pos[id(node)] + 1
         if any(t is not None and places.first_read.get(t.id, 1 << 30) < position for t in sums):

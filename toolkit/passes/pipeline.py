@@ -22,6 +22,7 @@ from .constants import dedup_constants, fold_constants
 from .cse import eliminate_common
 from .fuse import fuse_conv_max_pool, fuse_elementwise, fuse_epilogue
 from .gemm import batch_gemms
+from .place import place_devices
 from .prune import eliminate_dead_code
 from .rewrite import fingerprint
 from .simplify import simplify
@@ -57,6 +58,8 @@ PIPELINE: list[Stage] = [
           "chains of elementwise ops of one shape as one blocked pass over memory"),
     Stage("fuse_epilogue", fuse_epilogue,
           "a GEMM or convolution and the elementwise ops on its result as one kernel"),
+    Stage("place_devices", place_devices,
+          "a transfer wherever a value crosses from one device to another (layers' device: keys)"),
     Stage("plan_memory", None,
           "when a plan is built: reuse dead buffers and run kernels in place (off: one buffer per value)"),
 ]
@@ -82,9 +85,9 @@ def pass_names() -> list[str]:
 
 
 # What --no-optimize switches off: every pass but dead-code elimination (which only removes work
-# nothing needs, such as the label input of an infer graph) and the memory planner (buffer reuse
-# changes no value).
-ALWAYS_ON = ("eliminate_dead_code", "plan_memory")
+# nothing needs, such as the label input of an infer graph), device placement (without which a
+# net placed on several devices cannot run) and the memory planner (buffer reuse changes no value).
+ALWAYS_ON = ("eliminate_dead_code", "place_devices", "plan_memory")
 
 
 def no_optimize() -> tuple[str, ...]:

@@ -31,6 +31,7 @@ class Storage:
     first: int = -1                # index of the step that first writes it (-1: graph inputs)
     offset: int = 0                # position in the arena
     arena: np.ndarray | None = None
+    device: object = None          # whose memory (runtime/devices.py); None: the plan's one device
 
     def view(self, shape, dtype, offset: int = 0) -> np.ndarray:
         """The array of a value living in this storage ``offset`` bytes from its start."""
@@ -50,7 +51,8 @@ class MemoryPlan:
     offset_of: dict[int, int] = field(default_factory=dict)   # bytes into its storage (views)
     views: set[int] = field(default_factory=set)               # id(node) of steps that are views
     storages: list[Storage] = field(default_factory=list)     # the planned (non-external) ones
-    peak_bytes: int = 0            # the arena's size
+    peak_bytes: int = 0            # the arenas' size (all devices together)
+    peak_by_device: dict = field(default_factory=dict)
     naive_bytes: int = 0           # one buffer per value (views excluded: they never own memory)
     lower_bound_bytes: int = 0     # the most bytes of values live at any one step
 
@@ -69,13 +71,15 @@ def _aligned(n: int) -> int:
 
 def plan_memory(steps, shapes, dtypes, fixed: dict[int, Storage], kept: set[int],
                 inplace_pairs: Callable, view_offset: Callable, reuse: bool = True,
-                allocate: bool = True) -> MemoryPlan:
+                allocate: bool | Callable = True, device_of: Callable | None = None) -> MemoryPlan:
     """steps: nodes in run order; shapes/dtypes: concrete per value id; fixed: storages of graph
     inputs, weights and constants; kept: value ids that must survive the whole run;
     inplace_pairs(node) -> {output position: input positions it may overwrite};
     view_offset(node) -> bytes into input 0 where output 0 starts as a view of it, or None.
     ``reuse=False`` gives every value its own memory; ``allocate=False`` only computes the
-    figures."""
+    figures, a callable ``allocate(device, nbytes)`` makes each device's arena (default: numpy).
+    ``device_of(node)`` says where a node runs: its outputs live there, and storages of
+    different devices are placed in different arenas (inputs' storages say their own)."""
     alias_at = {id(n): view_offset(n) for n in steps}
 
     def alias_ok(node) -> bool:
@@ -140,7 +144,7 @@ def plan_memory(steps, shapes, dtypes, fixed: dict[int, Storage], kept: set[int]
                         offset = plan.offset_of.get(inp.id, 0)
                         break
             if st is None:
-                st = Storage(need, first=idx)
+                st = Storage(need, first=idx, device=device_of(node) if device_of else None)
                 plan.storages.append(st)
             taken.add(id(st))
             plan.storage_of[v.id] = st
@@ -150,18 +154,23 @@ def plan_memory(steps, shapes, dtypes, fixed: dict[int, Storage], kept: set[int]
 
     plan.naive_bytes = sum(n for _first, _last, n in live_values)
     plan.lower_bound_bytes = _most_live(live_values, len(steps))
-    if reuse:
-        plan.peak_bytes = _place(plan.storages)
-    else:
-        offset = 0
-        for st in plan.storages:
-            st.offset = offset
-            offset += _aligned(st.nbytes)
-        plan.peak_bytes = offset
-    if allocate:
-        arena = np.empty(max(plan.peak_bytes, 1), dtype=np.uint8)
-        for st in plan.storages:
-            st.arena = arena
+    by_device: dict = {}
+    for st in plan.storages:
+        by_device.setdefault(st.device, []).append(st)
+    for device, group in by_device.items():
+        if reuse:
+            peak = _place(group)
+        else:
+            peak = 0
+            for st in group:
+                st.offset = peak
+                peak += _aligned(st.nbytes)
+        plan.peak_by_device[device] = peak
+        if allocate:
+            arena = allocate(device, peak) if callable(allocate) else np.empty(max(peak, 1), dtype=np.uint8)
+            for st in group:
+                st.arena = arena
+    plan.peak_bytes = sum(plan.peak_by_device.values())
     return plan
 
 

@@ -16,9 +16,10 @@ import numpy as np
 from ..codegen import toolchain
 from ..codegen.native import Linked, NativeCall
 from ..ir.graph import FLOAT_DTYPES, Graph, Node
-from ..kernels.registry import KERNELS, KernelContext, load_device
+from ..kernels.registry import KERNELS, KernelContext, KernelMissing, load_device
 from ..ops.base import get_op
 from .binding import bind_attrs
+from .devices import graph_devices, node_device, parse_device, weight_device
 from .memory import FOREVER, Storage, nbytes_of, plan_memory
 from .parallel import Blas, Workers, default_threads, split_kind, worth_splitting
 
@@ -107,7 +108,8 @@ def graph_storages(graph: Graph, shapes, weights: Mapping[str, np.ndarray] | Non
     for name, upd in graph.updates.items():
         fixed[graph.weights[name].value.id].update_of = upd.id
     for v in graph.inputs.values():
-        fixed[v.id] = Storage(max(int(np.prod(shapes[v.id])) * np.dtype(v.dtype).itemsize, 1))
+        fixed[v.id] = Storage(max(int(np.prod(shapes[v.id])) * np.dtype(v.dtype).itemsize, 1),
+                              device=parse_device(graph.device))
     for node in graph.nodes:
         if node.op == "constant":             # shared with the graph (read-only), never copied
             arr = node.attrs["value"]
@@ -119,60 +121,114 @@ def kept_values(graph: Graph, out_names: list[str]) -> set[int]:
     return {graph.outputs[n].id for n in out_names} | {v.id for v in graph.updates.values()}
 
 
-def memory_figures(graph: Graph, bindings: Mapping[str, int], device: str = "cpu") -> dict[str, int]:
+def memory_figures(graph: Graph, bindings: Mapping[str, int], device: str | None = None) -> dict[str, int]:
     """The memory plan of ``graph`` under ``bindings`` as a Plan would make it (peak, naive and
     lower-bound bytes), computed without building kernels or allocating the arena."""
-    load_device(device)
+    if device is not None:
+        graph.device = parse_device(device).name
     shapes, dtypes = concrete_types(graph, bindings)
     fixed = graph_storages(graph, shapes, None)
     build, steps = split_build_time(graph)
     for node in build:
         for v in node.outputs:
             fixed[v.id] = Storage(nbytes_of(shapes[v.id], dtypes[v.id]), FOREVER, external=np.empty(0))
-    entries = {id(n): KERNELS.lookup(n.op, device, kernel_dtype(n)) for n in steps}
+    entries = {id(n): lookup_kernel(graph, n) for n in steps}
     memory = plan_memory(steps, shapes, dtypes, fixed, kept_values(graph, list(graph.outputs)),
                          inplace_pairs=lambda n: entries[id(n)].inplace_pairs(n),
                          view_offset=lambda n: view_offset(n, shapes, dtypes, bindings),
-                         reuse="plan_memory" not in graph.disabled, allocate=False)
+                         reuse="plan_memory" not in graph.disabled, allocate=False,
+                         device_of=lambda n: node_device(graph, n))
     return memory.summary()
+
+
+def lookup_kernel(graph: Graph, node: Node):
+    """The registry entry for a node on its device (kernels are keyed by the device's kind)."""
+    device = node_device(graph, node)
+    load_device(device.name)
+    return KERNELS.lookup(node.op, device.kind, kernel_dtype(node))
+
+
+def check_placed(graph: Graph, steps: list[Node], weights_of: dict) -> None:
+    """Every node reads values of its own device (or constants): the placement pass ran. (The
+    cpu:N share the host's memory, so a read between two of them would still work.)"""
+    for node in steps:
+        if node.op == "transfer":
+            continue
+        here = node_device(graph, node)
+        for v in node.inputs:
+            p = v.producer
+            if p is None:
+                home = weight_device(graph, weights_of[v.id]) if v.id in weights_of else parse_device(graph.device)
+            elif p.op in ("constant", "scalar"):
+                continue
+            else:
+                home = node_device(graph, p)
+            if home != here and "gpu" in (home.kind, here.kind):
+                raise KernelMissing(f"node {node.op} of '{node.scope}' on {here} reads a value on {home}; "
+                                    "the place_devices pass inserts the transfer (it cannot be disabled)")
 
 
 class Plan:
     def __init__(self, graph: Graph, bindings: Mapping[str, int], weights: Mapping[str, np.ndarray],
-                 device: str = "cpu", runtime: RuntimeState | None = None, outputs: list[str] | None = None,
+                 device: str | None = None, runtime: RuntimeState | None = None, outputs: list[str] | None = None,
                  threads: int | None = None, native: bool | None = None):
-        load_device(device)
+        graph.device = parse_device(graph.device if device is None else device).name
         self.graph = graph
         self.bindings = dict(bindings)
-        self.device = device
+        self.device = graph.device
+        self.devices = graph_devices(graph)
+        load_device("cpu")                        # constants on any device are computed on the host
         self.threads = default_threads() if threads is None else threads
         self.runtime = runtime or RuntimeState(np.random.default_rng(0))
+        self.moved_weights: dict[str, object] = {}   # host weights given for a GPU: their device copies
         out_names = list(graph.outputs) if outputs is None else outputs
         shapes, dtypes = concrete_types(graph, self.bindings)
         self.shapes = shapes
         fixed = graph_storages(graph, shapes, weights)
         build, steps = split_build_time(graph)
-        self.entries = {id(n): KERNELS.lookup(n.op, device, kernel_dtype(n)) for n in build + steps}
-        for node in build:                        # computed once now, never in the loop
+        weights_of = {w.value.id: w for w in graph.weights.values()}
+        check_placed(graph, steps, weights_of)
+        self.entries = {id(n): lookup_kernel(graph, n) for n in steps}
+        for node in build:                        # computed once now, on the host, never in the loop
             ins = [fixed[v.id].view(shapes[v.id], dtypes[v.id]) for v in node.inputs]
             outs = [np.empty(shapes[v.id], dtypes[v.id]) for v in node.outputs]
-            self.entries[id(node)].factory(self._context(node, shapes))(ins, outs)
+            entry = KERNELS.lookup(node.op, "cpu", kernel_dtype(node))
+            entry.factory(self._context(node, shapes, parse_device("cpu")))(ins, outs)
             for v, arr in zip(node.outputs, outs):
                 fixed[v.id] = Storage(arr.nbytes, FOREVER, external=arr)
+        for name, w in graph.weights.items():     # weights live with their layer's device
+            where = weight_device(graph, w)
+            if where.kind != "cpu":
+                st = fixed[w.value.id]
+                st.external = where.to_device(st.external)
+                if weights is not None and st.external is not weights[name]:
+                    self.moved_weights[name] = st.external
 
         memory = plan_memory(
             steps, shapes, dtypes, fixed, kept_values(graph, out_names),
             inplace_pairs=lambda n: self.entries[id(n)].inplace_pairs(n),
             view_offset=lambda n: view_offset(n, shapes, dtypes, self.bindings),
-            reuse="plan_memory" not in graph.disabled)
+            reuse="plan_memory" not in graph.disabled,
+            allocate=lambda where, nbytes: (where or parse_device(graph.device)).empty(nbytes),
+            device_of=lambda n: node_device(graph, n))
         self.memory = memory
+        on_device: dict[tuple, object] = {}
 
-        def view(v):
-            return memory.storage_of[v.id].view(shapes[v.id], dtypes[v.id], memory.offset_of.get(v.id, 0))
+        def view(v, reader=None):
+            """v's array; a host constant read on a GPU is copied there once."""
+            st = memory.storage_of[v.id]
+            arr = st.view(shapes[v.id], dtypes[v.id], memory.offset_of.get(v.id, 0))
+            where = node_device(graph, reader) if reader is not None else None
+            if where is not None and where.kind != "cpu" and isinstance(arr, np.ndarray):
+                key = (v.id, where)
+                if key not in on_device:
+                    on_device[key] = where.to_device(arr)
+                arr = on_device[key]
+            return arr
 
         self.input_views = {name: view(v) for name, v in graph.inputs.items()}
         workers = Workers.shared(self.threads) if self.threads > 1 else None
-        native_on = native if native is not None else (device == "cpu" and toolchain.available())
+        native_on = native if native is not None else toolchain.available()
         self.calls = []
         self.steps = []
         self.impls: list[str] = []                # "native" or "numpy", per step
@@ -183,8 +239,9 @@ class Plan:
         for node in steps:
             if id(node) in memory.views:
                 continue                          # a view: nothing to run
-            ins, outs = [view(v) for v in node.inputs], [view(v) for v in node.outputs]
-            builder = KERNELS.native(node.op, device) if native_on else None
+            ins, outs = [view(v, node) for v in node.inputs], [view(v) for v in node.outputs]
+            on_cpu = node_device(graph, node).kind == "cpu"
+            builder = KERNELS.native(node.op, "cpu") if native_on and on_cpu else None
             native_call = builder(self._context(node, shapes), ins, outs) if builder else None
             if native_call is not None:
                 natives.append((len(self.calls), native_call, ins, outs))
@@ -198,7 +255,8 @@ class Plan:
         # native kernels run their own threads (OpenMP); numpy steps beside them run on one,
         # or the two pools would fight over the cores (measured: 4x slower steps)
         for p, node, ins, outs in python:
-            self.calls[p] = self._python_call(node, shapes, ins, outs, None if natives else workers)
+            on_cpu = node_device(graph, node).kind == "cpu"
+            self.calls[p] = self._python_call(node, shapes, ins, outs, None if natives or not on_cpu else workers)
         self.native_source = None
         self.run_calls = self.calls
         if natives:
@@ -208,7 +266,7 @@ class Plan:
         self.copy_updates = []
         for name, upd in graph.updates.items():
             if memory.storage_of[upd.id] is not fixed[graph.weights[name].value.id]:
-                self.copy_updates.append((weights[name], view(upd)))
+                self.copy_updates.append((fixed[graph.weights[name].value.id].external, view(upd)))
 
     def _python_call(self, node, shapes, ins, outs, workers):
         split = self._split(node, shapes, ins, outs) if workers else None
@@ -278,7 +336,7 @@ class Plan:
             in_shapes = [cut(shapes[v.id], b) for v, b in zip(node.inputs, batched)]
             out_shapes = [tuple(out_shape)] if mode == "sum" else [cut(out_shape, True)]
             ctx = KernelContext(node, bind_attrs(node.attrs, self.bindings), in_shapes, out_shapes,
-                                kernel_dtype(node), self.device, self.runtime, np, share=k)
+                                kernel_dtype(node), "cpu", self.runtime, np, share=k)
             fn = self.entries[id(node)].factory(ctx)
             share_ins = [a[lo:hi] if b else a for a, b in zip(ins, batched)]
             share_out = partials[k] if mode == "sum" else outs[0][lo:hi]
@@ -291,10 +349,11 @@ class Plan:
                 np.add(total, part, out=total)
         return shares, add_shares
 
-    def _context(self, node: Node, shapes) -> KernelContext:
+    def _context(self, node: Node, shapes, device=None) -> KernelContext:
+        device = device or node_device(self.graph, node)
         return KernelContext(node, bind_attrs(node.attrs, self.bindings),
                              [shapes[v.id] for v in node.inputs], [shapes[v.id] for v in node.outputs],
-                             kernel_dtype(node), self.device, self.runtime, np, threads=self.threads)
+                             kernel_dtype(node), device.kind, self.runtime, device.xp, threads=self.threads)
 
     @property
     def peak_bytes(self) -> int:
@@ -312,7 +371,12 @@ class Plan:
 
     def _execute(self, inputs, timings: list | None) -> None:
         for name, buf in self.input_views.items():
-            np.copyto(buf, inputs[name], casting="same_kind")
+            if isinstance(buf, np.ndarray):
+                np.copyto(buf, inputs[name], casting="same_kind")
+            else:                                 # a device buffer: one host-to-device copy
+                value = inputs[name]
+                buf.set(np.ascontiguousarray(value, dtype=buf.dtype)) if isinstance(value, np.ndarray) \
+                    else buf.__setitem__(Ellipsis, value)
         if self.blas is not None:
             self.blas.set_threads(1)          # the plan's own threads split the work (parallel.py)
         try:
@@ -328,4 +392,4 @@ class Plan:
             if self.blas is not None:
                 self.blas.restore()
         for target, source in self.copy_updates:
-            np.copyto(target, source)
+            target[...] = source

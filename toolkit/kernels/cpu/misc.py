@@ -111,3 +111,14 @@ def log_softmax_cpu(ctx):
         np.log(scratch, out=scratch)
         np.subtract(y, scratch, out=y)
     return run
+
+
+@register_kernel("transfer", "cpu")
+def transfer_cpu(ctx):
+    """Into host memory: from another cpu:N (a copy) or from a GPU (a device-to-host copy)."""
+    def run(ins, outs):
+        if isinstance(ins[0], np.ndarray):
+            np.copyto(outs[0], ins[0])
+        else:
+            ins[0].get(out=outs[0])
+    return run
