@@ -84,7 +84,7 @@ def bench_plan(net: Net, batch: int, train: bool, dtype: str | None = None, disa
     if train:
         graph = train_step_graph(net, solver, dtype, disable, device)
     else:
-        graph = forward_graph(net, "infer", dtype, disable=disable, weights=weights)
+        graph = forward_graph(net, "infer", dtype, disable=disable, weights=weights, device=device)
     bindings = batch_bindings(graph, batch, dims or {})
     for name, w in graph.weights.items():          # solver slots start at zero
         weights.setdefault(name, np.zeros(w.value.type.concrete({}), w.value.dtype))

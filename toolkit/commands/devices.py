@@ -23,8 +23,8 @@ def check_device(device: str) -> str:
 def resolve_dtype(dtype: str | None, device: str) -> str | None:
     """The dtype the kernels compute in for ``--dtype`` on ``device``. A CPU runs float16 and
     bfloat16 through its float32 kernels (numpy has no fast half-precision arithmetic and no
-    bfloat16 at all) and says so once; a GPU computes float16 itself and has no bfloat16 kernels
-    (CuPy has no bfloat16 arrays), which is an error naming what it has."""
+    bfloat16 at all) and says so once. The GPU has no half-precision kernels yet (CuPy has no
+    bfloat16 arrays at all): asking is an error naming what it has."""
     if dtype not in LOW_PRECISION:
         return dtype
     kind = parse_device(device).kind
@@ -36,5 +36,6 @@ def resolve_dtype(dtype: str | None, device: str) -> str | None:
         return "float32"
     if dtype == "bfloat16":
         raise UserError("no gpu kernels for dtype bfloat16 (CuPy has no bfloat16 arrays); the gpu has "
-                        "float32, float64 and float16; bfloat16 runs on cpu through float32")
-    return dtype
+                        "float32 and float64; bfloat16 runs on cpu through float32")
+    raise UserError("no gpu kernels for dtype float16 yet (the gpu has float32 and float64); "
+                    "float16 runs on cpu through float32")

@@ -59,7 +59,7 @@ def run_test(args) -> int:
     if test_set is None:
         raise UserError("the net's data has no test split: set train.data.test_fraction or test_source")
     weights = net.load_weights(net.default_weights(args.weights))
-    graph = test_graph(net, disable, weights)
+    graph = test_graph(net, disable, weights, args.device)
     if graph is None:
         raise UserError("the test phase has no scalar output (add an Accuracy or loss layer in phase test)")
     metrics = evaluate(PlanCache(graph, weights, RuntimeState(np.random.default_rng(0)), args.device),

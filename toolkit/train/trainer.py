@@ -20,6 +20,7 @@ from ..fileio import atomic_write
 from ..frontend import OBJECTIVE, Net
 from ..ir.graph import FLOAT_DTYPES, Graph
 from ..runtime.binding import bind_symbols
+from ..runtime.devices import parse_device, to_host
 from ..runtime.plan import Plan, RuntimeState
 from ..weights import save_weights
 from .checkpoint import Checkpoint, find_resume_point, read_checkpoint, write_checkpoint
@@ -106,14 +107,15 @@ def evaluate(cache: PlanCache, dataset: Dataset, batch: int) -> dict[str, float]
     return {n: t / len(dataset) for n, t in totals.items()}
 
 
-def test_graph(net: Net, disable: tuple[str, ...] = (), weights: dict[str, np.ndarray] | None = None) -> Graph | None:
+def test_graph(net: Net, disable: tuple[str, ...] = (), weights: dict[str, np.ndarray] | None = None,
+               device: str = "cpu") -> Graph | None:
     """The test phase's scalar outputs, optimised; ``weights`` (when they stay fixed, as in
     ``toolkit test``) are frozen into it. A training run's test graph reads the live weights."""
     graph = net.graph("test")
     graph.outputs = {k: v for k, v in graph.outputs.items() if v.shape == ()}
     if not graph.outputs:
         return None
-    return optimize(graph, disable, weights)
+    return optimize(graph, disable, weights, device)
 
 
 class Trainer:
@@ -141,13 +143,16 @@ class Trainer:
         self.graph = optimize(train_graph(net, self.cfg), self.disable, device=device)
         self.dtype = net_dtype(net)
         self.store = self._initial_weights(weights)
+        self.device = parse_device(device)
         self.runtime = RuntimeState(np.random.default_rng(spec.seed))
         self.start = 0
         self.out = out
         if resume:
             self._resume(resume)
+        if self.device.kind != "cpu":             # the weights live on the device for the whole run
+            self.store = {k: self.device.to_device(v) for k, v in self.store.items()}
         self.train_plans = PlanCache(self.graph, self.store, self.runtime, device)
-        tg = test_graph(net, self.disable) if self.test_set is not None else None
+        tg = test_graph(net, self.disable, device=device) if self.test_set is not None else None
         self.test_plans = PlanCache(tg, self.store, RuntimeState(np.random.default_rng(0)), device) if tg else None
         self.loss_tops = [t for t in self.graph.losses if t not in RESERVED]
         self._stop: int | None = None
@@ -186,11 +191,15 @@ class Trainer:
     def checkpoint(self, iteration: int) -> Path:
         meta = {"net": self.net.name, "solver": self.cfg.type, "rng": self.runtime.rng.bit_generator.state,
                 "max_iter": self.max_iter, "seed": self.spec.seed}
-        return write_checkpoint(self.out / "checkpoints", Checkpoint(iteration, self.store, meta),
+        return write_checkpoint(self.out / "checkpoints", Checkpoint(iteration, self.host_store(), meta),
                                 self.spec.keep_last)
 
     def model_weights(self) -> dict[str, np.ndarray]:
-        return {k: v for k, v in self.store.items() if not is_slot(k)}
+        return {k: v for k, v in self.host_store().items() if not is_slot(k)}
+
+    def host_store(self) -> dict[str, np.ndarray]:
+        """The weights and solver slots as host arrays (copies only where they live on a GPU)."""
+        return {k: to_host(v) for k, v in self.store.items()}
 
     # -- the loop -----------------------------------------------------------------------------------
     def _save_net(self) -> None:
@@ -231,7 +240,7 @@ class Trainer:
     def _check_finite(self, i: int, last_good: Path | None, progress: Progress) -> None:
         """A finite loss does not make the update that follows it finite: check the whole state
         (weights, running stats, solver slots) before it is written."""
-        bad = next((k for k, v in self.store.items() if v.dtype.kind == "f" and not np.isfinite(v).all()), None)
+        bad = next((k for k, v in self.host_store().items() if v.dtype.kind == "f" and not np.isfinite(v).all()), None)
         if bad is not None:
             progress.close()
             raise UserError(f"the weights became nan/inf at iteration {i} ('{bad}', lr {self.lr_at(i):.3g}); "
