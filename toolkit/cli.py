@@ -147,6 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dump", action="store_true", help="print the final graph as text")
     p.add_argument("--batch", type=_positive_int, default=1, help="batch size for the memory plan")
     p.add_argument("--weights", help="weights to freeze into infer and test graphs (default: the fillers')")
+    p.add_argument("--device", type=_device_name, default="cpu", help=DEVICE_HELP)
     _optimize_flags(p)
 
     p = sub.add_parser("graph", help="draw a phase's graph, before or after the passes, as .svg or .dot")

@@ -15,6 +15,7 @@ from ..passes.pipeline import PIPELINE, PassRecord
 from ..report import format_count, graph_flops
 from ..runtime.plan import Plan, memory_figures
 from ..runtime.session import batch_symbol
+from .devices import check_device
 
 
 def _figure(d: Dim, bindings) -> int:
@@ -38,11 +39,13 @@ def fused_members(graph) -> dict[str, dict[str, int]]:
 
 
 def run_compile(args) -> int:
+    args.device = check_device(args.device)
     net = Net.load(args.net)
     disable = disabled_passes(net, args.disable, args.no_optimize)
     start = time.perf_counter()
     graph = train_graph(net) if args.phase == "train" else net.graph(args.phase)
     build_ms = (time.perf_counter() - start) * 1e3
+    graph.device = args.device
     bindings = {s: args.batch for s in graph.symbols()}
     symbol = batch_symbol(graph)
     weights_file = net.weights_or_published(args.weights)
@@ -57,7 +60,7 @@ def run_compile(args) -> int:
         record.memory = memory_figures(g, bindings)
 
     records: list[PassRecord] = []
-    graph = optimize(graph, disable, weights, check=True, records=records, observe=observe)
+    graph = optimize(graph, disable, weights, args.device, check=True, records=records, observe=observe)
     for name, w in graph.weights.items():       # solver slots start at zero
         arrays.setdefault(name, np.zeros(w.value.type.concrete({}), w.value.dtype))
     start = time.perf_counter()

@@ -227,6 +227,8 @@ class Plan:
             return arr
 
         self.input_views = {name: view(v) for name, v in graph.inputs.items()}
+        self.host_inputs = [(k, b) for k, b in self.input_views.items() if isinstance(b, np.ndarray)]
+        self.device_inputs = [(k, b) for k, b in self.input_views.items() if not isinstance(b, np.ndarray)]
         workers = Workers.shared(self.threads) if self.threads > 1 else None
         native_on = native if native is not None else toolchain.available()
         self.calls = []
@@ -370,13 +372,14 @@ class Plan:
         return timings
 
     def _execute(self, inputs, timings: list | None) -> None:
-        for name, buf in self.input_views.items():
-            if isinstance(buf, np.ndarray):
-                np.copyto(buf, inputs[name], casting="same_kind")
-            else:                                 # a device buffer: one host-to-device copy
-                value = inputs[name]
-                buf.set(np.ascontiguousarray(value, dtype=buf.dtype)) if isinstance(value, np.ndarray) \
-                    else buf.__setitem__(Ellipsis, value)
+        for name, buf in self.host_inputs:
+            np.copyto(buf, inputs[name], casting="same_kind")
+        for name, buf in self.device_inputs:      # one host-to-device copy each
+            value = inputs[name]
+            if isinstance(value, np.ndarray):
+                buf.set(np.ascontiguousarray(value, dtype=buf.dtype))
+            else:
+                buf[...] = value
         if self.blas is not None:
             self.blas.set_threads(1)          # the plan's own threads split the work (parallel.py)
         try:
