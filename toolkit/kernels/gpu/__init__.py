@@ -19,7 +19,6 @@ from __future__ import annotations
 import numpy as np
 
 from ...ops.elementwise import ELEMENTWISE_IMPL
-from ...ops.reduce import bessel_factor, reduced_count
 from ...runtime.devices import gpu_module
 from .. import cpu  # noqa: F401  (the numpy kernels the dispatched entries reuse)
 from ..registry import KERNELS, register_kernel
@@ -28,7 +27,8 @@ cp = gpu_module()
 
 _RNG_OPS = {"dropout_mask"}                   # draws from the host generator: no GPU kernel yet
 DISPATCHED = sorted(set(ELEMENTWISE_IMPL) - _RNG_OPS) + [
-    "matmul", "reshape", "transpose", "concat", "slice", "broadcast_to", "scalar", "constant"]
+    "matmul", "reshape", "transpose", "concat", "slice", "broadcast_to", "scalar", "constant",
+    "reduce_mean_grad", "bessel_correct"]
 MISSING = ["accuracy", "avg_pool2d", "avg_pool2d_grad", "conv2d", "conv2d_grad_input", "conv2d_grad_weight",
            "conv2d_max_pool2d", "dropout_mask", "fused_elementwise", "fused_epilogue", "max_pool2d",
            "max_pool2d_grad", "nll_loss", "nll_loss_grad", "pad_axis"]
@@ -45,46 +45,23 @@ for _op in DISPATCHED:
             register_kernel(_op, "gpu", _dtype, inplace=_entry.inplace)(_entry.factory)
 
 
-@register_kernel("reduce_sum", "gpu")
-def reduce_sum_gpu(ctx):
-    axes, keep, acc = tuple(ctx.attrs["axes"]), ctx.attrs["keepdims"], _accumulator(ctx.dtype)
+def _reduction_factory(name: str):
+    """sum or mean over axes, in float32 for float16 inputs."""
+    def factory(ctx):
+        axes, keep, acc = tuple(ctx.attrs["axes"]), ctx.attrs["keepdims"], _accumulator(ctx.dtype)
+        reduce = getattr(cp, name)
 
-    def run(ins, outs):
-        if acc is None:
-            cp.sum(ins[0], axis=axes, keepdims=keep, out=outs[0])
-        else:
-            outs[0][...] = cp.sum(ins[0], axis=axes, keepdims=keep, dtype=acc)
-    return run
-
-
-@register_kernel("reduce_mean", "gpu")
-def reduce_mean_gpu(ctx):
-    axes, keep, acc = tuple(ctx.attrs["axes"]), ctx.attrs["keepdims"], _accumulator(ctx.dtype)
-
-    def run(ins, outs):
-        if acc is None:
-            cp.mean(ins[0], axis=axes, keepdims=keep, out=outs[0])
-        else:
-            outs[0][...] = cp.mean(ins[0], axis=axes, keepdims=keep, dtype=acc)
-    return run
+        def run(ins, outs):
+            if acc is None:
+                reduce(ins[0], axis=axes, keepdims=keep, out=outs[0])
+            else:
+                outs[0][...] = reduce(ins[0], axis=axes, keepdims=keep, dtype=acc)
+        return run
+    return factory
 
 
-@register_kernel("reduce_mean_grad", "gpu")
-def reduce_mean_grad_gpu(ctx):
-    inv = 1.0 / reduced_count(ctx.out_shapes[0], ctx.attrs["axes"])
-
-    def run(ins, outs):
-        cp.multiply(cp.broadcast_to(ins[0], outs[0].shape), inv, out=outs[0])
-    return run
-
-
-@register_kernel("bessel_correct", "gpu", inplace=True)
-def bessel_correct_gpu(ctx):
-    factor = bessel_factor(ctx.attrs["count"])
-
-    def run(ins, outs):
-        cp.multiply(ins[0], factor, out=outs[0])
-    return run
+register_kernel("reduce_sum", "gpu")(_reduction_factory("sum"))
+register_kernel("reduce_mean", "gpu")(_reduction_factory("mean"))
 
 
 def _softmax_factory(log: bool):
