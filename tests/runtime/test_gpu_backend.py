@@ -87,9 +87,7 @@ def test_gpu_back_end_paths_against_a_numpy_stand_in(tmp_path):
 @pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU with cupy (run on a GPU machine)")
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_every_gpu_kernel_equals_the_cpu_kernel(dtype):
-    from tests.ops.test_op_table import CASES
-    from toolkit.ir.graph import Graph, TensorType, Value
-    from toolkit.ops.base import Builder
+    from tests.ops.test_op_table import CASES, feeds, one_node_graph
     from toolkit.kernels.registry import KERNELS, load_device
     from toolkit.runtime.plan import Plan, RuntimeState
     load_device("gpu")
@@ -97,19 +95,13 @@ def test_every_gpu_kernel_equals_the_cpu_kernel(dtype):
     for case in CASES:
         if not KERNELS.has(case.op, "gpu", dtype) or case.op == "transfer":
             continue
-        arrays = case.make(np.random.default_rng(0))
-        arrays = [a.astype(dtype) if a.dtype.kind == "f" else a for a in arrays]
+        arrays = case.inputs(dtype)
         outs = {}
         for device in ("cpu", "gpu"):
-            graph = Graph("infer")
-            ins = []
-            for i, a in enumerate(arrays):
-                v = Value(TensorType(tuple(a.shape), str(a.dtype)), name=f"x{i}")
-                graph.inputs[f"x{i}"] = v
-                ins.append(v)
-            graph.outputs["y"] = Builder(graph, "case").op_multi(case.op, *ins, **case.attrs)[0]
+            graph, _vals, y = one_node_graph(case, arrays, case.attrs_for(dtype))
+            graph.outputs["y"] = y
             plan = Plan(graph, {}, {}, device, RuntimeState(np.random.default_rng(0)), native=False)
-            out = plan.run({f"x{i}": a for i, a in enumerate(arrays)})["y"]
+            out = plan.run(feeds(arrays))["y"]
             outs[device] = out.get() if hasattr(out, "get") else np.array(out)
         tol = 1e-5 if dtype == "float32" else 1e-12
         np.testing.assert_allclose(outs["gpu"], outs["cpu"], rtol=tol, atol=tol, err_msg=case.id)

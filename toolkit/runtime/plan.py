@@ -180,7 +180,6 @@ class Plan:
         load_device("cpu")                        # constants on any device are computed on the host
         self.threads = default_threads() if threads is None else threads
         self.runtime = runtime or RuntimeState(np.random.default_rng(0))
-        self.moved_weights: dict[str, object] = {}   # host weights given for a GPU: their device copies
         out_names = list(graph.outputs) if outputs is None else outputs
         shapes, dtypes = concrete_types(graph, self.bindings)
         self.shapes = shapes
@@ -196,13 +195,12 @@ class Plan:
             entry.factory(self._context(node, shapes, parse_device("cpu")))(ins, outs)
             for v, arr in zip(node.outputs, outs):
                 fixed[v.id] = Storage(arr.nbytes, FOREVER, external=arr)
-        for name, w in graph.weights.items():     # weights live with their layer's device
+        # weights live with their layer's device; host arrays given for a GPU are copied there
+        # (a trainer passes device arrays, so that its updates land in its own store)
+        for w in graph.weights.values():
             where = weight_device(graph, w)
             if where.kind != "cpu":
-                st = fixed[w.value.id]
-                st.external = where.to_device(st.external)
-                if weights is not None and st.external is not weights[name]:
-                    self.moved_weights[name] = st.external
+                fixed[w.value.id].external = where.to_device(fixed[w.value.id].external)
 
         memory = plan_memory(
             steps, shapes, dtypes, fixed, kept_values(graph, out_names),
