@@ -8,6 +8,9 @@ window copies (im2col) and the scatter-adds (col2im) move long contiguous runs:
 Both give the GEMM one [K, positions] matrix per group. The bias rides in the GEMM as an extra
 column of the weight against a row of ones in the columns (no separate pass over the output).
 Padded buffers and the ones row are written once, when the plan is built.
+
+Every kernel here is written against an array module ``xp`` (numpy here; the GPU back end builds
+the same kernels over CuPy, whose GEMM is cuBLAS), so the two devices share one implementation.
 """
 from __future__ import annotations
 
@@ -23,10 +26,18 @@ from ..registry import register_kernel
 CNHW_MIN_WIDTH = 16
 
 
+def strided_view(xp, src, shape, strides):
+    """A read-only window view of ``src`` in either array module."""
+    if xp is np:
+        return as_strided(src, shape=shape, strides=strides, writeable=False)
+    return xp.lib.stride_tricks.as_strided(src, shape=shape, strides=strides)
+
+
 class _Geometry:
     """Shapes, layout and buffers shared by the three convolution kernels."""
 
-    def __init__(self, x_shape, w_shape, out_hw, attrs, dtype):
+    def __init__(self, x_shape, w_shape, out_hw, attrs, dtype, xp=np):
+        self.xp = xp
         self.n, self.c, self.h, self.w = x_shape
         self.o, self.cg, self.kh, self.kw = w_shape
         self.oh, self.ow = out_hw
@@ -47,7 +58,7 @@ class _Geometry:
 
     def padded(self):
         """A zeroed input-sized buffer, padded, in the layout."""
-        return np.zeros(self._dims(self.n, self.c, self.h + 2 * self.ph, self.w + 2 * self.pw), self.dtype)
+        return self.xp.zeros(self._dims(self.n, self.c, self.h + 2 * self.ph, self.w + 2 * self.pw), self.dtype)
 
     def interior(self, buf):
         idx = self._dims(slice(None), slice(None), slice(self.ph, self.ph + self.h), slice(self.pw, self.pw + self.w))
@@ -59,10 +70,9 @@ class _Geometry:
         pos_shape = {"n": self.n, "h": self.oh, "w": self.ow}
         pos_stride = {"n": strides["n"], "h": self.sh * strides["h"], "w": self.sw * strides["w"]}
         order = [a for a in ("nchw"[i] for i in self.perm) if a != "c"]
-        return as_strided(src, shape=(self.g, self.cg, self.kh, self.kw) + tuple(pos_shape[a] for a in order),
-                          strides=(self.cg * strides["c"], strides["c"], self.dh * strides["h"],
-                                   self.dw * strides["w"]) + tuple(pos_stride[a] for a in order),
-                          writeable=False)
+        return strided_view(self.xp, src, (self.g, self.cg, self.kh, self.kw) + tuple(pos_shape[a] for a in order),
+                            (self.cg * strides["c"], strides["c"], self.dh * strides["h"],
+                             self.dw * strides["w"]) + tuple(pos_stride[a] for a in order))
 
     def to_nchw(self, rows):
         """A [C or O, <positions>] array in layout order as an NCHW view."""
@@ -71,7 +81,7 @@ class _Geometry:
 
     def from_nchw(self, g, buf):
         """The NCHW output gradient as GEMM rows [G, O/G, positions]."""
-        np.copyto(buf.reshape(self._dims(self.n, self.o, self.oh, self.ow)), g.transpose(self.perm))
+        self.xp.copyto(buf.reshape(self._dims(self.n, self.o, self.oh, self.ow)), g.transpose(self.perm))
         return buf
 
 
@@ -80,42 +90,41 @@ class _Forward:
 
     def __init__(self, geo: _Geometry, has_bias: bool):
         self.geo, self.has_bias = geo, has_bias
+        xp = self.xp = geo.xp
         k = geo.k + has_bias
         self.padded = geo.padded()
-        self.cols = np.empty((geo.g, k, geo.positions), geo.dtype)
+        self.cols = xp.empty((geo.g, k, geo.positions), geo.dtype)
         if has_bias:
             self.cols[:, geo.k, :] = 1.0                 # the ones row that multiplies the bias column
         self.windows = geo.windows(self.padded)
         self.window_cols = self.cols[:, :geo.k].reshape(self.windows.shape)
         self.interior = geo.interior(self.padded)
-        self.weights = np.empty((geo.g, geo.og, k), geo.dtype)
-        self.rows = np.empty((geo.g, geo.og, geo.positions), geo.dtype)
+        self.weights = xp.empty((geo.g, geo.og, k), geo.dtype)
+        self.rows = xp.empty((geo.g, geo.og, geo.positions), geo.dtype)
 
     def __call__(self, ins) -> np.ndarray:
-        geo = self.geo
+        geo, xp = self.geo, self.xp
         self.weights[:, :, :geo.k] = ins[1].reshape(geo.g, geo.og, geo.k)
         if self.has_bias:
             self.weights[:, :, geo.k] = ins[2].reshape(geo.g, geo.og)
-        np.copyto(self.interior, ins[0].transpose(geo.perm))
-        np.copyto(self.window_cols, self.windows)
-        np.matmul(self.weights, self.cols, out=self.rows)
+        xp.copyto(self.interior, ins[0].transpose(geo.perm))
+        xp.copyto(self.window_cols, self.windows)
+        xp.matmul(self.weights, self.cols, out=self.rows)
         return self.rows
 
 
-@register_kernel("conv2d", "cpu")
-def conv2d_cpu(ctx):
-    geo = _Geometry(ctx.in_shapes[0], ctx.in_shapes[1], ctx.out_shapes[0][2:], ctx.attrs, ctx.dtype)
+def conv2d(ctx, xp=np):
+    geo = _Geometry(ctx.in_shapes[0], ctx.in_shapes[1], ctx.out_shapes[0][2:], ctx.attrs, ctx.dtype, xp)
     forward = _Forward(geo, len(ctx.in_shapes) == 3)
     out_view = geo.to_nchw(forward.rows.reshape(geo.o, geo.positions))
 
     def run(ins, outs):
         forward(ins)
-        np.copyto(outs[0], out_view)
+        xp.copyto(outs[0], out_view)
     return run
 
 
-@register_kernel("conv2d_max_pool2d", "cpu")
-def conv2d_max_pool2d_cpu(ctx):
+def conv2d_max_pool2d(ctx, xp=np):
     """Pools the convolution's rows in its layout, then moves only the pooled result to NCHW.
     The fusion pass guarantees an unpadded, floor-mode pooling (every window inside the input)."""
     conv_attrs, pool = split_attrs(ctx.attrs)
@@ -123,12 +132,12 @@ def conv2d_max_pool2d_cpu(ctx):
     o, _cg, kh, kw = ctx.in_shapes[1]
     (sh, sw), (ph, pw), (dh, dw) = conv_attrs["stride"], conv_attrs["pad"], conv_attrs["dilation"]
     out_hw = (conv_out_size(h, kh, sh, ph, dh), conv_out_size(w, kw, sw, pw, dw))
-    geo = _Geometry(ctx.in_shapes[0], ctx.in_shapes[1], out_hw, conv_attrs, ctx.dtype)
+    geo = _Geometry(ctx.in_shapes[0], ctx.in_shapes[1], out_hw, conv_attrs, ctx.dtype, xp)
     forward = _Forward(geo, len(ctx.in_shapes) == 3)
     conv_out = forward.rows.reshape(geo._dims(n, o, *out_hw))
     ph_out, pw_out = ctx.out_shapes[0][2:]
     (pkh, pkw), (psh, psw) = pool["kernel"], pool["stride"]
-    pooled = np.empty(geo._dims(n, o, ph_out, pw_out), geo.dtype)
+    pooled = xp.empty(geo._dims(n, o, ph_out, pw_out), geo.dtype)
     windows = []
     for i in range(pkh):
         for j in range(pkw):
@@ -139,38 +148,36 @@ def conv2d_max_pool2d_cpu(ctx):
 
     def run(ins, outs):
         forward(ins)
-        np.copyto(pooled, windows[0])
+        xp.copyto(pooled, windows[0])
         for view in windows[1:]:
-            np.maximum(pooled, view, out=pooled)
-        np.copyto(outs[0], pooled_nchw)
+            xp.maximum(pooled, view, out=pooled)
+        xp.copyto(outs[0], pooled_nchw)
     return run
 
 
-@register_kernel("conv2d_grad_weight", "cpu")
-def conv2d_grad_weight_cpu(ctx):
+def conv2d_grad_weight(ctx, xp=np):
     g_shape, x_shape = ctx.in_shapes
-    geo = _Geometry(x_shape, ctx.out_shapes[0], g_shape[2:], ctx.attrs, ctx.dtype)
+    geo = _Geometry(x_shape, ctx.out_shapes[0], g_shape[2:], ctx.attrs, ctx.dtype, xp)
     padded = geo.padded()
-    cols = np.empty((geo.g, geo.k, geo.positions), geo.dtype)
+    cols = xp.empty((geo.g, geo.k, geo.positions), geo.dtype)
     windows, interior = geo.windows(padded), geo.interior(padded)
     window_cols = cols.reshape(windows.shape)
-    g_rows = np.empty((geo.g, geo.og, geo.positions), geo.dtype)
+    g_rows = xp.empty((geo.g, geo.og, geo.positions), geo.dtype)
 
     def run(ins, outs):
         g, x = ins
-        np.copyto(interior, x.transpose(geo.perm))
-        np.copyto(window_cols, windows)
+        xp.copyto(interior, x.transpose(geo.perm))
+        xp.copyto(window_cols, windows)
         # dW[g] = G[g] cols[g]^T: the sum over images and positions happens inside the GEMM
-        np.matmul(geo.from_nchw(g, g_rows), cols.swapaxes(-1, -2), out=outs[0].reshape(geo.g, geo.og, geo.k))
+        xp.matmul(geo.from_nchw(g, g_rows), cols.swapaxes(-1, -2), out=outs[0].reshape(geo.g, geo.og, geo.k))
     return run
 
 
-@register_kernel("conv2d_grad_input", "cpu")
-def conv2d_grad_input_cpu(ctx):
+def conv2d_grad_input(ctx, xp=np):
     g_shape, w_shape = ctx.in_shapes
-    geo = _Geometry(ctx.out_shapes[0], w_shape, g_shape[2:], ctx.attrs, ctx.dtype)
-    g_rows = np.empty((geo.g, geo.og, geo.positions), geo.dtype)
-    dcols = np.empty((geo.g, geo.k, geo.positions), geo.dtype)
+    geo = _Geometry(ctx.out_shapes[0], w_shape, g_shape[2:], ctx.attrs, ctx.dtype, xp)
+    g_rows = xp.empty((geo.g, geo.og, geo.positions), geo.dtype)
+    dcols = xp.empty((geo.g, geo.k, geo.positions), geo.dtype)
     target = geo.padded()
     # the same window geometry as the forward pass, but writable: each kernel offset's slice
     pieces = dcols.reshape(geo.windows(target).shape)
@@ -186,10 +193,17 @@ def conv2d_grad_input_cpu(ctx):
     def run(ins, outs):
         g, w = ins
         wt = w.reshape(geo.g, geo.og, geo.k).swapaxes(-1, -2)
-        np.matmul(wt, geo.from_nchw(g, g_rows), out=dcols)
+        xp.matmul(wt, geo.from_nchw(g, g_rows), out=dcols)
         # col2im: scatter-add each kernel offset's columns back onto the (padded) input grid
         target.fill(0)
         for piece, view in spans:
-            np.add(view, piece, out=view)
-        np.copyto(outs[0], interior_nchw)
+            xp.add(view, piece, out=view)
+        xp.copyto(outs[0], interior_nchw)
     return run
+
+
+# the same builders over numpy; the GPU back end registers them over CuPy
+CONV_KERNELS = {"conv2d": conv2d, "conv2d_max_pool2d": conv2d_max_pool2d,
+                "conv2d_grad_weight": conv2d_grad_weight, "conv2d_grad_input": conv2d_grad_input}
+for _op, _builder in CONV_KERNELS.items():
+    register_kernel(_op, "cpu")(_builder)

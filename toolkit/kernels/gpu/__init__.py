@@ -2,95 +2,19 @@
 (runtime/devices.py turns its absence into a one-line user error), so nothing imports it unless
 a GPU is asked for.
 
-Two kinds of kernel live here:
-- ``DISPATCHED``: the numpy kernel itself, run on CuPy arrays. Its calls (ufuncs with ``out=``,
-  ``np.sum``/``np.matmul``/``np.copyto``...) reach CuPy through numpy's dispatch protocols
-  (``__array_ufunc__``, ``__array_function__``), so GEMMs go to cuBLAS and elementwise ops to
-  CuPy's kernels with no host round trip. Only kernels without host-side scratch are listed.
-- Kernels written for the device: reductions and softmax accumulate in float32 for float16
-  inputs (SPEC section 4), and the host/device transfer.
+- ``dispatched.py``: the numpy kernels run on CuPy arrays (elementwise ops, GEMMs through cuBLAS,
+  data movement), plus reductions and softmax written for the device, and the transfer.
+- ``arrays.py``: convolution (im2col + cuBLAS), pooling, the losses, accuracy and dropout,
+  written once against an array module and shared with the CPU where they can be.
+- ``fused.py``: the fused groups, rendered to CUDA by the kernel generator's GPU dialect and
+  compiled once per source text (``cuda.py``).
 
-An op with neither (convolution, pooling, the fused groups, the losses: see ``MISSING``) has no
-GPU kernel yet: a plan that needs one fails when it is built, naming the op, the device, the
-dtype and what is registered, and the fusion passes do not create fused ops the GPU lacks.
+``MISSING`` lists the ops with a CPU kernel and no GPU kernel: a plan needing one fails when it
+is built, naming the op, the device, the dtype and what is registered.
 """
 from __future__ import annotations
 
-import numpy as np
+from . import arrays, dispatched, fused  # noqa: F401  (each registers its kernels)
+from .dispatched import DISPATCHED  # noqa: F401
 
-from ...ops.elementwise import ELEMENTWISE_IMPL
-from ...runtime.devices import gpu_module
-from .. import cpu  # noqa: F401  (the numpy kernels the dispatched entries reuse)
-from ..registry import KERNELS, register_kernel
-
-cp = gpu_module()
-
-_RNG_OPS = {"dropout_mask"}                   # draws from the host generator: no GPU kernel yet
-DISPATCHED = sorted(set(ELEMENTWISE_IMPL) - _RNG_OPS) + [
-    "matmul", "reshape", "transpose", "concat", "slice", "broadcast_to", "scalar", "constant",
-    "reduce_mean_grad", "bessel_correct"]
-MISSING = ["accuracy", "avg_pool2d", "avg_pool2d_grad", "conv2d", "conv2d_grad_input", "conv2d_grad_weight",
-           "conv2d_max_pool2d", "dropout_mask", "fused_elementwise", "fused_epilogue", "max_pool2d",
-           "max_pool2d_grad", "nll_loss", "nll_loss_grad", "pad_axis"]
-
-
-def _accumulator(dtype: str):
-    """The dtype sums are taken in: float32 for half precision, the dtype itself otherwise."""
-    return np.float32 if dtype == "float16" else None
-
-
-for _op in DISPATCHED:
-    for (_name, _device, _dtype), _entry in list(KERNELS.entries.items()):
-        if _name == _op and _device == "cpu":
-            register_kernel(_op, "gpu", _dtype, inplace=_entry.inplace)(_entry.factory)
-
-
-def _reduction_factory(name: str):
-    """sum or mean over axes, in float32 for float16 inputs."""
-    def factory(ctx):
-        axes, keep, acc = tuple(ctx.attrs["axes"]), ctx.attrs["keepdims"], _accumulator(ctx.dtype)
-        reduce = getattr(cp, name)
-
-        def run(ins, outs):
-            if acc is None:
-                reduce(ins[0], axis=axes, keepdims=keep, out=outs[0])
-            else:
-                outs[0][...] = reduce(ins[0], axis=axes, keepdims=keep, dtype=acc)
-        return run
-    return factory
-
-
-register_kernel("reduce_sum", "gpu")(_reduction_factory("sum"))
-register_kernel("reduce_mean", "gpu")(_reduction_factory("mean"))
-
-
-def _softmax_factory(log: bool):
-    def factory(ctx):
-        axis = ctx.attrs["axis"]
-        acc = _accumulator(ctx.dtype) or ctx.dtype
-
-        def run(ins, outs):
-            x = ins[0].astype(acc, copy=False)
-            shifted = x - cp.max(x, axis=axis, keepdims=True)
-            if log:
-                outs[0][...] = shifted - cp.log(cp.sum(cp.exp(shifted), axis=axis, keepdims=True))
-            else:
-                e = cp.exp(shifted)
-                outs[0][...] = e / cp.sum(e, axis=axis, keepdims=True)
-        return run
-    return factory
-
-
-register_kernel("softmax", "gpu")(_softmax_factory(False))
-register_kernel("log_softmax", "gpu")(_softmax_factory(True))
-
-
-@register_kernel("transfer", "gpu")
-def transfer_gpu(ctx):
-    """Into this GPU's memory: from the host (one host-to-device copy) or another GPU."""
-    def run(ins, outs):
-        if isinstance(ins[0], np.ndarray) and not isinstance(outs[0], np.ndarray):
-            outs[0].set(np.ascontiguousarray(ins[0]))
-        else:
-            outs[0][...] = ins[0]
-    return run
+MISSING: list[str] = []

@@ -156,11 +156,14 @@ def program_body(program, outputs, operands: dict, dtype: str, index_of, out_buf
 
 
 def elementwise_kernel(name: str, program, outputs, in_shapes, group_shape, dtype: str, views, threads: int,
-                       head: bool = False, min_parallel: int = PARALLEL_MIN_ELEMENTS) -> tuple[Kernel, list] | None:
+                       head: bool = False, min_parallel: int = PARALLEL_MIN_ELEMENTS,
+                       flat: bool = False) -> tuple[Kernel, list] | None:
     """(kernel, parameter keys) of a program over ``group_shape``; None if a step is unsupported.
     Parameter keys: ("x", i) for the inputs the program reads, ("o", k), and ("h",) for a head.
     The outermost loop is parallel from ``min_parallel`` elements (0 for a GPU, whose threads
-    need a parallel loop to run at all)."""
+    need a parallel loop to run at all). ``flat`` makes the nest one parallel loop over every
+    element, each dimension's index recovered by division: what a GPU wants, since only the
+    outermost loop is spread over threads (a [2, 64, 28, 28] group would otherwise get 2)."""
     used = sorted({r[1] for _op, args, _a in program for r in args if r[0] == "x"})
     keys = [("x", i) for i in used] + [("o", k) for k in range(len(outputs))] + ([("h",)] if head else [])
     size = int(np.prod(group_shape, dtype=np.int64)) if group_shape else 1
@@ -199,6 +202,15 @@ def elementwise_kernel(name: str, program, outputs, in_shapes, group_shape, dtyp
                         names)
     if body is None:
         return None
+    if flat:
+        element = names.var("e")
+        lets, inner = [], 1
+        for depth in range(len(dims) - 1, -1, -1):
+            index = element // inner if inner > 1 else element
+            lets.insert(0, Let(loop_vars[depth], index % dims[depth] if depth > 0 else index))
+            inner *= dims[depth]
+        return Kernel(name, [bufs[k] for k in keys],
+                      [For(element, lift(0, "int64"), lift(size, "int64"), lets + body, parallel=True)], threads), keys
     parallel = threads > 1 and size >= min_parallel
     for depth in range(len(dims) - 1, -1, -1):
         body = [For(loop_vars[depth], lift(0, "int64"), lift(dims[depth], "int64"), body,

@@ -1,0 +1,85 @@
+"""GPU kernels of the fused ops: the group's loop program rendered to CUDA (one thread per
+element, every step in registers), compiled when the plan is built.
+
+- ``fused_elementwise``: one kernel reads the group's inputs and writes its outputs once.
+- ``fused_epilogue``: the head (a cuBLAS GEMM, or the im2col convolution) writes the first
+  output's array; one kernel then reads it as the head and overwrites it element by element
+  (each element's reads come before its writes, in one thread).
+
+A program with a step the generator cannot write (none of today's elementwise ops, but the
+table may grow) runs as the CPU's program runner over CuPy arrays instead: one CuPy call per
+step, still on the device.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ...ir.graph import Node
+from ...ops.fused import head_parts
+from ...runtime.devices import gpu_module
+from ..cpu.fused import ProgramRunner, elementwise_inplace_pairs
+from ..native.elementwise import _arrays_for, elementwise_kernel
+from ..registry import KERNELS, KernelContext, register_kernel
+from .cuda import launcher
+
+cp = gpu_module()
+
+CUDA_DTYPES = ("float32", "float64")
+
+
+def _program_call(ctx: KernelContext, name: str, head: bool):
+    """run(ins, outs, head_array) for the node's program, or None where CUDA cannot write it."""
+    if ctx.dtype not in CUDA_DTYPES:
+        return None
+    group = tuple(ctx.out_shapes[0])
+    built = elementwise_kernel(name, ctx.attrs["program"], ctx.attrs["outputs"], ctx.in_shapes, group, ctx.dtype,
+                               ctx.attrs.get("views", ()), threads=2, head=head, min_parallel=0, flat=True)
+    if built is None:
+        return None
+    kernel, keys = built
+    launch = launcher(kernel, int(np.prod(group, dtype=np.int64)))
+
+    def run(ins, outs, head_array=None):
+        launch(_arrays_for(keys, ins, outs, head_array))
+    return run
+
+
+def _runner(ctx: KernelContext, head: bool):
+    runner = ProgramRunner(ctx.attrs["program"], ctx.attrs["outputs"], ctx.in_shapes, ctx.out_shapes[0], ctx.dtype,
+                           head_shape=tuple(ctx.out_shapes[0]) if head else None, views=ctx.attrs.get("views", ()),
+                           scratch=lambda _slot, shape, dtype: cp.empty(shape, dtype))
+
+    def run(ins, outs, head_array=None):
+        runner(ins, outs, head_array)
+    return run
+
+
+@register_kernel("fused_elementwise", "gpu", inplace=elementwise_inplace_pairs)
+def fused_elementwise_gpu(ctx: KernelContext):
+    program = _program_call(ctx, "tk_fused", head=False) or _runner(ctx, head=False)
+
+    def run(ins, outs):
+        program(ins, outs)
+    return run
+
+
+@register_kernel("fused_epilogue", "gpu")
+def fused_epilogue_gpu(ctx: KernelContext):
+    head, head_attrs, k = head_parts(ctx.attrs)
+    group = tuple(ctx.out_shapes[0])
+    head_node = Node(head, ctx.node.inputs[:k], head_attrs, ctx.node.scope)
+    head_ctx = KernelContext(head_node, head_attrs, ctx.in_shapes[:k], [group], ctx.dtype, ctx.device,
+                             ctx.runtime, ctx.xp)
+    head_fn = KERNELS.lookup(head, ctx.device, ctx.dtype).factory(head_ctx)
+    program = _program_call(ctx, "tk_epilogue", head=True)
+    head_buffer = None
+    if program is None:
+        # the runner may write output 0 while a later step still reads the head: keep it apart
+        program = _runner(ctx, head=True)
+        head_buffer = cp.empty(group, ctx.dtype)
+
+    def run(ins, outs):
+        target = outs[0] if head_buffer is None else head_buffer
+        head_fn(ins[:k], [target])
+        program(ins, outs, target)
+    return run
