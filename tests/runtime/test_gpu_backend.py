@@ -204,3 +204,42 @@ def test_gpu_dropout_is_reproducible_and_keeps_the_right_fraction(tmp_path):
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_every_gpu_kernel_equals_the_cpu_kernel(dtype):
     assert compare_every_op(dtype) > 80
+
+
+# `toolkit train` on the GPU (the stand-in): the same metrics as on the CPU, the step scalars read
+# back once per display interval, never every step
+TRAIN_SCRIPT = STAND_IN + RAW_MODULE + textwrap.dedent("""
+    import json
+    from pathlib import Path
+    from toolkit.frontend import Net
+    from toolkit.train import scalars
+    from toolkit.train.trainer import Trainer
+    reads = []
+    drain = scalars.StepScalars.drain
+    def counted(self):
+        reads.append(len(self.pending))
+        return drain(self)
+    scalars.StepScalars.drain = counted
+    settings = {"max_iter": 7, "display": 3, "test_interval": 100, "snapshot": 100}
+    net = Net.load(sys.argv[1], overrides=[(("train", k), v) for k, v in settings.items()]
+                   + [(("train", "data", "batch_size"), 16)])
+    logs = {}
+    for device in ("cpu", "gpu"):
+        reads.clear()
+        out = Path(sys.argv[2]) / device
+        assert Trainer(net, out, device=device).run() == 0
+        logs[device] = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        if device == "gpu":
+            assert [r for r in reads if r] == [1, 3, 3], reads   # iterations 0, 1-3, 4-6
+    assert [r["iter"] for r in logs["gpu"]] == [r["iter"] for r in logs["cpu"]], logs
+    for want, got in zip(logs["cpu"], logs["gpu"]):
+        for k, v in want.items():
+            assert abs(got[k] - v) <= 1e-5 * max(1.0, abs(v)), (k, got, want)
+    print("ok")
+""")
+
+
+@pytest.mark.skipif(CXX is None, reason="emulating CUDA kernels needs a C++ compiler (g++ or c++)")
+def test_training_on_the_gpu_reads_the_loss_once_per_display_interval(tmp_path):
+    result = _run_stand_in(TRAIN_SCRIPT, tmp_path, ROOT / "zoo" / "lenet" / "net.yaml", tmp_path)
+    assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-3000:]

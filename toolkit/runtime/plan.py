@@ -19,7 +19,7 @@ from ..ir.graph import FLOAT_DTYPES, Graph, Node
 from ..kernels.registry import KERNELS, KernelContext, KernelMissing, load_device
 from ..ops.base import get_op
 from .binding import bind_attrs
-from .devices import graph_devices, node_device, parse_device, weight_device
+from .devices import HostUpload, graph_devices, node_device, parse_device, weight_device
 from .memory import FOREVER, Storage, nbytes_of, plan_memory
 from .parallel import Blas, Workers, default_threads, split_kind, worth_splitting
 
@@ -226,7 +226,8 @@ class Plan:
 
         self.input_views = {name: view(v) for name, v in graph.inputs.items()}
         self.host_inputs = [(k, b) for k, b in self.input_views.items() if isinstance(b, np.ndarray)]
-        self.device_inputs = [(k, b) for k, b in self.input_views.items() if not isinstance(b, np.ndarray)]
+        self.device_inputs = [(k, b, HostUpload(b)) for k, b in self.input_views.items()
+                              if not isinstance(b, np.ndarray)]
         workers = Workers.shared(self.threads) if self.threads > 1 else None
         native_on = native if native is not None else toolchain.available()
         self.calls = []
@@ -372,10 +373,10 @@ class Plan:
     def _execute(self, inputs, timings: list | None) -> None:
         for name, buf in self.host_inputs:
             np.copyto(buf, inputs[name], casting="same_kind")
-        for name, buf in self.device_inputs:      # one host-to-device copy each
+        for name, buf, upload in self.device_inputs:      # one host-to-device copy each
             value = inputs[name]
             if isinstance(value, np.ndarray):
-                buf.set(np.ascontiguousarray(value, dtype=buf.dtype))
+                upload(value)
             else:
                 buf[...] = value
         if self.blas is not None:

@@ -26,6 +26,7 @@ from ..weights import save_weights
 from .checkpoint import Checkpoint, find_resume_point, read_checkpoint, write_checkpoint
 from .data import BatchOrder, Dataset, fit_to_inputs, load_source, split, transform
 from .progress import MetricsLog, Progress, plot
+from .scalars import StepScalars
 from .schedule import check_policy, learning_rate
 from .solvers import SolverConfig, host_values, is_slot
 
@@ -220,11 +221,16 @@ class Trainer:
     def lr_at(self, i: int) -> float:
         return learning_rate(self.spec.solver.base_lr, self.spec.solver.lr_policy, i, self.max_iter)
 
-    def step(self, i: int) -> dict[str, float]:
+    def launch(self, i: int) -> dict:
+        """Runs iteration i; its outputs stay where they were computed (see scalars.py)."""
         batch = self.train_set.take(self.order.rows(i))
         feed = {k: v for k, v in batch.items() if k in self.graph.inputs}
         feed.update(host_values(self.cfg, self.lr_at(i), i + 1, self.dtype))
-        outs = self.train_plans.run(feed)
+        return self.train_plans.run(feed)
+
+    def step(self, i: int) -> dict[str, float]:
+        """Runs iteration i and reads its loss (and each loss top) back as floats."""
+        outs = self.launch(i)
         return {"loss": float(outs[OBJECTIVE]), **{t: float(outs[t]) for t in self.loss_tops}}
 
     def test(self) -> dict[str, float]:
@@ -255,6 +261,7 @@ class Trainer:
         progress = Progress(self.max_iter, self.start, spec.display, self.stream)
         test_every = spec.test_interval
         test_keys: set[str] = set()
+        scalars = StepScalars([OBJECTIVE] + self.loss_tops, self.device, spec.display or 1)
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         last_good: Path | None = getattr(self, "resumed_from", None)
         try:
@@ -264,17 +271,22 @@ class Trainer:
                     metrics = self.test()
                     test_keys |= set(metrics)
                     record.update(metrics)
-                values = self.step(i)
-                if not math.isfinite(values["loss"]):
-                    progress.close()
-                    raise UserError(f"the loss became {values['loss']} at iteration {i} (lr {self.lr_at(i):.3g}); "
-                                    f"training stopped and {self._where(last_good)}")
-                progress.update(i, values["loss"], self.lr_at(i))
-                if record or i % spec.display == 0:
-                    log.write({"iter": i, "loss": values["loss"], "lr": self.lr_at(i),
-                               **{t: values[t] for t in self.loss_tops}, **record})
+                scalars.add(i, self.launch(i))
                 done = i + 1
                 snapshot = bool(spec.snapshot and done % spec.snapshot == 0 and done < self.max_iter)
+                logged = bool(record) or i % spec.display == 0
+                if (not scalars.deferred or logged or snapshot or scalars.full() or self._stop is not None
+                        or done == self.max_iter):
+                    values = {}
+                    for j, values in scalars.drain():
+                        if not math.isfinite(values[OBJECTIVE]):
+                            progress.close()
+                            raise UserError(f"the loss became {values[OBJECTIVE]} at iteration {j} "
+                                            f"(lr {self.lr_at(j):.3g}); training stopped and {self._where(last_good)}")
+                        progress.update(j, values[OBJECTIVE], self.lr_at(j))
+                    if logged:
+                        log.write({"iter": i, "loss": values[OBJECTIVE], "lr": self.lr_at(i),
+                                   **{t: values[t] for t in self.loss_tops}, **record})
                 if snapshot or self._stop is not None or done == self.max_iter:
                     self._check_finite(i, last_good, progress)   # never checkpoint a nan/inf state
                 if snapshot:
