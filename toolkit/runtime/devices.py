@@ -89,30 +89,28 @@ class HostUpload:
     A copy from pageable host memory makes CUDA wait for the stream first; one from pinned
     (page-locked) memory is queued like a kernel. So each upload goes through one of two pinned
     staging buffers, used in turn: before refilling a buffer, the host waits only for the copy
-    that last read it (two uploads ago, long finished), not for the device's other work. Where
-    CuPy has no pinned allocator (a stand-in), it is a plain copy."""
+    that last read it (two uploads ago, long finished), not for the device's other work. Without
+    ``cupyx`` (a stand-in for CuPy) it is a plain copy."""
 
     def __init__(self, target):
         self.target = target
         self.slots: list | None = None
         self.turn = 0
-
-    def _pinned_slots(self, cp):
-        slots = []
-        for _ in range(2):
-            memory = cp.cuda.alloc_pinned_memory(max(self.target.nbytes, 1))
-            host = np.frombuffer(memory, self.target.dtype, self.target.size).reshape(self.target.shape)
-            slots.append((memory, host, cp.cuda.Event()))
-        return slots
+        try:
+            from cupyx import empty_pinned
+        except ImportError:                # a stand-in for CuPy: plain, synchronous copies
+            empty_pinned = None
+        self.empty_pinned = empty_pinned
 
     def __call__(self, value) -> None:
-        cp = gpu_module()
-        if not hasattr(getattr(cp, "cuda", None), "alloc_pinned_memory"):
+        if self.empty_pinned is None:
             self.target.set(np.ascontiguousarray(value, dtype=self.target.dtype))
             return
+        cp = gpu_module()
         if self.slots is None:
-            self.slots = self._pinned_slots(cp)
-        _memory, host, done = self.slots[self.turn]
+            self.slots = [(self.empty_pinned(self.target.shape, self.target.dtype), cp.cuda.Event())
+                          for _ in range(2)]
+        host, done = self.slots[self.turn]
         self.turn ^= 1
         done.synchronize()                 # only the copy out of this buffer, two uploads ago
         np.copyto(host, value, casting="same_kind")

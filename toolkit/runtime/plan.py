@@ -21,6 +21,7 @@ from ..ops.base import get_op
 from .binding import bind_attrs
 from .devices import HostUpload, graph_devices, node_device, parse_device, weight_device
 from .memory import FOREVER, Storage, nbytes_of, plan_memory
+from .concurrency import concurrent_default, wave_calls, waves
 from .parallel import Blas, Workers, default_threads, split_kind, worth_splitting
 
 
@@ -171,7 +172,7 @@ def check_placed(graph: Graph, steps: list[Node], weights_of: dict) -> None:
 class Plan:
     def __init__(self, graph: Graph, bindings: Mapping[str, int], weights: Mapping[str, np.ndarray],
                  device: str | None = None, runtime: RuntimeState | None = None, outputs: list[str] | None = None,
-                 threads: int | None = None, native: bool | None = None):
+                 threads: int | None = None, native: bool | None = None, concurrent: bool | None = None):
         graph.device = parse_device(graph.device if device is None else device).name
         self.graph = graph
         self.bindings = dict(bindings)
@@ -179,6 +180,10 @@ class Plan:
         self.devices = graph_devices(graph)
         load_device("cpu")                        # constants on any device are computed on the host
         self.threads = default_threads() if threads is None else threads
+        # branches side by side (concurrency.py) or each op split across the cores (parallel.py)
+        self.concurrent = bool((concurrent_default() if concurrent is None else concurrent) and self.threads > 1
+                               and all(d.kind == "cpu" for d in self.devices))
+        self._share_of: dict[int, int] = {}
         self.runtime = runtime or RuntimeState(np.random.default_rng(0))
         out_names = list(graph.outputs) if outputs is None else outputs
         shapes, dtypes = concrete_types(graph, self.bindings)
@@ -206,7 +211,9 @@ class Plan:
             steps, shapes, dtypes, fixed, kept_values(graph, out_names),
             inplace_pairs=lambda n: self.entries[id(n)].inplace_pairs(n),
             view_offset=lambda n: view_offset(n, shapes, dtypes, self.bindings),
-            reuse="plan_memory" not in graph.disabled,
+            # concurrent waves need values of different branches apart: a buffer handed from
+            # one branch to another would order them (concurrency.py)
+            reuse="plan_memory" not in graph.disabled and not self.concurrent,
             allocate=lambda where, nbytes: (where or parse_device(graph.device)).empty(nbytes),
             device_of=lambda n: node_device(graph, n))
         self.memory = memory
@@ -229,6 +236,7 @@ class Plan:
         self.device_inputs = [(k, b, HostUpload(b)) for k, b in self.input_views.items()
                               if not isinstance(b, np.ndarray)]
         workers = Workers.shared(self.threads) if self.threads > 1 else None
+        split_workers = None if self.concurrent else workers
         native_on = native if native is not None else toolchain.available()
         self.calls = []
         self.steps = []
@@ -244,6 +252,8 @@ class Plan:
             on_cpu = node_device(graph, node).kind == "cpu"
             builder = KERNELS.native(node.op, "cpu") if native_on and on_cpu else None
             native_call = builder(self._context(node, shapes), ins, outs) if builder else None
+            if self.concurrent:                   # its own scratch: steps of a wave run at once
+                self._share_of[id(node)] = len(self.calls) + 1
             if native_call is not None:
                 natives.append((len(self.calls), native_call, ins, outs))
                 self.impls.append("native")
@@ -257,17 +267,35 @@ class Plan:
         # or the two pools would fight over the cores (measured: 4x slower steps)
         for p, node, ins, outs in python:
             on_cpu = node_device(graph, node).kind == "cpu"
-            self.calls[p] = self._python_call(node, shapes, ins, outs, None if natives or not on_cpu else workers)
+            self.calls[p] = self._python_call(node, shapes, ins, outs,
+                                              None if natives or not on_cpu else split_workers)
         self.native_source = None
         self.run_calls = self.calls
         if natives:
-            self._link(natives, shapes, workers, step_arrays)
+            self._link(natives, shapes, split_workers, step_arrays)
+        if self.concurrent:
+            self.waves = self._waves(memory, shapes, dtypes)
+            self.run_calls = wave_calls(self.waves, self.calls, workers)
         self.blas = Blas.shared() if (workers or natives) else None
         self.output_views = {n: view(graph.outputs[n]) for n in out_names}
         self.copy_updates = []
         for name, upd in graph.updates.items():
             if memory.storage_of[upd.id] is not fixed[graph.weights[name].value.id]:
                 self.copy_updates.append((fixed[graph.weights[name].value.id].external, view(upd)))
+
+    def _waves(self, memory, shapes, dtypes) -> list[list[int]]:
+        """The steps grouped into waves that may run at once (concurrency.py)."""
+        def region(v):
+            st = memory.storage_of[v.id]
+            start = memory.offset_of.get(v.id, 0)
+            n = int(np.prod(shapes[v.id], dtype=np.int64)) * np.dtype(dtypes[v.id]).itemsize
+            if st.arena is not None:
+                return (id(st.arena), st.offset + start, st.offset + start + n)
+            return (id(st), start, start + n)
+        reads = [[region(v) for v in node.inputs] for node in self.steps]
+        writes = [[region(v) for v in node.outputs] for node in self.steps]
+        ordered = [not get_op(node.op).pure for node in self.steps]
+        return waves(reads, writes, ordered)
 
     def _python_call(self, node, shapes, ins, outs, workers):
         split = self._split(node, shapes, ins, outs) if workers else None
@@ -354,7 +382,8 @@ class Plan:
         device = device or node_device(self.graph, node)
         return KernelContext(node, bind_attrs(node.attrs, self.bindings),
                              [shapes[v.id] for v in node.inputs], [shapes[v.id] for v in node.outputs],
-                             kernel_dtype(node), device.kind, self.runtime, device.xp, threads=self.threads)
+                             kernel_dtype(node), device.kind, self.runtime, device.xp,
+                             share=self._share_of.get(id(node), 0), threads=1 if self.concurrent else self.threads)
 
     @property
     def peak_bytes(self) -> int:

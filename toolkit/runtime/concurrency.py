@@ -1,0 +1,99 @@
+"""Inter-op concurrency on the CPU: independent branches of a plan (an Inception block's four
+towers) run at the same time, one per core, each kernel on one thread.
+
+A plan's steps are in a serial order its memory plan relies on: a buffer freed by one value is
+reused by a later one. So steps may run together only when neither reads or writes memory the
+other writes, counting every byte range a step touches (its inputs and outputs, where they live
+in their arenas), not only the values it consumes. Each step gets the earliest wave after every
+step it conflicts with; a wave's steps run on the worker threads, the waves in order. Steps that
+draw random numbers keep their serial order, so a seed gives the same masks either way.
+
+This is the other way to use the cores than splitting one op's batch (parallel.py); a plan does
+one or the other. Which is faster depends on the net and the batch: see ``DEFAULT_CONCURRENT``.
+"""
+from __future__ import annotations
+
+import os
+from typing import Callable
+
+# Chosen by measurement (README, "Concurrent branches"): on a 2-core EPYC, splitting each op's
+# batch across the cores beat running the branches of an Inception-style block side by side at
+# batch 64 and at batch 1, so plans run serially unless TOOLKIT_CONCURRENT=1 asks otherwise.
+DEFAULT_CONCURRENT = False
+ENV_SWITCH = "TOOLKIT_CONCURRENT"
+
+
+def concurrent_default() -> bool:
+    value = os.environ.get(ENV_SWITCH, "").strip().lower()
+    if value in ("1", "on", "yes", "true"):
+        return True
+    if value in ("0", "off", "no", "false"):
+        return False
+    return DEFAULT_CONCURRENT
+
+
+Region = tuple[int, int, int]          # (memory block id, first byte, end byte)
+
+
+def _overlap(a: list[Region], b: list[Region]) -> bool:
+    for block, start, end in a:
+        for block2, start2, end2 in b:
+            if block == block2 and start < end2 and start2 < end:
+                return True
+    return False
+
+
+def waves(reads: list[list[Region]], writes: list[list[Region]], ordered: list[bool]) -> list[list[int]]:
+    """Step indices grouped into waves: a step's wave is one past the latest earlier step that
+    writes what it reads or writes, or reads what it writes; ``ordered`` steps also follow each
+    other."""
+    wave_of: list[int] = []
+    last_ordered = -1
+    for s in range(len(reads)):
+        wave = 0
+        for t in range(s):
+            if wave_of[t] + 1 <= wave:
+                continue
+            if (_overlap(writes[t], reads[s]) or _overlap(writes[t], writes[s])
+                    or _overlap(reads[t], writes[s])):
+                wave = wave_of[t] + 1
+        if ordered[s]:
+            if last_ordered >= 0:
+                wave = max(wave, wave_of[last_ordered] + 1)
+            last_ordered = s
+        wave_of.append(wave)
+    grouped: list[list[int]] = [[] for _ in range(max(wave_of, default=-1) + 1)]
+    for s, w in enumerate(wave_of):
+        grouped[w].append(s)
+    return grouped
+
+
+def wave_calls(grouped: list[list[int]], calls: list[Callable[[], None]], workers) -> list[Callable[[], None]]:
+    """One callable per wave: a lone step runs as it is; several are dealt to the workers (in
+    turn, one share per thread), and the wave returns when all are done."""
+    out = []
+    for wave in grouped:
+        if len(wave) == 1:
+            out.append(calls[wave[0]])
+            continue
+        n = min(workers.n, len(wave))
+        shares = [[calls[s] for s in wave[k::n]] for k in range(n)]
+        out.append(_Wave(workers, [_Sequence(share) for share in shares]))
+    return out
+
+
+class _Sequence:
+    def __init__(self, calls):
+        self.calls = calls
+
+    def __call__(self):
+        for call in self.calls:
+            call()
+
+
+class _Wave:
+    def __init__(self, workers, shares):
+        self.workers, self.shares = workers, shares
+
+    def __call__(self):
+        self.workers.run(self.shares)
