@@ -504,6 +504,7 @@ POOL = [
     ("k3s2-ceil-partial", (1, 3, 8, 7), (3, 3), (2, 2), (0, 0), True),
     ("k23-s12-p11", (2, 1, 5, 7), (2, 3), (1, 2), (1, 1), False),
     ("overlap-k3s1", (1, 2, 5, 4), (3, 3), (1, 1), (0, 0), False),
+    ("k3s1p1-same", (2, 2, 6, 5), (3, 3), (1, 1), (1, 1), False),
     ("square-out-asym-divisor", (1, 2, 5, 6), (3, 2), (2, 2), (1, 0), True),
 ]
 for pid, xs, k, s, p, ceil in POOL:

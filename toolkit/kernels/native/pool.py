@@ -54,6 +54,29 @@ def _needs_checks(h, w, oh, ow, kh, kw, sh, sw, ph, pw) -> bool:
     return bool(ph or pw) or (oh - 1) * sh + kh > h or (ow - 1) * sw + kw > w
 
 
+def _inside(size, out, k, stride, pad) -> tuple[int, int]:
+    """The output positions [lo, hi) whose windows lie wholly inside an input of ``size``."""
+    lo = min(out, -(-pad // stride))
+    hi = max(lo, min(out, (size + pad - k) // stride + 1))
+    return lo, hi
+
+
+def _window_loops(i, j, geometry, window) -> For:
+    """The loops over one plane's outputs. ``window(checked)`` gives one output's statements;
+    where padding or a ragged edge needs bounds checks, only the border runs them: the outputs
+    whose windows lie inside the input run the unchecked form, which the compiler vectorises
+    (measured on a 3x3, stride-1, pad-1 pool over 64x64x28x28 on one thread: 63 ms with checks
+    at every output, 21 ms with checks on the border only)."""
+    n, c, h, w, oh, ow, kh, kw, sh, sw, ph, pw = geometry
+    if not _needs_checks(h, w, oh, ow, kh, kw, sh, sw, ph, pw):
+        return For(i, _i(0), _i(oh), [For(j, _i(0), _i(ow), window(False))])
+    (i0, i1), (j0, j1) = _inside(h, oh, kh, sh, ph), _inside(w, ow, kw, sw, pw)
+    row = [For(j, _i(start), _i(stop), window(checked))
+           for start, stop, checked in ((0, j0, True), (j0, j1, False), (j1, ow, True)) if stop > start]
+    inside = (select(i.ge(i0), 1, 0) * select(i.lt(i1), 1, 0)).gt(0)
+    return For(i, _i(0), _i(oh), [If(inside, row, [For(j, _i(0), _i(ow), window(True))])])
+
+
 @register_native("max_pool2d", "cpu")
 def max_pool2d_native(ctx, ins, outs):
     dtype = ctx.dtype
@@ -64,10 +87,13 @@ def max_pool2d_native(ctx, ins, outs):
     x = Buf("x", dtype, n * c * h * w)
     y = Buf("y", dtype, n * c * oh * ow, const=False)
     plane, i, j = names.var("plane"), names.var("i"), names.var("j")
-    stmts, m, _ = _window_max(names, x, plane, h, w, i * sh - ph, j * sw - pw, kh, kw, dtype, False,
-                               _needs_checks(h, w, oh, ow, kh, kw, sh, sw, ph, pw))
-    body = For(plane, _i(0), _i(n * c), [For(i, _i(0), _i(oh), [For(j, _i(0), _i(ow), stmts + [
-        Store(y, (plane * oh + i) * ow + j, m)])])], parallel=ctx.threads > 1 and n * c * oh * ow >= 4096)
+
+    def window(checked):
+        stmts, m, _ = _window_max(names, x, plane, h, w, i * sh - ph, j * sw - pw, kh, kw, dtype, False, checked)
+        return stmts + [Store(y, (plane * oh + i) * ow + j, m)]
+    geometry = (n, c, h, w, oh, ow, kh, kw, sh, sw, ph, pw)
+    body = For(plane, _i(0), _i(n * c), [_window_loops(i, j, geometry, window)],
+               parallel=ctx.threads > 1 and n * c * oh * ow >= 4096)
     return NativeCall(Kernel("max_pool", [x, y], [body], ctx.threads), [ins[0], outs[0]])
 
 
@@ -83,10 +109,13 @@ def max_pool2d_grad_native(ctx, ins, outs):
     x = Buf("x", dtype, n * c * h * w)
     dx = Buf("dx", dtype, n * c * h * w, const=False)
     plane, i, j, e = names.var("plane"), names.var("i"), names.var("j"), names.var("e")
-    stmts, _m, arg = _window_max(names, x, plane, h, w, i * sh - ph, j * sw - pw, kh, kw, dtype, True,
-                                 _needs_checks(h, w, oh, ow, kh, kw, sh, sw, ph, pw))
-    stmts.append(If(arg.ge(0), [Store(dx, plane * (h * w) + arg, g[(plane * oh + i) * ow + j], accumulate=True)]))
+
+    def window(checked):
+        stmts, _m, arg = _window_max(names, x, plane, h, w, i * sh - ph, j * sw - pw, kh, kw, dtype, True, checked)
+        return stmts + [If(arg.ge(0), [Store(dx, plane * (h * w) + arg, g[(plane * oh + i) * ow + j],
+                                             accumulate=True)])]
+    geometry = (n, c, h, w, oh, ow, kh, kw, sh, sw, ph, pw)
     body = For(plane, _i(0), _i(n * c), [
         For(e, _i(0), _i(h * w), [Store(dx, plane * (h * w) + e, lift(0.0, dtype))]),
-        For(i, _i(0), _i(oh), [For(j, _i(0), _i(ow), stmts)])], parallel=ctx.threads > 1 and n * c * h * w >= 4096)
+        _window_loops(i, j, geometry, window)], parallel=ctx.threads > 1 and n * c * h * w >= 4096)
     return NativeCall(Kernel("max_pool_grad", [g, x, dx], [body], ctx.threads), [ins[0], ins[1], outs[0]])
