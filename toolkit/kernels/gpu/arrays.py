@@ -23,6 +23,7 @@ from ...runtime.devices import gpu_module
 from ..cpu.conv import CONV_KERNELS
 from ..cpu.pool import POOL_KERNELS
 from ..registry import register_kernel
+from .dispatched import half_accumulator
 
 cp = gpu_module()
 
@@ -36,10 +37,6 @@ def _over_cupy(builder):
 
 for _op, _builder in {**CONV_KERNELS, **POOL_KERNELS}.items():
     register_kernel(_op, "gpu")(_over_cupy(_builder))
-
-
-def _accumulator(dtype: str) -> np.dtype:
-    return np.dtype(np.float32 if dtype == "float16" else dtype)
 
 
 def _class_last(scores, label, axis):
@@ -60,7 +57,7 @@ class _Labels:
 @register_kernel("nll_loss", "gpu")
 def nll_loss_gpu(ctx):
     axis, ignore = ctx.attrs["axis"] % len(ctx.in_shapes[0]), ctx.attrs["ignore_index"]
-    acc = _accumulator(ctx.dtype)
+    acc = np.dtype(half_accumulator(ctx.dtype) or ctx.dtype)
 
     def run(ins, outs):
         flat, lab = _class_last(ins[0], ins[1], axis)
@@ -95,7 +92,7 @@ def nll_loss_grad_gpu(ctx):
 @register_kernel("accuracy", "gpu")
 def accuracy_gpu(ctx):
     axis, top_k = ctx.attrs["axis"] % len(ctx.in_shapes[0]), ctx.attrs["top_k"]
-    acc = _accumulator(ctx.dtype)
+    acc = np.dtype(half_accumulator(ctx.dtype) or ctx.dtype)
 
     def run(ins, outs):
         flat, lab = _class_last(ins[0], ins[1], axis)

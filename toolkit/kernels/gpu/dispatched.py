@@ -23,7 +23,7 @@ DISPATCHED = sorted(set(ELEMENTWISE_IMPL) - _RNG_OPS) + [
     "reduce_mean_grad", "bessel_correct", "pad_axis"]
 
 
-def _accumulator(dtype: str):
+def half_accumulator(dtype: str):
     """The dtype sums are taken in: float32 for half precision, the dtype itself otherwise."""
     return np.float32 if dtype == "float16" else None
 
@@ -37,7 +37,7 @@ for _op in DISPATCHED:
 def _reduction_factory(name: str):
     """sum or mean over axes, in float32 for float16 inputs."""
     def factory(ctx):
-        axes, keep, acc = tuple(ctx.attrs["axes"]), ctx.attrs["keepdims"], _accumulator(ctx.dtype)
+        axes, keep, acc = tuple(ctx.attrs["axes"]), ctx.attrs["keepdims"], half_accumulator(ctx.dtype)
         reduce = getattr(cp, name)
 
         def run(ins, outs):
@@ -56,7 +56,7 @@ register_kernel("reduce_mean", "gpu")(_reduction_factory("mean"))
 def _softmax_factory(log: bool):
     def factory(ctx):
         axis = ctx.attrs["axis"]
-        acc = _accumulator(ctx.dtype) or ctx.dtype
+        acc = half_accumulator(ctx.dtype) or ctx.dtype
 
         def run(ins, outs):
             x = ins[0].astype(acc, copy=False)
