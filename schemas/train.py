@@ -29,6 +29,17 @@ class LrPolicy(Strict):
     warmup_factor: Annotated[float, Field(gt=0, le=1)] = 0.1
 
 
+class MixedPrecisionSpec(Strict):
+    """Mixed-precision training (PyTorch's autocast + GradScaler): GEMMs and convolutions in
+    ``dtype``, float32 master weights, the loss scaled by a factor that backs off on overflow."""
+    dtype: Literal["float16", "bfloat16"] = "float16"
+    loss_scale: Union[Literal["dynamic"], Annotated[float, Field(gt=0)]] = "dynamic"
+    init_scale: Annotated[float, Field(gt=0)] = 65536.0
+    growth_factor: Annotated[float, Field(gt=1)] = 2.0
+    backoff_factor: Annotated[float, Field(gt=0, lt=1)] = 0.5
+    growth_interval: PositiveInt = 2000
+
+
 class SolverSpec(Strict):
     type: Literal["sgd", "nesterov", "adam", "adamw", "rmsprop", "adagrad"] = "sgd"
     base_lr: Annotated[float, Field(gt=0)] = 0.01
@@ -39,6 +50,7 @@ class SolverSpec(Strict):
     alpha: Annotated[float, Field(gt=0, lt=1)] = 0.99
     lr_policy: LrPolicy = LrPolicy()
     clip_gradients: Optional[Annotated[float, Field(gt=0)]] = None
+    mixed_precision: Optional[MixedPrecisionSpec] = None
 
 
 class TrainSpec(Strict):

@@ -15,9 +15,11 @@ import numpy as np
 from .autodiff import differentiate
 from .errors import UserError
 from .frontend import OBJECTIVE, Net
-from .ir.graph import Graph, Value
+from .ir.graph import LOW_PRECISION, Graph, Value
 from .passes.constants import freeze_weights
+from .passes.precision import autocast, has_half, store_half_as_float32
 from .passes.pipeline import UnknownPass, check_pass_names, no_optimize, run_pipeline
+from .train.loss_scaling import MixedPrecision, scaled_objective
 from .train.solvers import SolverConfig, add_solver
 
 
@@ -37,11 +39,22 @@ def disabled_passes(net: Net | None = None, disable: Iterable[str] = (), no_opt:
 
 def optimize(graph: Graph, disable: tuple[str, ...] = (), weights: Mapping[str, np.ndarray] | None = None,
              device: str = "cpu", **pipeline_options) -> Graph:
-    """Freeze ``weights`` (when given) into constants, then run the pass pipeline."""
+    """Freeze ``weights`` (when given) into constants, then run the pass pipeline. Half-typed
+    values on a device without half-precision arrays are stored as float32 first."""
     graph.device = device
     if weights is not None:
         freeze_weights(graph, weights)
+    emulated = emulated_half_types(device)
+    if emulated and has_half(graph, emulated):
+        store_half_as_float32(graph, emulated)
     return run_pipeline(graph, disable, **pipeline_options)
+
+
+def emulated_half_types(device: str) -> tuple[str, ...]:
+    """The half types a device stores as float32 (rounded at casts): numpy (the CPU) has no fast
+    half-precision arithmetic and no bfloat16, CuPy has no bfloat16."""
+    from .runtime.devices import parse_device
+    return LOW_PRECISION if parse_device(device).kind == "cpu" else ("bfloat16",)
 
 
 def forward_graph(net: Net, phase: str = "infer", dtype: str | None = None,
@@ -50,11 +63,15 @@ def forward_graph(net: Net, phase: str = "infer", dtype: str | None = None,
     return optimize(net.graph(phase, dtype, outputs), disable, weights, device)
 
 
-def add_gradients(graph: Graph) -> dict[str, Value]:
+def add_gradients(graph: Graph, mixed_precision: MixedPrecision | None = None) -> dict[str, Value]:
     """Append the backward pass of the train graph; returns {weight name: gradient}.
-    Weights with lr_mult 0 (frozen) and state buffers get no gradient work."""
+    Weights with lr_mult 0 (frozen) and state buffers get no gradient work. Under mixed
+    precision the backward pass starts from the loss-scaled objective."""
     trainable = [w for w in graph.weights.values() if w.trainable and w.lr_mult != 0]
-    grads = differentiate(graph, graph.outputs[OBJECTIVE], [w.value for w in trainable])
+    objective = graph.outputs[OBJECTIVE]
+    if mixed_precision is not None:
+        objective = scaled_objective(graph, objective, mixed_precision)
+    grads = differentiate(graph, objective, [w.value for w in trainable])
     return {w.name: grads[w.value.id] for w in trainable if grads[w.value.id] is not None}
 
 
@@ -68,7 +85,11 @@ def solver_config(net: Net) -> SolverConfig:
 def train_graph(net: Net, solver: SolverConfig | None = None, dtype: str | None = None) -> Graph:
     """Forward, generated backward and the solver's updates, before any pass."""
     graph = net.graph("train", dtype)
-    add_solver(graph, add_gradients(graph), solver or solver_config(net))
+    solver = solver or solver_config(net)
+    mp = solver.mixed_precision
+    if mp is not None:
+        autocast(graph, mp.dtype)
+    add_solver(graph, add_gradients(graph, mp), solver)
     return graph
 
 

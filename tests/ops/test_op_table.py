@@ -232,6 +232,31 @@ case("cast", "to-i32-trunc", lambda r: [np.array([-2.7, -0.5, 0.0, 0.5, 2.7, 3.0
 case("cast", "from-i64", lambda r: [labels(r, (3, 4), 100) - 50], lambda x: x * 1.0,
      attrs=lambda dt: dict(dtype=dt))
 
+# select: the condition is kept away from 0 (its sign is the kink), the branches broadcast
+for sc, sa, sb in [((3, 4), (3, 4), (3, 4)), ((), (2, 3), (2, 3)), ((3, 1), (4,), ()), ((5,), (2, 5), (5,))]:
+    case("select", f"{sc}-{sa}-{sb}", lambda r, sc=sc, sa=sa, sb=sb: [away(r, sc), uni(r, sa), uni(r, sb)],
+         lambda c, a, b: np.where(c > 0, a, b))
+
+# mixed precision: the finiteness flag and the rounding to a half type (PyTorch's conversions)
+_SPECIAL = np.array([0.0, -0.0, 1.0, 65504.0, 65520.0, 70000.0, -1e6, 1e-8, 2.0 ** -24, 1 + 2.0 ** -11,
+                     1 + 3 * 2.0 ** -11, 3.4e38, np.inf, -np.inf])
+
+
+def _torch_round(x, dtype):
+    with np.errstate(over="ignore"):
+        return tn(torch.from_numpy(np.asarray(x, np.float32)).to(dtype).to(torch.float64))
+
+
+for half, tdtype in (("float16", torch.float16), ("bfloat16", torch.bfloat16)):
+    case("round_precision", f"{half}-random", lambda r: [uni(r, (7, 9), -300, 300)],
+         lambda x, t=tdtype: _torch_round(x, t), attrs=dict(dtype=half), grad=False)
+    case("round_precision", f"{half}-edges", lambda r: [_SPECIAL.copy()],
+         lambda x, t=tdtype: _torch_round(x, t), attrs=dict(dtype=half), grad=False)
+case("all_finite", "finite", lambda r: [uni(r, (3, 4)), uni(r, (5,))], lambda a, b: np.array(1.0), grad=False)
+case("all_finite", "inf", lambda r: [uni(r, (3, 4)), np.array([1.0, np.inf, 2.0])], lambda a, b: np.array(0.0),
+     grad=False)
+case("all_finite", "nan-0d", lambda r: [np.array(np.nan)], lambda a: np.array(0.0), grad=False)
+
 for ratio, s in [(0.5, (200, 50)), (0.2, (7, 301)), (0.0, (10, 10))]:
     case("dropout_mask", f"r{ratio}-{s}", lambda r, s=s: [uni(r, s)], None, attrs=dict(ratio=ratio), random=True)
 
@@ -565,7 +590,8 @@ def assert_close(actual, expected, tol, what=""):
     if actual.dtype.kind in "iub" or expected.dtype.kind in "iub":
         np.testing.assert_array_equal(actual, expected, err_msg=what)
         return
-    scale = max(1.0, float(np.max(np.abs(expected), initial=0.0)))
+    finite = np.abs(expected[np.isfinite(expected)])
+    scale = max(1.0, float(np.max(finite, initial=0.0)))
     np.testing.assert_allclose(actual, expected, rtol=tol, atol=tol * scale, err_msg=what)
 
 
@@ -717,6 +743,8 @@ TABLE_EXCLUSIONS: dict[str, str] = {}
 
 # Ops (not named *_grad, not constants, not random) that legitimately have no gradient rule.
 NO_GRAD_RULE = {
+    "all_finite": "a flag on the gradients themselves (mixed precision), never on a loss path",
+    "round_precision": "made after the backward pass exists, where a CPU stores float16 as float32",
     "accuracy": "a metric: piecewise constant in the scores, never on a loss path",
     "bessel_correct": "only feeds the running-variance state update, which is never differentiated",
     "conv2d_max_pool2d": "made by an inference-only fusion: in a train graph the pooling gradient also "

@@ -12,10 +12,15 @@ from typing import Any, Mapping
 
 from .dims import Dim, evaluate, format_dim, product
 
-FLOAT_DTYPES = ("float32", "float64")
+# half precision types: stored in 16 bits, computed with float32 accumulation (SPEC section 4).
+# numpy has float16 but no bfloat16, so a CPU plan never holds either: passes/precision.py
+# stores them as float32 there, rounded to the low type wherever the graph casts to or from it
+LOW_PRECISION = ("float16", "bfloat16")
+FLOAT_DTYPES = ("float32", "float64") + LOW_PRECISION
 INT_DTYPES = ("int32", "int64")
 DTYPES = FLOAT_DTYPES + INT_DTYPES + ("bool",)
-SHORT_DTYPE = {"float32": "f32", "float64": "f64", "int32": "i32", "int64": "i64", "bool": "b"}
+SHORT_DTYPE = {"float32": "f32", "float64": "f64", "float16": "f16", "bfloat16": "bf16",
+               "int32": "i32", "int64": "i64", "bool": "b"}
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,9 @@ from typing import Callable
 
 import numpy as np
 
-from ..ir.graph import DTYPES, TensorType
+from ..ir.graph import DTYPES, FLOAT_DTYPES, TensorType
 from .base import Builder, OpDef, ShapeError, register
-from .rules import binary_broadcast, elementwise_flops, like_input, unary_same
+from .rules import binary_broadcast, broadcast_shapes, elementwise_flops, like_input, need_float, same_dtype, unary_same
 
 ELEMENTWISE_IMPL: dict[str, Callable] = {}
 
@@ -295,7 +295,7 @@ def _cast_infer(types, attrs):
 
 
 def _cast_grad(b, node, gouts):
-    if node.inputs[0].dtype not in ("float32", "float64"):
+    if node.inputs[0].dtype not in FLOAT_DTYPES:
         return [None]
     return [b.op("cast", gouts[0], dtype=node.inputs[0].dtype)]
 
@@ -308,6 +308,32 @@ def _cast(x, out, dtype):
 
 
 _define("cast", _cast, _cast_infer, _cast_grad)
+
+
+def _select_infer(types, attrs):
+    need_float(types[0], "condition")
+    dtype = same_dtype(types[1:])
+    return [TensorType(broadcast_shapes(*(t.shape for t in types)), dtype)]
+
+
+def _select(c, a, b, out):
+    """``a`` where ``c > 0``, else ``b``: unlike ``c*a + (1-c)*b``, an inf or nan in the branch
+    not taken stays out (the mixed-precision step keeps the old weights this way)."""
+    picked = np.where(c > 0, a, b)
+    if out is None:
+        return picked
+    np.copyto(out, picked)
+    return out
+
+
+def _select_grad(b, node, gouts):
+    g, = gouts
+    c, x, y = node.inputs
+    zero = b.scalar(0.0, g.dtype)
+    return [None, b.sum_to(b.op("select", c, g, zero), x.shape), b.sum_to(b.op("select", c, zero, g), y.shape)]
+
+
+_define("select", _select, _select_infer, _select_grad, doc="a where the condition is > 0, else b")
 
 
 def _dropout_mask_infer(types, attrs):

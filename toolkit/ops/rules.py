@@ -42,7 +42,7 @@ def same_dtype(types: Sequence[TensorType]) -> str:
 
 def need_float(t: TensorType, what: str = "input") -> None:
     if t.dtype not in FLOAT_DTYPES:
-        raise ShapeError(f"{what} must be float32 or float64, got {t.dtype}")
+        raise ShapeError(f"{what} must be a float type ({', '.join(FLOAT_DTYPES)}), got {t.dtype}")
 
 
 def need_rank(t: TensorType, rank: int, what: str = "input") -> None:

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import UserError
+from ..ir.graph import LOW_PRECISION  # noqa: F401  (re-exported for the commands)
 
 KINDS = ("cpu", "gpu")
 _NAME = re.compile(r"^(cpu|gpu)(?::([0-9]+))?$")
-LOW_PRECISION = ("float16", "bfloat16")
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ import numpy as np
 
 from ..ir.graph import Graph, TensorType, Value, Weight
 from ..ops.base import Builder
+from .loss_scaling import MixedPrecision, bias_corrections, guard_updates, taken_steps, unscale
 
 LR = "@lr"
 BIAS1 = "@bias1"          # 1 / (1 - beta1^t)
@@ -37,6 +38,7 @@ class SolverConfig:
     eps: float = 1e-8
     alpha: float = 0.99
     clip_gradients: float | None = None
+    mixed_precision: MixedPrecision | None = None
 
     @classmethod
     def from_spec(cls, spec) -> "SolverConfig":
@@ -44,7 +46,8 @@ class SolverConfig:
         if wd is None:
             wd = 0.01 if spec.type == "adamw" else 0.0
         eps = spec.eps if spec.eps is not None else DEFAULT_EPS.get(spec.type, 1e-8)
-        return cls(spec.type, spec.momentum, wd, tuple(spec.betas), eps, spec.alpha, spec.clip_gradients)
+        return cls(spec.type, spec.momentum, wd, tuple(spec.betas), eps, spec.alpha, spec.clip_gradients,
+                   MixedPrecision.from_spec(spec.mixed_precision))
 
 
 def slot_name(param: str, slot: str) -> str:
@@ -80,13 +83,23 @@ def _clip(graph: Graph, grads: dict[str, Value], max_norm: float) -> dict[str, V
 
 
 def add_solver(graph: Graph, grads: dict[str, Value], cfg: SolverConfig) -> None:
-    """Append each parameter's update (and its slots' updates) to ``graph.updates``."""
+    """Append each parameter's update (and its slots' updates) to ``graph.updates``. Under mixed
+    precision the gradients arrive loss-scaled: they are unscaled first, and every update is kept
+    only when all of them are finite (loss_scaling.py)."""
     if not grads:
         return
+    mp = cfg.mixed_precision
+    ok = None
+    if mp is not None:
+        grads, ok = unscale(graph, grads)
     if cfg.clip_gradients:
         grads = _clip(graph, grads, cfg.clip_gradients)
     dtype = next(iter(grads.values())).dtype
     lr = _host_input(graph, LR, dtype)
+    adam_bias = None
+    if cfg.type in ("adam", "adamw"):
+        adam_bias = ((_host_input(graph, BIAS1, dtype), _host_input(graph, BIAS2, dtype)) if ok is None
+                     else bias_corrections(graph, taken_steps(graph, ok), cfg.betas, dtype))
     for name, g in grads.items():
         w = graph.weights[name]
         b = Builder(graph, f"{w.layer}.{cfg.type}")
@@ -110,8 +123,8 @@ def add_solver(graph: Graph, grads: dict[str, Value], cfg: SolverConfig) -> None
             new_v = b.add(b.scale(v, beta2), b.scale(b.op("square", g), 1 - beta2))
             graph.updates[slot_name(name, "exp_avg")] = new_m
             graph.updates[slot_name(name, "exp_avg_sq")] = new_v
-            denom = b.add(b.mul(b.op("sqrt", new_v), _host_input(graph, BIAS2, dtype)), b.scalar(cfg.eps, dtype))
-            step_size = b.mul(lr_p, _host_input(graph, BIAS1, dtype))
+            denom = b.add(b.mul(b.op("sqrt", new_v), adam_bias[1]), b.scalar(cfg.eps, dtype))
+            step_size = b.mul(lr_p, adam_bias[0])
             base = p
             if cfg.type == "adamw" and wd:
                 base = b.mul(p, b.sub(b.scalar(1.0, dtype), b.scale(lr_p, wd)))   # p *= 1 - lr * wd
@@ -134,12 +147,14 @@ def add_solver(graph: Graph, grads: dict[str, Value], cfg: SolverConfig) -> None
         else:
             raise ValueError(f"unknown solver {cfg.type}")
         graph.updates[name] = new_p
+    if ok is not None:
+        guard_updates(graph, ok, mp)
 
 
 def host_values(cfg: SolverConfig, lr: float, step: int, dtype: str) -> dict[str, np.ndarray]:
     """The per-iteration scalar inputs; ``step`` counts updates from 1 (PyTorch's state['step'])."""
     values = {LR: np.asarray(lr, dtype=dtype)}
-    if cfg.type in ("adam", "adamw"):
+    if cfg.type in ("adam", "adamw") and cfg.mixed_precision is None:
         beta1, beta2 = cfg.betas
         values[BIAS1] = np.asarray(1.0 / (1.0 - beta1 ** step), dtype=dtype)
         values[BIAS2] = np.asarray(1.0 / math.sqrt(1.0 - beta2 ** step), dtype=dtype)

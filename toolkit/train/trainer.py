@@ -28,6 +28,7 @@ from .data import BatchOrder, Dataset, fit_to_inputs, load_source, split, transf
 from .progress import MetricsLog, Progress, plot
 from .scalars import StepScalars
 from .schedule import check_policy, learning_rate
+from .loss_scaling import SCALE_OUTPUT
 from .solvers import SolverConfig, host_values, is_slot
 
 RESERVED = {"iter", "loss", "lr"}
@@ -156,6 +157,8 @@ class Trainer:
         tg = test_graph(net, self.disable, device=device) if self.test_set is not None else None
         self.test_plans = PlanCache(tg, self.store, RuntimeState(np.random.default_rng(0)), device) if tg else None
         self.loss_tops = [t for t in self.graph.losses if t not in RESERVED]
+        # under mixed precision the loss scale after each step is logged beside the loss
+        self.extra_scalars = [SCALE_OUTPUT] if SCALE_OUTPUT in self.graph.outputs else []
         self._stop: int | None = None
 
     # -- state ------------------------------------------------------------------------------------
@@ -166,8 +169,9 @@ class Trainer:
             model = self.net.init_weights(self.spec.seed, self.dtype)
         store = {k: np.array(v, dtype=self.dtype, order="C") for k, v in model.items()}
         for name, w in self.graph.weights.items():
-            if name not in store:
-                store[name] = np.zeros(tuple(int(d) for d in w.value.shape), dtype=w.value.dtype)
+            if name not in store:           # solver slots and loss-scaler state start from their constant
+                start = w.init.get("value", 0.0) if w.init.get("type") == "constant" else 0.0
+                store[name] = np.full(tuple(int(d) for d in w.value.shape), start, dtype=w.value.dtype)
         return store
 
     def _resume(self, target: str) -> None:
@@ -261,7 +265,7 @@ class Trainer:
         progress = Progress(self.max_iter, self.start, spec.display, self.stream)
         test_every = spec.test_interval
         test_keys: set[str] = set()
-        scalars = StepScalars([OBJECTIVE] + self.loss_tops, self.device, spec.display or 1)
+        scalars = StepScalars([OBJECTIVE] + self.loss_tops + self.extra_scalars, self.device, spec.display or 1)
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         last_good: Path | None = getattr(self, "resumed_from", None)
         try:
@@ -286,7 +290,7 @@ class Trainer:
                         progress.update(j, values[OBJECTIVE], self.lr_at(j))
                     if logged:
                         log.write({"iter": i, "loss": values[OBJECTIVE], "lr": self.lr_at(i),
-                                   **{t: values[t] for t in self.loss_tops}, **record})
+                                   **{t: values[t] for t in self.loss_tops + self.extra_scalars}, **record})
                 if snapshot or self._stop is not None or done == self.max_iter:
                     self._check_finite(i, last_good, progress)   # never checkpoint a nan/inf state
                 if snapshot:

@@ -31,9 +31,14 @@ def _make(name):
                 impl(ins[0], out=outs[0])
             return run_unary
 
-        def run_binary(ins, outs):
-            impl(ins[0], ins[1], out=outs[0])
-        return run_binary
+        if len(ctx.in_shapes) == 2:
+            def run_binary(ins, outs):
+                impl(ins[0], ins[1], out=outs[0])
+            return run_binary
+
+        def run_any(ins, outs):
+            impl(*ins, out=outs[0])
+        return run_any
     return factory
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...ops.base import get_op
+from ...ops.precision import all_finite, round_precision
 from ..registry import register_kernel
 
 
@@ -22,6 +23,22 @@ def _reference_kernel(ctx):
 
 for _op in ("scalar", "constant", "nll_loss", "nll_loss_grad", "accuracy"):
     register_kernel(_op, "cpu")(_reference_kernel)
+
+
+@register_kernel("all_finite", "cpu")
+def all_finite_kernel(ctx):
+    def run(ins, outs):
+        all_finite(*ins, out=outs[0])
+    return run
+
+
+@register_kernel("round_precision", "cpu", inplace=True)
+def round_precision_kernel(ctx):
+    dtype = ctx.attrs["dtype"]
+
+    def run(ins, outs):
+        round_precision(ins[0], dtype, out=outs[0])
+    return run
 
 
 @register_kernel("reshape", "cpu")

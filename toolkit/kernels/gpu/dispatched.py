@@ -20,7 +20,7 @@ cp = gpu_module()
 _RNG_OPS = {"dropout_mask"}                   # the CPU's draws from the host generator: arrays.py
 DISPATCHED = sorted(set(ELEMENTWISE_IMPL) - _RNG_OPS) + [
     "matmul", "reshape", "transpose", "concat", "slice", "broadcast_to", "scalar", "constant",
-    "reduce_mean_grad", "bessel_correct", "pad_axis"]
+    "reduce_mean_grad", "bessel_correct", "pad_axis", "all_finite", "round_precision"]
 
 
 def half_accumulator(dtype: str):

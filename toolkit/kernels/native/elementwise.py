@@ -55,6 +55,8 @@ def step_expr(op: str, a: list, attrs: dict, dtype: str):
         return a[0] * select(a[1].gt(zero), one, zero)
     if op == "ge_mask":
         return select(a[0].ge(a[1]), one, zero)
+    if op == "select":
+        return select(a[0].gt(zero), a[1], a[2])
     if op == "leaky_relu":
         alpha = _f(attrs["alpha"], dtype)
         scaled = a[0] * alpha
