@@ -102,7 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--device", type=_device_name, default="cpu", help=DEVICE_HELP)
     p.add_argument("--dtype", choices=DTYPES, default=None,
-                   help="float16 and bfloat16 accumulate in float32; on cpu they run as float32")
+                   help="float16 and bfloat16 accumulate in float32; with --train they mean mixed precision; "
+                        "on cpu they run through float32 kernels")
     p.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE",
                    help="value of another symbolic dimension, e.g. T=32")
     p.add_argument("--lr", type=float, default=None,
@@ -123,6 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--weights", help="start from these weights")
     p.add_argument("--resume", metavar="DIR", help="continue exactly from a run folder or checkpoint")
     p.add_argument("--device", type=_device_name, default="cpu", help=DEVICE_HELP)
+    p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default=None,
+                   help="float16/bfloat16: mixed precision (GEMMs and convolutions in that type, float32 master "
+                        "weights, dynamic loss scaling), as train.solver.mixed_precision; float32: without it")
     _optimize_flags(p)
 
     p = sub.add_parser("test", help="run the test phase over the net's test data and print the metrics")

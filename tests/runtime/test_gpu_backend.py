@@ -71,7 +71,7 @@ SCRIPT = STAND_IN + RAW_MODULE + textwrap.dedent("""
     registered = {op for (op, dev, _t) in KERNELS.entries if dev == "gpu"}
     cpu_ops = {op for (op, dev, _t) in KERNELS.entries if dev == "cpu"}
     assert cpu_ops - registered == set(gpu.MISSING) == set(), sorted(cpu_ops - registered)
-    ran = {dtype: compare_every_op(dtype) for dtype in ("float32", "float64")}
+    ran = {dtype: compare_every_op(dtype) for dtype in ("float32", "float64", "float16")}
     assert min(ran.values()) > 80, ran
     print("op cases:", ran)
 
@@ -141,9 +141,13 @@ DROPOUT_SCRIPT = STAND_IN + textwrap.dedent("""
 """)
 
 
+HALF_TOLERANCE = 4e-3           # float16 keeps 11 significant bits: a few roundings of 2**-11 each
+
+
 def compare_every_op(dtype: str) -> int:
     """Every op-table case with a GPU kernel, run on the GPU and on the CPU: equal within the
-    dtype's tolerance. Returns how many cases ran."""
+    dtype's tolerance. float16 runs against the CPU's float32 on the same (rounded) inputs.
+    Returns how many cases ran."""
     from tests.ops.test_op_table import CASES, feeds, one_node_graph
     from toolkit.kernels.registry import KERNELS, load_device
     from toolkit.runtime.plan import Plan, RuntimeState
@@ -152,20 +156,31 @@ def compare_every_op(dtype: str) -> int:
     for case in CASES:
         if not KERNELS.has(case.op, "gpu", dtype) or case.op in ("transfer", "dropout_mask"):
             continue
+        if dtype == "float16" and case.op in HALF_SKIP:
+            continue
         arrays = case.inputs(dtype)
         outs = {}
         for device in ("cpu", "gpu"):
-            graph, _vals, y = one_node_graph(case, arrays, case.attrs_for(dtype))
+            run_dtype = "float32" if device == "cpu" and dtype == "float16" else dtype
+            run_arrays = [a.astype(run_dtype) if a.dtype.kind == "f" else a for a in arrays]
+            graph, _vals, y = one_node_graph(case, run_arrays, case.attrs_for(run_dtype))
             graph.outputs["y"] = y
             plan = Plan(graph, {}, {}, device, RuntimeState(np.random.default_rng(0)), native=False)
-            out = plan.run(feeds(arrays))["y"]
+            out = plan.run(feeds(run_arrays))["y"]
             outs[device] = out.get() if hasattr(out, "get") else np.array(out)
-        tol = 1e-5 if dtype == "float32" else 1e-12
+        if dtype == "float16":
+            outs["gpu"] = outs["gpu"].astype(outs["cpu"].dtype)
+        tol = {"float32": 1e-5, "float64": 1e-12, "float16": HALF_TOLERANCE}[dtype]
         scale = max(1.0, float(np.max(np.abs(outs["cpu"]), initial=0.0)))
         np.testing.assert_allclose(outs["gpu"], outs["cpu"], rtol=tol, atol=tol * scale, err_msg=case.id,
                                    equal_nan=True)
         ran += 1
     return ran
+
+
+# float16 cases left out: rounding a value to float16 is the op's whole point (round_precision),
+# or the float32 reference's values do not fit in float16 (the range cases of cast)
+HALF_SKIP = {"round_precision"}
 
 
 def _run_stand_in(script: str, tmp_path, *args) -> subprocess.CompletedProcess:
@@ -199,9 +214,50 @@ def test_gpu_dropout_is_reproducible_and_keeps_the_right_fraction(tmp_path):
     assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-3000:]
 
 
+# float16 on the GPU: LeNet's infer outputs against the CPU's float32; a mixed-precision train
+# step with real float16 arrays against the CPU's (float16 stored as float32, rounded at casts)
+HALF_SCRIPT = STAND_IN + RAW_MODULE + textwrap.dedent("""
+    import numpy as np
+    from toolkit.frontend import Net
+    from toolkit.commands.bench import bench_plan
+    lenet = Net.load(sys.argv[1])
+    gpu_plan, gpu_in = bench_plan(lenet, 4, False, dtype="float16", device="gpu")
+    cpu_plan, cpu_in = bench_plan(lenet, 4, False, device="cpu")
+    halves = [v for n in gpu_plan.graph.nodes for v in n.outputs if v.dtype == "float16"]
+    assert len(halves) >= 5, "the GPU infer plan does not compute in float16"
+    got = np.array(gpu_plan.run({k: v.astype(np.float16) for k, v in cpu_in.items()})["prob"])
+    want = cpu_plan.run(cpu_in)["prob"]
+    assert got.dtype == np.float16
+    np.testing.assert_allclose(got.astype(np.float32), want, atol=5e-3)
+    # bench's inputs are unit normal where LeNet's data lie in [0, 1]: the gradients are large, and
+    # a loss scale of 65536 overflows float16 in both runs (every step skipped), 256 does not
+    for scale in (256.0, 65536.0):
+        net = Net.load(sys.argv[1], overrides=[(("train", "solver", "mixed_precision"), {"init_scale": scale})])
+        losses = {}
+        for device in ("cpu", "gpu"):
+            plan, inputs = bench_plan(net, 8, True, dtype="float16", device=device)
+            ops = {(n.op, n.outputs[0].dtype) for n in plan.graph.nodes if n.outputs}
+            if device == "gpu":
+                assert any(t == "float16" and op.startswith(("conv2d", "fused", "matmul")) for op, t in ops), ops
+            else:
+                assert not any(t == "float16" for _op, t in ops), ops
+            losses[device] = [float(plan.run(inputs)["loss"]) for _ in range(3)]
+        np.testing.assert_allclose(losses["gpu"], losses["cpu"], rtol=2e-3, err_msg=str(scale))
+        skipped = losses["gpu"][0] == losses["gpu"][1] == losses["gpu"][2]
+        assert skipped == (scale == 65536.0) and skipped == (losses["cpu"][0] == losses["cpu"][2]), (scale, losses)
+    print("ok")
+""")
+
+
+@pytest.mark.skipif(CXX is None, reason="emulating CUDA kernels needs a C++ compiler (g++ or c++)")
+def test_float16_on_the_gpu_path_matches_float32_and_the_emulation(tmp_path):
+    result = _run_stand_in(HALF_SCRIPT, tmp_path, ROOT / "zoo" / "lenet" / "net.yaml")
+    assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-3000:]
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU with cupy (run on a GPU machine)")
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16"])
 def test_every_gpu_kernel_equals_the_cpu_kernel(dtype):
     assert compare_every_op(dtype) > 80
 

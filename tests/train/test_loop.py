@@ -205,13 +205,17 @@ def net_data(net_path: Path, *overrides):
 ADAM = "{type: adam, base_lr: 0.01, weight_decay: 0.0001, lr_policy: {type: step, gamma: 0.5, step_size: 7}}"
 
 
-@pytest.mark.parametrize("solver", ["sgd", "adam"])
+# mixed precision: the loss scale grows every 3 good steps, so it changes across the resume point
+MIXED = ["--dtype", "float16", "--set", "train.solver.mixed_precision.growth_interval=3"]
+
+
+@pytest.mark.parametrize("solver", ["sgd", "adam", "sgd-mixed"])
 def test_resume_is_bit_exact(resume_net, tmp_path, solver):
     """2N iterations == N, --resume, N more: every array of the model, of every checkpoint
     (solver slots and running stats included), the checkpoint metadata (rng state) and
     metrics.jsonl. N = 10 is not a multiple of the 6-iteration epoch, the step policy changes
     the rate at 7 and 14, and a test pass runs every 5 iterations."""
-    extra = [] if solver == "sgd" else ["--set", f"train.solver={ADAM}"]
+    extra = {"sgd": [], "adam": ["--set", f"train.solver={ADAM}"], "sgd-mixed": MIXED}[solver]
     _net, _spec, train_set, _test, order = net_data(resume_net)
     assert len(train_set) == 45 and order.per_epoch == 6 and 10 % order.per_epoch  # N=10 mid-epoch
     full, split = tmp_path / "full", tmp_path / "split"
@@ -221,7 +225,7 @@ def test_resume_is_bit_exact(resume_net, tmp_path, solver):
     assert first.iteration == 10
     train(resume_net, split, "--resume", split, *extra)          # the net says max_iter 20
 
-    slots = {"sgd": "@momentum", "adam": "@exp_avg_sq"}[solver]
+    slots = {"sgd": "@momentum", "adam": "@exp_avg_sq", "sgd-mixed": "amp@growth_tracker"}[solver]
     final = read_checkpoint(split / "checkpoints" / "iter_0000020.safetensors")
     assert final.iteration == 20
     assert any(k.endswith(slots) for k in final.arrays), sorted(final.arrays)
@@ -240,7 +244,9 @@ def test_resume_is_bit_exact(resume_net, tmp_path, solver):
     assert [r["iter"] for r in rf if "loss" in r] == list(range(20))
     # the rate followed the step policy across the resume point
     assert [r["lr"] for r in rf if "loss" in r] == pytest.approx(
-        [(0.1 if solver == "sgd" else 0.01) * 0.5 ** (i // 7) for i in range(20)], rel=1e-12)
+        [(0.01 if solver == "adam" else 0.1) * 0.5 ** (i // 7) for i in range(20)], rel=1e-12)
+    if solver == "sgd-mixed":      # the scale moved: grown after good steps, halved after an overflow
+        assert len({r["loss_scale"] for r in rf if "loss" in r}) > 2, rf
 
 
 def test_resume_restores_the_dropout_generator(resume_net, tmp_path):

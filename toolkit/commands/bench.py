@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 
 import numpy as np
 
 from ..compile import disabled_passes, forward_graph, solver_config, train_step_graph
 from ..errors import UserError
 from ..frontend import Net
-from ..ir.graph import FLOAT_DTYPES
+from ..ir.graph import FLOAT_DTYPES, LOW_PRECISION
+from ..train.loss_scaling import MixedPrecision
 from ..runtime.plan import Plan
 from ..runtime.session import batch_bindings
-from ..train.solvers import host_values
+from ..train.solvers import host_values, initial_state
 from .bench_layers import format_table, json_rows, per_layer_table
-from .devices import check_device, resolve_dtype
+from .devices import check_device, resolve_dtype, resolve_train_dtype
 
 
 def parse_dims(items: list[str]) -> dict[str, int]:
@@ -77,6 +79,9 @@ def bench_plan(net: Net, batch: int, train: bool, dtype: str | None = None, disa
     """The plan `toolkit bench` times and its inputs: the infer phase with the weights frozen in
     (as `toolkit infer` runs it), or the train step with the net's solver."""
     solver = solver_config(net)
+    if train and dtype in LOW_PRECISION:      # a half-precision train step is mixed precision
+        solver = replace(solver, mixed_precision=replace(solver.mixed_precision or MixedPrecision(), dtype=dtype))
+        dtype = None
     if weights_file:
         weights = net.load_weights(weights_file, dtype=dtype)
     else:
@@ -86,8 +91,9 @@ def bench_plan(net: Net, batch: int, train: bool, dtype: str | None = None, disa
     else:
         graph = forward_graph(net, "infer", dtype, disable=disable, weights=weights, device=device)
     bindings = batch_bindings(graph, batch, dims or {})
-    for name, w in graph.weights.items():          # solver slots start at zero
-        weights.setdefault(name, np.zeros(w.value.type.concrete({}), w.value.dtype))
+    for name, w in graph.weights.items():          # solver slots and the loss scale
+        if name not in weights:
+            weights[name] = initial_state(w)
     plan = Plan(graph, bindings, {k: weights[k] for k in graph.weights}, device)
     inputs = bench_inputs(graph, bindings, np.random.default_rng(0))
     if train:
@@ -98,7 +104,7 @@ def bench_plan(net: Net, batch: int, train: bool, dtype: str | None = None, disa
 
 def run_bench(args) -> int:
     args.device = check_device(args.device)
-    args.dtype = resolve_dtype(args.dtype, args.device)
+    args.dtype = resolve_train_dtype(args.dtype, args.device) if args.train else resolve_dtype(args.dtype, args.device)
     net = Net.load(args.net)
     disable = disabled_passes(net, args.disable, args.no_optimize)
     solver = solver_config(net)

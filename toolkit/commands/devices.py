@@ -21,21 +21,36 @@ def check_device(device: str) -> str:
 
 
 def resolve_dtype(dtype: str | None, device: str) -> str | None:
-    """The dtype the kernels compute in for ``--dtype`` on ``device``. A CPU runs float16 and
+    """The dtype an infer graph is built in for ``--dtype`` on ``device``. The GPU runs float16
+    in float16 (GEMMs, reductions and softmax accumulate in float32). A CPU runs float16 and
     bfloat16 through its float32 kernels (numpy has no fast half-precision arithmetic and no
-    bfloat16 at all) and says so once. The GPU has no half-precision kernels yet (CuPy has no
-    bfloat16 arrays at all): asking is an error naming what it has."""
+    bfloat16 at all), and so does the GPU for bfloat16 (CuPy has no bfloat16 arrays); each says
+    so once."""
     if dtype not in LOW_PRECISION:
         return dtype
     kind = parse_device(device).kind
-    if kind == "cpu":
-        if dtype not in _told:
-            _told.add(dtype)
-            print(f"note: {dtype} on cpu runs through the float32 kernels (results and outputs in float32)",
-                  file=sys.stderr)
-        return "float32"
-    if dtype == "bfloat16":
-        raise UserError("no gpu kernels for dtype bfloat16 (CuPy has no bfloat16 arrays); the gpu has "
-                        "float32 and float64; bfloat16 runs on cpu through float32")
-    raise UserError("no gpu kernels for dtype float16 yet (the gpu has float32 and float64); "
-                    "float16 runs on cpu through float32")
+    if kind == "gpu" and dtype == "float16":
+        return dtype
+    why = "CuPy has no bfloat16 arrays" if kind == "gpu" else "numpy has no fast half-precision arithmetic"
+    _note(f"note: {dtype} on {kind} runs through the float32 kernels ({why}); results and outputs in float32")
+    return "float32"
+
+
+def resolve_train_dtype(dtype: str | None, device: str) -> str | None:
+    """The mixed-precision dtype a train step uses for ``--dtype`` (None: plain float32 or
+    float64 training). Where the device has no arrays of that type, its values are stored as
+    float32 and rounded to it at every cast (passes/precision.py): the numerics of the half type,
+    not its speed."""
+    if dtype not in LOW_PRECISION:
+        return None
+    kind = parse_device(device).kind
+    if kind == "cpu" or dtype == "bfloat16":
+        _note(f"note: mixed precision in {dtype} on {kind}: {dtype} values are stored as float32 and rounded "
+              f"to {dtype} at each cast (its numerics, not its speed)")
+    return dtype
+
+
+def _note(line: str) -> None:
+    if line not in _told:
+        _told.add(line)
+        print(line, file=sys.stderr)

@@ -9,7 +9,8 @@ import yaml
 from ..compile import disabled_passes
 from ..errors import UserError
 from ..frontend import Net
-from .devices import check_device
+from ..ir.graph import LOW_PRECISION
+from .devices import check_device, resolve_train_dtype
 
 
 def parse_overrides(items: list[str]) -> list[tuple[tuple, object]]:
@@ -31,7 +32,17 @@ def parse_overrides(items: list[str]) -> list[tuple[tuple, object]]:
 def run_train(args) -> int:
     check_device(args.device)
     from ..train.trainer import Trainer
-    net = Net.load(args.net, parse_overrides(args.overrides))
+    overrides = parse_overrides(args.overrides)
+    # --dtype float16 is mixed_precision.dtype=float16 (the net's other scaler settings kept);
+    # float32 switches mixed precision off. Either comes before --set, which has the last word.
+    if args.dtype in LOW_PRECISION:
+        overrides.insert(0, (("train", "solver", "mixed_precision", "dtype"), args.dtype))
+    elif args.dtype is not None:
+        overrides.insert(0, (("train", "solver", "mixed_precision"), None))
+    net = Net.load(args.net, overrides)
+    mixed = net.spec.train.solver.mixed_precision if net.spec.train else None
+    if mixed is not None:
+        resolve_train_dtype(mixed.dtype, args.device)
     out = Path(args.out) if args.out else None
     if out is None and args.resume:
         resume = Path(args.resume)

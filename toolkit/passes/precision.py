@@ -17,8 +17,11 @@ float32. Each cast is made once per (value, dtype) and reused by every consumer.
 
 ``store_half_as_float32(graph)`` prepares a graph for a device without half-precision arrays
 (numpy has float16 arithmetic but no fast one, and no bfloat16): every half-typed value is
-stored as float32 and every cast to or from a half type rounds through ``round_precision``, so
-values overflow and lose precision at the same points as on a device with real half storage.
+stored as float32, and every cast to or from a half type and every half-typed accumulation (GEMM,
+convolution, sum) rounds its result through ``round_precision``: values overflow and lose
+precision where a device with real half storage would. Elementwise ops between them are not
+rounded (one rounding of 2**-11 each, never an overflow by themselves: the loss scale's overflows
+come out of the accumulations).
 """
 from __future__ import annotations
 
@@ -31,6 +34,9 @@ FLOAT32_OPS = frozenset({"softmax", "log_softmax", "nll_loss", "sigmoid_cross_en
 # ops whose dtype is an attribute, not their inputs': left as they are
 _TYPED = frozenset({"cast", "scalar", "constant", "round_precision", "all_finite"})
 _WIDTH = {"bfloat16": 0, "float16": 0, "float32": 1, "float64": 2}
+# ops that accumulate many products or terms into each output (rounded once, at the store)
+ACCUMULATING = frozenset({"matmul", "conv2d", "conv2d_grad_input", "conv2d_grad_weight", "reduce_sum",
+                          "reduce_mean"})
 
 
 class _Casts:
@@ -130,7 +136,23 @@ def store_half_as_float32(graph: Graph, types: tuple[str, ...] = LOW_PRECISION) 
         if v.dtype in types:
             raise ValueError(f"'{v.name}' is {v.dtype}: inputs and weights of an emulated graph are float32")
     rounded = 0
+    stored: dict[int, Value] = {}         # a half-typed accumulation's value -> its rounded copy
+    nodes: list[Node] = []
     for node in graph.nodes:
+        node.inputs = [stored.get(v.id, v) for v in node.inputs]
+        nodes.append(node)
+        if node.op in ACCUMULATING and node.outputs[0].dtype in types:
+            # a GEMM, convolution or sum "in float16" accumulates in float32 and stores its result
+            # in float16: that store is where a device overflows (a loss scale too large) or
+            # rounds, so it rounds here too
+            v = node.outputs[0]
+            store = Node("round_precision", [v], {"dtype": v.dtype}, node.scope)
+            v.type = TensorType(v.shape, "float32")
+            store.outputs = [Value(TensorType(v.shape, "float32"), store)]
+            stored[v.id] = store.outputs[0]
+            nodes.append(store)
+            rounded += 1
+            continue
         if node.op == "cast":
             src, dst = node.inputs[0].dtype, node.attrs["dtype"]
             half = dst if dst in types else src if src in types else None
@@ -141,10 +163,14 @@ def store_half_as_float32(graph: Graph, types: tuple[str, ...] = LOW_PRECISION) 
                 node.outputs[0].type = TensorType(node.outputs[0].shape, "float32")
                 rounded += 1
                 continue
-        elif node.op == "scalar" and node.attrs["dtype"] in types:
+        if node.op == "scalar" and node.attrs["dtype"] in types:
             node.attrs = {**node.attrs, "dtype": "float32"}
         for out in node.outputs:
             if out.dtype in types:
                 out.type = TensorType(out.shape, "float32")
-    graph.notes.append(f"half precision stored as float32: {rounded} cast(s) round through the half type")
+    graph.nodes = nodes
+    graph.outputs = {k: stored.get(v.id, v) for k, v in graph.outputs.items()}
+    graph.updates = {k: stored.get(v.id, v) for k, v in graph.updates.items()}
+    graph.notes.append(f"half precision stored as float32: {rounded} cast(s) and accumulation(s) round "
+                       "through the half type")
     return graph

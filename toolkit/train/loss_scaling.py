@@ -84,16 +84,17 @@ def taken_steps(graph: Graph, ok: Value) -> Value:
 
 
 def bias_corrections(graph: Graph, steps: Value, betas: tuple[float, float], dtype: str) -> tuple[Value, Value]:
-    """Adam's ``1/(1 - beta1^t)`` and ``1/sqrt(1 - beta2^t)`` from the in-graph step count."""
+    """Adam's ``1/(1 - beta1^t)`` and ``1/sqrt(1 - beta2^t)`` from the in-graph step count, in
+    float64 as the host computes them: ``1 - 0.999^t`` cancels to few correct bits in float32."""
     b = Builder(graph, "amp")
-    t = steps if dtype == "float32" else b.op("cast", steps, dtype=dtype)
-    one = b.scalar(1.0, dtype)
+    t = b.op("cast", steps, dtype="float64")
+    one = b.scalar(1.0, "float64")
 
     def power(beta: float) -> Value:                   # beta^t = exp(t * ln beta)
-        return b.op("exp", b.mul(t, b.scalar(math.log(beta), dtype)))
+        return b.op("exp", b.mul(t, b.scalar(math.log(beta), "float64")))
     bias1 = b.div(one, b.sub(one, power(betas[0])))
     bias2 = b.op("rsqrt", b.sub(one, power(betas[1])))
-    return bias1, bias2
+    return b.op("cast", bias1, dtype=dtype), b.op("cast", bias2, dtype=dtype)
 
 
 def guard_updates(graph: Graph, ok: Value, mp: MixedPrecision) -> None:

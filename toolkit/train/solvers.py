@@ -71,6 +71,13 @@ def _slot(graph: Graph, param: Weight, slot: str) -> Value:
     return value
 
 
+def initial_state(w: Weight) -> np.ndarray:
+    """The starting array of a state weight the model file does not hold (a solver slot, the
+    loss scale): its constant filler's value."""
+    start = w.init.get("value", 0.0) if w.init.get("type") == "constant" else 0.0
+    return np.full(tuple(int(d) for d in w.value.shape), start, dtype=w.value.dtype)
+
+
 def _clip(graph: Graph, grads: dict[str, Value], max_norm: float) -> dict[str, Value]:
     b = Builder(graph, "clip_gradients")
     squares = [b.reduce_sum(b.op("square", g), range(g.rank)) for g in grads.values()]

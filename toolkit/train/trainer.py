@@ -29,7 +29,7 @@ from .progress import MetricsLog, Progress, plot
 from .scalars import StepScalars
 from .schedule import check_policy, learning_rate
 from .loss_scaling import SCALE_OUTPUT
-from .solvers import SolverConfig, host_values, is_slot
+from .solvers import SolverConfig, host_values, initial_state, is_slot
 
 RESERVED = {"iter", "loss", "lr"}
 
@@ -169,9 +169,8 @@ class Trainer:
             model = self.net.init_weights(self.spec.seed, self.dtype)
         store = {k: np.array(v, dtype=self.dtype, order="C") for k, v in model.items()}
         for name, w in self.graph.weights.items():
-            if name not in store:           # solver slots and loss-scaler state start from their constant
-                start = w.init.get("value", 0.0) if w.init.get("type") == "constant" else 0.0
-                store[name] = np.full(tuple(int(d) for d in w.value.shape), start, dtype=w.value.dtype)
+            if name not in store:           # solver slots and the loss scale
+                store[name] = initial_state(w)
         return store
 
     def _resume(self, target: str) -> None:
