@@ -229,6 +229,10 @@ HALF_SCRIPT = STAND_IN + RAW_MODULE + textwrap.dedent("""
     want = cpu_plan.run(cpu_in)["prob"]
     assert got.dtype == np.float16
     np.testing.assert_allclose(got.astype(np.float32), want, atol=5e-3)
+    from toolkit.kernels.gpu import cuda
+    halves = [src for src, _name in cuda._FUNCTIONS if "tk_f2h(" in src]
+    assert halves, "no fused group was rendered to CUDA in float16"
+    print("float16 CUDA units:", len(halves))
     # bench's inputs are unit normal where LeNet's data lie in [0, 1]: the gradients are large, and
     # a loss scale of 65536 overflows float16 in both runs (every step skipped), 256 does not
     for scale in (256.0, 65536.0):
@@ -299,3 +303,43 @@ TRAIN_SCRIPT = STAND_IN + RAW_MODULE + textwrap.dedent("""
 def test_training_on_the_gpu_reads_the_loss_once_per_display_interval(tmp_path):
     result = _run_stand_in(TRAIN_SCRIPT, tmp_path, ROOT / "zoo" / "lenet" / "net.yaml", tmp_path)
     assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-3000:]
+
+
+@pytest.mark.skipif(CXX is None, reason="compiling the conversions needs a C++ compiler (g++ or c++)")
+def test_half_conversions_of_the_cuda_dialect_equal_numpy(tmp_path):
+    """The portable float16 <-> float32 conversions the CUDA dialect falls back to off the device
+    (where the tests run it): every one of the 65536 half bit patterns read, and float32 values
+    across the range written (ties, subnormals, overflow to inf, nan), against numpy's."""
+    import ctypes
+    from toolkit.codegen.render import HALF_HELPERS
+    source = ("#include <math.h>\n" + HALF_HELPERS +
+              'extern "C" void read_all(const unsigned short *h, float *f, long n) '
+              "{ for (long i = 0; i < n; i++) f[i] = tk_h2f(h[i]); }\n"
+              'extern "C" void write_all(const float *f, unsigned short *h, long n) '
+              "{ for (long i = 0; i < n; i++) h[i] = tk_f2h(f[i]); }\n")
+    lib_path = tmp_path / "half.so"
+    subprocess.run([CXX, "-O1", "-shared", "-fPIC", "-x", "c++", "-", "-o", str(lib_path)], input=source,
+                   text=True, check=True)
+    lib = ctypes.CDLL(str(lib_path))
+    bits = np.arange(65536, dtype=np.uint16)
+    got = np.empty(65536, np.float32)
+    lib.read_all(ctypes.c_void_p(bits.ctypes.data), ctypes.c_void_p(got.ctypes.data), ctypes.c_long(65536))
+    want = bits.view(np.float16).astype(np.float32)
+    assert np.array_equal(got.view(np.uint32)[~np.isnan(want)], want.view(np.uint32)[~np.isnan(want)])
+    assert np.isnan(got[np.isnan(want)]).all()
+
+    rng = np.random.default_rng(0)
+    halves = bits.view(np.float16).astype(np.float32)
+    finite = halves[np.isfinite(halves)]
+    middles = (finite[:-1] + np.diff(np.sort(finite))[:1]).astype(np.float32)    # exact ties
+    values = np.concatenate([finite, np.sort(finite)[:-1] / 2 + np.sort(finite)[1:] / 2, middles,
+                             rng.standard_normal(20000).astype(np.float32) * 10.0 ** rng.integers(-9, 6, 20000),
+                             np.array([65504, 65519.99, 65520, 70000, 1e30, 3e-8, 2.9e-8, 6e-8, np.inf, -np.inf,
+                                       np.nan], np.float32)]).astype(np.float32)
+    out = np.empty(values.size, np.uint16)
+    lib.write_all(ctypes.c_void_p(values.ctypes.data), ctypes.c_void_p(out.ctypes.data), ctypes.c_long(values.size))
+    with np.errstate(over="ignore"):
+        expected = values.astype(np.float16)
+    nan = np.isnan(values)
+    assert np.array_equal(out[~nan], expected.view(np.uint16)[~nan])
+    assert np.isnan(out[nan].view(np.float16)).all()

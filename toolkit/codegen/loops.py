@@ -76,8 +76,8 @@ class Load(Expr):
     index: Expr
 
     @property
-    def dtype(self) -> str:
-        return self.buf.dtype
+    def dtype(self) -> str:                      # a float16 element is read as a float32
+        return "float32" if self.buf.dtype == "float16" else self.buf.dtype
 
 
 @dataclass(eq=False)

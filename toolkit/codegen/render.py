@@ -44,6 +44,38 @@ static tk_dgemm_t tk_dgemm;
 void tk_set_blas(void *sgemm, void *dgemm) { tk_sgemm = (tk_sgemm_t)sgemm; tk_dgemm = (tk_dgemm_t)dgemm; }
 """
 
+# float16 <-> float32 for the CUDA dialect: the device's conversion instructions (round to
+# nearest even), and the same conversions in portable C where the source is compiled for a host
+# (the emulation the tests run without a GPU)
+HALF_HELPERS = r"""
+#ifdef __CUDA_ARCH__
+__device__ inline float tk_h2f(unsigned short h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
+__device__ inline unsigned short tk_f2h(float f) { unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+#else
+union tk_bits { float f; unsigned int u; };
+static inline float tk_h2f(unsigned short h) {
+    unsigned int sign = (unsigned int)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    union tk_bits v;
+    if (e == 0) { float f = (float)m * 5.9604644775390625e-08f; return sign ? -f : f; }   /* m * 2^-24 */
+    v.u = sign | (e == 31 ? 0x7f800000u | (m << 13) : ((e + 112u) << 23) | (m << 13));
+    return v.f;
+}
+static inline unsigned short tk_f2h(float f) {
+    union tk_bits v; v.f = f;
+    unsigned int sign = (v.u >> 16) & 0x8000u, a = v.u & 0x7fffffffu, r;
+    if (a > 0x7f800000u) return (unsigned short)(sign | 0x7e00u);                /* nan */
+    if (a >= 0x477ff000u) return (unsigned short)(sign | 0x7c00u);               /* >= 65520: inf */
+    if (a < 0x38800000u) {                                                       /* below 2^-14 */
+        v.u = a;
+        return (unsigned short)(sign | (unsigned int)rintf(v.f * 16777216.0f));  /* whole 2^-24s, ties even */
+    }
+    r = a - 0x38000000u;                                                         /* rebias 127 -> 15 */
+    r += 0xfffu + ((r >> 13) & 1u);                                              /* round to nearest even */
+    return (unsigned short)(sign | (r >> 13));
+}
+#endif
+"""
+
 MATH_C = {"exp": "exp", "log": "log", "tanh": "tanh", "sqrt": "sqrt", "abs": "fabs", "expm1": "expm1",
           "log1p": "log1p", "erf": "erf", "floor": "floor"}
 
@@ -120,8 +152,7 @@ class CDialect:
             elif isinstance(s, Set):
                 lines.append(f"{pad}{s.var.name} = {self.expr(s.value)};")
             elif isinstance(s, Store):
-                op = "+=" if s.accumulate else "="
-                lines.append(f"{pad}{s.buf.name}[{self.expr(s.index)}] {op} {self.expr(s.value)};")
+                lines.append(self.store(s, pad))
             elif isinstance(s, If):
                 lines.append(f"{pad}if ({self.expr(s.cond)}) {{")
                 lines += self.stmts(s.then, depth + 1, kernel, in_parallel)
@@ -139,6 +170,10 @@ class CDialect:
             else:
                 raise TypeError(f"cannot render statement {s!r}")
         return lines
+
+    def store(self, s: Store, pad: str) -> str:
+        op = "+=" if s.accumulate else "="
+        return f"{pad}{s.buf.name}[{self.expr(s.index)}] {op} {self.expr(s.value)};"
 
     def scalar(self, value) -> str:
         return repr(float(value)) if isinstance(value, (int, float)) else self.expr(value)
@@ -165,7 +200,8 @@ class CudaDialect(CDialect):
     (grid-stride), everything inside it sequential per thread."""
 
     name = "cuda"
-    types = {**C_TYPES, "int64": "long long", "int32": "int"}
+    # float16 buffers hold IEEE half bits, read into and written from float32 arithmetic
+    types = {**C_TYPES, "int64": "long long", "int32": "int", "float16": "unsigned short"}
 
     def stmts(self, body, depth, kernel, in_parallel):
         lines = []
@@ -190,7 +226,16 @@ class CudaDialect(CDialect):
     def expr(self, e) -> str:
         if isinstance(e, ThreadIndex):
             return "((long long)(blockIdx.x * blockDim.x + threadIdx.x))"
+        if isinstance(e, Load) and e.buf.dtype == "float16":
+            return f"tk_h2f({e.buf.name}[{self.expr(e.index)}])"
         return super().expr(e)
+
+    def store(self, s: Store, pad: str) -> str:
+        if s.buf.dtype != "float16":
+            return super().store(s, pad)
+        if s.accumulate:
+            raise TypeError("a float16 buffer cannot be accumulated into")
+        return f"{pad}{s.buf.name}[{self.expr(s.index)}] = tk_f2h({self.expr(s.value)});"
 
     def kernel(self, k: Kernel) -> str:
         params = []
@@ -210,4 +255,6 @@ class CudaDialect(CDialect):
                    "__device__ inline float tk_minf(float a, float b) { return (a <= b || a != a) ? a : b; }\n"
                    "__device__ inline double tk_max(double a, double b) { return (a >= b || a != a) ? a : b; }\n"
                    "__device__ inline double tk_min(double a, double b) { return (a <= b || a != a) ? a : b; }\n")
+        if any(p.dtype == "float16" for k in kernels for p in k.params):
+            helpers += HALF_HELPERS
         return helpers + "\n".join(self.kernel(k) for k in kernels) + "\n"

@@ -1,5 +1,6 @@
 """GPU kernels of the fused ops: the group's loop program rendered to CUDA (one thread per
-element, every step in registers), compiled when the plan is built.
+element, every step in registers), compiled when the plan is built. A float16 group reads and
+writes half-precision buffers and computes in float32 registers.
 
 - ``fused_elementwise``: one kernel reads the group's inputs and writes its outputs once.
 - ``fused_epilogue``: the head (a cuBLAS GEMM, or the im2col convolution) writes the first
@@ -24,7 +25,7 @@ from .cuda import launcher
 
 cp = gpu_module()
 
-CUDA_DTYPES = ("float32", "float64")
+CUDA_DTYPES = ("float32", "float64", "float16")
 
 
 def _program_call(ctx: KernelContext, name: str, head: bool):

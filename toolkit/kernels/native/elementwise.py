@@ -23,6 +23,8 @@ from ..registry import register_native
 # Below this many elements a parallel loop costs more to start than it saves.
 PARALLEL_MIN_ELEMENTS = 1 << 15
 FLOATS = ("float32", "float64")
+# storage dtype -> the dtype a loop program computes in (loops.py: a Load converts, a Store rounds)
+COMPUTE_DTYPE = {"float16": "float32"}
 SQRT_HALF = 1 / math.sqrt(2)
 
 
@@ -180,6 +182,7 @@ def elementwise_kernel(name: str, program, outputs, in_shapes, group_shape, dtyp
         offsets.append(offset)
     dims, merged = merge_dims(group_shape, layouts)
     names = Names()
+    compute = COMPUTE_DTYPE.get(dtype, dtype)   # float16 buffers, float32 arithmetic (GPU dialect only)
     bufs = {}
     for n, key in enumerate(keys):
         if key[0] == "x":
@@ -200,7 +203,7 @@ def elementwise_kernel(name: str, program, outputs, in_shapes, group_shape, dtyp
         return expr
 
     operands = {k: b for k, b in bufs.items() if k[0] in ("x", "h")}
-    body = program_body(program, outputs, operands, dtype, index_of, [bufs[("o", k)] for k in range(len(outputs))],
+    body = program_body(program, outputs, operands, compute, index_of, [bufs[("o", k)] for k in range(len(outputs))],
                         names)
     if body is None:
         return None
