@@ -172,3 +172,9 @@ def test_mixed_precision_settings_are_checked(tmp_path):
                       ("train.solver.mixed_precision.loss_scale=-1", "loss_scale")):
         r = cli("train", lenet, "--out", tmp_path / "x", "--set", bad)
         assert r.status == 2 and word in r.err and "Traceback" not in r.err, r.err
+    # in the net file: FILE:LINE:COL of the bad value
+    text = lenet.read_text().replace("solver: {type: sgd,", "solver: {mixed_precision: {dtype: float64}, type: sgd,")
+    (tmp_path / "bad.yaml").write_text(text)
+    line = next(i for i, row in enumerate(text.splitlines(), 1) if "mixed_precision" in row)
+    r = cli("train", tmp_path / "bad.yaml", "--out", tmp_path / "x")
+    assert r.status == 2 and f"bad.yaml:{line}:" in r.err and "'float16' or 'bfloat16'" in r.err, r.err

@@ -77,6 +77,19 @@ def _retype(node: Node) -> None:
         out.type = t
 
 
+def _promoted(floats: list[Value], flexible: set[int], low: str) -> str | None:
+    """The dtype an op of neither list runs in (None: as it is). Weights and constants
+    (``flexible``) follow the activations they meet; otherwise the widest input wins, and a
+    half type meeting a wider one goes up to at least float32."""
+    rigid = {v.dtype for v in floats if v.id not in flexible}
+    if rigid and rigid <= set(LOW_PRECISION):
+        return low
+    if len({v.dtype for v in floats}) == 1:
+        return None
+    widest = max(rigid or {v.dtype for v in floats}, key=_WIDTH.__getitem__)
+    return "float32" if widest in LOW_PRECISION else widest
+
+
 def autocast(graph: Graph, low: str) -> Graph:
     """Rewrite ``graph`` in place for mixed precision in ``low`` (float16 or bfloat16)."""
     if low not in LOW_PRECISION:
@@ -97,12 +110,7 @@ def autocast(graph: Graph, low: str) -> Graph:
         elif node.op in FLOAT32_OPS:
             target = "float32" if any(v.dtype in LOW_PRECISION for v in floats) else None
         else:
-            rigid = {v.dtype for v in floats if v.id not in flexible}
-            if rigid and rigid <= set(LOW_PRECISION):
-                target = low
-            elif len({v.dtype for v in floats}) > 1:
-                target = max((d for d in rigid or {v.dtype for v in floats}), key=_WIDTH.__getitem__)
-                target = "float32" if target in LOW_PRECISION else target
+            target = _promoted(floats, flexible, low)
         if target is not None:
             node.inputs = [casts.to(v, target) if v.dtype in FLOAT_DTYPES else v for v in node.inputs]
             nodes += casts.flush()

@@ -56,11 +56,16 @@ def _state(graph: Graph, name: str, value: float) -> Value:
     return v
 
 
+def _as(b: Builder, v: Value, dtype: str) -> Value:
+    """``v`` in ``dtype`` (the scaler's float32 scalars meeting a float64 net)."""
+    return v if v.dtype == dtype else b.op("cast", v, dtype=dtype)
+
+
 def scaled_objective(graph: Graph, objective: Value, mp: MixedPrecision) -> Value:
     """``S * objective``, the value the backward pass starts from."""
     scale = _state(graph, SCALE, mp.init_scale)
     b = Builder(graph, "amp")
-    return b.mul(objective, b.op("cast", scale, dtype=objective.dtype) if objective.dtype != "float32" else scale)
+    return b.mul(objective, _as(b, scale, objective.dtype))
 
 
 def unscale(graph: Graph, grads: dict[str, Value]) -> tuple[dict[str, Value], Value]:
@@ -70,7 +75,7 @@ def unscale(graph: Graph, grads: dict[str, Value]) -> tuple[dict[str, Value], Va
     inv = b.div(b.scalar(1.0, "float32"), scale)
     out = {}
     for name, g in grads.items():
-        out[name] = b.mul(g, inv if g.dtype == "float32" else b.op("cast", inv, dtype=g.dtype))
+        out[name] = b.mul(g, _as(b, inv, g.dtype))
     return out, b.op("all_finite", *out.values())
 
 
@@ -94,7 +99,7 @@ def bias_corrections(graph: Graph, steps: Value, betas: tuple[float, float], dty
         return b.op("exp", b.mul(t, b.scalar(math.log(beta), "float64")))
     bias1 = b.div(one, b.sub(one, power(betas[0])))
     bias2 = b.op("rsqrt", b.sub(one, power(betas[1])))
-    return b.op("cast", bias1, dtype=dtype), b.op("cast", bias2, dtype=dtype)
+    return _as(b, bias1, dtype), _as(b, bias2, dtype)
 
 
 def guard_updates(graph: Graph, ok: Value, mp: MixedPrecision) -> None:
@@ -102,8 +107,7 @@ def guard_updates(graph: Graph, ok: Value, mp: MixedPrecision) -> None:
     b = Builder(graph, "amp")
     for name, new in list(graph.updates.items()):
         old = graph.weights[name].value
-        flag = ok if new.dtype == "float32" else b.op("cast", ok, dtype=new.dtype)
-        graph.updates[name] = b.op("select", flag, new, old)
+        graph.updates[name] = b.op("select", _as(b, ok, new.dtype), new, old)
     scale = graph.weights[SCALE].value
     if mp.dynamic:
         tracker = _state(graph, TRACKER, 0.0)
