@@ -24,7 +24,12 @@ STAND_IN = textwrap.dedent("""
     fake = types.ModuleType("cupy")
     fake.__dict__.update({k: getattr(numpy, k) for k in dir(numpy) if not k.startswith("__")})
     runtime = types.SimpleNamespace(getDeviceCount=lambda: 1)
-    fake.cuda = types.SimpleNamespace(runtime=runtime, Device=lambda i: contextlib.nullcontext())
+    class Device(contextlib.nullcontext):
+        def __init__(self, index=0):
+            super().__init__()
+        def synchronize(self):
+            pass
+    fake.cuda = types.SimpleNamespace(runtime=runtime, Device=Device)
     sys.modules["cupy"] = fake
 """)
 

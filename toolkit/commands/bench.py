@@ -48,10 +48,12 @@ def time_plan(plan: Plan, inputs, iters: int, warmup: int, profiles: list | None
     the same machine load."""
     for _ in range(warmup):
         plan.run(inputs)
+    plan.synchronize()
     times = []
     for _ in range(iters):
         start = time.perf_counter()
         plan.run(inputs)
+        plan.synchronize()                # a GPU's launches return before its kernels finish
         times.append(time.perf_counter() - start)
         if profiles is not None:
             profiles.append(plan.profile(inputs))

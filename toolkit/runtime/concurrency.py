@@ -43,25 +43,29 @@ def _overlap(a: list[Region], b: list[Region]) -> bool:
     return False
 
 
-def waves(reads: list[list[Region]], writes: list[list[Region]], ordered: list[bool]) -> list[list[int]]:
-    """Step indices grouped into waves: a step's wave is one past the latest earlier step that
-    writes what it reads or writes, or reads what it writes; ``ordered`` steps also follow each
-    other."""
-    wave_of: list[int] = []
+def conflicts(reads: list[list[Region]], writes: list[list[Region]], ordered: list[bool]) -> list[list[int]]:
+    """For each step, the earlier steps it must follow: those that write what it reads or writes,
+    or read what it writes; each ``ordered`` step also follows the previous one."""
+    before: list[list[int]] = []
     last_ordered = -1
     for s in range(len(reads)):
-        wave = 0
-        for t in range(s):
-            if wave_of[t] + 1 <= wave:
-                continue
-            if (_overlap(writes[t], reads[s]) or _overlap(writes[t], writes[s])
-                    or _overlap(reads[t], writes[s])):
-                wave = wave_of[t] + 1
+        must = [t for t in range(s)
+                if (_overlap(writes[t], reads[s]) or _overlap(writes[t], writes[s])
+                    or _overlap(reads[t], writes[s]))]
         if ordered[s]:
-            if last_ordered >= 0:
-                wave = max(wave, wave_of[last_ordered] + 1)
+            if last_ordered >= 0 and last_ordered not in must:
+                must.append(last_ordered)
             last_ordered = s
-        wave_of.append(wave)
+        before.append(sorted(must))
+    return before
+
+
+def waves(reads: list[list[Region]], writes: list[list[Region]], ordered: list[bool]) -> list[list[int]]:
+    """Step indices grouped into waves: a step's wave is one past the latest wave of the steps
+    it must follow (``conflicts``)."""
+    wave_of: list[int] = []
+    for must in conflicts(reads, writes, ordered):
+        wave_of.append(max((wave_of[t] + 1 for t in must), default=0))
     grouped: list[list[int]] = [[] for _ in range(max(wave_of, default=-1) + 1)]
     for s, w in enumerate(wave_of):
         grouped[w].append(s)

@@ -48,6 +48,11 @@ class Device:
             return gpu_module().cuda.Device(self.index)
         return _NoContext()
 
+    def synchronize(self) -> None:
+        """Wait until this device has finished the work queued on it (a timer's end)."""
+        if self.kind == "gpu":
+            gpu_module().cuda.Device(self.index).synchronize()
+
     def empty(self, nbytes: int):
         with self.use():
             return self.xp.empty(max(int(nbytes), 1), dtype=np.uint8)

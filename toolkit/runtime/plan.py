@@ -21,7 +21,8 @@ from ..ops.base import get_op
 from .binding import bind_attrs
 from .devices import HostUpload, graph_devices, node_device, parse_device, weight_device
 from .memory import FOREVER, Storage, nbytes_of, plan_memory
-from .concurrency import concurrent_default, wave_calls, waves
+from .concurrency import concurrent_default, conflicts, wave_calls, waves
+from .streams import StreamSchedule, assign_streams, stream_calls
 from .parallel import Blas, Workers, default_threads, split_kind, worth_splitting
 
 
@@ -180,9 +181,13 @@ class Plan:
         self.devices = graph_devices(graph)
         load_device("cpu")                        # constants on any device are computed on the host
         self.threads = default_threads() if threads is None else threads
-        # branches side by side (concurrency.py) or each op split across the cores (parallel.py)
-        self.concurrent = bool((concurrent_default() if concurrent is None else concurrent) and self.threads > 1
-                               and all(d.kind == "cpu" for d in self.devices))
+        # branches side by side (concurrency.py; on CUDA streams on a GPU, streams.py) or each
+        # op split across the cores (parallel.py)
+        wanted = concurrent_default() if concurrent is None else concurrent
+        all_cpu = all(d.kind == "cpu" for d in self.devices)
+        self.on_streams = bool(wanted and all(d.kind == "gpu" for d in self.devices))
+        self.concurrent = bool(wanted and all_cpu and self.threads > 1) or self.on_streams
+        self.schedule: StreamSchedule | None = None
         self._share_of: dict[int, int] = {}
         self.runtime = runtime or RuntimeState(np.random.default_rng(0))
         out_names = list(graph.outputs) if outputs is None else outputs
@@ -273,8 +278,11 @@ class Plan:
         self.run_calls = self.calls
         if natives:
             self._link(natives, shapes, split_workers, step_arrays)
-        if self.concurrent:
-            self.waves = self._waves(memory, shapes, dtypes)
+        if self.on_streams:
+            self.schedule = assign_streams(conflicts(*self._touches(memory, shapes, dtypes)))
+            self.run_calls = stream_calls(self.schedule, self.calls)
+        elif self.concurrent:
+            self.waves = waves(*self._touches(memory, shapes, dtypes))
             self.run_calls = wave_calls(self.waves, self.calls, workers)
         self.blas = Blas.shared() if (workers or natives) else None
         self.output_views = {n: view(graph.outputs[n]) for n in out_names}
@@ -283,8 +291,9 @@ class Plan:
             if memory.storage_of[upd.id] is not fixed[graph.weights[name].value.id]:
                 self.copy_updates.append((fixed[graph.weights[name].value.id].external, view(upd)))
 
-    def _waves(self, memory, shapes, dtypes) -> list[list[int]]:
-        """The steps grouped into waves that may run at once (concurrency.py)."""
+    def _touches(self, memory, shapes, dtypes) -> tuple[list, list, list]:
+        """Per step, the byte regions it reads and writes, and whether it draws random numbers
+        (the input of concurrency.py and streams.py)."""
         def region(v):
             st = memory.storage_of[v.id]
             start = memory.offset_of.get(v.id, 0)
@@ -295,7 +304,7 @@ class Plan:
         reads = [[region(v) for v in node.inputs] for node in self.steps]
         writes = [[region(v) for v in node.outputs] for node in self.steps]
         ordered = [not get_op(node.op).pure for node in self.steps]
-        return waves(reads, writes, ordered)
+        return reads, writes, ordered
 
     def _python_call(self, node, shapes, ins, outs, workers):
         split = self._split(node, shapes, ins, outs) if workers else None
@@ -384,6 +393,12 @@ class Plan:
                              [shapes[v.id] for v in node.inputs], [shapes[v.id] for v in node.outputs],
                              kernel_dtype(node), device.kind, self.runtime, device.xp,
                              share=self._share_of.get(id(node), 0), threads=1 if self.concurrent else self.threads)
+
+    def synchronize(self) -> None:
+        """Wait for every device of the plan to finish its queued work (GPU launches return
+        before the kernels run): what a timer must do before reading the clock."""
+        for device in self.devices:
+            device.synchronize()
 
     @property
     def peak_bytes(self) -> int:
