@@ -39,6 +39,43 @@ def lower_convolution(p: ConvolutionParams, ctx, bottoms):
                      group=p.group)]
 
 
+class DeconvolutionParams(ConvolutionParams):
+    type: Literal["Deconvolution"]
+
+
+@layer(DeconvolutionParams)
+def lower_deconvolution(p: DeconvolutionParams, ctx, bottoms):
+    """The transposed convolution (PyTorch's ConvTranspose2d, Caffe's Deconvolution): the
+    gradient of a convolution for its input, run forward. Output size (H - 1) * stride - 2 pad
+    + dilation (k - 1) + 1; weight [I, O/group, kH, kW]."""
+    x, = bottoms
+    if x.rank != 4:
+        raise LayerError(f"Deconvolution needs a 4-d input [N, C, H, W], got {ctx.fmt(x)}", "bottom")
+    channels = static_dim(x.shape[1], "the input's channel dimension", "bottom")
+    if channels % p.group:
+        raise LayerError(f"the input's {channels} channels are not divisible by group {p.group}", "group")
+    if p.num_output % p.group:
+        raise LayerError(f"num_output {p.num_output} is not divisible by group {p.group}", "num_output")
+    kh, kw = pair(p.kernel_size)
+    (sh, sw), (ph, pw), (dh, dw) = pair(p.stride), pair(p.pad), pair(p.dilation)
+    out_hw = []
+    for axis, size, k, s, pd, d in ((2, x.shape[2], kh, sh, ph, dh), (3, x.shape[3], kw, sw, pw, dw)):
+        size = static_dim(size, f"axis {axis} of the input {ctx.fmt(x)}", "bottom")
+        out = (size - 1) * s - 2 * pd + d * (k - 1) + 1
+        if out <= 0:
+            raise LayerError(f"the output would have {out} positions on axis {axis}: pad {pd} is too large for "
+                             f"kernel {k} and stride {s} on {size} inputs", "pad")
+        out_hw.append(out)
+    og = p.num_output // p.group
+    w = ctx.param("weight", (channels, og, kh, kw), fan_in=og * kh * kw, fan_out=channels * kh * kw)
+    b = ctx.b
+    y = b.op("conv2d_grad_input", x, w, stride=(sh, sw), pad=(ph, pw), dilation=(dh, dw), group=p.group,
+             input_hw=tuple(out_hw))
+    if p.bias_term:
+        bias = ctx.param("bias", (p.num_output,), default_filler={"type": "constant", "value": 0.0})
+        y = b.add(y, b.reshape(bias, (p.num_output, 1, 1)))
+    return [y]
+
 class PoolingParams(LayerBase):
     type: Literal["Pooling"]
     pool: Literal["max", "ave"] = "max"

@@ -1,12 +1,15 @@
 """BatchNorm (PyTorch semantics: biased batch variance to normalise, unbiased variance into the
-running estimate, running = (1 - momentum) running + momentum batch) and Dropout (inverted)."""
+running estimate, running = (1 - momentum) running + momentum batch), Dropout (inverted),
+LayerNorm, and LRN (PyTorch's LocalResponseNorm)."""
 from __future__ import annotations
 
 from typing import Annotated, Literal, Optional
 
 from pydantic import Field
 
-from schemas.base import Bool, LayerBase, ParamLayerBase
+from schemas.base import Bool, LayerBase, Number, ParamLayerBase, PositiveInt
+
+from toolkit.ir.graph import FLOAT_DTYPES
 
 from toolkit.ops.reduce import reduced_count
 
@@ -72,3 +75,64 @@ def lower_dropout(p: DropoutParams, ctx, bottoms):
         return [x]
     mask = ctx.b.op("dropout_mask", x, ratio=float(p.dropout_ratio))
     return [ctx.b.mul(x, mask)]
+
+
+class LayerNormParams(ParamLayerBase):
+    type: Literal["LayerNorm"]
+    axis: int = -1
+    eps: Number = 1e-5
+    affine: Bool = True
+
+
+@layer(LayerNormParams)
+def lower_layer_norm(p: LayerNormParams, ctx, bottoms):
+    """(x - mean) / sqrt(var + eps) over the axes from ``axis`` to the last (variance biased, as
+    PyTorch), then weight and bias of those axes' shape."""
+    x, = bottoms
+    if x.dtype not in FLOAT_DTYPES:
+        raise LayerError(f"LayerNorm needs a float input, got {x.dtype}", "bottom")
+    if not -x.rank <= p.axis < x.rank:
+        raise LayerError(f"axis {p.axis} is out of range for the input {ctx.fmt(x)}", "axis")
+    if p.eps < 0:
+        raise LayerError(f"eps {p.eps} must not be negative", "eps")
+    axis = p.axis % x.rank
+    axes = tuple(range(axis, x.rank))
+    shape = tuple(static_dim(d, f"axis {i} of the input {ctx.fmt(x)} (normalised, with weights)", "axis")
+                  for i, d in enumerate(x.shape[axis:], start=axis))
+    b = ctx.b
+    mean = b.op("reduce_mean", x, axes=axes, keepdims=True)
+    centred = b.sub(x, mean)
+    var = b.op("reduce_mean", b.op("square", centred), axes=axes, keepdims=True)
+    y = b.mul(centred, b.op("rsqrt", b.add(var, b.scalar(float(p.eps), x.dtype))))
+    if p.affine:
+        weight = ctx.param("weight", shape, default_filler={"type": "constant", "value": 1.0})
+        bias = ctx.param("bias", shape, default_filler={"type": "constant", "value": 0.0})
+        y = b.add(b.mul(y, weight), bias)
+    return [y]
+
+
+class LRNParams(LayerBase):
+    type: Literal["LRN"]
+    local_size: PositiveInt = 5
+    alpha: Number = 1e-4
+    beta: Number = 0.75
+    k: Number = 1.0
+
+
+@layer(LRNParams)
+def lower_lrn(p: LRNParams, ctx, bottoms):
+    """Across channels: x / (k + alpha/n * sum of x^2 over n neighbouring channels)^beta, the
+    window centred with local_size//2 channels before and (local_size-1)//2 after (zeros past the
+    ends), as PyTorch's LocalResponseNorm and Caffe's ACROSS_CHANNELS."""
+    x, = bottoms
+    if x.dtype not in FLOAT_DTYPES:
+        raise LayerError(f"LRN needs a float input, got {x.dtype}", "bottom")
+    if x.rank < 3:
+        raise LayerError(f"LRN needs an input [N, C, ...] with at least one more axis, got {ctx.fmt(x)}", "bottom")
+    channels = static_dim(x.shape[1], "the input's channel dimension", "bottom")
+    n = p.local_size
+    b = ctx.b
+    padded = b.op("pad_axis", b.op("square", x), axis=1, before=n // 2, after=(n - 1) // 2)
+    window = b.add_all([b.op("slice", padded, axis=1, start=j, stop=j + channels) for j in range(n)])
+    base = b.add(b.mul(window, b.scalar(float(p.alpha) / n, x.dtype)), b.scalar(float(p.k), x.dtype))
+    return [b.mul(x, b.op("power", base, exponent=-float(p.beta)))]

@@ -1,12 +1,14 @@
 """Acceptance: nets that mix every catalog layer kind run through compiled Plans and match PyTorch
 (toolkit.peers.torch_net) to 1e-4 relative in float32 (1e-7 in float64).
 
-Between them the two nets use every layer type of the catalog: grouped, dilated, strided and
+Between them the three nets use every layer type of the catalog: grouped, dilated, strided and
 padded convolution, BatchNorm on running statistics (perturbed away from 0 / 1) followed by a
 learned Scale, Scale by a second bottom, max and average pooling with padding and ceil_mode (and
 global), Concat, Slice with slice_point and equal split, Eltwise sum with coefficients / prod /
 max, Reshape with 0 and -1, Flatten, InnerProduct on an axis, every activation, Softmax /
-LogSoftmax on axes, Dropout, and the losses and Accuracy in the train and test phases.
+LogSoftmax on axes, Dropout, and the losses and Accuracy in the train and test phases; the third
+uses the extended catalog's layers without recurrence (Embed, LayerNorm, MatMul, Permute,
+Reduction, Tile, LRN, Pad, Deconvolution, Crop, Power, ArgMax).
 """
 from __future__ import annotations
 
@@ -112,9 +114,41 @@ layers:
 outputs: [sm, ip2, pmax, hsum, p2, gated]
 """
 
-NETS = {"image": IMAGE_NET, "sequence": SEQUENCE_NET}
+# the extended catalog: a token branch (Embed, LayerNorm, dot-product attention by MatMul,
+# Permute, Reduction, Tile) and an image branch (LRN, reflect Pad, Deconvolution, Crop, Power)
+EXTENDED_NET = """
+name: mixed_extended
+inputs:
+  img:    {shape: [N, 4, 6, 6], dtype: float32}
+  tokens: {shape: [N, 5], dtype: int64}
+  target: {shape: [N, 4, 3], dtype: float32}
+layers:
+  - {name: emb, type: Embed, bottom: tokens, top: emb, input_dim: 10, num_output: 8}
+  - {name: ln, type: LayerNorm, bottom: emb, top: emb}
+  - {name: att, type: MatMul, bottom: [emb, emb], top: att, transpose_b: true}
+  - {name: sm, type: Softmax, bottom: att, top: att, axis: -1}
+  - {name: ctx, type: MatMul, bottom: [att, emb], top: ctx}
+  - {name: perm, type: Permute, bottom: ctx, top: perm, order: [0, 2, 1]}
+  - {name: red, type: Reduction, bottom: perm, top: red, operation: mean, axis: 2}
+  - {name: tile, type: Tile, bottom: red, top: tile, tiles: 2}
+  - {name: bn, type: BatchNorm, bottom: img, top: bn}
+  - {name: lrn, type: LRN, bottom: bn, top: lrn, local_size: 3, alpha: 0.1}
+  - {name: pad, type: Pad, bottom: lrn, top: pad, pads: [[1, 1], [1, 1]], mode: reflect}
+  - {name: up, type: Deconvolution, bottom: pad, top: up, num_output: 3, kernel_size: 2, stride: 2}
+  - {name: crop, type: Crop, bottom: [up, img], top: crop, offset: 2}
+  - {name: pw, type: Power, bottom: crop, top: pw, power: 2, scale: 0.5, shift: 1}
+  - {name: flat, type: Flatten, bottom: pw, top: flat}
+  - {name: cat, type: Concat, bottom: [flat, tile], top: cat}
+  - {name: ip, type: InnerProduct, bottom: cat, top: ip, num_output: 12}
+  - {name: r, type: Reshape, bottom: ip, top: r, shape: [0, 4, 3]}
+  - {name: best, type: ArgMax, bottom: r, top: best, axis: 2, phase: infer}
+  - {name: l2, type: EuclideanLoss, bottom: [r, target], top: l2, phase: [train, test]}
+outputs: [r, best]
+"""
+
+NETS = {"image": IMAGE_NET, "sequence": SEQUENCE_NET, "extended": EXTENDED_NET}
 # biases right before a BatchNorm on batch statistics: zero gradient in exact arithmetic
-ZERO_GRADS = {"image": {"conv1.bias"}, "sequence": {"conv1.bias"}}
+ZERO_GRADS = {"image": {"conv1.bias"}, "sequence": {"conv1.bias"}, "extended": set()}
 
 
 @pytest.fixture(scope="module")
@@ -138,7 +172,7 @@ def random_weights(net: Net, dtype: str, seed: int = 3) -> dict[str, np.ndarray]
             arr[...] = rng.normal(0.0, 0.5, arr.shape)
         elif pname == "running_var":
             arr[...] = rng.uniform(0.4, 2.5, arr.shape)
-        elif pname == "weight" and types[layer] in ("BatchNorm", "Scale"):   # filled with 1
+        elif pname == "weight" and types[layer] in ("BatchNorm", "Scale", "LayerNorm"):   # filled with 1
             arr[...] = rng.uniform(0.5, 1.5, arr.shape)
     return weights
 

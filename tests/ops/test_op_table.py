@@ -559,6 +559,32 @@ case("max_pool2d_grad", "ties-first-max",
      attrs=dict(kernel=(3, 3), stride=(2, 2), pad=(1, 1), ceil_mode=False))
 
 
+# power: integer, fractional and negative exponents (fractional ones on positive bases, as torch)
+for exponent, make in [(2.0, uni), (3.0, uni), (0.5, positive), (-1.5, positive), (0.0, uni), (1.0, uni)]:
+    case("power", f"{exponent}", lambda r, make=make: [make(r, (3, 5))],
+         lambda x, exponent=exponent: tn(torch.pow(tt(x), exponent)), attrs=dict(exponent=exponent))
+
+# embedding: repeated indices (their rows' gradients add up), int32 and int64, any index rank
+for ishape, rows, idtype in [((4,), 6, np.int64), ((2, 5), 3, np.int32), ((), 4, np.int64)]:
+    def _emb_make(r, ishape=ishape, rows=rows, idtype=idtype):
+        return [uni(r, (rows, 3)), r.integers(0, rows, ishape).astype(idtype)]
+    case("embedding", f"{ishape}-{rows}-{np.dtype(idtype).name}", _emb_make,
+         lambda table, index: tn(torch.nn.functional.embedding(torch.from_numpy(index).long(), tt(table))),
+         attrs=dict(layer="embed"))
+    case("embedding_grad", f"{ishape}-{rows}", lambda r, mk=_emb_make, ishape=ishape: [uni(r, ishape + (3,)), mk(r)[1]],
+         lambda g, index, rows=rows: vjp(lambda t: torch.nn.functional.embedding(
+             torch.from_numpy(index).long(), t), [np.zeros((rows, 3))], g), attrs=dict(rows=rows))
+
+# topk: values and indices along each axis; distinct values (torch's order among ties is unspecified)
+for shape, axis, k in [((4, 6), 1, 1), ((4, 6), 1, 3), ((3, 4, 5), 0, 2), ((3, 4, 5), -1, 5)]:
+    for values in (True, False):
+        case("topk", f"{shape}-{axis}-{k}-{'values' if values else 'indices'}",
+             lambda r, shape=shape: [r.permutation(int(np.prod(shape))).reshape(shape) / 7.0],
+             lambda x, axis=axis, k=k, values=values: (
+                 tn(torch.topk(tt(x), k, dim=axis).values) if values
+                 else torch.topk(tt(x), k, dim=axis).indices.numpy().astype(x.dtype)),
+             attrs=dict(axis=axis, k=k, values=values))
+
 # -- running one node --------------------------------------------------------------------------
 def one_node_graph(case: Case, arrays, attrs):
     graph = Graph("test")
@@ -746,6 +772,7 @@ NO_GRAD_RULE = {
     "all_finite": "a flag on the gradients themselves (mixed precision), never on a loss path",
     "round_precision": "made after the backward pass exists, where a CPU stores float16 as float32",
     "accuracy": "a metric: piecewise constant in the scores, never on a loss path",
+    "topk": "ArgMax's op: indices are piecewise constant, and Caffe's ArgMax has no backward either",
     "bessel_correct": "only feeds the running-variance state update, which is never differentiated",
     "conv2d_max_pool2d": "made by an inference-only fusion: in a train graph the pooling gradient also "
                          "reads the convolution's output, so the fusion never fires there",
@@ -807,8 +834,9 @@ def test_grad_rules():
     lacking -= CONSTANT_OPS | RANDOM_OPS
     assert lacking == set(NO_GRAD_RULE), (
         f"ops without a grad rule: {sorted(lacking)}; justified exceptions: {sorted(NO_GRAD_RULE)}")
-    # helpers are only ever produced by a gradient rule; none is itself differentiated
-    assert all(OPS[n].grad is None for n in GRAD_HELPERS)
+    # helpers are only ever produced by a gradient rule; none is itself differentiated, except the
+    # transposed convolution, which is also Deconvolution's forward (as in Caffe)
+    assert {n for n in GRAD_HELPERS if OPS[n].grad is not None} == {"conv2d_grad_input"}
 
 
 def test_every_layer_has_a_lowering():

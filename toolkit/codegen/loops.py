@@ -112,7 +112,7 @@ class Un(Expr):
 @dataclass(eq=False)
 class Call(Expr):
     """A math function of the dialect's library: exp, log, tanh, sqrt, abs, expm1, log1p, erf,
-    min, max, floor (float arguments; the result has the first argument's dtype)."""
+    pow, min, max, floor (float arguments; the result has the first argument's dtype)."""
     fn: str
     args: tuple
 

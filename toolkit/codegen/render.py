@@ -77,7 +77,7 @@ static inline unsigned short tk_f2h(float f) {
 """
 
 MATH_C = {"exp": "exp", "log": "log", "tanh": "tanh", "sqrt": "sqrt", "abs": "fabs", "expm1": "expm1",
-          "log1p": "log1p", "erf": "erf", "floor": "floor"}
+          "log1p": "log1p", "erf": "erf", "floor": "floor", "pow": "pow"}
 
 
 class CDialect:

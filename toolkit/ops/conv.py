@@ -121,6 +121,16 @@ def _conv_grad(b: Builder, node, gouts):
     return [gx, gw]
 
 
+def _grad_input_grad(b: Builder, node, gouts):
+    """conv2d_grad_input is the transposed convolution (Deconvolution's forward): linear in g
+    and in w, its adjoint in g is the convolution itself, and its gradient for w is the weight
+    gradient of a convolution whose input is the incoming gradient."""
+    dy, = gouts
+    g, w = node.inputs
+    return [b.op("conv2d", dy, w, **_conv_attrs(node)),
+            b.op("conv2d_grad_weight", g, dy, kernel=tuple(w.shape[2:]), **_conv_attrs(node))]
+
+
 def _conv_flops(ins, outs, attrs):
     _, cg, kh, kw = ins[1].shape
     return 2 * outs[0].numel * cg * kh * kw
@@ -147,7 +157,7 @@ def _grad_weight_flops(ins, outs, attrs):
 
 register(OpDef("conv2d", _conv_infer, conv2d_reference, _conv_grad, _conv_flops, batch_rows=True,
                doc="cross-correlation, NCHW, grouped and dilated, with an optional bias [O]"))
-register(OpDef("conv2d_grad_input", _grad_input_infer, conv2d_grad_input_reference,
+register(OpDef("conv2d_grad_input", _grad_input_infer, conv2d_grad_input_reference, _grad_input_grad,
                flops=_grad_input_flops, batch_rows=True, doc="gradient of conv2d with respect to its input"))
 register(OpDef("conv2d_grad_weight", _grad_weight_infer, conv2d_grad_weight_reference,
                flops=_grad_weight_flops, batch_sum=True, doc="gradient of conv2d with respect to its weight"))

@@ -157,6 +157,21 @@ _define("rsqrt", _rsqrt, unary_same, _rsqrt_grad, flops_per=2)
 _define("square", lambda x, out: np.multiply(x, x, out=out), unary_same, _square_grad)
 
 
+def _power(x, out, exponent):
+    return np.power(x, np.asarray(exponent, x.dtype), out=out)
+
+
+def _power_grad(b, node, gouts):
+    p = node.attrs["exponent"]
+    x = node.inputs[0]
+    if p == 0:
+        return [None]
+    slope = x if p == 2 else b.op("power", x, exponent=p - 1.0)      # d x^p = p x^(p-1)
+    return [b.mul(gouts[0], b.scale(slope, p))]
+
+
+_define("power", _power, unary_same, _power_grad, flops_per=8, doc="x ** exponent (a number)")
+
 # -- activations -----------------------------------------------------------------------------
 def _relu_grad(b, node, gouts):
     return [b.op("relu_grad", gouts[0], node.outputs[0])]

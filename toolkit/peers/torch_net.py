@@ -32,7 +32,8 @@ SUPPORTED = frozenset({
     "Convolution", "Pooling", "InnerProduct", "ReLU", "Sigmoid", "TanH", "ELU", "Softplus", "AbsVal",
     "Exp", "Log", "GELU", "Softmax", "LogSoftmax", "Dropout", "BatchNorm", "Concat", "Slice",
     "Eltwise", "Flatten", "Reshape", "SoftmaxWithLoss", "EuclideanLoss", "SigmoidCrossEntropyLoss",
-    "Accuracy", "Scale",
+    "Accuracy", "Scale", "MatMul", "Permute", "Tile", "Crop", "Pad", "Reduction", "ArgMax", "Power", "Embed",
+    "LayerNorm", "LRN", "Deconvolution",
 })
 
 
@@ -230,6 +231,16 @@ def _classes() -> SimpleNamespace:
             top = torch.topk(flat, self.top_k, dim=1).indices
             hit = (top == label.reshape(-1, 1).long()).any(dim=1)
             return hit.to(scores.dtype).mean()
+
+    class Embed(nn.Module):
+        """nn.Embedding over integer indices of any integer dtype."""
+
+        def __init__(self, table):
+            super().__init__()
+            self.table = table
+
+        def forward(self, index):
+            return self.table(index.long())
 
     class NetModule(nn.Module):
         """The whole phase: layer modules in order over a dict of named blobs."""
@@ -459,6 +470,84 @@ class TorchNet:
         if p.bias_term:
             params["bias"] = "bias"
         return mod, params, {}
+
+    # -- the extended catalog -------------------------------------------------------------------
+    def _build_MatMul(self, p):
+        import torch
+
+        def matmul(a, b):
+            return torch.matmul(a.mT if p.transpose_a else a, b.mT if p.transpose_b else b)
+        return _classes().Lambda(matmul, "matmul"), {}, {}
+
+    def _build_Permute(self, p):
+        order = tuple(p.order)
+        return _classes().Lambda(lambda x: x.permute(order), f"permute{order}"), {}, {}
+
+    def _build_Tile(self, p):
+        import torch
+        return _classes().Lambda(lambda x: torch.cat([x] * p.tiles, dim=p.axis), "tile"), {}, {}
+
+    def _build_Crop(self, p):
+        def crop(x, ref):
+            axis = p.axis % x.dim()
+            offsets = p.offset if isinstance(p.offset, list) else [p.offset] * (x.dim() - axis)
+            for a, off in zip(range(axis, x.dim()), offsets):
+                x = x.narrow(a, off, ref.shape[a])
+            return x
+        return _classes().Lambda(crop, "crop"), {}, {}
+
+    def _build_Pad(self, p):
+        import torch.nn.functional as F
+        flat = [v for pair in reversed(p.pads) for v in pair]        # F.pad: the last axis first
+        if p.mode == "constant":
+            return _classes().Lambda(lambda x: F.pad(x, flat, value=float(p.value)), "pad"), {}, {}
+        return _classes().Lambda(lambda x: F.pad(x, flat, mode=p.mode), f"pad {p.mode}"), {}, {}
+
+    def _build_Reduction(self, p):
+        def reduce(x):
+            dims = tuple(range(p.axis % x.dim(), x.dim())) if x.dim() else ()
+            source = {"sum": x, "mean": x, "asum": x.abs(), "sumsq": x * x}[p.operation]
+            if not dims:
+                return source
+            return source.mean(dim=dims) if p.operation == "mean" else source.sum(dim=dims)
+        return _classes().Lambda(reduce, f"reduce {p.operation}"), {}, {}
+
+    def _build_ArgMax(self, p):
+        import torch
+
+        def argmax(x):
+            top = torch.topk(x, p.top_k, dim=p.axis)
+            return top.values if p.out_max_val else top.indices.to(x.dtype)
+        return _classes().Lambda(argmax, "argmax"), {}, {}
+
+    def _build_Power(self, p):
+        import torch
+        return _classes().Lambda(lambda x: torch.pow(p.shift + p.scale * x, p.power), "power"), {}, {}
+
+    def _build_Embed(self, p):
+        from torch import nn
+        rows, width = self._declared_shape(p, "weight")
+        return _classes().Embed(nn.Embedding(rows, width)), {"weight": "table.weight"}, {}
+
+    def _build_LayerNorm(self, p):
+        from torch import nn
+        if p.affine:
+            shape = self._declared_shape(p, "weight")
+            mod = nn.LayerNorm(shape, eps=float(p.eps))
+            return mod, {"weight": "weight", "bias": "bias"}, {}
+        return _classes().Lambda(
+            lambda x: nn.functional.layer_norm(x, x.shape[p.axis % x.dim():], eps=float(p.eps)), "layer_norm"), {}, {}
+
+    def _build_LRN(self, p):
+        from torch import nn
+        return nn.LocalResponseNorm(p.local_size, float(p.alpha), float(p.beta), float(p.k)), {}, {}
+
+    def _build_Deconvolution(self, p):
+        from torch import nn
+        i, og, kh, kw = self._declared_shape(p, "weight")
+        mod = nn.ConvTranspose2d(i, og * p.group, (kh, kw), stride=_pair(p.stride), padding=_pair(p.pad),
+                                 dilation=_pair(p.dilation), groups=p.group, bias=p.bias_term)
+        return mod, ({"weight": "weight", "bias": "bias"} if p.bias_term else {"weight": "weight"}), {}
 
     def _build_SoftmaxWithLoss(self, p):
         return _classes().SoftmaxWithLoss(p.axis, p.ignore_label), {}, {}

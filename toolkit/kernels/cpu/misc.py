@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...ops.base import get_op
+from ...ops.indexing import check_indices
 from ...ops.precision import all_finite, round_precision
 from ..registry import register_kernel
 
@@ -139,3 +140,26 @@ def transfer_cpu(ctx):
         else:
             ins[0].get(out=outs[0])
     return run
+
+
+@register_kernel("embedding", "cpu")
+def embedding_cpu(ctx):
+    layer = ctx.attrs["layer"]
+
+    def run(ins, outs):
+        table, index = ins
+        check_indices(index, table.shape[0], layer)
+        np.take(table, index, axis=0, out=outs[0])
+    return run
+
+
+@register_kernel("embedding_grad", "cpu")
+def embedding_grad_cpu(ctx):
+    def run(ins, outs):
+        g, index = ins
+        outs[0].fill(0)
+        np.add.at(outs[0], index.reshape(-1), g.reshape(-1, g.shape[-1]))
+    return run
+
+
+register_kernel("topk", "cpu")(_reference_kernel)

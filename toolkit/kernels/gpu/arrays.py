@@ -19,6 +19,7 @@ import math
 
 import numpy as np
 
+from ...ops.indexing import check_indices
 from ...runtime.devices import gpu_module
 from ..cpu.conv import CONV_KERNELS
 from ..cpu.pool import POOL_KERNELS
@@ -139,4 +140,45 @@ def dropout_mask_gpu(ctx):
         cp.right_shift(hashed, np.uint32(8), out=scratch)
         cp.greater_equal(scratch, threshold, out=keep)
         cp.multiply(keep, scale, out=outs[0])
+    return run
+
+
+@register_kernel("embedding", "gpu")
+def embedding_gpu(ctx):
+    """The rows by cp.take. The range check reads one flag back to the host per call: an index
+    outside the table is the user's data, and must stop the run naming the layer, as on the CPU."""
+    layer = ctx.attrs["layer"]
+
+    def run(ins, outs):
+        table, index = ins
+        if bool(cp.any((index < 0) | (index >= table.shape[0]))):
+            check_indices(cp.asnumpy(index) if hasattr(cp, "asnumpy") else index, table.shape[0], layer)
+        cp.take(table, index, axis=0, out=outs[0])
+    return run
+
+
+@register_kernel("embedding_grad", "gpu")
+def embedding_grad_gpu(ctx):
+    try:
+        from cupyx import scatter_add
+    except ImportError:                       # a numpy stand-in for CuPy
+        scatter_add = np.add.at
+
+    def run(ins, outs):
+        g, index = ins
+        outs[0].fill(0)
+        scatter_add(outs[0], index.reshape(-1), g.reshape(-1, g.shape[-1]))
+    return run
+
+
+@register_kernel("topk", "gpu")
+def topk_gpu(ctx):
+    """A stable descending sort along the axis (CuPy's argsort is stable), the first k kept."""
+    axis, k, values = ctx.attrs["axis"], ctx.attrs["k"], ctx.attrs["values"]
+
+    def run(ins, outs):
+        x = ins[0]
+        order = cp.argsort(-x, axis=axis, kind="stable")
+        picked = cp.take(order, cp.arange(k), axis=axis)
+        outs[0][...] = cp.take_along_axis(x, picked, axis) if values else picked.astype(x.dtype)
     return run

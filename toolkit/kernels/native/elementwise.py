@@ -51,6 +51,8 @@ def step_expr(op: str, a: list, attrs: dict, dtype: str):
         return one / call("sqrt", a[0])
     if op == "square":
         return a[0] * a[0]
+    if op == "power":
+        return call("pow", a[0], _f(attrs["exponent"], dtype))
     if op == "relu":
         return maximum(a[0], zero)
     if op == "relu_grad":
