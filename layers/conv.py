@@ -19,16 +19,22 @@ class ConvolutionParams(ParamLayerBase):
     bias_term: Bool = True
 
 
-@layer(ConvolutionParams)
-def lower_convolution(p: ConvolutionParams, ctx, bottoms):
-    x, = bottoms
+def _grouped_channels(p: ConvolutionParams, x, ctx) -> int:
+    """The input's channel count, checked against the layer's groups (a 4-d input)."""
     if x.rank != 4:
-        raise LayerError(f"Convolution needs a 4-d input [N, C, H, W], got {ctx.fmt(x)}", "bottom")
+        raise LayerError(f"{p.type} needs a 4-d input [N, C, H, W], got {ctx.fmt(x)}", "bottom")
     channels = static_dim(x.shape[1], "the input's channel dimension", "bottom")
     if channels % p.group:
         raise LayerError(f"the input's {channels} channels are not divisible by group {p.group}", "group")
     if p.num_output % p.group:
         raise LayerError(f"num_output {p.num_output} is not divisible by group {p.group}", "num_output")
+    return channels
+
+
+@layer(ConvolutionParams)
+def lower_convolution(p: ConvolutionParams, ctx, bottoms):
+    x, = bottoms
+    channels = _grouped_channels(p, x, ctx)
     kh, kw = pair(p.kernel_size)
     shape = (p.num_output, channels // p.group, kh, kw)
     w = ctx.param("weight", shape, fan_in=channels // p.group * kh * kw, fan_out=p.num_output * kh * kw)
@@ -49,13 +55,7 @@ def lower_deconvolution(p: DeconvolutionParams, ctx, bottoms):
     gradient of a convolution for its input, run forward. Output size (H - 1) * stride - 2 pad
     + dilation (k - 1) + 1; weight [I, O/group, kH, kW]."""
     x, = bottoms
-    if x.rank != 4:
-        raise LayerError(f"Deconvolution needs a 4-d input [N, C, H, W], got {ctx.fmt(x)}", "bottom")
-    channels = static_dim(x.shape[1], "the input's channel dimension", "bottom")
-    if channels % p.group:
-        raise LayerError(f"the input's {channels} channels are not divisible by group {p.group}", "group")
-    if p.num_output % p.group:
-        raise LayerError(f"num_output {p.num_output} is not divisible by group {p.group}", "num_output")
+    channels = _grouped_channels(p, x, ctx)
     kh, kw = pair(p.kernel_size)
     (sh, sw), (ph, pw), (dh, dw) = pair(p.stride), pair(p.pad), pair(p.dilation)
     out_hw = []

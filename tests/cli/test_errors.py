@@ -213,6 +213,21 @@ layers:
 """, [Expect("conv9", ("unknown bottom 'conv9'", "did you mean 'conv1'?")),
       Expect("ip2, type: ReLU", ("layer name 'ip2' is already used", "(line 7)")),
       Expect("bottom: ip2, top: c2", ("c2", "4-d"))]),
+    Case("extended_catalog_mistakes", HEAD + """\
+  - {name: e, type: Embed, bottom: data, top: e, input_dim: 7, num_output: 4}
+  - {name: p, type: Pad, bottom: data, top: p, pads: [[1, 1]]}
+  - {name: q, type: Permute, bottom: data, top: q, order: [0, 1, 1, 2]}
+  - {name: r, type: Pad, bottom: data, top: r, pads: [[9, 1], [0, 0]], mode: reflect}
+  - {name: s, type: ArgMax, bottom: data, top: s, top_k: 9}
+  - {name: t, type: Crop, bottom: [data, q2], top: t}
+  - {name: u, type: Deconvolution, bottom: data, top: u, num_output: 4, kernel_size: 2, pad: 5}
+""", [Expect("bottom: data, top: e", ("layer 'e' (Embed)", "integer indices", "got float32")),
+      Expect("pads: [[1, 1]]", ("layer 'p' (Pad)", "1 [before, after] pairs", "2 spatial axes")),
+      Expect("order: [0, 1, 1, 2]", ("layer 'q' (Permute)", "not a permutation")),
+      Expect("pads: [[9, 1]", ("layer 'r' (Pad)", "reflect padding of 9", "more than 8")),
+      Expect("top_k: 9", ("layer 's' (ArgMax)", "top_k 9 is more than the 3 entries")),
+      Expect("q2", ("unknown bottom 'q2'",)),
+      Expect("pad: 5", ("layer 'u' (Deconvolution)", "pad 5 is too large"))]),
 ]
 
 
@@ -559,6 +574,25 @@ def test_subprocess_spec_errors(tmp_path):
     expect_error(result, "did you mean 'Convolution'?", file="net.yaml", line=5, col=25)
     expect_error(result, "'max' or 'ave'", file="net.yaml", line=7)
     assert len(result.err_lines) == 2
+
+
+def test_an_embed_index_outside_the_table_stops_infer_naming_the_layer(tmp_path):
+    net = write_net(tmp_path, """
+        name: emb
+        inputs:
+          tokens: {shape: [N, 3], dtype: int64}
+        layers:
+          - {name: emb, type: Embed, bottom: tokens, top: emb, input_dim: 7, num_output: 4}
+        """)
+    weights = tmp_path / "w.safetensors"
+    save_weights(str(weights), Net.load(str(net)).init_weights())
+    good, bad, out = tmp_path / "good.npz", tmp_path / "bad.npz", tmp_path / "out.npz"
+    np.savez(good, tokens=np.array([[0, 6, 3]]))
+    np.savez(bad, tokens=np.array([[0, 6, 3], [1, 9, 2]]))
+    assert run_cli("infer", net, "--weights", weights, "--input", good).status == 0
+    result = run_cli("infer", net, "--weights", weights, "--input", bad, "--output", out)
+    expect_error(result, "layer 'emb'", "index 9 is outside [0, 7)")
+    assert len(result.err_lines) == 1 and not out.exists()
 
 
 def test_subprocess_runtime_and_flag_errors(tiny, tmp_path):
