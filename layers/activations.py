@@ -5,7 +5,7 @@ from typing import Literal
 
 from schemas.base import LayerBase, Number
 
-from .registry import LayerError, layer
+from .registry import layer, layer_axis
 
 
 class ReLUParams(LayerBase):
@@ -70,9 +70,7 @@ class LogSoftmaxParams(LayerBase):
 
 
 def _axis_of(p, x, ctx) -> int:
-    if not -x.rank <= p.axis < x.rank:
-        raise LayerError(f"axis {p.axis} is out of range for the input {ctx.fmt(x)}", "axis")
-    return p.axis % x.rank
+    return layer_axis(p.axis, x, ctx)
 
 
 @layer(SoftmaxParams)

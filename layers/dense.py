@@ -7,7 +7,7 @@ from schemas.base import Bool, ParamLayerBase, PositiveInt
 
 from toolkit.ir.dims import product
 
-from .registry import LayerError, layer, static_dim
+from .registry import layer, layer_axis, static_dim
 
 
 class InnerProductParams(ParamLayerBase):
@@ -20,9 +20,7 @@ class InnerProductParams(ParamLayerBase):
 @layer(InnerProductParams)
 def lower_inner_product(p: InnerProductParams, ctx, bottoms):
     x, = bottoms
-    if not -x.rank <= p.axis < x.rank:
-        raise LayerError(f"axis {p.axis} is out of range for the input {ctx.fmt(x)}", "axis")
-    axis = p.axis % x.rank
+    axis = layer_axis(p.axis, x, ctx)
     features = static_dim(product(x.shape[axis:]), f"the input's size from axis {axis}", "bottom")
     b = ctx.b
     w = ctx.param("weight", (p.num_output, features), fan_in=features, fan_out=p.num_output)

@@ -9,11 +9,9 @@ from pydantic import Field
 
 from schemas.base import Bool, LayerBase, Number, ParamLayerBase, PositiveInt
 
-from toolkit.ir.graph import FLOAT_DTYPES
-
 from toolkit.ops.reduce import reduced_count
 
-from .registry import LayerError, layer, static_dim
+from .registry import LayerError, layer, layer_axis, need_float_input, static_dim
 
 
 class BatchNormParams(ParamLayerBase):
@@ -89,13 +87,10 @@ def lower_layer_norm(p: LayerNormParams, ctx, bottoms):
     """(x - mean) / sqrt(var + eps) over the axes from ``axis`` to the last (variance biased, as
     PyTorch), then weight and bias of those axes' shape."""
     x, = bottoms
-    if x.dtype not in FLOAT_DTYPES:
-        raise LayerError(f"LayerNorm needs a float input, got {x.dtype}", "bottom")
-    if not -x.rank <= p.axis < x.rank:
-        raise LayerError(f"axis {p.axis} is out of range for the input {ctx.fmt(x)}", "axis")
+    need_float_input(x, "LayerNorm")
+    axis = layer_axis(p.axis, x, ctx)
     if p.eps < 0:
         raise LayerError(f"eps {p.eps} must not be negative", "eps")
-    axis = p.axis % x.rank
     axes = tuple(range(axis, x.rank))
     shape = tuple(static_dim(d, f"axis {i} of the input {ctx.fmt(x)} (normalised, with weights)", "axis")
                   for i, d in enumerate(x.shape[axis:], start=axis))
@@ -125,8 +120,7 @@ def lower_lrn(p: LRNParams, ctx, bottoms):
     window centred with local_size//2 channels before and (local_size-1)//2 after (zeros past the
     ends), as PyTorch's LocalResponseNorm and Caffe's ACROSS_CHANNELS."""
     x, = bottoms
-    if x.dtype not in FLOAT_DTYPES:
-        raise LayerError(f"LRN needs a float input, got {x.dtype}", "bottom")
+    need_float_input(x, "LRN")
     if x.rank < 3:
         raise LayerError(f"LRN needs an input [N, C, ...] with at least one more axis, got {ctx.fmt(x)}", "bottom")
     channels = static_dim(x.shape[1], "the input's channel dimension", "bottom")

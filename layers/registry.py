@@ -6,6 +6,8 @@ from typing import Callable
 
 from schemas.base import LayerBase
 
+from toolkit.ir.graph import FLOAT_DTYPES
+
 
 class LayerError(ValueError):
     """A lowering found the layer's parameters or inputs unusable; ``key`` names the YAML key."""
@@ -39,6 +41,18 @@ def layer(params: type[LayerBase]):
 
 def pair(value) -> tuple[int, int]:
     return (value, value) if isinstance(value, int) else (value[0], value[1])
+
+
+def layer_axis(axis: int, x, ctx, key: str = "axis") -> int:
+    """``axis`` of the input ``x`` as a non-negative index (negative counts from the end)."""
+    if not -x.rank <= axis < x.rank:
+        raise LayerError(f"{key} {axis} is out of range for the input {ctx.fmt(x)}", key)
+    return axis % x.rank
+
+
+def need_float_input(x, type_name: str) -> None:
+    if x.dtype not in FLOAT_DTYPES:
+        raise LayerError(f"{type_name} needs a float input, got {x.dtype}", "bottom")
 
 
 def static_dim(d, what: str, key: str | None = None) -> int:

@@ -13,9 +13,8 @@ from typing import ClassVar, Literal
 from schemas.base import Bool, ParamLayerBase
 
 from toolkit.ir.dims import format_dim
-from toolkit.ir.graph import FLOAT_DTYPES
 
-from .registry import LayerError, layer, static_dim
+from .registry import LayerError, layer, layer_axis, need_float_input, static_dim
 
 
 class ScaleParams(ParamLayerBase):
@@ -33,9 +32,7 @@ ZERO = {"type": "constant", "value": 0.0}
 
 def _scaled_axes(p: ScaleParams, x, ctx) -> tuple[int, int]:
     """The first scaled axis and how many there are, for a learned scale (one bottom)."""
-    if not -x.rank <= p.axis < x.rank:
-        raise LayerError(f"axis {p.axis} is out of range for the input {ctx.fmt(x)}", "axis")
-    axis = p.axis % x.rank
+    axis = layer_axis(p.axis, x, ctx)
     if p.num_axes < -1:
         raise LayerError(f"num_axes {p.num_axes} must be -1 (every axis from axis on) or at least 0",
                          "num_axes")
@@ -53,9 +50,7 @@ def _given_scale_axis(p: ScaleParams, x, s, ctx) -> int:
                          "float type", "bottom")
     if s.rank == 0:
         return x.rank            # a scalar scale: Caffe ignores axis, the scale covers no axis
-    if not -x.rank <= p.axis < x.rank:
-        raise LayerError(f"axis {p.axis} is out of range for the input {ctx.fmt(x)}", "axis")
-    axis = p.axis % x.rank
+    axis = layer_axis(p.axis, x, ctx)
     if axis + s.rank > x.rank:
         raise LayerError(f"the scale bottom {ctx.fmt(s)} has {s.rank} axes, but the input {ctx.fmt(x)} has "
                          f"only {x.rank - axis} from axis {p.axis}", "bottom")
@@ -80,8 +75,7 @@ def _fans(shape: tuple) -> tuple[int, int]:
 @layer(ScaleParams)
 def lower_scale(p: ScaleParams, ctx, bottoms):
     x = bottoms[0]
-    if x.dtype not in FLOAT_DTYPES:
-        raise LayerError(f"Scale needs a float input, got {x.dtype}", "bottom")
+    need_float_input(x, "Scale")
     b = ctx.b
     if len(bottoms) == 2:
         scale = bottoms[1]

@@ -7,13 +7,7 @@ from schemas.base import LayerBase, Number
 
 from toolkit.ir.dims import DimError, product
 
-from .registry import LayerError, layer
-
-
-def _axis(axis: int, x, ctx) -> int:
-    if not -x.rank <= axis < x.rank:
-        raise LayerError(f"axis {axis} is out of range for the input {ctx.fmt(x)}", "axis")
-    return axis % x.rank
+from .registry import LayerError, layer, layer_axis
 
 
 class ConcatParams(LayerBase):
@@ -26,7 +20,7 @@ class ConcatParams(LayerBase):
 def lower_concat(p: ConcatParams, ctx, bottoms):
     if len(bottoms) == 1:
         return [bottoms[0]]
-    return [ctx.b.op("concat", *bottoms, axis=_axis(p.axis, bottoms[0], ctx))]
+    return [ctx.b.op("concat", *bottoms, axis=layer_axis(p.axis, bottoms[0], ctx))]
 
 
 class SliceParams(LayerBase):
@@ -39,7 +33,7 @@ class SliceParams(LayerBase):
 @layer(SliceParams)
 def lower_slice(p: SliceParams, ctx, bottoms):
     x, = bottoms
-    axis = _axis(p.axis, x, ctx)
+    axis = layer_axis(p.axis, x, ctx)
     size = x.shape[axis]
     n_tops = len(p.tops)
     if p.slice_point is not None:
@@ -103,10 +97,8 @@ class FlattenParams(LayerBase):
 @layer(FlattenParams)
 def lower_flatten(p: FlattenParams, ctx, bottoms):
     x, = bottoms
-    start = _axis(p.axis, x, ctx)
-    if not -x.rank <= p.end_axis < x.rank:
-        raise LayerError(f"end_axis {p.end_axis} is out of range for the input {ctx.fmt(x)}", "end_axis")
-    end = p.end_axis % x.rank
+    start = layer_axis(p.axis, x, ctx)
+    end = layer_axis(p.end_axis, x, ctx, "end_axis")
     if end < start:
         raise LayerError(f"end_axis {p.end_axis} comes before axis {p.axis}", "end_axis")
     shape = tuple(x.shape[:start]) + (product(x.shape[start: end + 1]),) + tuple(x.shape[end + 1:])

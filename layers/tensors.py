@@ -11,20 +11,7 @@ from typing_extensions import Annotated
 
 from schemas.base import Bool, LayerBase, NonNegInt, Number, PositiveInt
 
-from toolkit.ir.graph import FLOAT_DTYPES
-
-from .registry import LayerError, layer, static_dim
-
-
-def _axis(axis: int, x, ctx, key: str = "axis") -> int:
-    if not -x.rank <= axis < x.rank:
-        raise LayerError(f"{key} {axis} is out of range for the input {ctx.fmt(x)}", key)
-    return axis % x.rank
-
-
-def _float(x, type_name: str):
-    if x.dtype not in FLOAT_DTYPES:
-        raise LayerError(f"{type_name} needs a float input, got {x.dtype}", "bottom")
+from .registry import LayerError, layer, layer_axis, need_float_input, static_dim
 
 
 # -- MatMul, Permute ---------------------------------------------------------------------------
@@ -39,7 +26,7 @@ class MatMulParams(LayerBase):
 def lower_matmul(p: MatMulParams, ctx, bottoms):
     a, b_ = bottoms
     for v in (a, b_):
-        _float(v, "MatMul")
+        need_float_input(v, "MatMul")
         if v.rank < 2:
             raise LayerError(f"MatMul needs matrices (2 or more axes), got {ctx.fmt(v)}", "bottom")
     if a.dtype != b_.dtype:
@@ -71,7 +58,7 @@ class TileParams(LayerBase):
 @layer(TileParams)
 def lower_tile(p: TileParams, ctx, bottoms):
     x, = bottoms
-    axis = _axis(p.axis, x, ctx)
+    axis = layer_axis(p.axis, x, ctx)
     return [x if p.tiles == 1 else ctx.b.op("concat", *([x] * p.tiles), axis=axis)]
 
 
@@ -90,7 +77,7 @@ def lower_crop(p: CropParams, ctx, bottoms):
     if ref.rank != x.rank:
         raise LayerError(f"Crop's reference {ctx.fmt(ref)} must have the input {ctx.fmt(x)}'s {x.rank} axes",
                          "bottom")
-    axis = _axis(p.axis, x, ctx)
+    axis = layer_axis(p.axis, x, ctx)
     axes = list(range(axis, x.rank))
     offsets = [p.offset] * len(axes) if isinstance(p.offset, int) else list(p.offset)
     if len(offsets) != len(axes):
@@ -121,7 +108,7 @@ def lower_pad(p: PadParams, ctx, bottoms):
     pairs given first-axis first. Reflect mirrors without repeating the edge (PyTorch's rule);
     replicate repeats the edge."""
     x, = bottoms
-    _float(x, "Pad")
+    need_float_input(x, "Pad")
     spatial = x.rank - 2
     if len(p.pads) != spatial:
         raise LayerError(f"{len(p.pads)} [before, after] pairs given, but the input {ctx.fmt(x)} has "
@@ -167,8 +154,8 @@ class ReductionParams(LayerBase):
 def lower_reduction(p: ReductionParams, ctx, bottoms):
     """Caffe's Reduction: every axis from ``axis`` on reduced; the top is [d0 .. d(axis-1)]."""
     x, = bottoms
-    _float(x, "Reduction")
-    axis = _axis(p.axis, x, ctx) if x.rank else 0
+    need_float_input(x, "Reduction")
+    axis = layer_axis(p.axis, x, ctx) if x.rank else 0
     axes = tuple(range(axis, x.rank))
     b = ctx.b
     if p.operation == "mean":
@@ -189,8 +176,8 @@ def lower_argmax(p: ArgMaxParams, ctx, bottoms):
     """The top_k indices along ``axis`` (largest first, as floats: Caffe's ArgMax), or their
     values with out_max_val. No gradient flows through it (Caffe defines none)."""
     x, = bottoms
-    _float(x, "ArgMax")
-    axis = _axis(p.axis, x, ctx)
+    need_float_input(x, "ArgMax")
+    axis = layer_axis(p.axis, x, ctx)
     size = x.shape[axis]
     if isinstance(size, int) and p.top_k > size:
         raise LayerError(f"top_k {p.top_k} is more than the {size} entries along axis {axis} of {ctx.fmt(x)}",
@@ -209,7 +196,7 @@ class PowerParams(LayerBase):
 def lower_power(p: PowerParams, ctx, bottoms):
     """(shift + scale * x) ** power, each step only where it changes something."""
     x, = bottoms
-    _float(x, "Power")
+    need_float_input(x, "Power")
     b = ctx.b
     y = x
     if p.scale != 1:

@@ -20,7 +20,7 @@ import math
 import numpy as np
 
 from ...ops.indexing import check_indices
-from ...runtime.devices import gpu_module
+from ...runtime.devices import gpu_module, to_host
 from ..cpu.conv import CONV_KERNELS
 from ..cpu.pool import POOL_KERNELS
 from ..registry import register_kernel
@@ -152,7 +152,7 @@ def embedding_gpu(ctx):
     def run(ins, outs):
         table, index = ins
         if bool(cp.any((index < 0) | (index >= table.shape[0]))):
-            check_indices(cp.asnumpy(index) if hasattr(cp, "asnumpy") else index, table.shape[0], layer)
+            check_indices(to_host(index), table.shape[0], layer)
         cp.take(table, index, axis=0, out=outs[0])
     return run
 
