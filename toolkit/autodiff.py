@@ -25,9 +25,19 @@ def differentiate(graph: Graph, objective: Value, wrt: list[Value]) -> dict[int,
     """Append d(objective)/d(v) for each v in ``wrt``; returns {v.id: gradient or None if zero}."""
     if objective.shape != ():
         raise AutodiffError(f"the objective must be a scalar, got shape {objective.shape}")
+    one = Builder(graph, "autodiff").scalar(1.0, objective.dtype)
+    return backprop(graph, [(objective, one)], wrt)
+
+
+def backprop(graph: Graph, seeds: list[tuple[Value, Value]], wrt: list[Value]) -> dict[int, Value | None]:
+    """Append the vector-Jacobian product of ``graph``'s nodes: each (value, gradient) seed is
+    propagated back to ``wrt``; returns {v.id: the summed gradient, or None where it is zero}.
+    (A control-flow body's gradient is built this way, seeded by the gradients of its outputs.)"""
     depends = _forward_reach(graph, wrt)
     forward_nodes = list(graph.nodes)
-    pending: dict[int, list[Value]] = {objective.id: [Builder(graph, "autodiff").scalar(1.0, objective.dtype)]}
+    pending: dict[int, list[Value]] = {}
+    for v, g in seeds:
+        pending.setdefault(v.id, []).append(g)
 
     def total(b: Builder, v: Value) -> Value | None:
         parts = pending.pop(v.id, None)

@@ -33,6 +33,7 @@ def verify(graph: Graph) -> None:
             got = ", ".join(str(o.type) for o in node.outputs)
             want = ", ".join(str(t) for t in expected)
             raise VerifyError(f"{where} outputs {got}, but its shape rule gives {want}")
+        _verify_bodies(node, where)
         for o in node.outputs:
             if o.id in defined:
                 raise VerifyError(f"{where} redefines {o!r}")
@@ -49,3 +50,14 @@ def verify(graph: Graph) -> None:
             raise VerifyError(f"update of '{name}' is {v!r}, which no node defines")
         if v.type != graph.weights[name].value.type:
             raise VerifyError(f"update of '{name}' has type {v.type}, the weight is {graph.weights[name].value.type}")
+
+
+def _verify_bodies(node, where: str) -> None:
+    """A control-flow node's bodies are valid graphs; since every value a graph reads must be
+    defined in it, this also holds them closed (nothing read from outside)."""
+    from ..ops.control import bodies_of
+    for body in bodies_of(node):
+        try:
+            verify(body.graph)
+        except VerifyError as e:
+            raise VerifyError(f"{where}, in its body: {e}") from None

@@ -19,6 +19,7 @@ from ..ir.graph import Graph
 from ..ir.verify import VerifyError, verify
 from .batchnorm import fold_batch_norm
 from .constants import dedup_constants, fold_constants
+from .control import eliminate_dead_branches, optimize_bodies
 from .cse import eliminate_common
 from .fuse import fuse_conv_max_pool, fuse_elementwise, fuse_epilogue
 from .gemm import batch_gemms
@@ -47,6 +48,9 @@ PIPELINE: list[Stage] = [
           "algebraic identities from the rule table (x*1, transpose chains, scalings, ...)", canonical=True),
     Stage("eliminate_common", eliminate_common,
           "merge pure nodes with equal op, inputs and attributes", canonical=True),
+    Stage("eliminate_dead_branches", eliminate_dead_branches,
+          "an if on a constant condition becomes its taken branch; unread loop outputs and "
+          "body inputs are dropped", canonical=True),
     Stage("fold_batch_norm", fold_batch_norm,
           "static per-channel scale and shift (BatchNorm on running statistics, Scale) into the "
           "preceding convolution's or InnerProduct's weights and bias"),
@@ -58,6 +62,8 @@ PIPELINE: list[Stage] = [
           "chains of elementwise ops of one shape as one blocked pass over memory"),
     Stage("fuse_epilogue", fuse_epilogue,
           "a GEMM or convolution and the elementwise ops on its result as one kernel"),
+    Stage("optimize_bodies", optimize_bodies,
+          "the whole pipeline on every loop and if body"),
     Stage("place_devices", place_devices,
           "a transfer wherever a value crosses from one device to another (layers' device: keys)"),
     Stage("plan_memory", None,

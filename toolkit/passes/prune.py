@@ -6,7 +6,8 @@ from ..ir.graph import Graph
 
 def eliminate_dead_code(graph: Graph) -> Graph:
     """Drop nodes, inputs and weights that no output or update depends on (random ops too:
-    unused randomness has no observable effect)."""
+    unused randomness has no observable effect). A control-flow body keeps its inputs: they are
+    its node's interface (passes/control.py drops the unused ones from both sides)."""
     live = {v.id for v in graph.outputs.values()} | {v.id for v in graph.updates.values()}
     kept = []
     for node in reversed(graph.nodes):
@@ -15,6 +16,7 @@ def eliminate_dead_code(graph: Graph) -> Graph:
             live.update(v.id for v in node.inputs)
     graph.nodes = kept[::-1]
     graph.weights = {k: w for k, w in graph.weights.items() if w.value.id in live or k in graph.updates}
-    graph.inputs = {k: v for k, v in graph.inputs.items() if v.id in live}
+    if graph.phase != "body":
+        graph.inputs = {k: v for k, v in graph.inputs.items() if v.id in live}
     return graph
 

@@ -24,6 +24,15 @@ def interpret(graph: Graph, inputs: Mapping[str, np.ndarray], weights: Mapping[s
     for name, w in graph.weights.items():
         env[w.value.id] = np.asarray(weights[name], dtype=w.value.dtype)
     rng = rng or np.random.default_rng(0)
+    run_nodes(graph, env, bindings, rng)
+    outputs = {name: env[v.id] for name, v in graph.outputs.items()}
+    updates = {name: env[v.id] for name, v in graph.updates.items()}
+    return outputs, updates
+
+
+def run_nodes(graph: Graph, env: dict, bindings: Mapping[str, int], rng: np.random.Generator) -> None:
+    """Run ``graph``'s nodes on ``env`` (value id -> array, holding the graph's own values),
+    adding every node's results to it."""
     for node in graph.nodes:
         opdef = get_op(node.op)
         attrs = bind_attrs(node.attrs, bindings)
@@ -37,6 +46,10 @@ def interpret(graph: Graph, inputs: Mapping[str, np.ndarray], weights: Mapping[s
             if r.shape != expected:
                 raise AssertionError(f"{node.op} in {node.scope}: reference gave {r.shape}, type says {expected}")
             env[v.id] = r
-    outputs = {name: env[v.id] for name, v in graph.outputs.items()}
-    updates = {name: env[v.id] for name, v in graph.updates.items()}
-    return outputs, updates
+
+
+def run_body(graph: Graph, args: list, bindings: Mapping[str, int], rng: np.random.Generator) -> list:
+    """A control-flow body on ``args`` (in the order of its inputs): its outputs, in order."""
+    env = {v.id: np.asarray(a, dtype=v.dtype) for v, a in zip(graph.inputs.values(), args)}
+    run_nodes(graph, env, bindings, rng)
+    return [env[v.id] for v in graph.outputs.values()]

@@ -38,6 +38,9 @@ class RuntimeState:
 
     rng: np.random.Generator
     scratch: dict = field(default_factory=dict)
+    # control-flow bodies' plans, by (body, its shapes, device): a loop body's shapes do not
+    # depend on the trip count, so plans of one graph for several sequence lengths share them
+    body_plans: dict = field(default_factory=dict)
 
     def scratch_array(self, key: tuple, shape: tuple[int, ...], dtype) -> np.ndarray:
         """A scratch array for ``key`` (share, slot), grown when a kernel needs more."""
@@ -100,9 +103,11 @@ def split_build_time(graph: Graph) -> tuple[list[Node], list[Node]]:
     return build, steps
 
 
-def graph_storages(graph: Graph, shapes, weights: Mapping[str, np.ndarray] | None) -> dict[int, Storage]:
+def graph_storages(graph: Graph, shapes, weights: Mapping[str, np.ndarray] | None,
+                   keep_inputs: bool = False) -> dict[int, Storage]:
     """Storages of what the graph owns: weights (their arrays; a placeholder when ``weights`` is
-    None) and constants, which the memory plan never places, and the inputs, which it does."""
+    None) and constants, which the memory plan never places, and the inputs, which it does
+    (``keep_inputs``: alive to the end, so no kernel writes over them in place)."""
     fixed: dict[int, Storage] = {}
     for name, w in graph.weights.items():
         arr = weights[name] if weights is not None else np.empty(0, w.value.dtype)
@@ -111,7 +116,7 @@ def graph_storages(graph: Graph, shapes, weights: Mapping[str, np.ndarray] | Non
         fixed[graph.weights[name].value.id].update_of = upd.id
     for v in graph.inputs.values():
         fixed[v.id] = Storage(max(int(np.prod(shapes[v.id])) * np.dtype(v.dtype).itemsize, 1),
-                              device=parse_device(graph.device))
+                              FOREVER if keep_inputs else -1, device=parse_device(graph.device))
     for node in graph.nodes:
         if node.op == "constant":             # shared with the graph (read-only), never copied
             arr = node.attrs["value"]
@@ -173,7 +178,10 @@ def check_placed(graph: Graph, steps: list[Node], weights_of: dict) -> None:
 class Plan:
     def __init__(self, graph: Graph, bindings: Mapping[str, int], weights: Mapping[str, np.ndarray],
                  device: str | None = None, runtime: RuntimeState | None = None, outputs: list[str] | None = None,
-                 threads: int | None = None, native: bool | None = None, concurrent: bool | None = None):
+                 threads: int | None = None, native: bool | None = None, concurrent: bool | None = None,
+                 keep_inputs: bool = False):
+        """``keep_inputs``: no kernel overwrites an input buffer, so a caller may fill some inputs
+        once and run many times (a loop body's invariants)."""
         graph.device = parse_device(graph.device if device is None else device).name
         self.graph = graph
         self.bindings = dict(bindings)
@@ -193,7 +201,7 @@ class Plan:
         out_names = list(graph.outputs) if outputs is None else outputs
         shapes, dtypes = concrete_types(graph, self.bindings)
         self.shapes = shapes
-        fixed = graph_storages(graph, shapes, weights)
+        fixed = graph_storages(graph, shapes, weights, keep_inputs)
         build, steps = split_build_time(graph)
         weights_of = {w.value.id: w for w in graph.weights.values()}
         check_placed(graph, steps, weights_of)
@@ -423,6 +431,17 @@ class Plan:
                 upload(value)
             else:
                 buf[...] = value
+        self.execute(timings)
+        for target, source in self.copy_updates:
+            target[...] = source
+
+    def execute(self, timings: list | None = None, nested: bool = False) -> None:
+        """Run the calls on what the input buffers (``input_views``) hold now. ``nested``: called
+        by a kernel of another plan (a loop body), which has already set the BLAS threads."""
+        if nested:
+            for call in self.run_calls:
+                call()
+            return
         if self.blas is not None:
             self.blas.set_threads(1)          # the plan's own threads split the work (parallel.py)
         try:
@@ -437,5 +456,3 @@ class Plan:
         finally:
             if self.blas is not None:
                 self.blas.restore()
-        for target, source in self.copy_updates:
-            target[...] = source

@@ -16,5 +16,8 @@ from __future__ import annotations
 
 from . import arrays, dispatched, fused  # noqa: F401  (each registers its kernels)
 from .dispatched import DISPATCHED  # noqa: F401
+from .. import control as _control
+
+_control.register("gpu")
 
 MISSING: list[str] = []

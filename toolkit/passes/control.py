@@ -1,0 +1,101 @@
+"""Passes over control flow.
+
+``eliminate_dead_branches`` (canonical): an ``if`` whose condition is a constant becomes the nodes
+of the branch it would take, spliced in where it stood (the other branch is gone); a loop's
+per-step outputs that nothing reads are no longer stacked, and body inputs that the body no
+longer reads stop being passed.
+
+``optimize_bodies``: the whole pipeline, run on every body (with the passes the outer graph has
+switched off also off there), so a loop's step is folded, fused and batched like any graph.
+"""
+from __future__ import annotations
+
+from ..ir.graph import Graph, Node
+from ..ops.control import Body, bodies_of, inline
+from .rewrite import Emitter, Substitution, constant_value, note
+
+
+def _branch_taken(node: Node) -> str | None:
+    cond = constant_value(node.inputs[0])
+    if cond is None:
+        return None
+    return "then_body" if bool(cond) else "else_body"
+
+
+def _prune_loop(node: Node, readers: set[int]) -> bool:
+    """Drop a loop's unread per-step outputs; returns whether it changed."""
+    k = node.attrs["carried"]
+    flag = 1 if node.attrs.get("condition") else 0
+    body: Body = node.attrs["body"]
+    names = list(body.graph.outputs)
+    keep = [i for i, o in enumerate(node.outputs) if i < k or o.id in readers]
+    if len(keep) == len(node.outputs):
+        return False
+    chosen = list(range(flag)) + [flag + i for i in keep]
+    body.graph.outputs = {names[j]: body.graph.outputs[names[j]] for j in chosen}
+    node.outputs = [node.outputs[i] for i in keep]
+    node.attrs.pop("saved", None)
+    return True
+
+
+def _drop_unread_inputs(node: Node) -> bool:
+    """Loop invariants (and if's captured values) that no body reads any more stop being passed."""
+    if node.op == "loop":
+        first = node.attrs["carried"] + node.attrs["scanned"]   # carries and sequences stay
+        offset = 0
+    else:
+        first, offset = 0, 1                                     # the condition stays
+    bodies = bodies_of(node)
+    inner = [b.inputs for b in bodies]
+    read = set()
+    for body in bodies:
+        read |= {v.id for n in body.graph.nodes for v in n.inputs} | {v.id for v in body.outputs}
+    unread = [j for j in range(first, len(inner[0]))
+              if all(ins[j].id not in read for ins in inner)]
+    if not unread:
+        return False
+    for body in bodies:
+        names = list(body.graph.inputs)
+        body.graph.inputs = {n: v for j, (n, v) in enumerate(zip(names, body.inputs)) if j not in unread}
+    node.inputs = [v for j, v in enumerate(node.inputs) if j - offset not in unread or j < offset]
+    return True
+
+
+def eliminate_dead_branches(graph: Graph) -> Graph:
+    readers = {v.id for n in graph.nodes for v in n.inputs}
+    readers |= {v.id for v in graph.outputs.values()} | {v.id for v in graph.updates.values()}
+    subst = Substitution()
+    kept: list[Node] = []
+    for node in graph.nodes:
+        subst.apply_to_node(node)
+        if node.op == "if" and (taken := _branch_taken(node)) is not None:
+            emitter = Emitter(node.scope)
+            outs = inline(emitter, node.attrs[taken], node.inputs[1:])
+            for old, new in zip(node.outputs, outs):
+                subst.replace(old, new)
+            kept.extend(emitter.take())
+            note(graph, f"eliminate_dead_branches: '{node.scope}': the condition is always "
+                        f"{taken == 'then_body'}; only its {taken.split('_')[0]} branch is kept")
+            continue
+        if node.op == "loop" and _prune_loop(node, readers):
+            note(graph, f"eliminate_dead_branches: '{node.scope}': per-step outputs nobody reads are not stacked")
+        if node.op in ("loop", "if") and _drop_unread_inputs(node):
+            note(graph, f"eliminate_dead_branches: '{node.scope}': values its body no longer reads are not passed")
+        kept.append(node)
+    graph.nodes = kept
+    subst.apply(graph)
+    return graph
+
+
+def optimize_bodies(graph: Graph) -> Graph:
+    from .pipeline import run_pipeline
+    for node in graph.nodes:
+        for body in bodies_of(node):
+            body.graph.device = graph.device
+            body.graph.layer_devices = graph.layer_devices
+            before = len(body.graph.nodes)
+            run_pipeline(body.graph, disable=tuple(sorted(set(graph.disabled) | {"place_devices"})))
+            if len(body.graph.nodes) != before:
+                note(graph, f"optimize_bodies: '{node.scope}': its body went from {before} to "
+                            f"{len(body.graph.nodes)} nodes")
+    return graph
