@@ -14,7 +14,7 @@ Phase = Literal["train", "test", "infer"]
 # where a layer runs: cpu or gpu, or one of several (cpu:1, gpu:0)
 DeviceName = Annotated[str, Field(pattern=r"^(cpu|gpu)(:[0-9]+)?$")]
 PHASES: tuple[str, ...] = ("train", "test", "infer")
-DType = Literal["float32", "float64", "int32", "int64"]
+DType = Literal["float32", "float64", "int32", "int64", "bool"]   # bool: masks (key_padding_mask)
 PositiveInt = Annotated[StrictInt, Field(gt=0)]
 NonNegInt = Annotated[StrictInt, Field(ge=0)]
 Number = Union[StrictInt, float]

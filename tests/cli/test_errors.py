@@ -221,13 +221,18 @@ layers:
   - {name: s, type: ArgMax, bottom: data, top: s, top_k: 9}
   - {name: t, type: Crop, bottom: [data, q2], top: t}
   - {name: u, type: Deconvolution, bottom: data, top: u, num_output: 4, kernel_size: 2, pad: 5}
+  - {name: v, type: Reshape, bottom: data, top: v, shape: [0, 3, -1]}
+  - {name: w, type: MultiHeadAttention, bottom: v, top: w, num_heads: 5}
+  - {name: y, type: MultiHeadAttention, bottom: [v, v], top: y, num_heads: 2}
 """, [Expect("bottom: data, top: e", ("layer 'e' (Embed)", "integer indices", "got float32")),
       Expect("pads: [[1, 1]]", ("layer 'p' (Pad)", "1 [before, after] pairs", "2 spatial axes")),
       Expect("order: [0, 1, 1, 2]", ("layer 'q' (Permute)", "not a permutation")),
       Expect("pads: [[9, 1]", ("layer 'r' (Pad)", "reflect padding of 9", "more than 8")),
       Expect("top_k: 9", ("layer 's' (ArgMax)", "top_k 9 is more than the 3 entries")),
       Expect("q2", ("unknown bottom 'q2'",)),
-      Expect("pad: 5", ("layer 'u' (Deconvolution)", "pad 5 is too large"))]),
+      Expect("pad: 5", ("layer 'u' (Deconvolution)", "pad 5 is too large")),
+      Expect("num_heads: 5", ("layer 'w' (MultiHeadAttention)", "embedding size 64", "not divisible by num_heads 5")),
+      Expect("bottom: [v, v]", ("layer 'y' (MultiHeadAttention)", "[q, k, v, key_padding_mask]"))]),
 ]
 
 

@@ -7,8 +7,9 @@ learned Scale, Scale by a second bottom, max and average pooling with padding an
 global), Concat, Slice with slice_point and equal split, Eltwise sum with coefficients / prod /
 max, Reshape with 0 and -1, Flatten, InnerProduct on an axis, every activation, Softmax /
 LogSoftmax on axes, Dropout, and the losses and Accuracy in the train and test phases; the third
-uses the extended catalog's layers without recurrence (Embed, LayerNorm, MatMul, Permute,
-Reduction, Tile, LRN, Pad, Deconvolution, Crop, Power, ArgMax).
+uses the extended catalog's layers (Embed, LayerNorm, MatMul, Permute,
+Reduction, Tile, LRN, Pad, Deconvolution, Crop, Power, ArgMax, MultiHeadAttention, and the recurrent
+GRU, LSTM and RNN).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from layers import LAYERS  # noqa: E402
+from layers.control import BLOCK_TYPES  # noqa: E402
 from toolkit.autodiff import differentiate  # noqa: E402
 from toolkit.compile import add_gradients  # noqa: E402
 from toolkit.frontend import OBJECTIVE, Net  # noqa: E402
@@ -114,8 +116,8 @@ layers:
 outputs: [sm, ip2, pmax, hsum, p2, gated]
 """
 
-# the extended catalog: a token branch (Embed, LayerNorm, dot-product attention by MatMul,
-# Permute, Reduction, Tile) and an image branch (LRN, reflect Pad, Deconvolution, Crop, Power)
+# the extended catalog: a token branch (Embed, LayerNorm, dot-product attention by MatMul and
+# causal MultiHeadAttention, Permute, Reduction, Tile) and an image branch (LRN, reflect Pad, Deconvolution, Crop, Power)
 EXTENDED_NET = """
 name: mixed_extended
 inputs:
@@ -127,7 +129,8 @@ layers:
   - {name: ln, type: LayerNorm, bottom: emb, top: emb}
   - {name: att, type: MatMul, bottom: [emb, emb], top: att, transpose_b: true}
   - {name: sm, type: Softmax, bottom: att, top: att, axis: -1}
-  - {name: ctx, type: MatMul, bottom: [att, emb], top: ctx}
+  - {name: mha, type: MultiHeadAttention, bottom: emb, top: mha, num_heads: 2, causal: true}
+  - {name: ctx, type: MatMul, bottom: [att, mha], top: ctx}
   - {name: perm, type: Permute, bottom: ctx, top: perm, order: [0, 2, 1]}
   - {name: red, type: Reduction, bottom: perm, top: red, operation: mean, axis: 2}
   - {name: tile, type: Tile, bottom: red, top: tile, tiles: 2}
@@ -138,7 +141,11 @@ layers:
   - {name: crop, type: Crop, bottom: [up, img], top: crop, offset: 2}
   - {name: pw, type: Power, bottom: crop, top: pw, power: 2, scale: 0.5, shift: 1}
   - {name: flat, type: Flatten, bottom: pw, top: flat}
-  - {name: cat, type: Concat, bottom: [flat, tile], top: cat}
+  - {name: gru, type: GRU, bottom: emb, top: gru, num_output: 6, bidirectional: true}
+  - {name: lstm, type: LSTM, bottom: gru, top: lstm, num_output: 4, return_sequence: false, unroll: false}
+  - {name: rnn, type: RNN, bottom: emb, top: rnn, num_output: 3, num_layers: 2, nonlinearity: relu,
+     return_sequence: false}
+  - {name: cat, type: Concat, bottom: [flat, tile, lstm, rnn], top: cat}
   - {name: ip, type: InnerProduct, bottom: cat, top: ip, num_output: 12}
   - {name: r, type: Reshape, bottom: ip, top: r, shape: [0, 4, 3]}
   - {name: best, type: ArgMax, bottom: r, top: best, axis: 2, phase: infer}
@@ -167,8 +174,9 @@ def random_weights(net: Net, dtype: str, seed: int = 3) -> dict[str, np.ndarray]
     rng = np.random.default_rng(seed + 1)
     types = {layer.name: layer.type for layer in net.spec.layers}
     for key, arr in weights.items():
-        layer, pname = key.rsplit(".", 1)
-        if pname in ("bias", "running_mean"):
+        layer = net.declared[key][1]              # the declaring layer: names may hold dots, as keys
+        pname = key[len(layer) + 1:]
+        if pname in ("bias", "running_mean") or pname.endswith(("_bias", ".bias")):
             arr[...] = rng.normal(0.0, 0.5, arr.shape)
         elif pname == "running_var":
             arr[...] = rng.uniform(0.4, 2.5, arr.shape)
@@ -196,7 +204,9 @@ def build_plan(graph, weights, batch: int) -> Plan:
 
 def test_the_mixed_nets_use_every_catalog_layer(nets):
     used = {layer.type for net in nets.values() for layer in net.spec.layers}
-    assert used == set(LAYERS), f"not mixed in: {sorted(set(LAYERS) - used)}"
+    # If and Loop are blocks of other layers, checked with those layers in tests/layers/test_blocks.py
+    catalog = set(LAYERS) - set(BLOCK_TYPES)
+    assert used == catalog, f"not mixed in: {sorted(catalog - used)}"
     image = {layer.name: layer for layer in nets["image"].spec.layers}
     assert image["conv2"].group > 1 and image["conv2"].dilation != 1
     assert image["pool1"].pad and image["pool2"].pad and image["pool2"].pool == "ave"

@@ -21,6 +21,7 @@ import yaml
 torch = pytest.importorskip("torch")
 
 from layers import LAYERS  # noqa: E402
+from layers.control import BLOCK_TYPES  # noqa: E402
 from toolkit.autodiff import differentiate  # noqa: E402
 from toolkit.compile import add_gradients  # noqa: E402
 from toolkit.frontend import OBJECTIVE, Net  # noqa: E402
@@ -77,6 +78,16 @@ def uniform(lo, hi):
 
 def labels(classes):
     return lambda rng, shape, dtype: rng.integers(0, classes, size=shape).astype(dtype)
+
+
+def key_padding(ratio=0.4):
+    """A bool [N, S] key_padding_mask (true: ignored) that never masks key 0, so that no query
+    (causal ones included) has every key masked."""
+    def gen(rng, shape, dtype):
+        mask = rng.random(shape) < ratio
+        mask[:, 0] = False
+        return mask
+    return gen
 
 
 def activation(id, type, gen=None, **params):
@@ -366,6 +377,75 @@ CASES = [
           L("up2", "Deconvolution", "data", num_output=3, kernel_size=[2, 3], dilation=2, bias_term=False),
           L("f1", "Flatten", "up"), L("f2", "Flatten", "up2"),
           L("cat", "Concat", ["f1", "f2"])] + head("cat")),
+    Case("attention_self",
+         {"x": (["N", 5, 8], "float32"), "label": (["N"], "int64")},
+         [L("attn", "MultiHeadAttention", "x", num_heads=2)] + head("attn")),
+    Case("attention_causal_self",
+         {"x": (["N", 5, 8], "float32"), "label": (["N"], "int64")},
+         [L("attn", "MultiHeadAttention", "x", num_heads=4, causal=True)] + head("attn")),
+    Case("attention_cross_qkv",
+         {"q": (["N", 4, 6], "float32"), "k": (["N", 7, 6], "float32"), "v": (["N", 7, 6], "float32"),
+          "label": (["N"], "int64")},
+         [L("attn", "MultiHeadAttention", ["q", "k", "v"], num_heads=3),
+          L("same", "MultiHeadAttention", ["k", "k", "k"], num_heads=2, causal=True),   # [x, x, x]: 3 GEMMs
+          L("f1", "Flatten", "attn"), L("f2", "Flatten", "same"),
+          L("cat", "Concat", ["f1", "f2"])] + head("cat")),
+    Case("attention_key_padding_mask",
+         {"x": (["N", 5, 8], "float32"), "pad": (["N", 5], "bool"),
+          "q": (["N", 3, 8], "float32"), "kv": (["N", 6, 8], "float32"), "pad2": (["N", 6], "bool"),
+          "label": (["N"], "int64")},
+         [L("attn", "MultiHeadAttention", ["x", "pad"], num_heads=2),
+          L("causal", "MultiHeadAttention", ["x", "pad"], num_heads=4, causal=True),
+          L("cross", "MultiHeadAttention", ["q", "kv", "kv", "pad2"], num_heads=2),
+          L("f1", "Flatten", "attn"), L("f2", "Flatten", "causal"), L("f3", "Flatten", "cross"),
+          L("cat", "Concat", ["f1", "f2", "f3"])] + head("cat"),
+         {"pad": key_padding(), "pad2": key_padding()}),
+    Case("attention_no_bias_one_head",
+         {"x": (["N", 4, 6], "float32"), "label": (["N"], "int64")},
+         [L("attn", "MultiHeadAttention", "x", num_heads=1, bias_term=False, lr_mult=[1, 0.5]),
+          L("attn2", "MultiHeadAttention", "attn", num_heads=6, bias_term=False)] + head("attn2")),
+    Case("attention_dropout",        # dropout on the attention weights in train; identity in infer
+         {"x": (["N", 5, 8], "float32"), "label": (["N"], "int64")},
+         [L("attn", "MultiHeadAttention", "x", num_heads=2, dropout=0.3)] + head("attn")),
+]
+# Recurrent layers: PyTorch's weight names, gate order and batch-first layout. Each layer type is
+# tested in both forms (unroll: true, the steps as separate ops; false, one loop node), and with
+# a symbolic T (the loop, where unrolling cannot apply).
+SEQ = {"data": (["N", 5, 3], "float32"), "label": (["N"], "int64")}
+CASES += [
+    Case("rnn", SEQ,
+         [L("rnn", "RNN", "data", ["seq", "hn"], num_output=4),
+          L("rnn2", "RNN", "data", num_output=3, num_layers=2, bidirectional=True, nonlinearity="relu",
+            return_sequence=False, unroll=False),
+          L("f1", "Flatten", "seq"), L("hp", "Permute", "hn", order=[1, 0, 2]), L("f2", "Flatten", "hp"),
+          L("cat", "Concat", ["f1", "rnn2", "f2"])] + head("cat")),
+    Case("lstm",
+         {"data": (["N", 4, 3], "float32"), "h0": ([4, "N", 5], "float32"), "c0": ([4, "N", 5], "float32"),
+          "label": (["N"], "int64")},
+         [L("lstm", "LSTM", ["data", "h0", "c0"], ["seq", "hn", "cn"], num_output=5, num_layers=2,
+            bidirectional=True),
+          L("lstm2", "LSTM", "seq", num_output=3, return_sequence=False, unroll=False),
+          L("lstm3", "LSTM", ["data", "h0", "c0"], ["seq3", "hn3", "cn3"], num_output=5, num_layers=2,
+            bidirectional=True, unroll=False),
+          L("f1", "Flatten", "seq"), L("f3", "Flatten", "seq3"),
+          L("hs", "Eltwise", ["hn", "cn", "hn3", "cn3"]), L("hp", "Permute", "hs", order=[1, 0, 2]),
+          L("f4", "Flatten", "hp"),
+          L("cat", "Concat", ["f1", "lstm2", "f3", "f4"])] + head("cat")),
+    Case("gru",
+         {"data": (["N", 6, 3], "float32"), "h0": ([2, "N", 4], "float32"), "label": (["N"], "int64")},
+         [L("gru", "GRU", ["data", "h0"], ["seq", "hn"], num_output=4, bidirectional=True),
+          L("gru2", "GRU", ["data", "h0"], ["seq2", "hn2"], num_output=4, num_layers=2, unroll=False),
+          L("gru3", "GRU", "seq", num_output=2, num_layers=2, return_sequence=False),
+          L("f1", "Flatten", "seq"), L("f2", "Flatten", "seq2"),
+          L("hs", "Eltwise", ["hn", "hn2"]), L("hp", "Permute", "hs", order=[1, 0, 2]), L("f3", "Flatten", "hp"),
+          L("cat", "Concat", ["f1", "f2", "f3", "gru3"])] + head("cat")),
+    Case("recurrent_symbolic_length",
+         {"data": (["N", "T", 3], "float32"), "label": (["N"], "int64")},
+         [L("gru", "GRU", "data", num_output=4, return_sequence=False),
+          L("lstm", "LSTM", "data", ["y", "hn"], num_output=3, bidirectional=True, return_sequence=False),
+          L("rnn", "RNN", "data", num_output=2, num_layers=2, return_sequence=False),
+          L("hp", "Permute", "hn", order=[1, 0, 2]), L("f", "Flatten", "hp"),
+          L("cat", "Concat", ["gru", "y", "f", "rnn"])] + head("cat")),
 ]
 BY_ID = {c.id: c for c in CASES}
 
@@ -387,8 +467,9 @@ def random_weights(net: Net, dtype: str, seed: int = 7) -> dict[str, np.ndarray]
     rng = np.random.default_rng(seed + 1)
     types = layer_types(net)
     for key, arr in weights.items():
-        layer, pname = key.rsplit(".", 1)
-        if pname == "bias" or pname == "running_mean":
+        layer = net.declared[key][1]              # the declaring layer: names may hold dots, as keys
+        pname = key[len(layer) + 1:]              # 'weight', 'in_proj_bias', 'out_proj.bias', ...
+        if pname == "bias" or pname.endswith(("_bias", ".bias")) or pname == "running_mean":
             arr[...] = rng.normal(0.0, 0.5, arr.shape)
         elif pname == "running_var":
             arr[...] = rng.uniform(0.4, 2.5, arr.shape)
@@ -424,9 +505,12 @@ def run_plan(graph, weights, inputs, names):
 
 # -- tests ---------------------------------------------------------------------------------------
 def test_translator_and_cases_cover_the_catalog():
-    assert set(LAYERS) <= SUPPORTED, f"no torch translation for {sorted(set(LAYERS) - SUPPORTED)}"
+    # If and Loop are blocks of other layers: tests/layers/test_blocks.py checks them against the
+    # same layers written out
+    catalog = set(LAYERS) - set(BLOCK_TYPES)
+    assert catalog <= SUPPORTED, f"no torch translation for {sorted(catalog - SUPPORTED)}"
     covered = {layer["type"] for case in CASES for layer in case.layers}
-    assert set(LAYERS) <= covered, f"layer types without a test case: {sorted(set(LAYERS) - covered)}"
+    assert catalog <= covered, f"layer types without a test case: {sorted(catalog - covered)}"
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
@@ -571,6 +655,31 @@ def test_comparison_detects_a_small_mismatch(tmp_path):
     expected = to_numpy(TorchNet(other, "infer").forward(inputs))
     with pytest.raises(AssertionError):
         assert_close(out["pool"], expected["pool"], "float32", "pool")
+
+
+@pytest.mark.parametrize("case_id, phase, change", [
+    ("attention_causal_self", "infer", lambda layers: layers[0].update(causal=False)),
+    ("attention_key_padding_mask", "infer", lambda layers: layers[0].update(bottom=["x"])),
+    ("attention_dropout", "train", lambda layers: layers[0].update(dropout=0.0)),
+])
+def test_attention_comparison_sees_masks_and_dropout(tmp_path, case_id, phase, change):
+    """The attention cases are not vacuous: the causal mask, the key padding mask and the
+    attention dropout each change the result (torch runs the net without it, the toolkit with)."""
+    case = BY_ID[case_id]
+    changed = copy.deepcopy(case)
+    change(changed.layers)
+    net = load_net(tmp_path, case)
+    (tmp_path / "changed").mkdir()
+    other = load_net(tmp_path / "changed", changed)
+    weights = random_weights(net, "float64")
+    inputs = random_inputs(net, case, "float64")
+    peer = TorchNet(other, phase, "float64", dropout_rng=np.random.default_rng(0))
+    peer.load(weights)
+    expected = to_numpy(peer.forward(inputs))
+    graph = net.graph(phase, "float64", outputs=["attn"])
+    out, _ = interpret(graph, inputs, weights, rng=np.random.default_rng(0))
+    with pytest.raises(AssertionError):
+        assert_close(out["attn"], expected["attn"], "float64", "attn")
 
 
 def test_torch_net_round_trips_weights_and_reports_keys(tmp_path):

@@ -38,7 +38,8 @@ MAX_CHANNELS = 6
 GENERATED_TYPES = frozenset({
     "Convolution", "Pooling", "InnerProduct", "ReLU", "Sigmoid", "TanH", "ELU", "Softplus", "AbsVal",
     "Exp", "Log", "GELU", "Softmax", "LogSoftmax", "Dropout", "BatchNorm", "Concat", "Slice", "Eltwise",
-    "Flatten", "Reshape", "SoftmaxWithLoss", "EuclideanLoss", "SigmoidCrossEntropyLoss", "Accuracy", "Scale"})
+    "Flatten", "Reshape", "SoftmaxWithLoss", "EuclideanLoss", "SigmoidCrossEntropyLoss", "Accuracy", "Scale",
+    "RNN", "LSTM", "GRU", "LayerNorm", "MultiHeadAttention", "Permute"})
 
 FILLERS = [
     {"type": "gaussian", "std": 0.2},
@@ -541,14 +542,15 @@ class _Generator:
                      (self.activation_chain, 3), (self.residual, 4), (self.parallel, 4),
                      (self.slice_concat, 2), (self.duplicate, 2), (self.positive_log, 2),
                      (self.dropout_block, 1), (self.reshape_roundtrip, 1), (self.phase_inplace, 2),
-                     (self.gate, 1), (self.to_rank3, 1), (self.to_rank2, 2)]
+                     (self.gate, 1), (self.to_rank3, 3), (self.to_rank2, 2)]
             if "Scale" in self.types:
                 table += [(self.bn_scale, 2), (self.squeeze_excite, 2)]
             if self.blobs[x].shape[2] * self.blobs[x].shape[3] <= 4:   # small already: flatten soon
                 table.append((self.to_rank2, 6))
         elif rank == 3:
             table = [(self.activation_chain, 2), (self.ip_axis2, 3), (self.seq_softmax, 1),
-                     (self.dropout_block, 1), (self.to_rank2, 3), (self.batch_norm, 1)]
+                     (self.dropout_block, 1), (self.to_rank2, 3), (self.batch_norm, 1),
+                     (self.recurrent, 3), (self.layer_norm, 1), (self.attention, 2), (self.permute_time, 1)]
         else:
             table = [(self.ip_block, 5), (self.activation_chain, 3), (self.residual, 3), (self.parallel, 4),
                      (self.slice_concat, 2), (self.duplicate, 2), (self.positive_log, 2),
@@ -787,6 +789,57 @@ class _Generator:
             h = self.activation(h)
         return h
 
+    def recurrent(self, x: str) -> str:
+        """RNN, LSTM or GRU over axis 1 as time, as a loop or unrolled; the whole sequence, or
+        (then rank 2) its last step."""
+        kind = self.rng.choice(["RNN", "LSTM", "GRU"])
+        params = {"num_output": self.rng.randint(1, 4)}
+        if self.chance(0.3):
+            params["num_layers"] = 2
+        if self.chance(0.4):
+            params["bidirectional"] = True
+        if self.chance(0.5):
+            params["unroll"] = self.chance(0.5)
+        relu = kind == "RNN" and self.chance(0.4)
+        if relu:
+            params["nonlinearity"] = "relu"
+        sequence = self.chance(0.7)
+        if not sequence:
+            params["return_sequence"] = False
+        top = self.fresh(kind.lower())
+        self.add(kind, x, top, kind.lower(), **params)
+        width = params["num_output"] * (2 if params.get("bidirectional") else 1)
+        shape = ("N", self.blobs[x].shape[1], width) if sequence else ("N", width)
+        return self.set_blob(top, shape, 0.0 if relu else -1.0, INF if relu else 1.0)
+
+    def layer_norm(self, x: str) -> str:
+        params = {} if self.chance(0.7) else {"affine": False}
+        if self.chance(0.3):
+            params["axis"] = 1                     # the last two axes
+        top = self.top_for(x, "ln", 0.4)
+        self.add("LayerNorm", x, top, "ln", **params)
+        return self.set_blob(top, self.blobs[x].shape)
+
+    def attention(self, x: str) -> str:
+        """Self-attention over axis 1 (heads dividing the features), maybe causal."""
+        b = self.blobs[x]
+        width = b.shape[2]
+        heads = self.rng.choice([h for h in (1, 2, 3) if width % h == 0])
+        params = {"num_heads": heads}
+        if self.chance(0.4):
+            params["causal"] = True
+        if self.chance(0.2):
+            params["bias_term"] = False
+        top = self.fresh("att")
+        self.add("MultiHeadAttention", x, top, "att", **params)
+        return self.set_blob(top, b.shape)
+
+    def permute_time(self, x: str) -> str:
+        b = self.blobs[x]
+        top = self.fresh("perm")
+        self.add("Permute", x, top, "perm", order=[0, 2, 1])
+        return self.set_blob(top, ("N", b.shape[2], b.shape[1]), b.lo, b.hi)
+
     def seq_softmax(self, x: str) -> str:
         if self.blobs[x].shape[2] < 2:
             return self.activation(x)
@@ -853,7 +906,7 @@ class _Generator:
     def regress_head(self, x: str) -> None:
         """EuclideanLoss against a float target input; the prediction is the infer output."""
         b = self.blobs[x]
-        pred = x if b.rank == 2 and self.chance(0.3) else self.inner_product(x, self.rng.randint(1, 5),
+        pred = x if b.rank == 2 and x not in self.inputs and self.chance(0.3) else self.inner_product(x, self.rng.randint(1, 5),
                                                                               allow_share=False)
         target = self.float_input(self.blobs[pred].shape, unit=False)
         pair = [pred, target] if self.chance(0.7) else [target, pred]

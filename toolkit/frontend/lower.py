@@ -20,8 +20,12 @@ OBJECTIVE = "@objective"   # the train graph's total loss; '@' cannot appear in 
 class LowerContext:
     """What a layer lowering may use: the builder, the phase, weight and state declarations."""
 
-    def __init__(self, graph: Graph, layer, phase: str, float_dtype: str, declared: dict[str, tuple]):
-        self.graph = graph
+    def __init__(self, graph: Graph, layer, phase: str, float_dtype: str, declared: dict[str, tuple],
+                 root: Graph | None = None):
+        # weights and state updates belong to the net's graph (``root``); the nodes go to
+        # ``graph``, which is a block's body inside an If or Loop
+        self.graph = root if root is not None else graph
+        self.in_block = root is not None and root is not graph
         self.layer = layer
         self.phase = phase
         self.float_dtype = float_dtype
@@ -82,6 +86,10 @@ class LowerContext:
         return value
 
     def update(self, pname: str, value: Value) -> None:
+        if self.in_block:
+            from layers.registry import LayerError
+            raise LayerError(f"{self.layer.type} updates its state in phase {self.phase}, which a layer "
+                             "inside an If or Loop block cannot do")
         key = f"{getattr(self.layer, 'share', None) or self.layer.name}.{pname}"
         self.graph.updates[key] = value
 
@@ -113,20 +121,8 @@ def lower_phase(spec, positions: Positions, phase: str, float_dtype: str | None,
                 declared: dict[str, tuple], loss_layers: set[str] | None = None) -> Lowered:
     """The graph of ``phase`` (default outputs: tops nothing consumes) and the problems found.
     ``loss_layers``: names of the objective's layers (None: every layer whose type ends in Loss)."""
-    from layers import LAYERS
-    from layers.registry import LayerError
-
     graph = Graph(phase)
-    problems: list[Problem] = []
     blobs: dict[str, Value] = {}
-    consumed: set[int] = set()
-    exported: dict[int, str] = {}         # value id -> the latest top name it was given
-    broken: set[str] = set()              # tops of layers that failed: their users stay quiet
-
-    def where(i: int, key: str | None = None, value: bool = False) -> Location:
-        path = ("layers", i) + ((key,) if key else ())
-        return positions.locate(path, prefer_key=not value)
-
     for name, inp in spec.inputs.items():
         dtype = inp.dtype
         if float_dtype and dtype in FLOAT_DTYPES:
@@ -134,93 +130,152 @@ def lower_phase(spec, positions: Positions, phase: str, float_dtype: str | None,
         v = Value(TensorType(tuple(as_dim(d) for d in inp.shape), dtype), name=name)
         graph.inputs[name] = v
         blobs[name] = v
-
-    all_tops: dict[str, list[tuple[int, Any]]] = {}
-    for i, layer in enumerate(spec.layers):
-        for t in layer.tops:
-            all_tops.setdefault(t, []).append((i, layer))
-
     declared_floats = [i.dtype for i in spec.inputs.values() if i.dtype in FLOAT_DTYPES]
     net_float = float_dtype or (declared_floats[0] if declared_floats else "float32")
-    for i, layer in enumerate(spec.layers):
-        if phase not in layer.phases:
-            continue
-        if getattr(layer, "broken", False):      # failed validation, already reported
-            broken.update(layer.tops)
-            continue
-        ldef = LAYERS[layer.type]
-        label = f"layer '{layer.name}' ({layer.type})"
-        bad_counts = False
-        for what, items, bounds, key in (("bottom", layer.bottoms, ldef.params.BOTTOMS, "bottom"),
-                                         ("top", layer.tops, ldef.params.TOPS, "top")):
-            msg = _count_problem(what, len(items), bounds)
-            if msg:
-                problems.append(Problem(f"{label} {msg}", where(i, key) if key in _keys(layer) else where(i)))
-                bad_counts = True
-        if bad_counts:
-            broken.update(layer.tops)
-            continue
-        bottoms, missing = [], False
-        for j, bname in enumerate(layer.bottoms):
-            if bname in blobs:
-                bottoms.append(blobs[bname])
-                continue
-            missing = True
-            if bname in broken:
-                continue
-            loc = positions.locate(("layers", i, "bottom") + ((j,) if isinstance(layer.bottom, list) else ()),
-                                   prefer_key=False)
-            problems.append(Problem(f"{label}: {_dangling(bname, i, phase, all_tops, blobs, positions)}", loc))
-        if missing:
-            broken.update(layer.tops)
-            continue
-        ctx = LowerContext(graph, layer, phase, net_float, declared)
-        try:
-            tops = ldef.lower(layer, ctx, bottoms)
-            for key in ("lr_mult", "decay_mult"):
-                vals = getattr(layer, key, None)
-                if isinstance(vals, list) and len(vals) != ctx.param_count:
-                    raise LayerError(f"{len(vals)} {key} values for {ctx.param_count} parameters", key)
-        except LayerError as e:
-            loc = where(i, e.key) if e.key and e.key in _keys(layer) else where(i)
-            problems.append(Problem(f"{label}: {e}", loc))
-            broken.update(layer.tops)
-            continue
-        except ShapeError as e:
-            problems.append(Problem(f"{label}: {e}", where(i)))
-            broken.update(layer.tops)
-            continue
-        for v in bottoms:
-            consumed.add(v.id)
-        for tname, v in zip(layer.tops, tops):
-            v.name = v.name or tname
-            blobs[tname] = v
-            # a layer that passes its bottom through (Flatten to the same shape, Dropout outside
-            # train) hands the value on under its top's name: unread, that top is an output
-            consumed.discard(v.id)
-            exported[v.id] = tname
-        is_loss = layer.name in loss_layers if loss_layers is not None else ldef.type.endswith("Loss")
-        if is_loss:
-            weights = layer.loss_weight if isinstance(layer.loss_weight, list) else [layer.loss_weight] * len(tops)
-            for tname, lw in zip(layer.tops, weights):
-                graph.losses[tname] = 1.0 if lw is None else float(lw)
-
+    lowering = Lowering(graph, positions, phase, net_float, declared, loss_layers)
+    lowering.lower_layers(spec.layers, ("layers",), graph, blobs)
     graph.outputs = {name: v for name, v in blobs.items()
-                     if v.id not in consumed and name not in graph.inputs and v.producer is not None
-                     and exported.get(v.id) == name}       # one name per value: the latest top
-    return Lowered(graph, blobs, problems)
+                     if v.id not in lowering.consumed and name not in graph.inputs and v.producer is not None
+                     and lowering.exported.get(v.id) == name}       # one name per value: the latest top
+    return Lowered(graph, blobs, lowering.problems)
+
+
+class Lowering:
+    """Lowers lists of layers in order: the net's, and (through frontend/blocks.py) the blocks
+    of If and Loop layers into body graphs. Problems are collected with their locations."""
+
+    def __init__(self, root: Graph, positions: Positions, phase: str, float_dtype: str,
+                 declared: dict[str, tuple], loss_layers: set[str] | None):
+        self.root = root
+        self.positions = positions
+        self.phase = phase
+        self.float_dtype = float_dtype
+        self.declared = declared          # every weight key -> (shape, layer) across phases
+        self.loss_layers = loss_layers
+        self.problems: list[Problem] = []
+        self.consumed: set[int] = set()
+        self.exported: dict[int, str] = {}    # value id -> the latest top name it was given
+        self.broken: set[str] = set()         # tops of layers that failed: their users stay quiet
+
+    def lower_layers(self, layers, prefix: tuple, graph: Graph, blobs: dict[str, Value]) -> bool:
+        """Lower ``layers`` (written at document path ``prefix``) into ``graph``, reading and
+        updating ``blobs``; returns whether every layer lowered."""
+        from layers import LAYERS
+        from layers.control import BLOCK_TYPES
+        from layers.registry import LayerError
+        positions = self.positions
+        phase = self.phase
+        problems = self.problems
+        broken = self.broken
+        clean = True
+
+        def where(i: int, key: str | None = None, value: bool = False) -> Location:
+            path = prefix + (i,) + ((key,) if key else ())
+            return positions.locate(path, prefer_key=not value)
+
+        all_tops: dict[str, list[tuple[int, Any]]] = {}
+        for i, layer in enumerate(layers):
+            for t in layer.tops:
+                all_tops.setdefault(t, []).append((i, layer))
+
+        for i, layer in enumerate(layers):
+            if phase not in layer.phases:
+                continue
+            if getattr(layer, "broken", False):      # failed validation, already reported
+                broken.update(layer.tops)
+                clean = False
+                continue
+            ldef = LAYERS[layer.type]
+            label = f"layer '{layer.name}' ({layer.type})"
+            bad_counts = False
+            for what, items, bounds, key in (("bottom", layer.bottoms, ldef.params.BOTTOMS, "bottom"),
+                                             ("top", layer.tops, ldef.params.TOPS, "top")):
+                msg = _count_problem(what, len(items), bounds)
+                if msg:
+                    problems.append(Problem(f"{label} {msg}", where(i, key) if key in _keys(layer) else where(i)))
+                    bad_counts = True
+            if bad_counts:
+                broken.update(layer.tops)
+                clean = False
+                continue
+            bottoms, missing = [], False
+            for j, bname in enumerate(layer.bottoms):
+                if bname in blobs:
+                    bottoms.append(blobs[bname])
+                    continue
+                missing = True
+                if bname in broken:
+                    continue
+                loc = positions.locate(prefix + (i, "bottom") + ((j,) if isinstance(layer.bottom, list) else ()),
+                                       prefer_key=False)
+                problems.append(Problem(f"{label}: {_dangling(bname, i, phase, all_tops, blobs, positions, prefix)}",
+                                        loc))
+            if missing:
+                broken.update(layer.tops)
+                clean = False
+                continue
+            ctx = LowerContext(graph, layer, phase, self.float_dtype, self.declared, self.root)
+            try:
+                if layer.type in BLOCK_TYPES:
+                    from .blocks import lower_block
+                    tops = lower_block(self, layer, prefix + (i,), graph, blobs, bottoms)
+                else:
+                    tops = ldef.lower(layer, ctx, bottoms)
+                for key in ("lr_mult", "decay_mult"):
+                    vals = getattr(layer, key, None)
+                    if isinstance(vals, list) and len(vals) != ctx.param_count:
+                        raise LayerError(f"{len(vals)} {key} values for {ctx.param_count} parameters", key)
+            except BlockFailed:
+                broken.update(layer.tops)
+                clean = False
+                continue
+            except LayerError as e:
+                loc = where(i, e.key) if e.key and e.key in _keys(layer) else where(i)
+                problems.append(Problem(f"{label}: {e}", loc))
+                broken.update(layer.tops)
+                clean = False
+                continue
+            except ShapeError as e:
+                problems.append(Problem(f"{label}: {e}", where(i)))
+                broken.update(layer.tops)
+                clean = False
+                continue
+            for v in bottoms:
+                self.consumed.add(v.id)
+            for tname, v in zip(layer.tops, tops):
+                v.name = v.name or tname
+                blobs[tname] = v
+                # a layer that passes its bottom through (Flatten to the same shape, Dropout outside
+                # train) hands the value on under its top's name: unread, that top is an output
+                self.consumed.discard(v.id)
+                self.exported[v.id] = tname
+            is_loss = layer.name in self.loss_layers if self.loss_layers is not None else ldef.type.endswith("Loss")
+            if is_loss:
+                if graph is not self.root:
+                    problems.append(Problem(f"{label}: a loss layer cannot be inside an If or Loop block", where(i)))
+                    clean = False
+                    continue
+                weights = layer.loss_weight if isinstance(layer.loss_weight, list) else [layer.loss_weight] * len(tops)
+                for tname, lw in zip(layer.tops, weights):
+                    graph.losses[tname] = 1.0 if lw is None else float(lw)
+        return clean
+
+
+class BlockFailed(Exception):
+    """A block's own layers had problems (already recorded at their locations)."""
 
 
 def _keys(layer) -> set[str]:
     return set(layer.model_fields_set) | {"name", "type"}
 
 
-def _dangling(bname: str, index: int, phase: str, all_tops, blobs, positions: Positions) -> str:
+def _dangling(bname: str, index: int, phase: str, all_tops, blobs, positions: Positions,
+              prefix: tuple = ("layers",)) -> str:
     producers = all_tops.get(bname, [])
     below = [(j, l) for j, l in producers if j > index]
     if below:
         j, other = below[0]
-        where = positions.locate(("layers", j))
+        where = positions.locate(prefix + (j,))
         line = where.line if where.file == positions.file else where   # a base file's layer: FILE:LINE:COL
         return (f"bottom '{bname}' is produced only below, by layer '{other.name}' (line {line}); "
                 "a bottom must be produced above the layer that uses it")

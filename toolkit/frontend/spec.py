@@ -259,3 +259,46 @@ def _problems(error: ValidationError, data, positions: Positions, net_model, lay
 
 def _plain(msg: str) -> str:
     return msg[0].lower() + msg[1:] if msg else msg
+
+
+class _Prefixed:
+    """Positions of a block's layer list, addressed as if it were a net's ``layers``."""
+
+    def __init__(self, positions: Positions, block: tuple):
+        self.positions = positions
+        self.block = block
+
+    def locate(self, path: tuple, prefer_key: bool = True) -> Location:
+        if path[:1] == ("layers",):
+            path = self.block + tuple(path[1:])
+        return self.positions.locate(path, prefer_key=prefer_key)
+
+
+class _Errors:
+    def __init__(self, errors: list):
+        self._errors = errors
+
+    def errors(self, include_url: bool = False) -> list:
+        return self._errors
+
+
+def validate_block(raw_layers: list, block: tuple, positions: Positions, net_model, layer_models):
+    """The layers of an If or Loop block (the raw list at document path ``block``), validated as
+    a net's layers are: (layers, with BrokenLayer for the ones that fail; problems at their own
+    FILE:LINE:COL)."""
+    adapter = TypeAdapter(get_args(net_model.model_fields["layers"].annotation)[0])
+    layers, errors = [], []
+    for i, raw in enumerate(raw_layers):
+        try:
+            layers.append(adapter.validate_python(raw))
+        except ValidationError as e:
+            errors += [dict(err, loc=("layers", i) + tuple(err["loc"])) for err in e.errors(include_url=False)]
+            raw = raw if isinstance(raw, dict) else {}
+            top = raw.get("top", [])
+            tops = [top] if isinstance(top, str) else [t for t in top if isinstance(t, str)] if isinstance(top, list) else []
+            layers.append(BrokenLayer(str(raw.get("name", f"#{i + 1}")), tops, ("train", "test", "infer")))
+    data = {"layers": raw_layers}
+    where = _Prefixed(positions, block)
+    problems = _problems(_Errors(errors), data, where, net_model, layer_models) if errors else []
+    problems += duplicate_layer_names(data, where)
+    return layers, problems

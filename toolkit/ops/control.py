@@ -345,10 +345,9 @@ def _loop_flops(ins, outs, attrs):
 def _if_flops(ins, outs, attrs):
     from ..report import graph_flops
     then_flops, else_flops = graph_flops(attrs["then_body"].graph), graph_flops(attrs["else_body"].graph)
-    try:
+    if isinstance(then_flops, int) and isinstance(else_flops, int):
         return max(then_flops, else_flops)
-    except TypeError:                 # symbolic counts do not compare: the then branch's
-        return then_flops
+    return then_flops                 # symbolic counts need not compare: the then branch's
 
 
 register(OpDef("loop", _loop_infer, _loop_reference, _loop_grad, _loop_flops, pure=False,

@@ -33,7 +33,7 @@ SUPPORTED = frozenset({
     "Exp", "Log", "GELU", "Softmax", "LogSoftmax", "Dropout", "BatchNorm", "Concat", "Slice",
     "Eltwise", "Flatten", "Reshape", "SoftmaxWithLoss", "EuclideanLoss", "SigmoidCrossEntropyLoss",
     "Accuracy", "Scale", "MatMul", "Permute", "Tile", "Crop", "Pad", "Reduction", "ArgMax", "Power", "Embed",
-    "LayerNorm", "LRN", "Deconvolution",
+    "LayerNorm", "LRN", "Deconvolution", "RNN", "LSTM", "GRU", "MultiHeadAttention",
 })
 
 
@@ -241,6 +241,68 @@ def _classes() -> SimpleNamespace:
 
         def forward(self, index):
             return self.table(index.long())
+
+    class MultiHeadAttention(nn.Module):
+        """nn.MultiheadAttention(batch_first=True) called with need_weights=False on [x] or
+        [q, k, v], a last bool bottom being key_padding_mask; ``causal`` passes the mask of
+        nn.Transformer.generate_square_subsequent_mask (as bool, the key padding mask's type).
+        In train mode with dropout and a numpy generator, the same computation is written out
+        from the module's weights with the keep mask drawn as the toolkit's dropout_mask op
+        draws it (``NumpyDropout``), so a train step can be compared number for number."""
+
+        def __init__(self, embed: int, heads: int, dropout: float, bias: bool, causal: bool,
+                     rng: np.random.Generator | None):
+            super().__init__()
+            self.attn = nn.MultiheadAttention(embed, heads, dropout=dropout, bias=bias, batch_first=True)
+            self.causal, self.dropout, self.rng = causal, dropout, rng
+
+        def forward(self, *xs):
+            mask = xs[-1] if xs[-1].dtype == torch.bool else None
+            data = xs[:-1] if mask is not None else xs
+            q, k, v = data if len(data) == 3 else data * 3
+            causal = None
+            if self.causal:
+                causal = nn.Transformer.generate_square_subsequent_mask(q.shape[1], dtype=q.dtype) == float("-inf")
+            if self.training and self.dropout > 0 and self.rng is not None:
+                return self._numpy_dropout(q, k, v, mask, causal)
+            return self.attn(q, k, v, key_padding_mask=mask, attn_mask=causal, need_weights=False)[0]
+
+        def _numpy_dropout(self, q, k, v, mask, causal):
+            a = self.attn
+            n, t, e = q.shape
+            h = a.num_heads
+            d = e // h
+            w = a.in_proj_weight.split(e)
+            bias = a.in_proj_bias.split(e) if a.in_proj_bias is not None else (None,) * 3
+
+            def heads(x, i):
+                return F.linear(x, w[i], bias[i]).reshape(x.shape[0], x.shape[1], h, d).transpose(1, 2)
+            scores = heads(q, 0) @ heads(k, 1).transpose(-1, -2) / d ** 0.5
+            if mask is not None:
+                scores = scores.masked_fill(mask[:, None, None, :], float("-inf"))
+            if causal is not None:
+                scores = scores.masked_fill(causal, float("-inf"))
+            weights = NumpyDropout(self.dropout, self.rng)(torch.softmax(scores, dim=-1))
+            out = (weights @ heads(v, 2)).transpose(1, 2).reshape(n, t, e)
+            return a.out_proj(out)
+
+    class Recurrent(nn.Module):
+        """nn.RNN / nn.LSTM / nn.GRU (batch-first) with the layer's tops: the sequence (or its
+        last step), then h_n, then c_n."""
+
+        def __init__(self, rnn, return_sequence: bool, tops: int):
+            super().__init__()
+            self.rnn = rnn
+            self.return_sequence = return_sequence
+            self.tops = tops
+
+        def forward(self, x, *states):
+            lstm = isinstance(self.rnn, nn.LSTM)
+            given = (tuple(states) if lstm else states[0]) if states else None
+            out, final = self.rnn(x, given)
+            h_n, c_n = final if lstm else (final, None)
+            y = out if self.return_sequence else out[:, -1]
+            return (y, h_n, c_n)[:self.tops]
 
     class NetModule(nn.Module):
         """The whole phase: layer modules in order over a dict of named blobs."""
@@ -529,6 +591,25 @@ class TorchNet:
         rows, width = self._declared_shape(p, "weight")
         return _classes().Embed(nn.Embedding(rows, width)), {"weight": "table.weight"}, {}
 
+    def _build_recurrent(self, p, cls, **extra):
+        width = self._declared_shape(p, "weight_ih_l0")[1]
+        rnn = cls(width, p.num_output, num_layers=p.num_layers, bias=True, batch_first=True,
+                  dropout=float(p.dropout), bidirectional=bool(p.bidirectional), **extra)
+        names = [n for n, _ in rnn.named_parameters()]
+        return _classes().Recurrent(rnn, bool(p.return_sequence), len(p.tops)), {n: f"rnn.{n}" for n in names}, {}
+
+    def _build_RNN(self, p):
+        from torch import nn
+        return self._build_recurrent(p, nn.RNN, nonlinearity=p.nonlinearity)
+
+    def _build_LSTM(self, p):
+        from torch import nn
+        return self._build_recurrent(p, nn.LSTM)
+
+    def _build_GRU(self, p):
+        from torch import nn
+        return self._build_recurrent(p, nn.GRU)
+
     def _build_LayerNorm(self, p):
         from torch import nn
         if p.affine:
@@ -548,6 +629,16 @@ class TorchNet:
         mod = nn.ConvTranspose2d(i, og * p.group, (kh, kw), stride=_pair(p.stride), padding=_pair(p.pad),
                                  dilation=_pair(p.dilation), groups=p.group, bias=p.bias_term)
         return mod, ({"weight": "weight", "bias": "bias"} if p.bias_term else {"weight": "weight"}), {}
+
+    def _build_MultiHeadAttention(self, p):
+        _, embed = self._declared_shape(p, "in_proj_weight")
+        rng = self._dropout_rng if self.phase == "train" else None
+        mod = _classes().MultiHeadAttention(embed, p.num_heads, float(p.dropout), p.bias_term, p.causal, rng)
+        params = {"in_proj_weight": "attn.in_proj_weight", "in_proj_bias": "attn.in_proj_bias",
+                  "out_proj.weight": "attn.out_proj.weight", "out_proj.bias": "attn.out_proj.bias"}
+        if not p.bias_term:
+            params = {k: path for k, path in params.items() if "bias" not in k}
+        return mod, params, {}
 
     def _build_SoftmaxWithLoss(self, p):
         return _classes().SoftmaxWithLoss(p.axis, p.ignore_label), {}, {}
