@@ -67,6 +67,11 @@ def test_every_op_case_native_equals_numpy(dtype):
 
 
 ZOO = sorted(p.parent.name for p in (ROOT / "zoo").glob("*/net.yaml"))
+# Entries whose gradient is zero in exact arithmetic: an attention's key bias adds the same
+# q.b_k to every score of a query, which softmax ignores. Adam divides the rounding noise left
+# there by its own square root, a full-size step whose sign is the noise's, so two correct
+# summation orders disagree on those entries and agree on the rest.
+ZERO_GRADIENT_ENTRIES = {("transformer_digits", "attn.in_proj_bias"): slice(32, 64)}
 
 
 @needs_cc
@@ -87,7 +92,13 @@ def test_zoo_net_native_equals_numpy(name, batch, train):
     for k in results[False][0]:
         _close(results[True][0][k], results[False][0][k], "float32", f"{name} output {k}")
     for k in results[False][1]:
-        _close(results[True][1][k], results[False][1][k], "float32", f"{name} weight {k}")
+        ours, theirs = results[True][1][k], results[False][1][k]
+        noise = ZERO_GRADIENT_ENTRIES.get((name, k))
+        if noise is not None:
+            keep = np.ones(theirs.shape[0], bool)
+            keep[noise] = False
+            ours, theirs = ours[keep], theirs[keep]
+        _close(ours, theirs, "float32", f"{name} weight {k}")
 
 
 def _tiny_kernel(value: float) -> Kernel:

@@ -124,8 +124,8 @@ def test_shipped_models_resolve_in_place():
     with pytest.raises(UserError, match="not a zoo model name"):
         model_name("zoo:../lenet")
     r = run("zoo", "get", "lenett")
-    assert error_lines(r) == ["error: zoo:lenett: no model named 'lenett' in the shipped zoo (branchnet, lenet, "
-                              "mlp, resnet); no other source is configured (--source or TOOLKIT_ZOO); did you "
+    assert error_lines(r) == ["error: zoo:lenett: no model named 'lenett' in the shipped zoo (branchnet, gru_digits, "
+                              "lenet, mlp, resnet, transformer_digits); no other source is configured (--source or TOOLKIT_ZOO); did you "
                               "mean 'lenet'?"]
 
 
@@ -150,7 +150,7 @@ def test_zoo_show_and_list_the_shipped_zoo():
     assert "shipped with the toolkit, used in place" in r.out and "# resnet: a small residual net" in r.out
     r = run("zoo", "list")
     assert r.status == 0 and r.err == ""
-    assert [line.split()[0] for line in r.out.splitlines()] == ["NAME", "branchnet", "lenet", "mlp", "resnet"]
+    assert [line.split()[0] for line in r.out.splitlines()] == ["NAME", "branchnet", "gru_digits", "lenet", "mlp", "resnet", "transformer_digits"]
 
 
 def test_the_shipped_cards_are_listed_with_the_repository_zoo():
