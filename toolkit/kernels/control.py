@@ -28,7 +28,8 @@ def _body_plan(ctx: KernelContext, body):
 
 
 def _to_host_bool(flag) -> bool:
-    return bool(flag.get() if hasattr(flag, "get") else flag)
+    from ..runtime.devices import to_host
+    return bool(to_host(flag))
 
 
 def loop_kernel(ctx: KernelContext):
