@@ -76,6 +76,16 @@ class BrokenLayer:
     broken: bool = True
 
 
+def _broken_layer(raw, index: int) -> BrokenLayer:
+    """What can be read of a layer mapping that failed validation: its name, tops and phases."""
+    raw = raw if isinstance(raw, dict) else {}
+    top = raw.get("top", [])
+    tops = [top] if isinstance(top, str) else [t for t in top if isinstance(t, str)] if isinstance(top, list) else []
+    phase = raw.get("phase")
+    phases = tuple(phase) if isinstance(phase, list) else (phase,) if isinstance(phase, str) else ("train", "test", "infer")
+    return BrokenLayer(str(raw.get("name", f"#{index + 1}")), tops, phases)
+
+
 def partial_spec(data: dict, net_model: type[BaseModel]) -> SimpleNamespace | None:
     """The parts of a net that validate on their own: the inputs (required) and each layer,
     with BrokenLayer in place of the ones that do not. None if the inputs themselves are bad."""
@@ -93,12 +103,7 @@ def partial_spec(data: dict, net_model: type[BaseModel]) -> SimpleNamespace | No
         try:
             layers.append(layer_adapter.validate_python(raw))
         except ValidationError:
-            raw = raw if isinstance(raw, dict) else {}
-            top = raw.get("top", [])
-            tops = [top] if isinstance(top, str) else [t for t in top if isinstance(t, str)] if isinstance(top, list) else []
-            phase = raw.get("phase")
-            phases = tuple(phase) if isinstance(phase, list) else (phase,) if isinstance(phase, str) else ("train", "test", "infer")
-            layers.append(BrokenLayer(str(raw.get("name", f"#{i + 1}")), tops, phases))
+            layers.append(_broken_layer(raw, i))
     return SimpleNamespace(inputs=inputs, layers=layers, outputs=None, train=None)
 
 
@@ -293,10 +298,7 @@ def validate_block(raw_layers: list, block: tuple, positions: Positions, net_mod
             layers.append(adapter.validate_python(raw))
         except ValidationError as e:
             errors += [dict(err, loc=("layers", i) + tuple(err["loc"])) for err in e.errors(include_url=False)]
-            raw = raw if isinstance(raw, dict) else {}
-            top = raw.get("top", [])
-            tops = [top] if isinstance(top, str) else [t for t in top if isinstance(t, str)] if isinstance(top, list) else []
-            layers.append(BrokenLayer(str(raw.get("name", f"#{i + 1}")), tops, ("train", "test", "infer")))
+            layers.append(_broken_layer(raw, i))
     data = {"layers": raw_layers}
     where = _Prefixed(positions, block)
     problems = _problems(_Errors(errors), data, where, net_model, layer_models) if errors else []

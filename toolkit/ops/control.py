@@ -59,10 +59,6 @@ def bodies_of(node) -> list[Body]:
     return [v for v in node.attrs.values() if isinstance(v, Body)]
 
 
-def _fmt(t: TensorType) -> str:
-    return str(t)
-
-
 # -- building, inlining and re-typing bodies ---------------------------------------------------
 
 def _symbols(graph: Graph) -> tuple:
@@ -155,7 +151,7 @@ def _trips(scan_types: list[TensorType], attrs: dict):
     if None in lengths:
         raise ShapeError("a scanned sequence needs an axis to step along")
     if any(n != lengths[0] for n in lengths):
-        raise ShapeError("the scanned sequences differ in length: " + ", ".join(map(_fmt, scan_types)))
+        raise ShapeError("the scanned sequences differ in length: " + ", ".join(map(str, scan_types)))
     return lengths[0]
 
 
@@ -168,13 +164,13 @@ def _loop_infer(types, attrs):
     trips = _trips(types[k:k + s], attrs)
     for i, (t, v) in enumerate(zip(types[:k], inner[:k])):
         if t.dtype != v.dtype or not _broadcasts(tuple(t.shape), tuple(v.shape)):
-            raise ShapeError(f"carried value {i} enters as {_fmt(t)}, but the body carries {v.type}")
+            raise ShapeError(f"carried value {i} enters as {t}, but the body carries {v.type}")
     for t, v in zip(types[k:k + s], inner[k:k + s]):
         if TensorType(tuple(t.shape[1:]), t.dtype) != v.type:
-            raise ShapeError(f"a step of the sequence {_fmt(t)} is not the body's {v.type}")
+            raise ShapeError(f"a step of the sequence {t} is not the body's {v.type}")
     for t, v in zip(types[k + s:], inner[k + s:]):
         if t != v.type:
-            raise ShapeError(f"the body reads {v.type} where the loop passes {_fmt(t)}")
+            raise ShapeError(f"the body reads {v.type} where the loop passes {t}")
     outs = body.outputs
     flag = 1 if attrs.get("condition") else 0
     if flag and (outs[0].shape != () or outs[0].dtype != "bool"):
@@ -359,7 +355,7 @@ register(OpDef("loop", _loop_infer, _loop_reference, _loop_grad, _loop_flops, pu
 def _if_infer(types, attrs):
     cond = types[0]
     if cond.shape != () or cond.dtype != "bool":
-        raise ShapeError(f"an if's condition must be a bool scalar, got {_fmt(cond)}")
+        raise ShapeError(f"an if's condition must be a bool scalar, got {cond}")
     then_body, else_body = attrs["then_body"], attrs["else_body"]
     for body in (then_body, else_body):
         if [v.type for v in body.inputs] != list(types[1:]):

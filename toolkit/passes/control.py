@@ -40,24 +40,23 @@ def _prune_loop(node: Node, readers: set[int]) -> bool:
 
 def _drop_unread_inputs(node: Node) -> bool:
     """Loop invariants (and if's captured values) that no body reads any more stop being passed."""
+    # body input j is node input j + offset; carries and sequences stay, and so does if's condition
     if node.op == "loop":
-        first = node.attrs["carried"] + node.attrs["scanned"]   # carries and sequences stay
-        offset = 0
+        first, offset = node.attrs["carried"] + node.attrs["scanned"], 0
     else:
-        first, offset = 0, 1                                     # the condition stays
+        first, offset = 0, 1
     bodies = bodies_of(node)
     inner = [b.inputs for b in bodies]
     read = set()
     for body in bodies:
         read |= {v.id for n in body.graph.nodes for v in n.inputs} | {v.id for v in body.outputs}
-    unread = [j for j in range(first, len(inner[0]))
-              if all(ins[j].id not in read for ins in inner)]
+    unread = {j for j in range(first, len(inner[0])) if all(ins[j].id not in read for ins in inner)}
     if not unread:
         return False
     for body in bodies:
         names = list(body.graph.inputs)
         body.graph.inputs = {n: v for j, (n, v) in enumerate(zip(names, body.inputs)) if j not in unread}
-    node.inputs = [v for j, v in enumerate(node.inputs) if j - offset not in unread or j < offset]
+    node.inputs = [v for j, v in enumerate(node.inputs) if j - offset not in unread]
     return True
 
 
