@@ -212,3 +212,65 @@ def test_mistakes_inside_blocks_are_reported_where_they_are_written(tmp_path):
     assert any("layer 'count' (Loop)" in line and "needs scan: (blobs to step through) or trips:" in line
                for line in lines), lines
     assert all(": error: " in line for line in lines) and "Traceback" not in result.err
+
+
+MORE_MISTAKES = """
+name: bad_more
+inputs:
+  x: {shape: [N, T, 3]}
+  h0: {shape: [1, N, 4]}
+  flag: {shape: [], dtype: bool}
+  label: {shape: [N], dtype: int64}
+layers:
+  - {name: gru, type: GRU, bottom: x, top: g, num_output: 4, unroll: true}
+  - {name: lstm, type: LSTM, bottom: [x, h0], top: l, num_output: 4}
+  - name: both
+    type: Loop
+    scan: {x_t: x}
+    trips: 3
+    top: hs
+    stack: {hs: a}
+    body:
+      - {name: act, type: TanH, bottom: x_t, top: a}
+  - name: wrong_output
+    type: Loop
+    scan: {x_t: x}
+    top: o
+    output: {o: a}
+    body:
+      - {name: act2, type: TanH, bottom: x_t, top: a}
+  - name: twice
+    type: If
+    condition: true
+    bottom: flag
+    top: y
+    then: [{name: t, type: TanH, bottom: h0, top: y}]
+    else: [{name: e, type: Sigmoid, bottom: h0, top: y}]
+  - name: lossy
+    type: Loop
+    scan: {x_t: x}
+    top: hs2
+    stack: {hs2: a3}
+    body:
+      - {name: act3, type: TanH, bottom: x_t, top: a3}
+      - {name: inner_loss, type: SoftmaxWithLoss, bottom: [a3, label], top: bad}
+"""
+
+
+@pytest.mark.parametrize("snippet,key,message", [
+    ("name: gru,", "unroll", "unroll: true needs a fixed sequence length, but T is T"),
+    ("name: lstm,", "bottom", "LSTM takes bottoms [x] or [x, h0, c0]: c0 is missing"),
+    ("trips: 3", "trips", "give scan: or trips:, not both"),
+    ("output: {o: a}", "output", "output: 'o' names 'a', which is not a carried blob (none)"),
+    ("condition: true", "condition", "give the condition as condition: true|false or as a bottom, not both"),
+    ("name: inner_loss", "{name", "a loss layer cannot be inside an If or Loop block"),
+])
+def test_more_block_and_recurrent_mistakes(tmp_path, snippet, key, message):
+    path = tmp_path / "more.yaml"
+    path.write_text(MORE_MISTAKES)
+    result = run_cli("check", path)
+    assert result.status == 2 and "Traceback" not in result.err
+    text = MORE_MISTAKES.splitlines()
+    row = next(i for i, line in enumerate(text) if snippet in line)
+    where = f"{path}:{row + 1}:{text[row].index(key) + 1}: error: "
+    assert any(line.startswith(where) and message in line for line in result.err.splitlines()), result.err
