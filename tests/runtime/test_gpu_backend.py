@@ -149,37 +149,46 @@ DROPOUT_SCRIPT = STAND_IN + textwrap.dedent("""
 HALF_TOLERANCE = 4e-3           # float16 keeps 11 significant bits: a few roundings of 2**-11 each
 
 
+def _compare_case(case, dtype: str, feeds, one_node_graph) -> None:
+    from toolkit.runtime.plan import Plan, RuntimeState
+    arrays = case.inputs(dtype)
+    outs = {}
+    for device in ("cpu", "gpu"):
+        run_dtype = "float32" if device == "cpu" and dtype == "float16" else dtype
+        run_arrays = [a.astype(run_dtype) if a.dtype.kind == "f" else a for a in arrays]
+        graph, _vals, y = one_node_graph(case, run_arrays, case.attrs_for(run_dtype))
+        graph.outputs["y"] = y
+        plan = Plan(graph, {}, {}, device, RuntimeState(np.random.default_rng(0)), native=False)
+        out = plan.run(feeds(run_arrays))["y"]
+        outs[device] = out.get() if hasattr(out, "get") else np.array(out)
+    if dtype == "float16":
+        outs["gpu"] = outs["gpu"].astype(outs["cpu"].dtype)
+    tol = {"float32": 1e-5, "float64": 1e-12, "float16": HALF_TOLERANCE}[dtype]
+    finite = np.abs(outs["cpu"][np.isfinite(outs["cpu"])])
+    scale = max(1.0, float(np.max(finite, initial=0.0)))
+    np.testing.assert_allclose(outs["gpu"], outs["cpu"], rtol=tol, atol=tol * scale, err_msg=case.id,
+                               equal_nan=True)
+
+
 def compare_every_op(dtype: str) -> int:
     """Every op-table case with a GPU kernel, run on the GPU and on the CPU: equal within the
     dtype's tolerance. float16 runs against the CPU's float32 on the same (rounded) inputs.
     Returns how many cases ran."""
     from tests.ops.test_op_table import CASES, feeds, one_node_graph
     from toolkit.kernels.registry import KERNELS, load_device
-    from toolkit.runtime.plan import Plan, RuntimeState
     load_device("gpu")
-    ran = 0
+    ran, failures = 0, []
     for case in CASES:
         if not KERNELS.has(case.op, "gpu", dtype) or case.op in ("transfer", "dropout_mask"):
             continue
         if dtype == "float16" and case.op in HALF_SKIP:
             continue
-        arrays = case.inputs(dtype)
-        outs = {}
-        for device in ("cpu", "gpu"):
-            run_dtype = "float32" if device == "cpu" and dtype == "float16" else dtype
-            run_arrays = [a.astype(run_dtype) if a.dtype.kind == "f" else a for a in arrays]
-            graph, _vals, y = one_node_graph(case, run_arrays, case.attrs_for(run_dtype))
-            graph.outputs["y"] = y
-            plan = Plan(graph, {}, {}, device, RuntimeState(np.random.default_rng(0)), native=False)
-            out = plan.run(feeds(run_arrays))["y"]
-            outs[device] = out.get() if hasattr(out, "get") else np.array(out)
-        if dtype == "float16":
-            outs["gpu"] = outs["gpu"].astype(outs["cpu"].dtype)
-        tol = {"float32": 1e-5, "float64": 1e-12, "float16": HALF_TOLERANCE}[dtype]
-        scale = max(1.0, float(np.max(np.abs(outs["cpu"]), initial=0.0)))
-        np.testing.assert_allclose(outs["gpu"], outs["cpu"], rtol=tol, atol=tol * scale, err_msg=case.id,
-                                   equal_nan=True)
+        try:
+            _compare_case(case, dtype, feeds, one_node_graph)
+        except Exception as e:        # every failing case in one report, not the first alone
+            failures.append(f"{case.id}: {type(e).__name__}: " + " | ".join(str(e).strip().splitlines()[:6])[:400])
         ran += 1
+    assert not failures, f"{len(failures)} of {ran} cases differ:\n" + "\n".join(failures)
     return ran
 
 

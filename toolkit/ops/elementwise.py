@@ -158,7 +158,7 @@ _define("square", lambda x, out: np.multiply(x, x, out=out), unary_same, _square
 
 
 def _power(x, out, exponent):
-    return np.power(x, np.asarray(exponent, x.dtype), out=out)
+    return np.power(x, x.dtype.type(exponent), out=out)   # a scalar of x's type: CuPy takes no 0-d numpy array
 
 
 def _power_grad(b, node, gouts):

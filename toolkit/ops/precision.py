@@ -49,18 +49,21 @@ def _round_infer(types, attrs):
 
 def round_to_bfloat16(x: np.ndarray) -> np.ndarray:
     """float32 -> the nearest bfloat16 (its top 16 bits), ties to even, as float32; nan stays nan."""
-    x = np.ascontiguousarray(x, dtype=np.float32)
+    x = x.astype(np.float32)                     # a copy, numpy's or CuPy's: the view needs its own
     bits = x.view(np.uint32)
     rounded = ((bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000))
     return np.where(np.isnan(x), x, rounded.view(np.float32))
 
 
 def round_precision(x, dtype: str, out=None):
+    # x may be a CuPy array (the GPU runs this kernel through numpy's dispatch): no np.asarray
+    if not hasattr(x, "astype"):
+        x = np.asarray(x)
     if dtype == "float16":
         with np.errstate(over="ignore"):          # beyond float16's range is inf, as on a device
-            rounded = np.asarray(x).astype(np.float16).astype(np.asarray(x).dtype)
+            rounded = x.astype(np.float16).astype(x.dtype)
     else:
-        rounded = round_to_bfloat16(x).astype(np.asarray(x).dtype)
+        rounded = round_to_bfloat16(x).astype(x.dtype)
     if out is None:
         return rounded
     np.copyto(out, rounded)

@@ -159,10 +159,9 @@ def embedding_gpu(ctx):
 
 @register_kernel("embedding_grad", "gpu")
 def embedding_grad_gpu(ctx):
-    try:
-        from cupyx import scatter_add
-    except ImportError:                       # a numpy stand-in for CuPy
-        scatter_add = np.add.at
+    scatter_add = getattr(cp.add, "at", None)   # CuPy 13 on (and the numpy stand-in for CuPy)
+    if scatter_add is None:
+        from cupyx import scatter_add           # older CuPy
 
     def run(ins, outs):
         g, index = ins
