@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import time
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Callable, Mapping
 
 import numpy as np
 
@@ -175,13 +175,19 @@ def check_placed(graph: Graph, steps: list[Node], weights_of: dict) -> None:
                                     "the place_devices pass inserts the transfer (it cannot be disabled)")
 
 
+def _new_arena(device, nbytes: int):
+    return device.empty(nbytes)
+
+
 class Plan:
     def __init__(self, graph: Graph, bindings: Mapping[str, int], weights: Mapping[str, np.ndarray],
                  device: str | None = None, runtime: RuntimeState | None = None, outputs: list[str] | None = None,
                  threads: int | None = None, native: bool | None = None, concurrent: bool | None = None,
-                 keep_inputs: bool = False):
+                 keep_inputs: bool = False, allocate: Callable | None = None):
         """``keep_inputs``: no kernel overwrites an input buffer, so a caller may fill some inputs
-        once and run many times (a loop body's invariants)."""
+        once and run many times (a loop body's invariants). ``allocate(device, nbytes)``: where
+        each device's arena comes from (default: a new buffer); plans that never run at the same
+        time may share one (InferSession's buckets)."""
         graph.device = parse_device(graph.device if device is None else device).name
         self.graph = graph
         self.bindings = dict(bindings)
@@ -227,7 +233,7 @@ class Plan:
             # concurrent waves need values of different branches apart: a buffer handed from
             # one branch to another would order them (concurrency.py)
             reuse="plan_memory" not in graph.disabled and not self.concurrent,
-            allocate=lambda where, nbytes: (where or parse_device(graph.device)).empty(nbytes),
+            allocate=lambda where, nbytes: (allocate or _new_arena)(where or parse_device(graph.device), nbytes),
             device_of=lambda n: node_device(graph, n))
         self.memory = memory
         on_device: dict[tuple, object] = {}

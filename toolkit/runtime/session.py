@@ -8,8 +8,9 @@ distinct shape.
 """
 from __future__ import annotations
 
-from collections import OrderedDict
-from typing import Mapping
+import threading
+from collections import Counter, OrderedDict
+from typing import Callable, Mapping
 
 import numpy as np
 
@@ -17,6 +18,7 @@ from ..errors import UserError
 from ..ir.dims import Sym
 from ..ir.graph import FLOAT_DTYPES, Graph
 from .binding import bind_symbols
+from .devices import to_host
 from .plan import Plan, RuntimeState
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
@@ -68,6 +70,10 @@ def check_input_arrays(graph: Graph, arrays: Mapping[str, np.ndarray]) -> dict[s
 
 
 class InferSession:
+    """The infer graph at any batch size. One lock serialises runs, so it is safe to share
+    between threads; the bucket plans of one shape (all but the batch) share one arena per
+    device, sized by the largest bucket, so memory does not grow with the buckets used."""
+
     def __init__(self, graph: Graph, weights: Mapping[str, np.ndarray], device: str = "cpu",
                  buckets: tuple[int, ...] = DEFAULT_BUCKETS):
         self.graph = graph
@@ -79,41 +85,86 @@ class InferSession:
         # least recently used first; bounded so that memory does not grow with every new shape
         self.plans: OrderedDict[tuple, Plan] = OrderedDict()
         self.max_plans = max(len(self.buckets), MAX_PLANS)
+        self.arenas: OrderedDict[tuple, dict] = OrderedDict()   # shape but the batch -> {device: buffer}
+        self.lock = threading.RLock()
+        self.bucket_runs: Counter = Counter()       # bucket size -> runs (for --verbose)
+
+    def _shape_key(self, bindings: dict[str, int]) -> tuple:
+        return tuple(sorted((k, v) for k, v in bindings.items() if k != self.batch_symbol))
+
+    def _allocator(self, shape_key: tuple) -> Callable:
+        arenas = self.arenas.setdefault(shape_key, {})
+        self.arenas.move_to_end(shape_key)
+        while len(self.arenas) > MAX_PLANS:
+            self.arenas.popitem(last=False)          # plans still holding one keep it alive
+
+        def allocate(device, nbytes: int):
+            have = arenas.get(device)
+            if have is None or have.nbytes < nbytes:
+                have = arenas[device] = device.empty(nbytes)
+            return have[:nbytes]
+        return allocate
 
     def plan_for(self, bindings: dict[str, int]) -> Plan:
         key = tuple(sorted(bindings.items()))
-        if key in self.plans:
-            self.plans.move_to_end(key)
-            return self.plans[key]
-        plan = Plan(self.graph, bindings, self.weights, self.device, self.runtime)
-        self.plans[key] = plan
-        if len(self.plans) > self.max_plans:
-            self.plans.popitem(last=False)
-        return plan
+        with self.lock:
+            if key in self.plans:
+                self.plans.move_to_end(key)
+                return self.plans[key]
+            shape_key = self._shape_key(bindings)
+            if self.batch_symbol is not None and shape_key not in self.arenas:
+                largest = {**bindings, self.batch_symbol: self.buckets[-1]}
+                if largest != bindings:
+                    self.plan_for(largest)          # first: its arena is the one the others share
+            plan = Plan(self.graph, bindings, self.weights, self.device, self.runtime,
+                        allocate=self._allocator(shape_key))
+            self.plans[key] = plan
+            if len(self.plans) > self.max_plans:
+                self.plans.popitem(last=False)
+            return plan
 
-    def warm(self, example: Mapping[str, np.ndarray] | None = None) -> None:
-        """Build every bucket's plan now (for servers: no compile on the first request)."""
-        if self.batch_symbol is None:
-            return
+    def warm(self, example: Mapping[str, np.ndarray] | None = None) -> int:
+        """Build every bucket's plan now and run each once on zeros, so that no request pays
+        for compiling, loading native code or first-touching memory. Returns the plans built.
+        ``example``: arrays giving the sizes of symbolic dimensions other than the batch."""
         base = {} if example is None else bind_symbols(self.graph, {k: np.shape(v) for k, v in example.items()})
-        for size in self.buckets:
-            self.plan_for({**base, self.batch_symbol: size})
+        if self.batch_symbol is None:
+            if self.graph.symbols() - set(base):
+                return 0                              # no shape to build for until a request comes
+            sizes = [None]
+        else:
+            missing = self.graph.symbols() - set(base) - {self.batch_symbol}
+            if missing:
+                raise UserError(f"to warm the buckets, give the size of {', '.join(sorted(missing))}")
+            sizes = list(reversed(self.buckets))      # the largest first: its arena is shared
+        with self.lock:
+            for size in sizes:
+                bindings = dict(base) if size is None else {**base, self.batch_symbol: size}
+                plan = self.plan_for(bindings)
+                zeros = {name: np.zeros(v.type.concrete(bindings), v.dtype) for name, v in self.graph.inputs.items()}
+                plan.run(zeros)
+                plan.synchronize()
+        return len(sizes)
 
     def run(self, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         arrays = check_input_arrays(self.graph, arrays)
         bindings = bind_symbols(self.graph, {k: a.shape for k, a in arrays.items()})
-        if self.batch_symbol is None:
-            return {k: v.copy() for k, v in self.plan_for(bindings).run(arrays).items()}
-        n = bindings[self.batch_symbol]
-        pieces: list[dict[str, np.ndarray]] = []
-        start = 0
-        while start < n:
-            rows = min(n - start, self.buckets[-1])
-            size = next(b for b in self.buckets if b >= rows)
-            chunk = {k: _pad_rows(a[start: start + rows], size) for k, a in arrays.items()}
-            outs = self.plan_for({**bindings, self.batch_symbol: size}).run(chunk)
-            pieces.append({k: self._slice_back(k, v, rows, size, n) for k, v in outs.items()})
-            start += rows
+        with self.lock:
+            if self.batch_symbol is None:
+                outs = self.plan_for(bindings).run(arrays)
+                self.bucket_runs[None] += 1
+                return {k: _host_copy(v) for k, v in outs.items()}
+            n = bindings[self.batch_symbol]
+            pieces: list[dict[str, np.ndarray]] = []
+            start = 0
+            while start < n or not pieces:
+                rows = min(n - start, self.buckets[-1])
+                size = next(b for b in self.buckets if b >= rows) if rows else self.buckets[0]
+                chunk = {k: _pad_rows(a[start: start + rows], size) for k, a in arrays.items()}
+                outs = self.plan_for({**bindings, self.batch_symbol: size}).run(chunk)
+                self.bucket_runs[size] += 1
+                pieces.append({k: self._slice_back(k, v, rows, size, n) for k, v in outs.items()})
+                start += rows
         return {k: np.concatenate([p[k] for p in pieces]) if len(pieces) > 1 else pieces[0][k]
                 for k in pieces[0]}
 
@@ -121,11 +172,11 @@ class InferSession:
         out_type = self.graph.outputs[name]
         batched = out_type.shape and isinstance(out_type.shape[0], Sym) and self.batch_symbol in out_type.shape[0].symbols
         if not batched and rows == size == total:
-            return value.copy()            # one exact bucket: nothing was padded
+            return _host_copy(value)       # one exact bucket: nothing was padded
         if not batched:
             raise UserError(f"output '{name}' does not keep the batch dimension, so it cannot be "
                             "computed in buckets; pass --buckets with one size at least the batch")
-        return value[:rows].copy()
+        return _host_copy(value[:rows])
 
 
 def _pad_rows(a: np.ndarray, size: int) -> np.ndarray:
@@ -133,3 +184,10 @@ def _pad_rows(a: np.ndarray, size: int) -> np.ndarray:
         return a
     pad = np.zeros((size - a.shape[0],) + a.shape[1:], dtype=a.dtype)
     return np.concatenate([a, pad])
+
+
+def _host_copy(value) -> np.ndarray:
+    """A numpy array of its own: outputs are views of an arena the next run overwrites (and on
+    a GPU they live on the device)."""
+    host = to_host(value)
+    return host.copy() if host is value else host
