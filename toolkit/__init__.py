@@ -1,2 +1,15 @@
 """A declarative deep-learning toolkit: Caffe-style YAML nets compiled to optimised dataflow graphs."""
 __version__ = "0.1.0"
+
+__all__ = ["load", "Model", "UserError", "__version__"]
+
+
+def __getattr__(name: str):
+    # lazy: `import toolkit` (and every CLI start) stays free of numpy and the compiler
+    if name in ("load", "Model"):
+        from . import api
+        return getattr(api, name)
+    if name == "UserError":
+        from .errors import UserError
+        return UserError
+    raise AttributeError(f"module 'toolkit' has no attribute {name!r}")

@@ -94,6 +94,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-missing", action="store_true", help="start absent weights from their fillers")
     _optimize_flags(p)
 
+    p = sub.add_parser("serve", help="serve the infer phase over HTTP (KServe v2 / Triton protocol)")
+    p.add_argument("net", help="a net file or zoo:NAME")
+    p.add_argument("--weights", help="weights file (default for zoo:NAME: the model's published weights)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s, this machine only)")
+    p.add_argument("--port", type=int, default=8000, help="port (default: %(default)s; 0 picks a free one)")
+    p.add_argument("--device", type=_device_name, default="cpu", help=DEVICE_HELP)
+    p.add_argument("--dtype", choices=DTYPES, default=None,
+                   help="float16 and bfloat16 accumulate in float32; on cpu they run as float32")
+    p.add_argument("--buckets", type=_buckets, default=None,
+                   help="batch bucket sizes, e.g. 1,2,4,8 (default 1,2,4,...,64); the largest is the batcher's limit")
+    p.add_argument("--max-delay-ms", type=float, default=2.0,
+                   help="how long a request may wait for others to batch with (default: %(default)s)")
+    p.add_argument("--max-queue", type=_positive_int, default=256,
+                   help="requests waiting at most; one more is answered 503 at once (default: %(default)s)")
+    p.add_argument("--max-body-mb", type=float, default=64.0,
+                   help="largest request body accepted, in MiB (default: %(default)s); larger: 413")
+    p.add_argument("--shutdown-timeout", type=float, default=30.0,
+                   help="seconds SIGTERM waits for requests in flight before closing them (default: %(default)s)")
+    p.add_argument("--warm", action="store_true", help="compile and run every bucket before accepting requests")
+    p.add_argument("--allow-missing", action="store_true", help="start absent weights from their fillers")
+    _optimize_flags(p)
+
     p = sub.add_parser("bench", help="time inference or train steps")
     p.add_argument("net")
     p.add_argument("--batch", type=_positive_int, required=True)

@@ -157,9 +157,9 @@ class InferSession:
             n = bindings[self.batch_symbol]
             pieces: list[dict[str, np.ndarray]] = []
             start = 0
-            while start < n or not pieces:
+            while start < n:                      # n >= 1: bind_symbols refuses an empty batch
                 rows = min(n - start, self.buckets[-1])
-                size = next(b for b in self.buckets if b >= rows) if rows else self.buckets[0]
+                size = next(b for b in self.buckets if b >= rows)
                 chunk = {k: _pad_rows(a[start: start + rows], size) for k, a in arrays.items()}
                 outs = self.plan_for({**bindings, self.batch_symbol: size}).run(chunk)
                 self.bucket_runs[size] += 1

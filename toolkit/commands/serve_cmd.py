@@ -1,0 +1,31 @@
+"""``toolkit serve``: the infer phase behind the KServe v2 / Triton HTTP protocol."""
+from __future__ import annotations
+
+import time
+import sys
+
+from ..api import load
+from ..errors import UserError
+
+
+def run_serve(args) -> int:
+    if args.max_delay_ms < 0:
+        raise UserError(f"--max-delay-ms must be 0 or more, got {args.max_delay_ms:g}")
+    try:
+        import uvicorn  # noqa: F401
+        import starlette  # noqa: F401
+        import prometheus_client  # noqa: F401
+    except ImportError as e:
+        raise UserError(f"toolkit serve needs {e.name}: pip install the toolkit again (it is a dependency)") from None
+    from ..serve.server import bind, serve
+
+    bind(args.host, args.port).close()       # a taken port is an error before the compile, not after
+    model = load(args.net, weights=args.weights, device=args.device, dtype=args.dtype, buckets=args.buckets,
+                 disable=tuple(args.disable or ()), optimize_graph=not args.no_optimize,
+                 allow_missing=args.allow_missing)
+    if args.warm:
+        start = time.perf_counter()
+        built = model.warm()
+        print(f"warmed {built} bucket plan(s) in {time.perf_counter() - start:.2f} s", file=sys.stderr, flush=True)
+    return serve(model, args.host, args.port, args.max_delay_ms, args.max_queue, int(args.max_body_mb * 2**20),
+                 args.shutdown_timeout)

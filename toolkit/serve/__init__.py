@@ -1,0 +1,6 @@
+"""`toolkit serve`: the KServe v2 / Triton HTTP inference protocol over a compiled model.
+
+protocol.py decodes and encodes the v2 JSON and binary-tensor bodies, batcher.py coalesces
+requests into bucket-sized batches, metrics.py keeps the Prometheus figures, app.py is the ASGI
+application (Starlette routes, run by uvicorn), and server.py binds, warms and shuts down.
+"""

@@ -1,0 +1,213 @@
+"""The KServe v2 HTTP routes as a Starlette application.
+
+    GET  /v2/health/live, /v2/health/ready          200 when live / ready
+    GET  /v2                                        server metadata
+    GET  /v2/models/NAME[/versions/1]               model metadata (shapes with -1 for symbolic)
+    GET  /v2/models/NAME[/versions/1]/ready         200 when the model is ready
+    POST /v2/models/NAME[/versions/1]/infer         inference, JSON or binary tensors
+    GET  /metrics                                   Prometheus text
+
+Errors answer ``{"error": MESSAGE}``: 400 for a malformed request or a tensor of the wrong name,
+dtype or shape, 404 for an unknown model or version, 413 for a body over the limit, 503 when the
+queue is full or the server is stopping.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+
+import numpy as np
+from starlette.applications import Starlette
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from .. import __version__
+from ..errors import UserError
+from .batcher import DynamicBatcher, QueueFull
+from .metrics import ServerMetrics
+from .protocol import HEADER_LENGTH, BadRequest, datatype_of, decode_request, encode_response
+
+EXTENSIONS = ["binary_tensor_data"]
+
+
+class TooLarge(Exception):
+    pass
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+def _shape_for_metadata(info) -> list[int]:
+    return [-1 if d is None else d for d in info.shape]
+
+
+class InferenceServer:
+    """The state behind the routes: the model, its batcher and the figures."""
+
+    def __init__(self, model, max_delay_ms: float, max_queue: int, max_body_bytes: int):
+        self.model = model
+        self.name = model.name
+        self.max_body_bytes = max_body_bytes
+        self.metrics = ServerMetrics(model.buckets)
+        self.inputs = {t.name: t for t in model.inputs}
+        self.outputs = {t.name: t for t in model.outputs}
+        self.ready = False
+        # requests are stacked along the batch axis only where the net has one
+        self.batched = model.session.batch_symbol is not None
+        max_rows = model.buckets[-1] if self.batched else 1
+        self.batcher = DynamicBatcher(model.infer, max_rows, max_delay_ms / 1000.0, max_queue, self.metrics)
+
+    # -- request checks -------------------------------------------------------------------------
+    def check_inputs(self, arrays: dict[str, np.ndarray]) -> int:
+        """The rows of the request (its batch), after checking names, datatypes and shapes."""
+        for name in arrays:
+            if name not in self.inputs:
+                raise BadRequest(f"model '{self.name}' has no input '{name}' (its inputs: {', '.join(self.inputs)})")
+        missing = [n for n in self.inputs if n not in arrays]
+        if missing:
+            raise BadRequest(f"input(s) {', '.join(map(repr, missing))} missing")
+        rows = set()
+        for name, arr in arrays.items():
+            info = self.inputs[name]
+            want = datatype_of(info.dtype)
+            got = datatype_of(arr.dtype)
+            if got != want:
+                raise BadRequest(f"input '{name}': datatype {got}, the model takes {want}")
+            if len(arr.shape) != len(info.shape) or any(d is not None and d != g for d, g in zip(info.shape, arr.shape)):
+                raise BadRequest(f"input '{name}': shape {list(arr.shape)}, the model takes {_shape_for_metadata(info)}")
+            if arr.shape:
+                rows.add(arr.shape[0])
+        if self.batched and len(rows) > 1:
+            raise BadRequest(f"the inputs disagree on the batch size: {sorted(rows)}")
+        return rows.pop() if rows else 1
+
+    async def read_body(self, request: Request) -> bytes:
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
+            raise TooLarge(f"the request body of {int(declared)} bytes is over the limit of {self.max_body_bytes}")
+        encoding = request.headers.get("content-encoding", "identity").lower()
+        if encoding not in ("identity", ""):
+            raise BadRequest(f"Content-Encoding {encoding} is not supported; send the body uncompressed")
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                raise TooLarge(f"the request body is over the limit of {self.max_body_bytes} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    # -- routes ---------------------------------------------------------------------------------
+    async def live(self, request: Request) -> Response:
+        return Response(status_code=200)
+
+    async def ready_route(self, request: Request) -> Response:
+        return Response(status_code=200 if self.ready else 503)
+
+    async def server_metadata(self, request: Request) -> Response:
+        return JSONResponse({"name": "toolkit", "version": __version__, "extensions": EXTENSIONS})
+
+    def _check_model(self, request: Request) -> Response | None:
+        name = request.path_params["model"]
+        version = request.path_params.get("version")
+        if name != self.name:
+            return _error(404, f"unknown model '{name}' (this server serves '{self.name}')")
+        if version not in (None, "1"):
+            return _error(404, f"model '{name}' has no version '{version}' (it has version 1)")
+        return None
+
+    async def model_metadata(self, request: Request) -> Response:
+        if (bad := self._check_model(request)) is not None:
+            return bad
+
+        def tensors(infos):
+            return [{"name": t.name, "datatype": datatype_of(t.dtype), "shape": _shape_for_metadata(t)} for t in infos]
+        return JSONResponse({"name": self.name, "versions": ["1"], "platform": "toolkit",
+                             "inputs": tensors(self.model.inputs), "outputs": tensors(self.model.outputs)})
+
+    async def model_ready(self, request: Request) -> Response:
+        if (bad := self._check_model(request)) is not None:
+            return bad
+        return Response(status_code=200 if self.ready else 503)
+
+    async def metrics_route(self, request: Request) -> Response:
+        body, content_type = self.metrics.text()
+        return Response(body, media_type=content_type)
+
+    async def infer(self, request: Request) -> Response:
+        start = time.perf_counter()
+        self.metrics.in_flight.inc()
+        try:
+            response = await self._infer(request)
+        finally:
+            self.metrics.in_flight.dec()
+        self.metrics.requests.labels(code=str(response.status_code)).inc()
+        if response.status_code == 200:
+            self.metrics.latency.observe(time.perf_counter() - start)
+        return response
+
+    async def _infer(self, request: Request) -> Response:
+        if (bad := self._check_model(request)) is not None:
+            self.metrics.errors.labels(reason="unknown_model").inc()
+            return bad
+        try:
+            body = await self.read_body(request)
+            req = decode_request(body, request.headers.get(HEADER_LENGTH))
+            rows = self.check_inputs(req.inputs)
+            if req.outputs is not None:
+                unknown = [n for n in req.outputs if n not in self.outputs]
+                if unknown:
+                    raise BadRequest(f"model '{self.name}' has no output {', '.join(map(repr, unknown))} "
+                                     f"(its outputs: {', '.join(self.outputs)})")
+        except TooLarge as e:
+            self.metrics.errors.labels(reason="too_large").inc()
+            return _error(413, str(e))
+        except BadRequest as e:
+            self.metrics.errors.labels(reason="bad_request").inc()
+            return _error(400, str(e))
+        except ClientDisconnect:
+            self.metrics.errors.labels(reason="client_gone").inc()
+            return Response(status_code=499)
+        try:
+            outputs = await self.batcher.submit(req.inputs, rows if self.batched else 1)
+        except QueueFull as e:
+            self.metrics.errors.labels(reason="queue_full").inc()
+            return _error(503, str(e))
+        except UserError as e:
+            self.metrics.errors.labels(reason="bad_request").inc()
+            return _error(400, str(e).removeprefix("error: "))
+        except Exception as e:                      # a bug: answer, count it, keep serving
+            self.metrics.errors.labels(reason="internal").inc()
+            return _error(500, f"internal error: {type(e).__name__}: {e}")
+        if req.outputs is not None:
+            outputs = {n: outputs[n] for n in req.outputs}
+        body, headers = encode_response(self.name, req, outputs)
+        return Response(body, headers=headers)
+
+    def app(self) -> Starlette:
+        @contextlib.asynccontextmanager
+        async def lifespan(app):
+            self.batcher.start()
+            self.ready = True
+            try:
+                yield
+            finally:
+                self.ready = False
+                await self.batcher.stop()
+
+        model = "/v2/models/{model}"
+        version = model + "/versions/{version}"
+        routes = [
+            Route("/v2/health/live", self.live),
+            Route("/v2/health/ready", self.ready_route),
+            Route("/v2", self.server_metadata),
+            Route(model, self.model_metadata),
+            Route(version, self.model_metadata),
+            Route(model + "/ready", self.model_ready),
+            Route(version + "/ready", self.model_ready),
+            Route(model + "/infer", self.infer, methods=["POST"]),
+            Route(version + "/infer", self.infer, methods=["POST"]),
+            Route("/metrics", self.metrics_route),
+        ]
+        return Starlette(routes=routes, lifespan=lifespan)

@@ -1,0 +1,160 @@
+"""The KServe v2 inference protocol's tensors, as Triton speaks it: JSON bodies with tensors as
+flat lists, and the binary tensor data extension (a JSON header of ``Inference-Header-Content-
+Length`` bytes followed by the raw tensors in the order the header lists them).
+
+Every malformed request raises BadRequest with a message naming what is wrong (HTTP 400).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import numpy as np
+
+HEADER_LENGTH = "inference-header-content-length"
+
+# v2 datatype <-> numpy; BF16 and BYTES have no numpy counterpart the toolkit's nets take
+DATATYPES = {"BOOL": np.bool_, "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32,
+             "UINT64": np.uint64, "INT8": np.int8, "INT16": np.int16, "INT32": np.int32,
+             "INT64": np.int64, "FP16": np.float16, "FP32": np.float32, "FP64": np.float64}
+NAME_OF = {np.dtype(t): name for name, t in DATATYPES.items()}
+
+
+class BadRequest(Exception):
+    """A request the protocol or the model cannot take: HTTP 400 with this message."""
+
+
+def datatype_of(dtype) -> str:
+    try:
+        return NAME_OF[np.dtype(dtype)]
+    except KeyError:
+        raise ValueError(f"dtype {dtype} has no KServe v2 datatype") from None
+
+
+@dataclass
+class InferRequest:
+    id: str | None
+    inputs: dict[str, np.ndarray]
+    outputs: list[str] | None                     # None: every output
+    binary_outputs: set[str] | None = field(default_factory=set)   # None: every output in binary
+
+
+def _json_header(body: bytes, header_length: str | None) -> tuple[dict, bytes]:
+    if header_length is None:
+        json_part, binary = body, b""
+    else:
+        try:
+            n = int(header_length)
+        except ValueError:
+            raise BadRequest(f"Inference-Header-Content-Length is not a number: {header_length!r}") from None
+        if not 0 <= n <= len(body):
+            raise BadRequest(f"Inference-Header-Content-Length {n} is outside the body's {len(body)} bytes")
+        json_part, binary = body[:n], body[n:]
+    try:
+        doc = json.loads(json_part)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise BadRequest(f"the request body is not valid JSON: {e}") from None
+    if not isinstance(doc, dict):
+        raise BadRequest("the request body must be a JSON object with an \"inputs\" list")
+    return doc, binary
+
+
+def _tensor_from_json(name: str, shape: list[int], dtype, data) -> np.ndarray:
+    count = int(np.prod(shape, dtype=np.int64))
+    try:
+        arr = np.asarray(data, dtype=dtype)
+    except (TypeError, ValueError, OverflowError):
+        raise BadRequest(f"input '{name}': \"data\" does not hold {np.dtype(dtype).name} values") from None
+    if arr.size != count:
+        raise BadRequest(f"input '{name}': \"data\" has {arr.size} values, shape {shape} needs {count}")
+    return arr.reshape(shape)
+
+
+def decode_request(body: bytes, header_length: str | None) -> InferRequest:
+    """The request's tensors as numpy arrays of their declared shape and datatype."""
+    doc, binary = _json_header(body, header_length)
+    items = doc.get("inputs")
+    if not isinstance(items, list) or not items:
+        raise BadRequest("the request needs a non-empty \"inputs\" list")
+    params = doc.get("parameters") or {}
+    if not isinstance(params, dict):
+        raise BadRequest("\"parameters\" must be an object")
+    inputs: dict[str, np.ndarray] = {}
+    offset = 0
+    for item in items:
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+            raise BadRequest("each input needs a \"name\"")
+        name = item["name"]
+        if name in inputs:
+            raise BadRequest(f"input '{name}' is given twice")
+        shape = item.get("shape")
+        if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+            raise BadRequest(f"input '{name}': \"shape\" must be a list of non-negative integers")
+        datatype = item.get("datatype")
+        if datatype not in DATATYPES:
+            known = ", ".join(DATATYPES)
+            raise BadRequest(f"input '{name}': datatype {datatype!r} is not one this server takes ({known})")
+        dtype = np.dtype(DATATYPES[datatype])
+        iparams = item.get("parameters") or {}
+        size = iparams.get("binary_data_size") if isinstance(iparams, dict) else None
+        if size is not None:
+            if not isinstance(size, int) or size < 0:
+                raise BadRequest(f"input '{name}': binary_data_size must be a non-negative integer")
+            need = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+            if size != need:
+                raise BadRequest(f"input '{name}': binary_data_size {size} bytes, shape {shape} of {datatype} needs {need}")
+            if offset + size > len(binary):
+                raise BadRequest(f"input '{name}': the body holds {len(binary) - offset} bytes of binary data, "
+                                 f"binary_data_size says {size}")
+            arr = np.frombuffer(binary, dtype=dtype, count=size // dtype.itemsize if dtype.itemsize else 0,
+                                offset=offset).reshape(shape)
+            offset += size
+        elif "data" in item:
+            arr = _tensor_from_json(name, shape, dtype, item["data"])
+        else:
+            raise BadRequest(f"input '{name}' has neither \"data\" nor binary_data_size")
+        inputs[name] = arr
+    if offset != len(binary):
+        raise BadRequest(f"the body has {len(binary) - offset} bytes of binary data that no input claims")
+    all_binary = bool(params.get("binary_data_output", False))
+    outputs, binary_outputs = None, (None if all_binary else set())
+    wanted = doc.get("outputs")
+    if wanted is not None:
+        if not isinstance(wanted, list):
+            raise BadRequest("\"outputs\" must be a list")
+        outputs, binary_outputs = [], set()
+        for out in wanted:
+            if not isinstance(out, dict) or not isinstance(out.get("name"), str):
+                raise BadRequest("each requested output needs a \"name\"")
+            oparams = out.get("parameters") or {}
+            if isinstance(oparams, dict) and oparams.get("classification"):
+                raise BadRequest(f"output '{out['name']}': the classification extension is not supported")
+            outputs.append(out["name"])
+            if (oparams.get("binary_data", all_binary) if isinstance(oparams, dict) else all_binary):
+                binary_outputs.add(out["name"])
+    rid = doc.get("id")
+    return InferRequest(str(rid) if rid is not None else None, inputs, outputs, binary_outputs)
+
+
+def encode_response(model: str, request: InferRequest, outputs: dict[str, np.ndarray]) -> tuple[bytes, dict[str, str]]:
+    """The body and headers of an infer response; binary where the request asked for it."""
+    binary_names = set(outputs) if request.binary_outputs is None else request.binary_outputs
+    entries, chunks = [], []
+    for name, arr in outputs.items():
+        arr = np.ascontiguousarray(arr)
+        entry = {"name": name, "datatype": datatype_of(arr.dtype), "shape": list(arr.shape)}
+        if name in binary_names:
+            raw = arr.tobytes()
+            entry["parameters"] = {"binary_data_size": len(raw)}
+            chunks.append(raw)
+        else:
+            entry["data"] = arr.reshape(-1).tolist()
+        entries.append(entry)
+    doc = {"model_name": model, "model_version": "1", "outputs": entries}
+    if request.id is not None:
+        doc["id"] = request.id
+    head = json.dumps(doc, separators=(",", ":")).encode()
+    if not chunks:
+        return head, {"content-type": "application/json"}
+    return head + b"".join(chunks), {"content-type": "application/octet-stream",
+                                     HEADER_LENGTH: str(len(head))}
