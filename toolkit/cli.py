@@ -85,12 +85,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("net", help="a net file or zoo:NAME")
     p.add_argument("--weights", help="weights file (default for zoo:NAME: the model's published weights)")
     p.add_argument("--input", action="append", required=True, metavar="[NAME=]FILE",
-                   help=".npy or .npz; repeat for several inputs")
+                   help=".npy, .npz, .csv, an image or a folder of images; repeat for several inputs "
+                        "(read in step, a chunk of rows at a time)")
     p.add_argument("--output", help=".npz (keyed by output name) or .npy (one output); default: print")
     p.add_argument("--device", type=_device_name, default="cpu", help=DEVICE_HELP)
     p.add_argument("--dtype", choices=DTYPES, default=None,
                    help="float16 and bfloat16 accumulate in float32; on cpu they run as float32")
     p.add_argument("--buckets", type=_buckets, default=None, help="batch bucket sizes, e.g. 1,2,4,8")
+    p.add_argument("--chunk-rows", type=_positive_int, default=None, metavar="N",
+                   help="rows read and run at a time (default: 4 x the largest bucket); memory stays flat")
+    p.add_argument("--warm", action="store_true", help="build and run every bucket's plan before the first chunk")
+    p.add_argument("--verbose", action="store_true",
+                   help="print progress (also off a terminal), the buckets used, rows/s and peak memory to stderr")
     p.add_argument("--allow-missing", action="store_true", help="start absent weights from their fillers")
     _optimize_flags(p)
 

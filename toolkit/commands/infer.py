@@ -1,18 +1,30 @@
-"""``toolkit infer``: the infer phase on .npy/.npz inputs, through batch buckets."""
+"""``toolkit infer``: the infer phase on files of inputs (.npy, .npz, CSV, images, folders of
+images), read and run a chunk of rows at a time through batch buckets, so that memory stays
+flat however many rows there are; the outputs are gathered and written at the end."""
 from __future__ import annotations
+
+import math
+import sys
+import time
 
 import numpy as np
 
 from ..compile import disabled_passes, optimize
 from ..frontend import Net
-from ..runtime.session import DEFAULT_BUCKETS, InferSession
-from .io import check_output_path, read_inputs, write_outputs
+from ..ir.dims import Sym
+from ..runtime.binding import bind_symbols
+from ..runtime.session import DEFAULT_BUCKETS, InferSession, check_input_arrays
+from ..train.progress import _fmt_time
+from .io import InputStream, check_output_path, open_inputs, write_outputs
 from .devices import check_device, resolve_dtype
+
+CHUNK_BUCKETS = 4      # the default chunk: this many times the largest bucket's rows
 
 
 def run_infer(args) -> int:
     args.device = check_device(args.device)
     args.dtype = resolve_dtype(args.dtype, args.device)
+    verbose = getattr(args, "verbose", False)
     net = Net.load(args.net)
     disable = disabled_passes(net, args.disable, args.no_optimize)
     graph = net.graph("infer", args.dtype)
@@ -20,10 +32,16 @@ def run_infer(args) -> int:
         check_output_path(args.output, list(graph.outputs))
     weights = net.load_weights(net.default_weights(args.weights), allow_missing=args.allow_missing, dtype=args.dtype)
     shapes = {name: tuple(v.shape) for name, v in graph.inputs.items()}
-    arrays = read_inputs(args.input, list(graph.inputs), list(net.spec.inputs), shapes)
-    graph = optimize(graph, disable, weights, args.device)     # the weights frozen into the graph
-    session = InferSession(graph, weights, args.device, args.buckets or DEFAULT_BUCKETS)
-    outputs = session.run(arrays)
+    with open_inputs(args.input, list(graph.inputs), list(net.spec.inputs), shapes) as stream:
+        graph = optimize(graph, disable, weights, args.device)     # the weights frozen into the graph
+        session = InferSession(graph, weights, args.device, args.buckets or DEFAULT_BUCKETS)
+        chunk_rows = _chunk_rows(session, getattr(args, "chunk_rows", None))
+        if chunk_rows is not None:
+            stream.check_rows()
+        # the whole inputs' types and shapes, checked before a row is read, in a run's own words
+        check_input_arrays(session.graph, {k: np.empty(0, dt) for k, dt in stream.dtypes().items()})
+        bind_symbols(session.graph, stream.shapes())
+        outputs, stats = _run_chunks(session, stream, chunk_rows, getattr(args, "warm", False), verbose)
     if args.output:
         write_outputs(args.output, outputs)
         shapes = ", ".join(f"{k} {list(v.shape)}" for k, v in outputs.items())
@@ -32,4 +50,132 @@ def run_infer(args) -> int:
         with np.printoptions(precision=5, suppress=True, threshold=200):
             for name, value in outputs.items():
                 print(f"{name} {list(value.shape)} {value.dtype}:\n{value}")
+    if verbose:
+        _report(session, stats)
     return 0
+
+
+def _chunk_rows(session: InferSession, asked: int | None) -> int | None:
+    """Rows per chunk; None (everything at once) when the rows cannot be cut: no batch
+    dimension, or an output that does not keep it (the chunks' outputs could not be joined)."""
+    symbol = session.batch_symbol
+    if symbol is None:
+        return None
+    for out in session.graph.outputs.values():
+        if not (out.shape and isinstance(out.shape[0], Sym) and symbol in out.shape[0].symbols):
+            return None
+    return asked or CHUNK_BUCKETS * session.buckets[-1]
+
+
+def _run_chunks(session: InferSession, stream: InputStream, chunk_rows: int | None, warm: bool,
+                verbose: bool) -> tuple[dict[str, np.ndarray], dict]:
+    progress = RowProgress(stream.rows or 0, verbose)
+    collected: dict[str, list[np.ndarray]] = {}
+    stats = {"rows": 0, "chunks": 0, "chunk_rows": chunk_rows, "warm_s": None, "warm_plans": 0}
+    try:
+        for rows, arrays in stream.chunks(chunk_rows):
+            if warm and stats["warm_s"] is None:
+                t = time.perf_counter()
+                others = session.graph.symbols() - {session.batch_symbol}
+                stats["warm_plans"] = session.warm(arrays if others else None)
+                stats["warm_s"] = time.perf_counter() - t
+                if verbose:
+                    progress.message(f"warm: {stats['warm_plans']} plan(s) built and run once "
+                                     f"in {stats['warm_s']:.3f} s")
+                progress.restart_clock()
+            for name, value in session.run(arrays).items():
+                collected.setdefault(name, []).append(value)
+            stats["rows"] += rows
+            stats["chunks"] += 1
+            progress.update(rows)
+    finally:
+        progress.close()
+    stats["run_s"] = time.perf_counter() - progress.t0
+    outputs = {k: v[0] if len(v) == 1 else np.concatenate(v) for k, v in collected.items()}
+    return outputs, stats
+
+
+def _report(session: InferSession, stats: dict) -> None:
+    runs = session.bucket_runs
+    if None in runs:
+        used = f"none (no batch dimension: {runs[None]} run(s) of one plan)"
+    else:
+        used = ", ".join(f"{size} x {runs[size]}" for size in sorted(runs, reverse=True)) or "none"
+    chunking = "whole" if stats["chunk_rows"] is None else f"of up to {stats['chunk_rows']} rows"
+    speed = stats["rows"] / stats["run_s"] if stats["run_s"] > 0 else float("inf")
+    peak = peak_rss_mib()
+    print(f"buckets used: {used}", file=sys.stderr)
+    print(f"rows: {stats['rows']} in {stats['chunks']} chunk(s) {chunking}, {stats['run_s']:.3f} s, "
+          f"{speed:.0f} rows/s" + (f"; peak RSS {peak:.1f} MiB" if peak is not None else ""), file=sys.stderr)
+
+
+def peak_rss_mib() -> float | None:
+    """The process's peak resident memory so far, in MiB (None where the OS does not say).
+    Linux's VmHWM first: ru_maxrss also holds the peak of the process that started this one
+    (it survives fork and exec), so under a large parent it says the parent's size."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        import resource
+    except ImportError:
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (1024 * 1024 if sys.platform == "darwin" else 1024)   # bytes on macOS, KiB elsewhere
+
+
+class RowProgress:
+    """Rows done of the total, rows/s and ETA on stderr: a redrawn bar on a terminal; off one, a
+    line at every tenth of the rows with --verbose and nothing without."""
+
+    def __init__(self, total: int, verbose: bool, stream=None):
+        self.total, self.done = total, 0
+        self.stream = stream or sys.stderr
+        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
+        self.on = (self.tty or verbose) and total > 0
+        self.next_tenth = 1
+        self.drawn = False
+        self.last_draw = 0.0
+        self.restart_clock()
+
+    def restart_clock(self) -> None:
+        self.t0 = time.perf_counter()
+
+    def update(self, rows: int) -> None:
+        self.done += rows
+        if not self.on:
+            return
+        elapsed = time.perf_counter() - self.t0
+        speed = self.done / elapsed if elapsed > 0 else float("inf")
+        eta = (self.total - self.done) / speed if speed > 0 else float("inf")
+        if self.tty:
+            now = time.perf_counter()
+            if now - self.last_draw < 0.1 and self.done < self.total:
+                return
+            self.last_draw, self.drawn = now, True
+            width = 24
+            filled = int(width * self.done / self.total)
+            self.stream.write(f"\r[{'#' * filled}{'-' * (width - filled)}] {self.done}/{self.total} rows "
+                              f"{speed:.0f} rows/s ETA {_fmt_time(eta)} ")
+            self.stream.flush()
+        elif self.done * 10 >= self.next_tenth * self.total:
+            self.next_tenth = math.floor(self.done * 10 / self.total) + 1
+            self.stream.write(f"infer: {self.done}/{self.total} rows ({100 * self.done // self.total}%) "
+                              f"{speed:.0f} rows/s ETA {_fmt_time(eta)}\n")
+            self.stream.flush()
+
+    def message(self, text: str) -> None:
+        if self.tty and self.drawn:
+            self.stream.write("\r\x1b[2K")
+        self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.tty and self.drawn:
+            self.stream.write("\n")
+            self.stream.flush()
+            self.drawn = False
