@@ -67,7 +67,7 @@ def measure(net_path: Path, batch: int, train: bool, dtype: str, args) -> dict:
     import cupy
     import numpy as np
     import torch
-    from toolkit.commands.bench import bench_plan
+    from toolkit.commands.bench import bench_plan, stand_in_weights
     from toolkit.compile import solver_config
     from toolkit.frontend import Net
     from toolkit.frontend.lower import OBJECTIVE
@@ -77,8 +77,7 @@ def measure(net_path: Path, batch: int, train: bool, dtype: str, args) -> dict:
     half = dtype == "float16"
     plan, inputs = bench_plan(net, batch, train, dtype if half else None, device="gpu")
     ours_in = {k: (cupy.asarray(v) if not k.startswith("@") else v) for k, v in inputs.items()}
-    # the torch model starts from the weights the plan was given (frozen in, or its live arrays)
-    from toolkit.commands.bench import stand_in_weights
+    # the torch model starts from the weights bench_plan gave the plan (the same seed)
     weights = stand_in_weights(net.init_weights(seed=0))
     peer = TorchNet(net, "train" if train else "infer")
     peer.load({k: v for k, v in weights.items() if "@" not in k})

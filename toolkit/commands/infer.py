@@ -11,10 +11,9 @@ import numpy as np
 
 from ..compile import disabled_passes, optimize
 from ..frontend import Net
-from ..ir.dims import Sym
 from ..runtime.binding import bind_symbols
 from ..runtime.session import DEFAULT_BUCKETS, InferSession, check_input_arrays
-from ..train.progress import _fmt_time
+from ..train.progress import StatusLine, bar, format_time
 from .io import InputStream, check_output_path, open_inputs, write_outputs
 from .devices import check_device, resolve_dtype
 
@@ -24,7 +23,7 @@ CHUNK_BUCKETS = 4      # the default chunk: this many times the largest bucket's
 def run_infer(args) -> int:
     args.device = check_device(args.device)
     args.dtype = resolve_dtype(args.dtype, args.device)
-    verbose = getattr(args, "verbose", False)
+    verbose = args.verbose
     net = Net.load(args.net)
     disable = disabled_passes(net, args.disable, args.no_optimize)
     graph = net.graph("infer", args.dtype)
@@ -35,13 +34,13 @@ def run_infer(args) -> int:
     with open_inputs(args.input, list(graph.inputs), list(net.spec.inputs), shapes) as stream:
         graph = optimize(graph, disable, weights, args.device)     # the weights frozen into the graph
         session = InferSession(graph, weights, args.device, args.buckets or DEFAULT_BUCKETS)
-        chunk_rows = _chunk_rows(session, getattr(args, "chunk_rows", None))
+        chunk_rows = _chunk_rows(session, args.chunk_rows)
         if chunk_rows is not None:
             stream.check_rows()
         # the whole inputs' types and shapes, checked before a row is read, in a run's own words
         check_input_arrays(session.graph, {k: np.empty(0, dt) for k, dt in stream.dtypes().items()})
         bind_symbols(session.graph, stream.shapes())
-        outputs, stats = _run_chunks(session, stream, chunk_rows, getattr(args, "warm", False), verbose)
+        outputs, stats = _run_chunks(session, stream, chunk_rows, args.warm, verbose)
     if args.output:
         write_outputs(args.output, outputs)
         shapes = ", ".join(f"{k} {list(v.shape)}" for k, v in outputs.items())
@@ -58,12 +57,8 @@ def run_infer(args) -> int:
 def _chunk_rows(session: InferSession, asked: int | None) -> int | None:
     """Rows per chunk; None (everything at once) when the rows cannot be cut: no batch
     dimension, or an output that does not keep it (the chunks' outputs could not be joined)."""
-    symbol = session.batch_symbol
-    if symbol is None:
+    if session.batch_symbol is None or not all(map(session.keeps_batch, session.graph.outputs)):
         return None
-    for out in session.graph.outputs.values():
-        if not (out.shape and isinstance(out.shape[0], Sym) and symbol in out.shape[0].symbols):
-            return None
     return asked or CHUNK_BUCKETS * session.buckets[-1]
 
 
@@ -134,12 +129,9 @@ class RowProgress:
 
     def __init__(self, total: int, verbose: bool, stream=None):
         self.total, self.done = total, 0
-        self.stream = stream or sys.stderr
-        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
-        self.on = (self.tty or verbose) and total > 0
+        self.line = StatusLine(stream)
+        self.on = (self.line.tty or verbose) and total > 0
         self.next_tenth = 1
-        self.drawn = False
-        self.last_draw = 0.0
         self.restart_clock()
 
     def restart_clock(self) -> None:
@@ -152,30 +144,16 @@ class RowProgress:
         elapsed = time.perf_counter() - self.t0
         speed = self.done / elapsed if elapsed > 0 else float("inf")
         eta = (self.total - self.done) / speed if speed > 0 else float("inf")
-        if self.tty:
-            now = time.perf_counter()
-            if now - self.last_draw < 0.1 and self.done < self.total:
-                return
-            self.last_draw, self.drawn = now, True
-            width = 24
-            filled = int(width * self.done / self.total)
-            self.stream.write(f"\r[{'#' * filled}{'-' * (width - filled)}] {self.done}/{self.total} rows "
-                              f"{speed:.0f} rows/s ETA {_fmt_time(eta)} ")
-            self.stream.flush()
+        if self.line.tty:
+            self.line.draw(f"{bar(self.done, self.total)} {self.done}/{self.total} rows "
+                           f"{speed:.0f} rows/s ETA {format_time(eta)} ", last=self.done >= self.total)
         elif self.done * 10 >= self.next_tenth * self.total:
             self.next_tenth = math.floor(self.done * 10 / self.total) + 1
-            self.stream.write(f"infer: {self.done}/{self.total} rows ({100 * self.done // self.total}%) "
-                              f"{speed:.0f} rows/s ETA {_fmt_time(eta)}\n")
-            self.stream.flush()
+            self.line.print(f"infer: {self.done}/{self.total} rows ({100 * self.done // self.total}%) "
+                            f"{speed:.0f} rows/s ETA {format_time(eta)}")
 
     def message(self, text: str) -> None:
-        if self.tty and self.drawn:
-            self.stream.write("\r\x1b[2K")
-        self.stream.write(text + "\n")
-        self.stream.flush()
+        self.line.message(text)
 
     def close(self) -> None:
-        if self.tty and self.drawn:
-            self.stream.write("\n")
-            self.stream.flush()
-            self.drawn = False
+        self.line.close()

@@ -5,6 +5,7 @@ folder of images are read a range of rows at a time, so that an input far larger
 runs through ``toolkit infer`` chunk by chunk; ``read_inputs`` reads them whole."""
 from __future__ import annotations
 
+import contextlib
 import struct
 import zipfile
 from pathlib import Path
@@ -33,24 +34,29 @@ def _check_array_file(path: str) -> None:
         raise UserError(f"{path}: not a readable {p.suffix} file (no .npy or .npz header)")
 
 
-def _load_array_file(path: str) -> dict[str, np.ndarray] | np.ndarray:
-    p = Path(path)
-    _check_array_file(path)
+@contextlib.contextmanager
+def _numpy_reading(path: str, kind: str):
+    """numpy's errors while reading ``path`` as one line each: pickled objects refused, anything
+    else unreadable as ``kind`` (.npy / .npz)."""
     try:
-        data = np.load(path, allow_pickle=False)
+        yield
     except ValueError as e:
         if "pickle" in str(e).lower():
             raise UserError(f"{path}: holds pickled objects, which are refused (they can run code)") from None
-        raise UserError(f"{path}: not a readable {p.suffix} file ({e})") from None
+        raise UserError(f"{path}: not a readable {kind} file ({e})") from None
     except (OSError, EOFError, zipfile.BadZipFile) as e:
-        raise UserError(f"{path}: not a readable {p.suffix} file ({e})") from None
-    if isinstance(data, np.lib.npyio.NpzFile):
-        with data:
-            try:
+        raise UserError(f"{path}: not a readable {kind} file ({e})") from None
+
+
+def _load_array_file(path: str) -> dict[str, np.ndarray] | np.ndarray:
+    kind = Path(path).suffix
+    _check_array_file(path)
+    with _numpy_reading(path, kind):
+        data = np.load(path, allow_pickle=False)
+        if isinstance(data, np.lib.npyio.NpzFile):
+            with data:
                 return {k: data[k] for k in data.files}
-            except ValueError as e:
-                raise UserError(f"{path}: holds pickled objects, which are refused ({e})") from None
-    return data
+        return data
 
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
@@ -196,14 +202,8 @@ def _npz_member(path: str, data, key: str) -> _Piece:
                         return _FileRows(path, shape, dtype, start + header_len, f"{path} (array '{key}')")
         except (ValueError, OSError, EOFError, zipfile.BadZipFile):
             pass                  # read whole below, which says what is wrong in the usual words
-    try:
+    with _numpy_reading(path, ".npz"):
         return _Whole(data[key])
-    except ValueError as e:
-        if "pickle" in str(e).lower():
-            raise UserError(f"{path}: holds pickled objects, which are refused ({e})") from None
-        raise UserError(f"{path}: not a readable .npz file ({e})") from None
-    except (OSError, EOFError, zipfile.BadZipFile) as e:
-        raise UserError(f"{path}: not a readable .npz file ({e})") from None
 
 
 class _CsvRows(_Piece):

@@ -1,8 +1,8 @@
 """``toolkit serve``: the infer phase behind the KServe v2 / Triton HTTP protocol."""
 from __future__ import annotations
 
-import time
 import sys
+import time
 
 from ..api import load
 from ..errors import UserError

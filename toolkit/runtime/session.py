@@ -168,9 +168,14 @@ class InferSession:
         return {k: np.concatenate([p[k] for p in pieces]) if len(pieces) > 1 else pieces[0][k]
                 for k in pieces[0]}
 
+    def keeps_batch(self, output: str) -> bool:
+        """Whether an output's leading dimension is the batch, so that padded rows can be cut
+        off and the outputs of several runs joined along it."""
+        lead = self.graph.outputs[output].shape[:1]
+        return bool(lead) and isinstance(lead[0], Sym) and self.batch_symbol in lead[0].symbols
+
     def _slice_back(self, name: str, value: np.ndarray, rows: int, size: int, total: int) -> np.ndarray:
-        out_type = self.graph.outputs[name]
-        batched = out_type.shape and isinstance(out_type.shape[0], Sym) and self.batch_symbol in out_type.shape[0].symbols
+        batched = self.keeps_batch(name)
         if not batched and rows == size == total:
             return _host_copy(value)       # one exact bucket: nothing was padded
         if not batched:

@@ -87,17 +87,18 @@ class DynamicBatcher:
     def _ready(self) -> list[_Waiting] | None:
         """The batch to run now, or None if the oldest request may still wait for company."""
         first = self.waiting[0]
-        batch, rows = [], 0
+        batch, rows, crowded = [], 0, False
         for item in self.waiting:
-            if item.signature != first.signature or (batch and rows + item.rows > self.max_rows):
+            if item.signature != first.signature:
+                continue
+            if batch and rows + item.rows > self.max_rows:
+                crowded = True                # a request waits that this batch has no room for
                 continue
             batch.append(item)
             rows += item.rows
             if rows >= self.max_rows:
                 break
-        full = rows >= self.max_rows or any(i.rows + rows > self.max_rows for i in self.waiting if i not in batch
-                                            and i.signature == first.signature)
-        if full or time.monotonic() - first.arrived >= self.max_delay_s:
+        if crowded or rows >= self.max_rows or time.monotonic() - first.arrived >= self.max_delay_s:
             return batch
         return None
 

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 
-def _fmt_time(seconds: float) -> str:
+def format_time(seconds: float) -> str:
     if not math.isfinite(seconds):
         return "?"
     seconds = int(seconds)
@@ -17,46 +17,70 @@ def _fmt_time(seconds: float) -> str:
         else f"{seconds // 60:02d}:{seconds % 60:02d}"
 
 
+def bar(done: int, total: int, width: int = 24) -> str:
+    filled = int(width * done / total)
+    return f"[{'#' * filled}{'-' * (width - filled)}]"
+
+
+class StatusLine:
+    """Where a progress display writes: on a terminal one line redrawn in place (at most every
+    0.1 s, but always the last), cleared before a message and ended on close; elsewhere plain
+    lines, which the caller writes only as often as it wants them kept."""
+
+    def __init__(self, stream=None):
+        self.stream = stream or sys.stderr
+        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
+        self.last_draw = 0.0
+        self.drawn = False
+
+    def draw(self, text: str, last: bool = False) -> None:
+        now = time.perf_counter()
+        if now - self.last_draw < 0.1 and not last:
+            return
+        self.last_draw, self.drawn = now, True
+        self.stream.write("\r" + text)
+        self.stream.flush()
+
+    def print(self, text: str) -> None:
+        self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def message(self, text: str) -> None:
+        if self.tty and self.drawn:
+            self.stream.write("\r\x1b[2K")
+        self.print(text)
+
+    def close(self) -> None:
+        if self.tty and self.drawn:
+            self.stream.write("\n")
+            self.stream.flush()
+            self.drawn = False
+
+
 class Progress:
     """Iteration, loss, lr, speed and ETA: a redrawn bar on a TTY, a line every ``display`` iterations otherwise."""
 
     def __init__(self, total: int, start: int, display: int, stream=None):
         self.total, self.start, self.display = total, start, display
-        self.stream = stream or sys.stderr
-        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
+        self.line = StatusLine(stream)
         self.t0 = time.perf_counter()
-        self.last_draw = 0.0
 
     def update(self, it: int, loss: float, lr: float) -> None:
         done = it + 1 - self.start
         elapsed = time.perf_counter() - self.t0
         speed = done / elapsed if elapsed > 0 else float("inf")
         eta = (self.total - it - 1) / speed if speed > 0 else float("inf")
-        if self.tty:
-            now = time.perf_counter()
-            if now - self.last_draw < 0.1 and it + 1 < self.total:
-                return
-            self.last_draw = now
-            width = 24
-            filled = int(width * (it + 1) / self.total)
-            bar = "#" * filled + "-" * (width - filled)
-            self.stream.write(f"\r[{bar}] {it + 1}/{self.total} loss {loss:.4f} lr {lr:.3g} "
-                              f"{speed:.1f} it/s ETA {_fmt_time(eta)} ")
-            self.stream.flush()
+        if self.line.tty:
+            self.line.draw(f"{bar(it + 1, self.total)} {it + 1}/{self.total} loss {loss:.4f} lr {lr:.3g} "
+                           f"{speed:.1f} it/s ETA {format_time(eta)} ", last=it + 1 >= self.total)
         elif it % self.display == 0 or it + 1 == self.total:
-            self.stream.write(f"iter {it} loss {loss:.6f} lr {lr:.6g} {speed:.1f} it/s ETA {_fmt_time(eta)}\n")
-            self.stream.flush()
+            self.line.print(f"iter {it} loss {loss:.6f} lr {lr:.6g} {speed:.1f} it/s ETA {format_time(eta)}")
 
     def message(self, text: str) -> None:
-        if self.tty:
-            self.stream.write("\r\x1b[2K")
-        self.stream.write(text + "\n")
-        self.stream.flush()
+        self.line.message(text)
 
     def close(self) -> None:
-        if self.tty:
-            self.stream.write("\n")
-            self.stream.flush()
+        self.line.close()
 
 
 class MetricsLog:
