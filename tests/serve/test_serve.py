@@ -205,3 +205,20 @@ def test_metrics_count_batches_rows_and_errors(server):
         assert name in text, name
     rows = float(re.search(r"^toolkit_batch_rows_sum (\S+)", text, re.M).group(1))
     assert rows >= 5
+
+
+def test_flag_mistakes_and_a_taken_port_are_one_line_errors_with_status_2():
+    import socket
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    try:
+        port = taken.getsockname()[1]
+        for flags, message in ((["--max-delay-ms", "-1"], "error: --max-delay-ms must be 0 or more, got -1"),
+                               (["--port", str(port)], f"error: cannot listen on 127.0.0.1:{port}:")):
+            result = subprocess.run([sys.executable, "-m", "toolkit.cli", "serve", NET, *flags], cwd=ROOT,
+                                    capture_output=True, text=True, timeout=60)
+            lines = result.stderr.strip().splitlines()
+            assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith(message), result.stderr
+    finally:
+        taken.close()
