@@ -1,20 +1,27 @@
 #!/usr/bin/env python
-"""Load on `toolkit serve` from Triton's HTTP client, on loopback: throughput and latency at
-several concurrencies, with the dynamic batcher and without it (batch-1 serving).
+"""Load on `toolkit serve` over loopback: throughput and latency at several concurrencies, with
+the dynamic batcher and without it (batch-1 serving).
 
-    python benchmarks/serve_load.py [NET] [--requests 2000] [--concurrency 1,8,32] [--seconds 60]
+    python benchmarks/serve_load.py [NET] [--requests 2000] [--concurrency 1,8,32] [--client raw|triton]
 
 For each configuration it starts a server (`--warm`; without the batcher: `--buckets 1`), and
-every client thread sends single-row requests back to back, each a row drawn from a fixed pool
-of random inputs. Every response is checked against a direct infer of the same row
-(toolkit.load, float32 rounding tolerance: a row batched with others runs in another bucket), so
-a lost or mismatched answer is counted, not hidden. Bounded: --requests per run, and a run stops
-after --seconds. Also reports the server's RSS before and after a run of random batch sizes.
+every client sends single-row requests back to back over its own keep-alive connection, each a
+row drawn from a fixed pool of random inputs, with binary tensors (the KServe binary extension).
+Every response is checked against a direct infer of the same row (toolkit.load, float32 rounding
+tolerance: a row batched with others runs in another bucket), so a lost or mismatched answer is
+counted, not hidden. Bounded: --requests per run, and a run stops after --seconds.
+
+The load comes from one separate process. `--client raw` (the default) is a lean asyncio client
+with pre-encoded requests, in the manner of Triton's perf_analyzer: on a 2-core machine the
+server and the load share the cores, and a heavy client measures itself. `--client triton` uses
+Triton's Python client from threads instead. Also reports the server's RSS before and after a
+run of random batch sizes, and each bucket's first request after `--warm` against later ones.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import re
 import signal
 import statistics
@@ -48,7 +55,84 @@ def rss_kib(pid: int) -> int:
     return -1
 
 
-def run_load(url: str, model_name: str, input_name: str, output_name: str, pool: np.ndarray, want: np.ndarray,
+def _summary(concurrency: int, latencies: list[float], errors: list[str], mismatched: int, wall: float) -> dict:
+    lat = sorted(latencies)
+    return {"concurrency": concurrency, "answered": len(lat), "errors": len(errors), "mismatched": mismatched,
+            "throughput_rps": round(len(lat) / wall, 1),
+            "p50_ms": round(1e3 * lat[len(lat) // 2], 2) if lat else None,
+            "p99_ms": round(1e3 * lat[min(len(lat) - 1, int(0.99 * len(lat)))], 2) if lat else None,
+            "first_errors": errors[:3]}
+
+
+def run_load_raw(url: str, model_name: str, input_name: str, output_name: str, pool: np.ndarray, want: np.ndarray,
+                 concurrency: int, requests: int, seconds: float) -> dict:
+    """Each client: one keep-alive connection, requests pre-encoded, the binary answer parsed."""
+    import asyncio
+
+    host, port = url.rsplit(":", 1)
+    head_of = {}
+    encoded = []
+    for i in range(len(pool)):
+        raw = pool[i: i + 1].tobytes()
+        head = json.dumps({"inputs": [{"name": input_name, "shape": [1, *pool.shape[1:]], "datatype": "FP32",
+                                       "parameters": {"binary_data_size": len(raw)}}],
+                           "outputs": [{"name": output_name, "parameters": {"binary_data": True}}]}).encode()
+        head_of[i] = len(head)
+        encoded.append((f"POST /v2/models/{model_name}/infer HTTP/1.1\r\nHost: {url}\r\n"
+                        f"Content-Type: application/octet-stream\r\nContent-Length: {len(head) + len(raw)}\r\n"
+                        f"Inference-Header-Content-Length: {len(head)}\r\n\r\n").encode() + head + raw)
+    latencies: list[float] = []
+    errors: list[str] = []
+    mismatched = [0]
+    left = [requests]
+    deadline = time.monotonic() + seconds
+
+    def header(head: bytes, name: bytes) -> int:
+        for line in head.split(b"\r\n")[1:]:
+            key, _, value = line.partition(b":")
+            if key.strip().lower() == name:
+                return int(value)
+        raise ValueError(f"no {name.decode()} header")
+
+    async def client(seed: int):
+        rng = np.random.default_rng(seed)
+        reader, writer = await asyncio.open_connection(host, int(port))
+        try:
+            while left[0] > 0 and time.monotonic() < deadline:
+                left[0] -= 1
+                i = int(rng.integers(len(pool)))
+                start = time.perf_counter()
+                try:
+                    writer.write(encoded[i])
+                    head = await reader.readuntil(b"\r\n\r\n")
+                    body = await reader.readexactly(header(head, b"content-length"))
+                except (OSError, ValueError, asyncio.IncompleteReadError) as e:
+                    errors.append(f"{type(e).__name__}: {e}"[:200])
+                    return                       # the connection is gone or out of step
+                elapsed = time.perf_counter() - start
+                if not head.startswith(b"HTTP/1.1 200"):
+                    errors.append(head.split(b"\r\n")[0].decode() + " " + body[:150].decode(errors="replace"))
+                    continue
+                json_len = header(head, b"inference-header-content-length")
+                out = np.frombuffer(body, dtype=np.float32, offset=json_len).reshape(want[i: i + 1].shape)
+                latencies.append(elapsed)
+                mismatched[0] += not np.allclose(out, want[i: i + 1], rtol=1e-4, atol=1e-6)
+        finally:
+            writer.close()
+
+    async def all_clients():
+        await asyncio.gather(*(client(s) for s in range(concurrency)))
+
+    start = time.perf_counter()
+    try:
+        import uvloop
+        uvloop.run(all_clients())
+    except ImportError:
+        asyncio.run(all_clients())
+    return _summary(concurrency, latencies, errors, mismatched[0], time.perf_counter() - start)
+
+
+def run_load_triton(url: str, model_name: str, input_name: str, output_name: str, pool: np.ndarray, want: np.ndarray,
              concurrency: int, requests: int, seconds: float) -> dict:
     import tritonclient.http as http
 
@@ -88,13 +172,7 @@ def run_load(url: str, model_name: str, input_name: str, output_name: str, pool:
         t.start()
     for t in threads:
         t.join()
-    wall = time.perf_counter() - start
-    lat = sorted(latencies)
-    return {"concurrency": concurrency, "answered": len(lat), "errors": len(errors), "mismatched": mismatched[0],
-            "throughput_rps": round(len(lat) / wall, 1),
-            "p50_ms": round(1e3 * lat[len(lat) // 2], 2) if lat else None,
-            "p99_ms": round(1e3 * lat[min(len(lat) - 1, int(0.99 * len(lat)))], 2) if lat else None,
-            "first_errors": errors[:3]}
+    return _summary(concurrency, latencies, errors, mismatched[0], time.perf_counter() - start)
 
 
 def rss_across_random_batches(url: str, pid: int, model_name: str, input_name: str, shape: tuple,
@@ -111,6 +189,7 @@ def rss_across_random_batches(url: str, pid: int, model_name: str, input_name: s
         client.infer(model_name, [inp])
         return time.perf_counter() - start
 
+    client.is_server_ready()          # the connection is set up before any timed request
     # after --warm: each bucket's first request against its later ones
     firsts, laters = {}, {}
     for rows in (1, 2, 4, 8, 16, 32, 64):
@@ -131,6 +210,8 @@ def main(argv=None) -> int:
     p.add_argument("--concurrency", default="1,8,32")
     p.add_argument("--seconds", type=float, default=60.0, help="a run stops after this long (default: %(default)s)")
     p.add_argument("--max-delay-ms", default="2")
+    p.add_argument("--client", choices=("raw", "triton"), default="raw",
+                   help="the load generator (default: %(default)s, see above)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     import toolkit
@@ -140,13 +221,17 @@ def main(argv=None) -> int:
     shape = tuple(inp.shape[1:])
     pool = np.random.default_rng(0).standard_normal((256, *shape)).astype(np.float32)
     want = model.infer({inp.name: pool})[out.name]
-    report = {"net": args.net, "runs": []}
+    report = {"net": args.net, "client": args.client, "runs": []}
+    load = run_load_raw if args.client == "raw" else run_load_triton
+    # the load runs in its own process, so that neither it nor the server waits on the other's GIL
+    workers = multiprocessing.get_context("spawn").Pool(1)
     for label, flags in (("dynamic batcher", ["--max-delay-ms", args.max_delay_ms]),
                          ("batch-1 serving", ["--buckets", "1", "--max-delay-ms", "0"])):
         proc, url = start_server(args.net, flags)
         try:
             for c in (int(x) for x in args.concurrency.split(",")):
-                row = run_load(url, model.name, inp.name, out.name, pool, want, c, args.requests, args.seconds)
+                row = workers.apply(load, (url, model.name, inp.name, out.name, pool, want, c, args.requests,
+                                           args.seconds))
                 row["mode"] = label
                 report["runs"].append(row)
                 print(json.dumps(row), file=sys.stderr)
@@ -156,10 +241,11 @@ def main(argv=None) -> int:
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=60)
+    workers.close()
     if args.json:
         print(json.dumps(report, indent=1))
         return 0
-    print(f"{args.net}, single-row requests over loopback, Triton's HTTP client, {args.requests} per run\n")
+    print(f"{args.net}, single-row requests over loopback, {args.client} client, {args.requests} per run\n")
     print("| serving | clients | answered | lost | mismatched | requests/s | p50 | p99 |")
     print("|---|--:|--:|--:|--:|--:|--:|--:|")
     for r in report["runs"]:

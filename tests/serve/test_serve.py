@@ -132,6 +132,15 @@ def test_bad_requests_name_what_is_wrong(server):
     status, doc = server.post("/v2/models/lenet/infer", head + b"\0" * 100,
                               {"Inference-Header-Content-Length": str(len(head))})
     assert status == 400 and "binary_data_size says 256" in doc["error"], doc
+    # the versioned route answers like the plain one; other versions and methods are refused
+    good = json.dumps({"inputs": [{"name": "data", "shape": [1, 1, 8, 8], "datatype": "FP32",
+                                   "data": [0.0] * 64}]}).encode()
+    status, doc = server.post("/v2/models/lenet/versions/1/infer", good)
+    assert status == 200 and doc["outputs"][0]["shape"] == [1, 10], doc
+    status, doc = server.post("/v2/models/lenet/versions/2/infer", good)
+    assert status == 404 and "no version '2'" in doc["error"], doc
+    status, doc = server.post("/v2/models/lenet/infer/extra", good)
+    assert status == 404 and doc["error"] == "no route /v2/models/lenet/infer/extra", doc
     # the server kept serving through all of that
     assert client.infer("lenet", [_input(x)]).as_numpy("prob").shape == (2, 10)
 
