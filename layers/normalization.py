@@ -38,19 +38,23 @@ def lower_batch_norm(p: BatchNormParams, ctx, bottoms):
     if use_global:
         xc = b.sub(x, b.reshape(running_mean, bshape))
         inv_std = b.op("rsqrt", b.add(b.reshape(running_var, bshape), b.scalar(p.eps, x.dtype)))
+    elif ctx.phase == "train" and ctx.graph.sync_batchnorm:
+        mean, xc, var, unbiased = _global_statistics(ctx, x, axes, channels)
+        inv_std = b.op("rsqrt", b.add(var, b.scalar(p.eps, x.dtype)))
     else:
         mean = b.op("reduce_mean", x, axes=axes, keepdims=True)
         xc = b.sub(x, mean)
         var = b.op("reduce_mean", b.op("square", xc), axes=axes, keepdims=True)
         inv_std = b.op("rsqrt", b.add(var, b.scalar(p.eps, x.dtype)))
         if ctx.phase == "train":
-            m = p.momentum
-            keep = b.scalar(1.0 - m, x.dtype)
-            new_mean = b.add(b.mul(running_mean, keep), b.scale(b.reshape(mean, (channels,)), m))
             unbiased = b.op("bessel_correct", b.reshape(var, (channels,)), count=reduced_count(x.shape, axes))
-            new_var = b.add(b.mul(running_var, keep), b.scale(unbiased, m))
-            ctx.update("running_mean", new_mean)
-            ctx.update("running_var", new_var)
+    if ctx.phase == "train" and not use_global:
+        m = p.momentum
+        keep = b.scalar(1.0 - m, x.dtype)
+        new_mean = b.add(b.mul(running_mean, keep), b.scale(b.reshape(mean, (channels,)), m))
+        new_var = b.add(b.mul(running_var, keep), b.scale(unbiased, m))
+        ctx.update("running_mean", new_mean)
+        ctx.update("running_var", new_var)
     y = b.mul(xc, inv_std)
     if p.affine:
         one = {"type": "constant", "value": 1.0}
@@ -130,3 +134,29 @@ def lower_lrn(p: LRNParams, ctx, bottoms):
     window = b.add_all([b.op("slice", padded, axis=1, start=j, stop=j + channels) for j in range(n)])
     base = b.add(b.mul(window, b.scalar(float(p.alpha) / n, x.dtype)), b.scalar(float(p.k), x.dtype))
     return [b.mul(x, b.op("power", base, exponent=-float(p.beta)))]
+
+
+def _global_statistics(ctx, x, axes, channels):
+    """BatchNorm's batch mean and variance over every rank of a data-parallel job: sums of the
+    rows (masked: a rank with no rows of its own runs a placeholder row of mask 0) and of the
+    counts, all-reduced. Gradients flow through the all-reduce (its gradient is all-reduced too),
+    so the backward pass is the global batch's as well. Returns (mean, x - mean, variance,
+    unbiased variance as a [C] vector)."""
+    from toolkit.dist.graph import row_mask
+    b = ctx.b
+    dtype = x.dtype
+    mask = row_mask(ctx.graph, x)
+    per_row = 1
+    for axis in axes[1:]:
+        per_row *= static_dim(x.shape[axis], "a BatchNorm dimension under sync_batchnorm", "bottom")
+    mshape = (x.shape[0],) + (1,) * (x.rank - 1)
+    m = b.reshape(mask, mshape)
+    count = b.op("allreduce_sum", b.scale(b.reduce_sum(mask, (0,)), float(per_row)))
+    total = b.op("allreduce_sum", b.reduce_sum(b.mul(x, m), axes, keepdims=True))
+    mean = b.div(total, count)
+    xc = b.sub(x, mean)
+    squares = b.op("allreduce_sum", b.reduce_sum(b.mul(b.op("square", xc), m), axes, keepdims=True))
+    var = b.div(squares, count)
+    one = b.scalar(1.0, dtype)
+    unbiased = b.reshape(b.div(b.mul(var, count), b.sub(count, one)), (channels,))
+    return mean, xc, var, unbiased

@@ -13,6 +13,7 @@ from typing import Iterable, Mapping
 import numpy as np
 
 from .autodiff import differentiate
+from .dist.graph import DataParallel, allreduce_gradients, local_share, sum_logged_losses
 from .errors import UserError
 from .frontend import OBJECTIVE, Net
 from .ir.graph import LOW_PRECISION, Graph, Value
@@ -63,12 +64,14 @@ def forward_graph(net: Net, phase: str = "infer", dtype: str | None = None,
     return optimize(net.graph(phase, dtype, outputs), disable, weights, device)
 
 
-def add_gradients(graph: Graph, mixed_precision: MixedPrecision | None = None) -> dict[str, Value]:
-    """Append the backward pass of the train graph; returns {weight name: gradient}.
-    Weights with lr_mult 0 (frozen) and state buffers get no gradient work. Under mixed
-    precision the backward pass starts from the loss-scaled objective."""
+def add_gradients(graph: Graph, mixed_precision: MixedPrecision | None = None,
+                  objective: Value | None = None) -> dict[str, Value]:
+    """Append the backward pass of the train graph (from ``objective``, by default the graph's);
+    returns {weight name: gradient}. Weights with lr_mult 0 (frozen) and state buffers get no
+    gradient work. Under mixed precision the backward pass starts from the loss-scaled objective."""
     trainable = [w for w in graph.weights.values() if w.trainable and w.lr_mult != 0]
-    objective = graph.outputs[OBJECTIVE]
+    if objective is None:
+        objective = graph.outputs[OBJECTIVE]
     if mixed_precision is not None:
         objective = scaled_objective(graph, objective, mixed_precision)
     grads = differentiate(graph, objective, [w.value for w in trainable])
@@ -82,14 +85,25 @@ def solver_config(net: Net) -> SolverConfig:
     return SolverConfig()
 
 
-def train_graph(net: Net, solver: SolverConfig | None = None, dtype: str | None = None) -> Graph:
-    """Forward, generated backward and the solver's updates, before any pass."""
-    graph = net.graph("train", dtype)
+def train_graph(net: Net, solver: SolverConfig | None = None, dtype: str | None = None,
+                data_parallel: DataParallel | None = None) -> Graph:
+    """Forward, generated backward and the solver's updates, before any pass. With
+    ``data_parallel`` the gradients are summed over the ranks before the updates (dist/graph.py)."""
+    if data_parallel is not None and data_parallel.sync_batchnorm:
+        graph = net.graph("train", dtype, sync_batchnorm=True)
+    else:
+        graph = net.graph("train", dtype)
     solver = solver or solver_config(net)
     mp = solver.mixed_precision
     if mp is not None:
         autocast(graph, mp.dtype)
-    add_solver(graph, add_gradients(graph, mp), solver)
+    if data_parallel is None:
+        add_solver(graph, add_gradients(graph, mp), solver)
+        return graph
+    objective = local_share(graph, graph.outputs[OBJECTIVE])
+    grads = add_gradients(graph, mp, objective)
+    sum_logged_losses(graph, [OBJECTIVE] + [t for t in graph.losses if t in graph.outputs and t != OBJECTIVE])
+    add_solver(graph, allreduce_gradients(graph, grads, data_parallel), solver)
     return graph
 
 

@@ -56,7 +56,7 @@ def test_batch_norm_leaves_no_arithmetic_in_infer(tmp_path):
         assert not {"sub", "mul", "rsqrt", "div"} & set(members)
     plain = compile_json(net, "--phase", "infer", "--no-optimize")
     assert {"sub", "mul", "rsqrt"} <= set(plain["ops"]) and plain["passes"][0]["name"] == "eliminate_dead_code"
-    assert {p["name"] for p in plain["passes"]} == {"eliminate_dead_code", "place_devices"}
+    assert {p["name"] for p in plain["passes"]} == {"eliminate_dead_code", "place_devices", "schedule_collectives"}
 
 
 def test_explain_lists_changes_memory_and_the_passes(tmp_path):

@@ -315,6 +315,10 @@ for s, axes in [((6, 3, 4, 5), (0, 2, 3)), ((5, 7), (0,)), ((2, 3, 4), (0, 2))]:
     count = int(np.prod([s[a] for a in axes]))
     case("bessel_correct", f"{s}-{axes}", _bessel_make, _bessel_ref, attrs=dict(count=count))
 
+# collectives: in one process (the one-rank communicator) the sum over ranks is the value itself
+for s in [(2, 3), (7,), ()]:
+    case("allreduce_sum", f"{s}", lambda r, s=s: [uni(r, s)], lambda x: np.array(np.asarray(x).tolist()))
+
 # data movement
 for s, src, dst in [((2, 3, 4), "cpu", "cpu:1"), ((5,), "cpu:1", "cpu")]:
     case("transfer", f"{s}-{src}-{dst}", lambda r, s=s: [uni(r, s)], lambda x: np.array(x.tolist()),
@@ -769,6 +773,9 @@ TABLE_EXCLUSIONS: dict[str, str] = {
     "loop": "its body is a subgraph attribute: tests/ops/test_control_flow.py checks it (numpy, "
             "finite-difference gradients, plans against the interpreter)",
     "if": "its branches are subgraph attributes: tests/ops/test_control_flow.py checks it",
+    "allreduce_start": "one half of a pair sharing a pending request: tests/dist/test_collectives.py "
+                       "checks the pair in one process, tests/dist/test_data_parallel.py under mpiexec",
+    "allreduce_wait": "the other half of that pair: tests/dist/test_collectives.py",
 }
 
 # Ops (not named *_grad, not constants, not random) that legitimately have no gradient rule.

@@ -118,10 +118,11 @@ class Lowered:
 
 
 def lower_phase(spec, positions: Positions, phase: str, float_dtype: str | None,
-                declared: dict[str, tuple], loss_layers: set[str] | None = None) -> Lowered:
+                declared: dict[str, tuple], loss_layers: set[str] | None = None,
+                sync_batchnorm: bool = False) -> Lowered:
     """The graph of ``phase`` (default outputs: tops nothing consumes) and the problems found.
     ``loss_layers``: names of the objective's layers (None: every layer whose type ends in Loss)."""
-    graph = Graph(phase)
+    graph = Graph(phase, sync_batchnorm=sync_batchnorm)
     blobs: dict[str, Value] = {}
     for name, inp in spec.inputs.items():
         dtype = inp.dtype

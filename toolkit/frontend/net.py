@@ -113,9 +113,9 @@ class Net:
             return set(self.spec.train.losses)
         return None
 
-    def lower(self, phase: str, dtype: str | None = None) -> Lowered:
+    def lower(self, phase: str, dtype: str | None = None, sync_batchnorm: bool = False) -> Lowered:
         """A fresh lowering of one phase (graphs are mutated by passes, so never shared)."""
-        return lower_phase(self.spec, self.positions, phase, dtype, {}, self._loss_layers())
+        return lower_phase(self.spec, self.positions, phase, dtype, {}, self._loss_layers(), sync_batchnorm)
 
     def _check_outputs(self, infer: Lowered) -> list[Problem]:
         if not self.spec.outputs:
@@ -133,10 +133,12 @@ class Net:
         return problems
 
     # -- graphs ------------------------------------------------------------------------------
-    def graph(self, phase: str, dtype: str | None = None, outputs: list[str] | None = None) -> Graph:
+    def graph(self, phase: str, dtype: str | None = None, outputs: list[str] | None = None,
+              sync_batchnorm: bool = False) -> Graph:
         """The pruned forward graph of ``phase``. Train graphs output each loss top and the
-        loss_weight-weighted objective under OBJECTIVE."""
-        lowered = self.lower(phase, dtype)
+        loss_weight-weighted objective under OBJECTIVE. ``sync_batchnorm``: BatchNorm's batch
+        statistics are sums over the ranks of a data-parallel job (dist/graph.py)."""
+        lowered = self.lower(phase, dtype, sync_batchnorm)
         if lowered.problems:
             raise SpecError(*lowered.problems)
         graph, blobs = lowered.graph, lowered.blobs

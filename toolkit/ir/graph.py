@@ -125,6 +125,8 @@ class Graph:
     disabled: frozenset = frozenset()
     # one line per change a pass made, for `toolkit compile --explain`
     notes: list = field(default_factory=list)
+    # lowering option of data-parallel training: BatchNorm takes its statistics over every rank
+    sync_batchnorm: bool = False
 
     def symbols(self) -> set[str]:
         out: set[str] = set()

@@ -18,6 +18,7 @@ from typing import Callable, Optional
 from ..ir.graph import Graph
 from ..ir.verify import VerifyError, verify
 from .batchnorm import fold_batch_norm
+from .collectives import schedule_collectives
 from .constants import dedup_constants, fold_constants
 from .control import eliminate_dead_branches, optimize_bodies
 from .cse import eliminate_common
@@ -66,6 +67,9 @@ PIPELINE: list[Stage] = [
           "the whole pipeline on every loop and if body"),
     Stage("place_devices", place_devices,
           "a transfer wherever a value crosses from one device to another (layers' device: keys)"),
+    Stage("schedule_collectives", schedule_collectives,
+          "data-parallel training: each gradient bucket's all-reduce starts after its last gradient "
+          "and is waited for before its first update"),
     Stage("plan_memory", None,
           "when a plan is built: reuse dead buffers and run kernels in place (off: one buffer per value)"),
 ]
@@ -93,7 +97,7 @@ def pass_names() -> list[str]:
 # What --no-optimize switches off: every pass but dead-code elimination (which only removes work
 # nothing needs, such as the label input of an infer graph), device placement (without which a
 # net placed on several devices cannot run) and the memory planner (buffer reuse changes no value).
-ALWAYS_ON = ("eliminate_dead_code", "place_devices", "plan_memory")
+ALWAYS_ON = ("eliminate_dead_code", "place_devices", "schedule_collectives", "plan_memory")
 
 
 def no_optimize() -> tuple[str, ...]:

@@ -14,7 +14,7 @@ is built, naming the op, the device, the dtype and what is registered.
 """
 from __future__ import annotations
 
-from . import arrays, dispatched, fused  # noqa: F401  (each registers its kernels)
+from . import arrays, collective, dispatched, fused  # noqa: F401  (each registers its kernels)
 from .dispatched import DISPATCHED  # noqa: F401
 from .. import control as _control
 

@@ -1,0 +1,131 @@
+"""The communicator the collective ops run on: MPI through mpi4py for a job of several ranks,
+or the one-rank identity (``Solo``) everywhere else, so that a data-parallel graph also runs in a
+single process (and in the reference interpreter) with the same results.
+
+Every rank runs the same plan, so every rank issues the same collectives in the same order, as
+MPI requires; the non-blocking all-reduce of a gradient bucket is started by one op and waited
+for by another (``bucket`` keys the pending request between the two).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+
+import numpy as np
+
+
+class Solo:
+    """One rank: every collective is the identity."""
+
+    rank, size = 0, 1
+
+    def __init__(self):
+        self.pending: dict[int, np.ndarray] = {}
+        self.waited_s = 0.0                 # time blocked on collectives, all of them (statistics)
+        self.gradient_wait_s = 0.0          # of which: waiting for gradient buckets' sums
+        self.collectives = 0
+
+    def allreduce(self, array: np.ndarray) -> np.ndarray:
+        """The sum over ranks of ``array`` (same shape on every rank), as a new array."""
+        return np.array(array, copy=True)
+
+    def start_allreduce(self, bucket: int, flat: np.ndarray, out: np.ndarray | None = None) -> None:
+        """Starts the sum of ``flat`` into ``out`` (a new array when None); neither may be
+        touched until ``wait_allreduce(bucket)`` has returned ``out``."""
+        if out is None:
+            out = np.empty_like(flat)
+        np.copyto(out, flat)
+        self.pending[bucket] = out
+
+    def wait_allreduce(self, bucket: int) -> np.ndarray:
+        return self.pending.pop(bucket)
+
+    def sum_floats(self, values: list[float]) -> list[float]:
+        return list(values)
+
+    def any_true(self, flag: bool) -> bool:
+        return flag
+
+    def broadcast(self, array: np.ndarray) -> None:
+        pass
+
+    def pids(self) -> list[int]:
+        """Each rank's process id, by rank."""
+        return [os.getpid()]
+
+    def abort(self, code: int) -> None:
+        raise SystemExit(code)
+
+
+class MpiCommunicator(Solo):
+    """MPI_COMM_WORLD through mpi4py."""
+
+    def __init__(self):
+        super().__init__()
+        from mpi4py import MPI
+        self.MPI = MPI
+        self.comm = MPI.COMM_WORLD
+        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+        self._requests: dict[int, tuple] = {}
+
+    def _blocked(self, call):
+        start = time.perf_counter()
+        result = call()
+        self.waited_s += time.perf_counter() - start
+        self.collectives += 1
+        return result
+
+    def allreduce(self, array: np.ndarray) -> np.ndarray:
+        send = np.ascontiguousarray(array)
+        out = np.empty_like(send)
+        self._blocked(lambda: self.comm.Allreduce(send, out, op=self.MPI.SUM))
+        return out
+
+    def start_allreduce(self, bucket: int, flat: np.ndarray, out: np.ndarray | None = None) -> None:
+        if out is None:
+            out = np.empty_like(flat)
+        self._requests[bucket] = (self.comm.Iallreduce(flat, out, op=self.MPI.SUM), flat, out)
+        self.collectives += 1
+
+    def wait_allreduce(self, bucket: int) -> np.ndarray:
+        request, _, out = self._requests.pop(bucket)    # the send buffer lives until here
+        start = time.perf_counter()
+        request.Wait()
+        waited = time.perf_counter() - start
+        self.waited_s += waited
+        self.gradient_wait_s += waited
+        return out
+
+    def sum_floats(self, values: list[float]) -> list[float]:
+        return [float(v) for v in self.allreduce(np.asarray(values, dtype=np.float64))]
+
+    def any_true(self, flag: bool) -> bool:
+        return bool(self._blocked(lambda: self.comm.allreduce(int(flag), op=self.MPI.MAX)))
+
+    def broadcast(self, array: np.ndarray) -> None:
+        self._blocked(lambda: self.comm.Bcast(array, root=0))
+
+    def pids(self) -> list[int]:
+        return self.comm.allgather(os.getpid())
+
+    def abort(self, code: int) -> None:
+        self.comm.Abort(code)
+
+
+_current: Solo = Solo()
+
+
+def current() -> Solo:
+    """The communicator collective kernels use now."""
+    return _current
+
+
+@contextlib.contextmanager
+def use(comm: Solo):
+    global _current
+    previous, _current = _current, comm
+    try:
+        yield comm
+    finally:
+        _current = previous

@@ -1,0 +1,46 @@
+"""The collective ops on the GPU, staged through host memory: each all-reduce copies the device
+arrays to the host, sums them over the ranks with MPI, and copies the result back. Correct on
+any MPI, at the cost of the two copies; reducing device memory directly (NCCL through CuPy, or
+a CUDA-aware MPI) is not done. Data-parallel training itself is offered on the CPU only for now
+(train/trainer.py), so these kernels serve graphs compiled for a GPU, and tests."""
+from __future__ import annotations
+
+import numpy as np
+
+from ...dist.comm import current
+from ...runtime.devices import gpu_module, to_host
+from ..registry import register_kernel
+
+cp = gpu_module()
+
+
+@register_kernel("allreduce_sum", "gpu")
+def allreduce_sum_gpu(ctx):
+    def run(ins, outs):
+        outs[0][...] = cp.asarray(current().allreduce(to_host(ins[0])))
+    return run
+
+
+@register_kernel("allreduce_start", "gpu")
+def allreduce_start_gpu(ctx):
+    bucket = ctx.attrs["bucket"]
+
+    def run(ins, outs):
+        current().start_allreduce(bucket, np.concatenate([to_host(g).reshape(-1) for g in ins]))
+        outs[0].fill(bucket)
+    return run
+
+
+@register_kernel("allreduce_wait", "gpu")
+def allreduce_wait_gpu(ctx):
+    bucket = ctx.attrs["bucket"]
+    shapes = ctx.out_shapes
+
+    def run(ins, outs):
+        flat = current().wait_allreduce(bucket)
+        offset = 0
+        for out, shape in zip(outs, shapes):
+            n = int(np.prod(shape, dtype=np.int64))
+            out[...] = cp.asarray(flat[offset: offset + n].reshape(shape))
+            offset += n
+    return run
