@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 $(VENV)/.installed-test: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet -e '.[test,dist]'
 	touch $@
 
 $(VENV)/.installed: pyproject.toml

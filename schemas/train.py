@@ -53,6 +53,13 @@ class SolverSpec(Strict):
     mixed_precision: Optional[MixedPrecisionSpec] = None
 
 
+class DistributedSpec(Strict):
+    """Data-parallel training under an MPI launcher (SPEC section 8)."""
+    sync_batchnorm: bool = False
+    bucket_mb: Annotated[float, Field(gt=0)] = 25.0
+    overlap: bool = True          # start each bucket's all-reduce during the backward pass
+
+
 class TrainSpec(Strict):
     data: DataSpec = DataSpec()
     solver: SolverSpec = SolverSpec()
@@ -64,3 +71,4 @@ class TrainSpec(Strict):
     snapshot: Optional[PositiveInt] = None
     keep_last: PositiveInt = 3
     seed: int = 0
+    distributed: DistributedSpec = DistributedSpec()

@@ -178,6 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object (SPEC section 4)")
     p.add_argument("--dump", action="store_true", help="print the final graph as text")
     p.add_argument("--batch", type=_positive_int, default=1, help="batch size for the memory plan")
+    p.add_argument("--ranks", type=_positive_int, default=1,
+                   help="with --phase train: the data-parallel step of this many ranks, with its "
+                        "gradient all-reduce buckets (what `mpiexec -n RANKS toolkit train` runs)")
     p.add_argument("--weights", help="weights to freeze into infer and test graphs (default: the fillers')")
     p.add_argument("--device", type=_device_name, default="cpu", help=DEVICE_HELP)
     _optimize_flags(p)

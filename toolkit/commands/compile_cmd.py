@@ -9,12 +9,15 @@ from collections import Counter
 import numpy as np
 
 from ..compile import disabled_passes, optimize, train_graph
+from ..dist.graph import DataParallel, bucket_summary
+from ..errors import UserError
 from ..frontend import Net
 from ..ir.dims import Dim, evaluate
 from ..passes.pipeline import PIPELINE, PassRecord
 from ..report import format_count, graph_flops
 from ..runtime.plan import Plan, memory_figures
 from ..runtime.session import batch_symbol
+from ..train.trainer import train_spec
 from .devices import check_device
 
 
@@ -43,7 +46,13 @@ def run_compile(args) -> int:
     net = Net.load(args.net)
     disable = disabled_passes(net, args.disable, args.no_optimize)
     start = time.perf_counter()
-    graph = train_graph(net) if args.phase == "train" else net.graph(args.phase)
+    if args.ranks > 1 and args.phase != "train":
+        raise UserError("--ranks is for --phase train (the data-parallel train step)")
+    data_parallel = None
+    if args.ranks > 1:
+        d = train_spec(net).distributed
+        data_parallel = DataParallel(d.bucket_mb, d.overlap, d.sync_batchnorm)
+    graph = train_graph(net, data_parallel=data_parallel) if args.phase == "train" else net.graph(args.phase)
     build_ms = (time.perf_counter() - start) * 1e3
     graph.device = args.device
     bindings = {s: args.batch for s in graph.symbols()}
@@ -83,6 +92,11 @@ def run_compile(args) -> int:
         "weights": "frozen" if weights is not None else "trained (updated every step)",
         "plan_ms": round(plan_ms, 3),
     }
+    if data_parallel is not None:
+        buckets = bucket_summary(graph)
+        report["allreduce"] = {"ranks": args.ranks, "bucket_mb": data_parallel.bucket_mb, "buckets": len(buckets),
+                               "bytes": sum(b["bytes"] for b in buckets), "per_bucket": buckets,
+                               "overlap": data_parallel.overlap, "sync_batchnorm": data_parallel.sync_batchnorm}
     if args.json:
         print(json.dumps(report))
         return 0
@@ -118,6 +132,10 @@ def _print_explain(report: dict, args, symbol: str | None, disable) -> None:
     print(f"memory at {size}: planned {_mib(mem['peak_bytes'])} MiB, naive {_mib(mem['naive_bytes'])} MiB "
           f"(one buffer per value), lower bound {_mib(mem['lower_bound_bytes'])} MiB (most bytes live at one step)")
     print("ops: " + ", ".join(f"{k} {v}" for k, v in report["ops"].items()))
+    if "allreduce" in report:
+        a = report["allreduce"]
+        print(f"gradient all-reduce over {a['ranks']} ranks: {a['buckets']} bucket(s) of about {a['bucket_mb']:g} MB, "
+              f"{a['bytes']} bytes per step: " + ", ".join(f"{b['tensors']} tensors {b['bytes']} B" for b in a["per_bucket"]))
     for op, members in report["fused"].items():
         print(f"  inside {op}: " + ", ".join(f"{k} {v}" for k, v in members.items()))
     print("passes (switch one off with --disable NAME):")

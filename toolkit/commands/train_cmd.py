@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import yaml
@@ -30,6 +31,21 @@ def parse_overrides(items: list[str]) -> list[tuple[tuple, object]]:
 
 
 def run_train(args) -> int:
+    from ..dist.launcher import world
+    comm = world()                 # None in a single process: mpi4py is never imported then
+    if comm is None:
+        return _train(args, None)
+    from ..dist.comm import use
+    from ..dist.faults import stop_job_on_failure
+    with use(comm), stop_job_on_failure(comm):
+        pids = comm.pids()           # the launcher names a failed process by its pid only
+        if comm.rank == 0:
+            print(f"data-parallel over {comm.size} ranks (" + ", ".join(f"rank {r} pid {p}" for r, p in enumerate(pids))
+                  + ")", file=sys.stderr, flush=True)
+        return _train(args, comm)
+
+
+def _train(args, comm) -> int:
     check_device(args.device)
     from ..train.trainer import Trainer
     overrides = parse_overrides(args.overrides)
@@ -49,9 +65,9 @@ def run_train(args) -> int:
         out = resume.parent.parent if resume.is_file() else (resume.parent if resume.name == "checkpoints" else resume)
     out = out or Path("runs") / net.name
     trainer = Trainer(net, out, weights=args.weights, resume=args.resume, device=args.device,
-                      disable=disabled_passes(net, args.disable, args.no_optimize))
+                      disable=disabled_passes(net, args.disable, args.no_optimize), comm=comm)
     status = trainer.run()
-    if status == 0:
+    if status == 0 and trainer.rank == 0:
         metrics = ", ".join(f"{k} {v:.4f}" for k, v in trainer.final_metrics.items())
         print(f"trained {net.name} for {trainer.max_iter} iterations; {metrics or 'no test data'}; "
               f"weights in {out / 'model.safetensors'}")
@@ -59,6 +75,19 @@ def run_train(args) -> int:
 
 
 def run_test(args) -> int:
+    from ..dist.launcher import world
+    comm = world()
+    if comm is None:
+        return _test(args, None)
+    from ..dist.comm import use
+    from ..dist.faults import stop_job_on_failure
+    with use(comm), stop_job_on_failure(comm):
+        if comm.rank == 0:
+            print(f"data-parallel over {comm.size} ranks", file=sys.stderr, flush=True)
+        return _test(args, comm)
+
+
+def _test(args, comm) -> int:
     check_device(args.device)
     from ..train.trainer import PlanCache, evaluate, load_data, test_graph, train_spec
     from ..runtime.plan import RuntimeState
@@ -73,8 +102,19 @@ def run_test(args) -> int:
     graph = test_graph(net, disable, weights, args.device)
     if graph is None:
         raise UserError("the test phase has no scalar output (add an Accuracy or loss layer in phase test)")
-    metrics = evaluate(PlanCache(graph, weights, RuntimeState(np.random.default_rng(0)), args.device),
-                       test_set, spec.data.batch_size)
+    cache = PlanCache(graph, weights, RuntimeState(np.random.default_rng(0)), args.device)
+    if comm is None:
+        metrics = evaluate(cache, test_set, spec.data.batch_size)
+    else:                            # each rank its contiguous part, the sums added up
+        from ..train.data import Dataset
+        n = len(test_set)
+        lo, hi = n * comm.rank // comm.size, n * (comm.rank + 1) // comm.size
+        names = [k for k, v in graph.outputs.items() if v.shape == ()]
+        part = evaluate(cache, Dataset(test_set.take(np.arange(lo, hi))), spec.data.batch_size) if hi > lo \
+            else dict.fromkeys(names, 0.0)
+        metrics = dict(zip(names, (s / n for s in comm.sum_floats([part[k] * (hi - lo) for k in names]))))
+        if comm.rank != 0:
+            return 0
     print(json.dumps({"examples": len(test_set), **{k: round(v, 6) for k, v in metrics.items()}}))
     return 0
 

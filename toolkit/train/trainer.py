@@ -30,8 +30,29 @@ from .scalars import StepScalars
 from .schedule import check_policy, learning_rate
 from .loss_scaling import SCALE_OUTPUT
 from .solvers import SolverConfig, host_values, initial_state, is_slot
+from ..dist.graph import DIST_WEIGHT, ROW_MASK, DataParallel
 
 RESERVED = {"iter", "loss", "lr"}
+
+
+class _NoLog:
+    """Ranks other than 0 log nothing."""
+
+    def write(self, record: dict) -> None:
+        pass
+
+
+class _Silent:
+    """A stream for the progress of ranks other than 0."""
+
+    def write(self, text: str) -> int:
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
 
 
 class Interrupted(Exception):
@@ -121,9 +142,14 @@ def test_graph(net: Net, disable: tuple[str, ...] = (), weights: dict[str, np.nd
 
 
 class Trainer:
+    """``comm``: the job's communicator when this process is one rank of a data-parallel run
+    (dist/); each rank then trains on its share of every global batch, and rank 0 alone writes."""
+
     def __init__(self, net: Net, out: Path, weights: str | None = None, resume: str | None = None,
-                 device: str = "cpu", stream=None, disable: tuple[str, ...] | None = None):
+                 device: str = "cpu", stream=None, disable: tuple[str, ...] | None = None, comm=None):
         self.net = net
+        self.comm = comm if comm is not None and comm.size > 1 else None
+        self.rank, self.ranks = (self.comm.rank, self.comm.size) if self.comm else (0, 1)
         self.spec = spec = train_spec(net)
         self.cfg = SolverConfig.from_spec(spec.solver)
         if self.cfg.type == "nesterov" and not self.cfg.momentum:
@@ -133,7 +159,9 @@ class Trainer:
         check_policy(spec.solver.lr_policy)
         self.stream = stream
         self.train_set, self.test_set = load_data(net, spec)
-        self.order = BatchOrder(len(self.train_set), spec.data.batch_size, spec.data.shuffle, spec.seed)
+        # the global batch: K ranks read the batches of one process at K x batch_size
+        self.global_batch = spec.data.batch_size * self.ranks
+        self.order = BatchOrder(len(self.train_set), self.global_batch, spec.data.shuffle, spec.seed)
         if spec.max_iter:
             self.max_iter = spec.max_iter
         elif spec.epochs:
@@ -142,7 +170,13 @@ class Trainer:
             raise UserError("train needs max_iter or epochs (e.g. --set train.max_iter=1000)")
 
         self.disable = disabled_passes(net) if disable is None else disable
-        self.graph = optimize(train_graph(net, self.cfg), self.disable, device=device)
+        data_parallel = None
+        if self.comm:
+            if parse_device(device).kind != "cpu":
+                raise UserError("data-parallel training runs on the CPU for now (--device cpu)")
+            d = spec.distributed
+            data_parallel = DataParallel(d.bucket_mb, d.overlap, d.sync_batchnorm)
+        self.graph = optimize(train_graph(net, self.cfg, data_parallel=data_parallel), self.disable, device=device)
         self.dtype = net_dtype(net)
         self.store = self._initial_weights(weights)
         self.device = parse_device(device)
@@ -151,6 +185,9 @@ class Trainer:
         self.out = out
         if resume:
             self._resume(resume)
+        if self.comm:                             # every rank starts from rank 0's state
+            for k in sorted(self.store):
+                self.comm.broadcast(self.store[k])
         if self.device.kind != "cpu":             # the weights live on the device for the whole run
             self.store = {k: self.device.to_device(v) for k, v in self.store.items()}
         self.train_plans = PlanCache(self.graph, self.store, self.runtime, device)
@@ -190,11 +227,14 @@ class Trainer:
             np.copyto(self.store[k], arr)
         self.runtime.rng.bit_generator.state = ckpt.meta["rng"]
         self.start = ckpt.iteration
+        written_at = ckpt.meta.get("global_batch", self.global_batch)
+        if written_at != self.global_batch:       # another rank count: continue at the same sample
+            self.start = ckpt.iteration * written_at // self.global_batch
         self.resumed_from = path
 
     def checkpoint(self, iteration: int) -> Path:
         meta = {"net": self.net.name, "solver": self.cfg.type, "rng": self.runtime.rng.bit_generator.state,
-                "max_iter": self.max_iter, "seed": self.spec.seed}
+                "max_iter": self.max_iter, "seed": self.spec.seed, "global_batch": self.global_batch}
         return write_checkpoint(self.out / "checkpoints", Checkpoint(iteration, self.host_store(), meta),
                                 self.spec.keep_last)
 
@@ -226,10 +266,29 @@ class Trainer:
 
     def launch(self, i: int) -> dict:
         """Runs iteration i; its outputs stay where they were computed (see scalars.py)."""
-        batch = self.train_set.take(self.order.rows(i))
+        rows = self.order.rows(i)
+        share = None
+        if self.comm:
+            rows, share = self._my_rows(rows)
+        batch = self.train_set.take(rows)
         feed = {k: v for k, v in batch.items() if k in self.graph.inputs}
+        if share is not None:
+            weight, real = share
+            feed[DIST_WEIGHT] = np.asarray(weight, dtype=self.graph.inputs[DIST_WEIGHT].dtype)
+            if ROW_MASK in self.graph.inputs:
+                feed[ROW_MASK] = np.full(len(rows), float(real), dtype=self.graph.inputs[ROW_MASK].dtype)
         feed.update(host_values(self.cfg, self.lr_at(i), i + 1, self.dtype))
         return self.train_plans.run(feed)
+
+    def _my_rows(self, rows: np.ndarray) -> tuple[np.ndarray, tuple[float, bool]]:
+        """This rank's rows [r*B, (r+1)*B) of a global batch, and (its share of the objective,
+        whether the rows are real). A rank left without rows by a short last batch runs one
+        placeholder row that weighs nothing (and is masked out of global BatchNorm statistics)."""
+        b = self.spec.data.batch_size
+        mine = rows[self.rank * b: (self.rank + 1) * b]
+        if len(mine) == 0:
+            return rows[:1], (0.0, False)
+        return mine, (len(mine) / len(rows), True)
 
     def step(self, i: int) -> dict[str, float]:
         """Runs iteration i and reads its loss (and each loss top) back as floats."""
@@ -239,8 +298,27 @@ class Trainer:
     def test(self) -> dict[str, float]:
         if self.test_plans is None:
             return {}
-        metrics = evaluate(self.test_plans, self.test_set, self.spec.data.batch_size)
+        if self.comm:
+            metrics = self._shared_test()
+        else:
+            metrics = evaluate(self.test_plans, self.test_set, self.spec.data.batch_size)
         return {(f"test_{k}" if k in RESERVED or k in self.loss_tops else k): v for k, v in metrics.items()}
+
+    def _shared_test(self) -> dict[str, float]:
+        """The test set shared out among the ranks in contiguous parts, each rank's
+        example-weighted sums added up: the metrics of the whole set. BatchNorm's running
+        statistics (per rank unless sync_batchnorm) are rank 0's, as the saved model's are."""
+        for k in sorted(self.store):
+            if k not in self.graph.weights or not self.graph.weights[k].trainable:
+                self.comm.broadcast(self.store[k])
+        n = len(self.test_set)
+        lo, hi = n * self.rank // self.ranks, n * (self.rank + 1) // self.ranks
+        names = [k for k, v in self.test_plans.graph.outputs.items() if v.shape == ()]
+        local = evaluate(self.test_plans, Dataset(self.test_set.take(np.arange(lo, hi))),
+                                                    self.spec.data.batch_size) \
+            if hi > lo else dict.fromkeys(names, 0.0)
+        sums = self.comm.sum_floats([local[k] * (hi - lo) for k in names])
+        return {k: s / n for k, s in zip(names, sums)}
 
     @staticmethod
     def _where(last_good: Path | None) -> str:
@@ -257,11 +335,13 @@ class Trainer:
 
     def run(self) -> int:
         """Trains to max_iter; returns the exit status (0, or 128 + signal after a checkpoint)."""
-        self.out.mkdir(parents=True, exist_ok=True)
-        self._save_net()
-        log = MetricsLog(self.out / "metrics.jsonl", self.start if self.start else None)
+        writer = self.rank == 0                   # rank 0 alone writes (SPEC section 8)
+        if writer:
+            self.out.mkdir(parents=True, exist_ok=True)
+            self._save_net()
+        log = MetricsLog(self.out / "metrics.jsonl", self.start if self.start else None) if writer else _NoLog()
         spec = self.spec
-        progress = Progress(self.max_iter, self.start, spec.display, self.stream)
+        progress = Progress(self.max_iter, self.start, spec.display, self.stream if writer else _Silent())
         test_every = spec.test_interval
         test_keys: set[str] = set()
         scalars = StepScalars([OBJECTIVE] + self.loss_tops + self.extra_scalars, self.device, spec.display or 1)
@@ -290,13 +370,18 @@ class Trainer:
                     if logged:
                         log.write({"iter": i, "loss": values[OBJECTIVE], "lr": self.lr_at(i),
                                    **{t: values[t] for t in self.loss_tops + self.extra_scalars}, **record})
+                if self.comm:                 # a signal seen by any rank stops all at this iteration
+                    stop = self.comm.any_true(self._stop is not None)
+                    if stop and self._stop is None:
+                        self._stop = signal.SIGTERM
                 if snapshot or self._stop is not None or done == self.max_iter:
                     self._check_finite(i, last_good, progress)   # never checkpoint a nan/inf state
-                if snapshot:
+                if snapshot and writer:
                     last_good = self.checkpoint(done)
                 if self._stop is not None:
-                    last_good = self.checkpoint(done)
-                    save_weights(str(self.out / "model.safetensors"), self.model_weights())
+                    if writer:
+                        last_good = self.checkpoint(done)
+                        save_weights(str(self.out / "model.safetensors"), self.model_weights())
                     progress.message(f"stopped by signal {self._stop} after iteration {done}; "
                                      f"checkpoint {last_good} (continue with --resume {self.out})")
                     return 128 + self._stop
@@ -305,9 +390,10 @@ class Trainer:
             test_keys |= set(final)
             if final:
                 log.write({"iter": self.max_iter, "lr": self.lr_at(self.max_iter - 1), **final})
-            self.checkpoint(self.max_iter)
-            save_weights(str(self.out / "model.safetensors"), self.model_weights())
-            plot(log.records(), self.out / "loss.png", self.net.name, sorted(test_keys))
+            if writer:
+                self.checkpoint(self.max_iter)
+                save_weights(str(self.out / "model.safetensors"), self.model_weights())
+                plot(log.records(), self.out / "loss.png", self.net.name, sorted(test_keys))
             self.final_metrics = final
             return 0
         finally:
