@@ -89,7 +89,7 @@ def run_test(args) -> int:
 
 def _test(args, comm) -> int:
     check_device(args.device)
-    from ..train.trainer import PlanCache, evaluate, load_data, test_graph, train_spec
+    from ..train.trainer import PlanCache, evaluate, evaluate_shared, load_data, test_graph, train_spec
     from ..runtime.plan import RuntimeState
     import numpy as np
     net = Net.load(args.net, parse_overrides(args.overrides))
@@ -105,14 +105,8 @@ def _test(args, comm) -> int:
     cache = PlanCache(graph, weights, RuntimeState(np.random.default_rng(0)), args.device)
     if comm is None:
         metrics = evaluate(cache, test_set, spec.data.batch_size)
-    else:                            # each rank its contiguous part, the sums added up
-        from ..train.data import Dataset
-        n = len(test_set)
-        lo, hi = n * comm.rank // comm.size, n * (comm.rank + 1) // comm.size
-        names = [k for k, v in graph.outputs.items() if v.shape == ()]
-        part = evaluate(cache, Dataset(test_set.take(np.arange(lo, hi))), spec.data.batch_size) if hi > lo \
-            else dict.fromkeys(names, 0.0)
-        metrics = dict(zip(names, (s / n for s in comm.sum_floats([part[k] * (hi - lo) for k in names]))))
+    else:
+        metrics = evaluate_shared(cache, test_set, spec.data.batch_size, comm)
         if comm.rank != 0:
             return 0
     print(json.dumps({"examples": len(test_set), **{k: round(v, 6) for k, v in metrics.items()}}))

@@ -130,6 +130,17 @@ def evaluate(cache: PlanCache, dataset: Dataset, batch: int) -> dict[str, float]
     return {n: t / len(dataset) for n, t in totals.items()}
 
 
+def evaluate_shared(cache: PlanCache, dataset: Dataset, batch: int, comm) -> dict[str, float]:
+    """``evaluate`` over the whole data set shared out among the ranks of ``comm``: each rank
+    its contiguous part, the example-weighted sums added up over the ranks."""
+    n = len(dataset)
+    lo, hi = n * comm.rank // comm.size, n * (comm.rank + 1) // comm.size
+    names = [k for k, v in cache.graph.outputs.items() if v.shape == ()]
+    part = evaluate(cache, Dataset(dataset.take(np.arange(lo, hi))), batch) if hi > lo else dict.fromkeys(names, 0.0)
+    sums = comm.sum_floats([part[k] * (hi - lo) for k in names])
+    return {k: s / n for k, s in zip(names, sums)}
+
+
 def test_graph(net: Net, disable: tuple[str, ...] = (), weights: dict[str, np.ndarray] | None = None,
                device: str = "cpu") -> Graph | None:
     """The test phase's scalar outputs, optimised; ``weights`` (when they stay fixed, as in
@@ -305,20 +316,13 @@ class Trainer:
         return {(f"test_{k}" if k in RESERVED or k in self.loss_tops else k): v for k, v in metrics.items()}
 
     def _shared_test(self) -> dict[str, float]:
-        """The test set shared out among the ranks in contiguous parts, each rank's
-        example-weighted sums added up: the metrics of the whole set. BatchNorm's running
+        """The metrics of the whole test set, shared out among the ranks. BatchNorm's running
         statistics (per rank unless sync_batchnorm) are rank 0's, as the saved model's are."""
-        for k in sorted(self.store):
-            if k not in self.graph.weights or not self.graph.weights[k].trainable:
+        for k in sorted(self.store):             # the state no gradient updates
+            w = self.graph.weights.get(k)
+            if not is_slot(k) and (w is None or not w.trainable):
                 self.comm.broadcast(self.store[k])
-        n = len(self.test_set)
-        lo, hi = n * self.rank // self.ranks, n * (self.rank + 1) // self.ranks
-        names = [k for k, v in self.test_plans.graph.outputs.items() if v.shape == ()]
-        local = evaluate(self.test_plans, Dataset(self.test_set.take(np.arange(lo, hi))),
-                                                    self.spec.data.batch_size) \
-            if hi > lo else dict.fromkeys(names, 0.0)
-        sums = self.comm.sum_floats([local[k] * (hi - lo) for k in names])
-        return {k: s / n for k, s in zip(names, sums)}
+        return evaluate_shared(self.test_plans, self.test_set, self.spec.data.batch_size, self.comm)
 
     @staticmethod
     def _where(last_good: Path | None) -> str:
