@@ -9,6 +9,7 @@ from pydantic import Field
 
 from schemas.base import Bool, LayerBase, Number, ParamLayerBase, PositiveInt
 
+from toolkit.ir.dims import format_dim
 from toolkit.ops.reduce import reduced_count
 
 from .registry import LayerError, layer, layer_axis, need_float_input, static_dim
@@ -146,6 +147,9 @@ def _global_statistics(ctx, x, axes, channels):
     b = ctx.b
     dtype = x.dtype
     mask = row_mask(ctx.graph, x)
+    if mask.shape[0] != x.shape[0]:
+        raise LayerError(f"sync_batchnorm needs the batch as the first axis of every BatchNorm input, "
+                         f"as the first one has it ({format_dim(mask.shape[0])}); got {ctx.fmt(x)}", "bottom")
     per_row = 1
     for axis in axes[1:]:
         per_row *= static_dim(x.shape[axis], "a BatchNorm dimension under sync_batchnorm", "bottom")

@@ -117,3 +117,25 @@ def test_a_launcher_without_the_dist_extra_is_an_error_naming_it():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert "2 ranks" in out.stderr and "pip install 'toolkit[dist]'" in out.stderr
+
+
+def test_sync_batchnorm_on_a_non_batch_axis_is_an_error_at_the_layer(tmp_path):
+    net_file = tmp_path / "net.yaml"
+    net_file.write_text(
+        "name: bn_reshaped\n"
+        "inputs:\n"
+        "  data:  {shape: [8, 4], dtype: float32}\n"
+        "  label: {shape: [4], dtype: int64}\n"
+        "layers:\n"
+        "  - {name: bn1, type: BatchNorm, bottom: data, top: b1}\n"
+        "  - {name: r, type: Reshape, bottom: b1, top: r, shape: [4, 8]}\n"
+        "  - {name: bn2, type: BatchNorm, bottom: r, top: b2}\n"
+        "  - {name: ip, type: InnerProduct, bottom: b2, top: ip, num_output: 3}\n"
+        "  - {name: loss, type: SoftmaxWithLoss, bottom: [ip, label], top: loss}\n")
+    from toolkit.errors import UserError
+    with pytest.raises(UserError) as e:
+        train_graph(Net.load(str(net_file)), data_parallel=DataParallel(sync_batchnorm=True))
+    assert str(e.value.problems[0]) == (
+        f"{net_file}:8:34: error: layer 'bn2' (BatchNorm): sync_batchnorm needs the batch as the first axis of "
+        "every BatchNorm input, as the first one has it (8); got [4, 8]")
+    train_graph(Net.load(str(net_file)), data_parallel=DataParallel(sync_batchnorm=False))   # per rank: fine

@@ -124,16 +124,22 @@ def _rank_pid(marker: str, rank: int) -> int | None:
     return None
 
 
+def long_job(out: Path, snapshot: int, written) -> subprocess.Popen:
+    """A 2-rank run of 100,000 iterations, returned once ``written(out)`` holds (at most 120 s)."""
+    cmd = [str(MPIEXEC), "-n", "2", *TOOLKIT, "train", "zoo/lenet/net.yaml", "--out", str(out),
+           "--set", "train.data.batch_size=32", "--set", "train.max_iter=100000", "--set", f"train.snapshot={snapshot}"]
+    job = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not written(out) and time.monotonic() < deadline and job.poll() is None:
+        time.sleep(0.2)
+    return job
+
+
 @pytest.mark.skipif(not Path("/proc").exists(), reason="finds the rank's process through /proc")
 def test_a_killed_rank_stops_the_job(tmp_path):
     out = tmp_path / "killed"
-    cmd = [str(MPIEXEC), "-n", "2", *TOOLKIT, "train", "zoo/lenet/net.yaml", "--out", str(out),
-           "--set", "train.data.batch_size=32", "--set", "train.max_iter=100000", "--set", "train.snapshot=50"]
-    job = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    job = long_job(out, 50, lambda out: any((out / "checkpoints").glob("*")))
     try:
-        deadline = time.monotonic() + 120
-        while not list((out / "checkpoints").glob("*")) and time.monotonic() < deadline:
-            time.sleep(0.2)
         pid = _rank_pid(str(out), 1)
         assert pid is not None, "rank 1 not found"
         os.kill(pid, signal.SIGKILL)
@@ -169,13 +175,8 @@ def test_toolkit_test_shares_the_test_set_out(tmp_path):
 
 def test_ctrl_c_to_the_launcher_checkpoints_once_and_exits(tmp_path):
     out = tmp_path / "stopped"
-    cmd = [str(MPIEXEC), "-n", "2", *TOOLKIT, "train", "zoo/lenet/net.yaml", "--out", str(out),
-           "--set", "train.data.batch_size=32", "--set", "train.max_iter=100000", "--set", "train.snapshot=100000"]
-    job = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    job = long_job(out, 100000, lambda out: (out / "metrics.jsonl").exists())
     try:
-        deadline = time.monotonic() + 120
-        while not (out / "metrics.jsonl").exists() and time.monotonic() < deadline:
-            time.sleep(0.2)
         time.sleep(1.0)
         job.send_signal(signal.SIGINT)
         said, err = job.communicate(timeout=60)

@@ -6,36 +6,28 @@ import os
 
 from ..errors import UserError
 
-# (rank variable, size variable) of the launchers in use: MPICH's and Intel MPI's hydra (PMI),
-# Open MPI's mpirun/prterun, MVAPICH2, and PMIx-based launchers that set only the rank
-_LAUNCHER_VARS = (("PMI_RANK", "PMI_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
-                  ("MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE"))
+# the job's size as the launchers in use give it: MPICH's and Intel MPI's hydra (PMI), Open
+# MPI's mpirun/prterun, MVAPICH2 (each rank's own number then comes from MPI itself)
+_SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
+_LOCAL_SIZE_VARS = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "MV2_COMM_WORLD_LOCAL_SIZE")
+
+
+def _first_number(names, default: int) -> int:
+    for name in names:
+        value = os.environ.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return default
 
 
 def launched_size() -> int:
     """The number of ranks the launcher started (1 when there is no launcher)."""
-    for _, size_var in _LAUNCHER_VARS:
-        value = os.environ.get(size_var, "")
-        if value.isdigit():
-            return int(value)
-    return 1
-
-
-def launched_rank() -> int:
-    for rank_var, _ in _LAUNCHER_VARS:
-        value = os.environ.get(rank_var, "")
-        if value.isdigit():
-            return int(value)
-    return 0
+    return _first_number(_SIZE_VARS, 1)
 
 
 def local_ranks() -> int:
     """The ranks the launcher started on this machine (1 without a launcher)."""
-    for var in ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "MV2_COMM_WORLD_LOCAL_SIZE"):
-        value = os.environ.get(var, "")
-        if value.isdigit() and int(value) > 0:
-            return int(value)
-    return launched_size()
+    return _first_number(_LOCAL_SIZE_VARS, 0) or launched_size()
 
 
 def world():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...dist.comm import current
+from ...ops.collective import unpack
 from ..registry import register_kernel
 
 
@@ -44,10 +45,6 @@ def allreduce_wait_cpu(ctx):
     shapes = ctx.out_shapes
 
     def run(ins, outs):
-        flat = current().wait_allreduce(bucket)
-        offset = 0
-        for out, shape in zip(outs, shapes):
-            n = int(np.prod(shape, dtype=np.int64))
-            np.copyto(out, flat[offset: offset + n].reshape(shape))
-            offset += n
+        for out, part in zip(outs, unpack(current().wait_allreduce(bucket), shapes)):
+            np.copyto(out, part)
     return run

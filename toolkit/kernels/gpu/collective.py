@@ -5,9 +5,8 @@ a CUDA-aware MPI) is not done. Data-parallel training itself is offered on the C
 (train/trainer.py), so these kernels serve graphs compiled for a GPU, and tests."""
 from __future__ import annotations
 
-import numpy as np
-
 from ...dist.comm import current
+from ...ops.collective import pack, unpack
 from ...runtime.devices import gpu_module, to_host
 from ..registry import register_kernel
 
@@ -26,7 +25,7 @@ def allreduce_start_gpu(ctx):
     bucket = ctx.attrs["bucket"]
 
     def run(ins, outs):
-        current().start_allreduce(bucket, np.concatenate([to_host(g).reshape(-1) for g in ins]))
+        current().start_allreduce(bucket, pack([to_host(g) for g in ins]))
         outs[0].fill(bucket)
     return run
 
@@ -37,10 +36,6 @@ def allreduce_wait_gpu(ctx):
     shapes = ctx.out_shapes
 
     def run(ins, outs):
-        flat = current().wait_allreduce(bucket)
-        offset = 0
-        for out, shape in zip(outs, shapes):
-            n = int(np.prod(shape, dtype=np.int64))
-            out[...] = cp.asarray(flat[offset: offset + n].reshape(shape))
-            offset += n
+        for out, part in zip(outs, unpack(current().wait_allreduce(bucket), shapes)):
+            out[...] = cp.asarray(part)
     return run
