@@ -228,6 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     warnings.simplefilter("ignore", RuntimeWarning)   # overflow in user data is not a crash
     try:
         args = build_parser().parse_args(argv)
+        args.argv = list(sys.argv[1:] if argv is None else argv)     # what a rank process re-runs
         from . import commands
         return getattr(commands, f"run_{args.command}")(args) or 0
     except UserError as e:

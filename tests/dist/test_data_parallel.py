@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -109,49 +110,54 @@ def test_resume_under_mpiexec_is_bit_exact(tmp_path):
         np.testing.assert_array_equal(a[k], b[k], err_msg=k)
 
 
-def _rank_pid(marker: str, rank: int) -> int | None:
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            if marker not in (proc / "cmdline").read_bytes().decode(errors="replace"):
-                continue
-            env = (proc / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if f"PMI_RANK={rank}".encode() in env and b"toolkit.cli" in (proc / "cmdline").read_bytes():
-            return int(proc.name)
-    return None
-
-
-def long_job(out: Path, snapshot: int, written) -> subprocess.Popen:
-    """A 2-rank run of 100,000 iterations, returned once ``written(out)`` holds (at most 120 s)."""
+def long_job(out: Path, snapshot: int, written) -> tuple[subprocess.Popen, list[str]]:
+    """A 2-rank run of 100,000 iterations, returned once ``written(out)`` holds (at most 120 s),
+    with the list its stderr lines arrive in."""
     cmd = [str(MPIEXEC), "-n", "2", *TOOLKIT, "train", "zoo/lenet/net.yaml", "--out", str(out),
            "--set", "train.data.batch_size=32", "--set", "train.max_iter=100000", "--set", f"train.snapshot={snapshot}"]
     job = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(job.stderr), daemon=True).start()
     deadline = time.monotonic() + 120
     while not written(out) and time.monotonic() < deadline and job.poll() is None:
         time.sleep(0.2)
-    return job
+    return job, lines
 
 
-@pytest.mark.skipif(not Path("/proc").exists(), reason="finds the rank's process through /proc")
-def test_a_killed_rank_stops_the_job(tmp_path):
-    out = tmp_path / "killed"
-    job = long_job(out, 50, lambda out: any((out / "checkpoints").glob("*")))
+def finish(job: subprocess.Popen, lines: list[str]) -> str:
+    """The job's stdout and stderr once it has ended (killed if it has not within 60 s)."""
     try:
-        pid = _rank_pid(str(out), 1)
-        assert pid is not None, "rank 1 not found"
-        os.kill(pid, signal.SIGKILL)
-        killed = time.monotonic()
-        said, err = job.communicate(timeout=60)
-        assert time.monotonic() - killed < 60
+        said = job.stdout.read()
+        job.wait(timeout=60)
     finally:
         if job.poll() is None:
             job.kill()
-    assert job.returncode != 0
-    # MPICH's launcher names the dead process by its pid, which the job's first line maps to its rank
-    assert f"PID {pid}" in said + err and f"rank 1 pid {pid}" in err, (said + err)[-2000:]
+    time.sleep(0.2)                        # the stderr reader's last lines
+    return said + "".join(lines)
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/status").read_text().split("State:")[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="rank supervision uses Linux's parent-death signal")
+def test_a_killed_rank_stops_the_job_naming_it(tmp_path):
+    out = tmp_path / "killed"
+    job, lines = long_job(out, 50, lambda out: any((out / "checkpoints").glob("*")))
+    pids = re.search(r"rank 0 pid (\d+), rank 1 pid (\d+)", "".join(lines))
+    assert pids, lines
+    os.kill(int(pids.group(2)), signal.SIGKILL)             # the rank the job's first line names
+    killed = time.monotonic()
+    said = finish(job, lines)
+    assert time.monotonic() - killed < 60 and job.returncode != 0, said[-2000:]
+    assert f"error: rank 1 of 2 (pid {pids.group(2)}) was killed by SIGKILL" in said, said[-2000:]
+    # no rank outlives the job (one whose parent died may stay a zombie until init reaps it)
+    time.sleep(0.5)
+    assert not [p for p in pids.groups() if _running(int(p))]
     # the last checkpoint and metrics.jsonl stay whole
     from toolkit.train.checkpoint import find_resume_point, read_checkpoint
     assert read_checkpoint(find_resume_point(str(out))).iteration % 50 == 0
@@ -175,16 +181,12 @@ def test_toolkit_test_shares_the_test_set_out(tmp_path):
 
 def test_ctrl_c_to_the_launcher_checkpoints_once_and_exits(tmp_path):
     out = tmp_path / "stopped"
-    job = long_job(out, 100000, lambda out: (out / "metrics.jsonl").exists())
-    try:
-        time.sleep(1.0)
-        job.send_signal(signal.SIGINT)
-        said, err = job.communicate(timeout=60)
-    finally:
-        if job.poll() is None:
-            job.kill()
-    assert job.returncode == 130, (said + err)[-2000:]
-    assert err.count("stopped by signal 2") == 1                       # rank 0 alone says it
+    job, lines = long_job(out, 100000, lambda out: (out / "metrics.jsonl").exists())
+    time.sleep(1.0)
+    job.send_signal(signal.SIGINT)
+    said = finish(job, lines)
+    assert job.returncode == 130, said[-2000:]
+    assert said.count("stopped by signal 2") == 1                      # rank 0 alone says it
     from toolkit.train.checkpoint import find_resume_point, read_checkpoint
     ckpts = list((out / "checkpoints").iterdir())
     assert len(ckpts) == 1 and read_checkpoint(find_resume_point(str(out))).iteration > 0

@@ -31,18 +31,31 @@ def parse_overrides(items: list[str]) -> list[tuple[tuple, object]]:
 
 
 def run_train(args) -> int:
-    from ..dist.launcher import world
-    comm = world()                 # None in a single process: mpi4py is never imported then
-    if comm is None:
-        return _train(args, None)
+    return _maybe_data_parallel(args, _train)
+
+
+def _maybe_data_parallel(args, run) -> int:
+    """``run(args, comm)``: in a single process with comm None (mpi4py never imported then);
+    under an MPI launcher in a supervised rank process (dist/supervisor.py), on the job's
+    communicator, a failure of any rank stopping the whole job (dist/faults.py)."""
+    from ..dist import supervisor
+    from ..dist.launcher import launched_size, world
+    size = launched_size()
+    if size <= 1:
+        return run(args, None)
+    if supervisor.available() and not supervisor.in_rank_process():
+        return supervisor.supervise(args.argv, size)
+    if supervisor.in_rank_process():
+        supervisor.die_with_supervisor()
+    comm = world()
     from ..dist.comm import use
     from ..dist.faults import stop_job_on_failure
     with use(comm), stop_job_on_failure(comm):
-        pids = comm.pids()           # the launcher names a failed process by its pid only
+        pids = comm.pids()
         if comm.rank == 0:
             print(f"data-parallel over {comm.size} ranks (" + ", ".join(f"rank {r} pid {p}" for r, p in enumerate(pids))
                   + ")", file=sys.stderr, flush=True)
-        return _train(args, comm)
+        return run(args, comm)
 
 
 def _train(args, comm) -> int:
@@ -75,16 +88,7 @@ def _train(args, comm) -> int:
 
 
 def run_test(args) -> int:
-    from ..dist.launcher import world
-    comm = world()
-    if comm is None:
-        return _test(args, None)
-    from ..dist.comm import use
-    from ..dist.faults import stop_job_on_failure
-    with use(comm), stop_job_on_failure(comm):
-        if comm.rank == 0:
-            print(f"data-parallel over {comm.size} ranks", file=sys.stderr, flush=True)
-        return _test(args, comm)
+    return _maybe_data_parallel(args, _test)
 
 
 def _test(args, comm) -> int:

@@ -1,7 +1,8 @@
 """A failing rank must not leave the others waiting on a collective that will never complete:
 whatever stops one rank (a user error, a bug, Ctrl-C) is reported with its rank and then aborts
 the whole job through MPI, whose launcher stops every other rank at once. A rank killed outright
-(SIGKILL, out of memory) is seen by the launcher itself, which stops the job the same way."""
+(SIGKILL, out of memory) is reported by its supervisor (supervisor.py), whose exit stops the job
+the same way."""
 from __future__ import annotations
 
 import contextlib

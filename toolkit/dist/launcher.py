@@ -30,6 +30,11 @@ def local_ranks() -> int:
     return _first_number(_LOCAL_SIZE_VARS, 0) or launched_size()
 
 
+def missing_extra(e: ImportError) -> UserError:
+    return UserError(f"this process was started by an MPI launcher with {launched_size()} ranks, but the MPI "
+                     f"layer is not installed ({e}); install it with: pip install 'toolkit[dist]'")
+
+
 def world():
     """The job's communicator when launched with more than one rank, else None (and then
     mpi4py is never imported)."""
@@ -38,8 +43,6 @@ def world():
     try:
         from mpi4py import MPI  # noqa: F401
     except ImportError as e:
-        raise UserError("this process was started by an MPI launcher with "
-                        f"{launched_size()} ranks, but the MPI layer is not installed ({e}); "
-                        "install it with: pip install 'toolkit[dist]'") from None
+        raise missing_extra(e) from None
     from .comm import MpiCommunicator
     return MpiCommunicator()
