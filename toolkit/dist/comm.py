@@ -24,7 +24,6 @@ class Solo:
         self.pending: dict[int, np.ndarray] = {}
         self.waited_s = 0.0                 # time blocked on collectives, all of them (statistics)
         self.gradient_wait_s = 0.0          # of which: waiting for gradient buckets' sums
-        self.collectives = 0
 
     def allreduce(self, array: np.ndarray) -> np.ndarray:
         """The sum over ranks of ``array`` (same shape on every rank), as a new array."""
@@ -73,7 +72,6 @@ class MpiCommunicator(Solo):
         start = time.perf_counter()
         result = call()
         self.waited_s += time.perf_counter() - start
-        self.collectives += 1
         return result
 
     def allreduce(self, array: np.ndarray) -> np.ndarray:
@@ -86,7 +84,6 @@ class MpiCommunicator(Solo):
         if out is None:
             out = np.empty_like(flat)
         self._requests[bucket] = (self.comm.Iallreduce(flat, out, op=self.MPI.SUM), flat, out)
-        self.collectives += 1
 
     def wait_allreduce(self, bucket: int) -> np.ndarray:
         request, _, out = self._requests.pop(bucket)    # the send buffer lives until here

@@ -19,6 +19,7 @@ import numpy as np
 
 from ..ir.graph import Graph, TensorType, Value
 from ..ops.base import Builder
+from ..train.solvers import host_input
 
 DIST_WEIGHT = "@dist_weight"
 ROW_MASK = "@dist_row_mask"
@@ -32,9 +33,7 @@ class DataParallel:
 
 
 def weight_input(graph: Graph, dtype: str) -> Value:
-    if DIST_WEIGHT not in graph.inputs:
-        graph.inputs[DIST_WEIGHT] = Value(TensorType((), dtype), name=DIST_WEIGHT)
-    return graph.inputs[DIST_WEIGHT]
+    return host_input(graph, DIST_WEIGHT, dtype)
 
 
 def row_mask(graph: Graph, x: Value) -> Value:

@@ -58,7 +58,7 @@ def is_slot(name: str) -> bool:
     return "@" in name
 
 
-def _host_input(graph: Graph, name: str, dtype: str) -> Value:
+def host_input(graph: Graph, name: str, dtype: str) -> Value:
     if name not in graph.inputs:
         graph.inputs[name] = Value(TensorType((), dtype), name=name)
     return graph.inputs[name]
@@ -102,10 +102,10 @@ def add_solver(graph: Graph, grads: dict[str, Value], cfg: SolverConfig) -> None
     if cfg.clip_gradients:
         grads = _clip(graph, grads, cfg.clip_gradients)
     dtype = next(iter(grads.values())).dtype
-    lr = _host_input(graph, LR, dtype)
+    lr = host_input(graph, LR, dtype)
     adam_bias = None
     if cfg.type in ("adam", "adamw"):
-        adam_bias = ((_host_input(graph, BIAS1, dtype), _host_input(graph, BIAS2, dtype)) if ok is None
+        adam_bias = ((host_input(graph, BIAS1, dtype), host_input(graph, BIAS2, dtype)) if ok is None
                      else bias_corrections(graph, taken_steps(graph, ok), cfg.betas, dtype))
     for name, g in grads.items():
         w = graph.weights[name]

@@ -278,28 +278,27 @@ class Trainer:
     def launch(self, i: int) -> dict:
         """Runs iteration i; its outputs stay where they were computed (see scalars.py)."""
         rows = self.order.rows(i)
-        share = None
+        weight = None
         if self.comm:
-            rows, share = self._my_rows(rows)
+            rows, weight = self._my_rows(rows)
         batch = self.train_set.take(rows)
         feed = {k: v for k, v in batch.items() if k in self.graph.inputs}
-        if share is not None:
-            weight, real = share
+        if weight is not None:
             feed[DIST_WEIGHT] = np.asarray(weight, dtype=self.graph.inputs[DIST_WEIGHT].dtype)
-            if ROW_MASK in self.graph.inputs:
-                feed[ROW_MASK] = np.full(len(rows), float(real), dtype=self.graph.inputs[ROW_MASK].dtype)
+            if ROW_MASK in self.graph.inputs:       # a placeholder row (weight 0) is masked out
+                feed[ROW_MASK] = np.full(len(rows), float(weight > 0), dtype=self.graph.inputs[ROW_MASK].dtype)
         feed.update(host_values(self.cfg, self.lr_at(i), i + 1, self.dtype))
         return self.train_plans.run(feed)
 
-    def _my_rows(self, rows: np.ndarray) -> tuple[np.ndarray, tuple[float, bool]]:
-        """This rank's rows [r*B, (r+1)*B) of a global batch, and (its share of the objective,
-        whether the rows are real). A rank left without rows by a short last batch runs one
-        placeholder row that weighs nothing (and is masked out of global BatchNorm statistics)."""
+    def _my_rows(self, rows: np.ndarray) -> tuple[np.ndarray, float]:
+        """This rank's rows [r*B, (r+1)*B) of a global batch, and its share of the objective.
+        A rank left without rows by a short last batch runs one placeholder row that weighs
+        nothing (and is masked out of global BatchNorm statistics)."""
         b = self.spec.data.batch_size
         mine = rows[self.rank * b: (self.rank + 1) * b]
         if len(mine) == 0:
-            return rows[:1], (0.0, False)
-        return mine, (len(mine) / len(rows), True)
+            return rows[:1], 0.0
+        return mine, len(mine) / len(rows)
 
     def step(self, i: int) -> dict[str, float]:
         """Runs iteration i and reads its loss (and each loss top) back as floats."""
