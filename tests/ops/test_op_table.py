@@ -773,9 +773,9 @@ TABLE_EXCLUSIONS: dict[str, str] = {
     "loop": "its body is a subgraph attribute: tests/ops/test_control_flow.py checks it (numpy, "
             "finite-difference gradients, plans against the interpreter)",
     "if": "its branches are subgraph attributes: tests/ops/test_control_flow.py checks it",
-    "allreduce_start": "one half of a pair sharing a pending request: tests/dist/test_collectives.py "
-                       "checks the pair in one process, tests/dist/test_data_parallel.py under mpiexec",
-    "allreduce_wait": "the other half of that pair: tests/dist/test_collectives.py",
+    "allreduce_start": "one half of a pair sharing a pending request: tests/parallel/test_collectives.py "
+                       "checks the pair in one process, tests/parallel/test_data_parallel.py under mpiexec",
+    "allreduce_wait": "the other half of that pair: tests/parallel/test_collectives.py",
 }
 
 # Ops (not named *_grad, not constants, not random) that legitimately have no gradient rule.
