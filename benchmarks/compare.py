@@ -326,7 +326,7 @@ def bench_train(net, weights, bindings, args, rng):
     from toolkit.runtime.plan import Plan
 
     from toolkit.compile import solver_config
-    from toolkit.train.solvers import host_values
+    from toolkit.optim.solvers import host_values
 
     solver = solver_config(net)                           # the net's own solver, else plain SGD
     if solver.type not in ("sgd", "nesterov") or solver.clip_gradients:

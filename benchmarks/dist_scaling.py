@@ -30,8 +30,8 @@ def worker(args) -> None:
     """One process of a measurement (every rank of it under mpiexec); rank 0 prints the figures."""
     import numpy as np
 
-    from toolkit.dist.comm import use
-    from toolkit.dist.launcher import world
+    from toolkit.distributed.comm import use
+    from toolkit.distributed.launcher import world
     from toolkit.frontend import Net
     from toolkit.train.trainer import Trainer
     overrides = [(("train", "data", "batch_size"), args.batch),

@@ -10,6 +10,7 @@ from pydantic import Field
 from schemas.base import Bool, LayerBase, Number, ParamLayerBase, PositiveInt
 
 from toolkit.ir.dims import format_dim
+from toolkit.ops.collective import row_mask
 from toolkit.ops.reduce import reduced_count
 
 from .registry import LayerError, layer, layer_axis, need_float_input, static_dim
@@ -143,7 +144,6 @@ def _global_statistics(ctx, x, axes, channels):
     counts, all-reduced. Gradients flow through the all-reduce (its gradient is all-reduced too),
     so the backward pass is the global batch's as well. Returns (mean, x - mean, variance,
     unbiased variance as a [C] vector)."""
-    from toolkit.dist.graph import row_mask
     b = ctx.b
     dtype = x.dtype
     mask = row_mask(ctx.graph, x)

@@ -12,16 +12,16 @@ from typing import Iterable, Mapping
 
 import numpy as np
 
-from .autodiff import differentiate
-from .dist.graph import DataParallel, allreduce_gradients, local_share, sum_logged_losses
+from .ops.autodiff import differentiate
+from .optim.data_parallel import DataParallel, allreduce_gradients, local_share, sum_logged_losses
 from .errors import UserError
 from .frontend import OBJECTIVE, Net
 from .ir.graph import LOW_PRECISION, Graph, Value
 from .passes.constants import freeze_weights
 from .passes.precision import autocast, has_half, store_half_as_float32
 from .passes.pipeline import UnknownPass, check_pass_names, no_optimize, run_pipeline
-from .train.loss_scaling import MixedPrecision, scaled_objective
-from .train.solvers import SolverConfig, add_solver
+from .optim.loss_scaling import MixedPrecision, scaled_objective
+from .optim.solvers import SolverConfig, add_solver
 
 
 def disabled_passes(net: Net | None = None, disable: Iterable[str] = (), no_opt: bool = False) -> tuple[str, ...]:

@@ -1,10 +1,13 @@
-"""User-facing errors: anything raised as UserError is printed as one line per problem, exit 2.
+"""What the user is told: errors, raised as UserError and printed as one line per problem with
+exit status 2, and notes (``note: ...`` on stderr) that are not errors.
 
 SpecError carries FILE:LINE:COL; the CLI prints ``FILE:LINE:COL: error: MESSAGE``. Any other
 exception is a bug in the toolkit (exit 1).
 """
 from __future__ import annotations
 
+import difflib
+import sys
 from dataclasses import dataclass
 
 
@@ -39,3 +42,22 @@ class UserError(Exception):
 
 class SpecError(UserError):
     """Problems in a net file, each with its location."""
+
+
+def did_you_mean(word: str, candidates) -> str:
+    """``; did you mean 'X'?`` for the closest of ``candidates`` to a misspelt ``word``, else ''."""
+    match = difflib.get_close_matches(str(word), [str(c) for c in candidates], n=1, cutoff=0.6)
+    return f"; did you mean '{match[0]}'?" if match else ""
+
+
+_noticed: set[str] = set()
+
+
+def notice(message: str, once: str | None = None) -> None:
+    """A one-line ``note: MESSAGE`` on stderr: something the user should know that is not an
+    error. With ``once`` (a key), a note whose key was already used in this process is dropped."""
+    if once is not None:
+        if once in _noticed:
+            return
+        _noticed.add(once)
+    print(f"note: {message}", file=sys.stderr)

@@ -8,9 +8,8 @@ from typing import Mapping
 
 import numpy as np
 
-from .errors import UserError
+from .errors import UserError, did_you_mean
 from .fileio import atomic_write
-from .frontend.spec import did_you_mean
 
 FORMATS = (".safetensors", ".npz")
 

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_low_precision_on_cpu_runs_as_float32(tmp_path, capsys, monkeypatch, dtype):
-    monkeypatch.setattr("toolkit.commands.devices._told", set())     # the notice is once per process
+    monkeypatch.setattr("toolkit.errors._noticed", set())     # the notice is once per process
     x = np.random.default_rng(0).random((3, 1, 8, 8), dtype=np.float32)
     np.save(tmp_path / "x.npy", x)
     outs = {}

@@ -1,5 +1,5 @@
 """``toolkit graph NET.yaml [--phase P] [--optimized] -o FILE.svg|.dot`` (SPEC section 4) and the
-DOT writer behind it (``toolkit.ir.dot``).
+DOT writer behind it (``toolkit.commands.dot``).
 
 The DOT text is checked by parsing it here (one statement per line is the writer's invariant):
 quoted strings balanced, braces balanced, one DOT node per graph node, input, weight, output and
@@ -20,7 +20,7 @@ from cli_helpers import LENET, assert_clean_failure, col_of, expect_error, line_
 from toolkit.compile import optimize, train_graph
 from toolkit.frontend import Net
 from toolkit.ir import Graph, Node, TensorType, Value, Weight
-from toolkit.ir.dot import FUSED_FILL, SOLVER_TYPES, _role, to_dot
+from toolkit.commands.dot import FUSED_FILL, SOLVER_TYPES, _role, to_dot
 
 # A convolution read only by a max pooling (fusable), a loss for train, an accuracy for test.
 NET = """

@@ -22,7 +22,7 @@ torch = pytest.importorskip("torch")
 
 from layers import LAYERS  # noqa: E402
 from layers.control import BLOCK_TYPES  # noqa: E402
-from toolkit.autodiff import differentiate  # noqa: E402
+from toolkit.ops.autodiff import differentiate  # noqa: E402
 from toolkit.compile import add_gradients  # noqa: E402
 from toolkit.frontend import OBJECTIVE, Net  # noqa: E402
 from toolkit.ir.graph import FLOAT_DTYPES  # noqa: E402

@@ -22,13 +22,13 @@ torch = pytest.importorskip("torch")
 
 from layers import LAYERS  # noqa: E402
 from layers.control import BLOCK_TYPES  # noqa: E402
-from toolkit.autodiff import differentiate  # noqa: E402
+from toolkit.ops.autodiff import differentiate  # noqa: E402
 from toolkit.compile import add_gradients  # noqa: E402
 from toolkit.frontend import OBJECTIVE, Net  # noqa: E402
 from toolkit.ir.graph import FLOAT_DTYPES  # noqa: E402
 from toolkit.peers.torch_net import SUPPORTED, TorchNet, to_numpy  # noqa: E402
-from toolkit.runtime.binding import bind_symbols  # noqa: E402
-from toolkit.runtime.interpreter import interpret  # noqa: E402
+from toolkit.ir.binding import bind_symbols  # noqa: E402
+from toolkit.ops.interpreter import interpret  # noqa: E402
 from toolkit.runtime.plan import Plan  # noqa: E402
 
 from numeric_asserts import TOL, assert_close  # noqa: E402  (tests/ is on the path)

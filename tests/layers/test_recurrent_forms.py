@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from toolkit.autodiff import differentiate
+from toolkit.ops.autodiff import differentiate
 from toolkit.compile import add_gradients
 from toolkit.frontend import OBJECTIVE, Net
 from toolkit.runtime.plan import Plan, RuntimeState

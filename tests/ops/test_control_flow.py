@@ -6,14 +6,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from toolkit.autodiff import AutodiffError, differentiate
+from toolkit.ops.autodiff import AutodiffError, differentiate
 from toolkit.ir.dims import Sym
 from toolkit.ir.graph import Graph, TensorType, Value, Weight
-from toolkit.ir.verify import VerifyError, verify
+from toolkit.ops.verify import VerifyError, verify
 from toolkit.ops.base import Builder, ShapeError
 from toolkit.ops.control import if_, loop
 from toolkit.passes.pipeline import run_pipeline
-from toolkit.runtime.interpreter import interpret
+from toolkit.ops.interpreter import interpret
 from toolkit.runtime.plan import Plan
 
 N = Sym.named("N")

@@ -24,12 +24,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from toolkit.autodiff import differentiate
+from toolkit.ops.autodiff import differentiate
 from toolkit.ir.graph import Graph, TensorType, Value
 from toolkit.kernels import KERNELS, KernelContext, load_device
 from toolkit.ops import OPS, Builder
 from toolkit.ops.fused import make_step
-from toolkit.runtime.interpreter import interpret
+from toolkit.ops.interpreter import interpret
 from toolkit.runtime.plan import Plan, RuntimeState
 
 load_device("cpu")

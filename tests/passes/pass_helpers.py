@@ -13,9 +13,9 @@ import numpy as np
 
 from toolkit.ir.dims import Sym
 from toolkit.ir.graph import Graph, TensorType, Value, Weight
-from toolkit.ir.verify import verify
+from toolkit.ops.verify import verify
 from toolkit.ops import Builder
-from toolkit.runtime.interpreter import interpret
+from toolkit.ops.interpreter import interpret
 from toolkit.runtime.plan import Plan
 
 N = Sym.named("N")

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from toolkit.autodiff import differentiate
-from toolkit.ir.verify import verify
+from toolkit.ops.autodiff import differentiate
+from toolkit.ops.verify import verify
 from toolkit.passes.constants import FOLD_FREE_BYTES, dedup_constants, fold_constants, freeze_weights
 from toolkit.passes.cse import eliminate_common
 from toolkit.passes.prune import eliminate_dead_code

@@ -46,9 +46,9 @@ import pytest
 import netgen
 from toolkit.compile import add_gradients, forward_graph, train_step_graph
 from toolkit.frontend import Net
-from toolkit.runtime.interpreter import interpret
+from toolkit.ops.interpreter import interpret
 from toolkit.runtime.plan import Plan, RuntimeState
-from toolkit.train.solvers import SolverConfig, add_solver, host_values
+from toolkit.optim.solvers import SolverConfig, add_solver, host_values
 
 SEED_ENV = "TOOLKIT_DIFF_SEED"
 FORWARD_NETS, TRAIN_NETS = 300, 150

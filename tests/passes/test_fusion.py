@@ -9,12 +9,12 @@ import pytest
 
 from toolkit.compile import optimize
 from toolkit.frontend import Net
-from toolkit.ir.verify import verify
+from toolkit.ops.verify import verify
 from toolkit.kernels.registry import KERNELS
 from toolkit.passes.batchnorm import fold_batch_norm
 from toolkit.passes.fuse import fuse_elementwise, fuse_epilogue
 from toolkit.passes.pipeline import no_optimize
-from toolkit.runtime.interpreter import interpret
+from toolkit.ops.interpreter import interpret
 from toolkit.runtime.plan import Plan
 
 from pass_helpers import N, Tiny, check_pass, ops, random_feeds

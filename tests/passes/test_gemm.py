@@ -9,12 +9,12 @@ import pytest
 
 from toolkit.compile import optimize, solver_config, train_graph
 from toolkit.frontend import Net
-from toolkit.ir.verify import verify
+from toolkit.ops.verify import verify
 from toolkit.passes.gemm import batch_gemms
 from toolkit.passes.prune import eliminate_dead_code
-from toolkit.runtime.interpreter import interpret
+from toolkit.ops.interpreter import interpret
 from toolkit.runtime.plan import Plan
-from toolkit.train.solvers import host_values
+from toolkit.optim.solvers import host_values
 
 from pass_helpers import N, Tiny, check_pass, ops
 

@@ -9,12 +9,12 @@ import pytest
 from toolkit.compile import add_gradients, forward_graph
 from toolkit.frontend import Net
 from toolkit.ir.graph import Graph
-from toolkit.ir.verify import VerifyError, verify
+from toolkit.ops.verify import VerifyError, verify
 from toolkit.passes import pipeline as pipeline_module
 from toolkit.passes.pipeline import PIPELINE, PassRecord, Stage, UnknownPass, no_optimize, pass_names, run_pipeline
-from toolkit.runtime.interpreter import interpret
+from toolkit.ops.interpreter import interpret
 from toolkit.runtime.plan import Plan
-from toolkit.train.solvers import SolverConfig, add_solver
+from toolkit.optim.solvers import SolverConfig, add_solver
 
 NET = """\
 name: convpool

@@ -8,9 +8,9 @@ import pytest
 from toolkit.compile import forward_graph, train_step_graph
 from toolkit.frontend import Net
 from toolkit.runtime import parallel
-from toolkit.runtime.interpreter import interpret
+from toolkit.ops.interpreter import interpret
 from toolkit.runtime.plan import Plan
-from toolkit.train.solvers import SolverConfig, host_values
+from toolkit.optim.solvers import SolverConfig, host_values
 
 NET = """\
 name: split

@@ -15,8 +15,8 @@ from toolkit.compile import train_graph
 from toolkit.frontend import OBJECTIVE, Net
 from toolkit.passes import precision
 from toolkit.runtime.devices import gpu_available
-from toolkit.train.loss_scaling import SCALE, STEPS, TRACKER, MixedPrecision
-from toolkit.train.solvers import SolverConfig, host_values
+from toolkit.optim.loss_scaling import SCALE, STEPS, TRACKER, MixedPrecision
+from toolkit.optim.solvers import SolverConfig, host_values
 from toolkit.train.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -147,10 +147,9 @@ def test_mixed_precision_lenet_reaches_the_float32_accuracy(tmp_path, monkeypatc
     """`toolkit train --dtype float16` and bfloat16 against float32: the held-out accuracy within
     one point, the loss scale logged. On the CPU float16 and bfloat16 are emulated (stored as
     float32, rounded at casts and accumulations); on a GPU float16 is real, bfloat16 emulated."""
-    from toolkit.commands import devices
     accuracy = {}
     for dtype in ("float32", "float16", "bfloat16"):
-        monkeypatch.setattr(devices, "_told", set())      # the notice is said once per process
+        monkeypatch.setattr("toolkit.errors._noticed", set())      # the notice is said once per process
         out = tmp_path / dtype
         r = cli("train", ROOT / "zoo" / "lenet" / "net.yaml", "--out", out, "--dtype", dtype, "--device", device,
                 "--set", "train.max_iter=600", "--set", "train.test_interval=600")

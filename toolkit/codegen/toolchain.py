@@ -18,28 +18,23 @@ import platform
 import shlex
 import shutil
 import subprocess
-import sys
 import tempfile
 import threading
 from functools import lru_cache
 from pathlib import Path
+
+from ..cachedir import cache_root
+from ..errors import notice
 
 ENV_SWITCH = "TOOLKIT_NATIVE"
 FLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-std=gnu11", "-fno-math-errno", "-fopenmp")
 COMPILE_TIMEOUT_S = 300
 _lock = threading.Lock()
 _loaded: dict[str, ctypes.CDLL] = {}
-_noticed: set[str] = set()
 
 
 class NativeUnavailable(RuntimeError):
     """Native kernels cannot run here (no compiler, or it failed); the numpy kernels run instead."""
-
-
-def notice_once(key: str, message: str) -> None:
-    if key not in _noticed:
-        _noticed.add(key)
-        print(f"note: {message}", file=sys.stderr)
 
 
 def switched_off() -> bool:
@@ -90,14 +85,13 @@ def available() -> bool:
     if switched_off():
         return False
     if compiler() is None:
-        notice_once("no-compiler", "no C compiler found ($CC, cc, gcc or clang); running the numpy kernels "
-                                   "(slower; install gcc or clang for the generated kernels)")
+        notice("no C compiler found ($CC, cc, gcc or clang); running the numpy kernels "
+               "(slower; install gcc or clang for the generated kernels)", once="no-compiler")
         return False
     return True
 
 
 def cache_dir() -> Path:
-    from ..zoo.cache import cache_root
     return cache_root() / "kernels"
 
 

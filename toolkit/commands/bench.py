@@ -12,10 +12,10 @@ from ..compile import disabled_passes, forward_graph, solver_config, train_step_
 from ..errors import UserError
 from ..frontend import Net
 from ..ir.graph import FLOAT_DTYPES, LOW_PRECISION
-from ..train.loss_scaling import MixedPrecision
+from ..optim.loss_scaling import MixedPrecision
 from ..runtime.plan import Plan
 from ..runtime.session import batch_bindings
-from ..train.solvers import host_values, initial_state
+from ..optim.solvers import host_values, initial_state
 from .bench_layers import format_table, json_rows, per_layer_table
 from .devices import check_device, resolve_dtype, resolve_train_dtype
 

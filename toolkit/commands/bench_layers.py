@@ -6,7 +6,7 @@ What lives here:
   node's ``scope`` by the naming conventions of the frontend (``LAYER``), autodiff
   (``LAYER.grad``, ``autodiff``), the solvers (``LAYER.SOLVER``, ``clip_gradients``) and the
   fusion passes (members' scopes joined with ``+``, possibly ending in ``N more``; ``+folded``
-  for a folded BatchNorm; ``.bias`` for joined bias gradients): ``toolkit/ir/dot.py`` reads the
+  for a folded BatchNorm; ``.bias`` for joined bias gradients): ``toolkit/commands/dot.py`` reads the
   same conventions to colour its clusters.
 - ``per_layer_table(plan, profiles, layers)``: from profiled runs (``Plan.profile``; bench.py
   interleaves them with its timed runs), one row per layer of the phase, in net order, plus
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..ir.dot import BACKWARD_SCOPES, SOLVER_SCOPES, SOLVER_TYPES
+from .dot import BACKWARD_SCOPES, SOLVER_SCOPES, SOLVER_TYPES
 
 FORWARD, BACKWARD = "forward", "backward"
 SOLVER_ROW = "(solver update)"

@@ -6,8 +6,8 @@ import json
 import numpy as np
 
 from ..frontend import Net
-from ..ir.dims import format_dim
-from ..report import format_count, graph_flops
+from ..ir.dims import format_count, format_dim
+from ..ops.flops import graph_flops
 
 PHASE_ORDER = ("infer", "test", "train")
 

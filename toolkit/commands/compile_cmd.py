@@ -9,12 +9,12 @@ from collections import Counter
 import numpy as np
 
 from ..compile import disabled_passes, optimize, train_graph
-from ..dist.graph import DataParallel, bucket_summary
+from ..optim.data_parallel import DataParallel, bucket_summary
 from ..errors import UserError
 from ..frontend import Net
-from ..ir.dims import Dim, evaluate
+from ..ir.dims import Dim, evaluate, format_count
 from ..passes.pipeline import PIPELINE, PassRecord
-from ..report import format_count, graph_flops
+from ..ops.flops import graph_flops
 from ..runtime.plan import Plan, memory_figures
 from ..runtime.session import batch_symbol
 from ..train.trainer import train_spec

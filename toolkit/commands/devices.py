@@ -2,12 +2,10 @@
 GPU that is not there or a dtype a device cannot run is one clear error line (status 2)."""
 from __future__ import annotations
 
-import sys
 
-from ..errors import UserError
+from ..errors import notice
 from ..runtime.devices import LOW_PRECISION, check_device_exists, parse_device
 
-_told: set[str] = set()
 
 
 def check_device(device: str) -> str:
@@ -32,7 +30,7 @@ def resolve_dtype(dtype: str | None, device: str) -> str | None:
     if kind == "gpu" and dtype == "float16":
         return dtype
     why = "CuPy has no bfloat16 arrays" if kind == "gpu" else "numpy has no fast half-precision arithmetic"
-    _note(f"note: {dtype} on {kind} runs through the float32 kernels ({why}); results and outputs in float32")
+    _note(f"{dtype} on {kind} runs through the float32 kernels ({why}); results and outputs in float32")
     return "float32"
 
 
@@ -45,12 +43,10 @@ def resolve_train_dtype(dtype: str | None, device: str) -> str | None:
         return None
     kind = parse_device(device).kind
     if kind == "cpu" or dtype == "bfloat16":
-        _note(f"note: mixed precision in {dtype} on {kind}: {dtype} values are stored as float32 and rounded "
+        _note(f"mixed precision in {dtype} on {kind}: {dtype} values are stored as float32 and rounded "
               f"to {dtype} at each cast (its numerics, not its speed)")
     return dtype
 
 
 def _note(line: str) -> None:
-    if line not in _told:
-        _told.add(line)
-        print(line, file=sys.stderr)
+    notice(line, once=line)

@@ -2,7 +2,7 @@
 
 The graph drawn is exactly the one the pass pipeline receives (for train: forward, generated
 backward and the solver's updates) or, with ``--optimized``, the one it returns. DOT text comes
-from ``toolkit.ir.dot``; SVG from Graphviz's ``dot`` program where it is installed.
+from ``toolkit.commands.dot``; SVG from Graphviz's ``dot`` program where it is installed.
 
 Invariant: the ``-o`` file is written whole or not at all. Every mistake that can be found before
 work starts (the extension, the folder, a missing ``dot``) is reported first, and the file is
@@ -19,7 +19,7 @@ from ..compile import disabled_passes, optimize, train_graph
 from ..errors import UserError
 from ..fileio import atomic_write
 from ..frontend import Net
-from ..ir.dot import to_dot
+from .dot import to_dot
 
 SUFFIXES = (".dot", ".svg")
 NO_DOT = ("writing .svg needs Graphviz's 'dot' program, which is not installed; "

@@ -11,7 +11,7 @@ import numpy as np
 
 from ..compile import disabled_passes, optimize
 from ..frontend import Net
-from ..runtime.binding import bind_symbols
+from ..ir.binding import bind_symbols
 from ..runtime.session import DEFAULT_BUCKETS, InferSession, check_input_arrays
 from ..train.progress import StatusLine, bar, format_time
 from .io import InputStream, check_output_path, open_inputs, write_outputs

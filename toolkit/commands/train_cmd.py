@@ -38,8 +38,8 @@ def _maybe_data_parallel(args, run) -> int:
     """``run(args, comm)``: in a single process with comm None (mpi4py never imported then);
     under an MPI launcher in a supervised rank process (dist/supervisor.py), on the job's
     communicator, a failure of any rank stopping the whole job (dist/faults.py)."""
-    from ..dist import supervisor
-    from ..dist.launcher import launched_size, world
+    from ..distributed import supervisor
+    from ..distributed.launcher import launched_size, world
     size = launched_size()
     if size <= 1:
         return run(args, None)
@@ -48,8 +48,8 @@ def _maybe_data_parallel(args, run) -> int:
     if supervisor.in_rank_process():
         supervisor.die_with_supervisor()
     comm = world()
-    from ..dist.comm import use
-    from ..dist.faults import stop_job_on_failure
+    from ..distributed.comm import use
+    from ..distributed.faults import stop_job_on_failure
     with use(comm), stop_job_on_failure(comm):
         pids = comm.pids()
         if comm.rank == 0:

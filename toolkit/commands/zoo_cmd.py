@@ -5,9 +5,9 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from ..errors import UserError
+from ..errors import UserError, notice
 from ..fileio import atomic_write
-from ..zoo.cache import cached_copy, cached_elsewhere, cached_models, notice
+from ..zoo.cache import cached_copy, cached_elsewhere, cached_models
 from ..zoo.card import CARD, parse_card, read_card, read_card_text, sha256_file
 from ..zoo.resolve import find, model_name, not_found
 from ..zoo.sources import SHIPPED, Unreachable, configured_sources, index_entry, scan_cards, shipped_zoo_dir

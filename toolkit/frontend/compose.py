@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Union
 
-from ..errors import Location, Problem, SpecError, UserError
-from .spec import did_you_mean, read_text
+from ..errors import Location, Problem, SpecError, UserError, did_you_mean
+from .spec import read_text
 from .yaml_loader import Positions, load_yaml
 
 PLACEMENT_KEYS = ("after", "before", "delete")   # consumed by the merge, never seen by the schema

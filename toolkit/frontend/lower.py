@@ -7,11 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import Location, Problem
+from ..errors import Location, Problem, did_you_mean
 from ..ir.dims import as_dim, format_dim
 from ..ir.graph import FLOAT_DTYPES, Graph, TensorType, Value, Weight
 from ..ops.base import Builder, ShapeError
-from .spec import did_you_mean
 from .yaml_loader import Positions
 
 OBJECTIVE = "@objective"   # the train graph's total loss; '@' cannot appear in a blob name

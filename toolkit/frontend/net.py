@@ -9,13 +9,13 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import Problem, SpecError, UserError
+from ..errors import Problem, SpecError, UserError, did_you_mean
 from ..ir.graph import Graph
 from ..ops.base import Builder
 from ..passes.prune import eliminate_dead_code
 from .lower import OBJECTIVE, Lowered, lower_phase
 from .compose import compose
-from .spec import did_you_mean, duplicate_layer_names, from_command_line, validate_net
+from .spec import duplicate_layer_names, from_command_line, validate_net
 from .yaml_loader import Positions
 
 PHASES = ("train", "test", "infer")

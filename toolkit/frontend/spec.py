@@ -2,7 +2,6 @@
 ``FILE:LINE:COL: error: ...`` lines that name the layer and the key, plus near-miss hints."""
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import get_args
@@ -11,13 +10,8 @@ from typing import Any
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from ..errors import Location, Problem, SpecError, UserError
+from ..errors import Location, Problem, SpecError, UserError, did_you_mean
 from .yaml_loader import Positions, load_yaml
-
-
-def did_you_mean(word: str, candidates) -> str:
-    match = difflib.get_close_matches(str(word), [str(c) for c in candidates], n=1, cutoff=0.6)
-    return f"; did you mean '{match[0]}'?" if match else ""
 
 
 def read_text(path: str) -> str:

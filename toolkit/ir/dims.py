@@ -178,3 +178,22 @@ def product(dims) -> Dim:
     for d in dims:
         out = out * d
     return out
+
+
+def human(n: float) -> str:
+    """A count in three significant digits with a k, M or G suffix."""
+    for unit, size in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= size:
+            return f"{n / size:.3g}{unit}"
+    return f"{n:.3g}" if isinstance(n, float) else str(n)
+
+
+def format_count(d: Dim) -> str:
+    """FLOPs or sizes as '2.29M*N' for symbolic counts, '1.5k' for fixed ones."""
+    if isinstance(d, int):
+        return human(d)
+    parts = []
+    for mono, coeff in sorted(d.terms.items(), key=lambda mc: -len(mc[0])):
+        sym = "*".join(mono)
+        parts.append(f"{human(coeff)}*{sym}" if mono else human(coeff))
+    return " + ".join(parts)

@@ -33,6 +33,7 @@ class OpDef:
     alias: bool = False                    # output is a view of input 0's storage (reshape)
     batch_rows: bool = False               # output rows depend only on the same rows of batched inputs
     batch_sum: bool = False                # output is a sum over the batch rows of its inputs
+    fused: bool = False                    # made by a fusion pass: several ops run as one kernel
     doc: str = ""
 
 

@@ -1,5 +1,5 @@
 """Collective ops of data-parallel training: sums over the ranks of a job, run on the current
-communicator (toolkit/dist/comm.py; in one process each is the identity).
+communicator (toolkit/distributed/comm.py; in one process each is the identity).
 
     allreduce_sum(x)                     the sum of x over the ranks, blocking (BatchNorm's
                                          global statistics, the logged loss); its gradient is
@@ -17,13 +17,21 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ir.graph import TensorType
+from ..distributed.comm import current as _comm
+from ..ir.graph import Graph, TensorType, Value
 from .base import Builder, OpDef, register
 
+# the [N] input of a data-parallel train graph that says which rows of the batch are real
+ROW_MASK = "@dist_row_mask"
 
-def _comm():
-    from ..dist.comm import current
-    return current()
+
+def row_mask(graph: Graph, x: Value) -> Value:
+    """The [N] input that says which rows of the batch are real (1) or a placeholder (0): a rank
+    left without rows by a short last batch runs one placeholder row (BatchNorm's global
+    statistics leave it out)."""
+    if ROW_MASK not in graph.inputs:
+        graph.inputs[ROW_MASK] = Value(TensorType((x.shape[0],), x.dtype), name=ROW_MASK)
+    return graph.inputs[ROW_MASK]
 
 
 def _same(types, attrs):

@@ -29,7 +29,10 @@ import numpy as np
 
 from ..ir.dims import Sym
 from ..ir.graph import FLOAT_DTYPES, Graph, TensorType, Value
+from .autodiff import AutodiffError, backprop
 from .base import Builder, OpDef, ShapeError, get_op, register
+from .flops import graph_flops
+from .interpreter import run_body
 
 # a carried value whose type still changes after this many rebuilds of the body never settles
 FIXPOINT_ROUNDS = 4
@@ -188,7 +191,6 @@ def _loop_infer(types, attrs):
 
 def _loop_reference(*arrays, body, carried, scanned, reverse=False, trips=None, condition=False,
                     dims=(), saved=0, rng=None):
-    from ..runtime.interpreter import run_body
     bindings = dict(dims)
     k, s = carried, scanned
     carries = [np.broadcast_to(a, v.type.concrete(bindings)).copy() for a, v in zip(arrays[:k], body.inputs[:k])]
@@ -280,7 +282,6 @@ def _save_carries(node) -> list[Value]:
 
 
 def _loop_grad(b: Builder, node, gouts):
-    from ..autodiff import AutodiffError, backprop
     if node.attrs.get("condition"):
         raise AutodiffError(f"layer '{node.scope}': a loop with a condition has no gradient "
                             "(its trip count is only known when it runs)")
@@ -333,13 +334,11 @@ def _loop_grad(b: Builder, node, gouts):
 
 
 def _loop_flops(ins, outs, attrs):
-    from ..report import graph_flops
     trips = _trips(ins[attrs["carried"]:attrs["carried"] + attrs["scanned"]], attrs)
     return trips * graph_flops(attrs["body"].graph)
 
 
 def _if_flops(ins, outs, attrs):
-    from ..report import graph_flops
     then_flops, else_flops = graph_flops(attrs["then_body"].graph), graph_flops(attrs["else_body"].graph)
     if isinstance(then_flops, int) and isinstance(else_flops, int):
         return max(then_flops, else_flops)
@@ -371,7 +370,6 @@ def _if_infer(types, attrs):
 
 
 def _if_reference(cond, *args, then_body, else_body, dims=(), rng=None):
-    from ..runtime.interpreter import run_body
     body = then_body if bool(cond) else else_body
     return tuple(run_body(body.graph, list(args), dict(dims), rng))
 
@@ -392,7 +390,6 @@ def if_(b: Builder, cond: Value, then_build: Callable[[Builder], list[Value]],
 
 
 def _if_grad(b: Builder, node, gouts):
-    from ..autodiff import AutodiffError, backprop
     for body in (node.attrs["then_body"], node.attrs["else_body"]):
         if _has_random(body.graph):
             raise AutodiffError(f"layer '{node.scope}': a branch with random ops (dropout) cannot be "

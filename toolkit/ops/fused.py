@@ -55,7 +55,7 @@ def _flops(ins, outs, attrs):
     return _conv_flops(ins, mid, conv) + _pool_flops(mid, outs, pool)
 
 
-register(OpDef("conv2d_max_pool2d", _infer, _reference, None, _flops, batch_rows=True,
+register(OpDef("conv2d_max_pool2d", _infer, _reference, None, _flops, batch_rows=True, fused=True,
                doc="max_pool2d(conv2d(x, w[, b])) in one kernel; made by the fuse_conv_max_pool pass"))
 
 
@@ -160,7 +160,7 @@ def _elementwise_flops(ins, outs, attrs):
 
 register(OpDef("fused_elementwise", _elementwise_infer, _elementwise_reference, None, _elementwise_flops,
                batch_rows=True,
-               doc="a chain of elementwise ops as one pass over memory; made by the fuse_elementwise pass"))
+               fused=True, doc="a chain of elementwise ops as one pass over memory; made by the fuse_elementwise pass"))
 
 
 # -- epilogues --------------------------------------------------------------------------------
@@ -200,5 +200,5 @@ def _epilogue_flops(ins, outs, attrs):
 
 
 register(OpDef("fused_epilogue", _epilogue_infer, _epilogue_reference, None, _epilogue_flops, batch_rows=True,
-               doc="a GEMM or convolution followed by an elementwise program, in one kernel; made by the "
+               fused=True, doc="a GEMM or convolution followed by an elementwise program, in one kernel; made by the "
                    "fuse_epilogue pass"))

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from ..ir.graph import Graph
-from ..ir.verify import VerifyError, verify
+from ..ops.flops import graph_flops
+from ..ops.verify import VerifyError, verify
 from .batchnorm import fold_batch_norm
 from .collectives import schedule_collectives
 from .constants import dedup_constants, fold_constants
@@ -141,7 +142,6 @@ def run_pipeline(graph: Graph, disable: tuple[str, ...] | list[str] = (), check:
                 raise VerifyError(f"after pass {stage.name}: {e}") from None
         changed = fingerprint(graph) != print_before
         if records is not None:
-            from ..report import graph_flops
             record = PassRecord(stage.name, before, len(graph.nodes), ms, graph_flops(graph),
                                 graph.notes[notes_before:])
             if observe is not None:

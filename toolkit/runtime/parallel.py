@@ -36,7 +36,7 @@ def default_threads() -> int:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     # the ranks of a data-parallel job on this machine share its cores: more threads than cores
     # (each rank's MPI progress polls while it waits) made a LeNet step 100x slower
-    from ..dist.launcher import local_ranks
+    from ..distributed.launcher import local_ranks
     return max(1, cores // local_ranks())
 
 

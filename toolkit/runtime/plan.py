@@ -14,11 +14,12 @@ from typing import Callable, Mapping
 import numpy as np
 
 from ..codegen import toolchain
+from ..errors import notice
 from ..codegen.native import Linked, NativeCall
 from ..ir.graph import FLOAT_DTYPES, Graph, Node
 from ..kernels.registry import KERNELS, KernelContext, KernelMissing, load_device
 from ..ops.base import get_op
-from .binding import bind_attrs
+from ..ir.binding import bind_attrs
 from .devices import HostUpload, graph_devices, node_device, parse_device, weight_device
 from .memory import FOREVER, Storage, nbytes_of, plan_memory
 from .concurrency import concurrent_default, conflicts, wave_calls, waves
@@ -341,7 +342,7 @@ class Plan:
         try:
             linked = Linked([c for _, c, *_ in natives], segments)
         except toolchain.NativeUnavailable as e:
-            toolchain.notice_once(str(e), f"{e}; running the numpy kernels")
+            notice(f"{e}; running the numpy kernels", once=str(e))
             self.split_steps = 0                  # every step numpy, split across cores again
             for p, (node, (ins, outs)) in enumerate(zip(self.steps, step_arrays)):
                 self.calls[p] = self._python_call(node, shapes, ins, outs, workers)

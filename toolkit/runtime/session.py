@@ -17,7 +17,7 @@ import numpy as np
 from ..errors import UserError
 from ..ir.dims import Sym
 from ..ir.graph import FLOAT_DTYPES, Graph
-from .binding import bind_symbols
+from ..ir.binding import bind_symbols
 from .devices import to_host
 from .plan import Plan, RuntimeState
 

@@ -19,7 +19,7 @@ from ..errors import UserError
 from ..fileio import atomic_write
 from ..frontend import OBJECTIVE, Net
 from ..ir.graph import FLOAT_DTYPES, Graph
-from ..runtime.binding import bind_symbols
+from ..ir.binding import bind_symbols
 from ..runtime.devices import parse_device, to_host
 from ..runtime.plan import Plan, RuntimeState
 from ..weights import save_weights
@@ -28,9 +28,9 @@ from .data import BatchOrder, Dataset, fit_to_inputs, load_source, split, transf
 from .progress import MetricsLog, Progress, plot
 from .scalars import StepScalars
 from .schedule import check_policy, learning_rate
-from .loss_scaling import SCALE_OUTPUT
-from .solvers import SolverConfig, host_values, initial_state, is_slot
-from ..dist.graph import DIST_WEIGHT, ROW_MASK, DataParallel
+from ..optim.loss_scaling import SCALE_OUTPUT
+from ..optim.solvers import SolverConfig, host_values, initial_state, is_slot
+from ..optim.data_parallel import DIST_WEIGHT, ROW_MASK, DataParallel
 
 RESERVED = {"iter", "loss", "lr"}
 

@@ -7,32 +7,18 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from schemas.card import CardFile, ModelCard
 
-from ..errors import UserError
+from ..cachedir import cache_root
+from ..errors import UserError, notice
 from .card import CARD, check_files, parse_card, read_card, read_card_text, sha256_file, write_text
 
-ENV_CACHE = "TOOLKIT_CACHE"
 SOURCE_FILE = ".source"          # in each source's cache folder: the source as the user gave it
 STALE_S = 600                    # a temporary file this old belongs to a download that was killed
-
-
-def cache_root() -> Path:
-    env = os.environ.get(ENV_CACHE)
-    if env:
-        return Path(env).expanduser()
-    import pooch
-    return Path(pooch.os_cache("toolkit"))
-
-
-def notice(message: str) -> None:
-    """A one-line note on stderr: something the user should know that is not an error."""
-    print(f"note: {message}", file=sys.stderr)
 
 
 def wanted(card: ModelCard, weights: str) -> list[CardFile]:

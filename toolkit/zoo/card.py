@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from schemas.card import CardFile, CardMetric, ModelCard
 
-from ..errors import Location, Problem, SpecError, UserError
+from ..errors import Location, Problem, SpecError, UserError, did_you_mean
 from ..fileio import atomic_write
 from ..frontend.spec import split_loc
 
@@ -96,7 +96,6 @@ _OWNERS = {"metric": CardMetric, "config": CardFile, "weights": CardFile}
 
 def schema_problems(error: ValidationError, data: dict, positions: Positions) -> list[Problem]:
     """Pydantic's errors as one Problem per offending place, with near-miss hints for keys."""
-    from ..frontend.spec import did_you_mean
     found: dict[tuple, Problem] = {}
     misspelt: set[tuple] = set()         # keys that an unknown key's hint names: not also "missing"
     missing: dict[tuple, list[str]] = {}

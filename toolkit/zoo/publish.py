@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from schemas.card import CardFile, ModelCard
 
-from ..errors import Problem, SpecError, UserError
+from ..errors import Problem, SpecError, UserError, did_you_mean
 from .card import (CARD, check_files, read_card, read_card_text, read_front_matter, render_card, schema_problems,
                    write_bytes, write_text)
 from .sources import INDEX, INDEX_FORMAT, scan_cards
@@ -94,7 +94,6 @@ def read_draft(path: Path | None) -> tuple[dict, object, str]:
     fields, positions, body = read_front_matter(read_card_text(path), str(path))
     if fields is None:
         return {}, None, body
-    from ..frontend.spec import did_you_mean
     unknown = [Problem(f"card: unknown key '{k}'{did_you_mean(k, ModelCard.model_fields)}", positions.locate((k,)))
                for k in fields if k not in ModelCard.model_fields]
     if "metric" in fields and not isinstance(fields["metric"], dict):

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from schemas.card import ModelCard
 
-from ..errors import UserError
-from .cache import cached_copy, cached_elsewhere, fetch_model, notice, wanted
+from ..errors import UserError, did_you_mean, notice
+from .cache import cached_copy, cached_elsewhere, fetch_model, wanted
 from .card import CARD, check_files, read_card
 from .sources import SHIPPED, Source, Unreachable, configured_sources, shipped_zoo_dir
 
@@ -137,7 +137,6 @@ def shipped_names() -> list[str]:
 
 
 def not_found(name: str, sources: list[Source], unreachable: list[Source]) -> UserError:
-    from ..frontend.spec import did_you_mean
     from .cache import cached_models
     shipped = shipped_names()
     where = f"in the shipped zoo ({', '.join(shipped) or 'empty'})"

@@ -19,8 +19,8 @@ from typing import Callable
 from urllib.parse import urlsplit
 from urllib.request import url2pathname
 
-from ..errors import UserError
-from .cache import cache_root, notice
+from ..cachedir import cache_root
+from ..errors import UserError, notice
 from .card import CARD, read_card_text, write_text
 
 ENV = "TOOLKIT_ZOO"

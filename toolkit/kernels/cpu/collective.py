@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...dist.comm import current
+from ...distributed.comm import current
 from ...ops.collective import unpack
 from ..registry import register_kernel
 

@@ -5,7 +5,7 @@ a CUDA-aware MPI) is not done. Data-parallel training itself is offered on the C
 (train/trainer.py), so these kernels serve graphs compiled for a GPU, and tests."""
 from __future__ import annotations
 
-from ...dist.comm import current
+from ...distributed.comm import current
 from ...ops.collective import pack, unpack
 from ...runtime.devices import gpu_module, to_host
 from ..registry import register_kernel

@@ -4,8 +4,8 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from ..errors import UserError
-from ..ir.dims import Sym, format_dim
-from ..ir.graph import Graph
+from .dims import Sym, format_dim
+from .graph import Graph
 
 
 def bind_symbols(graph: Graph, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, int]:

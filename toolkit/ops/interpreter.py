@@ -9,9 +9,9 @@ from typing import Mapping
 
 import numpy as np
 
+from ..ir.binding import bind_attrs, bind_symbols
 from ..ir.graph import Graph
-from ..ops.base import get_op
-from .binding import bind_attrs, bind_symbols
+from .base import get_op
 
 
 def interpret(graph: Graph, inputs: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray],

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 
 from toolkit.compile import optimize, solver_config, train_graph
-from toolkit.dist.graph import DIST_WEIGHT, DataParallel, bucket_summary
+from toolkit.optim.data_parallel import DIST_WEIGHT, DataParallel, bucket_summary
 from toolkit.frontend import Net
-from toolkit.runtime.binding import bind_symbols
+from toolkit.ir.binding import bind_symbols
 from toolkit.runtime.plan import Plan, RuntimeState
-from toolkit.train.solvers import host_values, initial_state
+from toolkit.optim.solvers import host_values, initial_state
 
 ROOT = Path(__file__).resolve().parents[2]
 COLLECTIVE = ("allreduce_start", "allreduce_wait")
@@ -142,7 +142,7 @@ def test_sync_batchnorm_on_a_non_batch_axis_is_an_error_at_the_layer(tmp_path):
 
 
 def test_data_parallel_on_a_gpu_is_refused_with_one_line(tmp_path):
-    from toolkit.dist.comm import Solo
+    from toolkit.distributed.comm import Solo
     from toolkit.errors import UserError
     from toolkit.train.trainer import Trainer
 

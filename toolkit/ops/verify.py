@@ -6,7 +6,9 @@ has its weight's type. Raises VerifyError naming the node and what is wrong.
 """
 from __future__ import annotations
 
-from .graph import Graph
+from ..ir.graph import Graph
+from .base import get_op
+from .control import bodies_of
 
 
 class VerifyError(AssertionError):
@@ -14,7 +16,6 @@ class VerifyError(AssertionError):
 
 
 def verify(graph: Graph) -> None:
-    from ..ops.base import get_op
     defined: set[int] = set()
     for v in graph.graph_values():
         if v.id in defined:
@@ -55,7 +56,6 @@ def verify(graph: Graph) -> None:
 def _verify_bodies(node, where: str) -> None:
     """A control-flow node's bodies are valid graphs; since every value a graph reads must be
     defined in it, this also holds them closed (nothing read from outside)."""
-    from ..ops.control import bodies_of
     for body in bodies_of(node):
         try:
             verify(body.graph)

@@ -14,17 +14,17 @@ Invariants kept:
   value ids, which come from a process-wide counter; the text depends only on the graph.
 - One statement per line, every string quoted and escaped (``_quote``), so the output is valid
   DOT whatever a layer is called, and line-oriented tools (and the tests) can count statements.
-- This module knows no op semantics (as ``graph.py``): it reads an op's name (and asks the
-  registry only which ops are fusions), and roles come from the scope naming conventions of
-  autodiff and the solvers (``_role``).
+- This module knows no op semantics: it reads an op's name (and asks the op table only which
+  ops are fusions), and roles come from the scope naming conventions of autodiff and the
+  solvers (``_role``).
 """
 from __future__ import annotations
 
-import functools
 import re
 from typing import Any
 
-from .graph import Graph, Node, Value
+from ..ir.graph import Graph, Node, Value
+from ..ops.base import get_op
 
 # How autodiff and the solvers name the scopes of the nodes they add (toolkit/autodiff.py,
 # toolkit/train/solvers.py): 'LAYER.grad' and 'autodiff' for the backward pass; 'LAYER.SOLVER'
@@ -53,18 +53,9 @@ CLUSTERS = {  # role: (cluster label, background, border)
 
 
 def is_fused(op: str) -> bool:
-    """Ops the fusion passes make: ``fused_*`` (elementwise groups, epilogues) and every op that
-    ``toolkit/ops/fused.py`` registers (pair fusions named after their members, such as
-    ``conv2d_max_pool2d``), so that a fusion added there is marked without a change here."""
-    return op.startswith("fused_") or op in _fused_ops()
-
-
-@functools.lru_cache(maxsize=1)
-def _fused_ops() -> frozenset[str]:
-    # Imported here, not at the top: the IR must stay importable without the op rules, which
-    # themselves import the IR.
-    from ..ops import OPS, fused
-    return frozenset(name for name, d in OPS.items() if getattr(d.infer, "__module__", "") == fused.__name__)
+    """Ops the fusion passes make (their OpDef says ``fused``), so that a fusion added there is
+    marked without a change here."""
+    return get_op(op).fused
 
 
 def _scope_parts(scope: str) -> list[str]:

@@ -17,12 +17,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..ir.graph import Graph, TensorType, Value
+from ..ir.graph import Graph, Value
 from ..ops.base import Builder
-from ..train.solvers import host_input
+from ..ops.collective import ROW_MASK  # noqa: F401  (the trainer feeds it)
+from .solvers import host_input
 
 DIST_WEIGHT = "@dist_weight"
-ROW_MASK = "@dist_row_mask"
 
 
 @dataclass(frozen=True)
@@ -34,13 +34,6 @@ class DataParallel:
 
 def weight_input(graph: Graph, dtype: str) -> Value:
     return host_input(graph, DIST_WEIGHT, dtype)
-
-
-def row_mask(graph: Graph, x: Value) -> Value:
-    """The [N] input that says which rows of the batch are real (1) or a placeholder (0)."""
-    if ROW_MASK not in graph.inputs:
-        graph.inputs[ROW_MASK] = Value(TensorType((x.shape[0],), x.dtype), name=ROW_MASK)
-    return graph.inputs[ROW_MASK]
 
 
 def local_share(graph: Graph, objective: Value) -> Value:

@@ -4,8 +4,8 @@ objective get gradient work (so frozen weights and data inputs cost nothing).
 """
 from __future__ import annotations
 
-from .ir.graph import FLOAT_DTYPES, Graph, Value
-from .ops.base import Builder, get_op
+from ..ir.graph import FLOAT_DTYPES, Graph, Value
+from .base import Builder, get_op
 
 
 class AutodiffError(ValueError):
