@@ -450,12 +450,12 @@ def main(argv=None) -> int:
         print(f"compare.py needs the bench extra (pip install -e '.[bench]'): {e}", file=sys.stderr)
         return 2
     from toolkit.errors import UserError
-    from toolkit.frontend import Net
+    from toolkit.zoo.resolve import load_net
     from toolkit.runtime.session import batch_bindings
 
     torch.set_num_threads(args.threads)
     try:
-        net = Net.load(args.net)
+        net = load_net(args.net)
         from toolkit.commands.bench import stand_in_weights
         weights = stand_in_weights(net.init_weights(seed=args.seed), args.seed)
         modes = ["infer", "train"] if args.mode == "both" else [args.mode]

@@ -32,12 +32,12 @@ def worker(args) -> None:
 
     from toolkit.distributed.comm import use
     from toolkit.distributed.launcher import world
-    from toolkit.frontend import Net
+    from toolkit.zoo.resolve import load_net
     from toolkit.train.trainer import Trainer
     overrides = [(("train", "data", "batch_size"), args.batch),
                  (("train", "distributed", "overlap"), bool(args.overlap)),
                  (("train", "max_iter"), 100000)]
-    net = Net.load(args.net, overrides)
+    net = load_net(args.net, overrides)
     comm = world()
     with tempfile.TemporaryDirectory() as tmp, use(comm) if comm else _nothing():
         trainer = Trainer(net, Path(tmp), comm=comm)

@@ -69,11 +69,11 @@ def measure(net_path: Path, batch: int, train: bool, dtype: str, args) -> dict:
     import torch
     from toolkit.commands.bench import bench_plan, stand_in_weights
     from toolkit.compile import solver_config
-    from toolkit.frontend import Net
+    from toolkit.zoo.resolve import load_net
     from toolkit.frontend.lower import OBJECTIVE
     from toolkit.peers.torch_net import TorchNet
 
-    net = Net.load(str(net_path))
+    net = load_net(str(net_path))
     half = dtype == "float16"
     plan, inputs = bench_plan(net, batch, train, dtype if half else None, device="gpu")
     ours_in = {k: (cupy.asarray(v) if not k.startswith("@") else v) for k, v in inputs.items()}

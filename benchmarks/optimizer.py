@@ -62,12 +62,12 @@ def main(argv=None) -> int:
     p.add_argument("--nets", nargs="*", default=None, help="net files (default: every zoo/*/net.yaml)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
-    from toolkit.frontend import Net
+    from toolkit.zoo.resolve import load_net
 
     paths = [Path(n) for n in args.nets] if args.nets else sorted(ROOT.glob("zoo/*/net.yaml"))
     rows = []
     for path in paths:
-        net = Net.load(str(path))
+        net = load_net(str(path))
         for mode in ("infer", "train"):
             for batch in args.batch or [64, 1]:
                 if mode == "train" and batch == 1:

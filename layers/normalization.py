@@ -40,7 +40,7 @@ def lower_batch_norm(p: BatchNormParams, ctx, bottoms):
     if use_global:
         xc = b.sub(x, b.reshape(running_mean, bshape))
         inv_std = b.op("rsqrt", b.add(b.reshape(running_var, bshape), b.scalar(p.eps, x.dtype)))
-    elif ctx.phase == "train" and ctx.graph.sync_batchnorm:
+    elif ctx.phase == "train" and ctx.sync_batchnorm:
         mean, xc, var, unbiased = _global_statistics(ctx, x, axes, channels)
         inv_std = b.op("rsqrt", b.add(var, b.scalar(p.eps, x.dtype)))
     else:

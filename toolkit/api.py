@@ -38,7 +38,7 @@ class Model:
 
     @property
     def device(self) -> str:
-        return self.session.device
+        return self.session.device.name
 
     @property
     def buckets(self) -> tuple[int, ...]:
@@ -81,24 +81,15 @@ def load(net: str, weights: str | None = None, device: str = "cpu", dtype: str |
     """A net file or ``zoo:NAME`` with its weights (default for a zoo model: its published
     weights), compiled for ``device`` ("cpu", "gpu", "cpu:N", "gpu:N"). ``buckets``: the batch
     sizes compiled (default 1, 2, 4, ..., 64); ``warm``: compile them all now."""
-    from .commands.devices import check_device, resolve_dtype
-    from .compile import disabled_passes, optimize
-    from .frontend import Net
-    from .runtime.devices import parse_device
+    from .inference import infer_phase
 
-    device = check_device(parse_device(device).name)
-    dtype = resolve_dtype(dtype, device)
     sizes = tuple(DEFAULT_BUCKETS if buckets is None else buckets)
     if not sizes or any(not isinstance(b, (int, np.integer)) or b < 1 for b in sizes):
         raise UserError(f"buckets must be positive integers, got {list(sizes)}")
-    spec_net = Net.load(net)
-    passes = disabled_passes(spec_net, tuple(disable), not optimize_graph)
-    graph = spec_net.graph("infer", dtype)
-    loaded = spec_net.load_weights(spec_net.default_weights(weights, flag="weights"),
-                                   allow_missing=allow_missing, dtype=dtype)
-    inputs, outputs = tensor_infos(graph.inputs), tensor_infos(graph.outputs)
-    graph = optimize(graph, passes, loaded, device)
-    model = Model(spec_net, InferSession(graph, loaded, device, tuple(int(b) for b in sizes)), inputs, outputs)
+    phase = infer_phase(net, device, dtype, disable, not optimize_graph)
+    loaded = phase.load_weights(weights, allow_missing=allow_missing, flag="weights")
+    inputs, outputs = tensor_infos(phase.graph.inputs), tensor_infos(phase.graph.outputs)
+    model = Model(phase.net, phase.session(loaded, (int(b) for b in sizes)), inputs, outputs)
     if warm:
         model.warm()
     return model

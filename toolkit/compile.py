@@ -8,20 +8,22 @@ compile time. A train graph's weights change every step and are never frozen.
 """
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Mapping
 
 import numpy as np
 
-from .ops.autodiff import differentiate
-from .optim.data_parallel import DataParallel, allreduce_gradients, local_share, sum_logged_losses
+from .backend.devices import CPU, Device, parse_device
 from .errors import UserError
 from .frontend import OBJECTIVE, Net
-from .ir.graph import LOW_PRECISION, Graph, Value
-from .passes.constants import freeze_weights
-from .passes.precision import autocast, has_half, store_half_as_float32
-from .passes.pipeline import UnknownPass, check_pass_names, no_optimize, run_pipeline
+from .ir.graph import Graph, Value
+from .ops.autodiff import differentiate
+from .optim.data_parallel import DataParallel, allreduce_gradients, local_share, sum_logged_losses
 from .optim.loss_scaling import MixedPrecision, scaled_objective
 from .optim.solvers import SolverConfig, add_solver
+from .passes.constants import freeze_weights
+from .passes.context import PassContext
+from .passes.pipeline import PassRecord, UnknownPass, check_pass_names, no_optimize, run_pipeline
+from .passes.precision import autocast, has_half, store_half_as_float32
 
 
 def disabled_passes(net: Net | None = None, disable: Iterable[str] = (), no_opt: bool = False) -> tuple[str, ...]:
@@ -39,28 +41,25 @@ def disabled_passes(net: Net | None = None, disable: Iterable[str] = (), no_opt:
 
 
 def optimize(graph: Graph, disable: tuple[str, ...] = (), weights: Mapping[str, np.ndarray] | None = None,
-             device: str = "cpu", **pipeline_options) -> Graph:
-    """Freeze ``weights`` (when given) into constants, then run the pass pipeline. Half-typed
-    values on a device without half-precision arrays are stored as float32 first."""
-    graph.device = device
+             device: Device | str = CPU, *, check: bool = False, records: list[PassRecord] | None = None,
+             observe: Callable | None = None, notes: list[str] | None = None) -> Graph:
+    """Freeze ``weights`` (when given) into constants, then run the pass pipeline for ``device``
+    with ``disable`` switched off; ``check`` verifies after every pass, ``records`` and
+    ``observe`` see each pass run, ``notes`` receives one line per change. Half-typed values on
+    a device without half-precision arrays are stored as float32 first."""
+    device = parse_device(device)
     if weights is not None:
         freeze_weights(graph, weights)
-    emulated = emulated_half_types(device)
+    emulated = device.emulated_half_types
     if emulated and has_half(graph, emulated):
         store_half_as_float32(graph, emulated)
-    return run_pipeline(graph, disable, **pipeline_options)
-
-
-def emulated_half_types(device: str) -> tuple[str, ...]:
-    """The half types a device stores as float32 (rounded at casts): numpy (the CPU) has no fast
-    half-precision arithmetic and no bfloat16, CuPy has no bfloat16."""
-    from .runtime.devices import parse_device
-    return LOW_PRECISION if parse_device(device).kind == "cpu" else ("bfloat16",)
+    ctx = PassContext(device, frozenset(disable), notes if notes is not None else [], check)
+    return run_pipeline(graph, ctx, records, observe)
 
 
 def forward_graph(net: Net, phase: str = "infer", dtype: str | None = None,
                   outputs: list[str] | None = None, disable: tuple[str, ...] = (),
-                  weights: Mapping[str, np.ndarray] | None = None, device: str = "cpu") -> Graph:
+                  weights: Mapping[str, np.ndarray] | None = None, device: Device | str = CPU) -> Graph:
     return optimize(net.graph(phase, dtype, outputs), disable, weights, device)
 
 
@@ -88,7 +87,8 @@ def solver_config(net: Net) -> SolverConfig:
 def train_graph(net: Net, solver: SolverConfig | None = None, dtype: str | None = None,
                 data_parallel: DataParallel | None = None) -> Graph:
     """Forward, generated backward and the solver's updates, before any pass. With
-    ``data_parallel`` the gradients are summed over the ranks before the updates (dist/graph.py)."""
+    ``data_parallel`` the gradients are summed over the ranks before the updates
+    (optim/data_parallel.py)."""
     if data_parallel is not None and data_parallel.sync_batchnorm:
         graph = net.graph("train", dtype, sync_batchnorm=True)
     else:
@@ -108,6 +108,6 @@ def train_graph(net: Net, solver: SolverConfig | None = None, dtype: str | None 
 
 
 def train_step_graph(net: Net, solver: SolverConfig | None = None, dtype: str | None = None,
-                     disable: tuple[str, ...] = (), device: str = "cpu") -> Graph:
+                     disable: tuple[str, ...] = (), device: Device | str = CPU) -> Graph:
     """The optimised train step; per-step scalars (``@lr``, ...) are graph inputs."""
     return optimize(train_graph(net, solver, dtype), disable, device=device)

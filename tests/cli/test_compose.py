@@ -13,6 +13,7 @@ from cli_helpers import REPO, col_of, expect_error, line_of, run_cli, write_net
 from toolkit.errors import SpecError
 from toolkit.frontend import Net
 from toolkit.frontend.render import render_net
+from toolkit.zoo.resolve import load_net
 
 ZOO_LENET = REPO / "zoo" / "lenet" / "net.yaml"
 
@@ -171,9 +172,12 @@ def test_zoo_base(tmp_path):
         name: lenet-narrow
         layers: [{name: conv1, num_output: 8}]
     """)
-    net = Net.load(str(derived))
+    net = load_net(str(derived))
     assert layer(net, "conv1").num_output == 8 and net.name == "lenet-narrow"
     assert Path(net.files[1]).resolve() == ZOO_LENET.resolve()
+    # the front end knows no zoo: without the zoo's resolver a zoo: base is one clear error
+    with pytest.raises(SpecError, match=r"net.yaml:1:7: error: base 'zoo:lenet': .*needs the model zoo"):
+        Net.load(str(derived))
 
 
 def test_render_prints_a_net_that_loads_to_the_same_spec(tmp_path, base):

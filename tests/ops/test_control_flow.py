@@ -12,6 +12,7 @@ from toolkit.ir.graph import Graph, TensorType, Value, Weight
 from toolkit.ops.verify import VerifyError, verify
 from toolkit.ops.base import Builder, ShapeError
 from toolkit.ops.control import if_, loop
+from toolkit.passes.context import PassContext
 from toolkit.passes.pipeline import run_pipeline
 from toolkit.ops.interpreter import interpret
 from toolkit.runtime.plan import Plan
@@ -81,7 +82,7 @@ def check_everything(g: Graph, inputs: dict, weights: dict, bindings: dict):
     planned = Plan(g, bindings, weights).run(inputs)
     for k in expected:
         np.testing.assert_allclose(planned[k], expected[k], rtol=1e-12, atol=1e-12, err_msg=f"plan: {k}")
-    optimized = run_pipeline(g, check=True)
+    optimized = run_pipeline(g, PassContext(check=True))
     planned = Plan(optimized, bindings, weights).run(inputs)
     for k in expected:
         np.testing.assert_allclose(planned[k], expected[k], rtol=1e-10, atol=1e-12, err_msg=f"optimized plan: {k}")
@@ -194,16 +195,17 @@ def test_an_if_on_a_condition_known_when_compiling_keeps_one_branch(flag):
     cond = b.op("cast", b.op("ge_mask", b.scalar(1.0 if flag else -1.0, F64), b.scalar(0.0, F64)), dtype="bool")
     y, = if_(b, cond, lambda bb: [bb.op("tanh", v["x"])], lambda bb: [bb.op("exp", v["x"])])
     g.outputs["y"] = y
-    g = run_pipeline(g, check=True)
+    ctx = PassContext(check=True)
+    g = run_pipeline(g, ctx)
     assert [n.op for n in g.nodes] == (["tanh"] if flag else ["exp"])
-    assert any("only its " + ("then" if flag else "else") + " branch is kept" in n for n in g.notes)
+    assert any("only its " + ("then" if flag else "else") + " branch is kept" in n for n in ctx.notes)
 
 
 def test_unread_per_step_outputs_are_not_stacked():
     g, b, v = new_graph({"x": (4, N, 3), "h0": (N, 2)}, {"W": (2, 3), "U": (2, 2)}, phase="infer")
     h_last, _per_step = loop(b, [v["h0"]], [v["x"]], rnn_step(v["W"], v["U"]))
     g.outputs["h"] = h_last
-    g = run_pipeline(g, check=True)
+    g = run_pipeline(g, PassContext(check=True))
     (node,) = [n for n in g.nodes if n.op == "loop"]
     assert len(node.outputs) == 1
     assert "square" not in [n.op for n in node.attrs["body"].graph.nodes]

@@ -26,7 +26,8 @@ import torch.nn.functional as F
 
 from toolkit.ops.autodiff import differentiate
 from toolkit.ir.graph import Graph, TensorType, Value
-from toolkit.kernels import KERNELS, KernelContext, load_device
+from toolkit.backend.devices import CPU
+from toolkit.backend.registry import KERNELS, KernelContext, load_device
 from toolkit.ops import OPS, Builder
 from toolkit.ops.fused import make_step
 from toolkit.ops.interpreter import interpret
@@ -894,7 +895,7 @@ def test_inplace_kernel_matches_out_of_place(case: Case, dtype):
     entry = KERNELS.lookup(case.op, "cpu", dtype)
 
     def ctx():
-        return KernelContext(node, dict(node.attrs), [a.shape for a in arrays], [out_shape], dtype, "cpu",
+        return KernelContext(node, dict(node.attrs), [a.shape for a in arrays], [out_shape], dtype, CPU,
                              RuntimeState(np.random.default_rng(0)), np)
 
     fresh = np.empty(out_shape, y.dtype)

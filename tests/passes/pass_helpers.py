@@ -1,13 +1,14 @@
-"""Helpers for pass tests: tiny graphs built op by op, and the check every pass test makes, that
-the reference interpreter gives the same numbers on the graph before and after the pass (and a
-compiled plan of the graph after it, too).
+"""Helpers for pass tests: tiny graphs built op by op, passes applied with a context that holds
+each pass to its word (a pass that changes the graph must say so), and the check every pass
+test makes, that the reference interpreter gives the same numbers on the graph before and after
+the pass (and a compiled plan of the graph after it, too).
 
 (Named ``pass_helpers`` so that it cannot clash with another test folder's helper module under
 pytest's default ``prepend`` import mode.)
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -15,8 +16,12 @@ from toolkit.ir.dims import Sym
 from toolkit.ir.graph import Graph, TensorType, Value, Weight
 from toolkit.ops.verify import verify
 from toolkit.ops import Builder
+from toolkit.ops.control import bodies_of
 from toolkit.ops.interpreter import interpret
+from toolkit.passes.context import PassContext
 from toolkit.runtime.plan import Plan
+
+Pass = Callable[[Graph, PassContext], bool]
 
 N = Sym.named("N")
 
@@ -101,12 +106,35 @@ def _compare(before: Graph, after: Graph, feeds: dict, rtol: float, plan: bool, 
                                        err_msg=f"{who}: update {name}", equal_nan=True)
 
 
-def check_pass(make: Callable[[], Graph], run: Callable[[Graph], Graph], rng: np.random.Generator,
-               special: bool = False, rtol: float = 1e-12, plan: bool = True) -> Graph:
-    """Build the graph twice, run the pass on one copy, verify it, compare numbers; returns the
-    graph after the pass for structural assertions."""
+def structure(graph: Graph) -> tuple:
+    """What a pass can change, short of values inside attributes: the nodes (which, in what
+    order, reading and making what), their attribute dicts, bodies' sizes, outputs, updates."""
+    return (tuple((id(n), n.op, tuple(v.id for v in n.inputs), tuple(o.id for o in n.outputs), id(n.attrs),
+                   len(n.attrs), tuple(len(b.graph.nodes) for b in bodies_of(n))) for n in graph.nodes),
+            tuple(v.id for v in graph.outputs.values()), tuple(v.id for v in graph.updates.values()),
+            tuple(graph.weights), tuple(graph.inputs))
+
+
+def apply(graph: Graph, *passes: Pass, ctx: PassContext | None = None) -> Graph:
+    """``graph`` after ``passes``, in order, with one context (``ctx`` gathers their notes).
+    Each pass must say it changed the graph when its structure changed."""
+    ctx = ctx if ctx is not None else PassContext()
+    for run in passes:
+        before = structure(graph)
+        said = run(graph, ctx)
+        assert isinstance(said, bool), f"{run.__name__} returned {said!r}, not whether it changed the graph"
+        if structure(graph) != before:
+            assert said, f"{run.__name__} changed the graph but said it did not"
+    return graph
+
+
+def check_pass(make: Callable[[], Graph], run: Pass | Sequence[Pass], rng: np.random.Generator,
+               special: bool = False, rtol: float = 1e-12, plan: bool = True,
+               ctx: PassContext | None = None) -> Graph:
+    """Build the graph twice, run the pass (or passes, in order) on one copy, verify it, compare
+    numbers; returns the graph after the pass for structural assertions (``ctx``: its notes)."""
     before = make()
-    after = run(make())
+    after = apply(make(), *(run if isinstance(run, (list, tuple)) else [run]), ctx=ctx)
     verify(after)
     feeds = random_feeds(before, rng, special=special)
     assert_same_numbers(before, after, feeds, rtol=rtol, plan=plan)

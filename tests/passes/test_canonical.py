@@ -8,14 +8,11 @@ import numpy as np
 from toolkit.ops.autodiff import differentiate
 from toolkit.ops.verify import verify
 from toolkit.passes.constants import FOLD_FREE_BYTES, dedup_constants, fold_constants, freeze_weights
+from toolkit.passes.context import PassContext
 from toolkit.passes.cse import eliminate_common
 from toolkit.passes.prune import eliminate_dead_code
 
-from pass_helpers import N, Tiny, assert_same_numbers, check_pass, ops, random_feeds
-
-
-def fold_then_prune(g):
-    return eliminate_dead_code(fold_constants(g))
+from pass_helpers import N, Tiny, apply, assert_same_numbers, check_pass, ops, random_feeds
 
 
 # -- fold_constants ------------------------------------------------------------------------------
@@ -29,10 +26,11 @@ def constant_chain():
 
 
 def test_fold_evaluates_constant_subgraphs(rng):
-    g = check_pass(constant_chain, fold_then_prune, rng)
+    ctx = PassContext()
+    g = check_pass(constant_chain, [fold_constants, eliminate_dead_code], rng, ctx=ctx)
     assert ops(g) == ["constant", "add"]
     np.testing.assert_allclose(g.nodes[0].attrs["value"], np.exp(np.linspace(-1, 1, 4) * 0.5))
-    assert any("evaluated at compile time" in n for n in g.notes)
+    assert any("evaluated at compile time" in n for n in ctx.notes)
 
 
 def test_fold_never_touches_random_ops_or_inputs(rng):
@@ -42,9 +40,10 @@ def test_fold_never_touches_random_ops_or_inputs(rng):
         mask = t.b.op("dropout_mask", t.const(np.ones((3, 4))), ratio=0.5)    # random, on a constant
         t.out("y", t.b.mul(x, mask))
         return t.g
-    g = fold_constants(make())
+    g, ctx = make(), PassContext()
+    assert not fold_constants(g, ctx)                # nothing folded, and the pass says so
     assert "dropout_mask" in ops(g)                  # a different mask every run: never a constant
-    assert not any("evaluated" in n for n in g.notes)
+    assert not any("evaluated" in n for n in ctx.notes)
 
 
 def test_fold_size_cap():
@@ -54,9 +53,9 @@ def test_fold_size_cap():
         t = Tiny()
         t.out("y", t.b.op("broadcast_to", t.b.scalar(2.0, "float64"), shape=(rows, 1024)))
         return t.g
-    small = fold_constants(make(FOLD_FREE_BYTES // 8 // 1024))
+    small = apply(make(FOLD_FREE_BYTES // 8 // 1024), fold_constants)
     assert small.outputs["y"].producer.op == "constant"
-    large = fold_constants(make(4 * FOLD_FREE_BYTES // 8 // 1024))
+    large = apply(make(4 * FOLD_FREE_BYTES // 8 // 1024), fold_constants)
     assert large.outputs["y"].producer.op == "broadcast_to"
 
 
@@ -81,7 +80,7 @@ def test_fold_shape_derived_factor(rng):
         return build
     g = check_pass(make(10), fold_constants, rng)
     assert ops(g) == ["scalar", "mul"] and g.nodes[0].attrs["value"] == 10 / 9
-    g = fold_constants(make(3 * N)())
+    g = apply(make(3 * N)(), fold_constants)
     assert ops(g) == ["bessel_correct"]
 
 
@@ -94,7 +93,7 @@ def test_fold_keeps_run_time_errors_at_run_time():
     t.out("y", t.b.op("nll_loss", t.b.op("log_softmax", t.const(np.zeros((2, 3))), axis=1), label,
                       axis=1, ignore_index=None))
     t.out("z", logp)
-    g = fold_constants(t.g)
+    g = apply(t.g, fold_constants)
     assert "nll_loss" in ops(g)
 
 
@@ -128,7 +127,7 @@ def test_cse_merges_repeated_pure_work_and_commuted_operands(rng):
         t.out("b", t.b.sub(s1, y))
         t.out("c", t.b.sub(y, s2))                                    # sub is not commutative
         return t.g
-    g = check_pass(make, lambda g: eliminate_dead_code(eliminate_common(g)), rng)
+    g = check_pass(make, [eliminate_common, eliminate_dead_code], rng)
     assert ops(g).count("sigmoid") == 1 and ops(g).count("mul") == 1 and ops(g).count("sub") == 2
 
 
@@ -137,7 +136,7 @@ def test_cse_never_merges_random_ops():
     x = t.input("x", (3, 4))
     t.out("a", t.b.mul(x, t.b.op("dropout_mask", x, ratio=0.5)))
     t.out("b", t.b.mul(x, t.b.op("dropout_mask", x, ratio=0.5)))
-    g = eliminate_common(t.g)
+    g = apply(t.g, eliminate_common)
     assert ops(g).count("dropout_mask") == 2
 
 
@@ -156,7 +155,7 @@ def test_cse_shares_forward_work_with_the_backward_pass(rng):
         return t.g
     before = make()
     assert ops(before).count("sigmoid") == 2            # the forward one and the one in softplus' gradient
-    g = check_pass(make, lambda g: eliminate_dead_code(eliminate_common(g)), rng)
+    g = check_pass(make, [eliminate_common, eliminate_dead_code], rng)
     assert ops(g).count("sigmoid") == 1
 
 

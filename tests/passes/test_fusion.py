@@ -7,17 +7,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from toolkit.backend.registry import KERNELS, load_device
 from toolkit.compile import optimize
 from toolkit.frontend import Net
+from toolkit.ops.interpreter import interpret
 from toolkit.ops.verify import verify
-from toolkit.kernels.registry import KERNELS
 from toolkit.passes.batchnorm import fold_batch_norm
 from toolkit.passes.fuse import fuse_elementwise, fuse_epilogue
 from toolkit.passes.pipeline import no_optimize
-from toolkit.ops.interpreter import interpret
 from toolkit.runtime.plan import Plan
 
-from pass_helpers import N, Tiny, check_pass, ops, random_feeds
+from pass_helpers import N, Tiny, apply, check_pass, ops, random_feeds
 
 HEAD = """\
 name: t
@@ -49,19 +49,21 @@ def trained_like(net: Net, rng, dtype="float64") -> dict:
 
 
 def infer_pair(net: Net, weights: dict, dtype: str, disable=()):
-    """(the infer graph as lowered, the same optimised with the weights frozen)."""
-    return net.graph("infer", dtype), optimize(net.graph("infer", dtype), tuple(disable), weights)
+    """(the infer graph as lowered, the same optimised with the weights frozen, the passes' notes)."""
+    notes: list[str] = []
+    return net.graph("infer", dtype), optimize(net.graph("infer", dtype), tuple(disable), weights, notes=notes), notes
 
 
 def assert_infer_equal(net: Net, weights: dict, dtype: str, rtol: float, rng, disable=()):
-    before, after = infer_pair(net, weights, dtype, disable)
+    """The optimised infer graph and its notes, after checking it gives the lowered one's numbers."""
+    before, after, notes = infer_pair(net, weights, dtype, disable)
     verify(after)
     x = rng.standard_normal((3, 3, 6, 6)).astype(dtype)
     expected, _ = interpret(before, {"data": x}, weights)
     got = Plan(after, {"N": 3}, {k: weights[k] for k in after.weights}).run({"data": x})
     for name in expected:
         np.testing.assert_allclose(got[name], expected[name], rtol=rtol, atol=rtol * np.abs(expected[name]).max())
-    return after
+    return after, notes
 
 
 def arithmetic(graph) -> list[str]:
@@ -89,9 +91,9 @@ CONV_BN_SCALE = """\
 @pytest.mark.parametrize("layers", [CONV_BN, CONV_BN_SCALE], ids=["bn-affine", "bn-then-scale"])
 def test_batch_norm_and_scale_fold_into_the_convolution(tmp_path, rng, layers, dtype, rtol):
     net = load(tmp_path, layers, dtype)
-    after = assert_infer_equal(net, trained_like(net, rng, dtype), dtype, rtol, rng)
+    after, notes = assert_infer_equal(net, trained_like(net, rng, dtype), dtype, rtol, rng)
     assert arithmetic(after) == []
-    assert any(n.startswith("fold_batch_norm: ") for n in after.notes)
+    assert any(n.startswith("fold_batch_norm: ") for n in notes)
 
 
 def test_fold_without_frozen_weights_computes_the_new_weights_per_call(tmp_path, rng):
@@ -100,8 +102,7 @@ def test_fold_without_frozen_weights_computes_the_new_weights_per_call(tmp_path,
     net = load(tmp_path, CONV_BN)
     weights = trained_like(net, rng)
     before = net.graph("test")
-    after = optimize(net.graph("test"), no_optimize())
-    after = fold_batch_norm(after)
+    after = apply(optimize(net.graph("test"), no_optimize()), fold_batch_norm)
     verify(after)
     assert any(n.op == "conv2d" and n.inputs[1].producer is not None and n.inputs[1].producer.op == "mul"
                for n in after.nodes)                                   # conv(x, W * s, ...)
@@ -133,16 +134,17 @@ def test_fold_without_frozen_weights_computes_the_new_weights_per_call(tmp_path,
 ])
 def test_fold_must_not_fire(tmp_path, rng, layers, why):
     net = load(tmp_path, layers)
-    after = assert_infer_equal(net, trained_like(net, rng), "float64", 1e-12, rng)
-    assert not any(n.startswith("fold_batch_norm") for n in after.notes), why
+    after, notes = assert_infer_equal(net, trained_like(net, rng), "float64", 1e-12, rng)
+    assert not any(n.startswith("fold_batch_norm") for n in notes), why
 
 
 def test_fold_never_fires_in_training(tmp_path):
     """Batch statistics come from the input, and the backward pass reads the conv output."""
     net = load(tmp_path, CONV_BN)
     from toolkit.compile import train_graph
-    g = optimize(train_graph(net))
-    assert not any(n.startswith("fold_batch_norm") for n in g.notes)
+    notes: list[str] = []
+    optimize(train_graph(net), notes=notes)
+    assert notes and not any(n.startswith("fold_batch_norm") for n in notes)
 
 
 def test_inner_product_with_batch_norm_folds(tmp_path, rng):
@@ -153,8 +155,8 @@ def test_inner_product_with_batch_norm_folds(tmp_path, rng):
   - {name: back, type: Reshape, bottom: fc, top: top, shape: [0, 6, 1, 1]}
 """
     net = load(tmp_path, layers)
-    after = assert_infer_equal(net, trained_like(net, rng), "float64", 1e-12, rng)
-    assert "fold_batch_norm: bn into fc" in after.notes and "rsqrt" not in ops(after)
+    after, notes = assert_infer_equal(net, trained_like(net, rng), "float64", 1e-12, rng)
+    assert "fold_batch_norm: bn into fc" in notes and "rsqrt" not in ops(after)
 
 
 # -- elementwise groups ----------------------------------------------------------------------------
@@ -177,7 +179,7 @@ def test_elementwise_group_is_one_op_with_the_values_read_outside_as_outputs(rng
 
 
 def test_fused_results_equal_unfused_bit_for_bit(rng):
-    before, after = chain(), fuse_elementwise(chain())
+    before, after = chain(), apply(chain(), fuse_elementwise)
     feeds = random_feeds(before, rng)
     a = Plan(before, {"N": 3}, {}).run(feeds)
     b = Plan(after, {"N": 3}, {}).run(feeds)
@@ -214,9 +216,10 @@ def test_groups_only_of_one_shape(rng):
 
 def test_fusion_asks_the_registry(monkeypatch, rng):
     """No fused kernel registered for the device and dtype: nothing fuses."""
+    load_device("cpu")                                   # registered first, then taken away
     for key in [k for k in KERNELS.entries if k[0] in ("fused_elementwise", "fused_epilogue")]:
         monkeypatch.delitem(KERNELS.entries, key)
-    g = fuse_epilogue(fuse_elementwise(chain()))
+    g = apply(chain(), fuse_elementwise, fuse_epilogue)
     assert not any(op.startswith("fused_") for op in ops(g))
 
 
@@ -234,7 +237,7 @@ def dense(trans_a=False, second_reader=False):
 
 
 def test_gemm_bias_activation_is_one_kernel(rng):
-    g = check_pass(dense, lambda g: fuse_epilogue(fuse_elementwise(g)), rng)
+    g = check_pass(dense, [fuse_elementwise, fuse_epilogue], rng)
     assert ops(g) == ["fused_epilogue"]
     node = g.nodes[0]
     assert node.attrs["head"] == "matmul" and [s[0] for s in node.attrs["program"]] == ["add", "relu"]
@@ -245,7 +248,7 @@ def test_epilogue_must_not_fire(rng, variant):
     """Not where the GEMM's result is read elsewhere, nor on a trans_a GEMM (a weight gradient:
     the plan sums its per-core shares after the GEMM, so nothing can run on a share)."""
     make = (lambda: dense(second_reader=True)) if variant == "second-reader" else (lambda: dense(trans_a=True))
-    g = check_pass(make, lambda g: fuse_epilogue(fuse_elementwise(g)), rng)
+    g = check_pass(make, [fuse_elementwise, fuse_epilogue], rng)
     assert "fused_epilogue" not in ops(g)
 
 

@@ -11,7 +11,9 @@ from toolkit.frontend import Net
 from toolkit.ir.graph import Graph
 from toolkit.ops.verify import VerifyError, verify
 from toolkit.passes import pipeline as pipeline_module
-from toolkit.passes.pipeline import PIPELINE, PassRecord, Stage, UnknownPass, no_optimize, pass_names, run_pipeline
+from toolkit.passes.context import PassContext
+from toolkit.passes.pipeline import (PIPELINE, PassRecord, Stage, UnknownPass, memory_reuse, no_optimize, pass_names,
+                                     run_pipeline)
 from toolkit.ops.interpreter import interpret
 from toolkit.runtime.plan import Plan
 from toolkit.optim.solvers import SolverConfig, add_solver
@@ -72,7 +74,7 @@ def test_no_fusion_when_the_convolution_has_another_reader(net):
 def test_no_conv_pool_fusion_in_train_graphs(net):
     graph = net.graph("train")
     add_solver(graph, add_gradients(graph), SolverConfig())
-    graph = run_pipeline(graph, check=True)
+    graph = run_pipeline(graph, PassContext(check=True))
     assert conv_pools(graph) == []                 # the pooling gradient reads the conv output
 
 
@@ -94,10 +96,12 @@ def test_numbers_unchanged_by_the_pipeline(net, rng, dtype, tol, frozen):
 
 
 def test_passes_switch_off_by_name(net):
-    graph = run_pipeline(net.graph("infer"), disable=("fuse_conv_max_pool",))
-    assert conv_pools(graph) == [] and graph.disabled == frozenset({"fuse_conv_max_pool"})
+    ctx = PassContext(disabled={"fuse_conv_max_pool"})
+    graph = run_pipeline(net.graph("infer"), ctx)
+    assert conv_pools(graph) == [] and ctx.disabled == frozenset({"fuse_conv_max_pool"})
+    assert memory_reuse(ctx.disabled) and not memory_reuse({"plan_memory"})     # the planner's switch
     with pytest.raises(UnknownPass, match="unknown pass 'fuse_everything'; the passes are: eliminate_dead_code"):
-        run_pipeline(net.graph("infer"), disable=("fuse_everything",))
+        run_pipeline(net.graph("infer"), PassContext(disabled={"fuse_everything"}))
     assert PIPELINE[0].name == "eliminate_dead_code" and pass_names()[-1] == "plan_memory"
     assert len(set(pass_names())) == len(PIPELINE)
     assert set(no_optimize()) == set(pass_names()) - {"eliminate_dead_code", "place_devices", "schedule_collectives", "plan_memory"}
@@ -112,30 +116,31 @@ def test_every_pass_has_a_contract_and_runs_alone(net, rng):
     for stage in PIPELINE:
         assert stage.contract and stage.contract[0].islower()
         others = tuple(n for n in pass_names() if n != stage.name)
-        graph = run_pipeline(net.graph("infer"), disable=others, check=True)
+        graph = run_pipeline(net.graph("infer"), PassContext(disabled=others, check=True))
         got = Plan(graph, {"N": 2}, {k: weights[k] for k in graph.weights}).run({"data": x})
         np.testing.assert_allclose(got["pool3"], expected["pool3"], rtol=1e-5, atol=1e-6, err_msg=stage.name)
 
 
 def test_records_say_what_each_pass_did(net):
     records: list[PassRecord] = []
-    run_pipeline(net.graph("infer"), records=records, check=True)
+    run_pipeline(net.graph("infer"), PassContext(check=True), records=records)
     names = [r.name for r in records]
     assert names[:5] == ["eliminate_dead_code", "fold_constants", "dedup_constants", "simplify", "eliminate_common"]
     fused = next(r for r in records if r.name == "fuse_conv_max_pool")
     assert fused.nodes_after < fused.nodes_before and fused.notes == ["fuse_conv_max_pool: conv1+pool1",
                                                                       "fuse_conv_max_pool: conv3+pool3"]
+    assert fused.changed and all(r.changed for r in records if r.nodes_after != r.nodes_before)
     assert all(r.ms >= 0 for r in records)
 
 
 def test_verifier_names_the_pass_that_broke_the_graph(net, monkeypatch):
-    def breaks(graph: Graph) -> Graph:
+    def breaks(graph: Graph, ctx: PassContext) -> bool:
         graph.nodes.reverse()
-        return graph
+        return True
     broken = [Stage("eliminate_dead_code", breaks, "breaks the order", canonical=True)]
     monkeypatch.setattr(pipeline_module, "PIPELINE", broken)
     with pytest.raises(VerifyError, match="after pass eliminate_dead_code: .*not defined above"):
-        run_pipeline(net.graph("infer"), check=True)
+        run_pipeline(net.graph("infer"), PassContext(check=True))
 
 
 def test_canonicalisation_reaches_a_fixpoint(net):
@@ -143,7 +148,7 @@ def test_canonicalisation_reaches_a_fixpoint(net):
     graph = run_pipeline(net.graph("infer"))
     records: list[PassRecord] = []
     run_pipeline(graph, records=records)
-    assert all(r.nodes_before == r.nodes_after and not r.notes for r in records)
+    assert all(r.nodes_before == r.nodes_after and not r.notes and not r.changed for r in records)
 
 
 def test_verifier_names_the_broken_invariant(net):

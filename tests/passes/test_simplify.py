@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from toolkit.ir.graph import Graph
+from toolkit.passes.context import PassContext
 from toolkit.passes.simplify import RULES, simplify
 
-from pass_helpers import Tiny, check_pass, ops
+from pass_helpers import Tiny, apply, check_pass, ops
 
 
 def _graph(phase="infer"):
@@ -183,22 +183,24 @@ def test_every_rule_has_a_firing_and_a_non_firing_case():
     assert set(CASES) == rule_names()
 
 
-def fired(graph: Graph, rule: str) -> bool:
-    return any(note.startswith(f"simplify: {rule} x") for note in graph.notes)
+def fired(ctx: PassContext, rule: str) -> bool:
+    return any(note.startswith(f"simplify: {rule} x") for note in ctx.notes)
 
 
 @pytest.mark.parametrize("rule", sorted(set(CASES) - {"dropout_outside_training"}))
 def test_rule_fires_and_keeps_the_numbers(rule, rng):
     make_fire, _ = CASES[rule]
-    after = check_pass(make_fire, simplify, rng, special=True)
-    assert fired(after, rule), after.notes
+    ctx = PassContext()
+    check_pass(make_fire, simplify, rng, special=True, ctx=ctx)
+    assert fired(ctx, rule), ctx.notes
 
 
 def test_dropout_is_the_identity_outside_training():
     """The graph before holds a random mask, so its numbers are not the reference: the
     reference is the layer's definition, x itself, outside the train phase."""
-    after = simplify(CASES["dropout_outside_training"][0]())
-    assert fired(after, "dropout_outside_training")
+    ctx = PassContext()
+    after = apply(CASES["dropout_outside_training"][0](), simplify, ctx=ctx)
+    assert fired(ctx, "dropout_outside_training")
     assert after.outputs["y"] is after.inputs["x"]
 
 
@@ -206,31 +208,35 @@ def test_dropout_is_the_identity_outside_training():
 def test_rule_does_not_fire_on_its_near_miss(rule, rng):
     _, make_miss = CASES[rule]
     random = rule == "dropout_outside_training"            # a random mask: structure only
-    after = check_pass(make_miss, simplify, rng, special=not random, plan=not random) if not random else \
-        simplify(make_miss())
-    assert not fired(after, rule), after.notes
+    ctx = PassContext()
+    if random:
+        apply(make_miss(), simplify, ctx=ctx)
+    else:
+        check_pass(make_miss, simplify, rng, special=True, ctx=ctx)
+    assert not fired(ctx, rule), ctx.notes
 
 
 @pytest.mark.parametrize("rule,make", EXTRA_MISSES, ids=[f"{r}-{i}" for i, (r, _) in enumerate(EXTRA_MISSES)])
 def test_more_near_misses(rule, make, rng):
-    after = check_pass(make, simplify, rng, special=True)
-    assert not fired(after, rule), after.notes
+    ctx = PassContext()
+    check_pass(make, simplify, rng, special=True, ctx=ctx)
+    assert not fired(ctx, rule), ctx.notes
 
 
 def test_what_the_rules_leave(rng):
     """Structure: the operations that remain after each rule, where it fires."""
-    g = simplify(CASES["neg_neg"][0]())
+    g = apply(CASES["neg_neg"][0](), simplify)
     assert g.outputs["y"] is g.inputs["x"] and ops(g) == ["neg"]          # the inner neg: dead code now
-    g = simplify(CASES["div_by_power_of_two"][0]())
+    g = apply(CASES["div_by_power_of_two"][0](), simplify)
     assert g.outputs["y"].producer.op == "mul"
     assert float(g.outputs["y"].producer.inputs[1].producer.attrs["value"]) == -4.0
-    g = simplify(CASES["merge_scalings"][0]())
+    g = apply(CASES["merge_scalings"][0](), simplify)
     assert g.outputs["y"].producer.op == "mul" and g.outputs["y"].producer.inputs[0] is g.inputs["x"]
-    g = simplify(CASES["pool_before_activation"][0]())
+    g = apply(CASES["pool_before_activation"][0](), simplify)
     assert g.outputs["y"].producer.op == "relu" and g.outputs["y"].producer.inputs[0].producer.op == "max_pool2d"
-    g = simplify(CASES["pads_to_concat"][0]())
+    g = apply(CASES["pads_to_concat"][0](), simplify)
     assert g.outputs["z"].producer.op == "pad_axis" and g.outputs["z"].producer.inputs[0].producer.op == "concat"
-    g = simplify(CASES["transpose_chain"][0]())
+    g = apply(CASES["transpose_chain"][0](), simplify)
     assert g.outputs["y"] is g.inputs["x"]
-    g = simplify(CASES["matmul_of_transpose"][0]())
+    g = apply(CASES["matmul_of_transpose"][0](), simplify)
     assert g.outputs["y"].producer.attrs["trans_a"] is True and g.outputs["y"].producer.inputs[0] is g.inputs["a"]

@@ -8,6 +8,7 @@ import pytest
 
 from toolkit.ir.graph import Graph, TensorType, Value
 from toolkit.ops import Builder
+from toolkit.passes.pipeline import memory_reuse
 from toolkit.runtime.memory import ALIGN, Storage, _place
 from toolkit.runtime.plan import Plan, memory_figures
 
@@ -18,7 +19,7 @@ def add_input(graph, name, shape, dtype="float64"):
     return v
 
 
-def matmul_chain(n: int, disabled=()):
+def matmul_chain(n: int):
     """x -> 8 products with a constant matrix: no kernel runs in place, each result dies at the next."""
     g = Graph("infer")
     x = add_input(g, "x", (16, 16))
@@ -28,7 +29,6 @@ def matmul_chain(n: int, disabled=()):
     for _ in range(n):
         h = b.op("matmul", h, w, trans_a=False, trans_b=False)
     g.outputs["y"] = h
-    g.disabled = frozenset(disabled)
     return g
 
 
@@ -43,8 +43,9 @@ def test_figures_of_a_chain():
 
 
 def test_no_reuse_when_planning_is_off():
-    plan = Plan(matmul_chain(8, disabled=("plan_memory",)), {}, {})
+    plan = Plan(matmul_chain(8), {}, {}, reuse_memory=memory_reuse({"plan_memory"}))
     assert plan.memory.peak_bytes == plan.memory.naive_bytes == 9 * 16 * 16 * 8
+    assert memory_figures(matmul_chain(8), {}, reuse_memory=False) == plan.memory.summary()
     x = np.random.default_rng(0).normal(size=(16, 16))
     np.testing.assert_allclose(plan.run({"x": x})["y"], x * 0.5 ** 8)
 

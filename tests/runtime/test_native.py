@@ -41,7 +41,7 @@ def _close(a, b, dtype, what):
 
 def _op_cases():
     from tests.ops.test_op_table import DETERMINISTIC
-    from toolkit.kernels.registry import KERNELS
+    from toolkit.backend.registry import KERNELS
     return [c for c in DETERMINISTIC if KERNELS.native(c.op, "cpu") is not None]
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tests.runtime.test_gpu_backend import CXX, RAW_MODULE, ROOT, STAND_IN, _run_stand_in
-from toolkit.runtime.devices import gpu_available
+from toolkit.backend.devices import gpu_available
 from toolkit.runtime.streams import assign_streams
 
 INCEPTION = ROOT / "benchmarks" / "nets" / "inception.yaml"

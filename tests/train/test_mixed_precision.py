@@ -14,7 +14,7 @@ from tests.train.test_loop import RESUME_NET, cli, make_data
 from toolkit.compile import train_graph
 from toolkit.frontend import OBJECTIVE, Net
 from toolkit.passes import precision
-from toolkit.runtime.devices import gpu_available
+from toolkit.backend.devices import gpu_available
 from toolkit.optim.loss_scaling import SCALE, STEPS, TRACKER, MixedPrecision
 from toolkit.optim.solvers import SolverConfig, host_values
 from toolkit.train.trainer import Trainer

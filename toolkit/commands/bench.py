@@ -8,16 +8,19 @@ from dataclasses import replace
 
 import numpy as np
 
+from ..backend.devices import CPU, Device
+from ..backend.options import check_device, resolve_dtype, resolve_train_dtype
 from ..compile import disabled_passes, forward_graph, solver_config, train_step_graph
 from ..errors import UserError
 from ..frontend import Net
 from ..ir.graph import FLOAT_DTYPES, LOW_PRECISION
 from ..optim.loss_scaling import MixedPrecision
+from ..optim.solvers import host_values, initial_state
+from ..passes.pipeline import memory_reuse
 from ..runtime.plan import Plan
 from ..runtime.session import batch_bindings
-from ..optim.solvers import host_values, initial_state
+from ..zoo.resolve import load_net
 from .bench_layers import format_table, json_rows, per_layer_table
-from .devices import check_device, resolve_dtype, resolve_train_dtype
 
 
 def parse_dims(items: list[str]) -> dict[str, int]:
@@ -76,7 +79,7 @@ def stand_in_weights(weights: dict[str, np.ndarray], seed: int = 0) -> dict[str,
 
 
 def bench_plan(net: Net, batch: int, train: bool, dtype: str | None = None, disable: tuple[str, ...] = (),
-               dims: dict[str, int] | None = None, device: str = "cpu", weights_file: str | None = None,
+               dims: dict[str, int] | None = None, device: Device | str = CPU, weights_file: str | None = None,
                lr: float | None = None) -> tuple[Plan, dict]:
     """The plan `toolkit bench` times and its inputs: the infer phase with the weights frozen in
     (as `toolkit infer` runs it), or the train step with the net's solver."""
@@ -96,7 +99,7 @@ def bench_plan(net: Net, batch: int, train: bool, dtype: str | None = None, disa
     for name, w in graph.weights.items():          # solver slots and the loss scale
         if name not in weights:
             weights[name] = initial_state(w)
-    plan = Plan(graph, bindings, {k: weights[k] for k in graph.weights}, device)
+    plan = Plan(graph, bindings, {k: weights[k] for k in graph.weights}, device, reuse_memory=memory_reuse(disable))
     inputs = bench_inputs(graph, bindings, np.random.default_rng(0))
     if train:
         base_lr = lr if lr is not None else (net.spec.train.solver.base_lr if net.spec.train else 0.01)
@@ -107,7 +110,7 @@ def bench_plan(net: Net, batch: int, train: bool, dtype: str | None = None, disa
 def run_bench(args) -> int:
     args.device = check_device(args.device)
     args.dtype = resolve_train_dtype(args.dtype, args.device) if args.train else resolve_dtype(args.dtype, args.device)
-    net = Net.load(args.net)
+    net = load_net(args.net)
     disable = disabled_passes(net, args.disable, args.no_optimize)
     solver = solver_config(net)
     weights_file = net.weights_or_published(args.weights)
@@ -118,7 +121,7 @@ def run_bench(args) -> int:
     median = float(np.median(times))
     report = {
         "net": net.name, "mode": "train" if args.train else "infer", "batch": args.batch,
-        "device": args.device, "dtype": args.dtype or "float32", "iters": args.iters,
+        "device": str(args.device), "dtype": args.dtype or "float32", "iters": args.iters,
         "solver": solver.type if args.train else None,
         "optimized": not args.no_optimize, "disabled": list(disable), "median_ms": round(median, 4), "p10_ms": round(float(np.percentile(times, 10)), 4),
         "p90_ms": round(float(np.percentile(times, 90)), 4),

@@ -5,7 +5,7 @@ import json
 
 import numpy as np
 
-from ..frontend import Net
+from ..zoo.resolve import load_net
 from ..ir.dims import format_count, format_dim
 from ..ops.flops import graph_flops
 
@@ -14,7 +14,7 @@ PHASE_ORDER = ("infer", "test", "train")
 
 def run_check(args) -> int:
     from .train_cmd import parse_overrides
-    net = Net.load(args.net, parse_overrides(args.overrides))
+    net = load_net(args.net, parse_overrides(args.overrides))
     lowered = {p: net.lower(p) for p in PHASE_ORDER}
     rows = []
     total_params = 0
@@ -44,7 +44,7 @@ def run_check(args) -> int:
 def run_render(args) -> int:
     from ..frontend.render import render_net
     from .train_cmd import parse_overrides
-    net = Net.load(args.net, parse_overrides(args.overrides))
+    net = load_net(args.net, parse_overrides(args.overrides))
     print(render_net(net), end="")
     return 0
 

@@ -8,17 +8,17 @@ from collections import Counter
 
 import numpy as np
 
+from ..backend.options import check_device
 from ..compile import disabled_passes, optimize, train_graph
-from ..optim.data_parallel import DataParallel, bucket_summary
 from ..errors import UserError
-from ..frontend import Net
 from ..ir.dims import Dim, evaluate, format_count
-from ..passes.pipeline import PIPELINE, PassRecord
 from ..ops.flops import graph_flops
+from ..optim.data_parallel import DataParallel, bucket_summary
+from ..passes.pipeline import PIPELINE, PassRecord, memory_reuse
 from ..runtime.plan import Plan, memory_figures
 from ..runtime.session import batch_symbol
 from ..train.trainer import train_spec
-from .devices import check_device
+from ..zoo.resolve import load_net
 
 
 def _figure(d: Dim, bindings) -> int:
@@ -43,7 +43,7 @@ def fused_members(graph) -> dict[str, dict[str, int]]:
 
 def run_compile(args) -> int:
     args.device = check_device(args.device)
-    net = Net.load(args.net)
+    net = load_net(args.net)
     disable = disabled_passes(net, args.disable, args.no_optimize)
     start = time.perf_counter()
     if args.ranks > 1 and args.phase != "train":
@@ -54,7 +54,7 @@ def run_compile(args) -> int:
         data_parallel = DataParallel(d.bucket_mb, d.overlap, d.sync_batchnorm)
     graph = train_graph(net, data_parallel=data_parallel) if args.phase == "train" else net.graph(args.phase)
     build_ms = (time.perf_counter() - start) * 1e3
-    graph.device = args.device
+    reuse = memory_reuse(disable)
     bindings = {s: args.batch for s in graph.symbols()}
     symbol = batch_symbol(graph)
     weights_file = net.weights_or_published(args.weights)
@@ -63,17 +63,17 @@ def run_compile(args) -> int:
     weights = arrays if args.phase != "train" else None
     lowered = {"nodes": len(graph.nodes), "flops": _figure(graph_flops(graph), bindings),
                "flops_symbolic": format_count(graph_flops(graph)), "ms": round(build_ms, 3),
-               "memory": memory_figures(graph, bindings)}
+               "memory": memory_figures(graph, bindings, args.device, reuse)}
 
     def observe(record: PassRecord, g) -> None:
-        record.memory = memory_figures(g, bindings)
+        record.memory = memory_figures(g, bindings, args.device, reuse)
 
     records: list[PassRecord] = []
     graph = optimize(graph, disable, weights, args.device, check=True, records=records, observe=observe)
     for name, w in graph.weights.items():       # solver slots start at zero
         arrays.setdefault(name, np.zeros(w.value.type.concrete({}), w.value.dtype))
     start = time.perf_counter()
-    plan = Plan(graph, bindings, {k: arrays[k] for k in graph.weights})
+    plan = Plan(graph, bindings, {k: arrays[k] for k in graph.weights}, args.device, reuse_memory=reuse)
     plan_ms = (time.perf_counter() - start) * 1e3
     final_flops = graph_flops(graph)
     report = {

@@ -26,8 +26,8 @@ from typing import Any
 from ..ir.graph import Graph, Node, Value
 from ..ops.base import get_op
 
-# How autodiff and the solvers name the scopes of the nodes they add (toolkit/autodiff.py,
-# toolkit/train/solvers.py): 'LAYER.grad' and 'autodiff' for the backward pass; 'LAYER.SOLVER'
+# How autodiff and the solvers name the scopes of the nodes they add (toolkit/ops/autodiff.py,
+# toolkit/optim/solvers.py): 'LAYER.grad' and 'autodiff' for the backward pass; 'LAYER.SOLVER'
 # and 'clip_gradients' for the updates. The solver names are the schema's (schemas/train.py,
 # SolverSpec.type); a test keeps the two lists equal.
 SOLVER_TYPES = ("sgd", "nesterov", "adam", "adamw", "rmsprop", "adagrad")

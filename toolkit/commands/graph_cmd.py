@@ -18,7 +18,7 @@ from pathlib import Path
 from ..compile import disabled_passes, optimize, train_graph
 from ..errors import UserError
 from ..fileio import atomic_write
-from ..frontend import Net
+from ..zoo.resolve import load_net
 from .dot import to_dot
 
 SUFFIXES = (".dot", ".svg")
@@ -68,7 +68,7 @@ def run_graph(args) -> int:
         if dot is None:
             raise UserError(NO_DOT.format(stem=target.stem or "net"))
 
-    net = Net.load(args.net)
+    net = load_net(args.net)
     disable = disabled_passes(net, args.disable, args.no_optimize)
     graph = train_graph(net) if args.phase == "train" else net.graph(args.phase)
     stage = "as lowered"

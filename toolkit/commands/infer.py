@@ -9,31 +9,25 @@ import time
 
 import numpy as np
 
-from ..compile import disabled_passes, optimize
-from ..frontend import Net
+from ..inference import infer_phase
 from ..ir.binding import bind_symbols
 from ..runtime.session import DEFAULT_BUCKETS, InferSession, check_input_arrays
 from ..train.progress import StatusLine, bar, format_time
 from .io import InputStream, check_output_path, open_inputs, write_outputs
-from .devices import check_device, resolve_dtype
 
 CHUNK_BUCKETS = 4      # the default chunk: this many times the largest bucket's rows
 
 
 def run_infer(args) -> int:
-    args.device = check_device(args.device)
-    args.dtype = resolve_dtype(args.dtype, args.device)
     verbose = args.verbose
-    net = Net.load(args.net)
-    disable = disabled_passes(net, args.disable, args.no_optimize)
-    graph = net.graph("infer", args.dtype)
+    phase = infer_phase(args.net, args.device, args.dtype, args.disable, args.no_optimize)
+    graph = phase.graph
     if args.output:   # before loading weights and running: a bad name wastes no work
         check_output_path(args.output, list(graph.outputs))
-    weights = net.load_weights(net.default_weights(args.weights), allow_missing=args.allow_missing, dtype=args.dtype)
+    weights = phase.load_weights(args.weights, allow_missing=args.allow_missing)
     shapes = {name: tuple(v.shape) for name, v in graph.inputs.items()}
-    with open_inputs(args.input, list(graph.inputs), list(net.spec.inputs), shapes) as stream:
-        graph = optimize(graph, disable, weights, args.device)     # the weights frozen into the graph
-        session = InferSession(graph, weights, args.device, args.buckets or DEFAULT_BUCKETS)
+    with open_inputs(args.input, list(graph.inputs), list(phase.net.spec.inputs), shapes) as stream:
+        session = phase.session(weights, args.buckets or DEFAULT_BUCKETS)     # the weights frozen in
         chunk_rows = _chunk_rows(session, args.chunk_rows)
         if chunk_rows is not None:
             stream.check_rows()

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import yaml
 
+from ..backend.options import check_device, resolve_train_dtype
 from ..compile import disabled_passes
 from ..errors import UserError
-from ..frontend import Net
 from ..ir.graph import LOW_PRECISION
-from .devices import check_device, resolve_train_dtype
+from ..zoo.resolve import load_net
 
 
 def parse_overrides(items: list[str]) -> list[tuple[tuple, object]]:
@@ -36,8 +36,8 @@ def run_train(args) -> int:
 
 def _maybe_data_parallel(args, run) -> int:
     """``run(args, comm)``: in a single process with comm None (mpi4py never imported then);
-    under an MPI launcher in a supervised rank process (dist/supervisor.py), on the job's
-    communicator, a failure of any rank stopping the whole job (dist/faults.py)."""
+    under an MPI launcher in a supervised rank process (distributed/supervisor.py), on the job's
+    communicator, a failure of any rank stopping the whole job (distributed/faults.py)."""
     from ..distributed import supervisor
     from ..distributed.launcher import launched_size, world
     size = launched_size()
@@ -59,7 +59,7 @@ def _maybe_data_parallel(args, run) -> int:
 
 
 def _train(args, comm) -> int:
-    check_device(args.device)
+    args.device = check_device(args.device)
     from ..train.trainer import Trainer
     overrides = parse_overrides(args.overrides)
     # --dtype float16 is mixed_precision.dtype=float16 (the net's other scaler settings kept);
@@ -68,7 +68,7 @@ def _train(args, comm) -> int:
         overrides.insert(0, (("train", "solver", "mixed_precision", "dtype"), args.dtype))
     elif args.dtype is not None:
         overrides.insert(0, (("train", "solver", "mixed_precision"), None))
-    net = Net.load(args.net, overrides)
+    net = load_net(args.net, overrides)
     mixed = net.spec.train.solver.mixed_precision if net.spec.train else None
     if mixed is not None:
         resolve_train_dtype(mixed.dtype, args.device)
@@ -92,11 +92,13 @@ def run_test(args) -> int:
 
 
 def _test(args, comm) -> int:
-    check_device(args.device)
-    from ..train.trainer import PlanCache, evaluate, evaluate_shared, load_data, test_graph, train_spec
-    from ..runtime.plan import RuntimeState
+    args.device = check_device(args.device)
     import numpy as np
-    net = Net.load(args.net, parse_overrides(args.overrides))
+
+    from ..passes.pipeline import memory_reuse
+    from ..runtime.plan import RuntimeState
+    from ..train.trainer import PlanCache, evaluate, evaluate_shared, load_data, test_graph, train_spec
+    net = load_net(args.net, parse_overrides(args.overrides))
     disable = disabled_passes(net, args.disable, args.no_optimize)
     spec = train_spec(net)
     _train, test_set = load_data(net, spec)
@@ -106,7 +108,7 @@ def _test(args, comm) -> int:
     graph = test_graph(net, disable, weights, args.device)
     if graph is None:
         raise UserError("the test phase has no scalar output (add an Accuracy or loss layer in phase test)")
-    cache = PlanCache(graph, weights, RuntimeState(np.random.default_rng(0)), args.device)
+    cache = PlanCache(graph, weights, RuntimeState(np.random.default_rng(0)), args.device, memory_reuse(disable))
     if comm is None:
         metrics = evaluate(cache, test_set, spec.data.batch_size)
     else:
@@ -120,7 +122,7 @@ def _test(args, comm) -> int:
 def run_data(args) -> int:
     from ..train.trainer import load_data, train_spec
     from .io import check_output_path, write_outputs
-    net = Net.load(args.net, parse_overrides(args.overrides))
+    net = load_net(args.net, parse_overrides(args.overrides))
     if not args.out.endswith(".npz"):
         raise UserError(f"--out {args.out}: use a .npz file name")
     check_output_path(args.out, ["data"])

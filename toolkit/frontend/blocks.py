@@ -12,7 +12,10 @@ import numpy as np
 
 from ..ops.base import Builder
 from ..ops.control import if_, loop
-from .lower import BlockFailed
+
+
+class BlockFailed(Exception):
+    """A block's own layers had problems (already recorded at their locations)."""
 
 
 def _layers_of(lowering, raw: list, block: tuple) -> list:

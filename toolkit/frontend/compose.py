@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Union
 
 from ..errors import Location, Problem, SpecError, UserError, did_you_mean
+from .resolver import ZOO_PREFIX, Resolver, zoo_model
 from .spec import read_text
 from .yaml_loader import Positions, load_yaml
 
@@ -76,14 +77,15 @@ class Composed:
         return problem
 
 
-def compose(path: str) -> Composed:
-    """Reads ``path`` and, if it has ``base:``, everything it builds on. Raises SpecError with
-    every composition problem found (missing or cyclic bases, merges naming no base layer)."""
+def compose(path: str, resolve: Resolver | None = None) -> Composed:
+    """Reads ``path`` and, if it has ``base:``, everything it builds on (``resolve`` finds a
+    ``zoo:NAME`` base's file). Raises SpecError with every composition problem found (missing
+    or cyclic bases, merges naming no base layer)."""
     text = read_text(path)
     data, positions = load_yaml(text, path)
     if not (isinstance(data, dict) and "base" in data):
         return Composed(data, positions, [path])
-    state = _State()
+    state = _State(resolve=resolve)
     tree = _compose_file(path, _tree(data, positions, ()), positions, state, (_real(path),))
     if state.problems:
         problems = sorted(state.problems, key=lambda p: (p.location.file != path, p.location.file,
@@ -100,6 +102,7 @@ class _State:
     problems: list[Problem] = field(default_factory=list)
     files: list[str] = field(default_factory=list)
     deleted: dict[str, tuple[str, Location]] = field(default_factory=dict)
+    resolve: Resolver | None = None
 
 
 def _real(path: str | Path) -> str:
@@ -196,10 +199,9 @@ def _base_refs(root: Map, state: _State) -> list[tuple[str, Location]]:
 
 
 def _locate_base(ref: str, path: str, where: Location, state: _State) -> str | None:
-    if ref.startswith("zoo:"):
-        from ..zoo.resolve import resolve
+    if ref.startswith(ZOO_PREFIX):
         try:
-            return str(resolve(ref, need_weights=False).net)
+            return str(zoo_model(state.resolve, ref).net)
         except UserError as error:
             state.problems.append(Problem(f"base '{ref}': {error.problems[0].message}", where))
             return None

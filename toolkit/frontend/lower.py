@@ -11,6 +11,7 @@ from ..errors import Location, Problem, did_you_mean
 from ..ir.dims import as_dim, format_dim
 from ..ir.graph import FLOAT_DTYPES, Graph, TensorType, Value, Weight
 from ..ops.base import Builder, ShapeError
+from .blocks import BlockFailed, lower_block
 from .yaml_loader import Positions
 
 OBJECTIVE = "@objective"   # the train graph's total loss; '@' cannot appear in a blob name
@@ -20,7 +21,7 @@ class LowerContext:
     """What a layer lowering may use: the builder, the phase, weight and state declarations."""
 
     def __init__(self, graph: Graph, layer, phase: str, float_dtype: str, declared: dict[str, tuple],
-                 root: Graph | None = None):
+                 root: Graph | None = None, sync_batchnorm: bool = False):
         # weights and state updates belong to the net's graph (``root``); the nodes go to
         # ``graph``, which is a block's body inside an If or Loop
         self.graph = root if root is not None else graph
@@ -28,6 +29,8 @@ class LowerContext:
         self.layer = layer
         self.phase = phase
         self.float_dtype = float_dtype
+        # data-parallel training: BatchNorm takes its statistics over every rank
+        self.sync_batchnorm = sync_batchnorm
         self.b = Builder(graph, layer.name)
         self._declared = declared         # every weight key -> (shape, layer) across phases
         self.param_count = 0
@@ -121,7 +124,7 @@ def lower_phase(spec, positions: Positions, phase: str, float_dtype: str | None,
                 sync_batchnorm: bool = False) -> Lowered:
     """The graph of ``phase`` (default outputs: tops nothing consumes) and the problems found.
     ``loss_layers``: names of the objective's layers (None: every layer whose type ends in Loss)."""
-    graph = Graph(phase, sync_batchnorm=sync_batchnorm)
+    graph = Graph(phase)
     blobs: dict[str, Value] = {}
     for name, inp in spec.inputs.items():
         dtype = inp.dtype
@@ -132,7 +135,7 @@ def lower_phase(spec, positions: Positions, phase: str, float_dtype: str | None,
         blobs[name] = v
     declared_floats = [i.dtype for i in spec.inputs.values() if i.dtype in FLOAT_DTYPES]
     net_float = float_dtype or (declared_floats[0] if declared_floats else "float32")
-    lowering = Lowering(graph, positions, phase, net_float, declared, loss_layers)
+    lowering = Lowering(graph, positions, phase, net_float, declared, loss_layers, sync_batchnorm)
     lowering.lower_layers(spec.layers, ("layers",), graph, blobs)
     graph.outputs = {name: v for name, v in blobs.items()
                      if v.id not in lowering.consumed and name not in graph.inputs and v.producer is not None
@@ -145,8 +148,9 @@ class Lowering:
     of If and Loop layers into body graphs. Problems are collected with their locations."""
 
     def __init__(self, root: Graph, positions: Positions, phase: str, float_dtype: str,
-                 declared: dict[str, tuple], loss_layers: set[str] | None):
+                 declared: dict[str, tuple], loss_layers: set[str] | None, sync_batchnorm: bool = False):
         self.root = root
+        self.sync_batchnorm = sync_batchnorm
         self.positions = positions
         self.phase = phase
         self.float_dtype = float_dtype
@@ -214,10 +218,9 @@ class Lowering:
                 broken.update(layer.tops)
                 clean = False
                 continue
-            ctx = LowerContext(graph, layer, phase, self.float_dtype, self.declared, self.root)
+            ctx = LowerContext(graph, layer, phase, self.float_dtype, self.declared, self.root, self.sync_batchnorm)
             try:
                 if layer.type in BLOCK_TYPES:
-                    from .blocks import lower_block
                     tops = lower_block(self, layer, prefix + (i,), graph, blobs, bottoms)
                 else:
                     tops = ldef.lower(layer, ctx, bottoms)
@@ -259,10 +262,6 @@ class Lowering:
                 for tname, lw in zip(layer.tops, weights):
                     graph.losses[tname] = 1.0 if lw is None else float(lw)
         return clean
-
-
-class BlockFailed(Exception):
-    """A block's own layers had problems (already recorded at their locations)."""
 
 
 def _keys(layer) -> set[str]:

@@ -15,6 +15,7 @@ from ..ops.base import Builder
 from ..passes.prune import eliminate_dead_code
 from .lower import OBJECTIVE, Lowered, lower_phase
 from .compose import compose
+from .resolver import ZOO_PREFIX, Resolver, zoo_model
 from .spec import duplicate_layer_names, from_command_line, validate_net
 from .yaml_loader import Positions
 
@@ -31,6 +32,7 @@ class Net:
         self.files: list[str] = [file]            # this file, then the bases it is built on
         self.bases: list[str] = []                # its bases as written in it
         self.zoo = None                           # the zoo model when loaded as zoo:NAME
+        self.resolve: Resolver | None = None      # what found it (and finds its weights)
         problems = duplicate_layer_names({"layers": [l.model_dump() for l in spec.layers]}, positions)
         problems += self._check_losses()
         problems += self._check_passes()
@@ -45,15 +47,16 @@ class Net:
             raise SpecError(*unique)
 
     @classmethod
-    def load(cls, path: str, overrides: list[tuple[tuple, Any]] = ()) -> "Net":
-        """A net file, or ``zoo:NAME``, with its bases merged and ``--set`` overrides applied."""
+    def load(cls, path: str, overrides: list[tuple[tuple, Any]] = (), resolve: Resolver | None = None) -> "Net":
+        """A net file, or ``zoo:NAME``, with its bases merged and ``--set`` overrides applied.
+        ``resolve`` finds the files of ``zoo:`` names (the net's and its bases'): the model zoo's
+        (``toolkit.zoo.resolve.load_net`` passes it)."""
         from layers import LAYERS, NetSpec
-        zoo_model = None
-        if path.startswith("zoo:"):
-            from ..zoo.resolve import resolve
-            zoo_model = resolve(path, need_weights=False)
-            path = str(zoo_model.net)
-        composed = compose(path)
+        model = None
+        if path.startswith(ZOO_PREFIX):
+            model = zoo_model(resolve, path)
+            path = str(model.net)
+        composed = compose(path, resolve)
         try:
             spec, raw, positions = validate_net(composed.data, composed.positions, NetSpec,
                                                 {k: d.params for k, d in LAYERS.items()}, overrides)
@@ -64,7 +67,8 @@ class Net:
         net.raw = raw
         net.files = composed.files
         net.bases = composed.bases
-        net.zoo = zoo_model
+        net.zoo = model
+        net.resolve = resolve
         return net
 
     def weights_or_published(self, given: str | None) -> str | None:
@@ -76,8 +80,7 @@ class Net:
         if given:
             return given
         if self.zoo is not None:
-            from ..zoo.resolve import resolve
-            weights = resolve(f"zoo:{self.zoo.name}", need_weights=True).weights
+            weights = zoo_model(self.resolve, f"{ZOO_PREFIX}{self.zoo.name}", need_weights=True).weights
             if weights is not None:
                 return str(weights)
             raise UserError(f"zoo:{self.zoo.name} publishes no weights; pass {flag} FILE")
@@ -137,7 +140,7 @@ class Net:
               sync_batchnorm: bool = False) -> Graph:
         """The pruned forward graph of ``phase``. Train graphs output each loss top and the
         loss_weight-weighted objective under OBJECTIVE. ``sync_batchnorm``: BatchNorm's batch
-        statistics are sums over the ranks of a data-parallel job (dist/graph.py)."""
+        statistics are sums over the ranks of a data-parallel job (optim/data_parallel.py)."""
         lowered = self.lower(phase, dtype, sync_batchnorm)
         if lowered.problems:
             raise SpecError(*lowered.problems)
@@ -158,7 +161,8 @@ class Net:
             terms = [b.scale(blobs[t], w) for t, w in graph.losses.items()]
             graph.outputs.update({t: blobs[t] for t in graph.losses})
             graph.outputs[OBJECTIVE] = b.add_all(terms)
-        return eliminate_dead_code(graph)
+        eliminate_dead_code(graph)
+        return graph
 
     # -- weights -----------------------------------------------------------------------------
     def weight_graph(self) -> Graph:

@@ -117,16 +117,9 @@ class Graph:
     updates: dict[str, Value] = field(default_factory=dict)
     # names of the loss tops with their weights, for the train phase
     losses: dict[str, float] = field(default_factory=dict)
-    # where the kernels will run: fusions ask the registry whether a fused kernel exists there
-    device: str = "cpu"
-    # layer name -> device, for the layers whose net file says ``device:`` (runtime/devices.py)
+    # layer name -> device name, for the layers whose net file says ``device:`` (the others run
+    # where the graph is compiled for: backend/placement.py)
     layer_devices: dict = field(default_factory=dict)
-    # passes switched off for this graph (the plan reads 'plan_memory' from here)
-    disabled: frozenset = frozenset()
-    # one line per change a pass made, for `toolkit compile --explain`
-    notes: list = field(default_factory=list)
-    # lowering option of data-parallel training: BatchNorm takes its statistics over every rank
-    sync_batchnorm: bool = False
 
     def symbols(self) -> set[str]:
         out: set[str] = set()

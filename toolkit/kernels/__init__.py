@@ -1,4 +1,4 @@
-"""Kernels: the (op, device, dtype) registry and the per-device implementations."""
-from .registry import KERNELS, KernelContext, KernelMissing, load_device, register_kernel
-
-__all__ = ["KERNELS", "KernelContext", "KernelMissing", "load_device", "register_kernel"]
+"""Kernels, as plug-ins above the runtime: one folder per kind of device (``cpu/`` numpy,
+``native/`` generated C for the host, ``gpu/`` CuPy), plus the control-flow kernels every kind
+shares. Importing a kind's modules registers its kernels in the backend's registry, which loads
+them by name (``Device.kernel_modules``) the first time that kind is asked for."""

@@ -10,25 +10,25 @@ from __future__ import annotations
 
 import numpy as np
 
-from .registry import KERNELS, KernelContext
+from ..backend.devices import to_host
+from ..backend.registry import KERNELS, KernelContext
+from ..runtime.plan import Plan, RuntimeState
 
 
 def _body_plan(ctx: KernelContext, body):
     """The body's plan, built once per shape binding and device and kept in the runtime state.
     One thread: the body's ops are small, and the outer plan already runs on every core."""
-    from ..runtime.plan import Plan, RuntimeState
     runtime = ctx.runtime if ctx.runtime is not None else RuntimeState(np.random.default_rng(0))
     key = (id(body), tuple(ctx.attrs["dims"]), ctx.device)
     kept = runtime.body_plans.get(key)
     if kept is None:
         plan = Plan(body.graph, dict(ctx.attrs["dims"]), {}, device=ctx.device,
-                    runtime=runtime, threads=1, concurrent=False, keep_inputs=True)
+                    runtime=runtime, threads=1, concurrent=False, keep_inputs=True, reuse_memory=ctx.reuse_memory)
         kept = runtime.body_plans[key] = (body, plan)      # the body held: its id stays unique
     return kept[1]
 
 
 def _to_host_bool(flag) -> bool:
-    from ..runtime.devices import to_host
     return bool(to_host(flag))
 
 

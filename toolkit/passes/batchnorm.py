@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from ..ir.graph import FLOAT_DTYPES, Graph, Node, Value
 from ..ops.base import get_op
-from .rewrite import Emitter, Substitution, kept_ids, note
+from .context import PassContext
+from .rewrite import Emitter, Substitution, kept_ids
 
 AFFINE_OPS = ("mul", "add", "sub")
 
@@ -58,7 +59,7 @@ def _as_vector(b: Emitter, v: Value, channels: int) -> Value:
     return b.reshape(v, (channels,))
 
 
-def fold_batch_norm(graph: Graph) -> Graph:
+def fold_batch_norm(graph: Graph, ctx: PassContext) -> bool:
     """Static per-channel scale and shift chains (BatchNorm with running statistics, Scale)
     after conv2d or an InnerProduct's matmul become that op's weights and bias."""
     static = static_values(graph)
@@ -124,7 +125,7 @@ def fold_batch_norm(graph: Graph) -> Graph:
         inserts[id(last)] = b.take()
         folded.append(f"{last.scope} into {head.scope}")
     if not folded:
-        return graph
+        return False
     nodes: list[Node] = []
     for node in graph.nodes:
         nodes.append(node)
@@ -132,5 +133,5 @@ def fold_batch_norm(graph: Graph) -> Graph:
     graph.nodes = nodes
     subst.apply(graph)
     for item in folded:
-        note(graph, f"fold_batch_norm: {item}")
-    return graph
+        ctx.note(f"fold_batch_norm: {item}")
+    return True

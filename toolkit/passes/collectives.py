@@ -1,4 +1,4 @@
-"""Scheduling the gradient all-reduce of data-parallel training (dist/graph.py).
+"""Scheduling the gradient all-reduce of data-parallel training (optim/data_parallel.py).
 
 The graph's node order is the order a plan runs its steps. Each bucket's allreduce_start moves
 up to right after the last node its gradients need, so that the sum runs while the rest of the
@@ -12,13 +12,13 @@ collectives alike, as MPI requires.
 from __future__ import annotations
 
 from ..ir.graph import Graph
-from .rewrite import note
+from .context import PassContext
 
 
-def schedule_collectives(graph: Graph) -> Graph:
+def schedule_collectives(graph: Graph, ctx: PassContext) -> bool:
     starts = [n for n in graph.nodes if n.op == "allreduce_start"]
     if not starts:
-        return graph
+        return False
     moving = {id(n) for n in graph.nodes if n.op in ("allreduce_start", "allreduce_wait")}
     rest = [n for n in graph.nodes if id(n) not in moving]
     position = {o.id: i for i, node in enumerate(rest) for o in node.outputs}
@@ -42,8 +42,9 @@ def schedule_collectives(graph: Graph) -> Graph:
         order.append(node)
         order.extend(after.get(i, []))
     order.extend(before.get(len(rest), []))
-    if [id(n) for n in order] != [id(n) for n in graph.nodes]:
-        note(graph, f"{len(starts)} gradient bucket(s): each all-reduce starts after its last gradient "
-                    f"and is waited for before its first update")
+    moved = [id(n) for n in order] != [id(n) for n in graph.nodes]
+    if moved:
+        ctx.note(f"{len(starts)} gradient bucket(s): each all-reduce starts after its last gradient "
+                 f"and is waited for before its first update")
     graph.nodes = order
-    return graph
+    return moved

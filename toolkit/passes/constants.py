@@ -13,7 +13,9 @@ import numpy as np
 
 from ..ir.graph import Graph, Node
 from ..ops.base import get_op
-from .rewrite import CONSTANT_OPS, Emitter, Substitution, constant_node, constant_value, is_concrete, note
+from ..ops.reduce import bessel_factor
+from .context import PassContext
+from .rewrite import CONSTANT_OPS, Emitter, Substitution, constant_node, constant_value, is_concrete
 
 # A folded constant may be this much larger than the constants it is computed from: enough for
 # broadcast scalars and small tables, never a copy of an activation-sized array per plan.
@@ -70,7 +72,6 @@ def _shape_derived(node: Node, emitter: Emitter) -> Node | None:
     """Ops whose arithmetic depends on a shape: once the shape is a number, the factor is a
     constant. bessel_correct(var, count=n) -> var * (n / (n - 1))."""
     if node.op == "bessel_correct" and isinstance(node.attrs["count"], int):
-        from ..ops.reduce import bessel_factor
         factor = emitter.scalar(bessel_factor(node.attrs["count"]), node.outputs[0].dtype)
         mul = Node("mul", [node.inputs[0], factor], {}, node.scope)
         mul.outputs = node.outputs
@@ -80,13 +81,13 @@ def _shape_derived(node: Node, emitter: Emitter) -> Node | None:
     return None
 
 
-def fold_constants(graph: Graph) -> Graph:
+def fold_constants(graph: Graph, ctx: PassContext) -> bool:
     """Pure nodes that read only constants (with concrete shapes and attributes) become constants,
     and shape-derived factors become constants; one sweep in topological order reaches the
     fixpoint of constant propagation."""
     known: dict[int, np.ndarray] = {}
     out_nodes: list[Node] = []
-    folded = 0
+    folded = rewrites = 0
     for node in graph.nodes:
         if node.op in CONSTANT_OPS:
             known[node.outputs[0].id] = constant_value(node.outputs[0])
@@ -99,7 +100,8 @@ def fold_constants(graph: Graph) -> Graph:
                 known[factor.outputs[0].id] = constant_value(factor.outputs[0])
                 out_nodes.append(factor)
             node = rewritten
-            note(graph, f"fold_constants: {node.scope}: bessel_correct's n/(n-1) is a constant")
+            rewrites += 1
+            ctx.note(f"fold_constants: {node.scope}: bessel_correct's n/(n-1) is a constant")
         opdef = get_op(node.op)
         foldable = (opdef.pure and node.inputs and all(v.id in known for v in node.inputs)
                     and all(is_concrete(o.shape) for o in node.outputs) and is_concrete(node.attrs))
@@ -116,8 +118,8 @@ def fold_constants(graph: Graph) -> Graph:
             out_nodes.append(const)
     graph.nodes = out_nodes
     if folded:
-        note(graph, f"fold_constants: {folded} node(s) evaluated at compile time")
-    return graph
+        ctx.note(f"fold_constants: {folded} node(s) evaluated at compile time")
+    return bool(folded or rewrites)
 
 
 def _bytes(arr: np.ndarray) -> np.ndarray:
@@ -128,7 +130,7 @@ def _digest(arr: np.ndarray) -> tuple:
     return (arr.dtype.str, arr.shape, hashlib.blake2b(_bytes(arr)).digest())
 
 
-def dedup_constants(graph: Graph) -> Graph:
+def dedup_constants(graph: Graph, ctx: PassContext) -> bool:
     """Constants equal in dtype, shape and bytes become one (the first); its readers share it."""
     seen: dict[tuple, list] = {}
     subst = Substitution()
@@ -151,6 +153,6 @@ def dedup_constants(graph: Graph) -> Graph:
     graph.nodes = kept
     subst.apply(graph)
     if merged:
-        note(graph, f"dedup_constants: {merged} duplicate constant(s) merged")
-    return graph
+        ctx.note(f"dedup_constants: {merged} duplicate constant(s) merged")
+    return bool(merged)
 

@@ -1,18 +1,15 @@
-"""Passes over control flow.
-
-``eliminate_dead_branches`` (canonical): an ``if`` whose condition is a constant becomes the nodes
-of the branch it would take, spliced in where it stood (the other branch is gone); a loop's
+"""``eliminate_dead_branches`` (canonical): an ``if`` whose condition is a constant becomes the
+nodes of the branch it would take, spliced in where it stood (the other branch is gone); a loop's
 per-step outputs that nothing reads are no longer stacked, and body inputs that the body no
-longer reads stop being passed.
-
-``optimize_bodies``: the whole pipeline, run on every body (with the passes the outer graph has
-switched off also off there), so a loop's step is folded, fused and batched like any graph.
+longer reads stop being passed. (The whole pipeline on every body is pipeline.py's
+``optimize_bodies``.)
 """
 from __future__ import annotations
 
 from ..ir.graph import Graph, Node
 from ..ops.control import Body, bodies_of, inline
-from .rewrite import Emitter, Substitution, constant_value, note
+from .context import PassContext
+from .rewrite import Emitter, Substitution, constant_value
 
 
 def _branch_taken(node: Node) -> str | None:
@@ -60,11 +57,12 @@ def _drop_unread_inputs(node: Node) -> bool:
     return True
 
 
-def eliminate_dead_branches(graph: Graph) -> Graph:
+def eliminate_dead_branches(graph: Graph, ctx: PassContext) -> bool:
     readers = {v.id for n in graph.nodes for v in n.inputs}
     readers |= {v.id for v in graph.outputs.values()} | {v.id for v in graph.updates.values()}
     subst = Substitution()
     kept: list[Node] = []
+    changed = False
     for node in graph.nodes:
         subst.apply_to_node(node)
         if node.op == "if" and (taken := _branch_taken(node)) is not None:
@@ -73,28 +71,17 @@ def eliminate_dead_branches(graph: Graph) -> Graph:
             for old, new in zip(node.outputs, outs):
                 subst.replace(old, new)
             kept.extend(emitter.take())
-            note(graph, f"eliminate_dead_branches: '{node.scope}': the condition is always "
+            changed = True
+            ctx.note(f"eliminate_dead_branches: '{node.scope}': the condition is always "
                         f"{taken == 'then_body'}; only its {taken.split('_')[0]} branch is kept")
             continue
         if node.op == "loop" and _prune_loop(node, readers):
-            note(graph, f"eliminate_dead_branches: '{node.scope}': per-step outputs nobody reads are not stacked")
+            changed = True
+            ctx.note(f"eliminate_dead_branches: '{node.scope}': per-step outputs nobody reads are not stacked")
         if node.op in ("loop", "if") and _drop_unread_inputs(node):
-            note(graph, f"eliminate_dead_branches: '{node.scope}': values its body no longer reads are not passed")
+            changed = True
+            ctx.note(f"eliminate_dead_branches: '{node.scope}': values its body no longer reads are not passed")
         kept.append(node)
     graph.nodes = kept
     subst.apply(graph)
-    return graph
-
-
-def optimize_bodies(graph: Graph) -> Graph:
-    from .pipeline import run_pipeline
-    for node in graph.nodes:
-        for body in bodies_of(node):
-            body.graph.device = graph.device
-            body.graph.layer_devices = graph.layer_devices
-            before = len(body.graph.nodes)
-            run_pipeline(body.graph, disable=tuple(sorted(set(graph.disabled) | {"place_devices"})))
-            if len(body.graph.nodes) != before:
-                note(graph, f"optimize_bodies: '{node.scope}': its body went from {before} to "
-                            f"{len(body.graph.nodes)} nodes")
-    return graph
+    return changed

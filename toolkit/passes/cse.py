@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from ..ir.graph import Graph, Node
 from ..ops.base import get_op
-from ..runtime.devices import node_device
-from .rewrite import CONSTANT_OPS, Substitution, note
+from .context import PassContext
+from .rewrite import CONSTANT_OPS, Substitution
 
 # a + b == b + a and a * b == b * a exactly in IEEE arithmetic (and with numpy broadcasting)
 COMMUTATIVE = frozenset({"add", "mul"})
@@ -23,19 +23,20 @@ def _key(node: Node, where) -> tuple | None:
     return key
 
 
-def eliminate_common(graph: Graph) -> Graph:
+def eliminate_common(graph: Graph, ctx: PassContext) -> bool:
     """Pure nodes with the same op, inputs and attributes compute the same values: the first stays
     and the later ones' readers use it, where both run on one device (constants are dedup_constants' job; random ops never merge)."""
     seen: dict[tuple, Node] = {}
     subst = Substitution()
     kept: list[Node] = []
     merged = 0
+    placement = ctx.placement(graph)
     for node in graph.nodes:
         subst.apply_to_node(node)
         if node.op in CONSTANT_OPS or not get_op(node.op).pure:
             kept.append(node)
             continue
-        key = _key(node, node_device(graph, node) if graph.layer_devices else None)
+        key = _key(node, placement.node(node) if placement.by_layer else None)
         first = seen.get(key) if key is not None else None
         if first is not None:
             for out, same in zip(node.outputs, first.outputs):
@@ -48,5 +49,5 @@ def eliminate_common(graph: Graph) -> Graph:
     graph.nodes = kept
     subst.apply(graph)
     if merged:
-        note(graph, f"eliminate_common: {merged} repeated computation(s) reuse an earlier result")
-    return graph
+        ctx.note(f"eliminate_common: {merged} repeated computation(s) reuse an earlier result")
+    return bool(merged)

@@ -8,33 +8,34 @@ reader closes the group (else that reader would run before the value exists).
 from __future__ import annotations
 
 from ..ir.graph import Graph, Node, Value
-from ..kernels.registry import KERNELS, load_graph_devices
+from ..backend.registry import KERNELS
 from ..ops.base import get_op
 from ..ops.fused import EPILOGUE_HEADS, POOL_PREFIX, make_step
-from ..runtime.devices import node_device
-from .rewrite import kept_ids, note
+from .context import PassContext
+from .rewrite import kept_ids
 
 # Elementwise ops a fused program may hold: pure, one output, same dtype in and out.
 NOT_FUSABLE = frozenset({"cast", "scalar", "constant"})
 
 
-def fuse_conv_max_pool(graph: Graph) -> Graph:
+def fuse_conv_max_pool(graph: Graph, ctx: PassContext) -> bool:
     """conv2d -> max_pool2d becomes conv2d_max_pool2d when the convolution's output is read by
     that pooling alone (so never in a train graph, whose pooling gradient reads it too), is not
     a graph output, and the pooling is unpadded and floor-mode (its windows stay inside)."""
-    load_graph_devices(graph)
+    where = ctx.placement(graph)
     readers = graph.consumers()
     kept = kept_ids(graph)
     new_nodes: list[Node] = []
+    fused_any = False
     for node in graph.nodes:
         if node.op == "max_pool2d":
             conv = node.inputs[0].producer
-            device = node_device(graph, node)
-            ok = (conv is not None and conv.op == "conv2d" and node_device(graph, conv) == device
+            device = where.node(node)
+            ok = (conv is not None and conv.op == "conv2d" and where.node(conv) == device
                   and len(readers.get(node.inputs[0].id, [])) == 1
                   and node.inputs[0].id not in kept
                   and node.attrs["pad"] == (0, 0) and not node.attrs["ceil_mode"]
-                  and KERNELS.has("conv2d_max_pool2d", device.kind, node.outputs[0].dtype))
+                  and KERNELS.has("conv2d_max_pool2d", device, node.outputs[0].dtype))
             if ok:
                 attrs = dict(conv.attrs)
                 attrs.update({POOL_PREFIX + k: v for k, v in node.attrs.items()})
@@ -44,11 +45,12 @@ def fuse_conv_max_pool(graph: Graph) -> Graph:
                     out.producer = fused
                 new_nodes.remove(conv)
                 new_nodes.append(fused)
-                note(graph, f"fuse_conv_max_pool: {fused.scope}")
+                ctx.note(f"fuse_conv_max_pool: {fused.scope}")
+                fused_any = True
                 continue
         new_nodes.append(node)
     graph.nodes = new_nodes
-    return graph
+    return fused_any
 
 
 # -- elementwise groups ---------------------------------------------------------------------------
@@ -123,16 +125,17 @@ def _replace_group(graph: Graph, members: list[Node], fused: Node, leaving: list
     graph.nodes = [fused if i == last else n for i, n in enumerate(graph.nodes) if id(n) not in gone or i == last]
 
 
-def fuse_elementwise(graph: Graph) -> Graph:
+def fuse_elementwise(graph: Graph, ctx: PassContext) -> bool:
     """Chains and trees of elementwise ops of one shape and dtype become one fused_elementwise
     op that passes over memory once; values read outside the group become its outputs."""
-    load_graph_devices(graph)
+    where = ctx.placement(graph)
+    fused_any = False
     owner: dict[int, _Group] = {}
     groups: list[_Group] = []
     order = {id(n): i for i, n in enumerate(graph.nodes)}
     for node in graph.nodes:
         joined: list[_Group] = []
-        device = node_device(graph, node)
+        device = where.node(node)
         if _fusable(node):
             for v in node.inputs:
                 g = owner.get(v.id)
@@ -163,7 +166,7 @@ def fuse_elementwise(graph: Graph) -> Graph:
     kept = kept_ids(graph)
     readers = graph.consumers()
     for g in groups:
-        if not KERNELS.has("fused_elementwise", g.device.kind, g.type.dtype):
+        if not KERNELS.has("fused_elementwise", g.device, g.type.dtype):
             continue
         inside = {id(n) for n in g.members}
 
@@ -183,9 +186,10 @@ def fuse_elementwise(graph: Graph) -> Graph:
             attrs["views"] = tuple(views)
         fused = Node("fused_elementwise", inputs, attrs, _scope_of(g.members))
         _replace_group(graph, g.members, fused, leaving)
-        note(graph, f"fuse_elementwise: {len(g.members)} op(s) of {fused.scope} -> one pass "
-                    f"({', '.join(n.op for n in g.members)}{', reading slices in place' if any(views) else ''})")
-    return graph
+        fused_any = True
+        ctx.note(f"fuse_elementwise: {len(g.members)} op(s) of {fused.scope} -> one pass "
+                 f"({', '.join(n.op for n in g.members)}{', reading slices in place' if any(views) else ''})")
+    return fused_any
 
 
 # -- epilogues ------------------------------------------------------------------------------------
@@ -200,13 +204,14 @@ def _can_head(node: Node) -> bool:
     return True
 
 
-def fuse_epilogue(graph: Graph) -> Graph:
+def fuse_epilogue(graph: Graph, ctx: PassContext) -> bool:
     """A GEMM or convolution whose result only an elementwise op or group reads becomes one
     fused_epilogue op: the program runs on the head's output while it is still in cache (bias,
     activation, residual add, scaling)."""
-    load_graph_devices(graph)
+    where = ctx.placement(graph)
     readers = graph.consumers()
     kept = kept_ids(graph)
+    fused_any = False
     for node in list(graph.nodes):
         if node.op == "fused_elementwise":
             program, outputs = node.attrs["program"], node.attrs["outputs"]
@@ -217,12 +222,12 @@ def fuse_epilogue(graph: Graph) -> Graph:
         else:
             continue
         group_type = node.outputs[0].type
-        device = node_device(graph, node)
+        device = where.node(node)
         head = next((v.producer for v, view in zip(node.inputs, views)
                      if not view and v.producer is not None and _can_head(v.producer) and v.type == group_type
                      and v.id not in kept and len(readers.get(v.id, [])) == 1
-                     and node_device(graph, v.producer) == device), None)
-        if head is None or not KERNELS.has("fused_epilogue", device.kind, group_type.dtype):
+                     and where.node(v.producer) == device), None)
+        if head is None or not KERNELS.has("fused_epilogue", device, group_type.dtype):
             continue
         head_value = head.outputs[0]
         inputs = list(head.inputs)
@@ -243,6 +248,7 @@ def fuse_epilogue(graph: Graph) -> Graph:
             attrs["views"] = tuple(new_views)
         fused = Node("fused_epilogue", inputs, attrs, f"{head.scope}+{node.scope}")
         _replace_group(graph, [head, node], fused, list(node.outputs))
-        note(graph, f"fuse_epilogue: {head.op} of {head.scope} + {len(program)} elementwise op(s) "
-                    f"({', '.join(step[0] for step in program)})")
-    return graph
+        fused_any = True
+        ctx.note(f"fuse_epilogue: {head.op} of {head.scope} + {len(program)} elementwise op(s) "
+                 f"({', '.join(step[0] for step in program)})")
+    return fused_any

@@ -21,8 +21,9 @@ import numpy as np
 
 from ..ir.dims import is_static
 from ..ir.graph import FLOAT_DTYPES, Graph, Node, Value
-from ..runtime.devices import node_device
-from .rewrite import CONSTANT_OPS, Emitter, Substitution, kept_ids, note
+from ..backend.placement import Placement
+from .context import PassContext
+from .rewrite import CONSTANT_OPS, Emitter, Substitution, kept_ids
 
 # Rule 3 only batches products this small (M*N*K multiply-adds each): above it, the copies that
 # stack the operands cost more than the matmul calls they save (measured on 2-core EPYC: two
@@ -36,9 +37,10 @@ def _is_plain(node: Node) -> bool:
 
 
 class _Places:
-    """Positions of nodes, where values are defined, and where they are first read."""
+    """Positions of nodes, where values are defined and first read, and where nodes run."""
 
-    def __init__(self, graph: Graph):
+    def __init__(self, graph: Graph, placement: Placement):
+        self.device_of = placement.node
         self.pos = {id(n): i for i, n in enumerate(graph.nodes)}
         self.defined: dict[int, int] = {v.id: -1 for v in graph.graph_values()}
         self.first_read: dict[int, int] = {}
@@ -71,14 +73,14 @@ def _largest_fitting(nodes: list[Node], places: _Places) -> list[Node]:
     return chosen
 
 
-def _shared_operand_groups(graph: Graph) -> dict[tuple, list[Node]]:
+def _shared_operand_groups(graph: Graph, places: _Places) -> dict[tuple, list[Node]]:
     groups: dict[tuple, list[Node]] = {}
     for node in graph.nodes:
         if not _is_plain(node):
             continue
         ta, tb = node.attrs["trans_a"], node.attrs["trans_b"]
         a, b = node.inputs
-        where = node_device(graph, node)           # one GEMM never spans two devices
+        where = places.device_of(node)             # one GEMM never spans two devices
         groups.setdefault((a.id, "a", ta, tb, where), []).append(node)
         groups.setdefault((b.id, "b", ta, tb, where), []).append(node)
     return groups
@@ -116,7 +118,7 @@ def _batch_shared(graph: Graph, subst: Substitution, inserts, places: _Places, d
     notes = []
     order = _layer_order(graph)
     kept = kept_ids(graph)
-    for (shared_id, role, ta, tb, _where), nodes in _shared_operand_groups(graph).items():
+    for (shared_id, role, ta, tb, _where), nodes in _shared_operand_groups(graph, places).items():
         # the other operands are concatenated along the axis that becomes the result's columns
         # (shared a: b's N axis) or rows (shared b: a's M axis); it must have a fixed size
         axis = (0 if tb else 1) if role == "a" else (1 if ta else 0)
@@ -192,10 +194,10 @@ def _batch_sums(graph: Graph, subst: Substitution, inserts, places: _Places, don
         terms.sort(key=lambda t: (order[_layer_of(t)], places.pos[id(t)]))
         ta, tb = terms[0].attrs["trans_a"], terms[0].attrs["trans_b"]
         a_axis, b_axis = (0 if ta else 1), (1 if tb else 0)
-        where = node_device(graph, node)
+        where = places.device_of(node)
         if any(t.attrs["trans_a"] != ta or t.attrs["trans_b"] != tb or t.outputs[0].type != out.type
                or not is_static(t.inputs[0].shape[a_axis]) or id(t) in done
-               or node_device(graph, t) != where for t in terms):
+               or places.device_of(t) != where for t in terms):
             continue
         b = Emitter(node.scope)
         joined_a = b.op("concat", *[t.inputs[0] for t in terms], axis=a_axis)
@@ -224,7 +226,7 @@ def _batch_independent(graph: Graph, subst: Substitution, inserts, places: _Plac
         cols = b.shape[0] if node.attrs["trans_b"] else b.shape[1]
         if rows * cols * inner > SMALL_PRODUCT:
             continue
-        groups.setdefault((a.type, b.type, node.attrs["trans_a"], node.attrs["trans_b"], node_device(graph, node)),
+        groups.setdefault((a.type, b.type, node.attrs["trans_a"], node.attrs["trans_b"], places.device_of(node)),
                           []).append(node)
     for (_ta, _tb, trans_a, trans_b, _where), nodes in groups.items():
         nodes = _largest_fitting(nodes, places) if len(nodes) > 1 else []
@@ -265,7 +267,7 @@ def _batch_bias_gradients(graph: Graph, subst: Substitution, inserts, places: _P
             sums.append(target)
         if sum(t is not None for t in sums) < 2:
             continue
-        if any(t is not None and node_device(graph, t.producer) != node_device(graph, node) for t in sums):
+        if any(t is not None and places.device_of(t.producer) != places.device_of(node) for t in sums):
             continue
         position = places.pos[id(node)] + 1
         if any(t is not None and places.first_read.get(t.id, 1 << 30) < position for t in sums):
@@ -287,7 +289,7 @@ def _batch_bias_gradients(graph: Graph, subst: Substitution, inserts, places: _P
     return notes
 
 
-def batch_gemms(graph: Graph) -> Graph:
+def batch_gemms(graph: Graph, ctx: PassContext) -> bool:
     """matmuls sharing an operand -> one wider GEMM and slices; sums of matmuls -> one GEMM over
     the joined inner dimension; small independent matmuls of one shape -> one batched matmul;
     the batched layers' bias gradients -> one column sum."""
@@ -296,7 +298,7 @@ def batch_gemms(graph: Graph) -> Graph:
     graph.nodes = ([n for n in graph.nodes if n.op in CONSTANT_OPS] +
                    [n for n in graph.nodes if n.op not in CONSTANT_OPS])
     for rule in (_batch_shared, _batch_sums, _batch_independent, _batch_bias_gradients):
-        places = _Places(graph)
+        places = _Places(graph, ctx.placement(graph))
         subst = Substitution()
         inserts: dict[int, list[Node]] = {}
         done: set[int] = set()
@@ -312,5 +314,5 @@ def batch_gemms(graph: Graph) -> Graph:
         subst.apply(graph)
         notes += found
     for text in notes:
-        note(graph, text)
-    return graph
+        ctx.note(text)
+    return bool(notes)

@@ -6,8 +6,9 @@ transform leaves behind (a BatchNorm's scale now computed from constants, a weig
 duplicate slices) is folded and merged before the next one looks. ``plan_memory`` has no graph
 function: it is the memory planner that runs when a plan is built, switchable like the rest.
 
-``run_pipeline`` verifies the graph after every pass when asked (tests, ``toolkit compile``),
-naming the pass that broke it, and records what each did for ``toolkit compile --explain``.
+Each pass says whether it changed the graph (context.py); ``run_pipeline`` verifies the graph
+after every pass when asked (tests, ``toolkit compile``), naming the pass that broke it, and
+records what each did for ``toolkit compile --explain``.
 """
 from __future__ import annotations
 
@@ -16,27 +17,45 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from ..ir.graph import Graph
+from ..ops.control import bodies_of
 from ..ops.flops import graph_flops
 from ..ops.verify import VerifyError, verify
 from .batchnorm import fold_batch_norm
 from .collectives import schedule_collectives
 from .constants import dedup_constants, fold_constants
-from .control import eliminate_dead_branches, optimize_bodies
+from .context import PassContext
+from .control import eliminate_dead_branches
 from .cse import eliminate_common
 from .fuse import fuse_conv_max_pool, fuse_elementwise, fuse_epilogue
 from .gemm import batch_gemms
 from .place import place_devices
 from .prune import eliminate_dead_code
-from .rewrite import fingerprint
 from .simplify import simplify
 
 
 @dataclass(frozen=True)
 class Stage:
     name: str
-    run: Optional[Callable[[Graph], Graph]]
+    run: Optional[Callable[[Graph, PassContext], bool]]      # changes the graph; says whether it did
     contract: str
     canonical: bool = False           # part of the canonicalising group, repeated to a fixpoint
+
+
+def optimize_bodies(graph: Graph, ctx: PassContext) -> bool:
+    """The whole pipeline on every loop and if body, with the passes switched off for the graph
+    also off there (and device placement: a body runs where its node does), so a loop's step is
+    folded, fused and batched like any graph."""
+    inner = PassContext(ctx.device, ctx.disabled | {"place_devices"}, check=ctx.check)
+    changed = False
+    for node in graph.nodes:
+        for body in bodies_of(node):
+            body.graph.layer_devices = graph.layer_devices
+            before = len(body.graph.nodes)
+            changed |= _run_stages(body.graph, inner, None, None)
+            if len(body.graph.nodes) != before:
+                ctx.note(f"optimize_bodies: '{node.scope}': its body went from {before} to "
+                         f"{len(body.graph.nodes)} nodes")
+    return changed
 
 
 PIPELINE: list[Stage] = [
@@ -89,6 +108,7 @@ class PassRecord:
     flops_after: object = None        # a Dim: FLOPs of the graph after the pass
     notes: list[str] = field(default_factory=list)
     memory: dict | None = None        # filled by callers that bind shapes (toolkit compile)
+    changed: bool = False             # what the pass said: it changed the graph
 
 
 def pass_names() -> list[str]:
@@ -116,37 +136,42 @@ def check_pass_names(names) -> None:
                           f"the passes are: {', '.join(pass_names())}")
 
 
-def run_pipeline(graph: Graph, disable: tuple[str, ...] | list[str] = (), check: bool = False,
-                 records: list[PassRecord] | None = None,
+def run_pipeline(graph: Graph, ctx: PassContext | None = None, records: list[PassRecord] | None = None,
                  observe: Callable[[PassRecord, Graph], None] | None = None) -> Graph:
-    """Run every enabled pass of PIPELINE over ``graph``. ``observe(record, graph)`` is called
-    after each pass run (``toolkit compile`` adds memory figures there)."""
-    check_pass_names(disable)
-    disabled = frozenset(disable)
-    graph.disabled = disabled
-    enabled = [s for s in PIPELINE if s.name not in disabled and s.run is not None]
+    """Run every pass of PIPELINE that ``ctx`` does not switch off over ``graph`` (in place; it
+    is returned). ``observe(record, graph)`` is called after each pass run (``toolkit compile``
+    adds memory figures there)."""
+    _run_stages(graph, ctx or PassContext(), records, observe)
+    return graph
+
+
+def _run_stages(graph: Graph, ctx: PassContext, records: list[PassRecord] | None,
+                observe: Callable[[PassRecord, Graph], None] | None) -> bool:
+    """The pipeline over ``graph``; whether any pass changed it."""
+    check_pass_names(ctx.disabled)
+    enabled = [s for s in PIPELINE if s.name not in ctx.disabled and s.run is not None]
     canonical = [s for s in enabled if s.canonical]
+    changed_any = False
 
     def run(stage: Stage) -> bool:
-        nonlocal graph
+        nonlocal changed_any
         before = len(graph.nodes)
-        print_before = fingerprint(graph)
-        notes_before = len(graph.notes)
+        notes_before = len(ctx.notes)
         start = time.perf_counter()
-        graph = stage.run(graph)
+        changed = stage.run(graph, ctx)
         ms = (time.perf_counter() - start) * 1e3
-        if check:
+        if ctx.check:
             try:
                 verify(graph)
             except VerifyError as e:
                 raise VerifyError(f"after pass {stage.name}: {e}") from None
-        changed = fingerprint(graph) != print_before
         if records is not None:
             record = PassRecord(stage.name, before, len(graph.nodes), ms, graph_flops(graph),
-                                graph.notes[notes_before:])
+                                ctx.notes[notes_before:], changed=changed)
             if observe is not None:
                 observe(record, graph)
             records.append(record)
+        changed_any |= changed
         return changed
 
     def canonicalize() -> None:
@@ -161,5 +186,10 @@ def run_pipeline(graph: Graph, disable: tuple[str, ...] | list[str] = (), check:
     for stage in enabled:
         if not stage.canonical and run(stage):
             canonicalize()
-    graph.disabled = disabled
-    return graph
+    return changed_any
+
+
+def memory_reuse(disabled) -> bool:
+    """Whether plans reuse buffers: ``plan_memory`` is a pass name, but the planner runs when a
+    plan is built (runtime/memory.py), so whoever builds one asks here."""
+    return "plan_memory" not in disabled

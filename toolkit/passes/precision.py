@@ -47,7 +47,6 @@ class _Casts:
         self.made: dict[tuple[int, str], Value] = {}
         self.pending: list[Node] = []
         self.scalars_of = scalars_of
-        self.count = 0
 
     def to(self, v: Value, dtype: str) -> Value:
         if v.dtype == dtype or v.dtype not in FLOAT_DTYPES:
@@ -59,7 +58,6 @@ class _Casts:
                 node = Node("scalar", [], {"value": producer.attrs["value"], "dtype": dtype}, producer.scope)
             else:
                 node = Node("cast", [v], {"dtype": dtype}, v.producer.scope if v.producer else "autocast")
-                self.count += 1
             node.outputs = [Value(TensorType(v.shape, dtype), node)]
             self.pending.append(node)
             self.made[key] = node.outputs[0]
@@ -99,7 +97,6 @@ def autocast(graph: Graph, low: str) -> Graph:
     flexible |= {n.outputs[0].id for n in graph.nodes if n.op == "constant"}
     casts = _Casts(scalars_of)
     nodes: list[Node] = []
-    in_low = 0
     for node in graph.nodes:
         floats = [v for v in node.inputs if v.dtype in FLOAT_DTYPES]
         target = None
@@ -115,8 +112,6 @@ def autocast(graph: Graph, low: str) -> Graph:
             node.inputs = [casts.to(v, target) if v.dtype in FLOAT_DTYPES else v for v in node.inputs]
             nodes += casts.flush()
             _retype(node)
-        if node.outputs and node.outputs[0].dtype in LOW_PRECISION:
-            in_low += 1
         nodes.append(node)
     graph.nodes = nodes
     # what leaves the graph keeps the dtype it had: outputs as float32, updates as their weight's
@@ -128,7 +123,6 @@ def autocast(graph: Graph, low: str) -> Graph:
         if v.dtype != want:
             graph.updates[name] = casts.to(v, want)
     graph.nodes += casts.flush()
-    graph.notes.append(f"autocast: {in_low} op(s) compute in {low}, {casts.count} cast(s) inserted")
     return graph
 
 
@@ -143,7 +137,6 @@ def store_half_as_float32(graph: Graph, types: tuple[str, ...] = LOW_PRECISION) 
     for v in graph.graph_values():
         if v.dtype in types:
             raise ValueError(f"'{v.name}' is {v.dtype}: inputs and weights of an emulated graph are float32")
-    rounded = 0
     stored: dict[int, Value] = {}         # a half-typed accumulation's value -> its rounded copy
     nodes: list[Node] = []
     for node in graph.nodes:
@@ -159,7 +152,6 @@ def store_half_as_float32(graph: Graph, types: tuple[str, ...] = LOW_PRECISION) 
             store.outputs = [Value(TensorType(v.shape, "float32"), store)]
             stored[v.id] = store.outputs[0]
             nodes.append(store)
-            rounded += 1
             continue
         if node.op == "cast":
             src, dst = node.inputs[0].dtype, node.attrs["dtype"]
@@ -169,7 +161,6 @@ def store_half_as_float32(graph: Graph, types: tuple[str, ...] = LOW_PRECISION) 
                 # float32 has not been rounded yet, and on a real device it would have been
                 node.op, node.attrs = "round_precision", {"dtype": half}
                 node.outputs[0].type = TensorType(node.outputs[0].shape, "float32")
-                rounded += 1
                 continue
         if node.op == "scalar" and node.attrs["dtype"] in types:
             node.attrs = {**node.attrs, "dtype": "float32"}
@@ -179,6 +170,4 @@ def store_half_as_float32(graph: Graph, types: tuple[str, ...] = LOW_PRECISION) 
     graph.nodes = nodes
     graph.outputs = {k: stored.get(v.id, v) for k, v in graph.outputs.items()}
     graph.updates = {k: stored.get(v.id, v) for k, v in graph.updates.items()}
-    graph.notes.append(f"half precision stored as float32: {rounded} cast(s) and accumulation(s) round "
-                       "through the half type")
     return graph

@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 from ..ir.graph import Graph
+from .context import PassContext
 
 
-def eliminate_dead_code(graph: Graph) -> Graph:
+def eliminate_dead_code(graph: Graph, ctx: PassContext | None = None) -> bool:
     """Drop nodes, inputs and weights that no output or update depends on (random ops too:
     unused randomness has no observable effect). A control-flow body keeps its inputs: they are
-    its node's interface (passes/control.py drops the unused ones from both sides)."""
+    its node's interface (passes/control.py drops the unused ones from both sides). Needs no
+    context: the front end prunes every phase's graph with it."""
+    before = (len(graph.nodes), len(graph.weights), len(graph.inputs))
     live = {v.id for v in graph.outputs.values()} | {v.id for v in graph.updates.values()}
     kept = []
     for node in reversed(graph.nodes):
@@ -18,5 +21,5 @@ def eliminate_dead_code(graph: Graph) -> Graph:
     graph.weights = {k: w for k, w in graph.weights.items() if w.value.id in live or k in graph.updates}
     if graph.phase != "body":
         graph.inputs = {k: v for k, v in graph.inputs.items() if v.id in live}
-    return graph
+    return (len(graph.nodes), len(graph.weights), len(graph.inputs)) != before
 

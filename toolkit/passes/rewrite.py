@@ -127,12 +127,3 @@ def constant_node(value: np.ndarray, scope: str) -> Node:
     return emitter.take()[0]
 
 
-def note(graph: Graph, text: str) -> None:
-    """Record one change a pass made (shown by ``toolkit compile --explain``)."""
-    graph.notes.append(text)
-
-
-def fingerprint(graph: Graph) -> tuple:
-    """A cheap summary that changes whenever a pass changes the program."""
-    return (tuple((n.op, tuple(v.id for v in n.inputs), tuple(o.id for o in n.outputs)) for n in graph.nodes),
-            tuple(v.id for v in graph.outputs.values()), tuple(v.id for v in graph.updates.values()))

@@ -15,7 +15,8 @@ from typing import Callable
 import numpy as np
 
 from ..ir.graph import FLOAT_DTYPES, INT_DTYPES, Graph, Node, Value
-from .rewrite import Emitter, Substitution, all_equal, note, reader_counts, scalar_of
+from .context import PassContext
+from .rewrite import Emitter, Substitution, all_equal, reader_counts, scalar_of
 
 
 class Match:
@@ -415,7 +416,7 @@ def pretranspose_constant_operand(node: Node, m: Match):
 
 
 # -- the pass -------------------------------------------------------------------------------------
-def simplify(graph: Graph) -> Graph:
+def simplify(graph: Graph, ctx: PassContext) -> bool:
     """Apply the rule table once over the graph in order: each node is matched against the rules
     for its op, the first that fires replaces the node's output (the pipeline repeats the
     canonicalising passes until nothing changes)."""
@@ -447,5 +448,5 @@ def simplify(graph: Graph) -> Graph:
     graph.nodes = out
     subst.apply(graph)
     for name, count in sorted(fired.items()):
-        note(graph, f"simplify: {name} x{count}")
-    return graph
+        ctx.note(f"simplify: {name} x{count}")
+    return bool(fired)

@@ -31,7 +31,7 @@ class Storage:
     first: int = -1                # index of the step that first writes it (-1: graph inputs)
     offset: int = 0                # position in the arena
     arena: np.ndarray | None = None
-    device: object = None          # whose memory (runtime/devices.py); None: the plan's one device
+    device: object = None          # whose memory (a backend Device); None: the plan's one device
 
     def view(self, shape, dtype, offset: int = 0) -> np.ndarray:
         """The array of a value living in this storage ``offset`` bytes from its start."""

@@ -13,18 +13,19 @@ from typing import Callable, Mapping
 
 import numpy as np
 
+from ..backend.devices import CPU, Device
+from ..backend.placement import Placement
+from ..backend.registry import KERNELS, KernelContext, KernelMissing, load_device
 from ..codegen import toolchain
-from ..errors import notice
 from ..codegen.native import Linked, NativeCall
-from ..ir.graph import FLOAT_DTYPES, Graph, Node
-from ..kernels.registry import KERNELS, KernelContext, KernelMissing, load_device
-from ..ops.base import get_op
+from ..errors import notice
 from ..ir.binding import bind_attrs
-from .devices import HostUpload, graph_devices, node_device, parse_device, weight_device
-from .memory import FOREVER, Storage, nbytes_of, plan_memory
+from ..ir.graph import FLOAT_DTYPES, Graph, Node
+from ..ops.base import get_op
 from .concurrency import concurrent_default, conflicts, wave_calls, waves
-from .streams import StreamSchedule, assign_streams, stream_calls
+from .memory import FOREVER, Storage, nbytes_of, plan_memory
 from .parallel import Blas, Workers, default_threads, split_kind, worth_splitting
+from .streams import StreamSchedule, assign_streams, stream_calls
 
 
 @dataclass
@@ -104,7 +105,7 @@ def split_build_time(graph: Graph) -> tuple[list[Node], list[Node]]:
     return build, steps
 
 
-def graph_storages(graph: Graph, shapes, weights: Mapping[str, np.ndarray] | None,
+def graph_storages(graph: Graph, shapes, weights: Mapping[str, np.ndarray] | None, device: Device,
                    keep_inputs: bool = False) -> dict[int, Storage]:
     """Storages of what the graph owns: weights (their arrays; a placeholder when ``weights`` is
     None) and constants, which the memory plan never places, and the inputs, which it does
@@ -117,7 +118,7 @@ def graph_storages(graph: Graph, shapes, weights: Mapping[str, np.ndarray] | Non
         fixed[graph.weights[name].value.id].update_of = upd.id
     for v in graph.inputs.values():
         fixed[v.id] = Storage(max(int(np.prod(shapes[v.id])) * np.dtype(v.dtype).itemsize, 1),
-                              FOREVER if keep_inputs else -1, device=parse_device(graph.device))
+                              FOREVER if keep_inputs else -1, device=device)
     for node in graph.nodes:
         if node.op == "constant":             # shared with the graph (read-only), never copied
             arr = node.attrs["value"]
@@ -129,49 +130,47 @@ def kept_values(graph: Graph, out_names: list[str]) -> set[int]:
     return {graph.outputs[n].id for n in out_names} | {v.id for v in graph.updates.values()}
 
 
-def memory_figures(graph: Graph, bindings: Mapping[str, int], device: str | None = None) -> dict[str, int]:
+def memory_figures(graph: Graph, bindings: Mapping[str, int], device: Device | str = CPU,
+                   reuse_memory: bool = True) -> dict[str, int]:
     """The memory plan of ``graph`` under ``bindings`` as a Plan would make it (peak, naive and
     lower-bound bytes), computed without building kernels or allocating the arena."""
-    if device is not None:
-        graph.device = parse_device(device).name
+    placement = Placement.of(graph, device)
     shapes, dtypes = concrete_types(graph, bindings)
-    fixed = graph_storages(graph, shapes, None)
+    fixed = graph_storages(graph, shapes, None, placement.default)
     build, steps = split_build_time(graph)
     for node in build:
         for v in node.outputs:
             fixed[v.id] = Storage(nbytes_of(shapes[v.id], dtypes[v.id]), FOREVER, external=np.empty(0))
-    entries = {id(n): lookup_kernel(graph, n) for n in steps}
+    entries = {id(n): lookup_kernel(placement, n) for n in steps}
     memory = plan_memory(steps, shapes, dtypes, fixed, kept_values(graph, list(graph.outputs)),
                          inplace_pairs=lambda n: entries[id(n)].inplace_pairs(n),
                          view_offset=lambda n: view_offset(n, shapes, dtypes, bindings),
-                         reuse="plan_memory" not in graph.disabled, allocate=False,
-                         device_of=lambda n: node_device(graph, n))
+                         reuse=reuse_memory, allocate=False, device_of=placement.node)
     return memory.summary()
 
 
-def lookup_kernel(graph: Graph, node: Node):
+def lookup_kernel(placement: Placement, node: Node):
     """The registry entry for a node on its device (kernels are keyed by the device's kind)."""
-    device = node_device(graph, node)
-    load_device(device.name)
-    return KERNELS.lookup(node.op, device.kind, kernel_dtype(node))
+    return KERNELS.lookup(node.op, placement.node(node), kernel_dtype(node))
 
 
-def check_placed(graph: Graph, steps: list[Node], weights_of: dict) -> None:
-    """Every node reads values of its own device (or constants): the placement pass ran. (The
-    cpu:N share the host's memory, so a read between two of them would still work.)"""
+def check_placed(graph: Graph, placement: Placement, steps: list[Node]) -> None:
+    """Every node reads values of its own device (or constants): the placement pass ran. (Values
+    in the host's memory can be read from any host device, so a read between two cpu:N works.)"""
+    weights_of = {w.value.id: w for w in graph.weights.values()}
     for node in steps:
         if node.op == "transfer":
             continue
-        here = node_device(graph, node)
+        here = placement.node(node)
         for v in node.inputs:
             p = v.producer
             if p is None:
-                home = weight_device(graph, weights_of[v.id]) if v.id in weights_of else parse_device(graph.device)
+                home = placement.weight(weights_of[v.id]) if v.id in weights_of else placement.default
             elif p.op in ("constant", "scalar"):
                 continue
             else:
-                home = node_device(graph, p)
-            if home != here and "gpu" in (home.kind, here.kind):
+                home = placement.node(p)
+            if home != here and not (home.host_memory and here.host_memory):
                 raise KernelMissing(f"node {node.op} of '{node.scope}' on {here} reads a value on {home}; "
                                     "the place_devices pass inserts the transfer (it cannot be disabled)")
 
@@ -182,81 +181,107 @@ def _new_arena(device, nbytes: int):
 
 class Plan:
     def __init__(self, graph: Graph, bindings: Mapping[str, int], weights: Mapping[str, np.ndarray],
-                 device: str | None = None, runtime: RuntimeState | None = None, outputs: list[str] | None = None,
+                 device: Device | str = CPU, runtime: RuntimeState | None = None, outputs: list[str] | None = None,
                  threads: int | None = None, native: bool | None = None, concurrent: bool | None = None,
-                 keep_inputs: bool = False, allocate: Callable | None = None):
-        """``keep_inputs``: no kernel overwrites an input buffer, so a caller may fill some inputs
-        once and run many times (a loop body's invariants). ``allocate(device, nbytes)``: where
-        each device's arena comes from (default: a new buffer); plans that never run at the same
-        time may share one (InferSession's buckets)."""
-        graph.device = parse_device(graph.device if device is None else device).name
+                 keep_inputs: bool = False, allocate: Callable | None = None, reuse_memory: bool = True):
+        """``device``: where the nodes run that no layer places elsewhere. ``keep_inputs``: no
+        kernel overwrites an input buffer, so a caller may fill some inputs once and run many
+        times (a loop body's invariants). ``allocate(device, nbytes)``: where each device's arena
+        comes from (default: a new buffer); plans that never run at the same time may share one
+        (InferSession's buckets). ``reuse_memory``: the memory planner's buffer reuse
+        (``--disable plan_memory`` turns it off)."""
         self.graph = graph
         self.bindings = dict(bindings)
-        self.device = graph.device
-        self.devices = graph_devices(graph)
-        load_device("cpu")                        # constants on any device are computed on the host
+        self.placement = Placement.of(graph, device)
+        self.device = self.placement.default
+        self.devices = self.placement.devices(graph)
+        load_device(CPU)                          # constants on any device are computed on the host
+        for d in self.devices:
+            load_device(d)
         self.threads = default_threads() if threads is None else threads
-        # branches side by side (concurrency.py; on CUDA streams on a GPU, streams.py) or each
-        # op split across the cores (parallel.py)
+        self.runtime = runtime or RuntimeState(np.random.default_rng(0))
+        self.reuse_memory = reuse_memory
+        self._choose_execution(concurrent)
+        self.shapes, self.dtypes = concrete_types(graph, self.bindings)
+        fixed = graph_storages(graph, self.shapes, weights, self.device, keep_inputs)
+        build, steps = split_build_time(graph)
+        check_placed(graph, self.placement, steps)
+        self.entries = {id(n): lookup_kernel(self.placement, n) for n in steps}
+        self._evaluate_at_build(build, fixed)
+        self._place_weights(fixed)
+        out_names = list(graph.outputs) if outputs is None else outputs
+        self.memory = self._plan_memory(steps, fixed, out_names, allocate)
+        self._on_device: dict[tuple, object] = {}
+        self._bind_inputs()
+        self._make_calls(steps, native)
+        self._schedule()
+        self._bind_outputs(out_names, fixed)
+
+    # -- build phases, in order ---------------------------------------------------------------
+    def _choose_execution(self, concurrent: bool | None) -> None:
+        """Branches side by side (concurrency.py; on CUDA streams on a GPU, streams.py) or each
+        op split across the cores (parallel.py)."""
         wanted = concurrent_default() if concurrent is None else concurrent
-        all_cpu = all(d.kind == "cpu" for d in self.devices)
-        self.on_streams = bool(wanted and all(d.kind == "gpu" for d in self.devices))
-        self.concurrent = bool(wanted and all_cpu and self.threads > 1) or self.on_streams
+        on_host = all(d.host_threads for d in self.devices)
+        self.on_streams = bool(wanted and all(d.streams for d in self.devices))
+        self.concurrent = bool(wanted and on_host and self.threads > 1) or self.on_streams
         self.schedule: StreamSchedule | None = None
         self._share_of: dict[int, int] = {}
-        self.runtime = runtime or RuntimeState(np.random.default_rng(0))
-        out_names = list(graph.outputs) if outputs is None else outputs
-        shapes, dtypes = concrete_types(graph, self.bindings)
-        self.shapes = shapes
-        fixed = graph_storages(graph, shapes, weights, keep_inputs)
-        build, steps = split_build_time(graph)
-        weights_of = {w.value.id: w for w in graph.weights.values()}
-        check_placed(graph, steps, weights_of)
-        self.entries = {id(n): lookup_kernel(graph, n) for n in steps}
-        for node in build:                        # computed once now, on the host, never in the loop
+
+    def _evaluate_at_build(self, build: list[Node], fixed: dict[int, Storage]) -> None:
+        """Pure nodes on constants, computed once now, on the host, never in the loop."""
+        shapes, dtypes = self.shapes, self.dtypes
+        for node in build:
             ins = [fixed[v.id].view(shapes[v.id], dtypes[v.id]) for v in node.inputs]
             outs = [np.empty(shapes[v.id], dtypes[v.id]) for v in node.outputs]
-            entry = KERNELS.lookup(node.op, "cpu", kernel_dtype(node))
-            entry.factory(self._context(node, shapes, parse_device("cpu")))(ins, outs)
+            entry = KERNELS.lookup(node.op, CPU, kernel_dtype(node))
+            entry.factory(self._context(node, CPU))(ins, outs)
             for v, arr in zip(node.outputs, outs):
                 fixed[v.id] = Storage(arr.nbytes, FOREVER, external=arr)
-        # weights live with their layer's device; host arrays given for a GPU are copied there
-        # (a trainer passes device arrays, so that its updates land in its own store)
-        for w in graph.weights.values():
-            where = weight_device(graph, w)
-            if where.kind != "cpu":
+
+    def _place_weights(self, fixed: dict[int, Storage]) -> None:
+        """Weights live with their layer's device; host arrays given for another device are
+        copied there (a trainer passes device arrays, so that its updates land in its store)."""
+        for w in self.graph.weights.values():
+            where = self.placement.weight(w)
+            if not where.host_memory:
                 fixed[w.value.id].external = where.to_device(fixed[w.value.id].external)
 
-        memory = plan_memory(
-            steps, shapes, dtypes, fixed, kept_values(graph, out_names),
+    def _plan_memory(self, steps: list[Node], fixed, out_names: list[str], allocate: Callable | None):
+        return plan_memory(
+            steps, self.shapes, self.dtypes, fixed, kept_values(self.graph, out_names),
             inplace_pairs=lambda n: self.entries[id(n)].inplace_pairs(n),
-            view_offset=lambda n: view_offset(n, shapes, dtypes, self.bindings),
+            view_offset=lambda n: view_offset(n, self.shapes, self.dtypes, self.bindings),
             # concurrent waves need values of different branches apart: a buffer handed from
             # one branch to another would order them (concurrency.py)
-            reuse="plan_memory" not in graph.disabled and not self.concurrent,
-            allocate=lambda where, nbytes: (allocate or _new_arena)(where or parse_device(graph.device), nbytes),
-            device_of=lambda n: node_device(graph, n))
-        self.memory = memory
-        on_device: dict[tuple, object] = {}
+            reuse=self.reuse_memory and not self.concurrent,
+            allocate=lambda where, nbytes: (allocate or _new_arena)(where or self.device, nbytes),
+            device_of=self.placement.node)
 
-        def view(v, reader=None):
-            """v's array; a host constant read on a GPU is copied there once."""
-            st = memory.storage_of[v.id]
-            arr = st.view(shapes[v.id], dtypes[v.id], memory.offset_of.get(v.id, 0))
-            where = node_device(graph, reader) if reader is not None else None
-            if where is not None and where.kind != "cpu" and isinstance(arr, np.ndarray):
-                key = (v.id, where)
-                if key not in on_device:
-                    on_device[key] = where.to_device(arr)
-                arr = on_device[key]
-            return arr
+    def _view(self, v, reader: Node | None = None):
+        """v's array; a host constant read on another device is copied there once."""
+        memory = self.memory
+        st = memory.storage_of[v.id]
+        arr = st.view(self.shapes[v.id], self.dtypes[v.id], memory.offset_of.get(v.id, 0))
+        where = self.placement.node(reader) if reader is not None else None
+        if where is not None and not where.host_memory and isinstance(arr, np.ndarray):
+            key = (v.id, where)
+            if key not in self._on_device:
+                self._on_device[key] = where.to_device(arr)
+            arr = self._on_device[key]
+        return arr
 
-        self.input_views = {name: view(v) for name, v in graph.inputs.items()}
+    def _bind_inputs(self) -> None:
+        self.input_views = {name: self._view(v) for name, v in self.graph.inputs.items()}
         self.host_inputs = [(k, b) for k, b in self.input_views.items() if isinstance(b, np.ndarray)]
-        self.device_inputs = [(k, b, HostUpload(b)) for k, b in self.input_views.items()
+        self.device_inputs = [(k, b, self.device.uploader(b)) for k, b in self.input_views.items()
                               if not isinstance(b, np.ndarray)]
-        workers = Workers.shared(self.threads) if self.threads > 1 else None
-        split_workers = None if self.concurrent else workers
+
+    def _make_calls(self, steps: list[Node], native: bool | None) -> None:
+        """One call per step that is not a view: a generated native kernel where a builder
+        takes the node (all of them linked as one unit), else the registry's numpy kernel."""
+        self.workers = Workers.shared(self.threads) if self.threads > 1 else None
+        split_workers = None if self.concurrent else self.workers
         native_on = native if native is not None else toolchain.available()
         self.calls = []
         self.steps = []
@@ -266,12 +291,11 @@ class Plan:
         python: list[tuple[int, Node, list, list]] = []
         step_arrays: list[tuple[list, list]] = []
         for node in steps:
-            if id(node) in memory.views:
+            if id(node) in self.memory.views:
                 continue                          # a view: nothing to run
-            ins, outs = [view(v, node) for v in node.inputs], [view(v) for v in node.outputs]
-            on_cpu = node_device(graph, node).kind == "cpu"
-            builder = KERNELS.native(node.op, "cpu") if native_on and on_cpu else None
-            native_call = builder(self._context(node, shapes), ins, outs) if builder else None
+            ins, outs = [self._view(v, node) for v in node.inputs], [self._view(v) for v in node.outputs]
+            builder = KERNELS.native(node.op, self.placement.node(node)) if native_on else None
+            native_call = builder(self._context(node), ins, outs) if builder else None
             if self.concurrent:                   # its own scratch: steps of a wave run at once
                 self._share_of[id(node)] = len(self.calls) + 1
             if native_call is not None:
@@ -286,29 +310,36 @@ class Plan:
         # native kernels run their own threads (OpenMP); numpy steps beside them run on one,
         # or the two pools would fight over the cores (measured: 4x slower steps)
         for p, node, ins, outs in python:
-            on_cpu = node_device(graph, node).kind == "cpu"
-            self.calls[p] = self._python_call(node, shapes, ins, outs,
-                                              None if natives or not on_cpu else split_workers)
+            on_host = self.placement.node(node).host_threads
+            self.calls[p] = self._python_call(node, ins, outs, None if natives or not on_host else split_workers)
         self.native_source = None
         self.run_calls = self.calls
         if natives:
-            self._link(natives, shapes, split_workers, step_arrays)
+            self._link(natives, split_workers, step_arrays)
+        self.blas = Blas.shared() if (self.workers or natives) else None
+
+    def _schedule(self) -> None:
+        """Streams for a GPU plan's independent branches, or waves of host threads."""
         if self.on_streams:
-            self.schedule = assign_streams(conflicts(*self._touches(memory, shapes, dtypes)))
+            self.schedule = assign_streams(conflicts(*self._touches()))
             self.run_calls = stream_calls(self.schedule, self.calls)
         elif self.concurrent:
-            self.waves = waves(*self._touches(memory, shapes, dtypes))
-            self.run_calls = wave_calls(self.waves, self.calls, workers)
-        self.blas = Blas.shared() if (workers or natives) else None
-        self.output_views = {n: view(graph.outputs[n]) for n in out_names}
-        self.copy_updates = []
-        for name, upd in graph.updates.items():
-            if memory.storage_of[upd.id] is not fixed[graph.weights[name].value.id]:
-                self.copy_updates.append((fixed[graph.weights[name].value.id].external, view(upd)))
+            self.waves = waves(*self._touches())
+            self.run_calls = wave_calls(self.waves, self.calls, self.workers)
 
-    def _touches(self, memory, shapes, dtypes) -> tuple[list, list, list]:
+    def _bind_outputs(self, out_names: list[str], fixed) -> None:
+        self.output_views = {n: self._view(self.graph.outputs[n]) for n in out_names}
+        self.copy_updates = []
+        for name, upd in self.graph.updates.items():
+            if self.memory.storage_of[upd.id] is not fixed[self.graph.weights[name].value.id]:
+                self.copy_updates.append((fixed[self.graph.weights[name].value.id].external, self._view(upd)))
+
+    # -- helpers of the phases ----------------------------------------------------------------
+    def _touches(self) -> tuple[list, list, list]:
         """Per step, the byte regions it reads and writes, and whether it draws random numbers
         (the input of concurrency.py and streams.py)."""
+        memory, shapes, dtypes = self.memory, self.shapes, self.dtypes
+
         def region(v):
             st = memory.storage_of[v.id]
             start = memory.offset_of.get(v.id, 0)
@@ -321,15 +352,15 @@ class Plan:
         ordered = [not get_op(node.op).pure for node in self.steps]
         return reads, writes, ordered
 
-    def _python_call(self, node, shapes, ins, outs, workers):
-        split = self._split(node, shapes, ins, outs) if workers else None
+    def _python_call(self, node, ins, outs, workers):
+        split = self._split(node, ins, outs) if workers else None
         if split:
             self.split_steps += 1
             return functools.partial(workers.run, *split)
-        fn = self.entries[id(node)].factory(self._context(node, shapes))
+        fn = self.entries[id(node)].factory(self._context(node))
         return functools.partial(fn, ins, outs)
 
-    def _link(self, natives, shapes, workers, step_arrays) -> None:
+    def _link(self, natives, workers, step_arrays) -> None:
         """Compile the plan's native calls as one unit; consecutive native steps become one
         segment, called from Python once. Where the compiler fails, the numpy kernels run."""
         positions = [p for p, *_ in natives]
@@ -345,7 +376,7 @@ class Plan:
             notice(f"{e}; running the numpy kernels", once=str(e))
             self.split_steps = 0                  # every step numpy, split across cores again
             for p, (node, (ins, outs)) in enumerate(zip(self.steps, step_arrays)):
-                self.calls[p] = self._python_call(node, shapes, ins, outs, workers)
+                self.calls[p] = self._python_call(node, ins, outs, workers)
                 self.impls[p] = "numpy"
             return
         self.native_source = linked.source
@@ -364,13 +395,14 @@ class Plan:
                 at += 1
         self.run_calls = run_calls
 
-    def _split(self, node: Node, shapes, ins, outs) -> tuple[list, object] | None:
+    def _split(self, node: Node, ins, outs) -> tuple[list, object] | None:
         """One kernel call per thread on its own batch rows, for a large batch-parallel op;
         returns (shares, then) where ``then`` adds the shares of a batch-sum op."""
         kind = split_kind(node)
         if kind is None:
             return None
         mode, batched = kind
+        shapes = self.shapes
         rows = shapes[node.inputs[batched.index(True)].id][0]
         out_shape = shapes[node.outputs[0].id]
         if rows < self.threads:
@@ -389,7 +421,8 @@ class Plan:
             in_shapes = [cut(shapes[v.id], b) for v, b in zip(node.inputs, batched)]
             out_shapes = [tuple(out_shape)] if mode == "sum" else [cut(out_shape, True)]
             ctx = KernelContext(node, bind_attrs(node.attrs, self.bindings), in_shapes, out_shapes,
-                                kernel_dtype(node), "cpu", self.runtime, np, share=k)
+                                kernel_dtype(node), self.placement.node(node), self.runtime, np, share=k,
+                                reuse_memory=self.reuse_memory)
             fn = self.entries[id(node)].factory(ctx)
             share_ins = [a[lo:hi] if b else a for a, b in zip(ins, batched)]
             share_out = partials[k] if mode == "sum" else outs[0][lo:hi]
@@ -402,12 +435,14 @@ class Plan:
                 np.add(total, part, out=total)
         return shares, add_shares
 
-    def _context(self, node: Node, shapes, device=None) -> KernelContext:
-        device = device or node_device(self.graph, node)
+    def _context(self, node: Node, device: Device | None = None) -> KernelContext:
+        device = device or self.placement.node(node)
+        shapes = self.shapes
         return KernelContext(node, bind_attrs(node.attrs, self.bindings),
                              [shapes[v.id] for v in node.inputs], [shapes[v.id] for v in node.outputs],
-                             kernel_dtype(node), device.kind, self.runtime, device.xp,
-                             share=self._share_of.get(id(node), 0), threads=1 if self.concurrent else self.threads)
+                             kernel_dtype(node), device, self.runtime, device.xp,
+                             share=self._share_of.get(id(node), 0), threads=1 if self.concurrent else self.threads,
+                             reuse_memory=self.reuse_memory)
 
     def synchronize(self) -> None:
         """Wait for every device of the plan to finish its queued work (GPU launches return

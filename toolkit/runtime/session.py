@@ -14,11 +14,11 @@ from typing import Callable, Mapping
 
 import numpy as np
 
+from ..backend.devices import CPU, Device, parse_device, to_host
 from ..errors import UserError
 from ..ir.dims import Sym
 from ..ir.graph import FLOAT_DTYPES, Graph
 from ..ir.binding import bind_symbols
-from .devices import to_host
 from .plan import Plan, RuntimeState
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
@@ -74,11 +74,12 @@ class InferSession:
     between threads; the bucket plans of one shape (all but the batch) share one arena per
     device, sized by the largest bucket, so memory does not grow with the buckets used."""
 
-    def __init__(self, graph: Graph, weights: Mapping[str, np.ndarray], device: str = "cpu",
-                 buckets: tuple[int, ...] = DEFAULT_BUCKETS):
+    def __init__(self, graph: Graph, weights: Mapping[str, np.ndarray], device: Device | str = CPU,
+                 buckets: tuple[int, ...] = DEFAULT_BUCKETS, reuse_memory: bool = True):
         self.graph = graph
         self.weights = {k: weights[k] for k in graph.weights}
-        self.device = device
+        self.device = parse_device(device)
+        self.reuse_memory = reuse_memory
         self.buckets = tuple(sorted(set(buckets)))
         self.batch_symbol = batch_symbol(graph)
         self.runtime = RuntimeState(np.random.default_rng(0))
@@ -117,7 +118,7 @@ class InferSession:
                 if largest != bindings:
                     self.plan_for(largest)          # first: its arena is the one the others share
             plan = Plan(self.graph, bindings, self.weights, self.device, self.runtime,
-                        allocate=self._allocator(shape_key))
+                        allocate=self._allocator(shape_key), reuse_memory=self.reuse_memory)
             self.plans[key] = plan
             if len(self.plans) > self.max_plans:
                 self.plans.popitem(last=False)

@@ -81,7 +81,7 @@ class CupyStreams:
     """The CUDA side of a schedule, through CuPy."""
 
     def __init__(self):
-        from .devices import gpu_module
+        from ..backend.devices import gpu_module
         self.cuda = gpu_module().cuda
 
     def stream(self):

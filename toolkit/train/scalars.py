@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..runtime.devices import Device, to_host
+from ..backend.devices import Device, to_host
 
 
 class StepScalars:
     def __init__(self, names: list[str], device: Device, capacity: int):
         self.names = list(names)
-        self.deferred = device.kind != "cpu"
+        self.deferred = not device.host_memory        # reading a value back waits for the device
         self.pending: list[int] = []              # iterations whose rows are not read yet
         self.ready: list[tuple[int, dict[str, float]]] = []
         if self.deferred:

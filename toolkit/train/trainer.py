@@ -14,13 +14,17 @@ from pathlib import Path
 
 import numpy as np
 
+from ..backend.devices import CPU, Device, parse_device, to_host
 from ..compile import disabled_passes, optimize, train_graph
 from ..errors import UserError
 from ..fileio import atomic_write
 from ..frontend import OBJECTIVE, Net
-from ..ir.graph import FLOAT_DTYPES, Graph
 from ..ir.binding import bind_symbols
-from ..runtime.devices import parse_device, to_host
+from ..ir.graph import FLOAT_DTYPES, Graph
+from ..optim.data_parallel import DIST_WEIGHT, ROW_MASK, DataParallel
+from ..optim.loss_scaling import SCALE_OUTPUT
+from ..optim.solvers import SolverConfig, host_values, initial_state, is_slot
+from ..passes.pipeline import memory_reuse
 from ..runtime.plan import Plan, RuntimeState
 from ..weights import save_weights
 from .checkpoint import Checkpoint, find_resume_point, read_checkpoint, write_checkpoint
@@ -28,9 +32,6 @@ from .data import BatchOrder, Dataset, fit_to_inputs, load_source, split, transf
 from .progress import MetricsLog, Progress, plot
 from .scalars import StepScalars
 from .schedule import check_policy, learning_rate
-from ..optim.loss_scaling import SCALE_OUTPUT
-from ..optim.solvers import SolverConfig, host_values, initial_state, is_slot
-from ..optim.data_parallel import DIST_WEIGHT, ROW_MASK, DataParallel
 
 RESERVED = {"iter", "loss", "lr"}
 
@@ -53,11 +54,6 @@ class _Silent:
 
     def isatty(self) -> bool:
         return False
-
-
-class Interrupted(Exception):
-    def __init__(self, signum: int):
-        self.signum = signum
 
 
 def net_dtype(net: Net) -> str:
@@ -104,7 +100,8 @@ class PlanCache:
     graph: Graph
     weights: dict[str, np.ndarray]
     runtime: RuntimeState
-    device: str = "cpu"
+    device: Device = CPU
+    reuse_memory: bool = True
     plans: dict = field(default_factory=dict)
 
     def run(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -113,7 +110,7 @@ class PlanCache:
         if key not in self.plans:
             bindings = bind_symbols(self.graph, shapes)
             self.plans[key] = Plan(self.graph, bindings, {k: self.weights[k] for k in self.graph.weights},
-                                   self.device, self.runtime)
+                                   self.device, self.runtime, reuse_memory=self.reuse_memory)
         return self.plans[key].run(arrays)
 
 
@@ -142,7 +139,7 @@ def evaluate_shared(cache: PlanCache, dataset: Dataset, batch: int, comm) -> dic
 
 
 def test_graph(net: Net, disable: tuple[str, ...] = (), weights: dict[str, np.ndarray] | None = None,
-               device: str = "cpu") -> Graph | None:
+               device: Device | str = CPU) -> Graph | None:
     """The test phase's scalar outputs, optimised; ``weights`` (when they stay fixed, as in
     ``toolkit test``) are frozen into it. A training run's test graph reads the live weights."""
     graph = net.graph("test")
@@ -154,10 +151,11 @@ def test_graph(net: Net, disable: tuple[str, ...] = (), weights: dict[str, np.nd
 
 class Trainer:
     """``comm``: the job's communicator when this process is one rank of a data-parallel run
-    (dist/); each rank then trains on its share of every global batch, and rank 0 alone writes."""
+    (toolkit/distributed/); each rank then trains on its share of every global batch, and rank 0
+    alone writes."""
 
     def __init__(self, net: Net, out: Path, weights: str | None = None, resume: str | None = None,
-                 device: str = "cpu", stream=None, disable: tuple[str, ...] | None = None, comm=None):
+                 device: Device | str = CPU, stream=None, disable: tuple[str, ...] | None = None, comm=None):
         self.net = net
         self.comm = comm if comm is not None and comm.size > 1 else None
         self.rank, self.ranks = (self.comm.rank, self.comm.size) if self.comm else (0, 1)
@@ -181,16 +179,16 @@ class Trainer:
             raise UserError("train needs max_iter or epochs (e.g. --set train.max_iter=1000)")
 
         self.disable = disabled_passes(net) if disable is None else disable
+        self.device = device = parse_device(device)
         data_parallel = None
         if self.comm:
-            if parse_device(device).kind != "cpu":
+            if not device.host_memory:
                 raise UserError("data-parallel training runs on the CPU for now (--device cpu)")
             d = spec.distributed
             data_parallel = DataParallel(d.bucket_mb, d.overlap, d.sync_batchnorm)
         self.graph = optimize(train_graph(net, self.cfg, data_parallel=data_parallel), self.disable, device=device)
         self.dtype = net_dtype(net)
         self.store = self._initial_weights(weights)
-        self.device = parse_device(device)
         self.runtime = RuntimeState(np.random.default_rng(spec.seed))
         self.start = 0
         self.out = out
@@ -199,11 +197,12 @@ class Trainer:
         if self.comm:                             # every rank starts from rank 0's state
             for k in sorted(self.store):
                 self.comm.broadcast(self.store[k])
-        if self.device.kind != "cpu":             # the weights live on the device for the whole run
-            self.store = {k: self.device.to_device(v) for k, v in self.store.items()}
-        self.train_plans = PlanCache(self.graph, self.store, self.runtime, device)
+        if not device.host_memory:                # the weights live on the device for the whole run
+            self.store = {k: device.to_device(v) for k, v in self.store.items()}
+        reuse = memory_reuse(self.disable)
+        self.train_plans = PlanCache(self.graph, self.store, self.runtime, device, reuse)
         tg = test_graph(net, self.disable, device=device) if self.test_set is not None else None
-        self.test_plans = PlanCache(tg, self.store, RuntimeState(np.random.default_rng(0)), device) if tg else None
+        self.test_plans = PlanCache(tg, self.store, RuntimeState(np.random.default_rng(0)), device, reuse) if tg else None
         self.loss_tops = [t for t in self.graph.losses if t not in RESERVED]
         # under mixed precision the loss scale after each step is logged beside the loss
         self.extra_scalars = [SCALE_OUTPUT] if SCALE_OUTPUT in self.graph.outputs else []

@@ -37,7 +37,9 @@ def measure(net, weights_path: Path, metric: str | None = None) -> Measured | No
         return None
     import numpy as np
 
+    from ..backend.devices import CPU
     from ..compile import disabled_passes
+    from ..passes.pipeline import memory_reuse
     from ..runtime.plan import RuntimeState
     from ..train.trainer import PlanCache, evaluate, load_data, test_graph, train_spec
     spec = train_spec(net)
@@ -45,11 +47,12 @@ def measure(net, weights_path: Path, metric: str | None = None) -> Measured | No
     if test_set is None:
         return None
     weights = net.load_weights(str(weights_path))
-    graph = test_graph(net, disabled_passes(net), weights)
+    disable = disabled_passes(net)
+    graph = test_graph(net, disable, weights)
     if graph is None:
         return None
-    values = evaluate(PlanCache(graph, weights, RuntimeState(np.random.default_rng(0))), test_set,
-                      spec.data.batch_size)
+    values = evaluate(PlanCache(graph, weights, RuntimeState(np.random.default_rng(0)), CPU, memory_reuse(disable)),
+                      test_set, spec.data.batch_size)
     name = metric or ("accuracy" if "accuracy" in values else next(iter(values)))
     if name not in values:
         raise UserError(f"the test phase of {net.file} has no output '{name}' (it gives: {', '.join(values)})")
@@ -118,13 +121,13 @@ def publish(dir: Path | str, to_folder: Path | str, name: str | None = None, lic
     """Adds the model in ``dir`` to the zoo folder ``to_folder``: net.yaml, model.safetensors
     and README.md (the card, its metric measured) in ``to_folder/NAME``, and index.json."""
     from .. import __version__
-    from ..frontend import Net
+    from .resolve import load_net
     from ..weights import load_weights
     from .resolve import model_name
     src, to = Path(dir), Path(to_folder)
     net_path, weights_path, draft_path = find_inputs(src)
     fields, positions, body = read_draft(draft_path)
-    net = Net.load(str(net_path))
+    net = load_net(str(net_path))
     net.load_weights(str(weights_path))                      # every key present with its shape
     name = model_name(str(name or fields.get("name") or net.name))
     given = {"licence": licence or fields.get("licence"), "task": task or fields.get("task")}
@@ -236,7 +239,7 @@ class Check:
 def verify(dir: Path | str, no_test: bool = False) -> list[Check]:
     """Every check of a model folder, in order; raises UserError listing every problem after
     the checks that could run (``report`` in the error's ``checks`` attribute)."""
-    from ..frontend import Net
+    from .resolve import load_net
     folder = Path(dir)
     if not folder.is_dir():
         raise UserError(f"{folder}: no such folder (verify takes a model folder with {CARD})")
@@ -250,7 +253,7 @@ def verify(dir: Path | str, no_test: bool = False) -> list[Check]:
         problems += found
     net = None
     try:
-        net = Net.load(str(folder / card.config.file))
+        net = load_net(str(folder / card.config.file))
         checks.append(Check("ok", f"{card.config.file} loads (net '{net.name}')"))
     except UserError as e:
         checks.append(Check("FAIL", f"{card.config.file} loads"))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from schemas.card import ModelCard
 
@@ -13,6 +14,9 @@ from ..errors import UserError, did_you_mean, notice
 from .cache import cached_copy, cached_elsewhere, fetch_model, wanted
 from .card import CARD, check_files, read_card
 from .sources import SHIPPED, Source, Unreachable, configured_sources, shipped_zoo_dir
+
+if TYPE_CHECKING:
+    from ..frontend import Net
 
 PREFIX = "zoo:"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
@@ -39,6 +43,13 @@ def model_name(ref: str) -> str:
     if not _NAME.fullmatch(name):
         raise UserError(f"{ref}: not a zoo model name (letters, digits, '_', '.', '-'; not starting with '.')")
     return name
+
+
+def load_net(path: str, overrides=()) -> "Net":
+    """A net file or ``zoo:NAME`` (and bases that are ``zoo:`` names) as a checked Net: what the
+    commands and ``toolkit.load`` read nets with."""
+    from ..frontend import Net
+    return Net.load(path, overrides, resolve=resolve)
 
 
 def resolve(ref: str, sources: list[str] | None = None, need_weights: bool = True) -> ZooModel:

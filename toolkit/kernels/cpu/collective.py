@@ -6,7 +6,7 @@ import numpy as np
 
 from ...distributed.comm import current
 from ...ops.collective import unpack
-from ..registry import register_kernel
+from ...backend.registry import register_kernel
 
 
 @register_kernel("allreduce_sum", "cpu")

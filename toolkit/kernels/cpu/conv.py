@@ -19,7 +19,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from ...ops.conv import conv_out_size
 from ...ops.fused import split_attrs
-from ..registry import register_kernel
+from ...backend.registry import register_kernel
 
 # Output widths from this one up use CNHW: measured on LeNet-sized layers, the window copies
 # with runs of >= 16 elements cost less than CHWN's element-wise transposes back to NCHW.

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ...ops.elementwise import ELEMENTWISE_IMPL
-from ..registry import register_kernel
+from ...backend.registry import register_kernel
 
 # Expressions that read an input after writing part of ``out`` cannot run with ``out`` aliasing
 # an input; every other elementwise kernel may update its input in place.

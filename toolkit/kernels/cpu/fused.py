@@ -12,7 +12,7 @@ import numpy as np
 from ...ir.graph import Node
 from ...ops.elementwise import ELEMENTWISE_IMPL
 from ...ops.fused import head_parts
-from ..registry import KERNELS, KernelContext, register_kernel
+from ...backend.registry import KERNELS, KernelContext, register_kernel
 from .elementwise import NOT_IN_PLACE
 
 # Blocking: a group whose values are each at least BLOCKING_MIN_BYTES runs block by block, a

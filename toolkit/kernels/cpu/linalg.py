@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..registry import register_kernel
+from ...backend.registry import register_kernel
 
 
 @register_kernel("matmul", "cpu")

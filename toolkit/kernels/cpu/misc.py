@@ -10,7 +10,7 @@ import numpy as np
 from ...ops.base import get_op
 from ...ops.indexing import check_indices
 from ...ops.precision import all_finite, round_precision
-from ..registry import register_kernel
+from ...backend.registry import register_kernel
 
 
 def _reference_kernel(ctx):

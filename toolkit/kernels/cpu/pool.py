@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...ops.pool import avg_divisor
-from ..registry import register_kernel
+from ...backend.registry import register_kernel
 
 
 class _Pool:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...ops.reduce import bessel_factor, reduced_count
-from ..registry import register_kernel
+from ...backend.registry import register_kernel
 
 
 @register_kernel("reduce_sum", "cpu")

@@ -1,5 +1,5 @@
 """GPU kernels (CuPy), registered under (op, "gpu", dtype). Importing this package imports CuPy
-(runtime/devices.py turns its absence into a one-line user error), so nothing imports it unless
+(backend/devices.py turns its absence into a one-line user error), so nothing imports it unless
 a GPU is asked for.
 
 - ``dispatched.py``: the numpy kernels run on CuPy arrays (elementwise ops, GEMMs through cuBLAS,
@@ -9,8 +9,9 @@ a GPU is asked for.
 - ``fused.py``: the fused groups, rendered to CUDA by the kernel generator's GPU dialect and
   compiled once per source text (``cuda.py``).
 
-``MISSING`` lists the ops with a CPU kernel and no GPU kernel: a plan needing one fails when it
-is built, naming the op, the device, the dtype and what is registered.
+Every op with a CPU kernel has a GPU kernel (tests/runtime/test_gpu_backend.py checks it); an op
+without one would fail when a plan is built, naming the op, the device, the dtype and what is
+registered.
 """
 from __future__ import annotations
 
@@ -19,5 +20,3 @@ from .dispatched import DISPATCHED  # noqa: F401
 from .. import control as _control
 
 _control.register("gpu")
-
-MISSING: list[str] = []

@@ -20,10 +20,10 @@ import math
 import numpy as np
 
 from ...ops.indexing import check_indices
-from ...runtime.devices import gpu_module, to_host
+from ...backend.devices import gpu_module, to_host
 from ..cpu.conv import CONV_KERNELS
 from ..cpu.pool import POOL_KERNELS
-from ..registry import register_kernel
+from ...backend.registry import register_kernel
 from .dispatched import half_accumulator
 
 cp = gpu_module()

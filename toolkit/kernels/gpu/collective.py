@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from ...distributed.comm import current
 from ...ops.collective import pack, unpack
-from ...runtime.devices import gpu_module, to_host
-from ..registry import register_kernel
+from ...backend.devices import gpu_module, to_host
+from ...backend.registry import register_kernel
 
 cp = gpu_module()
 

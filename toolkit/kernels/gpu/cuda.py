@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ...codegen.loops import Kernel
 from ...codegen.render import CudaDialect
-from ...runtime.devices import gpu_module
+from ...backend.devices import gpu_module
 
 cp = gpu_module()
 

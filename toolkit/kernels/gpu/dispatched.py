@@ -11,9 +11,9 @@ from __future__ import annotations
 import numpy as np
 
 from ...ops.elementwise import ELEMENTWISE_IMPL
-from ...runtime.devices import gpu_module
+from ...backend.devices import gpu_module
 from .. import cpu  # noqa: F401  (the numpy kernels the dispatched entries reuse)
-from ..registry import KERNELS, register_kernel
+from ...backend.registry import KERNELS, register_kernel
 
 cp = gpu_module()
 

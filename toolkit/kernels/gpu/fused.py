@@ -17,10 +17,10 @@ import numpy as np
 
 from ...ir.graph import Node
 from ...ops.fused import head_parts
-from ...runtime.devices import gpu_module
+from ...backend.devices import gpu_module
 from ..cpu.fused import ProgramRunner, elementwise_inplace_pairs
 from ..native.elementwise import _arrays_for, elementwise_kernel
-from ..registry import KERNELS, KernelContext, register_kernel
+from ...backend.registry import KERNELS, KernelContext, register_kernel
 from .cuda import launcher
 
 cp = gpu_module()

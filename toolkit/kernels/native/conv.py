@@ -22,7 +22,7 @@ from ...codegen.loops import (Buf, For, Gemm, If, Kernel, Let, Names, Set, Store
 from ...codegen.native import NativeCall
 from ...ops.conv import conv_out_size
 from ...ops.fused import head_parts, split_attrs
-from ..registry import register_native
+from ...backend.registry import register_native
 from .elementwise import FLOATS, operand_layout, program_body
 
 
@@ -373,7 +373,8 @@ def conv2d_grad_weight_native(ctx, ins, outs):
 
 
 def conv_epilogue_native(ctx, ins, outs):
-    """fused_epilogue headed by a convolution (a matmul head is elementwise.py's)."""
+    """fused_epilogue headed by a convolution (a matmul head is elementwise.py's; epilogue.py
+    chooses)."""
     head, _head_attrs, _k = head_parts(ctx.attrs)
     if ctx.dtype not in FLOATS:
         return None

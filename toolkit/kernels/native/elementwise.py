@@ -18,7 +18,7 @@ from ...codegen.loops import (Buf, Const, For, Gemm, Kernel, Let, Names, Store, 
 from ...codegen.native import NativeCall
 from ...ops.elementwise import ELEMENTWISE_IMPL
 from ...ops.fused import head_parts
-from ..registry import register_native
+from ...backend.registry import register_native
 
 # Below this many elements a parallel loop costs more to start than it saves.
 PARALLEL_MIN_ELEMENTS = 1 << 15
@@ -330,12 +330,9 @@ def matmul_native(ctx, ins, outs):
     return NativeCall(kernel, [ins[0], ins[1], outs[0]])
 
 
-@register_native("fused_epilogue", "cpu")
-def fused_epilogue_native(ctx, ins, outs):
+def matmul_epilogue_native(ctx, ins, outs):
+    """fused_epilogue headed by a matmul (a convolution head is conv.py's; epilogue.py chooses)."""
     head, head_attrs, k = head_parts(ctx.attrs)
-    if head != "matmul":
-        from .conv import conv_epilogue_native
-        return conv_epilogue_native(ctx, ins, outs)
     if ctx.dtype not in FLOATS or any(len(s) != 2 for s in ctx.in_shapes[:2]):
         return None
     program, outputs = ctx.attrs["program"], ctx.attrs["outputs"]

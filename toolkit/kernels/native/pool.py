@@ -11,7 +11,7 @@ import numpy as np
 
 from ...codegen.loops import Buf, For, If, Kernel, Let, Names, Set, Store, lift, maximum, select
 from ...codegen.native import NativeCall
-from ..registry import register_native
+from ...backend.registry import register_native
 from .elementwise import FLOATS
 
 

@@ -15,7 +15,7 @@ from ...codegen.loops import Buf, Cast, For, Kernel, Let, Names, Set, Store, lif
 from ...codegen.native import NativeCall
 from ...ops.reduce import bessel_factor, reduced_count
 from ...ops.rules import norm_axis
-from ..registry import register_native
+from ...backend.registry import register_native
 from .elementwise import FLOATS, PARALLEL_MIN_ELEMENTS, one_step_call
 
 

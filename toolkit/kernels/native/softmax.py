@@ -12,7 +12,7 @@ import numpy as np
 
 from ...codegen.loops import Buf, Cast, For, Kernel, Let, Names, Set, Store, call, lift, maximum
 from ...codegen.native import NativeCall
-from ..registry import register_native
+from ...backend.registry import register_native
 from .elementwise import FLOATS, PARALLEL_MIN_ELEMENTS
 
 

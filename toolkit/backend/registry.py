@@ -1,15 +1,21 @@
-"""Kernel registry keyed by (op, device, dtype), with ``*`` as an explicit any-dtype fallback.
+"""Kernel registry keyed by (op, device kind, dtype), with ``*`` as an explicit any-dtype fallback.
 
 A kernel is a factory: given a KernelContext (the node with concrete shapes), it returns a
 callable ``run(inputs, outputs)`` that writes into preallocated output arrays. Factories do
 their per-shape work (index maps, scratch buffers) once, when a plan is built.
+
+The kernels are plug-ins above the runtime: a kind's modules (``Device.kernel_modules``) are
+imported by name the first time anything asks for that kind, and register themselves here, so
+nothing on this floor or below imports them.
 """
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..ir.graph import Node
+from .devices import DEVICE_KINDS, Device, parse_device
 
 KernelFn = Callable[[list, list], None]
 KernelFactory = Callable[["KernelContext"], KernelFn]
@@ -22,11 +28,12 @@ class KernelContext:
     in_shapes: list[tuple[int, ...]]
     out_shapes: list[tuple[int, ...]]
     dtype: str                            # the dtype the kernel was chosen for
-    device: str
+    device: Device                        # where it runs (registry entries are keyed by its kind)
     runtime: Any = None                   # per-executor state: the random generator for impure ops
     xp: Any = None                        # the array module: numpy or cupy
     share: int = 0                        # which share of a split op (its rows): keys its scratch
     threads: int = 1                      # threads the plan runs on (native kernels' parallel loops)
+    reuse_memory: bool = True             # whether the plan reuses buffers (a body's plan follows)
 
 
 @dataclass(frozen=True)
@@ -57,8 +64,9 @@ class KernelRegistry:
             return builder
         return wrap
 
-    def native(self, op: str, device: str) -> Callable | None:
-        return self.natives.get((op, device))
+    def native(self, op: str, device: Device | str) -> Callable | None:
+        kind = _kind(device)
+        return self.natives.get((op, kind))
 
     def register(self, op: str, device: str, dtype: str = "*", inplace=False):
         def wrap(factory: KernelFactory) -> KernelFactory:
@@ -69,18 +77,23 @@ class KernelRegistry:
             return factory
         return wrap
 
-    def has(self, op: str, device: str, dtype: str) -> bool:
-        """Whether ``lookup`` would find a kernel (fusions ask this before they fire)."""
-        return (op, device, dtype) in self.entries or (op, device, "*") in self.entries
+    def has(self, op: str, device: Device | str, dtype: str) -> bool:
+        """Whether ``lookup`` would find a kernel, the kind's kernels loaded if they were not
+        (fusions ask this before they fire)."""
+        kind = _kind(device)
+        load_kind(kind)
+        return (op, kind, dtype) in self.entries or (op, kind, "*") in self.entries
 
-    def lookup(self, op: str, device: str, dtype: str) -> KernelEntry:
-        for key in ((op, device, dtype), (op, device, "*")):
+    def lookup(self, op: str, device: Device | str, dtype: str) -> KernelEntry:
+        """The kernel of ``op`` for a device's kind and a dtype (the kind's kernels loaded first:
+        a plan loads every device it runs on)."""
+        kind = _kind(device)
+        for key in ((op, kind, dtype), (op, kind, "*")):
             if key in self.entries:
                 return self.entries[key]
         have = sorted(f"{d}/{t}" for (o, d, t) in self.entries if o == op)
-        raise KernelMissing(f"no kernel for op '{op}' on device '{device}' with dtype {dtype}; "
+        raise KernelMissing(f"no kernel for op '{op}' on device '{kind}' with dtype {dtype}; "
                             f"registered for this op: {', '.join(have) or 'nothing'}")
-
 
 
 class KernelMissing(LookupError):
@@ -92,18 +105,23 @@ register_kernel = KERNELS.register
 register_native = KERNELS.register_native
 
 
-def load_device(device: str) -> None:
-    """Import the kernel modules of a device's kind (cupy only when a GPU is asked for)."""
-    from ..runtime.devices import parse_device
-    kind = parse_device(device).kind
-    if kind == "cpu":
-        from . import cpu, native  # noqa: F401
-    else:
-        from . import gpu  # noqa: F401  (imports cupy: a UserError where it cannot run)
+def _kind(device: Device | str) -> str:
+    return device.kind if isinstance(device, Device) else device
 
 
-def load_graph_devices(graph) -> None:
-    """Import the kernels of every device a graph's nodes run on (fusions ask what exists)."""
-    from ..runtime.devices import graph_devices
-    for device in graph_devices(graph):
-        load_device(device.name)
+_loaded: set[str] = set()
+
+
+def load_kind(kind: str) -> None:
+    """Import the kernel modules of a kind of device (each registers its kernels); the GPU's
+    import CuPy, which is a UserError where it cannot run."""
+    if kind in _loaded or kind not in DEVICE_KINDS:
+        return
+    for module in DEVICE_KINDS[kind].kernel_modules:
+        importlib.import_module(module)
+    _loaded.add(kind)
+
+
+def load_device(device: Device | str) -> None:
+    """Import the kernels of a device's kind (a device name is parsed: a bad one is a UserError)."""
+    load_kind(parse_device(device).kind)

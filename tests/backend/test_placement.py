@@ -11,7 +11,8 @@ import pytest
 from toolkit.cli import main
 from toolkit.commands.bench import bench_plan
 from toolkit.frontend import Net
-from toolkit.runtime.devices import node_device, parse_device
+from toolkit.backend.devices import parse_device
+from toolkit.backend.placement import Placement
 
 NET = """\
 name: placed
@@ -46,21 +47,21 @@ def _transfers(graph):
     return [n for n in graph.nodes if n.op == "transfer"]
 
 
-def _check_no_cross_reads(graph):
+def _check_no_cross_reads(graph, placement: Placement):
     """Every node (but a transfer) reads values of its own device or constants."""
     weights = {w.value.id: w for w in graph.weights.values()}
     for node in graph.nodes:
         if node.op == "transfer":
             continue
-        here = node_device(graph, node)
+        here = placement.node(node)
         for v in node.inputs:
             p = v.producer
             if p is None:
                 if v.id not in weights:
-                    assert here == parse_device(graph.device), f"{node} reads a graph input off its device"
+                    assert here == placement.default, f"{node} reads a graph input off its device"
             elif p.op not in ("constant", "scalar"):
-                assert node_device(graph, p) == here, f"{node.op} ({node.scope}) on {here} reads {p.op} on " \
-                                                      f"{node_device(graph, p)}"
+                assert placement.node(p) == here, f"{node.op} ({node.scope}) on {here} reads {p.op} on " \
+                                                  f"{placement.node(p)}"
 
 
 @pytest.mark.parametrize("train", [False, True], ids=["infer", "train"])
@@ -86,7 +87,8 @@ def test_placed_net_equals_one_device(tmp_path, train):
     assert {(n.attrs["src"], n.attrs["dst"]) for n in moves} == {("cpu", "cpu:1"), ("cpu:1", "cpu")}
     assert len(moves) == (5 if train else 2)
     assert len(moves) == (len({id(n.inputs[0]) for n in moves}))       # one transfer per value
-    _check_no_cross_reads(plan1.graph)
+    assert plan1.placement.default == parse_device("cpu") and plan1.placement.by_layer
+    _check_no_cross_reads(plan1.graph, plan1.placement)
     assert set(plan1.memory.peak_by_device) == {parse_device("cpu"), parse_device("cpu:1")}
 
 

@@ -1,0 +1,49 @@
+"""The infer phase of a net made ready to run, in the steps that ``toolkit infer``, ``toolkit
+serve`` and ``toolkit.load`` share: the device and dtype checked, the net read (``zoo:NAME``
+too), its weights loaded, then frozen into the optimised graph, which a session runs over the
+batch buckets."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Mapping
+
+import numpy as np
+
+from .backend.devices import Device
+from .backend.options import check_device, resolve_dtype
+from .compile import disabled_passes, optimize
+from .frontend import Net
+from .ir.graph import Graph
+from .passes.pipeline import memory_reuse
+from .runtime.session import DEFAULT_BUCKETS, InferSession
+from .zoo.resolve import load_net
+
+
+@dataclass
+class InferPhase:
+    net: Net
+    graph: Graph                  # the infer graph as lowered: its inputs and outputs are the model's
+    device: Device
+    dtype: str | None
+    disable: tuple[str, ...]
+
+    def load_weights(self, given: str | None, allow_missing: bool = False,
+                     flag: str = "--weights") -> dict[str, np.ndarray]:
+        """``given``, else a zoo model's published weights, checked against the net."""
+        return self.net.load_weights(self.net.default_weights(given, flag=flag), allow_missing=allow_missing,
+                                     dtype=self.dtype)
+
+    def session(self, weights: Mapping[str, np.ndarray], buckets: Iterable[int] = DEFAULT_BUCKETS) -> InferSession:
+        """The graph optimised with ``weights`` frozen in, run by a session over ``buckets``."""
+        graph = optimize(self.graph, self.disable, weights, self.device)
+        return InferSession(graph, weights, self.device, tuple(buckets), reuse_memory=memory_reuse(self.disable))
+
+
+def infer_phase(net: str, device: Device | str, dtype: str | None = None, disable: Iterable[str] = (),
+                no_optimize: bool = False) -> InferPhase:
+    """``net`` (a file or ``zoo:NAME``) for ``device`` and ``dtype``, each checked first."""
+    device = check_device(device)
+    dtype = resolve_dtype(dtype, device)
+    loaded = load_net(net)
+    passes = disabled_passes(loaded, tuple(disable), no_optimize)
+    return InferPhase(loaded, loaded.graph("infer", dtype), device, dtype, passes)
