@@ -28,7 +28,6 @@ sys.path.insert(0, str(ROOT))
 
 def worker(args) -> None:
     """One process of a measurement (every rank of it under mpiexec); rank 0 prints the figures."""
-    import numpy as np
 
     from toolkit.distributed.comm import use
     from toolkit.distributed.launcher import world

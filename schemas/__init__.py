@@ -1,4 +1,4 @@
-"""Pydantic models of the net file format (SPEC sections 1 and 3); depends on pydantic only."""
+"""Pydantic models of the net file format (docs/spec.md sections 1 and 3); depends on pydantic only."""
 from .base import PHASES, Filler, InputSpec, LayerBase, ParamLayerBase
 from .net import build_net_model, json_schema
 from .train import TrainSpec

@@ -1,4 +1,4 @@
-"""The ``train`` section of a net (SPEC section 3): data, solver, lr policy, schedule."""
+"""The ``train`` section of a net (docs/spec.md section 3): data, solver, lr policy, schedule."""
 from __future__ import annotations
 
 from typing import Annotated, Literal, Optional, Union
@@ -54,7 +54,7 @@ class SolverSpec(Strict):
 
 
 class DistributedSpec(Strict):
-    """Data-parallel training under an MPI launcher (SPEC section 8)."""
+    """Data-parallel training under an MPI launcher (docs/spec.md section 8)."""
     sync_batchnorm: bool = False
     bucket_mb: Annotated[float, Field(gt=0)] = 25.0
     overlap: bool = True          # start each bucket's all-reduce during the backward pass

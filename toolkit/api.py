@@ -1,5 +1,5 @@
-"""The Python API (SPEC section 7): ``toolkit.load(net, weights=..., device=...)`` gives a Model
-whose ``infer(**arrays)`` runs the infer phase through the batch buckets (SPEC section 5).
+"""The Python API (docs/spec.md section 7): ``toolkit.load(net, weights=..., device=...)`` gives a Model
+whose ``infer(**arrays)`` runs the infer phase through the batch buckets (docs/spec.md section 5).
 
 It validates and compiles as `toolkit infer` does and raises ``toolkit.UserError`` with the
 message the command would print. A Model is safe to share between threads: its session runs one

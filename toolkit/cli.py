@@ -27,7 +27,6 @@ def _device(text: str):
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-DEVICE_HELP = "cpu (default) or gpu; cpu:N / gpu:N name one of several"
 DTYPES = ["float32", "float64", "float16", "bfloat16"]
 
 
@@ -60,6 +59,7 @@ def _optimize_flags(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .backend.devices import device_help
     parser = _Parser(prog="toolkit", description="Caffe-style YAML nets, compiled and run.")
     parser.add_argument("--version", action="version", version=f"toolkit {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
@@ -88,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=".npy, .npz, .csv, an image or a folder of images; repeat for several inputs "
                         "(read in step, a chunk of rows at a time)")
     p.add_argument("--output", help=".npz (keyed by output name) or .npy (one output); default: print")
-    p.add_argument("--device", type=_device, default="cpu", help=DEVICE_HELP)
+    p.add_argument("--device", type=_device, default="cpu", help=device_help())
     p.add_argument("--dtype", choices=DTYPES, default=None,
                    help="float16 and bfloat16 accumulate in float32; on cpu they run as float32")
     p.add_argument("--buckets", type=_buckets, default=None, help="batch bucket sizes, e.g. 1,2,4,8")
@@ -105,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--weights", help="weights file (default for zoo:NAME: the model's published weights)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s, this machine only)")
     p.add_argument("--port", type=int, default=8000, help="port (default: %(default)s; 0 picks a free one)")
-    p.add_argument("--device", type=_device, default="cpu", help=DEVICE_HELP)
+    p.add_argument("--device", type=_device, default="cpu", help=device_help())
     p.add_argument("--dtype", choices=DTYPES, default=None,
                    help="float16 and bfloat16 accumulate in float32; on cpu they run as float32")
     p.add_argument("--buckets", type=_buckets, default=None,
@@ -128,7 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--train", action="store_true", help="time forward + backward + SGD update")
     p.add_argument("--iters", type=_positive_int, default=50)
     p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--device", type=_device, default="cpu", help=DEVICE_HELP)
+    p.add_argument("--device", type=_device, default="cpu", help=device_help())
     p.add_argument("--dtype", choices=DTYPES, default=None,
                    help="float16 and bfloat16 accumulate in float32; with --train they mean mixed precision; "
                         "on cpu they run through float32 kernels")
@@ -151,7 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="run folder (default runs/NAME)")
     p.add_argument("--weights", help="start from these weights")
     p.add_argument("--resume", metavar="DIR", help="continue exactly from a run folder or checkpoint")
-    p.add_argument("--device", type=_device, default="cpu", help=DEVICE_HELP)
+    p.add_argument("--device", type=_device, default="cpu", help=device_help())
     p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default=None,
                    help="float16/bfloat16: mixed precision (GEMMs and convolutions in that type, float32 master "
                         "weights, dynamic loss scaling), as train.solver.mixed_precision; float32: without it")
@@ -161,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("net", help="a net file or zoo:NAME")
     p.add_argument("--weights", help="weights file (default for zoo:NAME: the model's published weights)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides")
-    p.add_argument("--device", type=_device, default="cpu", help=DEVICE_HELP)
+    p.add_argument("--device", type=_device, default="cpu", help=device_help())
     _optimize_flags(p)
 
     p = sub.add_parser("data", help="export the net's training data (train or test split) as .npz")
@@ -175,14 +175,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--phase", choices=["train", "test", "infer"], default="infer")
     p.add_argument("--explain", action="store_true",
                    help="print per-pass nodes, FLOPs, peak memory and changes (the default output)")
-    p.add_argument("--json", action="store_true", help="print one JSON object (SPEC section 4)")
+    p.add_argument("--json", action="store_true", help="print one JSON object (docs/spec.md section 4)")
     p.add_argument("--dump", action="store_true", help="print the final graph as text")
     p.add_argument("--batch", type=_positive_int, default=1, help="batch size for the memory plan")
     p.add_argument("--ranks", type=_positive_int, default=1,
                    help="with --phase train: the data-parallel step of this many ranks, with its "
                         "gradient all-reduce buckets (what `mpiexec -n RANKS toolkit train` runs)")
     p.add_argument("--weights", help="weights to freeze into infer and test graphs (default: the fillers')")
-    p.add_argument("--device", type=_device, default="cpu", help=DEVICE_HELP)
+    p.add_argument("--device", type=_device, default="cpu", help=device_help())
     _optimize_flags(p)
 
     p = sub.add_parser("graph", help="draw a phase's graph, before or after the passes, as .svg or .dot")

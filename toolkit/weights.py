@@ -1,4 +1,4 @@
-"""Weights files (SPEC section 2): LAYER.PARAM keys in .safetensors or .npz (pickle refused),
+"""Weights files (docs/spec.md section 2): LAYER.PARAM keys in .safetensors or .npz (pickle refused),
 fillers that start weights a file does not give, and atomic writes."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``toolkit compile`` (--explain, --json as SPEC section 4 shapes it) and the pass switches of
+"""``toolkit compile`` (--explain, --json as docs/spec.md section 4 shapes it) and the pass switches of
 every command that builds a plan: --no-optimize, --disable PASS (unknown names are errors that
 list the passes) and ``optimize: {disable: [...]}`` in the net file (located errors)."""
 from __future__ import annotations

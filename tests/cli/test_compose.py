@@ -1,4 +1,4 @@
-"""Composition (SPEC section 1): ``base:`` merging semantics, ``toolkit render``, and every
+"""Composition (docs/spec.md section 1): ``base:`` merging semantics, ``toolkit render``, and every
 composition error at the FILE:LINE:COL of the file that wrote the offending key."""
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import yaml
 from cli_helpers import REPO, col_of, expect_error, line_of, run_cli, write_net
 from toolkit.errors import SpecError
 from toolkit.frontend import Net
-from toolkit.frontend.render import render_net
 from toolkit.zoo.resolve import load_net
 
 ZOO_LENET = REPO / "zoo" / "lenet" / "net.yaml"

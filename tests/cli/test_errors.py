@@ -1,4 +1,4 @@
-"""User mistakes through the real CLI (SPEC sections 1, 2, 4 and 6): each prints
+"""User mistakes through the real CLI (docs/spec.md sections 1, 2, 4 and 6): each prints
 ``FILE:LINE:COL: error: MESSAGE`` (net files) or ``error: MESSAGE`` (data, weights, flags), one
 line per problem, exits 2, never shows a traceback, and writes or runs nothing. The happy paths
 at the end make sure the checks are not false positives.

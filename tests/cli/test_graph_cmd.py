@@ -1,4 +1,4 @@
-"""``toolkit graph NET.yaml [--phase P] [--optimized] -o FILE.svg|.dot`` (SPEC section 4) and the
+"""``toolkit graph NET.yaml [--phase P] [--optimized] -o FILE.svg|.dot`` (docs/spec.md section 4) and the
 DOT writer behind it (``toolkit.commands.dot``).
 
 The DOT text is checked by parsing it here (one statement per line is the writer's invariant):

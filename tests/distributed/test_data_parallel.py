@@ -1,4 +1,4 @@
-"""Data-parallel training under `mpiexec` (SPEC section 8), started by the tests themselves: K
+"""Data-parallel training under `mpiexec` (docs/spec.md section 8), started by the tests themselves: K
 ranks at batch B give the weights and every logged loss of one process at K x B (2 ranks, and 3
 so that the split is uneven and the last short batch leaves a rank without rows), BatchNorm with
 sync_batchnorm included; resume under mpiexec is bit-exact; a rank killed with SIGKILL stops the

@@ -1,4 +1,4 @@
-"""Default outputs (SPEC section 1: every top that nothing consumes), including a top whose
+"""Default outputs (docs/spec.md section 1: every top that nothing consumes), including a top whose
 layer passes its bottom through unchanged (Flatten to the same shape, Dropout outside train,
 Concat of one bottom): it is an output under its own name, once."""
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Seeded random nets for the optimiser's differential test (``test_differential.py``).
 
-``generate(seed)`` returns the YAML text of a valid net (SPEC section 1) drawn from the layer
+``generate(seed)`` returns the YAML text of a valid net (docs/spec.md section 1) drawn from the layer
 catalog in ``layers/``; ``generate_net(seed)`` returns the same text with what a test needs to
 feed the net: which integer inputs are class labels (and how many classes every layer reading
 them accepts) and which float inputs are probabilities. The same seed always gives the same net.
@@ -979,5 +979,5 @@ class _Generator:
 
 
 def _flow(value) -> str:
-    """One line of YAML flow style, as the examples in SPEC.md are written."""
+    """One line of YAML flow style, as the examples in docs/spec.md are written."""
     return yaml.safe_dump(value, default_flow_style=True, sort_keys=False, width=10_000).strip()

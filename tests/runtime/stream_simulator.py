@@ -9,7 +9,7 @@ from collections import deque
 
 import numpy as np
 
-from toolkit.runtime.streams import CALL, RECORD, WAIT
+from toolkit.backend.devices import CALL, RECORD, WAIT
 
 
 class Event:

@@ -101,7 +101,7 @@ SCRIPT = STAND_IN + RAW_MODULE + textwrap.dedent("""
 
     def runs(train, concurrent, seed=0, broken=False):
         backends = []
-        def backend():
+        def backend(device):
             backends.append(SimulatedStreams(seed))
             return backends[-1]
         streams.backend_factory = backend

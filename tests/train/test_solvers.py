@@ -1,4 +1,4 @@
-"""Unit checks of the train section's numbers (SPEC section 3): every lr policy against its
+"""Unit checks of the train section's numbers (docs/spec.md section 3): every lr policy against its
 formula and against PyTorch's schedulers, Adam's bias corrections, the solver defaults against
 PyTorch's optimizer defaults, frozen parameters (lr_mult 0) and shared parameters (share:)."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Training trajectories against PyTorch's optimizers (SPEC section 3: solver semantics are
+"""Training trajectories against PyTorch's optimizers (docs/spec.md section 3: solver semantics are
 PyTorch's).
 
 Each case writes a small net and an .npz of random data into tmp_path, starts the toolkit's

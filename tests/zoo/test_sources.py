@@ -277,7 +277,7 @@ def test_git_source(repo, tmp_path):
     assert r.status == 2 and "Traceback" not in r.err
     assert (f"note: zoo source git+{never}: git cannot fetch it ('{never}' does not appear to be a git "
             "repository)") in r.err
-    assert f"error: zoo:other: no model named 'other'" in r.err and f"could not reach git+{never}" in r.err
+    assert "error: zoo:other: no model named 'other'" in r.err and f"could not reach git+{never}" in r.err
 
 
 @needs_git

@@ -9,7 +9,8 @@ Nothing outside this module asks which kind a device is.
 
 Every ``cpu:N`` is the host's memory with the numpy kernels: two of them are enough to exercise
 the partitioner and its transfers without a GPU. ``gpu:N`` is CUDA device N through CuPy,
-imported only here and only when a GPU is asked for.
+imported only here and only when a GPU is asked for. numpy too is imported where it is used: the
+command line reads the kinds' names before any work starts.
 """
 from __future__ import annotations
 
@@ -17,8 +18,6 @@ import functools
 import re
 from dataclasses import dataclass
 from typing import ClassVar
-
-import numpy as np
 
 from ..errors import UserError
 from ..ir.graph import LOW_PRECISION
@@ -79,7 +78,7 @@ class Device:
 
     def empty(self, nbytes: int):
         with self.use():
-            return self.xp.empty(max(int(nbytes), 1), dtype=np.uint8)
+            return self.xp.empty(max(int(nbytes), 1), dtype="uint8")
 
     def to_device(self, array):
         """``array`` (host or any device) as an array of this device (no copy when it is one)."""
@@ -87,7 +86,12 @@ class Device:
 
     def uploader(self, target):
         """A callable copying a host array into ``target`` (an array of this device)."""
+        import numpy as np
         return functools.partial(np.copyto, target, casting="same_kind")
+
+    def stream_backend(self):
+        """The calls that make and order this device's streams (``streams`` devices only)."""
+        raise NotImplementedError(f"device '{self}' has no streams")
 
 
 class HostDevice(Device):
@@ -105,7 +109,8 @@ class HostDevice(Device):
 
     @property
     def xp(self):
-        return np
+        import numpy
+        return numpy
 
 
 class CudaDevice(Device):
@@ -143,10 +148,19 @@ class CudaDevice(Device):
     def uploader(self, target):
         return HostUpload(target)
 
+    def stream_backend(self):
+        return CupyStreams()
+
 
 # Every kind of device, by the name the command line and net files use.
 DEVICE_KINDS: dict[str, type[Device]] = {kind.kind: kind for kind in (HostDevice, CudaDevice)}
 CPU = HostDevice()
+
+
+def device_help() -> str:
+    """What ``--device`` takes, in words, from the kinds there are."""
+    kinds = list(DEVICE_KINDS)
+    return f"{kinds[0]} (default) or {', '.join(kinds[1:])}; {' / '.join(k + ':N' for k in kinds)} name one of several"
 
 _NAME = re.compile(r"^(%s)(?::([0-9]+))?$" % "|".join(DEVICE_KINDS))
 
@@ -176,6 +190,46 @@ def _parse_name(text: str) -> Device:
     return DEVICE_KINDS[m.group(1)](int(m.group(2) or 0))
 
 
+# What a plan's stream schedule queues on a stream (runtime/streams.py): a kernel call, a wait
+# for an event, an event recorded.
+CALL, WAIT, RECORD = "call", "wait", "record"
+
+
+class CupyStreams:
+    """The CUDA side of a schedule, through CuPy."""
+
+    def __init__(self):
+        self.cuda = gpu_module().cuda
+
+    def stream(self):
+        return self.cuda.Stream(non_blocking=True)
+
+    def event(self):
+        return self.cuda.Event(block=False, disable_timing=True)
+
+    def current(self):
+        return self.cuda.get_current_stream()
+
+    def record(self, event, stream) -> None:
+        event.record(stream)
+
+    def wait(self, stream, event) -> None:
+        stream.wait_event(event)
+
+    def run_on(self, stream, actions: list[tuple[str, object]]) -> None:
+        with stream:                            # CuPy launches (kernels, cuBLAS) go to the current stream
+            for kind, item in actions:
+                if kind == CALL:
+                    item()
+                elif kind == WAIT:
+                    stream.wait_event(item)
+                else:
+                    item.record(stream)
+
+    def finish(self, stream) -> None:
+        """Nothing: the caller's stream already waits on every stream's last event."""
+
+
 class HostUpload:
     """Host-to-GPU copies into one device array without a device synchronisation.
 
@@ -196,6 +250,7 @@ class HostUpload:
         self.empty_pinned = empty_pinned
 
     def __call__(self, value) -> None:
+        import numpy as np
         if self.empty_pinned is None:
             self.target.set(np.ascontiguousarray(value, dtype=self.target.dtype))
             return
@@ -211,8 +266,9 @@ class HostUpload:
         done.record()
 
 
-def to_host(array) -> np.ndarray:
+def to_host(array):
     """A numpy array of ``array``'s values (a copy only when it lives on a GPU)."""
+    import numpy as np
     if isinstance(array, np.ndarray):
         return array
     get = getattr(array, "get", None)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Union
 
 SCALAR_TYPES = ("float32", "float64", "int64", "int32", "bool")
+INT_TYPES = ("int64", "int32")
 
 
 class Expr:
@@ -34,9 +35,20 @@ class Expr:
     def __rmul__(self, o): return self._bin("*", o, True)
     def __truediv__(self, o): return self._bin("/", o)
     def __rtruediv__(self, o): return self._bin("/", o, True)
-    def __floordiv__(self, o): return self._bin("/", o)        # integer division on index exprs
+    def __floordiv__(self, o): return self._floordiv(o)
     def __mod__(self, o): return self._bin("%", o)
     def __neg__(self): return Un("-", self)
+
+    def _floordiv(self, other):
+        """``//`` of integers, rendered as C's ``/``: C truncates toward zero, which is Python's
+        floor for the non-negative index arithmetic kernels divide (a kernel dividing a value
+        that may be negative selects the sign itself). On floats it would not be floor division,
+        so it is refused there."""
+        other = lift(other, self.dtype)
+        if self.dtype not in INT_TYPES or other.dtype not in INT_TYPES:
+            raise TypeError(f"'//' on {self.dtype} and {other.dtype}: only integer index expressions divide "
+                            "with '//' (write '/' and call floor for floats)")
+        return Bin("/", self, other)
 
     def lt(self, o): return Cmp("<", self, lift(o, self.dtype))
     def le(self, o): return Cmp("<=", self, lift(o, self.dtype))
@@ -262,11 +274,6 @@ def maximum(a, b) -> Call:
     return Call("max", (lift(a, dtype), lift(b, dtype)))
 
 
-def minimum(a, b) -> Call:
-    dtype = a.dtype if isinstance(a, Expr) else b.dtype
-    return Call("min", (lift(a, dtype), lift(b, dtype)))
-
-
 class Names:
     """Fresh variable names for one kernel."""
 
@@ -277,8 +284,3 @@ class Names:
         self.count += 1
         return Var(f"{stem}{self.count}", dtype)
 
-
-def loop(names: Names, stop: int, body_of, stem: str = "i", parallel: bool = False, start: int = 0) -> For:
-    """``For`` over range(start, stop) whose body is ``body_of(index_var)`` (a list)."""
-    i = names.var(stem)
-    return For(i, lift(start, "int64"), lift(stop, "int64"), body_of(i), parallel)

@@ -1,5 +1,5 @@
 """``toolkit compile``: runs a phase's graph through the pass pipeline and says what each pass did
-(nodes, FLOPs, peak memory, before and after); ``--json`` prints SPEC section 4's object."""
+(nodes, FLOPs, peak memory, before and after); ``--json`` prints docs/spec.md section 4's object."""
 from __future__ import annotations
 
 import json

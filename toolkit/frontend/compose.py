@@ -1,4 +1,4 @@
-"""Composition: a net file built on others with ``base:`` (SPEC section 1, "Composition").
+"""Composition: a net file built on others with ``base:`` (docs/spec.md section 1, "Composition").
 
 Every file is read into a *located tree* (each mapping key, list item and scalar keeps the
 FILE:LINE:COL where it was written), bases are merged first to last and the file itself last,

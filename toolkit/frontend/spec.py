@@ -11,7 +11,7 @@ from typing import Any
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from ..errors import Location, Problem, SpecError, UserError, did_you_mean
-from .yaml_loader import Positions, load_yaml
+from .yaml_loader import Positions
 
 
 def read_text(path: str) -> str:
@@ -28,13 +28,6 @@ def read_text(path: str) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError:
         raise UserError(f"{path}: not a UTF-8 text file") from None
-
-
-def parse_net(text: str, file: str, net_model: type[BaseModel], layer_models: dict[str, type[BaseModel]],
-              overrides: list[tuple[tuple, Any]] = ()) -> tuple[BaseModel, dict, Positions]:
-    """Returns (NetSpec, the raw mapping, positions). Raises SpecError with every problem found."""
-    data, positions = load_yaml(text, file)
-    return validate_net(data, positions, net_model, layer_models, overrides)
 
 
 def validate_net(data: Any, positions: Positions, net_model: type[BaseModel],

@@ -12,7 +12,7 @@ from typing import Any, Mapping
 
 from .dims import Dim, evaluate, format_dim, product
 
-# half precision types: stored in 16 bits, computed with float32 accumulation (SPEC section 4).
+# half precision types: stored in 16 bits, computed with float32 accumulation (docs/spec.md section 4).
 # numpy has float16 but no bfloat16, so a CPU plan never holds either: passes/precision.py
 # stores them as float32 there, rounded to the low type wherever the graph casts to or from it
 LOW_PRECISION = ("float16", "bfloat16")

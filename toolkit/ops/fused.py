@@ -21,7 +21,6 @@ All are made after autodiff, so none needs a gradient rule.
 """
 from __future__ import annotations
 
-from typing import Any
 
 from ..ir.dims import Dim
 from ..ir.graph import TensorType
@@ -60,10 +59,6 @@ register(OpDef("conv2d_max_pool2d", _infer, _reference, None, _flops, batch_rows
 
 
 # -- programs ---------------------------------------------------------------------------------
-def step_attrs(step) -> dict[str, Any]:
-    return dict(step[2])
-
-
 def make_step(op: str, args, attrs: dict) -> tuple:
     return (op, tuple(args), tuple(sorted(attrs.items())))
 

@@ -1,4 +1,4 @@
-"""The data-parallel train step as graph ops (SPEC section 8).
+"""The data-parallel train step as graph ops (docs/spec.md section 8).
 
 Each rank differentiates its own share of the global objective: its batch's objective times
 ``@dist_weight``, its rows over the global batch's rows. Summed over the ranks these shares are

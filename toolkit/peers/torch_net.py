@@ -2,7 +2,7 @@
 
 The translation reads the net's spec (inputs, layers with their parameters and phases) and builds
 one torch module per layer from PyTorch's own building blocks (``nn.Conv2d``, ``nn.MaxPool2d``,
-``F.batch_norm``, ``F.cross_entropy``, ...), with the semantics of SPEC section 1: Pooling's
+``F.batch_norm``, ``F.cross_entropy``, ...), with the semantics of docs/spec.md section 1: Pooling's
 stride defaults to 1, BatchNorm uses batch statistics in phase train (and updates its running
 statistics there) and running statistics elsewhere unless ``use_global_stats`` says otherwise,
 Dropout is the identity outside train, losses reduce as the catalog says. Tops replace blobs of
@@ -434,7 +434,7 @@ class TorchNet:
         if p.global_pooling:
             mod = nn.AdaptiveMaxPool2d(1) if p.pool == "max" else nn.AdaptiveAvgPool2d(1)
             return mod, {}, {}
-        k, s, pad = _pair(p.kernel_size), _pair(p.stride), _pair(p.pad)   # stride 1 by default (SPEC)
+        k, s, pad = _pair(p.kernel_size), _pair(p.stride), _pair(p.pad)   # stride 1 by default (docs/spec.md)
         if p.pool == "max":
             return nn.MaxPool2d(k, s, pad, ceil_mode=p.ceil_mode), {}, {}
         return nn.AvgPool2d(k, s, pad, ceil_mode=p.ceil_mode, count_include_pad=p.count_include_pad), {}, {}

@@ -322,7 +322,7 @@ class Plan:
         """Streams for a GPU plan's independent branches, or waves of host threads."""
         if self.on_streams:
             self.schedule = assign_streams(conflicts(*self._touches()))
-            self.run_calls = stream_calls(self.schedule, self.calls)
+            self.run_calls = stream_calls(self.schedule, self.calls, self.device)
         elif self.concurrent:
             self.waves = waves(*self._touches())
             self.run_calls = wave_calls(self.waves, self.calls, self.workers)

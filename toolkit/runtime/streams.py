@@ -13,8 +13,9 @@ A run starts every stream after the caller's stream (where the inputs were uploa
 event, and ends with the caller's stream waiting on each stream's last event, so the caller sees
 one ordered stream: the next run's uploads, the trainer's loss read, weight copies.
 
-The CUDA calls go through a small backend (``CupyStreams``) so that tests can put a simulator in
-its place, one that runs the queued work in a random order allowed by the streams and events.
+The stream calls go through a small backend that the device gives (``Device.stream_backend``:
+CUDA's through CuPy), so that tests can put a simulator in its place, one that runs the queued
+work in a random order allowed by the streams and events.
 """
 from __future__ import annotations
 
@@ -22,8 +23,7 @@ import functools
 from dataclasses import dataclass
 from typing import Callable
 
-# What a stream is given to do, in order: run a step, wait for an event, record an event.
-CALL, WAIT, RECORD = "call", "wait", "record"
+from ..backend.devices import CALL, RECORD, WAIT, Device
 
 # Four streams cover an Inception block's towers; more only add events.
 MAX_STREAMS = 4
@@ -77,50 +77,18 @@ def assign_streams(must_follow: list[list[int]], max_streams: int = MAX_STREAMS)
     return StreamSchedule(stream_of, waits, len(tail))
 
 
-class CupyStreams:
-    """The CUDA side of a schedule, through CuPy."""
-
-    def __init__(self):
-        from ..backend.devices import gpu_module
-        self.cuda = gpu_module().cuda
-
-    def stream(self):
-        return self.cuda.Stream(non_blocking=True)
-
-    def event(self):
-        return self.cuda.Event(block=False, disable_timing=True)
-
-    def current(self):
-        return self.cuda.get_current_stream()
-
-    def record(self, event, stream) -> None:
-        event.record(stream)
-
-    def wait(self, stream, event) -> None:
-        stream.wait_event(event)
-
-    def run_on(self, stream, actions: list[tuple[str, object]]) -> None:
-        with stream:                            # CuPy launches (kernels, cuBLAS) go to the current stream
-            for kind, item in actions:
-                if kind == CALL:
-                    item()
-                elif kind == WAIT:
-                    stream.wait_event(item)
-                else:
-                    item.record(stream)
-
-    def finish(self, stream) -> None:
-        """Nothing: the caller's stream already waits on every stream's last event."""
+def _device_streams(device: Device):
+    return device.stream_backend()
 
 
-# Tests replace this with a simulator; a plan asks it for its backend when it is built.
-backend_factory: Callable[[], object] = CupyStreams
+# Tests replace this with a simulator; a plan asks it for its device's streams when it is built.
+backend_factory: Callable[[Device], object] = _device_streams
 
 
-def stream_calls(schedule: StreamSchedule, calls: list[Callable[[], None]]) -> list[Callable[[], None]]:
+def stream_calls(schedule: StreamSchedule, calls: list[Callable[[], None]], device: Device) -> list[Callable[[], None]]:
     """The plan's run as callables: start the streams, launch each run of consecutive steps on
     one stream with its waits and events, end by joining every stream into the caller's."""
-    backend = backend_factory()
+    backend = backend_factory(device)
     streams = [backend.stream() for _ in range(schedule.streams)]
     events = {t: backend.event() for t in schedule.recorded}
     start = backend.event()

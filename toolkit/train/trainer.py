@@ -337,7 +337,7 @@ class Trainer:
 
     def run(self) -> int:
         """Trains to max_iter; returns the exit status (0, or 128 + signal after a checkpoint)."""
-        writer = self.rank == 0                   # rank 0 alone writes (SPEC section 8)
+        writer = self.rank == 0                   # rank 0 alone writes (docs/spec.md section 8)
         if writer:
             self.out.mkdir(parents=True, exist_ok=True)
             self._save_net()

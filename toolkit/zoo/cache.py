@@ -74,7 +74,7 @@ def retrieve(source, name: str, entry: CardFile, folder: Path) -> str:
     import pooch
     import requests
 
-    from .sources import MissingFile, Unreachable, network_reason
+    from .sources import MissingFile, network_reason
     pooch.get_logger().setLevel("WARNING")
     sweep_temporaries(folder)
     target = folder / entry.file

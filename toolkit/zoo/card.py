@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import yaml
 from pydantic import ValidationError
@@ -26,11 +26,6 @@ FENCE = "---"
 def sha256_file(path: Path | str) -> str:
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
-
-
-def file_entry(path: Path) -> CardFile:
-    """The card's record of one file: its name, sha256 and size."""
-    return CardFile(file=path.name, sha256=sha256_file(path), bytes=path.stat().st_size)
 
 
 def split_front_matter(text: str, file: str) -> tuple[str | None, str]:

@@ -352,7 +352,7 @@ def conv2d_grad_weight_native(ctx, ins, outs):
     cols_size = s.k * s.p
     cols = Buf("cols", dtype, threads * cols_size, const=False)
     sums = Buf("sums", dtype, threads * s.k * s.o, const=False)     # each thread's [K, O] sum
-    t, n, e, o, k = names.var("t"), names.var("n"), names.var("e"), names.var("o"), names.var("k")
+    t, n, o, k = names.var("t"), names.var("n"), names.var("o"), names.var("k")
     lo, hi = names.var("lo"), names.var("hi")
     body = [Let(lo, (t * s.n) // threads), Let(hi, ((t + 1) * s.n) // threads)]
     beta = select(n.gt(lo), 1.0, 0.0)              # each thread's first image overwrites its sum

@@ -7,7 +7,6 @@ counts as -inf.
 """
 from __future__ import annotations
 
-import numpy as np
 
 from ...codegen.loops import Buf, For, If, Kernel, Let, Names, Set, Store, lift, maximum, select
 from ...codegen.native import NativeCall
