@@ -1,0 +1,60 @@
+"""Images as float32 [C, H, W] arrays (grey or RGB, resized), one file or a folder of them."""
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+
+from ..errors import UserError
+from .files import list_folder
+from .rows import Rows
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
+
+
+def image_layout(path: str, name: str, shape: tuple) -> tuple[int, int, int]:
+    """(C, H, W) of the input ``name`` of ``shape`` that images at ``path`` are to feed:
+    [N, C, H, W] with C 1 (grey) or 3 (RGB) and fixed sizes."""
+    example = tuple(shape[1:])
+    if len(shape) != 4 or not all(isinstance(d, int) for d in example) or example[0] not in (1, 3):
+        raise UserError(f"{path}: images feed an input shaped [N, 1 or 3, H, W] with fixed sizes; input '{name}' "
+                        f"is [{', '.join(str(d) for d in shape)}]")
+    return example
+
+
+def image_files(folder: str) -> list[str]:
+    """The image files of a folder in the order of their names (other files and hidden ones skipped)."""
+    return [str(p) for p in list_folder(folder)
+            if p.suffix.lower() in IMAGE_SUFFIXES and not p.name.startswith(".") and p.is_file()]
+
+
+@contextlib.contextmanager
+def _decoding(path: str):
+    from PIL import Image, UnidentifiedImageError
+    try:
+        yield
+    except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as e:
+        raise UserError(f"{path}: not a readable image ({e})") from None
+
+
+def read_image(path: str, layout: tuple[int, int, int]) -> np.ndarray:
+    """One image converted to grey (C 1) or RGB (C 3) and resized to H x W, as [C, H, W]."""
+    c, h, w = layout
+    from PIL import Image
+    with _decoding(path), Image.open(path) as img:
+        # img.size is what the file claims, read from its header before any pixel is decoded
+        arr = np.asarray(img.convert("L" if c == 1 else "RGB").resize((w, h)), dtype=np.float32)
+    return arr[None] if c == 1 else arr.transpose(2, 0, 1)
+
+
+class ImageRows(Rows):
+    """Image files, one row each, read only when their rows are."""
+
+    def __init__(self, paths: list[str], layout: tuple[int, int, int]):
+        self.paths, self.layout = paths, layout
+        self.rows, self.row_shape, self.dtype = len(paths), tuple(layout), np.dtype(np.float32)
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        if stop <= start:
+            return np.empty((0,) + self.row_shape, np.float32)
+        return np.stack([read_image(p, self.layout) for p in self.paths[start:stop]])
