@@ -2,12 +2,12 @@
 fillers that start weights a file does not give, and atomic writes."""
 from __future__ import annotations
 
-import zipfile
 from pathlib import Path
 from typing import Mapping
 
 import numpy as np
 
+from .arrayfiles import check_file, load_npz, unsupported_format
 from .errors import UserError, did_you_mean
 from .fileio import atomic_write
 
@@ -35,35 +35,12 @@ def fill(init: dict, shape: tuple[int, ...], dtype: str, fan_in: int, fan_out: i
 
 
 def load_weights(path: str) -> dict[str, np.ndarray]:
-    p = Path(path)
-    if p.suffix not in FORMATS:
-        raise UserError(f"{path}: unknown weights format '{p.suffix}' (use .safetensors or .npz)")
-    if not p.is_file():
-        raise UserError(f"{path}: no such file")
-    if p.suffix == ".npz":
-        return _load_npz(path)
+    if Path(path).suffix not in FORMATS:
+        raise unsupported_format(path, "weights", ".safetensors or .npz")
+    check_file(path)
+    if Path(path).suffix == ".npz":
+        return load_npz(path)
     return _load_safetensors(path)
-
-
-def _load_npz(path: str) -> dict[str, np.ndarray]:
-    # np.load takes anything that is neither a zip nor an .npy for a pickle (and would call
-    # random bytes "pickled"), and returns a bare array for an .npy: check the zip magic first
-    try:
-        with open(path, "rb") as f:
-            head = f.read(4)
-    except OSError as e:
-        raise UserError(f"{path}: cannot read: {e.strerror}") from None
-    if head not in (b"PK\x03\x04", b"PK\x05\x06"):
-        raise UserError(f"{path}: not a readable .npz file (not a zip archive of arrays)")
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            return {k: data[k] for k in data.files}
-    except ValueError as e:
-        if "pickle" in str(e).lower():
-            raise UserError(f"{path}: holds pickled objects, which are refused (they can run code)") from None
-        raise UserError(f"{path}: not a readable .npz file ({e})") from None
-    except (OSError, zipfile.BadZipFile, EOFError) as e:
-        raise UserError(f"{path}: not a readable .npz file ({e})") from None
 
 
 def _load_safetensors(path: str) -> dict[str, np.ndarray]:

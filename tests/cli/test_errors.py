@@ -398,7 +398,7 @@ def test_weights_random_bytes_npz_is_not_called_pickle(tiny, tmp_path):
     path = tmp_path / "w.npz"
     path.write_bytes(np.random.default_rng(1).bytes(500))
     result, out = _infer(tiny, tmp_path, weights=path)
-    expect_error(result, str(path), "not a readable .npz file")
+    expect_error(result, str(path), "not a readable .npz file (not a zip archive)")
     _assert_nothing_written(result, out)
 
 
@@ -407,7 +407,7 @@ def test_weights_npz_that_is_really_an_npy(tiny, tmp_path):
     with open(path, "wb") as f:
         np.save(f, np.zeros(3, np.float32))
     result, out = _infer(tiny, tmp_path, weights=path)
-    expect_error(result, str(path), "not a readable .npz file")
+    expect_error(result, str(path), "not a readable .npz file (it is an .npy array)")
     _assert_nothing_written(result, out)
 
 
@@ -417,15 +417,18 @@ def test_weights_npz_with_pickled_object_refused(tiny, tmp_path):
     w["conv1.weight"] = np.array([{"payload": 1}], dtype=object)
     np.savez(path, **w)
     result, out = _infer(tiny, tmp_path, weights=path)
-    expect_error(result, str(path), "pickle", "refused")
+    expect_error(result, str(path), "array 'conv1.weight' holds pickled objects, which are refused")
     _assert_nothing_written(result, out)
 
 
 def test_weights_unknown_format_and_missing_file(tiny, tmp_path):
     result, out = _infer(tiny, tmp_path, weights=tmp_path / "w.bin")
-    expect_error(result, "w.bin", ".safetensors or .npz")
+    expect_error(result, "w.bin", "unsupported weights format '.bin'", ".safetensors or .npz")
     result, out = _infer(tiny, tmp_path, weights=tmp_path / "absent.safetensors")
     expect_error(result, "absent.safetensors", "no such file")
+    (tmp_path / "folder.npz").mkdir()
+    result, out = _infer(tiny, tmp_path, weights=tmp_path / "folder.npz")
+    expect_error(result, "folder.npz", "is a folder, not a file")
     _assert_nothing_written(result, out)
 
 
