@@ -243,16 +243,16 @@ def test_pickled_npz_is_refused(tmp_path):
     x, y = blobs()
     np.savez(tmp_path / "d.npz", data=np.array([object()] * 10, dtype=object), label=y)
     line = train_error(write_net(tmp_path, "d.npz"), tmp_path)
-    assert "d.npz" in line and "not a readable .npz" in line
+    assert "d.npz" in line and "array 'data' holds pickled objects, which are refused" in line
 
 
 @pytest.mark.parametrize("text, expect", [
     ("a,b,c,d,label\n1,2,3,4,0.5\n1,2,3,4,1\n", "label column 'label' holds non-integers"),
-    ("1,2,3,4,0\n1,2,x,4,1\n", "non-numeric value"),
-    ("1,2,3,4,0\n1,2,3,1\n", "different lengths"),
-    ("a,b,c,d,label\n1,2,3,4\n", "different lengths"),
-    ("a,b,c,d,label\n", "no data rows"),
-    ("", "empty"),
+    ("1,2,3,4,0\n1,2,x,4,1\n", "non-numeric value in the CSV (line 2: "),
+    ("1,2,3,4,0\n1,2,3,1\n", "different numbers of columns (line 2 has 4, the first row has 5)"),
+    ("a,b,c,d,label\n1,2,3,4\n", "different numbers of columns (line 2 has 4, the header has 5)"),
+    ("a,b,c,d,label\n", "has a header but no data rows"),
+    ("", "the CSV file is empty"),
     ("1,2,3,0\n1,2,3,1\n", "[3]"),                          # 3 features for an input of 4
 ])
 def test_bad_csv(tmp_path, text, expect):
@@ -265,7 +265,7 @@ def test_bad_sources(tmp_path):
     assert "no such file or folder" in train_error(write_net(tmp_path, "missing.npz"), tmp_path)
     assert "unknown builtin" in train_error(write_net(tmp_path, "builtin:mnist"), tmp_path)
     (tmp_path / "d.txt").write_text("1 2 3")
-    assert "unsupported format" in train_error(write_net(tmp_path, "d.txt"), tmp_path)
+    assert "d.txt: unsupported data format '.txt'" in train_error(write_net(tmp_path, "d.txt"), tmp_path)
     (tmp_path / "empty").mkdir()
     assert "subfolder per class" in train_error(write_net(tmp_path, "empty", "[N, 1, 4, 4]"), tmp_path)
 

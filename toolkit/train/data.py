@@ -8,19 +8,18 @@ examples it sees: resuming needs no data-loader state.
 """
 from __future__ import annotations
 
-import csv
 import gzip
-import io
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from ..arrayfiles import (IMAGE_SUFFIXES, CsvRows, image_files, image_layout, list_folder, load_npy, load_npz,
+                          read_image, unsupported_format)
 from ..errors import UserError
 from ..ir.graph import FLOAT_DTYPES
 
 DATASETS = Path(__file__).parent / "datasets"
-IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp"}
 
 
 @dataclass
@@ -51,54 +50,24 @@ def load_digits() -> tuple[np.ndarray, np.ndarray]:
     return table[:, :64].reshape(-1, 1, 8, 8), table[:, 64].astype(np.int64)
 
 
-def _load_npz(path: Path) -> dict[str, np.ndarray]:
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            return {k: data[k] for k in data.files}
-    except (ValueError, OSError, EOFError) as e:
-        raise UserError(f"{path}: not a readable .npz file ({str(e).splitlines()[0]})") from None
-
-
 def _load_npy_folder(path: Path, inputs: dict) -> dict[str, np.ndarray]:
-    out = {}
-    for name in inputs:
-        f = path / f"{name}.npy"
-        if f.is_file():
-            try:
-                out[name] = np.load(f, allow_pickle=False)
-            except (ValueError, OSError) as e:
-                raise UserError(f"{f}: not a readable .npy file ({str(e).splitlines()[0]})") from None
-    return out
+    files = {name: path / f"{name}.npy" for name in inputs}
+    return {name: load_npy(str(f)) for name, f in files.items() if f.is_file()}
 
 
 def _load_csv(path: Path, inputs: dict) -> dict[str, np.ndarray]:
     """Numeric CSV: the label column is the one named after the integer input (header row), or
     the last column; the other columns are the features, in order."""
     features, label = _roles(inputs)
-    text = path.read_text()
-    rows = list(csv.reader(io.StringIO(text)))
-    rows = [r for r in rows if r]
-    if not rows:
-        raise UserError(f"{path}: the CSV file is empty")
-    header = None
+    table = CsvRows(str(path), np.float64)
     try:
-        [float(x) for x in rows[0]]
-    except ValueError:
-        header, rows = rows[0], rows[1:]
-    if not rows:
-        raise UserError(f"{path}: the CSV file has a header but no data rows")
-    width = len(header) if header else len(rows[0])
-    for n, r in enumerate(rows):
-        if len(r) != width:
-            raise UserError(f"{path}: rows of the CSV have different lengths (data row {n + 1} has {len(r)} "
-                            f"values, the {'header' if header else 'first row'} {width})")
-    label_col = header.index(label) if header and label in header else len(rows[0]) - 1
-    try:
-        table = np.array([[float(x) for x in r] for r in rows], dtype=np.float64)
-    except ValueError as e:
-        raise UserError(f"{path}: non-numeric value in the CSV ({e})") from None
-    y = table[:, label_col]
-    x = np.delete(table, label_col, axis=1)
+        values = table.read_all()
+    finally:
+        table.close()
+    header = table.header
+    label_col = header.index(label) if header and label in header else table.columns - 1
+    y = values[:, label_col]
+    x = np.delete(values, label_col, axis=1)
     if not np.all(np.isfinite(y) & (y == np.round(y))):
         raise UserError(f"{path}: the label column '{header[label_col] if header else label_col}' holds non-integers")
     return {features: x.astype(np.float32), label: y.astype(np.int64)}
@@ -107,31 +76,17 @@ def _load_csv(path: Path, inputs: dict) -> dict[str, np.ndarray]:
 def _load_image_folder(path: Path, inputs: dict) -> dict[str, np.ndarray]:
     """One subfolder per class (sorted names are the class indices); images resized to the input's H x W."""
     features, label = _roles(inputs)
-    shape = inputs[features].shape
-    if len(shape) != 4 or not all(isinstance(d, int) for d in shape[1:]):
-        raise UserError(f"an image folder needs the input '{features}' shaped [N, C, H, W] with fixed C, H, W")
-    c, h, w = shape[1:]
-    if c not in (1, 3):
-        raise UserError(f"an image folder feeds 1 (grey) or 3 (RGB) channels; input '{features}' has {c}")
-    from PIL import Image, UnidentifiedImageError
-    classes = sorted(d for d in path.iterdir() if d.is_dir())
+    layout = image_layout(str(path), features, inputs[features].shape)
+    classes = [d for d in list_folder(str(path)) if d.is_dir()]
     if not classes:
         raise UserError(f"{path}: an image folder needs one subfolder per class")
     xs, ys = [], []
     for index, folder in enumerate(classes):
-        for f in sorted(folder.iterdir()):
-            if f.suffix.lower() not in IMAGE_SUFFIXES:
-                continue
-            try:
-                with Image.open(f) as img:
-                    img = img.convert("L" if c == 1 else "RGB").resize((w, h))
-                    arr = np.asarray(img, dtype=np.float32)
-            except (UnidentifiedImageError, OSError) as e:
-                raise UserError(f"{f}: not a readable image ({e})") from None
-            xs.append(arr[None] if c == 1 else arr.transpose(2, 0, 1))
+        for f in image_files(str(folder)):
+            xs.append(read_image(f, layout))
             ys.append(index)
     if not xs:
-        raise UserError(f"{path}: no images found in the class subfolders")
+        raise UserError(f"{path}: the class subfolders have no image files ({', '.join(IMAGE_SUFFIXES)})")
     return {features: np.stack(xs), label: np.array(ys, dtype=np.int64)}
 
 
@@ -151,11 +106,10 @@ def load_source(source: str, inputs: dict, base: Path | None = None) -> dict[str
         npy = _load_npy_folder(path, inputs)
         return npy if npy else _load_image_folder(path, inputs)
     if path.suffix == ".npz":
-        return _load_npz(path)
+        return load_npz(str(path))
     if path.suffix == ".csv":
         return _load_csv(path, inputs)
-    raise UserError(f"data source {source}: unsupported format (use builtin:digits, .npz, .csv, "
-                    "a folder of .npy files or an image folder)")
+    raise unsupported_format(source, "data", "builtin:digits, .npz, .csv, a folder of .npy files or an image folder")
 
 
 def fit_to_inputs(arrays: dict[str, np.ndarray], inputs: dict, source: str) -> Dataset:
