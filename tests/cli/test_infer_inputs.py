@@ -59,8 +59,9 @@ def test_images_stack_along_the_batch(tmp_path):
 
 @pytest.mark.parametrize("make,words", [
     (lambda d: (d / "a.csv").write_text("1,2,3\n"), ("do not fit", "[3]", "[1, 8, 8]")),
-    (lambda d: (d / "a.csv").write_text("x,y\n"), ("no data rows",)),
-    (lambda d: (d / "a.csv").write_text("1,2\n3\n"), ("different numbers of columns",)),
+    (lambda d: (d / "a.csv").write_text("x,y\n"), ("has a header but no data rows",)),
+    (lambda d: (d / "a.csv").write_text(""), ("the CSV file is empty",)),
+    (lambda d: (d / "a.csv").write_text("1,2\n3\n"), ("different numbers of columns", "line 2 has 1")),
     (lambda d: (d / "a.png").write_bytes(b"not an image"), ("not a readable image",)),
 ])
 def test_bad_csv_or_image_is_a_one_line_error(tmp_path, make, words):

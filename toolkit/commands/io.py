@@ -1,301 +1,44 @@
-"""Reading input arrays and writing output arrays for the commands (npy / npz, pickle refused).
+"""The commands' input arrays, named by ``--input [NAME=]FILE``, and their output arrays.
 
-Inputs are opened as streams (``open_inputs``): an .npy, a stored .npz member, a CSV and a
-folder of images are read a range of rows at a time, so that an input far larger than memory
-runs through ``toolkit infer`` chunk by chunk; ``read_inputs`` reads them whole."""
+Inputs are opened as streams (``open_inputs``) of toolkit.arrayfiles readers: an .npy, a stored
+.npz member, a CSV and a folder of images are read a range of rows at a time, so that an input far
+larger than memory runs through ``toolkit infer`` chunk by chunk; ``read_inputs`` reads them whole."""
 from __future__ import annotations
 
-import contextlib
-import struct
-import zipfile
 from pathlib import Path
 from typing import Iterator, Mapping
 
 import numpy as np
 
+from ..arrayfiles import (IMAGE_SUFFIXES, CsvRows, ImageRows, Rows, check_file, image_files, image_layout, open_npy,
+                          open_npz, unsupported_format)
 from ..errors import UserError
 from ..fileio import atomic_write
 
 
-def _check_array_file(path: str) -> None:
-    """The mistakes found before numpy reads anything: no file, a wrong suffix, no npy/zip header."""
-    p = Path(path)
-    if not p.is_file():
-        raise UserError(f"{path}: no such file")
-    if p.suffix not in (".npy", ".npz"):
-        raise UserError(f"{path}: unsupported input format '{p.suffix}' (use .npy, .npz, .csv or an image)")
-    try:
-        with open(path, "rb") as f:
-            head = f.read(6)
-    except OSError as e:
-        raise UserError(f"{path}: cannot read: {e.strerror}") from None
-    # np.load takes anything that is neither .npy nor zip for a pickle: say what it really is
-    if not head.startswith((b"\x93NUMPY", b"PK\x03\x04", b"PK\x05\x06")):
-        raise UserError(f"{path}: not a readable {p.suffix} file (no .npy or .npz header)")
+_INPUT_FORMATS = ".npy, .npz, .csv or an image"
 
 
-@contextlib.contextmanager
-def _numpy_reading(path: str, kind: str):
-    """numpy's errors while reading ``path`` as one line each: pickled objects refused, anything
-    else unreadable as ``kind`` (.npy / .npz)."""
-    try:
-        yield
-    except ValueError as e:
-        if "pickle" in str(e).lower():
-            raise UserError(f"{path}: holds pickled objects, which are refused (they can run code)") from None
-        raise UserError(f"{path}: not a readable {kind} file ({e})") from None
-    except (OSError, EOFError, zipfile.BadZipFile) as e:
-        raise UserError(f"{path}: not a readable {kind} file ({e})") from None
+class _Reshaped(Rows):
+    """A CSV's rows in the input's example shape when the sizes agree (64 columns feed [N, 1, 8, 8])."""
 
-
-def _load_array_file(path: str) -> dict[str, np.ndarray] | np.ndarray:
-    kind = Path(path).suffix
-    _check_array_file(path)
-    with _numpy_reading(path, kind):
-        data = np.load(path, allow_pickle=False)
-        if isinstance(data, np.lib.npyio.NpzFile):
-            with data:
-                return {k: data[k] for k in data.files}
-        return data
-
-
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
-
-
-def _check_image_input(path: str, example_shape: tuple) -> None:
-    if len(example_shape) != 3 or not all(isinstance(d, int) for d in example_shape) or example_shape[0] not in (1, 3):
-        raise UserError(f"{path}: an image feeds an input shaped [N, 1 or 3, H, W] with fixed sizes")
-
-
-def _read_image(path: str, example_shape: tuple) -> np.ndarray:
-    """One image as a batch of one, converted and resized to the input's [C, H, W] (C 1 or 3)."""
-    _check_image_input(path, example_shape)
-    c, h, w = example_shape
-    from PIL import Image, UnidentifiedImageError
-    try:
-        with Image.open(path) as img:
-            arr = np.asarray(img.convert("L" if c == 1 else "RGB").resize((w, h)), dtype=np.float32)
-    except (UnidentifiedImageError, OSError) as e:
-        raise UserError(f"{path}: not a readable image ({e})") from None
-    return (arr[None] if c == 1 else arr.transpose(2, 0, 1))[None]
-
-
-# ---------------------------------------------------------------------------------------------
-# Pieces: one file's rows, read a range at a time
-# ---------------------------------------------------------------------------------------------
-
-class _Piece:
-    """The rows of one file. ``rows`` is None for an array without a batch axis (0-d), which
-    is read whole. ``row_shape`` and ``dtype`` are those of what ``read`` returns."""
-    rows: int | None
-    row_shape: tuple
-    dtype: np.dtype
+    def __init__(self, table: Rows, example: tuple, path: str):
+        self.table, self.rows, self.dtype = table, table.rows, table.dtype
+        self.row_shape = _fit_example(tuple(table.row_shape), example, path)
 
     def read(self, start: int, stop: int) -> np.ndarray:
-        raise NotImplementedError
+        return self.table.read(start, stop).reshape((stop - start,) + self.row_shape)
 
     def close(self) -> None:
-        pass
+        self.table.close()
 
 
-class _Whole(_Piece):
-    """An array already in memory (a compressed .npz member, a 0-d or Fortran-ordered array)."""
-
-    def __init__(self, arr: np.ndarray):
-        self.arr = np.asarray(arr)
-        self.rows = self.arr.shape[0] if self.arr.ndim else None
-        self.row_shape, self.dtype = self.arr.shape[1:], self.arr.dtype
-
-    def read(self, start: int, stop: int) -> np.ndarray:
-        return self.arr if self.rows is None else self.arr[start:stop]
-
-
-class _FileRows(_Piece):
-    """A C-ordered array stored at ``offset`` in a file (an .npy, or a stored .npz member).
-    Rows come through positioned reads into a fresh array, not through a memory map: every
-    page a map has touched counts in the process's resident memory until it is unmapped, so
-    reading a 60 MB file through one grows RSS by 60 MB; reads keep only the chunk."""
-
-    def __init__(self, path: str, shape: tuple, dtype: np.dtype, offset: int, what: str):
-        self.path, self.offset, self.what = path, offset, what
-        self.rows, self.row_shape, self.dtype = shape[0], tuple(shape[1:]), dtype
-        self.row_bytes = dtype.itemsize * int(np.prod(self.row_shape, dtype=np.int64))
-        self.file = None
-
-    def read(self, start: int, stop: int) -> np.ndarray:
-        out = np.empty((stop - start,) + self.row_shape, self.dtype)
-        nbytes = out.nbytes
-        if nbytes:
-            if self.file is None:
-                self.file = open(self.path, "rb")
-            self.file.seek(self.offset + start * self.row_bytes)
-            got = self.file.readinto(out.reshape(-1).view(np.uint8))
-            if got != nbytes:
-                raise UserError(f"{self.what}: not a readable {Path(self.path).suffix} file (it ends inside row "
-                                f"{start + got // self.row_bytes})")
-        return out
-
-    def close(self) -> None:
-        if self.file is not None:
-            self.file.close()
-            self.file = None
-
-
-def _open_npy(path: str) -> _Piece:
-    """An .npy's header read through numpy (np.load with mmap_mode: no pickle, nothing read);
-    its rows are then read a range at a time."""
-    _check_array_file(path)
-    try:
-        mapped = np.load(path, mmap_mode="r", allow_pickle=False)
-    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:
-        if "python objects" in str(e).lower():
-            raise UserError(f"{path}: holds pickled objects, which are refused (they can run code)") from None
-        mapped = None
-    if isinstance(mapped, np.memmap) and mapped.ndim and mapped.flags.c_contiguous:
-        piece = _FileRows(path, mapped.shape, mapped.dtype, mapped.offset, path)
-        del mapped                                   # nothing of it was touched
-        return piece
-    if isinstance(mapped, np.lib.npyio.NpzFile):
-        mapped.close()
-        raise UserError(f"{path}: not a readable .npy file (it is an .npz archive)")
-    # 0-d, Fortran-ordered, or what a map cannot read: whole, with _load_array_file's words
-    return _Whole(_load_array_file(path))
-
-
-def _open_npz(path: str) -> dict[str, _Piece]:
-    """An .npz's members by name. A stored member (np.savez) is read a range of rows at a time
-    straight from the archive; a compressed one (np.savez_compressed) cannot be read from the
-    middle, so it is read whole when the archive is opened."""
-    _check_array_file(path)
-    try:
-        data = np.load(path, allow_pickle=False)
-    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:
-        raise UserError(f"{path}: not a readable .npz file ({e})") from None
-    if not isinstance(data, np.lib.npyio.NpzFile):
-        raise UserError(f"{path}: not a readable .npz file (it is an .npy array)")
-    with data:
-        return {key: _npz_member(path, data, key) for key in data.files}
-
-
-def _npz_member(path: str, data, key: str) -> _Piece:
-    name = key + ".npy"
-    try:
-        info = data.zip.getinfo(name)
-    except KeyError:
-        info = None
-    if info is not None and info.compress_type == zipfile.ZIP_STORED and not info.flag_bits & 0x1:
-        try:
-            with data.zip.open(info) as member:
-                version = np.lib.format.read_magic(member)
-                read_header = {(1, 0): np.lib.format.read_array_header_1_0,
-                               (2, 0): np.lib.format.read_array_header_2_0}.get(version)
-                shape, fortran, dtype = read_header(member) if read_header else ((), True, None)
-                header_len = member.tell()
-            if shape and not fortran and not dtype.hasobject:
-                with open(path, "rb") as f:
-                    f.seek(info.header_offset)
-                    local = f.read(30)
-                if local[:4] == b"PK\x03\x04":
-                    name_len, extra_len = struct.unpack("<HH", local[26:30])
-                    start = info.header_offset + 30 + name_len + extra_len
-                    if header_len + dtype.itemsize * int(np.prod(shape, dtype=np.int64)) <= info.file_size:
-                        return _FileRows(path, shape, dtype, start + header_len, f"{path} (array '{key}')")
-        except (ValueError, OSError, EOFError, zipfile.BadZipFile):
-            pass                  # read whole below, which says what is wrong in the usual words
-    with _numpy_reading(path, ".npz"):
-        return _Whole(data[key])
-
-
-class _CsvRows(_Piece):
-    """A numeric CSV's rows as float32, a first row that is not numbers being a header. One
-    pass at opening counts the rows and checks the columns; ``read`` then goes through the file
-    in order (a read that does not start where the last ended starts the file again)."""
-
-    def __init__(self, path: str, example: tuple):
-        import csv
-        self.path, self.example, self.csv = path, example, csv
-        self.header, rows, widths = False, 0, set()
-        try:
-            with open(path, newline="") as f:
-                first = True
-                for r in csv.reader(f):
-                    if not r:
-                        continue
-                    if first:
-                        first = False
-                        try:
-                            [float(x) for x in r]
-                        except ValueError:
-                            self.header = True
-                            continue
-                    rows += 1
-                    widths.add(len(r))
-        except (OSError, UnicodeDecodeError, csv.Error) as e:
-            raise UserError(f"{path}: not a readable CSV file ({e})") from None
-        if not rows:
-            raise UserError(f"{path}: the CSV file has no data rows")
-        if len(widths) != 1:
-            raise UserError(f"{path}: the CSV rows have different numbers of columns")
-        self.rows, (self.columns,) = rows, widths
-        self.row_shape = _fit_examples(np.empty((0, self.columns), np.float32), example, path).shape[1:]
-        self.dtype = np.dtype(np.float32)
-        self.file = self.reader = None
-        self.pos = 0
-
-    def _restart(self) -> None:
-        self.close()
-        self.file = open(self.path, newline="")
-        self.reader = (r for r in self.csv.reader(self.file) if r)
-        if self.header:
-            next(self.reader)
-        self.pos = 0
-
-    def read(self, start: int, stop: int) -> np.ndarray:
-        try:
-            if self.reader is None or start < self.pos:
-                self._restart()
-            for _ in range(start - self.pos):
-                next(self.reader)
-            rows = [next(self.reader) for _ in range(stop - start)]
-        except (OSError, UnicodeDecodeError, self.csv.Error, StopIteration) as e:
-            raise UserError(f"{self.path}: not a readable CSV file ({str(e) or 'it changed while being read'})") from None
-        self.pos = stop
-        try:
-            arr = np.array([[float(x) for x in r] for r in rows], dtype=np.float32).reshape(len(rows), self.columns)
-        except ValueError as e:
-            raise UserError(f"{self.path}: non-numeric value in the CSV ({e})") from None
-        return _fit_examples(arr, self.example, self.path)
-
-    def close(self) -> None:
-        if self.file is not None:
-            self.file.close()
-            self.file = self.reader = None
-
-
-class _ImageRows(_Piece):
-    """Image files, one row each, read only when their rows are."""
-
-    def __init__(self, paths: list[str], example: tuple):
-        self.paths, self.example = paths, example
-        self.rows, self.row_shape, self.dtype = len(paths), tuple(example), np.dtype(np.float32)
-
-    def read(self, start: int, stop: int) -> np.ndarray:
-        if stop <= start:
-            return np.empty((0,) + self.row_shape, np.float32)
-        return np.concatenate([_read_image(p, self.example) for p in self.paths[start:stop]])
-
-
-def _image_folder(path: str, example: tuple) -> _ImageRows:
-    """A folder of images, in the order of their names (files of other kinds and hidden ones skipped)."""
-    _check_image_input(path, example)
-    try:
-        paths = sorted(str(p) for p in Path(path).iterdir()
-                       if p.suffix.lower() in IMAGE_SUFFIXES and not p.name.startswith(".") and p.is_file())
-    except OSError as e:
-        raise UserError(f"{path}: cannot read the folder ({e.strerror})") from None
-    if not paths:
-        raise UserError(f"{path}: the folder has no image files ({', '.join(IMAGE_SUFFIXES)})")
-    return _ImageRows(paths, example)
+def _fit_example(row_shape: tuple, example: tuple, path: str) -> tuple:
+    if not example or not all(isinstance(d, int) for d in example) or row_shape == example:
+        return row_shape
+    if int(np.prod(row_shape)) != int(np.prod(example)):
+        raise UserError(f"{path}: examples of shape {list(row_shape)} do not fit the input's {list(example)}")
+    return example
 
 
 # ---------------------------------------------------------------------------------------------
@@ -305,7 +48,7 @@ def _image_folder(path: str, example: tuple) -> _ImageRows:
 class _InputRows:
     """One input: its pieces (several CSVs or images stacked, or one array) as one row range."""
 
-    def __init__(self, pieces: list[tuple[_Piece, str]]):
+    def __init__(self, pieces: list[tuple[Rows, str]]):
         self.pieces = pieces           # (piece, the path it came from)
 
     @property
@@ -407,16 +150,15 @@ def open_inputs(specs: list[str], needed: list[str], all_inputs: list[str],
     checked here; rows are read when asked for."""
     shapes = shapes or {}
     arrays: dict[str, _InputRows] = {}
-    stacked: dict[str, list[tuple[_Piece, str]]] = {}
-    opened: list[_Piece] = []
+    stacked: dict[str, list[tuple[Rows, str]]] = {}
+    opened: list[Rows] = []
     try:
         for spec in specs:
             name, sep, path = spec.partition("=")
             if not sep:
                 name, path = "", spec
-            suffix = Path(path).suffix.lower()
-            if suffix == ".npz" and not Path(path).is_dir():
-                loaded = _open_npz(path)
+            if Path(path).suffix == ".npz" and not Path(path).is_dir():
+                loaded = open_npz(path)
                 opened.extend(loaded.values())
                 if name:
                     if name not in loaded:
@@ -441,31 +183,21 @@ def open_inputs(specs: list[str], needed: list[str], all_inputs: list[str],
             if name not in needed:
                 continue
             folder = Path(path).is_dir()
-            if not folder and not Path(path).is_file():
-                raise UserError(f"{path}: no such file")
-            example = tuple(shapes.get(name, ())[1:])
-            if folder or suffix == ".csv" or suffix in IMAGE_SUFFIXES:
-                if name in arrays:
-                    raise UserError(f"--input {spec}: input '{name}' is given twice")
-                if folder:
-                    piece = _image_folder(path, example)
-                elif suffix == ".csv":
-                    piece = _CsvRows(path, example)
-                else:
-                    _check_image_input(path, example)
-                    piece = _ImageRows([path], example)
-                opened.append(piece)
-                earlier = stacked.setdefault(name, [])
-                if earlier and tuple(earlier[0][0].row_shape) != tuple(piece.row_shape):
-                    raise UserError(f"--input {spec}: its examples have shape {list(piece.row_shape)}, the ones "
-                                    f"before it for input '{name}' {list(earlier[0][0].row_shape)}")
-                earlier.append((piece, path))
-                continue
-            if name in arrays or name in stacked:
+            if not folder:
+                check_file(path)
+            stacks = folder or Path(path).suffix.lower() in (".csv",) + IMAGE_SUFFIXES
+            if name in arrays or (name in stacked and not stacks):
                 raise UserError(f"--input {spec}: input '{name}' is given twice")
-            piece = _open_npy(path)      # a suffix other than .npy is refused there, in the usual words
+            piece = _open_file(path, name, shapes.get(name, ()), folder)
             opened.append(piece)
-            arrays[name] = _InputRows([(piece, path)])
+            if not stacks:
+                arrays[name] = _InputRows([(piece, path)])
+                continue
+            earlier = stacked.setdefault(name, [])
+            if earlier and tuple(earlier[0][0].row_shape) != tuple(piece.row_shape):
+                raise UserError(f"--input {spec}: its examples have shape {list(piece.row_shape)}, the ones "
+                                f"before it for input '{name}' {list(earlier[0][0].row_shape)}")
+            earlier.append((piece, path))
         for name, pieces in stacked.items():
             arrays[name] = _InputRows(pieces)
         missing = [n for n in needed if n not in arrays]
@@ -478,19 +210,29 @@ def open_inputs(specs: list[str], needed: list[str], all_inputs: list[str],
     return InputStream({n: arrays[n] for n in arrays})
 
 
+def _open_file(path: str, name: str, shape: tuple, folder: bool) -> Rows:
+    """The rows for input ``name`` of ``shape`` from a file other than an .npz, or from a folder of images."""
+    suffix = Path(path).suffix
+    if folder:
+        layout = image_layout(path, name, shape)
+        paths = image_files(path)
+        if not paths:
+            raise UserError(f"{path}: the folder has no image files ({', '.join(IMAGE_SUFFIXES)})")
+        return ImageRows(paths, layout)
+    if suffix.lower() == ".csv":
+        return _Reshaped(CsvRows(path), tuple(shape[1:]), path)
+    if suffix.lower() in IMAGE_SUFFIXES:
+        return ImageRows([path], image_layout(path, name, shape))
+    if suffix != ".npy":
+        raise unsupported_format(path, "input", _INPUT_FORMATS)
+    return open_npy(path)
+
+
 def read_inputs(specs: list[str], needed: list[str], all_inputs: list[str],
                 shapes: dict[str, tuple] | None = None) -> dict[str, np.ndarray]:
     """``[NAME=]FILE`` items -> whole arrays by input name (see ``open_inputs``)."""
     with open_inputs(specs, needed, all_inputs, shapes) as stream:
         return stream.read_all()
-
-
-def _fit_examples(arr: np.ndarray, example: tuple, path: str) -> np.ndarray:
-    if not example or not all(isinstance(d, int) for d in example) or tuple(arr.shape[1:]) == example:
-        return arr
-    if int(np.prod(arr.shape[1:])) != int(np.prod(example)):
-        raise UserError(f"{path}: examples of shape {list(arr.shape[1:])} do not fit the input's {list(example)}")
-    return arr.reshape((arr.shape[0],) + example)
 
 
 def check_output_path(path: str, outputs: list[str] | None = None) -> None:
