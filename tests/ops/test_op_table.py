@@ -841,6 +841,36 @@ def test_every_op_has_a_cpu_kernel(dtype):
     assert not missing, f"ops without a CPU kernel for {dtype}: {missing}"
 
 
+# Elementwise ops without a scalar expression (so without generated C or CUDA code), and why.
+NO_SCALAR_EXPR = {
+    "cast": "a change of dtype is no step of a program that computes in one dtype",
+    "dropout_mask": "random: it draws from the executor's generator, which generated code does not reach",
+    "gelu_grad": "none written yet: its kernels and fused programs holding it run numpy",
+}
+
+
+def test_elementwise_ops_state_the_facts_kernels_read():
+    """Each elementwise op says whether it may run in place, and the CPU kernel's in-place flag
+    is that fact; the ops without a scalar expression are the justified ones."""
+    elementwise = {n for n, op in OPS.items() if op.elementwise}
+    assert len(elementwise) > 20
+    for name in sorted(elementwise):
+        op = OPS[name]
+        assert isinstance(op.in_place, bool), f"{name} does not say whether it may run in place"
+        for dtype in DTYPES:
+            assert KERNELS.lookup(name, "cpu", dtype).inplace is op.in_place, name
+    for name, op in OPS.items():
+        if name not in elementwise:
+            assert (op.in_place, op.scalar_expr, op.numpy_call) == (None, None, None), name
+    assert {n for n in elementwise if OPS[n].scalar_expr is None} == set(NO_SCALAR_EXPR)
+
+
+def test_native_elementwise_builders_claim_only_ops_with_a_scalar_expression():
+    claimed = {op for op, device in KERNELS.natives if device == "cpu" and op in OPS and OPS[op].elementwise}
+    with_expr = {n for n, op in OPS.items() if op.elementwise and op.scalar_expr is not None}
+    assert claimed == with_expr
+
+
 def test_grad_rules():
     lacking = {n for n, op in OPS.items() if op.grad is None and n not in GRAD_HELPERS}
     lacking -= CONSTANT_OPS | RANDOM_OPS

@@ -10,7 +10,7 @@ import pytest
 
 from toolkit.codegen.render import CudaDialect
 from toolkit.kernels.native.elementwise import _arrays_for, elementwise_kernel
-from toolkit.ops.elementwise import ELEMENTWISE_IMPL
+from toolkit.ops import OPS
 from toolkit.runtime.plan import Plan, RuntimeState
 
 pytestmark = pytest.mark.gpu
@@ -19,7 +19,7 @@ TOL = {"float32": 1e-5, "float64": 1e-12}
 
 def _elementwise_cases():
     from tests.ops.test_op_table import DETERMINISTIC
-    return [c for c in DETERMINISTIC if c.op in ELEMENTWISE_IMPL and c.op not in ("cast", "dropout_mask")]
+    return [c for c in DETERMINISTIC if c.op in OPS and OPS[c.op].scalar_expr is not None]
 
 
 def _run_cuda(case, arrays, attrs, out_shape, dtype):

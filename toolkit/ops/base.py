@@ -1,5 +1,5 @@
-"""OpDef (one per primitive: shape/dtype rule, gradient rule, reference, FLOPs), the op registry,
-and the Builder that appends type-checked nodes to a graph.
+"""OpDef (one per primitive: shape/dtype rule, gradient rule, reference, FLOPs, facts kernels read),
+the op registry, and the Builder that appends type-checked nodes to a graph.
 
 Gradient rules are written with the Builder, so the backward pass is ordinary graph ops.
 """
@@ -29,11 +29,15 @@ class OpDef:
     grad: GradFn | None = None             # None: not differentiable (integer outputs, grad helpers)
     flops: Callable[[list[TensorType], list[TensorType], dict], Dim] | None = None
     pure: bool = True                      # impure (random) ops are never merged or folded
-    elementwise: bool = False              # output i depends on input element i only (in-place safe)
+    elementwise: bool = False              # output i depends on input element i only
     alias: bool = False                    # output is a view of input 0's storage (reshape)
     batch_rows: bool = False               # output rows depend only on the same rows of batched inputs
     batch_sum: bool = False                # output is a sum over the batch rows of its inputs
     fused: bool = False                    # made by a fusion pass: several ops run as one kernel
+    # Facts the kernels read, stated by every elementwise op where it is defined (ops/elementwise.py):
+    in_place: bool | None = None           # its numpy expression may write over an input of its shape
+    scalar_expr: Callable[..., Any] | None = None   # (*operands, dtype, **attrs) -> codegen.loops expression
+    numpy_call: str | None = None          # its numpy expression as one call, "np.add({0}, {1}, out={out})"
     doc: str = ""
 
 

@@ -1,15 +1,16 @@
-"""Elementwise primitives (numpy broadcasting) with their gradient rules.
-
-Each op's numpy expression takes an optional ``out=`` so that the same code is the reference
-and, through ``ELEMENTWISE_IMPL``, the CPU kernel writing into a preallocated buffer.
+"""Elementwise primitives (numpy broadcasting): each op's numpy expression (the reference and,
+through ``ELEMENTWISE_IMPL``, the CPU kernel writing into ``out=``), gradient rule, whether it may
+run in place, and its scalar expression for generated C and CUDA code.
 """
 from __future__ import annotations
 
 import math
+import string
 from typing import Callable
 
 import numpy as np
 
+from ..codegen.loops import Const, call, maximum, select
 from ..ir.graph import DTYPES, FLOAT_DTYPES, TensorType
 from .base import Builder, OpDef, ShapeError, register
 from .rules import binary_broadcast, broadcast_shapes, elementwise_flops, like_input, need_float, same_dtype, unary_same
@@ -23,14 +24,37 @@ def _special():
     return scipy.special
 
 
-def _define(name: str, impl: Callable, infer, grad=None, flops_per: int = 1, pure: bool = True, doc: str = ""):
+def _from_call(template: str) -> Callable:
+    """The function a one-call template states: "np.add({0}, {1}, out={out})" is
+    ``lambda x0, x1, out: np.add(x0, x1, out=out)``."""
+    fields = [f for _, f, _, _ in string.Formatter().parse(template) if f and f.isdigit()]
+    names = [f"x{i}" for i in range(1 + max(map(int, fields)))]
+    return eval(f"lambda {', '.join(names)}, out: {template.format(*names, out='out')}", {"np": np})
+
+
+def _define(name: str, impl: Callable | str, infer, grad=None, *, in_place: bool, scalar: Callable | None = None,
+            flops_per: int = 1, pure: bool = True, doc: str = ""):
+    """``impl(*arrays, out, **attrs)`` is the numpy expression, or a one-call template (see
+    ``_from_call``) that generated Python also writes out. ``in_place``: whether ``out`` may be an
+    input of its shape (claimed only where the expression reads each part of an input before it
+    writes over it). ``scalar(*operands, dtype, **attrs)``: the same function of one element as a
+    loop-program expression computed in ``dtype``, or None where generated code has none."""
+    numpy_call = impl if isinstance(impl, str) else None
+    if numpy_call is not None:
+        impl = _from_call(numpy_call)
     ELEMENTWISE_IMPL[name] = impl
 
     def reference(*arrays, **attrs):
         return impl(*arrays, out=None, **attrs)
 
     register(OpDef(name, infer, reference, grad, elementwise_flops(flops_per), pure=pure,
-                   elementwise=True, batch_rows=pure, doc=doc))
+                   elementwise=True, batch_rows=pure, in_place=in_place, scalar_expr=scalar,
+                   numpy_call=numpy_call, doc=doc))
+
+
+def _c(value: float, dtype: str) -> Const:
+    """A constant of the dtype a scalar expression computes in."""
+    return Const(float(value), dtype)
 
 
 def _zero_grad(b, node, gouts):
@@ -92,11 +116,16 @@ def _maximum_grad(b: Builder, node, gouts):
     return [b.sum_to(gx, x.shape), b.sum_to(b.sub(g, gx), y.shape)]
 
 
-_define("add", lambda a, b, out: np.add(a, b, out=out), binary_broadcast, _add_grad)
-_define("sub", lambda a, b, out: np.subtract(a, b, out=out), binary_broadcast, _sub_grad)
-_define("mul", lambda a, b, out: np.multiply(a, b, out=out), binary_broadcast, _mul_grad)
-_define("div", lambda a, b, out: np.divide(a, b, out=out), binary_broadcast, _div_grad)
-_define("maximum", lambda a, b, out: np.maximum(a, b, out=out), binary_broadcast, _maximum_grad)
+_define("add", "np.add({0}, {1}, out={out})", binary_broadcast, _add_grad, in_place=True,
+        scalar=lambda x, y, dtype: x + y)
+_define("sub", "np.subtract({0}, {1}, out={out})", binary_broadcast, _sub_grad, in_place=True,
+        scalar=lambda x, y, dtype: x - y)
+_define("mul", "np.multiply({0}, {1}, out={out})", binary_broadcast, _mul_grad, in_place=True,
+        scalar=lambda x, y, dtype: x * y)
+_define("div", "np.divide({0}, {1}, out={out})", binary_broadcast, _div_grad, in_place=True,
+        scalar=lambda x, y, dtype: x / y)
+_define("maximum", "np.maximum({0}, {1}, out={out})", binary_broadcast, _maximum_grad, in_place=True,
+        scalar=lambda x, y, dtype: maximum(x, y))
 
 
 def _ge_mask(a, b, out):
@@ -107,7 +136,9 @@ def _ge_mask(a, b, out):
     return out
 
 
-_define("ge_mask", _ge_mask, binary_broadcast, _zero_grad, doc="1 where a >= b else 0, in the inputs' dtype")
+_define("ge_mask", _ge_mask, binary_broadcast, _zero_grad, in_place=True,
+        scalar=lambda x, y, dtype: select(x.ge(y), _c(1, dtype), _c(0, dtype)),
+        doc="1 where a >= b else 0, in the inputs' dtype")
 
 
 # -- unary math ----------------------------------------------------------------------------
@@ -147,14 +178,25 @@ def _rsqrt(x, out):
     return np.divide(1.0, out, out=out)
 
 
-_define("neg", lambda x, out: np.negative(x, out=out), unary_same, _neg_grad)
-_define("exp", lambda x, out: np.exp(x, out=out), unary_same, _exp_grad)
-_define("log", lambda x, out: np.log(x, out=out), unary_same, _log_grad)
-_define("abs", lambda x, out: np.abs(x, out=out), unary_same, _abs_grad)
-_define("sign", lambda x, out: np.sign(x, out=out), unary_same, _zero_grad)
-_define("sqrt", lambda x, out: np.sqrt(x, out=out), unary_same, _sqrt_grad)
-_define("rsqrt", _rsqrt, unary_same, _rsqrt_grad, flops_per=2)
-_define("square", lambda x, out: np.multiply(x, x, out=out), unary_same, _square_grad)
+def _sign_scalar(x, dtype):
+    one, zero = _c(1, dtype), _c(0, dtype)
+    return select(x.gt(zero), one, select(x.lt(zero), -one, x * zero))      # x * 0 keeps a nan
+
+
+_define("neg", "np.negative({0}, out={out})", unary_same, _neg_grad, in_place=True, scalar=lambda x, dtype: -x)
+_define("exp", "np.exp({0}, out={out})", unary_same, _exp_grad, in_place=True,
+        scalar=lambda x, dtype: call("exp", x))
+_define("log", "np.log({0}, out={out})", unary_same, _log_grad, in_place=True,
+        scalar=lambda x, dtype: call("log", x))
+_define("abs", "np.abs({0}, out={out})", unary_same, _abs_grad, in_place=True,
+        scalar=lambda x, dtype: call("abs", x))
+_define("sign", "np.sign({0}, out={out})", unary_same, _zero_grad, in_place=True, scalar=_sign_scalar)
+_define("sqrt", "np.sqrt({0}, out={out})", unary_same, _sqrt_grad, in_place=True,
+        scalar=lambda x, dtype: call("sqrt", x))
+_define("rsqrt", _rsqrt, unary_same, _rsqrt_grad, in_place=True, flops_per=2,
+        scalar=lambda x, dtype: _c(1, dtype) / call("sqrt", x))
+_define("square", "np.multiply({0}, {0}, out={out})", unary_same, _square_grad, in_place=True,
+        scalar=lambda x, dtype: x * x)
 
 
 def _power(x, out, exponent):
@@ -170,7 +212,8 @@ def _power_grad(b, node, gouts):
     return [b.mul(gouts[0], b.scale(slope, p))]
 
 
-_define("power", _power, unary_same, _power_grad, flops_per=8, doc="x ** exponent (a number)")
+_define("power", _power, unary_same, _power_grad, in_place=True, flops_per=8,
+        scalar=lambda x, dtype, exponent: call("pow", x, _c(exponent, dtype)), doc="x ** exponent (a number)")
 
 # -- activations -----------------------------------------------------------------------------
 def _relu_grad(b, node, gouts):
@@ -181,11 +224,20 @@ def _relu_grad_impl(g, y, out):
     return np.multiply(g, y > 0, out=out)
 
 
+def _relu_grad_scalar(g, y, dtype):
+    return g * select(y.gt(_c(0, dtype)), _c(1, dtype), _c(0, dtype))
+
+
 def _leaky_relu(x, out, alpha):
     if out is None:
         return np.where(x > 0, x, x * alpha)
     np.multiply(x, alpha, out=out)
     return np.maximum(x, out, out=out) if alpha <= 1 else np.minimum(x, out, out=out)
+
+
+def _leaky_relu_scalar(x, dtype, alpha):
+    scaled = x * _c(alpha, dtype)
+    return maximum(x, scaled) if alpha <= 1 else call("min", x, scaled)
 
 
 def _leaky_relu_grad_rule(b, node, gouts):
@@ -197,8 +249,17 @@ def _leaky_relu_grad_impl(g, x, out, alpha):
     return np.multiply(g, factor, out=out)
 
 
+def _leaky_relu_grad_scalar(g, x, dtype, alpha):
+    return g * select(x.gt(_c(0, dtype)), _c(1, dtype), _c(alpha, dtype))
+
+
 def _sigmoid(x, out):
     return _special().expit(x, out=out) if out is not None else _special().expit(x)
+
+
+def _sigmoid_scalar(x, dtype):
+    one = _c(1, dtype)
+    return one / (one + call("exp", -x))
 
 
 def _sigmoid_grad(b, node, gouts):
@@ -223,6 +284,11 @@ def _elu(x, out, alpha):
     return out
 
 
+def _elu_scalar(x, dtype, alpha):
+    zero = _c(0, dtype)
+    return select(x.gt(zero), x, call("expm1", call("min", x, zero)) * _c(alpha, dtype))
+
+
 def _elu_grad_rule(b, node, gouts):
     return [b.op("elu_grad", gouts[0], node.inputs[0], node.outputs[0], alpha=node.attrs["alpha"])]
 
@@ -232,10 +298,19 @@ def _elu_grad_impl(g, x, y, out, alpha):
     return np.multiply(g, factor, out=out)
 
 
+def _elu_grad_scalar(g, x, y, dtype, alpha):
+    return g * select(x.gt(_c(0, dtype)), _c(1, dtype), y + _c(alpha, dtype))
+
+
 def _softplus(x, out):
     out = np.logaddexp(0, x, out=out)
     np.copyto(out, x, where=x > 20)                          # PyTorch's threshold: linear above 20
     return out
+
+
+def _softplus_scalar(x, dtype):
+    soft = maximum(x, _c(0, dtype)) + call("log1p", call("exp", -call("abs", x)))
+    return select(x.gt(_c(20, dtype)), x, soft)
 
 
 def _softplus_grad(b, node, gouts):
@@ -255,6 +330,13 @@ def _gelu(x, out, approximate):
     return np.multiply(out, 0.5, out=out)
 
 
+def _gelu_scalar(x, dtype, approximate):
+    if approximate == "tanh":
+        inner = _c(math.sqrt(2 / math.pi), dtype) * (x + _c(0.044715, dtype) * x * x * x)
+        return (call("tanh", inner) + _c(1, dtype)) * x * _c(0.5, dtype)
+    return (call("erf", x * _c(1 / math.sqrt(2), dtype)) + _c(1, dtype)) * x * _c(0.5, dtype)
+
+
 def _gelu_grad_rule(b, node, gouts):
     return [b.op("gelu_grad", gouts[0], node.inputs[0], approximate=node.attrs["approximate"])]
 
@@ -271,17 +353,22 @@ def _gelu_grad_impl(g, x, out, approximate):
     return np.multiply(g, d.astype(g.dtype, copy=False), out=out)
 
 
-_define("relu", lambda x, out: np.maximum(x, 0, out=out), unary_same, _relu_grad)
-_define("relu_grad", _relu_grad_impl, like_input(0), doc="g where y > 0 else 0")
-_define("leaky_relu", _leaky_relu, unary_same, _leaky_relu_grad_rule, flops_per=2)
-_define("leaky_relu_grad", _leaky_relu_grad_impl, like_input(0))
-_define("sigmoid", _sigmoid, unary_same, _sigmoid_grad, flops_per=4)
-_define("tanh", lambda x, out: np.tanh(x, out=out), unary_same, _tanh_grad, flops_per=4)
-_define("elu", _elu, unary_same, _elu_grad_rule, flops_per=4)
-_define("elu_grad", _elu_grad_impl, like_input(0))
-_define("softplus", _softplus, unary_same, _softplus_grad, flops_per=4)
-_define("gelu", _gelu, unary_same, _gelu_grad_rule, flops_per=8)
-_define("gelu_grad", _gelu_grad_impl, like_input(0))
+# leaky_relu, elu, softplus and gelu write part of ``out`` and then read ``x`` again: never in place
+_define("relu", "np.maximum({0}, 0, out={out})", unary_same, _relu_grad, in_place=True,
+        scalar=lambda x, dtype: maximum(x, _c(0, dtype)))
+_define("relu_grad", _relu_grad_impl, like_input(0), in_place=True, scalar=_relu_grad_scalar,
+        doc="g where y > 0 else 0")
+_define("leaky_relu", _leaky_relu, unary_same, _leaky_relu_grad_rule, in_place=False, flops_per=2,
+        scalar=_leaky_relu_scalar)
+_define("leaky_relu_grad", _leaky_relu_grad_impl, like_input(0), in_place=True, scalar=_leaky_relu_grad_scalar)
+_define("sigmoid", _sigmoid, unary_same, _sigmoid_grad, in_place=True, flops_per=4, scalar=_sigmoid_scalar)
+_define("tanh", "np.tanh({0}, out={out})", unary_same, _tanh_grad, in_place=True, flops_per=4,
+        scalar=lambda x, dtype: call("tanh", x))
+_define("elu", _elu, unary_same, _elu_grad_rule, in_place=False, flops_per=4, scalar=_elu_scalar)
+_define("elu_grad", _elu_grad_impl, like_input(0), in_place=True, scalar=_elu_grad_scalar)
+_define("softplus", _softplus, unary_same, _softplus_grad, in_place=False, flops_per=4, scalar=_softplus_scalar)
+_define("gelu", _gelu, unary_same, _gelu_grad_rule, in_place=False, flops_per=8, scalar=_gelu_scalar)
+_define("gelu_grad", _gelu_grad_impl, like_input(0), in_place=True)     # no scalar expression written yet
 
 
 # -- losses and masks ------------------------------------------------------------------------
@@ -294,6 +381,10 @@ def _sigmoid_ce(x, t, out):
     return out
 
 
+def _sigmoid_ce_scalar(x, t, dtype):
+    return maximum(x, _c(0, dtype)) - x * t + call("log1p", call("exp", -call("abs", x)))
+
+
 def _sigmoid_ce_grad(b, node, gouts):
     g, = gouts
     x, t = node.inputs
@@ -302,7 +393,8 @@ def _sigmoid_ce_grad(b, node, gouts):
     return [b.sum_to(gx, x.shape), b.sum_to(gt, t.shape)]
 
 
-_define("sigmoid_cross_entropy", _sigmoid_ce, binary_broadcast, _sigmoid_ce_grad, flops_per=6)
+_define("sigmoid_cross_entropy", _sigmoid_ce, binary_broadcast, _sigmoid_ce_grad, in_place=False, flops_per=6,
+        scalar=_sigmoid_ce_scalar)
 
 
 def _cast_infer(types, attrs):
@@ -322,7 +414,8 @@ def _cast(x, out, dtype):
     return out
 
 
-_define("cast", _cast, _cast_infer, _cast_grad)
+# a change of dtype is no step of a program computed in one dtype: no scalar expression
+_define("cast", _cast, _cast_infer, _cast_grad, in_place=False)
 
 
 def _select_infer(types, attrs):
@@ -348,7 +441,8 @@ def _select_grad(b, node, gouts):
     return [None, b.sum_to(b.op("select", c, g, zero), x.shape), b.sum_to(b.op("select", c, zero, g), y.shape)]
 
 
-_define("select", _select, _select_infer, _select_grad, doc="a where the condition is > 0, else b")
+_define("select", _select, _select_infer, _select_grad, in_place=True,
+        scalar=lambda c, x, y, dtype: select(c.gt(_c(0, dtype)), x, y), doc="a where the condition is > 0, else b")
 
 
 def _dropout_mask_infer(types, attrs):
@@ -366,5 +460,6 @@ def _dropout_mask(x, out, ratio, rng):
     return np.multiply(keep, 1.0 / (1.0 - ratio), out=out)
 
 
-_define("dropout_mask", _dropout_mask, _dropout_mask_infer, _zero_grad, pure=False,
+# draws from the executor's generator, which generated code does not reach: no scalar expression
+_define("dropout_mask", _dropout_mask, _dropout_mask_infer, _zero_grad, in_place=False, pure=False,
         doc="random keep mask scaled by 1/(1-ratio); needs the executor's rng")

@@ -1,22 +1,18 @@
 """CPU kernels for every elementwise op: the op's own numpy expression, writing into ``out``."""
 from __future__ import annotations
 
+from ...ops.base import get_op
 from ...ops.elementwise import ELEMENTWISE_IMPL
 from ...backend.registry import register_kernel
-
-# Expressions that read an input after writing part of ``out`` cannot run with ``out`` aliasing
-# an input; every other elementwise kernel may update its input in place.
-NOT_IN_PLACE = {"leaky_relu", "elu", "softplus", "gelu", "sigmoid_cross_entropy", "dropout_mask",
-                 "cast", "scalar", "constant"}
-_NEEDS_RNG = {"dropout_mask"}
 
 
 def _make(name):
     impl = ELEMENTWISE_IMPL[name]
+    random = not get_op(name).pure               # an impure elementwise op draws from the executor's rng
 
     def factory(ctx):
         attrs = ctx.attrs
-        if name in _NEEDS_RNG:
+        if random:
             runtime = ctx.runtime
 
             def run_random(ins, outs):
@@ -43,4 +39,4 @@ def _make(name):
 
 
 for _name in ELEMENTWISE_IMPL:
-    register_kernel(_name, "cpu", inplace=_name not in NOT_IN_PLACE)(_make(_name))
+    register_kernel(_name, "cpu", inplace=get_op(_name).in_place)(_make(_name))

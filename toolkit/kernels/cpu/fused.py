@@ -10,10 +10,10 @@ from __future__ import annotations
 import numpy as np
 
 from ...ir.graph import Node
+from ...ops.base import get_op
 from ...ops.elementwise import ELEMENTWISE_IMPL
 from ...ops.fused import head_parts
 from ...backend.registry import KERNELS, KernelContext, register_kernel
-from .elementwise import NOT_IN_PLACE
 
 # Blocking: a group whose values are each at least BLOCKING_MIN_BYTES runs block by block, a
 # block being about BLOCK_BYTES per value. Measured on a 2-core EPYC (1 MiB L2 per core, 32 MiB
@@ -23,18 +23,6 @@ from .elementwise import NOT_IN_PLACE
 # and 64 MB, 512 KiB blocks took 2.9 / 4.7 / 27 ms against 3.3 / 7.2 / 30 ms unblocked.
 BLOCKING_MIN_BYTES = 4 << 20
 BLOCK_BYTES = 1 << 19
-
-# The numpy call each unfused CPU kernel makes (ops/elementwise.py), written out so the
-# generated code calls numpy directly; ops not listed call their ELEMENTWISE_IMPL function.
-# Same calls, same order: fused results equal unfused ones bit for bit (tested).
-DIRECT = {
-    "add": "np.add({0}, {1}, out={out})", "sub": "np.subtract({0}, {1}, out={out})",
-    "mul": "np.multiply({0}, {1}, out={out})", "div": "np.divide({0}, {1}, out={out})",
-    "maximum": "np.maximum({0}, {1}, out={out})", "neg": "np.negative({0}, out={out})",
-    "exp": "np.exp({0}, out={out})", "log": "np.log({0}, out={out})", "abs": "np.abs({0}, out={out})",
-    "sign": "np.sign({0}, out={out})", "sqrt": "np.sqrt({0}, out={out})", "tanh": "np.tanh({0}, out={out})",
-    "square": "np.multiply({0}, {0}, out={out})", "relu": "np.maximum({0}, 0, out={out})",
-}
 
 
 def _blocks(shape: tuple[int, ...], itemsize: int) -> list[tuple]:
@@ -126,8 +114,9 @@ class ProgramRunner:
             if blocked and s not in out_of:
                 target = f"{dest}[:n]"
             operands = [f"x{r[1]}" if r[0] == "x" else names[r[1]] if r[0] == "t" else "h" for r in args]
-            if op in DIRECT and not attrs:
-                body.append(DIRECT[op].format(*operands, out=target))
+            numpy_call = get_op(op).numpy_call
+            if numpy_call is not None:      # the unfused kernel's own call, written out: no call of a wrapper
+                body.append(numpy_call.format(*operands, out=target))
             else:
                 namespace[f"f{s}"] = ELEMENTWISE_IMPL[op]
                 kwargs = "".join(f", {k}={v!r}" for k, v in attrs)
@@ -179,7 +168,7 @@ def elementwise_inplace_pairs(node: Node) -> dict[int, tuple[int, ...]]:
         op, args, _attrs = program[s]
         reads = {r[1] for r in args if r[0] == "x"}
         pairs[k] = tuple(i for i, last in sorted(last_read.items())
-                         if last <= s and i not in viewed and (i not in reads or op not in NOT_IN_PLACE))
+                         if last <= s and i not in viewed and (i not in reads or get_op(op).in_place))
     return pairs
 
 
@@ -217,7 +206,7 @@ def fused_epilogue_cpu(ctx: KernelContext):
                            views=ctx.attrs.get("views", ()), scratch=scratch)
     first = outputs[0]
     late_reader = any(("h",) in args for _op, args, _attrs in program[first + 1:])
-    unsafe_write = ("h",) in program[first][1] and program[first][0] in NOT_IN_PLACE
+    unsafe_write = ("h",) in program[first][1] and not get_op(program[first][0]).in_place
     head_buffer = None
     if late_reader or unsafe_write:          # the slot after the program's own temporaries
         head_buffer = scratch(len(program), group_shape, ctx.dtype) if scratch else np.empty(group_shape, ctx.dtype)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...ops.base import get_op
 from ...ops.elementwise import ELEMENTWISE_IMPL
 from ...backend.devices import gpu_module
 from .. import cpu  # noqa: F401  (the numpy kernels the dispatched entries reuse)
@@ -17,8 +18,8 @@ from ...backend.registry import KERNELS, register_kernel
 
 cp = gpu_module()
 
-_RNG_OPS = {"dropout_mask"}                   # the CPU's draws from the host generator: arrays.py
-DISPATCHED = sorted(set(ELEMENTWISE_IMPL) - _RNG_OPS) + [
+# random (impure) ops: the CPU's draw from the host generator; arrays.py has the device's
+DISPATCHED = sorted(op for op in ELEMENTWISE_IMPL if get_op(op).pure) + [
     "matmul", "reshape", "transpose", "concat", "slice", "broadcast_to", "scalar", "constant",
     "reduce_mean_grad", "bessel_correct", "pad_axis", "all_finite", "round_precision"]
 

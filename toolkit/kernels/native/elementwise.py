@@ -9,13 +9,11 @@ threads and runs the program over each tile while it is still in cache.
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
-from ...codegen.loops import (Buf, Const, For, Gemm, Kernel, Let, Names, Store, Var, call, lift, maximum,
-                              select)
+from ...codegen.loops import Buf, Const, For, Gemm, Kernel, Let, Names, Store, lift, select
 from ...codegen.native import NativeCall
+from ...ops.base import get_op
 from ...ops.elementwise import ELEMENTWISE_IMPL
 from ...ops.fused import head_parts
 from ...backend.registry import register_native
@@ -25,70 +23,15 @@ PARALLEL_MIN_ELEMENTS = 1 << 15
 FLOATS = ("float32", "float64")
 # storage dtype -> the dtype a loop program computes in (loops.py: a Load converts, a Store rounds)
 COMPUTE_DTYPE = {"float16": "float32"}
-SQRT_HALF = 1 / math.sqrt(2)
-
-
-def _f(x, dtype):
-    return Const(float(x), dtype)
 
 
 def step_expr(op: str, a: list, attrs: dict, dtype: str):
-    """The scalar expression of one elementwise op, with numpy's semantics; None if unsupported."""
-    one, zero = _f(1, dtype), _f(0, dtype)
-    if op in ("add", "sub", "mul", "div"):
-        return {"add": a[0] + a[1], "sub": a[0] - a[1], "mul": a[0] * a[1], "div": a[0] / a[1]}[op]
-    if op == "maximum":
-        return maximum(a[0], a[1])
-    if op == "neg":
-        return -a[0]
+    """The scalar expression of one program step, with numpy's semantics (the op's own, from its
+    OpDef); None where the op has none."""
     if op == "scale":                  # not a graph op: a native builder's multiply by a constant
-        return a[0] * _f(attrs["factor"], dtype)
-    if op in ("exp", "log", "tanh", "sqrt", "abs"):
-        return call(op, a[0])
-    if op == "sign":
-        return select(a[0].gt(zero), one, select(a[0].lt(zero), -one, a[0] * zero))
-    if op == "rsqrt":
-        return one / call("sqrt", a[0])
-    if op == "square":
-        return a[0] * a[0]
-    if op == "power":
-        return call("pow", a[0], _f(attrs["exponent"], dtype))
-    if op == "relu":
-        return maximum(a[0], zero)
-    if op == "relu_grad":
-        return a[0] * select(a[1].gt(zero), one, zero)
-    if op == "ge_mask":
-        return select(a[0].ge(a[1]), one, zero)
-    if op == "select":
-        return select(a[0].gt(zero), a[1], a[2])
-    if op == "leaky_relu":
-        alpha = _f(attrs["alpha"], dtype)
-        scaled = a[0] * alpha
-        return maximum(a[0], scaled) if attrs["alpha"] <= 1 else call("min", a[0], scaled)
-    if op == "leaky_relu_grad":
-        return a[0] * select(a[1].gt(zero), one, _f(attrs["alpha"], dtype))
-    if op == "sigmoid":
-        return one / (one + call("exp", -a[0]))
-    if op == "elu":
-        alpha = _f(attrs["alpha"], dtype)
-        return select(a[0].gt(zero), a[0], call("expm1", call("min", a[0], zero)) * alpha)
-    if op == "elu_grad":
-        return a[0] * select(a[1].gt(zero), one, a[2] + _f(attrs["alpha"], dtype))
-    if op == "softplus":
-        x = a[0]
-        soft = maximum(x, zero) + call("log1p", call("exp", -call("abs", x)))
-        return select(x.gt(_f(20, dtype)), x, soft)
-    if op == "sigmoid_cross_entropy":
-        x, t = a
-        return maximum(x, zero) - x * t + call("log1p", call("exp", -call("abs", x)))
-    if op == "gelu" and attrs["approximate"] == "tanh":
-        x = a[0]
-        inner = _f(math.sqrt(2 / math.pi), dtype) * (x + _f(0.044715, dtype) * x * x * x)
-        return (call("tanh", inner) + one) * x * _f(0.5, dtype)
-    if op == "gelu":
-        x = a[0]
-        return (call("erf", x * _f(SQRT_HALF, dtype)) + one) * x * _f(0.5, dtype)
-    return None
+        return a[0] * Const(float(attrs["factor"]), dtype)
+    scalar = get_op(op).scalar_expr
+    return None if scalar is None else scalar(*a, dtype=dtype, **attrs)
 
 
 def _strides(shape) -> list[int]:
@@ -265,7 +208,7 @@ def _single_op(op):
 
 
 for _op in ELEMENTWISE_IMPL:
-    if _op not in ("cast", "dropout_mask"):
+    if get_op(_op).scalar_expr is not None:
         register_native(_op, "cpu")(_single_op(_op))
 
 
