@@ -116,6 +116,91 @@ def test_scan_loop_is_an_rnn_with_exact_gradients(reverse):
     np.testing.assert_allclose(out["objective"], plain_total(h, np.stack(steps)), rtol=1e-12)
 
 
+def _state(node):
+    """A loop node's attrs and outputs, and its body graph's outputs and nodes: each container
+    and what it holds."""
+    body = node.attrs["body"].graph
+    return [(c, list(c.items()) if isinstance(c, dict) else list(c))
+            for c in (node.attrs, node.outputs, body.outputs, body.nodes)]
+
+
+def _assert_unchanged(node, state):
+    for (container, items), (now, now_items) in zip(state, _state(node)):
+        assert now is container and len(now_items) == len(items)
+        for a, b in zip(items, now_items):
+            assert (a[0] == b[0] and a[1] is b[1]) if isinstance(container, dict) else a is b
+
+
+def test_differentiating_a_loop_leaves_its_forward_node_as_it_was():
+    """The gradient reads the carries each step started from: autodiff puts a copy of the forward
+    loop that also stacks them in the node's place and leaves the node itself as it was; a second
+    differentiation of the graph reuses them."""
+    g, b, v = new_graph({"x": (4, N, 3), "h0": (N, 2)}, {"W": (2, 3), "U": (2, 2)})
+    h_last, per_step = loop(b, [v["h0"]], [v["x"]], rnn_step(v["W"], v["U"]))
+    node = h_last.producer
+    state = _state(node)
+    g = with_gradients(g, total(b, h_last, per_step), [v["x"], v["h0"], v["W"], v["U"]])
+    _assert_unchanged(node, state)
+    assert "saved" not in node.attrs and all(n is not node for n in g.nodes)
+    (forward,) = [n for n in g.nodes if n.op == "loop" and n.attrs.get("saved")]
+    assert forward.attrs["saved"] == 1 and forward.inputs == node.inputs
+    assert forward.outputs[:2] == node.outputs and len(forward.outputs) == 3
+    assert all(o.producer is forward for o in forward.outputs)
+
+    g.outputs["saved"] = forward.outputs[2]
+    nodes = list(g.nodes)
+    again = differentiate(g, g.outputs["objective"], [v["W"], v["h0"]])
+    g.outputs.update(again_W=again[v["W"].id], again_h0=again[v["h0"].id])
+    verify(g)
+    assert g.nodes[:len(nodes)] == nodes and len(forward.outputs) == 3     # nothing replaced, nothing added
+
+    rng = np.random.default_rng(3)
+    inputs = {"x": rng.normal(size=(4, 2, 3)), "h0": rng.normal(size=(2, 2))}
+    weights = {"W": rng.normal(size=(2, 3)) * 0.7, "U": rng.normal(size=(2, 2)) * 0.7}
+    out = check_everything(g, inputs, weights, {"N": 2})
+    np.testing.assert_array_equal(out["again_W"], out["d_W"])
+    np.testing.assert_array_equal(out["again_h0"], out["d_h0"])
+    h, starts = inputs["h0"], []
+    for t in range(4):
+        starts.append(h)
+        h = np.tanh(inputs["x"][t] @ weights["W"].T + h @ weights["U"].T)
+    np.testing.assert_allclose(out["saved"], np.stack(starts), rtol=1e-12, atol=1e-15)
+    _assert_unchanged(node, state)            # the passes that ran on the graph did not reach it either
+
+
+def test_nested_loops_differentiate_and_keep_their_forward_nodes():
+    """An outer scan whose step runs an inner two-step loop: the inner loop is differentiated
+    inside the outer gradient's body, on a copy; neither forward node changes."""
+    g, b, v = new_graph({"x": (3, N, 3), "h0": (N, 2)}, {"W": (2, 3), "U": (2, 2)})
+
+    def outer_step(bb, carries, xs):
+        def inner_step(ib, inner_carries, _):
+            a = ib.add(ib.op("matmul", xs[0], v["W"], trans_a=False, trans_b=True),
+                       ib.op("matmul", inner_carries[0], v["U"], trans_a=False, trans_b=True))
+            return [ib.op("tanh", a)], []
+        (h,) = loop(bb, carries, [], inner_step, trips=2)
+        return [h], [bb.op("square", h)]
+    h_last, per_step = loop(b, [v["h0"]], [v["x"]], outer_step)
+    outer = h_last.producer
+    (inner,) = [n for n in outer.attrs["body"].graph.nodes if n.op == "loop"]
+    states = [_state(outer), _state(inner)]
+    g = with_gradients(g, total(b, h_last, per_step), [v["x"], v["h0"], v["W"], v["U"]])
+    _assert_unchanged(outer, states[0])
+    _assert_unchanged(inner, states[1])
+    assert "saved" not in inner.attrs and "saved" not in outer.attrs
+
+    rng = np.random.default_rng(8)
+    inputs = {"x": rng.normal(size=(3, 2, 3)), "h0": rng.normal(size=(2, 2))}
+    weights = {"W": rng.normal(size=(2, 3)) * 0.7, "U": rng.normal(size=(2, 2)) * 0.7}
+    out = check_everything(g, inputs, weights, {"N": 2})
+    h, steps = inputs["h0"], []
+    for t in range(3):
+        for _ in range(2):
+            h = np.tanh(inputs["x"][t] @ weights["W"].T + h @ weights["U"].T)
+        steps.append(h ** 2)
+    np.testing.assert_allclose(out["objective"], plain_total(h, np.stack(steps)), rtol=1e-12)
+
+
 def test_trip_count_loop_and_a_carried_shape_that_settles_by_broadcasting():
     """x <- tanh(x @ A + c) three times from a [1, 2] start that the step widens to [N, 2]: the
     carried type is the fixpoint [N, 2], and the start's gradient is summed back to [1, 2]."""

@@ -1,11 +1,12 @@
 """Reverse-mode autodiff as a graph transformation: appends backward ops built from each op's
-gradient rule. Fan-out gradients are summed; only nodes between the requested values and the
-objective get gradient work (so frozen weights and data inputs cost nothing).
+gradient rule (first putting in a forward node's replacement where its op saves residuals).
+Fan-out gradients are summed; only nodes between the requested values and the objective get
+gradient work (so frozen weights and data inputs cost nothing).
 """
 from __future__ import annotations
 
-from ..ir.graph import FLOAT_DTYPES, Graph, Value
-from .base import Builder, get_op
+from ..ir.graph import FLOAT_DTYPES, Graph, Node, Value
+from .base import Builder, ResidualsFn, get_op
 
 
 class AutodiffError(ValueError):
@@ -27,6 +28,21 @@ def differentiate(graph: Graph, objective: Value, wrt: list[Value]) -> dict[int,
         raise AutodiffError(f"the objective must be a scalar, got shape {objective.shape}")
     one = Builder(graph, "autodiff").scalar(1.0, objective.dtype)
     return backprop(graph, [(objective, one)], wrt)
+
+
+def _with_residuals(graph: Graph, node: Node, residuals: ResidualsFn) -> Node:
+    """The node its op's ``residuals`` hook makes (the same outputs and extra ones its gradient
+    rule reads), put in ``node``'s place in ``graph`` and made its outputs' producer; ``node``
+    itself when the hook has nothing to add. ``node`` is left as it was."""
+    new = residuals(node)
+    if new is None:
+        return node
+    if new.outputs[:len(node.outputs)] != node.outputs:
+        raise RuntimeError(f"op {node.op}: the residuals hook's node does not start with the node's outputs")
+    graph.nodes[next(i for i, n in enumerate(graph.nodes) if n is node)] = new
+    for v in node.outputs:
+        v.producer = new
+    return new
 
 
 def backprop(graph: Graph, seeds: list[tuple[Value, Value]], wrt: list[Value]) -> dict[int, Value | None]:
@@ -52,12 +68,14 @@ def backprop(graph: Graph, seeds: list[tuple[Value, Value]], wrt: list[Value]) -
             for o in node.outputs:
                 pending.pop(o.id, None)
             continue
-        b = Builder(graph, f"{node.scope}.grad" if node.scope else "grad")
-        gouts = [total(b, o) for o in node.outputs]
         opdef = get_op(node.op)
         if opdef.grad is None:
             raise AutodiffError(f"layer '{node.scope}': op '{node.op}' has no gradient rule, "
                                 "but the objective depends on it")
+        if opdef.residuals is not None:
+            node = _with_residuals(graph, node, opdef.residuals)
+        b = Builder(graph, f"{node.scope}.grad" if node.scope else "grad")
+        gouts = [total(b, o) for o in node.outputs]
         gins = opdef.grad(b, node, gouts)
         for v, g in zip(node.inputs, gins):
             if g is not None and v.id in depends:

@@ -15,6 +15,10 @@ from ..ir.graph import Graph, Node, TensorType, Value
 
 InferFn = Callable[[list[TensorType], dict], list[TensorType]]
 GradFn = Callable[["Builder", Node, list["Value | None"]], list["Value | None"]]
+# forward node -> a new node computing the same and more (extra outputs its gradient rule reads),
+# or None where the node has them already; the node is left as it is, and autodiff puts the new
+# one in its place. Its outputs start with the node's own Values; the extra ones point at it.
+ResidualsFn = Callable[[Node], "Node | None"]
 
 
 class ShapeError(ValueError):
@@ -38,6 +42,7 @@ class OpDef:
     in_place: bool | None = None           # its numpy expression may write over an input of its shape
     scalar_expr: Callable[..., Any] | None = None   # (*operands, dtype, **attrs) -> codegen.loops expression
     numpy_call: str | None = None          # its numpy expression as one call, "np.add({0}, {1}, out={out})"
+    residuals: ResidualsFn | None = None   # run by autodiff before ``grad``: see ResidualsFn
     doc: str = ""
 
 

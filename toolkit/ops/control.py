@@ -17,7 +17,8 @@ symbolic dimensions (the batch N) travel in the ``dims`` attribute, which bindin
 numbers like any other attribute.
 
 Gradients are graph ops too. A loop's gradient is a loop running the other way over the carries
-each step started from (the forward loop is given them as extra per-step outputs), whose body
+each step started from (its residuals: before the gradient rule runs, autodiff puts in the
+forward loop's place a copy that also stacks them as extra per-step outputs), whose body
 recomputes the step and back-propagates through it (``autodiff.backprop``); invariants' gradients
 are summed in extra carries. An ``if``'s gradient is an ``if`` over the branches' gradients.
 """
@@ -28,7 +29,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..ir.dims import Sym
-from ..ir.graph import FLOAT_DTYPES, Graph, TensorType, Value
+from ..ir.graph import FLOAT_DTYPES, Graph, Node, TensorType, Value
 from .autodiff import AutodiffError, backprop
 from .base import Builder, OpDef, ShapeError, get_op, register
 from .flops import graph_flops
@@ -263,40 +264,43 @@ def _has_random(graph: Graph) -> bool:
     return False
 
 
-def _save_carries(node) -> list[Value]:
-    """The carries each step started from, stacked: extra per-step outputs of the forward loop
-    (added once, by its gradient rule; the infer graph never has them)."""
-    k = node.attrs["carried"]
-    if node.attrs.get("saved"):
-        return node.outputs[-k:]
-    body: Body = node.attrs["body"]
-    graph = Graph("body", inputs=dict(body.graph.inputs), nodes=list(body.graph.nodes),
-                  outputs=dict(body.graph.outputs))
-    for i, v in enumerate(body.inputs[:k]):
-        graph.outputs[f"saved{i}"] = v
-    node.attrs = dict(node.attrs, body=Body(graph), saved=k)
-    trips = _trips([v.type for v in node.inputs[k:k + node.attrs["scanned"]]], node.attrs)
-    for v in body.inputs[:k]:
-        node.outputs.append(Value(TensorType((trips,) + tuple(v.shape), v.dtype), node))
-    return node.outputs[-k:]
-
-
-def _loop_grad(b: Builder, node, gouts):
+def _loop_residuals(node: Node) -> Node | None:
+    """The forward loop also stacking the carries each step started from (``saved``: that many
+    extra per-step outputs), which its gradient's backward loop steps over; None where it does
+    already (a node differentiated before). Only train graphs get them, from autodiff, which
+    runs this first: a loop without a gradient is refused here, before anything is built."""
     if node.attrs.get("condition"):
         raise AutodiffError(f"layer '{node.scope}': a loop with a condition has no gradient "
                             "(its trip count is only known when it runs)")
-    forward: Body = node.attrs["body"]
-    if _has_random(forward.graph):
+    body: Body = node.attrs["body"]
+    if _has_random(body.graph):
         raise AutodiffError(f"layer '{node.scope}': a loop body with random ops (dropout) cannot be "
                             "differentiated: its gradient recomputes each step")
-    k, s = node.attrs["carried"], node.attrs["scanned"]
+    if node.attrs.get("saved"):
+        return None
+    k = node.attrs["carried"]
+    # a copy of the body, sharing no node with it: passes rewrite nodes in place, and the body
+    # stays in use where the node is an inner loop (the forward body of an outer loop holds it)
+    graph = Graph("body", inputs={name: Value(v.type, name=v.name) for name, v in body.graph.inputs.items()})
+    outs = inline(Builder(graph), body, list(graph.inputs.values()))
+    graph.outputs = dict(zip(body.graph.outputs, outs))
+    for i, v in enumerate(list(graph.inputs.values())[:k]):
+        graph.outputs[f"saved{i}"] = v
+    new = Node(node.op, list(node.inputs), dict(node.attrs, body=Body(graph), saved=k), node.scope)
+    trips = _trips([v.type for v in node.inputs[k:k + node.attrs["scanned"]]], node.attrs)
+    new.outputs = list(node.outputs) + [Value(TensorType((trips,) + tuple(v.shape), v.dtype), new)
+                                        for v in body.inputs[:k]]
+    return new
+
+
+def _loop_grad(b: Builder, node, gouts):
+    """The gradient of a loop that has its residuals (``_loop_residuals``: autodiff adds them)."""
+    forward: Body = node.attrs["body"]
+    k, s, n_saved = node.attrs["carried"], node.attrs["scanned"], node.attrs["saved"]
     inits, seqs, invariants = node.inputs[:k], node.inputs[k:k + s], node.inputs[k + s:]
-    per_step = len(forward.outputs) - k - (node.attrs.get("saved") or 0)
-    if node.attrs.get("saved"):                  # a second differentiation: the saved ones are in
-        forward = Body(Graph("body", inputs=forward.graph.inputs, nodes=forward.graph.nodes,
-                             outputs=dict(list(forward.graph.outputs.items())[:k + per_step])))
+    per_step = len(forward.outputs) - k - n_saved
     g_final, g_steps = gouts[:k], gouts[k:k + per_step]
-    saved = _save_carries(node)
+    saved = node.outputs[-n_saved:]
     inner = forward.inputs
     float_carries = [i for i in range(k) if inner[i].dtype in FLOAT_DTYPES]
     float_invariants = [j for j, v in enumerate(invariants) if v.dtype in FLOAT_DTYPES]
@@ -346,7 +350,7 @@ def _if_flops(ins, outs, attrs):
 
 
 register(OpDef("loop", _loop_infer, _loop_reference, _loop_grad, _loop_flops, pure=False,
-               doc="a body subgraph over carried values and scanned sequences"))
+               residuals=_loop_residuals, doc="a body subgraph over carried values and scanned sequences"))
 
 
 # -- if ----------------------------------------------------------------------------------------
