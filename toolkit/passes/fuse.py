@@ -14,8 +14,9 @@ from ..ops.fused import EPILOGUE_HEADS, POOL_PREFIX, make_step
 from .context import PassContext
 from .rewrite import kept_ids
 
-# Elementwise ops a fused program may hold: pure, one output, same dtype in and out.
-NOT_FUSABLE = frozenset({"cast", "scalar", "constant"})
+# Elementwise ops a fused program may hold: pure, one output, same dtype in and out (a cast
+# changes the dtype: a group holds values of one type).
+NOT_FUSABLE = frozenset({"cast"})
 
 
 def fuse_conv_max_pool(graph: Graph, ctx: PassContext) -> bool:
