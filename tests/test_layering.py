@@ -132,3 +132,12 @@ def test_no_folder_is_named_dist_or_build():
         for path in (ROOT / top).rglob("*"):
             if path.is_dir() and "__pycache__" not in path.parts:
                 assert path.name not in ("dist", "build"), path
+
+
+def test_every_source_folder_is_a_package():
+    """A folder of modules without __init__.py imports as a namespace package in a checkout but
+    is left out of the wheel (setuptools' find_packages)."""
+    for top in ("toolkit", "layers", "schemas"):
+        for folder in [ROOT / top, *(p for p in (ROOT / top).rglob("*") if p.is_dir())]:
+            if "__pycache__" not in folder.parts and any(folder.glob("*.py")):
+                assert (folder / "__init__.py").is_file(), f"{folder.relative_to(ROOT)} has no __init__.py"

@@ -1,4 +1,5 @@
-"""Graph IR: symbolic dimensions, tensor types, values, nodes, graphs, the verifier."""
+"""Graph IR: symbolic dimensions, tensor types, values, nodes, graphs, binding symbols to sizes.
+It knows no op: the op table, and the verifier that checks nodes against it, are ops/'s."""
 from .dims import Dim, DimError, Sym, as_dim, evaluate, format_dim, product
 from .graph import DTYPES, FLOAT_DTYPES, Graph, Node, TensorType, Value, Weight
 

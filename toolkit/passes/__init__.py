@@ -1,4 +1,5 @@
-"""Graph passes: plain functions Graph -> Graph, each with a one-line contract; PIPELINE lists them."""
+"""Graph passes: functions (graph, PassContext) -> whether they changed it, each with a one-line
+contract; PIPELINE lists them."""
 from .constants import dedup_constants, fold_constants, freeze_weights
 from .cse import eliminate_common
 from .fuse import fuse_conv_max_pool

@@ -1,1 +1,2 @@
-"""Runtime: binding shapes, memory planning, compiled plans, the reference interpreter."""
+"""Runtime: compiled plans, memory planning, threads and streams, bucketed inference sessions. It
+asks the backend's registry for kernels and never imports them."""
