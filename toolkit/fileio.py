@@ -1,10 +1,66 @@
-"""Atomic file writes: a write either completes or leaves the previous file as it was."""
+"""Files read and written safely: only regular files are read (a folder, FIFO or device named as
+a file is refused before anything waits on it), reads are bounded, and a write either completes
+or leaves the previous file as it was, its failure naming the file."""
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Callable
+
+from .errors import UserError
+
+_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISSOCK, "a socket"))
+
+
+def _not_regular(path, mode: int) -> UserError:
+    if stat.S_ISDIR(mode):
+        return UserError(f"{path}: is a folder, not a file")
+    kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
+    return UserError(f"{path}: is not a regular file (it is {kind})")
+
+
+def check_regular(path) -> os.stat_result:
+    """The status of the regular file at ``path``; a UserError naming what it is otherwise (or
+    that nothing is there), so that no reader opens a FIFO or a device."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such file") from None
+    except OSError as e:
+        raise UserError(f"{path}: cannot read: {e.strerror}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise _not_regular(path, st.st_mode)
+    return st
+
+
+def read_regular(path, limit: int, what: str = "file") -> bytes:
+    """The bytes of the regular file at ``path``: opened without waiting (a FIFO opens and is
+    refused at once), checked on the opened file, and read no further than ``limit`` bytes, which
+    a ``what`` may not exceed (a file that grows as it is read is caught too)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise UserError(f"{path}: is a folder, not a file") from None
+    except OSError as e:
+        raise UserError(f"{path}: cannot read: {e.strerror}") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise _not_regular(path, mode)
+    with os.fdopen(fd, "rb") as f:
+        try:
+            data = f.read(limit + 1)
+        except OSError as e:
+            raise UserError(f"{path}: cannot read: {e.strerror}") from None
+    if len(data) > limit:
+        raise UserError(f"{path}: a {what} may be at most {limit:,} bytes; this one is larger")
+    return data
 
 
 def _default_mode() -> int:
@@ -17,8 +73,13 @@ def _default_mode() -> int:
 def atomic_write(target: Path, write: Callable[[str], None]) -> None:
     """``write(tmp)`` fills a temporary file in the target's folder; it is synced to disk, given
     ordinary permissions, and renamed over the target. On any failure the temporary file goes
-    and the target is untouched."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=target.suffix, dir=target.parent)
+    and the target is untouched; an OS error (a full disk, a read-only folder) is raised again
+    naming the target, not the temporary file, so that its one line says which file it was."""
+    target = Path(target)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=target.suffix, dir=target.parent)
+    except OSError as e:
+        raise OSError(e.errno, e.strerror, str(target)) from None
     os.close(fd)
     try:
         write(tmp)
@@ -26,6 +87,27 @@ def atomic_write(target: Path, write: Callable[[str], None]) -> None:
             os.fsync(f.fileno())
         os.chmod(tmp, _default_mode())
         os.replace(tmp, target)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        raise OSError(e.errno, e.strerror or os.strerror(e.errno or errno.EIO), str(target)) from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def append_line(path: Path, line: str) -> None:
+    """Append ``line`` (and a newline) to ``path`` whole or not at all: a write cut short (a full
+    disk) is undone, so the file keeps only complete lines; the error names the file."""
+    data = (line + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, _default_mode())
+    try:
+        size = os.fstat(fd).st_size
+        try:
+            written = os.write(fd, data)
+            if written != len(data):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        except OSError as e:
+            os.ftruncate(fd, size)
+            raise OSError(e.errno, e.strerror, str(path)) from None
+    finally:
+        os.close(fd)

@@ -1,13 +1,19 @@
 """Weights files (docs/spec.md section 2): LAYER.PARAM keys in .safetensors or .npz (pickle refused),
-fillers that start weights a file does not give, and atomic writes."""
+fillers that start weights a file does not give, and atomic writes. A file is checked against
+the net by what it claims (each array's key, shape and dtype, read from its header) before any
+array is read, so a file that claims what the net does not need costs nothing to refuse."""
 from __future__ import annotations
 
+import contextlib
+import os
+import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
 import numpy as np
 
-from .arrayfiles import check_file, load_npz, unsupported_format
+from .arrayfiles import check_file, open_npz, unsupported_format
 from .errors import UserError, did_you_mean
 from .fileio import atomic_write
 
@@ -34,27 +40,68 @@ def fill(init: dict, shape: tuple[int, ...], dtype: str, fan_in: int, fan_out: i
     raise ValueError(f"unknown filler {kind}")
 
 
-def load_weights(path: str) -> dict[str, np.ndarray]:
+@dataclass(frozen=True)
+class Claim:
+    """What a weights file says of one array before it is read."""
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+
+# safetensors' dtype names as numpy dtypes (bfloat16, which numpy lacks, as another float:
+# check_weights asks only the kind)
+_SAFETENSORS_DTYPES = {"F16": "f2", "BF16": "f2", "F32": "f4", "F64": "f8", "I8": "i1", "I16": "i2", "I32": "i4",
+                       "I64": "i8", "U8": "u1", "U16": "u2", "U32": "u4", "U64": "u8", "BOOL": "?"}
+
+
+def load_weights(path: str, declared: Mapping[str, tuple] | None = None,
+                 allow_missing: bool = False) -> dict[str, np.ndarray]:
+    """The arrays of a weights file; with ``declared`` (the net's key -> (shape, layer)) every
+    key, shape and dtype is checked first, from the file's headers, and nothing is read unless
+    all of them pass."""
     if Path(path).suffix not in FORMATS:
         raise unsupported_format(path, "weights", ".safetensors or .npz")
     check_file(path)
     if Path(path).suffix == ".npz":
-        return load_npz(path)
-    return _load_safetensors(path)
+        members = open_npz(path)
+        try:
+            claims = {k: Claim((rows.rows,) + tuple(rows.row_shape) if rows.rows is not None else (), rows.dtype)
+                      for k, rows in members.items()}
+            if declared is not None:
+                check_weights(path, claims, declared, allow_missing)
+            return {k: rows.read_all() for k, rows in members.items()}
+        finally:
+            for rows in members.values():
+                rows.close()
+    return _load_safetensors(path, declared, allow_missing)
 
 
-def _load_safetensors(path: str) -> dict[str, np.ndarray]:
-    from safetensors.numpy import load_file
+def _load_safetensors(path: str, declared: Mapping[str, tuple] | None, allow_missing: bool) -> dict[str, np.ndarray]:
+    from safetensors import safe_open
+    with _reading_safetensors(path), safe_open(path, framework="numpy") as f:
+        if declared is not None:
+            claims = {}
+            for key in f.keys():
+                part = f.get_slice(key)
+                claims[key] = Claim(tuple(part.get_shape()), np.dtype(_SAFETENSORS_DTYPES.get(part.get_dtype(), "V1")))
+            check_weights(path, claims, declared, allow_missing)
+        return {key: f.get_tensor(key) for key in f.keys()}
+
+
+@contextlib.contextmanager
+def _reading_safetensors(path: str):
     try:
-        return dict(load_file(path))
+        yield
+    except UserError:
+        raise
     except Exception as e:  # the library raises its own error types for every malformation
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise UserError(f"{path}: not a readable .safetensors file ({reason})") from None
 
 
-def check_weights(path: str, loaded: Mapping[str, np.ndarray], declared: Mapping[str, tuple],
+def check_weights(path: str, loaded: Mapping[str, "np.ndarray | Claim"], declared: Mapping[str, tuple],
                   allow_missing: bool = False) -> None:
-    """Every declared key present with its shape and a float dtype; no key left over."""
+    """Every declared key present with its shape and a float dtype; no key left over (arrays,
+    or what a file claims of them)."""
     problems = []
     for key, (shape, _layer) in declared.items():
         if key not in loaded:
@@ -87,5 +134,11 @@ def save_weights(path: str, arrays: Mapping[str, np.ndarray], metadata: dict[str
                 np.savez(f, **contiguous)
         else:
             from safetensors.numpy import save_file
-            save_file(contiguous, tmp, metadata=metadata)
+            try:
+                save_file(contiguous, tmp, metadata=metadata)
+            except Exception as e:         # safetensors reports an OS error in its own words
+                code = re.search(r"\(os error (\d+)\)", str(e))
+                if code is None:
+                    raise
+                raise OSError(int(code.group(1)), os.strerror(int(code.group(1))), tmp) from None
     atomic_write(target, write)

@@ -10,7 +10,7 @@ import pytest
 
 from toolkit.arrayfiles import load_npy, load_npz, open_npy, open_npz
 from toolkit.arrayfiles.files import Where
-from toolkit.arrayfiles.npy import FileRows, read_header
+from toolkit.arrayfiles.npy import FileRows, MemberRows, read_header
 from toolkit.arrayfiles.rows import WholeRows
 from toolkit.errors import UserError
 
@@ -64,18 +64,22 @@ def test_npy_layouts_read_as_numpy_reads_them(tmp_path, arr):
     assert isinstance(open_npy(str(tmp_path / "a.npy")), kind)
 
 
-def test_stored_members_by_row_ranges_compressed_ones_whole(tmp_path, x):
+def test_stored_members_by_row_ranges_compressed_ones_in_order(tmp_path, x):
+    """A stored member is read by positioned reads; a compressed one is decompressed in order, a
+    range at a time, starting again for a range before the last one (neither is read whole)."""
     y = np.arange(7)
     np.savez(tmp_path / "s.npz", x=x, y=y, scalar=np.float32(3))
     np.savez_compressed(tmp_path / "c.npz", x=x, y=y)
     stored, compressed = open_npz(str(tmp_path / "s.npz")), open_npz(str(tmp_path / "c.npz"))
     assert list(stored) == ["x", "y", "scalar"] and list(compressed) == ["x", "y"]
     assert isinstance(stored["x"], FileRows) and isinstance(stored["scalar"], WholeRows)
-    assert isinstance(compressed["x"], WholeRows)
+    assert isinstance(compressed["x"], MemberRows) and compressed["x"].member is None   # nothing read yet
     for members in (stored, compressed):
         np.testing.assert_array_equal(members["x"].read(2, 6), x[2:6])
+        np.testing.assert_array_equal(members["x"].read(0, 3), x[0:3])      # before the last: again
+        np.testing.assert_array_equal(members["x"].read(5, 7), x[5:7])      # after: skips ahead
         np.testing.assert_array_equal(members["y"].read(0, 7), y)
-    for rows in stored.values():
+    for rows in (*stored.values(), *compressed.values()):
         rows.close()
     whole = load_npz(str(tmp_path / "s.npz"))
     assert whole["scalar"] == 3 and whole["scalar"].shape == ()

@@ -2,6 +2,8 @@
 ranges in and out of order, and each refusal as one UserError naming the file and the line."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -64,5 +66,7 @@ def test_a_file_that_changes_while_its_rows_are_read(tmp_path):
     table.close()
 
 
-def test_no_such_file(tmp_path):
-    assert "no.csv: not a readable CSV file (" in refusal(tmp_path / "no.csv")
+def test_no_such_file_and_not_a_regular_file(tmp_path):
+    assert refusal(tmp_path / "no.csv").endswith("no.csv: no such file")
+    os.mkfifo(tmp_path / "pipe.csv")                    # opening it to scan would wait forever
+    assert refusal(tmp_path / "pipe.csv").endswith("pipe.csv: is not a regular file (it is a FIFO)")

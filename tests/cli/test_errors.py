@@ -277,7 +277,7 @@ def test_missing_net_file(tmp_path, tiny):
 
 
 def test_net_path_is_a_directory(tmp_path):
-    expect_error(run_cli("check", tmp_path), str(tmp_path), "directory")
+    expect_error(run_cli("check", tmp_path), str(tmp_path), "is a folder, not a file")
 
 
 def test_net_not_utf8(tmp_path):

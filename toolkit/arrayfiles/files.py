@@ -9,18 +9,27 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UserError
+from ..fileio import check_regular
+from ..hostmem import human_bytes, too_big
 
 NPY_MAGIC = b"\x93NUMPY"
 ZIP_MAGICS = (b"PK\x03\x04", b"PK\x05\x06")     # an archive with members, an empty one
 
 
-def check_file(path: str) -> None:
-    """A file that is there and is not a folder."""
-    p = Path(path)
-    if p.is_dir():
-        raise UserError(f"{path}: is a folder, not a file")
-    if not p.is_file():
-        raise UserError(f"{path}: no such file")
+def check_file(path: str) -> int:
+    """The size of the regular file at ``path`` (a folder, FIFO or device is refused before any
+    reader opens it, and could not hang one)."""
+    return check_regular(path).st_size
+
+
+def check_fits(where: "Where", shape: tuple, dtype, nbytes: int) -> None:
+    """An array of ``nbytes`` is about to be read whole: refused, naming it, when this machine
+    could not hold it, before anything of its size is allocated."""
+    why = too_big(nbytes)
+    if why is not None:
+        what = f"array '{where.member}'" if where.member is not None else "its array"
+        raise UserError(f"{where.path}: {what} is {human_bytes(nbytes)} (shape [{', '.join(map(str, shape))}], "
+                        f"{dtype}), {why}")
 
 
 def list_folder(path: str) -> list[Path]:

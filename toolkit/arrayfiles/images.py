@@ -1,7 +1,10 @@
-"""Images as float32 [C, H, W] arrays (grey or RGB, resized), one file or a folder of them."""
+"""Images as float32 [C, H, W] arrays (grey or RGB, resized), one file or a folder of them. An
+image's size is read from its header and held to a pixel limit before a pixel is decoded (a
+small file can claim a huge image)."""
 from __future__ import annotations
 
 import contextlib
+import os
 
 import numpy as np
 
@@ -10,6 +13,19 @@ from .files import list_folder
 from .rows import Rows
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
+ENV_MAX_PIXELS = "TOOLKIT_MAX_IMAGE_PIXELS"
+# PIL's own default for a decompression bomb (a 3-channel image of 256 MiB); an image larger than
+# this is refused unless TOOLKIT_MAX_IMAGE_PIXELS raises the limit
+DEFAULT_MAX_PIXELS = 1024 * 1024 * 1024 // 4 // 3
+
+
+def max_pixels() -> int:
+    text = os.environ.get(ENV_MAX_PIXELS, "").strip()
+    if not text:
+        return DEFAULT_MAX_PIXELS
+    if not text.isdigit() or int(text) < 1:
+        raise UserError(f"{ENV_MAX_PIXELS}={text}: expected a positive whole number of pixels")
+    return int(text)
 
 
 def image_layout(path: str, name: str, shape: tuple) -> tuple[int, int, int]:
@@ -41,8 +57,16 @@ def read_image(path: str, layout: tuple[int, int, int]) -> np.ndarray:
     """One image converted to grey (C 1) or RGB (C 3) and resized to H x W, as [C, H, W]."""
     c, h, w = layout
     from PIL import Image
+    limit = max_pixels()
+    # the check below replaces PIL's own (which would refuse twice its default in its own words,
+    # and let a user's raised limit be overruled); this module is PIL's only user in the toolkit
+    Image.MAX_IMAGE_PIXELS = None
     with _decoding(path), Image.open(path) as img:
         # img.size is what the file claims, read from its header before any pixel is decoded
+        width, height = img.size
+        if width * height > limit:
+            raise UserError(f"{path}: an image of {width} x {height} pixels ({width * height:,}), over the limit "
+                            f"of {limit:,} (set {ENV_MAX_PIXELS} to raise it)")
         arr = np.asarray(img.convert("L" if c == 1 else "RGB").resize((w, h)), dtype=np.float32)
     return arr[None] if c == 1 else arr.transpose(2, 0, 1)
 

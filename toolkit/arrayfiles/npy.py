@@ -1,6 +1,7 @@
 """Arrays in .npy files and .npz archives, pickles refused. Each array's header is read, and its
-claim checked, before anything of its size is allocated; C-ordered rows are then read a range at
-a time by positioned reads."""
+claim checked, before anything of its size is allocated: against the file (no more data than
+it holds) and, for an array read whole, against the memory available. C-ordered rows are then
+read a range at a time: by positioned reads, or in order from a compressed member."""
 from __future__ import annotations
 
 import math
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import UserError
-from .files import Where, check_file, check_magic
+from .files import Where, check_file, check_fits, check_magic
 from .rows import Rows, WholeRows
 
 _HEADER_READERS = {(1, 0): np.lib.format.read_array_header_1_0,
@@ -48,6 +49,8 @@ def read_header(fp, held: int, where: Where) -> ArrayHeader:
         header = ArrayHeader(tuple(shape), dtype, fortran, fp.tell())
     if dtype.hasobject:
         raise where.pickled()
+    if any(d < 0 for d in header.shape):
+        raise where.unreadable(f"its header claims a negative dimension (shape [{', '.join(map(str, header.shape))}])")
     if header.size + header.nbytes > held:
         raise _short(where, header.nbytes, held - header.size)
     return header
@@ -75,6 +78,7 @@ def _fill(fp, out: np.ndarray) -> int:
 def _read_whole(fp, header: ArrayHeader, where: Where) -> np.ndarray:
     """The data after ``header`` in ``fp``, as one array (numpy's own layout for Fortran order:
     the transpose's C order)."""
+    check_fits(where, header.shape, header.dtype, header.nbytes)
     arr = np.ndarray(header.shape[::-1] if header.fortran else header.shape, header.dtype)
     got = _fill(fp, arr)
     if got != arr.nbytes:
@@ -82,7 +86,17 @@ def _read_whole(fp, header: ArrayHeader, where: Where) -> np.ndarray:
     return arr.T if header.fortran else arr
 
 
-class FileRows(Rows):
+class _FileBackedRows(Rows):
+    """Rows that stay in their file until asked for: read whole only after checking they fit."""
+    where: Where
+
+    def read_all(self) -> np.ndarray:
+        shape = (self.rows,) + tuple(self.row_shape)
+        check_fits(self.where, shape, self.dtype, self.dtype.itemsize * math.prod(shape))
+        return self.read(0, self.rows)
+
+
+class FileRows(_FileBackedRows):
     """A C-ordered array stored at ``offset`` in a file (an .npy, or a stored .npz member).
     Rows come through positioned reads into a fresh array, not through a memory map: every
     page a map has touched counts in the process's resident memory until it is unmapped, so
@@ -112,6 +126,49 @@ class FileRows(Rows):
             self.file = None
 
 
+class MemberRows(_FileBackedRows):
+    """A C-ordered array in a compressed .npz member, which cannot be read from the middle: its
+    rows are decompressed in order, a range at a time (a read that starts before the last one
+    ended starts the member again), and only the rows asked for are held."""
+
+    def __init__(self, where: Where, header: ArrayHeader, name: str):
+        self.where, self.name, self.header_size = where, name, header.size
+        self.rows, self.row_shape, self.dtype = header.shape[0], header.shape[1:], header.dtype
+        self.row_bytes = header.dtype.itemsize * math.prod(self.row_shape)
+        self.archive = self.member = None
+        self.position = 0                   # rows of the member read so far
+
+    def _restart(self) -> None:
+        self.close()
+        self.archive = zipfile.ZipFile(self.where.path)
+        self.member = self.archive.open(self.name)
+        self.member.read(self.header_size)
+        self.position = 0
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        out = np.empty((stop - start,) + self.row_shape, self.dtype)
+        with self.where.reading():
+            if self.member is None or start < self.position:
+                self._restart()
+            skip = (start - self.position) * self.row_bytes
+            while skip > 0:
+                passed = len(self.member.read(min(skip, _PIECE)))
+                if not passed:
+                    break
+                skip -= passed
+            got = _fill(self.member, out)
+        if got != out.nbytes:
+            raise self.where.unreadable(f"it ends inside row {start + got // max(self.row_bytes, 1)}")
+        self.position = stop
+        return out
+
+    def close(self) -> None:
+        for handle in (self.member, self.archive):
+            if handle is not None:
+                handle.close()
+        self.archive = self.member = None
+
+
 def open_npy(path: str) -> Rows:
     """An .npy's rows: C-ordered ones read a range at a time when asked, a 0-d or Fortran-ordered
     array read whole now."""
@@ -126,9 +183,9 @@ def open_npy(path: str) -> Rows:
 
 
 def open_npz(path: str) -> dict[str, Rows]:
-    """An .npz's arrays by name. A stored member (np.savez) is read a range of rows at a time
-    straight from the archive; a compressed one (np.savez_compressed) cannot be read from the
-    middle, so it is read whole now."""
+    """An .npz's arrays by name, each header read and checked, no data read yet: a stored member
+    (np.savez) is read a range of rows at a time straight from the archive, a compressed one
+    (np.savez_compressed) in order; a 0-d or Fortran-ordered one is read whole now."""
     check_file(path)
     check_magic(path, ".npz")
     with Where(path, ".npz").reading(), zipfile.ZipFile(path) as archive:
@@ -143,8 +200,10 @@ def _open_member(path: str, archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> 
         raise where.unreadable("it is encrypted")
     with where.reading(), archive.open(info) as member:
         header = read_header(member, info.file_size, where)
-        if info.compress_type == zipfile.ZIP_STORED and header.shape and not header.fortran:
-            return FileRows(where, header, _data_offset(path, info) + header.size)
+        if header.shape and not header.fortran:
+            if info.compress_type == zipfile.ZIP_STORED:
+                return FileRows(where, header, _data_offset(path, info) + header.size)
+            return MemberRows(where, header, info.filename)
         return WholeRows(_read_whole(member, header, where))
 
 

@@ -6,8 +6,12 @@ import csv
 import numpy as np
 
 from ..errors import UserError
-from .files import Where
+from .files import Where, check_file, check_fits
 from .rows import Rows
+
+# rows parsed at a time by a whole read: Python's lists of floats take some 20 times the memory
+# of the array they become
+_BLOCK_ROWS = 1 << 14
 
 
 def _is_numbers(cells: list[str]) -> bool:
@@ -25,6 +29,7 @@ class CsvRows(Rows):
     start where the last ended starts the file again)."""
 
     def __init__(self, path: str, dtype=np.float32):
+        check_file(path)                    # a FIFO would hang the scan, a device never end it
         self.where, self.dtype = Where(path, "CSV"), np.dtype(dtype)
         self.header, self.rows, self.columns = self._scan()
         self.row_shape = (self.columns,)
@@ -75,6 +80,16 @@ class CsvRows(Rows):
         if None in rows or any(len(cells) != self.columns for _, cells in rows):
             raise self.where.unreadable("it changed while being read")
         return self._numbers(rows)
+
+    def read_all(self) -> np.ndarray:
+        """Every row, a block at a time into one array (parsed text held for one block only),
+        after checking the machine can hold the array."""
+        check_fits(self.where, (self.rows, self.columns), self.dtype, self.rows * self.columns * self.dtype.itemsize)
+        out = np.empty((self.rows, self.columns), self.dtype)
+        for start in range(0, self.rows, _BLOCK_ROWS):
+            stop = min(start + _BLOCK_ROWS, self.rows)
+            out[start:stop] = self.read(start, stop)
+        return out
 
     def _numbers(self, rows: list[tuple[int, list[str]]]) -> np.ndarray:
         values = []

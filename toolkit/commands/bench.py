@@ -3,6 +3,7 @@ the table of bench_layers.py)."""
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import replace
 
@@ -12,6 +13,7 @@ from ..backend.devices import CPU, Device
 from ..backend.options import check_device, resolve_dtype, resolve_train_dtype
 from ..compile import disabled_passes, forward_graph, solver_config, train_step_graph
 from ..errors import UserError
+from ..hostmem import human_bytes, too_big
 from ..frontend import Net
 from ..ir.graph import FLOAT_DTYPES, LOW_PRECISION
 from ..optim.loss_scaling import MixedPrecision
@@ -40,6 +42,11 @@ def bench_inputs(graph, bindings, rng) -> dict[str, np.ndarray]:
         if name.startswith("@"):
             continue                      # per-step solver scalars: set by the caller
         shape = v.type.concrete(bindings)
+        nbytes = math.prod(shape) * np.dtype(v.dtype).itemsize
+        why = too_big(nbytes)
+        if why is not None:
+            raise UserError(f"input '{name}' of shape [{', '.join(map(str, shape))}] ({v.dtype}) is "
+                            f"{human_bytes(nbytes)}, {why}")
         out[name] = (rng.standard_normal(shape).astype(v.dtype) if v.dtype in FLOAT_DTYPES
                      else np.zeros(shape, dtype=v.dtype))
     return out

@@ -103,6 +103,10 @@ class _State:
     files: list[str] = field(default_factory=list)
     deleted: dict[str, tuple[str, Location]] = field(default_factory=dict)
     resolve: Resolver | None = None
+    # each base file composed once, by real path: a base named twice, or reached through several
+    # others, is merged from the same tree (merges build new trees and never change one), so a
+    # chain of `base: [prev, prev]` costs its length, not two to the power of it
+    composed: dict[str, Node] = field(default_factory=dict)
 
 
 def _real(path: str | Path) -> str:
@@ -153,20 +157,22 @@ def _compose_file(path: str, root: Node, positions: Positions, state: _State, ch
             cycle = " -> ".join(_short(p, here) for p in chain[chain.index(real):] + (real,))
             state.problems.append(Problem(f"base '{ref}' includes itself ({cycle})", where))
             continue
-        try:
-            data, base_positions = load_yaml(read_text(base_path), base_path)
-        except SpecError as error:
-            state.problems.extend(error.problems)
-            continue
-        except UserError as error:
-            state.problems.append(Problem(f"base '{ref}': {error.problems[0].message}", where))
-            continue
-        if not isinstance(data, dict):
-            state.problems.append(Problem(f"base '{ref}' is not a net file (a mapping with name, inputs, layers)",
-                                          where))
-            continue
-        base_tree = _compose_file(base_path, _tree(data, base_positions, ()), base_positions, state,
-                                  chain + (real,))
+        base_tree = state.composed.get(real)
+        if base_tree is None:
+            try:
+                data, base_positions = load_yaml(read_text(base_path), base_path)
+            except SpecError as error:
+                state.problems.extend(error.problems)
+                continue
+            except UserError as error:
+                state.problems.append(Problem(f"base '{ref}': {error.problems[0].message}", where))
+                continue
+            if not isinstance(data, dict):
+                state.problems.append(Problem(f"base '{ref}' is not a net file (a mapping with name, inputs, layers)",
+                                              where))
+                continue
+            base_tree = state.composed[real] = _compose_file(base_path, _tree(data, base_positions, ()),
+                                                             base_positions, state, chain + (real,))
         merged = base_tree if merged is None else _overlay(merged, base_tree, state, has_base=True)
     own = Map({k: v for k, v in root.entries.items() if k != "base"}, root.loc)
     if base_node is None or merged is None:

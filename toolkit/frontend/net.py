@@ -5,11 +5,13 @@ names, outputs, shares), so one run reports every problem.
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 
 from ..errors import Problem, SpecError, UserError, did_you_mean
+from ..hostmem import human_bytes, too_big
 from ..ir.graph import Graph
 from ..ops.base import Builder
 from ..passes.prune import eliminate_dead_code
@@ -174,20 +176,26 @@ class Net:
         return graph
 
     def init_weights(self, seed: int = 0, dtype: str | None = None) -> dict[str, np.ndarray]:
+        """Every weight started by its filler, after checking the machine can hold them all."""
         from ..weights import fill
         rng = np.random.default_rng(seed)
-        out = {}
-        for key, w in self.weight_graph().weights.items():
-            shape = tuple(int(d) for d in w.value.shape)
-            out[key] = fill(w.init, shape, dtype or w.value.dtype, w.fan_in, w.fan_out, rng)
-        return out
+        weights = self.weight_graph().weights
+        shapes = {key: tuple(int(d) for d in w.value.shape) for key, w in weights.items()}
+        dtypes = {key: np.dtype(dtype or w.value.dtype) for key, w in weights.items()}
+        sizes = {key: math.prod(shapes[key]) * dtypes[key].itemsize for key in weights}
+        why = too_big(sum(sizes.values()))
+        if why is not None:
+            key = max(sizes, key=sizes.get)
+            raise UserError(f"layer '{weights[key].layer}': weight '{key}' of shape [{', '.join(map(str, shapes[key]))}] "
+                            f"({dtypes[key]}) is {human_bytes(sizes[key])}; the net's weights need "
+                            f"{human_bytes(sum(sizes.values()))}, {why}")
+        return {key: fill(w.init, shapes[key], dtypes[key], w.fan_in, w.fan_out, rng) for key, w in weights.items()}
 
     def load_weights(self, path: str, allow_missing: bool = False, seed: int = 0,
                      dtype: str | None = None) -> dict[str, np.ndarray]:
         """Weights from a file, checked against the net; --allow-missing starts the rest."""
-        from ..weights import check_weights, load_weights
-        loaded = load_weights(path)
-        check_weights(path, loaded, self.declared, allow_missing)
+        from ..weights import load_weights
+        loaded = load_weights(path, self.declared, allow_missing)
         out = self.init_weights(seed, dtype) if allow_missing else {}
         for key, (shape, _layer) in self.declared.items():
             if key in loaded:

@@ -5,25 +5,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import get_args
-from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from ..errors import Location, Problem, SpecError, UserError, did_you_mean
+from ..fileio import read_regular
 from .yaml_loader import Positions
 
 
+# A net file is a few kilobytes (a ResNet-152 written out is under 100 kB); this much text is
+# read at the most, so a base that is a device or a file that keeps growing cannot exhaust memory.
+MAX_NET_BYTES = 16 << 20
+
+
 def read_text(path: str) -> str:
-    p = Path(path)
-    if not p.exists():
-        raise UserError(f"{path}: no such file")
-    if p.is_dir():
-        raise UserError(f"{path}: is a directory, not a net file")
-    try:
-        data = p.read_bytes()
-    except OSError as e:
-        raise UserError(f"{path}: cannot read: {e.strerror}") from None
+    """A net file's text: a regular file (not a FIFO or a device) of at most MAX_NET_BYTES, UTF-8."""
+    data = read_regular(path, MAX_NET_BYTES, "net file")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:

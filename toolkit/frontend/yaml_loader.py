@@ -1,7 +1,9 @@
 """Safe YAML reading that remembers where every key and value came from.
 
 Built on PyYAML's SafeLoader composer (no tag can construct Python objects); duplicate keys,
-unknown tags and syntax errors become SpecErrors with FILE:LINE:COL.
+unknown tags and syntax errors become SpecErrors with FILE:LINE:COL. Merge keys (``<<``) are
+resolved here, each merged mapping once and every key counted against MAX_NODES, so that
+anchors merged into one another cannot expand without bound, whatever PyYAML's version.
 """
 from __future__ import annotations
 
@@ -70,7 +72,7 @@ def load_yaml(text: str, file: str) -> tuple[Any, Positions]:
                                     Location(file, 1, 1)))
         problems: list[Problem] = []
         try:
-            data = _construct(loader, root, (), positions, problems)
+            data = _construct(loader, root, (), positions, problems, _Merges())
         except _TooLarge:
             raise SpecError(Problem(f"the YAML expands to more than {MAX_NODES:,} values (aliases repeated too often?)",
                                     Location(file, 1, 1))) from None
@@ -98,7 +100,59 @@ class _TooLarge(Exception):
     pass
 
 
-def _construct(loader, node, path: Path, pos: Positions, problems: list[Problem]) -> Any:
+MERGE = "tag:yaml.org,2002:merge"
+
+
+class _Merges:
+    """Merge keys of one document resolved, each mapping node once (an anchor merged into many
+    mappings is flattened once), with every key a merge contributes counted."""
+
+    def __init__(self):
+        self.flat: set[int] = set()
+        self.keys = 0
+
+    def flatten(self, node, file: str) -> None:
+        """``node.value`` with its merge keys replaced by the keys they bring, as YAML's merge type
+        says: a key of the mapping itself wins over a merged one, and of several merged mappings
+        the earlier wins. Raises SpecError-ready problems through yaml.MarkedYAMLError."""
+        if id(node) in self.flat:
+            return
+        self.flat.add(id(node))
+        own, sources = [], []
+        for key_node, value_node in node.value:
+            if key_node.tag != MERGE:
+                own.append((key_node, value_node))
+                continue
+            items = value_node.value if isinstance(value_node, yaml.SequenceNode) else [value_node]
+            for item in items:
+                if not isinstance(item, yaml.MappingNode):
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"a merge key (<<) takes a mapping or a list of mappings, not a {item.id}",
+                        item.start_mark)
+                sources.append(item)
+        if not sources:
+            return
+        present = {_key_of(k) for k, _ in own}
+        merged = []
+        for source in dict.fromkeys(sources):        # the same anchor twice merges once
+            self.flatten(source, file)
+            for key_node, value_node in source.value:
+                self.keys += 1
+                if self.keys > MAX_NODES:
+                    raise _TooLarge()
+                key = _key_of(key_node)
+                if key not in present:
+                    present.add(key)
+                    merged.append((key_node, value_node))
+        node.value = merged + own
+
+
+def _key_of(node) -> Any:
+    """What tells two keys apart: a scalar's text and tag, else the node itself."""
+    return (node.tag, node.value) if isinstance(node, yaml.ScalarNode) else id(node)
+
+
+def _construct(loader, node, path: Path, pos: Positions, problems: list[Problem], merges: _Merges) -> Any:
     if len(pos.values) > MAX_NODES:
         raise _TooLarge()
     pos.values.setdefault(path, _loc(pos.file, node.start_mark))
@@ -108,13 +162,13 @@ def _construct(loader, node, path: Path, pos: Positions, problems: list[Problem]
         return None
     if isinstance(node, yaml.MappingNode):
         try:
-            loader.flatten_mapping(node)            # resolves YAML merge keys (<<)
+            merges.flatten(node, pos.file)
         except yaml.MarkedYAMLError as e:
             problems.append(Problem(f"YAML: {e.problem}", _loc(pos.file, e.problem_mark)))
             return {}
         out: dict = {}
         for key_node, value_node in node.value:
-            key = _construct(loader, key_node, path + ("<key>",), pos, problems)
+            key = _construct(loader, key_node, path + ("<key>",), pos, problems, merges)
             if not isinstance(key, (str, int, float, bool)) or key is None:
                 problems.append(Problem("mapping keys must be plain scalars", _loc(pos.file, key_node.start_mark)))
                 continue
@@ -122,10 +176,10 @@ def _construct(loader, node, path: Path, pos: Positions, problems: list[Problem]
                 problems.append(Problem(f"duplicate key '{key}'", _loc(pos.file, key_node.start_mark)))
                 continue
             pos.keys[path + (key,)] = _loc(pos.file, key_node.start_mark)
-            out[key] = _construct(loader, value_node, path + (key,), pos, problems)
+            out[key] = _construct(loader, value_node, path + (key,), pos, problems, merges)
         return out
     if isinstance(node, yaml.SequenceNode):
-        return [_construct(loader, item, path + (i,), pos, problems) for i, item in enumerate(node.value)]
+        return [_construct(loader, item, path + (i,), pos, problems, merges) for i, item in enumerate(node.value)]
     constructor = SafeConstructor.yaml_constructors.get(node.tag)
     if constructor is None or node.tag == "tag:yaml.org,2002:timestamp":
         problems.append(Problem(f"unsupported or unsafe YAML tag '{node.tag}'", _loc(pos.file, node.start_mark)))

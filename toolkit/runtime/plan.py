@@ -6,6 +6,7 @@ output buffers, valid until the next run.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 from dataclasses import dataclass, field
@@ -14,11 +15,12 @@ from typing import Callable, Mapping
 import numpy as np
 
 from ..backend.devices import CPU, Device
-from ..backend.placement import Placement
+from ..backend.placement import Placement, layer_of_scope
 from ..backend.registry import KERNELS, KernelContext, KernelMissing, load_device
 from ..codegen import toolchain
 from ..codegen.native import Linked, NativeCall
-from ..errors import notice
+from ..errors import UserError, notice
+from ..hostmem import human_bytes, too_big
 from ..ir.binding import bind_attrs
 from ..ir.graph import FLOAT_DTYPES, Graph, Node
 from ..ops.base import get_op
@@ -179,6 +181,10 @@ def _new_arena(device, nbytes: int):
     return device.empty(nbytes)
 
 
+def _sizes(bindings: Mapping[str, int]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(bindings.items())) or "these shapes"
+
+
 class Plan:
     def __init__(self, graph: Graph, bindings: Mapping[str, int], weights: Mapping[str, np.ndarray],
                  device: Device | str = CPU, runtime: RuntimeState | None = None, outputs: list[str] | None = None,
@@ -231,6 +237,8 @@ class Plan:
     def _evaluate_at_build(self, build: list[Node], fixed: dict[int, Storage]) -> None:
         """Pure nodes on constants, computed once now, on the host, never in the loop."""
         shapes, dtypes = self.shapes, self.dtypes
+        self._check_fits(build, sum(nbytes_of(shapes[v.id], dtypes[v.id]) for n in build for v in n.outputs),
+                         "constants computed when the plan is built")
         for node in build:
             ins = [fixed[v.id].view(shapes[v.id], dtypes[v.id]) for v in node.inputs]
             outs = [np.empty(shapes[v.id], dtypes[v.id]) for v in node.outputs]
@@ -255,8 +263,29 @@ class Plan:
             # concurrent waves need values of different branches apart: a buffer handed from
             # one branch to another would order them (concurrency.py)
             reuse=self.reuse_memory and not self.concurrent,
-            allocate=lambda where, nbytes: (allocate or _new_arena)(where or self.device, nbytes),
+            allocate=lambda where, nbytes: self._arena(allocate or _new_arena, where or self.device, nbytes, steps),
             device_of=self.placement.node)
+
+    def _arena(self, allocate: Callable, where: Device, nbytes: int, steps: list[Node]):
+        """A device's arena of ``nbytes``, after checking the host can hold it (a GPU's own
+        allocator says when it cannot)."""
+        if where.host_memory:
+            self._check_fits(steps, nbytes, "buffers")
+        return allocate(where, nbytes)
+
+    def _check_fits(self, nodes: list[Node], nbytes: int, what: str) -> None:
+        """A UserError naming the layer of the largest value among ``nodes``, its shape and bytes,
+        when ``nbytes`` of ``what`` cannot be allocated here; nothing is allocated before it."""
+        why = too_big(nbytes)
+        if why is None or not nodes:
+            return
+        sizes = {v.id: (n, v) for n in nodes for v in n.outputs}
+        vid = max(sizes, key=lambda i: nbytes_of(self.shapes[i], self.dtypes[i]))
+        node, v = sizes[vid]
+        shape = ", ".join(map(str, self.shapes[vid]))
+        raise UserError(f"layer '{layer_of_scope(node.scope)}': its {node.op} output [{shape}] ({v.dtype}) is "
+                        f"{human_bytes(nbytes_of(self.shapes[vid], v.dtype))}; the plan needs {human_bytes(nbytes)} of "
+                        f"{what} at {_sizes(self.bindings)}, {why}")
 
     def _view(self, v, reader: Node | None = None):
         """v's array; a host constant read on another device is copied there once."""
@@ -295,7 +324,8 @@ class Plan:
                 continue                          # a view: nothing to run
             ins, outs = [self._view(v, node) for v in node.inputs], [self._view(v) for v in node.outputs]
             builder = KERNELS.native(node.op, self.placement.node(node)) if native_on else None
-            native_call = builder(self._context(node), ins, outs) if builder else None
+            with self._building(node):
+                native_call = builder(self._context(node), ins, outs) if builder else None
             if self.concurrent:                   # its own scratch: steps of a wave run at once
                 self._share_of[id(node)] = len(self.calls) + 1
             if native_call is not None:
@@ -353,12 +383,23 @@ class Plan:
         return reads, writes, ordered
 
     def _python_call(self, node, ins, outs, workers):
-        split = self._split(node, ins, outs) if workers else None
-        if split:
-            self.split_steps += 1
-            return functools.partial(workers.run, *split)
-        fn = self.entries[id(node)].factory(self._context(node))
+        with self._building(node):
+            split = self._split(node, ins, outs) if workers else None
+            if split:
+                self.split_steps += 1
+                return functools.partial(workers.run, *split)
+            fn = self.entries[id(node)].factory(self._context(node))
         return functools.partial(fn, ins, outs)
+
+    @contextlib.contextmanager
+    def _building(self, node: Node):
+        """A kernel that cannot allocate its scratch while it is built (an im2col buffer, index
+        maps) is a UserError naming the layer and what numpy could not allocate."""
+        try:
+            yield
+        except MemoryError as e:
+            raise UserError(f"layer '{layer_of_scope(node.scope)}': its {node.op} kernel cannot allocate its "
+                            f"scratch memory at {_sizes(self.bindings)} ({str(e).splitlines()[0]})") from None
 
     def _link(self, natives, workers, step_arrays) -> None:
         """Compile the plan's native calls as one unit; consecutive native steps become one

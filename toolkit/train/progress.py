@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+from ..fileio import append_line, atomic_write
+
 
 def format_time(seconds: float) -> str:
     if not math.isfinite(seconds):
@@ -88,21 +90,19 @@ class MetricsLog:
 
     def __init__(self, path: Path, resume_from: int | None):
         self.path = path
-        if resume_from is None:
-            path.write_text("")
-        elif path.exists():
-            kept = []
+        kept = []
+        if resume_from is not None and path.exists():
             for line in path.read_text().splitlines():
                 try:
                     if json.loads(line).get("iter", 0) < resume_from:
                         kept.append(line)
                 except json.JSONDecodeError:
                     continue
-            path.write_text("".join(k + "\n" for k in kept))
+        text = "".join(k + "\n" for k in kept)
+        atomic_write(path, lambda tmp: Path(tmp).write_text(text))
 
     def write(self, record: dict) -> None:
-        with self.path.open("a") as f:
-            f.write(json.dumps(record) + "\n")
+        append_line(self.path, json.dumps(record))
 
     def records(self) -> list[dict]:
         return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
@@ -141,6 +141,8 @@ def plot(records: list[dict], path: Path, title: str, metric_keys: list[str]) ->
         ax.legend(handles, labels, loc="center right")
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    try:
+        atomic_write(path, lambda tmp: fig.savefig(tmp, format="png"))
+    finally:
+        plt.close(fig)
     return True

@@ -393,11 +393,15 @@ class Trainer:
             if final:
                 log.write({"iter": self.max_iter, "lr": self.lr_at(self.max_iter - 1), **final})
             if writer:
-                self.checkpoint(self.max_iter)
+                last_good = self.checkpoint(self.max_iter)
                 save_weights(str(self.out / "model.safetensors"), self.model_weights())
                 plot(log.records(), self.out / "loss.png", self.net.name, sorted(test_keys))
             self.final_metrics = final
             return 0
+        except OSError as e:       # a full disk or a read-only folder: the file it was, and what is safe
+            progress.close()
+            raise UserError(f"{e.filename or self.out}: {e.strerror or e}; training stopped and "
+                            f"{self._where(last_good)}") from None
         finally:
             for s, handler in previous.items():
                 signal.signal(s, handler)
