@@ -274,18 +274,21 @@ class Plan:
         return allocate(where, nbytes)
 
     def _check_fits(self, nodes: list[Node], nbytes: int, what: str) -> None:
-        """A UserError naming the layer of the largest value among ``nodes``, its shape and bytes,
-        when ``nbytes`` of ``what`` cannot be allocated here; nothing is allocated before it."""
+        """A UserError naming the largest value among ``nodes``' outputs (and, for the buffers,
+        the graph's inputs), its shape and bytes, when ``nbytes`` of ``what`` cannot be
+        allocated here; nothing is allocated before it."""
         why = too_big(nbytes)
-        if why is None or not nodes:
+        if why is None:
             return
-        sizes = {v.id: (n, v) for n in nodes for v in n.outputs}
-        vid = max(sizes, key=lambda i: nbytes_of(self.shapes[i], self.dtypes[i]))
-        node, v = sizes[vid]
-        shape = ", ".join(map(str, self.shapes[vid]))
-        raise UserError(f"layer '{layer_of_scope(node.scope)}': its {node.op} output [{shape}] ({v.dtype}) is "
-                        f"{human_bytes(nbytes_of(self.shapes[vid], v.dtype))}; the plan needs {human_bytes(nbytes)} of "
-                        f"{what} at {_sizes(self.bindings)}, {why}")
+        values = [(f"layer '{layer_of_scope(n.scope)}': its {n.op} output", v) for n in nodes for v in n.outputs]
+        if what == "buffers":
+            values += [(f"input '{name}'", v) for name, v in self.graph.inputs.items()]
+        largest = f"the plan needs {human_bytes(nbytes)} of {what} at {_sizes(self.bindings)}, {why}"
+        if values:
+            name, v = max(values, key=lambda item: nbytes_of(self.shapes[item[1].id], item[1].dtype))
+            shape = ", ".join(map(str, self.shapes[v.id]))
+            largest = f"{name} [{shape}] ({v.dtype}) is {human_bytes(nbytes_of(self.shapes[v.id], v.dtype))}; {largest}"
+        raise UserError(largest)
 
     def _view(self, v, reader: Node | None = None):
         """v's array; a host constant read on another device is copied there once."""
