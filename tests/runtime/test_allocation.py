@@ -4,7 +4,6 @@ for the memory (run under an address-space limit, so that the outcome does not d
 machine's memory)."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from tests.bounded import ROOT, run_toolkit
