@@ -6,33 +6,14 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
 import time
 
 import pytest
 
-from zoo_helpers import LENET, NAME, run
+from zoo_helpers import LENET, NAME, WEIGHTS, cache_folder, git, leftovers, needs_git, row, run
 from toolkit.errors import UserError
 from toolkit.zoo.card import sha256_file
 from toolkit.zoo.resolve import resolve
-from toolkit.zoo.sources import parse_source
-
-WEIGHTS = "model.safetensors"
-
-
-def cache_folder(cache, source_text: str):
-    return cache / "zoo" / parse_source(source_text).slug / NAME
-
-
-def row(out: str, name: str) -> list[str]:
-    """The columns of ``zoo list``'s row for ``name`` (columns are two or more spaces apart)."""
-    return re.split(r"\s{2,}", next(line for line in out.splitlines() if line.startswith(name + " ")))
-
-
-def leftovers(folder):
-    """Files that are neither the card nor a file it names (pooch's temporaries and the like)."""
-    return sorted(p.name for p in folder.iterdir() if p.name not in ("README.md", "net.yaml", WEIGHTS)) \
-        if folder.is_dir() else []
 
 
 # -- HTTP ----------------------------------------------------------------------------------------
@@ -142,10 +123,11 @@ def test_a_download_that_keeps_breaking_fails_cleanly_then_recovers(server, isol
             "broke off (") in r.err and "nothing was kept" in r.err
     folder = cache_folder(isolated_cache, server.url)
     assert not (folder / WEIGHTS).exists() and leftovers(folder) == []
-    # a download killed outright leaves pooch's temporary file; the next fetch sweeps it once stale
-    stale = folder / "tmpabcd1234"
-    stale.write_bytes(b"half a file")
-    os.utime(stale, (time.time() - 3600, time.time() - 3600))
+    # a fetch killed outright leaves pooch's temporary file (or the card's); the next fetch sweeps
+    # them once stale
+    for stale in (folder / "tmpabcd1234", folder / ".README.md.abcd_123.md"):
+        stale.write_bytes(b"half a file")
+        os.utime(stale, (time.time() - 3600, time.time() - 3600))
     del server.faults[path]
     r = run("zoo", "get", NAME, "--source", server.url)
     assert r.status == 0, r.err
@@ -226,20 +208,20 @@ def test_folder_source_copies_into_the_cache_by_sha256(published, isolated_cache
     model = resolve(f"zoo:{NAME}", [f"file://{published}"])
     assert model.source == str(published) and model.dir.is_relative_to(isolated_cache)
     assert sha256_file(model.weights) == sha256_file(LENET / WEIGHTS)
-    # a changed file in the folder no longer matches its card: refused
-    (published / NAME / "net.yaml").write_text((published / NAME / "net.yaml").read_text() + "# changed\n")
+    # a changed file in the folder no longer matches its card: refused, by its sha256 when it
+    # kept its size, as soon as it passes the card's size when it grew
+    net = published / NAME / "net.yaml"
+    original = net.read_text()
+    net.write_text(original.replace("name:", "Name:", 1))
     shutil.rmtree(model.dir)
     r = run("zoo", "get", NAME, "--source", published)
-    assert r.status == 2 and f"{published / NAME / 'net.yaml'}: sha256 is" in r.err, r.err
+    assert r.status == 2 and f"{net}: sha256 is" in r.err, r.err
     assert not (model.dir / "net.yaml").exists()
-
-
-needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="needs the git program")
-
-
-def git(repo, *args):
-    subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args],
-                   check=True, capture_output=True)
+    net.write_text(original + "# changed\n")
+    r = run("zoo", "get", NAME, "--source", published)
+    assert r.status == 2 and r.err == (f"error: {net}: more than the {len(original)} bytes its card says; "
+                                       "the file was refused and not kept\n"), r.err
+    assert not (model.dir / "net.yaml").exists() and leftovers(model.dir) == []
 
 
 @pytest.fixture

@@ -2,12 +2,13 @@
 ``$TOOLKIT_CACHE``, else the user's cache folder). Files arrive through pooch, which writes a
 temporary file beside the target, checks its sha256 against the card and only then renames it:
 a file under its real name has always matched its card, and an interrupted or refused download
-leaves nothing behind."""
+(more bytes than the card says stop it at once) leaves nothing behind."""
 from __future__ import annotations
 
-import os
+import hashlib
 import re
 import time
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from schemas.card import CardFile, ModelCard
 from ..cachedir import cache_root
 from ..errors import UserError, notice
 from .card import CARD, check_files, parse_card, read_card, read_card_text, sha256_file, write_text
+from .transfer import Broken, HttpError, MissingFile, Unreachable, os_reason
 
 SOURCE_FILE = ".source"          # in each source's cache folder: the source as the user gave it
 STALE_S = 600                    # a temporary file this old belongs to a download that was killed
@@ -38,7 +40,6 @@ def fetch_model(source, name: str, weights: str = "default") -> Fetched | None:
     """NAME from ``source`` into its cache folder: the card fresh (the cached one, with a notice,
     when the source cannot be reached), then each wanted file unless the cached copy matches.
     None when the source has no model NAME."""
-    from .sources import Unreachable
     dest = source.cache_dir / name
     card_path = dest / CARD
     try:
@@ -53,10 +54,9 @@ def fetch_model(source, name: str, weights: str = "default") -> Fetched | None:
             return None
         origin = source.card_origin(name)
     card, _body = parse_card(text, origin, expect_name=name)
-    dest.mkdir(parents=True, exist_ok=True)
     remember_source(source)
     if origin != str(card_path):
-        write_text(card_path, text)
+        write_cached(card_path, text)
     actions = [(entry, retrieve(source, name, entry, dest)) for entry in wanted(card, weights)]
     return Fetched(dest, card, actions)
 
@@ -64,17 +64,25 @@ def fetch_model(source, name: str, weights: str = "default") -> Fetched | None:
 def remember_source(source) -> None:
     marker = source.cache_dir / SOURCE_FILE
     if not marker.is_file() or marker.read_text(encoding="utf-8") != source.text:
-        source.cache_dir.mkdir(parents=True, exist_ok=True)
-        write_text(marker, source.text)
+        write_cached(marker, source.text)
+
+
+def write_cached(path: Path, text: str) -> None:
+    """A text file of the cache, written atomically (its folder made first); a full disk is one
+    error naming the file, which keeps what it held before."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_text(path, text)
+    except OSError as e:
+        raise UserError(f"{path}: {os_reason(e)}") from None
 
 
 def retrieve(source, name: str, entry: CardFile, folder: Path) -> str:
-    """One file of a card into ``folder``, verified by sha256 (pooch.retrieve); one retry for a
-    transfer that broke off. Returns what was done."""
+    """One file of a card into ``folder``, verified by sha256 (pooch.retrieve) and size: refused
+    as soon as more bytes arrive than the card says; one retry for a transfer that broke off or
+    fell short. Returns what was done."""
     import pooch
-    import requests
 
-    from .sources import MissingFile, network_reason
     pooch.get_logger().setLevel("WARNING")
     sweep_temporaries(folder)
     target = folder / entry.file
@@ -85,14 +93,23 @@ def retrieve(source, name: str, entry: CardFile, folder: Path) -> str:
             return "cached"
         damaged = f"the cached {target} has sha256 {digest}, the card says {entry.sha256}"
         target.unlink()          # never leave a file that fails its card under the real name
-    url, downloader = source.locator(name, entry.file)
+    url = source.file_origin(name, entry.file)
     got: dict = {}
 
-    def download(url: str, output_file: str, pooch_instance) -> None:
+    def download(_url: str, output_file: str, _pooch) -> None:
         got.clear()
-        downloader(url, output_file, pooch_instance)
-        got["bytes"] = os.path.getsize(output_file)
-        got["sha256"] = sha256_file(output_file)
+        size, digest = 0, hashlib.sha256()
+        with closing(source.read_file(name, entry.file, entry.bytes)) as pieces, open(output_file, "wb") as out:
+            for piece in pieces:
+                size += len(piece)
+                if size > entry.bytes:
+                    raise UserError(f"{url}: more than the {entry.bytes} bytes its card says; the file was "
+                                    "refused and not kept")
+                digest.update(piece)
+                out.write(piece)
+        if size < entry.bytes:
+            raise Broken(f"the transfer stopped after {size} of {entry.bytes} bytes")
+        got.update(bytes=size, sha256=digest.hexdigest())
 
     failure = ""
     for _attempt in range(2):
@@ -103,29 +120,27 @@ def retrieve(source, name: str, entry: CardFile, folder: Path) -> str:
         except MissingFile:
             raise UserError(f"zoo source {source}: {name}/{entry.file} is missing (its card lists it)") from None
         except ValueError:                       # pooch: the sha256 does not match the card
-            if "sha256" not in got or got["bytes"] < entry.bytes:
-                failure = f"the transfer stopped after {got.get('bytes', 0)} of {entry.bytes} bytes"
-                continue
             raise UserError(f"{url}: sha256 is {got['sha256']}, the card says {entry.sha256} "
                             f"({got['bytes']} bytes, the card says {entry.bytes}); the file was refused "
                             "and not kept") from None
-        except requests.HTTPError as e:
-            if e.response is not None and e.response.status_code == 404:
+        except HttpError as e:
+            if e.status == 404:
                 raise UserError(f"{url}: not found (the card of {name} lists {entry.file})") from None
-            failure = network_reason(e)
-        except (requests.ConnectionError, requests.Timeout) as e:
-            failure = f"cannot reach the server ({network_reason(e)})"
-        except requests.RequestException as e:
-            failure = f"the transfer broke off ({network_reason(e)})"
+            failure = str(e)
+        except Broken as e:
+            failure = e.reason
+        except OSError as e:                     # writing the cache: the download's own errors are above
+            raise UserError(f"{target}: {os_reason(e)}; nothing was kept") from None
     what = f"{damaged}; fetching it again" if damaged else f"fetching {entry.file}"
     raise UserError(f"zoo:{name}: {what} failed twice: {url}: {failure}; nothing was kept")
 
 
-_TEMPORARY = re.compile(r"tmp[a-z0-9_]{8}")     # tempfile's names, as pooch makes them
+# tempfile's names: pooch's for the files, fileio.atomic_write's for the card
+_TEMPORARY = re.compile(r"tmp[a-z0-9_]{8}|\.README\.md\.[a-z0-9_]{8}\.md")
 
 
 def sweep_temporaries(folder: Path) -> None:
-    """Remove what downloads killed mid-way left behind (a live download's file is younger)."""
+    """Remove what fetches killed mid-way left behind (a live fetch's file is younger)."""
     if not folder.is_dir():
         return
     now = time.time()

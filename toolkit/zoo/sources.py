@@ -15,25 +15,23 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Callable
+from typing import Iterator
 from urllib.parse import urlsplit
 from urllib.request import url2pathname
 
 from ..cachedir import cache_root
 from ..errors import UserError, notice
-from .card import CARD, read_card_text, write_text
+from . import transfer
+from .cache import write_cached
+from .card import CARD
+from .transfer import (Broken, HttpError, MissingFile, Unreachable, file_budget_s, folder_pieces,
+                       http_pieces, read_text)
 
 ENV = "TOOLKIT_ZOO"
 SHIPPED = "shipped"
 INDEX = "index.json"
 INDEX_FORMAT = 1
-TIMEOUT_S = 30          # seconds without an answer from an http(s) server
 GIT_TIMEOUT_S = 600
-MAX_TEXT_BYTES = 1 << 20   # a card or an index is a few kB; a server sending more is not a zoo
-
-
-class Unreachable(UserError):
-    """A source that cannot be read now: the server is down, the network is off, a clone failed."""
 
 
 def shipped_zoo_dir() -> Path:
@@ -110,21 +108,35 @@ def index_entry(card) -> dict:
 
 
 def scan_cards(root: Path) -> dict[str, dict]:
-    """``NAME/README.md`` cards under a folder, as index entries; a card that does not read is
-    skipped with a notice."""
-    from .card import read_card
+    """``NAME/README.md`` cards under a folder, as index entries; a card that cannot be read (a
+    symbolic link, or in one) or does not parse is skipped with a notice."""
+    from .card import parse_card
+    if not root.is_dir():
+        return {}
+    with os.scandir(root) as entries:
+        names = sorted(e.name for e in entries if e.is_dir() and not e.name.startswith((".", "_")))
     found = {}
-    for readme in sorted(root.glob(f"*/{CARD}")):
-        name = readme.parent.name
-        if name.startswith((".", "_")):
+    for name in names:
+        readme = root / name / CARD
+        try:
+            text = folder_text(root, name, CARD)
+        except MissingFile:
+            continue
+        except UserError as e:
+            notice(f"skipping {e.problems[0].message}")
             continue
         try:
-            card, _body = read_card(readme, expect_name=name)
+            card, _body = parse_card(text, str(readme), expect_name=name)
         except UserError as e:
             notice(f"skipping {readme}: {e.problems[0].message}")
             continue
         found[name] = index_entry(card)
     return found
+
+
+def folder_text(root: Path, name: str, file: str) -> str:
+    """A card of a folder: at most MAX_TEXT_BYTES, and never through a symbolic link."""
+    return read_text(folder_pieces(root, name, file), str(root / name / file))
 
 
 class Source:
@@ -158,8 +170,13 @@ class Source:
         """Where NAME's card comes from, for messages (a path or a URL)."""
         raise NotImplementedError
 
-    def locator(self, name: str, file: str) -> tuple[str, Callable]:
-        """(URL or path of NAME/FILE, a pooch downloader for it)."""
+    def file_origin(self, name: str, file: str) -> str:
+        """The URL or path of NAME/FILE, for messages."""
+        raise NotImplementedError
+
+    def read_file(self, name: str, file: str, size: int) -> Iterator[bytes]:
+        """NAME/FILE in pieces (``size``, the card's, sets an http transfer's deadline; the
+        caller stops past it). Raises MissingFile, HttpError, Broken, UserError."""
         raise NotImplementedError
 
 
@@ -177,26 +194,19 @@ class FolderSource(Source):
         return scan_cards(self._root())
 
     def card_text(self, name: str) -> str | None:
-        card = self._root() / name / CARD
-        return read_card_text(card) if card.is_file() else None
+        try:
+            return folder_text(self._root(), name, CARD)
+        except MissingFile:
+            return None
 
     def card_origin(self, name: str) -> str:
         return str(self.root / name / CARD)
 
-    def locator(self, name: str, file: str) -> tuple[str, Callable]:
-        return str(self._root() / name / file), copy_downloader
+    def file_origin(self, name: str, file: str) -> str:
+        return str(self.root / name / file)
 
-
-def copy_downloader(url: str, output_file: str, _pooch=None) -> None:
-    """A pooch downloader for files of folder and git sources: a plain copy."""
-    try:
-        shutil.copyfile(url, output_file)
-    except FileNotFoundError:
-        raise MissingFile(url) from None
-
-
-class MissingFile(Exception):
-    """A file the card lists is not in the source."""
+    def read_file(self, name: str, file: str, size: int) -> Iterator[bytes]:
+        return folder_pieces(self._root(), name, file)
 
 
 class GitSource(Source):
@@ -244,8 +254,11 @@ class GitSource(Source):
     def card_origin(self, name: str) -> str:
         return self._folder().card_origin(name)
 
-    def locator(self, name: str, file: str) -> tuple[str, Callable]:
-        return self._folder().locator(name, file)
+    def file_origin(self, name: str, file: str) -> str:
+        return self._folder().file_origin(name, file)
+
+    def read_file(self, name: str, file: str, size: int) -> Iterator[bytes]:
+        return self._folder().read_file(name, file, size)
 
 
 def git_program() -> str:
@@ -301,8 +314,7 @@ class HttpSource(Source):
             if text is None:
                 raise UserError(f"{url}: not found (a published zoo folder has {INDEX} at its root; "
                                 "`toolkit zoo publish` writes it)")
-            cached.parent.mkdir(parents=True, exist_ok=True)
-            write_text(cached, text)
+            write_cached(cached, text)
         return parse_index(text, url)
 
     def card_text(self, name: str) -> str | None:
@@ -311,9 +323,11 @@ class HttpSource(Source):
     def card_origin(self, name: str) -> str:
         return self.base + f"{name}/{CARD}"
 
-    def locator(self, name: str, file: str) -> tuple[str, Callable]:
-        import pooch
-        return self.base + f"{name}/{file}", pooch.HTTPDownloader(progressbar=False, timeout=TIMEOUT_S)
+    def file_origin(self, name: str, file: str) -> str:
+        return self.base + f"{name}/{file}"
+
+    def read_file(self, name: str, file: str, size: int) -> Iterator[bytes]:
+        return http_pieces(self.file_origin(name, file), file_budget_s(size))
 
 
 def parse_index(text: str, url: str) -> dict[str, dict]:
@@ -340,39 +354,13 @@ def _entry_of(raw) -> dict:
 
 
 def http_text(url: str) -> str | None:
-    """The text at ``url``; None for 404. Unreachable when the server cannot be reached, a
-    UserError naming the URL for any other failure."""
-    import requests
-    import urllib3
+    """The text at ``url``; None for 404. Unreachable when the server cannot be reached or is too
+    slow (a card or an index has TIMEOUT_S in all), a UserError naming the URL for any other failure."""
     try:
-        with requests.get(url, timeout=TIMEOUT_S, stream=True) as response:
-            if response.status_code == 404:
-                return None
-            if response.status_code >= 400:
-                raise UserError(f"{url}: HTTP {response.status_code} {response.reason}")
-            content = response.raw.read(MAX_TEXT_BYTES + 1, decode_content=True)
-    except (requests.ConnectionError, requests.Timeout) as e:
-        raise Unreachable(f"{url}: cannot reach the server ({network_reason(e)})") from None
-    except requests.RequestException as e:
-        raise UserError(f"{url}: {network_reason(e)}") from None
-    except (OSError, urllib3.exceptions.HTTPError) as e:      # while reading the body
-        raise Unreachable(f"{url}: the transfer broke off ({network_reason(e)})") from None
-    if len(content) > MAX_TEXT_BYTES:
-        raise UserError(f"{url}: more than {MAX_TEXT_BYTES >> 20} MiB, not a zoo card or index")
-    try:
-        return content.decode("utf-8")        # whatever charset the server claims
-    except UnicodeDecodeError:
-        raise UserError(f"{url}: not a UTF-8 text file") from None
-
-
-def network_reason(error: BaseException) -> str:
-    """A short reason for a requests error (its messages nest several exceptions deep)."""
-    text = str(error)
-    m = re.search(r"\[Errno -?\d+\] [^'\")]+", text)
-    if m:
-        return m.group(0).strip()
-    for phrase in ("Connection refused", "timed out", "Connection broken", "Name or service not known",
-                   "IncompleteRead", "Read timed out"):
-        if phrase in text:
-            return phrase
-    return type(error).__name__ + (f": {text}" if text and len(text) < 160 else "")
+        return read_text(http_pieces(url, transfer.TIMEOUT_S), url)
+    except HttpError as e:
+        if e.status == 404:
+            return None
+        raise UserError(f"{url}: HTTP {e.status} {e.reason}") from None
+    except Broken as e:
+        raise Unreachable(f"{url}: {e.reason}") from None
