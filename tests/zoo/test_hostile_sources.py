@@ -327,3 +327,20 @@ def test_an_interrupted_copy_leaves_nothing(published, isolated_cache, monkeypat
     with pytest.raises(KeyboardInterrupt):
         resolve(f"zoo:{NAME}", [str(published)])
     assert sorted(p.name for p in folder.iterdir()) == ["README.md"]
+
+
+# -- sizes -----------------------------------------------------------------------------------------
+def test_sizes_read_in_units_up_to_exabytes(published, server):
+    forge(published / NAME / "README.md", WEIGHTS, LENET / WEIGHTS, size=10**18)
+    r = run("zoo", "list", "--source", published)
+    assert r.status == 0 and row(r.out, NAME)[3] == "1.0 EB", r.out
+    r = run("zoo", "show", NAME, "--source", published)
+    assert r.status == 0 and f"weights:     {WEIGHTS}  1.0 EB  sha256 " in r.out, r.out
+    index = json.loads((published / "index.json").read_text())
+    index["models"][NAME]["weights_bytes"] = 10**400       # JSON integers have no bound
+    (published / "index.json").write_text(json.dumps(index))
+    r = run("zoo", "list", "--source", server.url)
+    assert r.status == 0 and row(r.out, NAME)[3] == "1.0e+400 B", r.err
+    forge(published / NAME / "README.md", WEIGHTS, LENET / WEIGHTS, size=10**400)
+    r = run("zoo", "get", NAME, "--source", server.url)     # the file falls short of it: refused
+    assert r.status == 2 and f"the transfer stopped after {SIZE} of 1000" in r.err, r.err

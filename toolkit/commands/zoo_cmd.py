@@ -3,6 +3,7 @@ the model zoo (toolkit/zoo/) from the command line."""
 from __future__ import annotations
 
 import shutil
+from decimal import Decimal
 from pathlib import Path
 
 from ..errors import UserError, notice
@@ -18,9 +19,12 @@ def run_zoo(args) -> int:
 
 
 def _size(n: int) -> str:
-    for unit, step in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= step:
-            return f"{n / step:.1f} {unit}"
+    """Decimal units up to EB, in exact arithmetic: a card or an index may state any integer."""
+    if n >= 1000 ** 7:
+        return f"{Decimal(n):.1e} B"
+    for power, unit in ((6, "EB"), (5, "PB"), (4, "TB"), (3, "GB"), (2, "MB"), (1, "kB")):
+        if n >= 1000 ** power:
+            return f"{Decimal(n) / 1000 ** power:.1f} {unit}"
     return f"{n} B"
 
 
