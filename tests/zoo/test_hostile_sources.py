@@ -267,13 +267,13 @@ def test_a_full_disk_is_one_line_naming_the_file_and_keeps_the_previous_one(publ
     with monkeypatch.context() as m:
         fill_disk(m, zoo_card, 0)                          # the card cannot be written
         r = run("zoo", "get", NAME, "--source", published)
-    assert r.status == 2 and r.err == f"error: {folder / 'README.md'}: no space left on device\n", r.err
+    assert r.status == 2 and r.err == f"error: {folder / 'README.md'}: No space left on device\n", r.err
     assert (folder / "README.md").read_bytes() == before and leftovers(folder) == []
 
     (folder / WEIGHTS).unlink()
     fill_disk(monkeypatch, zoo_cache, 10_000)              # the weights stop after 10 kB
     r = run("zoo", "get", NAME, "--source", published)
-    assert r.status == 2 and r.err == f"error: {folder / WEIGHTS}: no space left on device; nothing was kept\n"
+    assert r.status == 2 and r.err == f"error: {folder / WEIGHTS}: No space left on device; nothing was kept\n"
     assert not (folder / WEIGHTS).exists() and leftovers(folder) == []
     assert "Updated." in (folder / "README.md").read_text()
 
@@ -310,7 +310,7 @@ def test_a_really_full_disk(published, isolated_cache):
     assert proc.returncode == 0, proc.stderr
     got = json.loads(proc.stdout)
     weights = cache_folder(isolated_cache, str(published)) / WEIGHTS
-    assert got["status"] == 2 and got["err"] == f"error: {weights}: no space left on device; nothing was kept\n"
+    assert got["status"] == 2 and got["err"] == f"error: {weights}: No space left on device; nothing was kept\n"
     slug = parse_source(str(published)).slug
     assert got["files"] == [f"zoo/{slug}/.source", f"zoo/{slug}/{NAME}/README.md", f"zoo/{slug}/{NAME}/net.yaml"]
 

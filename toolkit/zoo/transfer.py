@@ -228,6 +228,6 @@ def read_text(pieces: Iterator[bytes], where: str) -> str:
 
 
 def os_reason(error: OSError) -> str:
-    """``No space left on device`` -> ``no space left on device``."""
-    text = error.strerror or str(error)
-    return text[:1].lower() + text[1:]
+    """The system's words for an OS error (``No space left on device``), as every write error of
+    the toolkit prints them."""
+    return error.strerror or str(error)
