@@ -11,56 +11,13 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
 import urllib.request
-from pathlib import Path
 
 import numpy as np
 import pytest
+from serve_helpers import NET, ROOT, Server
 
 http = pytest.importorskip("tritonclient.http", reason="the test extra's tritonclient[http] is not installed")
-
-ROOT = Path(__file__).resolve().parents[2]
-NET = "zoo:lenet"
-
-
-class Server:
-    def __init__(self, *flags: str):
-        self.proc = subprocess.Popen([sys.executable, "-m", "toolkit.cli", "serve", NET, "--port", "0", *flags],
-                                     cwd=ROOT, stderr=subprocess.PIPE, text=True)
-        self.lines: list[str] = []
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            line = self.proc.stderr.readline()
-            if not line:
-                raise RuntimeError("the server exited: " + "".join(self.lines))
-            self.lines.append(line)
-            m = re.search(r"http://127\.0\.0\.1:(\d+)", line)
-            if m:
-                self.port = int(m.group(1))
-                break
-        else:
-            raise RuntimeError("the server did not start in 60 s")
-        threading.Thread(target=self._drain, daemon=True).start()
-        self.url = f"127.0.0.1:{self.port}"
-
-    def _drain(self):
-        for line in self.proc.stderr:
-            self.lines.append(line)
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout=30)
-
-    def post(self, path: str, body: bytes, headers: dict | None = None) -> tuple[int, dict]:
-        req = urllib.request.Request(f"http://{self.url}{path}", data=body, method="POST",
-                                     headers={"Content-Type": "application/json", **(headers or {})})
-        try:
-            with urllib.request.urlopen(req, timeout=30) as r:
-                return r.status, json.loads(r.read())
-        except urllib.error.HTTPError as e:
-            return e.code, json.loads(e.read() or b"{}")
 
 
 @pytest.fixture(scope="module")
@@ -194,7 +151,7 @@ def test_the_batcher_coalesces_concurrent_requests_and_sigterm_finishes_them():
         s.proc.send_signal(signal.SIGTERM)   # stop accepting; the 8 must still be answered
         for t in threads:
             t.join(15)
-        assert s.proc.wait(timeout=30) == 0
+        assert s.stop() == 0
         assert sorted(results) == list(range(8))
         for i, x in enumerate(xs):
             np.testing.assert_allclose(results[i], model.infer(data=x)["prob"], rtol=1e-5, atol=1e-6)  # another bucket: float32 rounding

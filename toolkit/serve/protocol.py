@@ -2,11 +2,13 @@
 flat lists, and the binary tensor data extension (a JSON header of ``Inference-Header-Content-
 Length`` bytes followed by the raw tensors in the order the header lists them).
 
-Every malformed request raises BadRequest with a message naming what is wrong (HTTP 400).
+Every malformed request raises BadRequest with a message naming what is wrong (HTTP 400). JSON
+outputs write NaN and the infinities as the strings "NaN", "Infinity" and "-Infinity".
 """
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -18,6 +20,7 @@ DATATYPES = {"BOOL": np.bool_, "UINT8": np.uint8, "UINT16": np.uint16, "UINT32":
              "UINT64": np.uint64, "INT8": np.int8, "INT16": np.int16, "INT32": np.int32,
              "INT64": np.int64, "FP16": np.float16, "FP32": np.float32, "FP64": np.float64}
 NAME_OF = {np.dtype(t): name for name, t in DATATYPES.items()}
+MAX_DIMS = 32                     # numpy 1.x's limit (2.x takes 64); no net takes more
 
 
 class BadRequest(Exception):
@@ -54,16 +57,19 @@ def _json_header(body: bytes, header_length: str | None) -> tuple[dict, bytes]:
         doc = json.loads(json_part)
     except (ValueError, UnicodeDecodeError) as e:
         raise BadRequest(f"the request body is not valid JSON: {e}") from None
+    except RecursionError:
+        raise BadRequest("the request body's JSON nests too deeply") from None
     if not isinstance(doc, dict):
         raise BadRequest("the request body must be a JSON object with an \"inputs\" list")
     return doc, binary
 
 
 def _tensor_from_json(name: str, shape: list[int], dtype, data) -> np.ndarray:
-    count = int(np.prod(shape, dtype=np.int64))
+    count = math.prod(shape)                  # exact: a product past int64 must not wrap to a small one
     try:
-        arr = np.asarray(data, dtype=dtype)
-    except (TypeError, ValueError, OverflowError):
+        with np.errstate(over="ignore"):     # 1e300 as FP32 is inf, as a cast makes it; no warning in the log
+            arr = np.asarray(data, dtype=dtype)
+    except (TypeError, ValueError, OverflowError, RecursionError):
         raise BadRequest(f"input '{name}': \"data\" does not hold {np.dtype(dtype).name} values") from None
     if arr.size != count:
         raise BadRequest(f"input '{name}': \"data\" has {arr.size} values, shape {shape} needs {count}")
@@ -90,8 +96,10 @@ def decode_request(body: bytes, header_length: str | None) -> InferRequest:
         shape = item.get("shape")
         if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
             raise BadRequest(f"input '{name}': \"shape\" must be a list of non-negative integers")
+        if len(shape) > MAX_DIMS:
+            raise BadRequest(f"input '{name}': \"shape\" has {len(shape)} dimensions, at most {MAX_DIMS} are taken")
         datatype = item.get("datatype")
-        if datatype not in DATATYPES:
+        if not isinstance(datatype, str) or datatype not in DATATYPES:
             known = ", ".join(DATATYPES)
             raise BadRequest(f"input '{name}': datatype {datatype!r} is not one this server takes ({known})")
         dtype = np.dtype(DATATYPES[datatype])
@@ -100,7 +108,7 @@ def decode_request(body: bytes, header_length: str | None) -> InferRequest:
         if size is not None:
             if not isinstance(size, int) or size < 0:
                 raise BadRequest(f"input '{name}': binary_data_size must be a non-negative integer")
-            need = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+            need = math.prod(shape) * dtype.itemsize
             if size != need:
                 raise BadRequest(f"input '{name}': binary_data_size {size} bytes, shape {shape} of {datatype} needs {need}")
             if offset + size > len(binary):
@@ -136,9 +144,32 @@ def decode_request(body: bytes, header_length: str | None) -> InferRequest:
     return InferRequest(str(rid) if rid is not None else None, inputs, outputs, binary_outputs)
 
 
+def _binary_names(request: InferRequest, outputs: dict[str, np.ndarray]) -> set[str]:
+    return set(outputs) if request.binary_outputs is None else request.binary_outputs
+
+
+def json_value_count(request: InferRequest, outputs: dict[str, np.ndarray]) -> int:
+    """How many values the response writes as JSON (the rest go binary)."""
+    binary_names = _binary_names(request, outputs)
+    return sum(arr.size for name, arr in outputs.items() if name not in binary_names)
+
+
+def _json_values(arr: np.ndarray) -> list:
+    """The values as a JSON list, NaN and the infinities as the strings proto3's JSON form uses
+    for them (bare NaN is not JSON); numpy, and so Triton's clients, read those strings back."""
+    flat = arr.reshape(-1)
+    if flat.dtype.kind != "f" or np.isfinite(flat).all():
+        return flat.tolist()
+    values = flat.astype(object)
+    values[np.isnan(flat)] = "NaN"
+    values[flat == np.inf] = "Infinity"
+    values[flat == -np.inf] = "-Infinity"
+    return values.tolist()
+
+
 def encode_response(model: str, request: InferRequest, outputs: dict[str, np.ndarray]) -> tuple[bytes, dict[str, str]]:
     """The body and headers of an infer response; binary where the request asked for it."""
-    binary_names = set(outputs) if request.binary_outputs is None else request.binary_outputs
+    binary_names = _binary_names(request, outputs)
     entries, chunks = [], []
     for name, arr in outputs.items():
         arr = np.ascontiguousarray(arr)
@@ -148,12 +179,12 @@ def encode_response(model: str, request: InferRequest, outputs: dict[str, np.nda
             entry["parameters"] = {"binary_data_size": len(raw)}
             chunks.append(raw)
         else:
-            entry["data"] = arr.reshape(-1).tolist()
+            entry["data"] = _json_values(arr)
         entries.append(entry)
     doc = {"model_name": model, "model_version": "1", "outputs": entries}
     if request.id is not None:
         doc["id"] = request.id
-    head = json.dumps(doc, separators=(",", ":")).encode()
+    head = json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
     if not chunks:
         return head, {"content-type": "application/json"}
     return head + b"".join(chunks), {"content-type": "application/octet-stream",

@@ -1,0 +1,134 @@
+"""`toolkit serve` against hostile or broken clients on the loopback address: bodies that nest
+deeply or declare overflowing shapes, and non-finite outputs. Each answer is checked for its
+status, its JSON error and its time, and the log for tracebacks."""
+from __future__ import annotations
+
+import json
+import random
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+from serve_helpers import Server
+
+from toolkit.serve.protocol import BadRequest, decode_request
+
+http = pytest.importorskip("tritonclient.http", reason="the test extra's tritonclient[http] is not installed")
+
+INFER = "/v2/models/lenet/infer"
+GOOD = json.dumps({"inputs": [{"name": "data", "shape": [1, 1, 8, 8], "datatype": "FP32",
+                               "data": [0.0] * 64}]}).encode()
+
+
+@pytest.fixture(scope="module")
+def server():
+    s = Server("--warm")
+    yield s
+    assert s.stop() == 0
+
+
+def _json_input(shape, data) -> bytes:
+    return json.dumps({"inputs": [{"name": "data", "shape": shape, "datatype": "FP32", "data": data}]}).encode()
+
+
+def _no_traceback(log: str) -> None:
+    assert "Traceback" not in log and "Exception in ASGI" not in log, log
+
+
+# -- finding 1: malformed and overflowing requests -------------------------------------------------
+
+def test_deep_nesting_and_overflowing_shapes_are_400_naming_the_fault(server):
+    deep = (b'{"inputs":[{"name":"data","shape":[1,1,8,8],"datatype":"FP32","data":'
+            + b"[" * 100_000 + b"]" * 100_000 + b"}]}")
+    binary_head = json.dumps({"inputs": [{"name": "data", "shape": [2**62, 2**62], "datatype": "FP32",
+                                          "parameters": {"binary_data_size": 4}}]}).encode()
+    cases = [(deep, {}, "the request body's JSON nests too deeply"),
+             (deep.replace(b"[" * 100_000 + b"]" * 100_000, b"[" * 500 + b"0" + b"]" * 500), {},
+              "\"data\" does not hold float32 values"),                # JSON can, numpy cannot, nest 500 deep
+             (_json_input([2**62, 2**62], [0.0]), {}, f"\"data\" has 1 values, shape [{2**62}, {2**62}] needs {2**124}"),
+             (_json_input([2**64], [0.0]), {}, f"needs {2**64}"),
+             (_json_input([1] * 70, [0.0]), {}, "\"shape\" has 70 dimensions, at most 32 are taken"),
+             (json.dumps({"inputs": [{"name": "data", "shape": [1], "datatype": [], "data": [0]}]}).encode(), {},
+              "datatype [] is not one this server takes"),
+             (binary_head + b"\0" * 4, {"Inference-Header-Content-Length": str(len(binary_head))},
+              f"binary_data_size 4 bytes, shape [{2**62}, {2**62}] of FP32 needs {2**124 * 4}")]
+    for body, headers, message in cases:
+        start = time.monotonic()
+        status, doc = server.post(INFER, body, headers)
+        assert status == 400 and message in doc["error"], (message, status, doc)
+        assert time.monotonic() - start < 5, message
+    status, doc = server.post(INFER, GOOD)
+    assert status == 200 and doc["outputs"][0]["shape"] == [1, 10]
+    _no_traceback(server.log)
+
+
+def test_the_decoder_refuses_hostile_documents_with_bad_request_alone():
+    """A seeded fuzz of the v2 document: whatever the client sends, decode_request raises
+    BadRequest (a 400) or returns, never another exception (a 500 and a traceback)."""
+    rng = random.Random(0)
+    atoms = [None, True, 0, -1, 2**70, 1.5, float("nan"), "", "FP32", "BOOL", [], {}, [1], [[1, 2], [3]],
+             ["NaN"], {"binary_data_size": 4}, [2**40, 2**40], [1] * 40]
+
+    def anything(depth=0):
+        roll = rng.random()
+        if depth > 2 or roll < 0.5:
+            return rng.choice(atoms)
+        if roll < 0.75:
+            return [anything(depth + 1) for _ in range(rng.randint(0, 3))]
+        keys = ["name", "shape", "datatype", "data", "parameters", "binary_data_size", "outputs", "binary_data"]
+        return {rng.choice(keys): anything(depth + 1) for _ in range(rng.randint(0, 3))}
+
+    for _ in range(3000):
+        item = {"name": rng.choice(["data", 1]), "shape": anything(), "datatype": rng.choice(["FP32", "INT8", anything()])}
+        item[rng.choice(["data", "parameters"])] = anything()
+        doc = {"inputs": [item], rng.choice(["outputs", "parameters", "id"]): anything()}
+        body = json.dumps(doc).encode()
+        header_length = rng.choice([None, None, str(len(body)), "x", "-1"])
+        try:
+            decode_request(body + b"\0" * rng.randint(0, 8) if header_length else body, header_length)
+        except BadRequest:
+            pass
+
+
+# -- finding 4: outputs that are not finite --------------------------------------------------------
+
+LOG_NET = """\
+name: lognet
+inputs:
+  data: {shape: [N, 4]}
+layers:
+  - {name: log, type: Log, bottom: data, top: log}
+outputs: [log]
+"""
+
+
+def test_non_finite_outputs_are_json_strings_that_triton_clients_read_back(tmp_path):
+    from safetensors.numpy import save_file
+    (tmp_path / "net.yaml").write_text(LOG_NET)
+    save_file({}, str(tmp_path / "none.safetensors"))             # the net has no weights
+    s = Server("--weights", str(tmp_path / "none.safetensors"), net=str(tmp_path / "net.yaml"))
+    try:
+        x = np.array([[1.0, 0.0, -1.0, np.inf]], np.float32)
+        want = np.array([[0.0, -np.inf, np.nan, np.inf]], np.float32)
+
+        def no_bare_constants(name):
+            raise AssertionError(f"bare {name} in the response: not JSON")
+        body = json.dumps({"inputs": [{"name": "data", "shape": [1, 4], "datatype": "FP32",
+                                       "data": [1.0, 0.0, -1.0, "Infinity"]}]})
+        request = urllib.request.Request(f"http://{s.url}/v2/models/lognet/infer", data=body.encode(), method="POST")
+        with urllib.request.urlopen(request, timeout=30) as r:
+            doc = json.loads(r.read(), parse_constant=no_bare_constants)
+        assert doc["outputs"][0]["data"] == [0.0, "-Infinity", "NaN", "Infinity"], doc
+        client = http.InferenceServerClient(url=s.url)
+        inp = http.InferInput("data", [1, 4], "FP32")
+        inp.set_data_from_numpy(x, binary_data=True)
+        for binary in (False, True):
+            out = http.InferRequestedOutput("log", binary_data=binary)
+            got = client.infer("lognet", [inp], outputs=[out]).as_numpy("log")
+            assert got.dtype == np.float32
+            np.testing.assert_array_equal(got, want)
+        assert s.stop() == 0
+    finally:
+        s.stop()
+    _no_traceback(s.log)
