@@ -1,12 +1,16 @@
 """`toolkit serve` against hostile or broken clients on the loopback address: bodies that nest
-deeply or declare overflowing shapes, and non-finite outputs. Each answer is checked for its
-status, its JSON error and its time, and the log for tracebacks."""
+deeply or declare overflowing shapes, non-finite outputs, and the shutdown line's counts. Each
+answer is checked for its status, its JSON error and its time, and the log for tracebacks."""
 from __future__ import annotations
 
 import json
 import random
+import re
+import signal
+import socket
 import time
 import urllib.request
+from http.client import HTTPResponse, RemoteDisconnected
 
 import numpy as np
 import pytest
@@ -30,6 +34,16 @@ def server():
 
 def _json_input(shape, data) -> bytes:
     return json.dumps({"inputs": [{"name": "data", "shape": shape, "datatype": "FP32", "data": data}]}).encode()
+
+
+def _answer(sock: socket.socket) -> tuple[int | None, dict | None]:
+    """The status and JSON body of the next answer on ``sock``; None, None if it closed without one."""
+    response = HTTPResponse(sock)
+    try:
+        response.begin()
+    except RemoteDisconnected:
+        return None, None
+    return response.status, json.loads(response.read())
 
 
 def _no_traceback(log: str) -> None:
@@ -132,3 +146,33 @@ def test_non_finite_outputs_are_json_strings_that_triton_clients_read_back(tmp_p
     finally:
         s.stop()
     _no_traceback(s.log)
+
+
+# -- finding 5: what the shutdown line says ----------------------------------------------------------
+
+def test_the_shutdown_line_counts_what_was_answered_refused_and_failed():
+    s = Server("--shutdown-timeout", "1")
+    slow = []
+    try:
+        assert s.post(INFER, GOOD)[0] == 200
+        assert s.post(INFER, _json_input([1, 1, 8, 9], [0.0] * 72))[0] == 400
+        for _ in range(2):                              # bodies still coming when SIGTERM arrives
+            sock = socket.create_connection(("127.0.0.1", s.port))
+            sock.settimeout(10)
+            sock.sendall(b"POST /v2/models/lenet/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{\"inp")
+            slow.append(sock)
+        time.sleep(0.3)
+        start = time.monotonic()
+        s.proc.send_signal(signal.SIGTERM)
+        for sock in slow:
+            assert _answer(sock) == (503, {"error": "the server stopped before this request was answered "
+                                                    "(its shutdown timeout ran out)"})
+        assert s.stop() == 0 and time.monotonic() - start < 5
+    finally:
+        for sock in slow:
+            sock.close()
+        s.stop()
+    _no_traceback(s.log)
+    assert re.search(r"^stopped: 1 infer request\(s\) answered, 1 refused \(4xx, or 503 with the queue full\), "
+                     r"2 failed \(500, or cut off at the shutdown timeout\), 0 abandoned by their client$",
+                     s.log, re.M), s.log

@@ -152,6 +152,7 @@ def test_the_batcher_coalesces_concurrent_requests_and_sigterm_finishes_them():
         for t in threads:
             t.join(15)
         assert s.stop() == 0
+        assert "stopped: 8 infer request(s) answered, 0 refused" in s.log, s.log
         assert sorted(results) == list(range(8))
         for i, x in enumerate(xs):
             np.testing.assert_allclose(results[i], model.infer(data=x)["prob"], rtol=1e-5, atol=1e-6)  # another bucket: float32 rounding

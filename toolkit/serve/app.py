@@ -13,8 +13,10 @@ queue is full or the server is stopping.
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
+from collections import Counter
 
 import numpy as np
 from starlette.applications import Starlette
@@ -43,6 +45,15 @@ def _shape_for_metadata(info) -> list[int]:
     return [-1 if d is None else d for d in info.shape]
 
 
+def _outcome(status: int) -> str:
+    """How the shutdown line counts an infer request answered with this status."""
+    if status == 200:
+        return "answered"
+    if status == 499:
+        return "abandoned"                    # the client went away first
+    return "failed" if status >= 500 and status != 503 else "refused"
+
+
 class InferenceServer:
     """The state behind the routes: the model, its batcher and the figures."""
 
@@ -50,6 +61,8 @@ class InferenceServer:
         self.model = model
         self.name = model.name
         self.max_body_bytes = max_body_bytes
+        # infer requests by outcome, for the shutdown line
+        self.tally: Counter[str] = Counter()
         self.metrics = ServerMetrics(model.buckets)
         self.inputs = {t.name: t for t in model.inputs}
         self.outputs = {t.name: t for t in model.outputs}
@@ -140,8 +153,16 @@ class InferenceServer:
         self.metrics.in_flight.inc()
         try:
             response = await self._infer(request)
+            outcome = _outcome(response.status_code)
+        except asyncio.CancelledError:
+            # uvicorn cancels what still runs when the shutdown timeout ends; answer it here rather
+            # than let uvicorn log a traceback and send a text 500
+            self.metrics.errors.labels(reason="cut_off").inc()
+            response = _error(503, "the server stopped before this request was answered (its shutdown timeout ran out)")
+            outcome = "failed"
         finally:
             self.metrics.in_flight.dec()
+        self.tally[outcome] += 1
         self.metrics.requests.labels(code=str(response.status_code)).inc()
         if response.status_code == 200:
             self.metrics.latency.observe(time.perf_counter() - start)

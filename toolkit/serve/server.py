@@ -1,11 +1,12 @@
-"""Running the inference server: bind (127.0.0.1 unless told otherwise), compile and warm the
-model, serve with uvicorn until SIGTERM or SIGINT, then stop accepting, answer what is in flight
-and exit 0."""
+"""Running the inference server: bind (127.0.0.1 unless told otherwise), serve with uvicorn until
+SIGTERM or SIGINT, then stop accepting, answer what is in flight, say what was answered and
+refused, and exit 0."""
 from __future__ import annotations
 
 import signal
 import socket
 import sys
+from collections import Counter
 
 from ..errors import UserError
 
@@ -73,5 +74,11 @@ def serve(model, host: str, port: int, max_delay_ms: float, max_queue: int, max_
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    print("stopped: every accepted request was answered", file=sys.stderr, flush=True)
+    print(shutdown_line(server_state.tally), file=sys.stderr, flush=True)
     return 0
+
+
+def shutdown_line(tally: Counter) -> str:
+    return (f"stopped: {tally['answered']} infer request(s) answered, {tally['refused']} refused (4xx, or 503 "
+            f"with the queue full), {tally['failed']} failed (500, or cut off at the shutdown timeout), "
+            f"{tally['abandoned']} abandoned by their client")
