@@ -118,6 +118,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="largest request body accepted, in MiB (default: %(default)s); larger: 413")
     p.add_argument("--shutdown-timeout", type=float, default=30.0,
                    help="seconds SIGTERM waits for requests in flight before closing them (default: %(default)s)")
+    p.add_argument("--timeout-s", type=float, default=30.0,
+                   help="seconds a connection has to send a request's headers, and then its body; "
+                        "slower: 408 and closed (default: %(default)s)")
+    p.add_argument("--max-connections", type=_positive_int, default=None, metavar="N",
+                   help="connections open at once; the next closes the longest idle one, or is answered 503 "
+                        "(default: the descriptor limit, ulimit -n, less headroom)")
     p.add_argument("--warm", action="store_true", help="compile and run every bucket before accepting requests")
     p.add_argument("--allow-missing", action="store_true", help="start absent weights from their fillers")
     _optimize_flags(p)

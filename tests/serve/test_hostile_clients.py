@@ -1,11 +1,14 @@
 """`toolkit serve` against hostile or broken clients on the loopback address: bodies that nest
-deeply or declare overflowing shapes, non-finite outputs, and the shutdown line's counts. Each
-answer is checked for its status, its JSON error and its time, and the log for tracebacks."""
+deeply or declare overflowing shapes, connections that dawdle or pile up under a low descriptor
+limit, non-finite outputs, and the shutdown line's counts. Each answer is checked for its
+status, its JSON error and its time, and the log for tracebacks."""
 from __future__ import annotations
 
 import json
 import random
 import re
+import resource
+import select
 import signal
 import socket
 import time
@@ -44,6 +47,18 @@ def _answer(sock: socket.socket) -> tuple[int | None, dict | None]:
     except RemoteDisconnected:
         return None, None
     return response.status, json.loads(response.read())
+
+
+def _exchange(port: int, data: bytes, wait: float = 10) -> tuple[float, int | None, dict | None]:
+    """Send ``data`` on a new connection and read the answer: the seconds that took, its status
+    and its JSON body."""
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.settimeout(wait)
+        start = time.monotonic()
+        if data:
+            sock.sendall(data)
+        status, doc = _answer(sock)
+        return time.monotonic() - start, status, doc
 
 
 def _no_traceback(log: str) -> None:
@@ -103,6 +118,100 @@ def test_the_decoder_refuses_hostile_documents_with_bad_request_alone():
             decode_request(body + b"\0" * rng.randint(0, 8) if header_length else body, header_length)
         except BadRequest:
             pass
+
+
+# -- finding 2: connections that dawdle or pile up -------------------------------------------------
+
+def test_connections_that_dawdle_are_answered_408_or_closed_within_the_timeout():
+    s = Server("--timeout-s", "1")
+    try:
+        elapsed, status, doc = _exchange(s.port, b"POST /v2/models/lenet/infer HTTP/1.1\r\nHost: x\r\n")
+        assert status == 408 and doc["error"] == "the request line and headers did not arrive within 1 s"
+        assert 0.9 < elapsed < 4, elapsed
+        elapsed, status, doc = _exchange(s.port, b"")                 # connects and says nothing
+        assert status is None and 0.9 < elapsed < 4, (status, elapsed)
+        elapsed, status, doc = _exchange(s.port, b"POST /v2/models/lenet/infer HTTP/1.1\r\nHost: x\r\n"
+                                                 b"Content-Length: 1000\r\n\r\n{\"inp")
+        assert status == 408 and doc["error"] == "the request body did not arrive within 1 s (5 bytes came)"
+        assert 0.9 < elapsed < 4, elapsed
+
+        # a head trickled a byte at a time, on a keep-alive connection after a good request
+        sock = socket.create_connection(("127.0.0.1", s.port))
+        sock.settimeout(10)
+        sock.sendall(b"POST /v2/models/lenet/infer HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(GOOD) + GOOD)
+        assert _answer(sock)[0] == 200
+        start = time.monotonic()
+        sock.sendall(b"GET /v2 HTTP/1.1\r\nX-Slow: ")
+        while time.monotonic() - start < 5 and not select.select([sock], [], [], 0.1)[0]:
+            sock.sendall(b"a")
+        status, doc = _answer(sock)
+        sock.close()
+        assert status == 408 and "did not arrive within 1 s" in doc["error"] and time.monotonic() - start < 4
+
+        elapsed, status, doc = _exchange(s.port, b"GET /v2 HTTP/1.1\r\n" + b"X-Pad: " + b"a" * 70_000)
+        assert status == 431 and doc["error"] == "the request line and headers are over 65536 bytes"
+        assert elapsed < 2, elapsed
+        elapsed, status, doc = _exchange(s.port, b"\x16\x03\x01 not http\r\n\r\n")
+        assert status == 400 and doc["error"] == "the request is not valid HTTP/1.1" and elapsed < 2
+        assert s.post(INFER, GOOD)[0] == 200
+        assert s.stop() == 0
+    finally:
+        s.stop()
+    _no_traceback(s.log)
+    assert ("stopped: 2 infer request(s) answered, 1 refused (4xx, or 503 with the queue full), 0 failed "
+            "(500, or cut off at the shutdown timeout), 0 abandoned by their client; connections: "
+            "3 closed for sending no whole request head in time, 1 refused for headers over the limit (431), "
+            "1 refused as not HTTP (400)") in s.log, s.log
+
+
+def _lower_descriptor_limit():
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+
+
+def test_idle_connections_under_a_low_descriptor_limit_leave_room_for_a_good_request():
+    s = Server(preexec_fn=_lower_descriptor_limit)
+    idle = []
+    try:
+        for _ in range(300):
+            sock = socket.create_connection(("127.0.0.1", s.port))
+            sock.sendall(b"POST /v2/models/lenet/infer HTTP/1.1\r\nHost: x\r\n")    # and never more
+            idle.append(sock)
+        start = time.monotonic()
+        status, doc = s.post(INFER, GOOD)
+        assert status == 200 and doc["outputs"][0]["shape"] == [1, 10] and time.monotonic() - start < 5
+        assert s.stop() == 0
+    finally:
+        for sock in idle:
+            sock.close()
+        s.stop()
+    _no_traceback(s.log)
+    # 256 descriptors leave room for 192 connections: the 109 beyond them closed the longest waiting
+    assert "connections: 109 closed while waiting, to make room at the connection limit" in s.log, s.log
+
+
+def test_at_the_connection_limit_with_every_connection_busy_a_new_one_is_answered_503():
+    s = Server("--max-connections", "2")
+    busy = []
+    try:
+        for _ in range(2):                              # requests in hand: their bodies still to come
+            sock = socket.create_connection(("127.0.0.1", s.port))
+            sock.sendall(b"POST /v2/models/lenet/infer HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(GOOD))
+            busy.append(sock)
+        time.sleep(0.3)
+        # the third is answered and closed at once, before it writes (a client that has written
+        # by then may read a reset instead: the server does not linger, to keep its descriptors)
+        elapsed, status, doc = _exchange(s.port, b"")
+        assert status == 503 and doc["error"] == "the server has 2 connections open, its limit; retry later"
+        assert elapsed < 2
+        for sock in busy:                               # the busy ones are still served
+            sock.sendall(GOOD)
+            assert _answer(sock)[0] == 200
+        assert s.stop() == 0
+    finally:
+        for sock in busy:
+            sock.close()
+        s.stop()
+    assert "1 refused at the connection limit (503)" in s.log, s.log
 
 
 # -- finding 4: outputs that are not finite --------------------------------------------------------

@@ -182,6 +182,8 @@ def test_flag_mistakes_and_a_taken_port_are_one_line_errors_with_status_2():
     try:
         port = taken.getsockname()[1]
         for flags, message in ((["--max-delay-ms", "-1"], "error: --max-delay-ms must be 0 or more, got -1"),
+                               (["--timeout-s", "0"], "error: --timeout-s must be more than 0, got 0"),
+                               (["--max-connections", str(10**9)], f"error: --max-connections {10**9} is over the"),
                                (["--port", str(port)], f"error: cannot listen on 127.0.0.1:{port}:")):
             result = subprocess.run([sys.executable, "-m", "toolkit.cli", "serve", NET, *flags], cwd=ROOT,
                                     capture_output=True, text=True, timeout=60)

@@ -11,15 +11,19 @@ from ..errors import UserError
 def run_serve(args) -> int:
     if args.max_delay_ms < 0:
         raise UserError(f"--max-delay-ms must be 0 or more, got {args.max_delay_ms:g}")
+    if not args.timeout_s > 0:
+        raise UserError(f"--timeout-s must be more than 0, got {args.timeout_s:g}")
     try:
         import uvicorn  # noqa: F401
         import starlette  # noqa: F401
         import prometheus_client  # noqa: F401
     except ImportError as e:
         raise UserError(f"toolkit serve needs {e.name}: pip install the toolkit again (it is a dependency)") from None
-    from ..serve.server import bind, serve
+    from ..serve.server import bind, connection_limit, serve
 
-    bind(args.host, args.port).close()       # a taken port is an error before the compile, not after
+    # a taken port or too low a descriptor limit is an error before the compile, not after
+    max_connections = connection_limit(args.max_connections)
+    bind(args.host, args.port).close()
     model = load(args.net, weights=args.weights, device=args.device, dtype=args.dtype, buckets=args.buckets,
                  disable=tuple(args.disable or ()), optimize_graph=not args.no_optimize,
                  allow_missing=args.allow_missing)
@@ -28,4 +32,4 @@ def run_serve(args) -> int:
         built = model.warm()
         print(f"warmed {built} bucket plan(s) in {time.perf_counter() - start:.2f} s", file=sys.stderr, flush=True)
     return serve(model, args.host, args.port, args.max_delay_ms, args.max_queue, int(args.max_body_mb * 2**20),
-                 args.shutdown_timeout)
+                 args.shutdown_timeout, args.timeout_s, max_connections)

@@ -2,5 +2,6 @@
 
 protocol.py decodes and encodes the v2 JSON and binary-tensor bodies, batcher.py coalesces
 requests into bucket-sized batches, metrics.py keeps the Prometheus figures, app.py is the ASGI
-application (Starlette routes, run by uvicorn), and server.py binds, warms and shuts down.
+application (Starlette routes, run by uvicorn), and server.py binds, enforces the connection
+limit and deadlines, and shuts down.
 """

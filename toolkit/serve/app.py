@@ -8,8 +8,8 @@
     GET  /metrics                                   Prometheus text
 
 Errors answer ``{"error": MESSAGE}``: 400 for a malformed request or a tensor of the wrong name,
-dtype or shape, 404 for an unknown model or version, 413 for a body over the limit, 503 when the
-queue is full or the server is stopping.
+dtype or shape, 404 for an unknown model or version, 408 for a body that did not arrive in time,
+413 for a body over the limit, 503 when the queue is full or the server is stopping.
 """
 from __future__ import annotations
 
@@ -37,6 +37,10 @@ class TooLarge(Exception):
     pass
 
 
+class TooSlow(Exception):
+    pass
+
+
 def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
 
@@ -57,11 +61,12 @@ def _outcome(status: int) -> str:
 class InferenceServer:
     """The state behind the routes: the model, its batcher and the figures."""
 
-    def __init__(self, model, max_delay_ms: float, max_queue: int, max_body_bytes: int):
+    def __init__(self, model, max_delay_ms: float, max_queue: int, max_body_bytes: int, timeout_s: float):
         self.model = model
         self.name = model.name
         self.max_body_bytes = max_body_bytes
-        # infer requests by outcome, for the shutdown line
+        self.timeout_s = timeout_s
+        # infer requests by outcome, and the connection events server.py counts, for the shutdown line
         self.tally: Counter[str] = Counter()
         self.metrics = ServerMetrics(model.buckets)
         self.inputs = {t.name: t for t in model.inputs}
@@ -104,11 +109,15 @@ class InferenceServer:
         if encoding not in ("identity", ""):
             raise BadRequest(f"Content-Encoding {encoding} is not supported; send the body uncompressed")
         chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > self.max_body_bytes:
-                raise TooLarge(f"the request body is over the limit of {self.max_body_bytes} bytes")
-            chunks.append(chunk)
+        try:
+            async with asyncio.timeout(self.timeout_s):     # from the headers' arrival: a body that dawdles
+                async for chunk in request.stream():
+                    size += len(chunk)
+                    if size > self.max_body_bytes:
+                        raise TooLarge(f"the request body is over the limit of {self.max_body_bytes} bytes")
+                    chunks.append(chunk)
+        except TimeoutError:
+            raise TooSlow(f"the request body did not arrive within {self.timeout_s:g} s ({size} bytes came)") from None
         return b"".join(chunks)
 
     # -- routes ---------------------------------------------------------------------------------
@@ -184,6 +193,9 @@ class InferenceServer:
         except TooLarge as e:
             self.metrics.errors.labels(reason="too_large").inc()
             return _error(413, str(e))
+        except TooSlow as e:
+            self.metrics.errors.labels(reason="timeout").inc()
+            return JSONResponse({"error": str(e)}, status_code=408, headers={"connection": "close"})
         except BadRequest as e:
             self.metrics.errors.labels(reason="bad_request").inc()
             return _error(400, str(e))
