@@ -1,16 +1,20 @@
 """`toolkit serve` against hostile or broken clients on the loopback address: bodies that nest
 deeply or declare overflowing shapes, connections that dawdle or pile up under a low descriptor
-limit, non-finite outputs, and the shutdown line's counts. Each answer is checked for its
-status, its JSON error and its time, and the log for tracebacks."""
+limit, large JSON bodies beside a small request (and the worker processes that decode them),
+non-finite outputs, and the shutdown line's counts. Each answer is checked for its status, its
+JSON error and its time, and the log for tracebacks."""
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import random
 import re
 import resource
 import select
 import signal
 import socket
+import threading
 import time
 import urllib.request
 from http.client import HTTPResponse, RemoteDisconnected
@@ -19,6 +23,7 @@ import numpy as np
 import pytest
 from serve_helpers import Server
 
+from toolkit.serve.offload import INLINE_JSON_BYTES, INLINE_JSON_VALUES, Offload, WorkerDied
 from toolkit.serve.protocol import BadRequest, decode_request
 
 http = pytest.importorskip("tritonclient.http", reason="the test extra's tritonclient[http] is not installed")
@@ -212,6 +217,60 @@ def test_at_the_connection_limit_with_every_connection_busy_a_new_one_is_answere
             sock.close()
         s.stop()
     assert "1 refused at the connection limit (503)" in s.log, s.log
+
+
+# -- finding 3: large JSON bodies beside a small request --------------------------------------------
+
+def test_a_one_row_request_is_answered_promptly_while_others_send_large_json_bodies(server):
+    # 24 MB of JSON each, about half a second of parsing; a shape the model refuses once parsed,
+    # so that what is timed is the decoding (one batch runs at a time, so a large valid request
+    # would hold the batcher too)
+    rows = 27_778
+    big = (b'{"inputs":[{"name":"data","shape":[%d,1,8,9],"datatype":"FP32","data":[' % rows
+           + b"0.123456789," * (rows * 72 - 1) + b"0.5]}]}")
+    answers, latencies = [], []
+
+    def send_big():
+        answers.append(server.post(INFER, big))
+    senders = [threading.Thread(target=send_big) for _ in range(4)]
+    for t in senders:
+        t.start()
+    time.sleep(0.2)
+    while any(t.is_alive() for t in senders):
+        start = time.monotonic()
+        status, doc = server.post(INFER, GOOD)
+        latencies.append(time.monotonic() - start)
+        assert status == 200 and doc["outputs"][0]["shape"] == [1, 10]
+        time.sleep(0.02)
+    for t in senders:
+        t.join()
+    assert len(answers) == 4 and all(status == 400 and "shape [27778, 1, 8, 9], the model takes [-1, 1, 8, 8]"
+                                     in doc["error"] for status, doc in answers), answers
+    assert len(latencies) >= 3 and max(latencies) < 1.0, latencies
+
+
+def test_large_json_requests_decoded_and_encoded_in_workers_equal_a_direct_infer(server):
+    import toolkit
+    x = np.random.default_rng(2).standard_normal((500, 1, 8, 8)).astype(np.float32)
+    body = _json_input(list(x.shape), x.reshape(-1).tolist())
+    assert len(body) > INLINE_JSON_BYTES and 500 * 10 > INLINE_JSON_VALUES        # both go to a worker
+    status, doc = server.post(INFER, body)
+    assert status == 200 and doc["outputs"][0]["shape"] == [500, 10]
+    want = toolkit.load("zoo:lenet").infer(data=x)["prob"]
+    np.testing.assert_allclose(np.array(doc["outputs"][0]["data"], np.float32).reshape(500, 10), want,
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_a_worker_that_dies_is_reported_and_replaced():
+    async def run():
+        offload = Offload(1)
+        try:
+            with pytest.raises(WorkerDied, match="died"):
+                await offload.run(os._exit, 1)
+            return await offload.run(decode_request, GOOD, None)
+        finally:
+            offload.close()
+    assert asyncio.run(run()).inputs["data"].shape == (1, 1, 8, 8)
 
 
 # -- finding 4: outputs that are not finite --------------------------------------------------------

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections import Counter
 
@@ -28,7 +29,8 @@ from .. import __version__
 from ..errors import UserError
 from .batcher import DynamicBatcher, QueueFull
 from .metrics import ServerMetrics
-from .protocol import HEADER_LENGTH, BadRequest, datatype_of, decode_request, encode_response
+from .offload import INLINE_JSON_BYTES, INLINE_JSON_VALUES, Offload, WorkerDied
+from .protocol import HEADER_LENGTH, BadRequest, datatype_of, decode_request, encode_response, json_value_count
 
 EXTENSIONS = ["binary_tensor_data"]
 
@@ -49,6 +51,16 @@ def _shape_for_metadata(info) -> list[int]:
     return [-1 if d is None else d for d in info.shape]
 
 
+def _json_bytes(body: bytes, header_length: str | None) -> int:
+    """The size of the body's JSON part (all of it, or the header before binary tensors)."""
+    if header_length is None:
+        return len(body)
+    try:
+        return min(int(header_length), len(body))
+    except ValueError:
+        return 0                              # decode_request refuses it before parsing anything
+
+
 def _outcome(status: int) -> str:
     """How the shutdown line counts an infer request answered with this status."""
     if status == 200:
@@ -61,11 +73,13 @@ def _outcome(status: int) -> str:
 class InferenceServer:
     """The state behind the routes: the model, its batcher and the figures."""
 
-    def __init__(self, model, max_delay_ms: float, max_queue: int, max_body_bytes: int, timeout_s: float):
+    def __init__(self, model, max_delay_ms: float, max_queue: int, max_body_bytes: int, timeout_s: float,
+                 offload_workers: int):
         self.model = model
         self.name = model.name
         self.max_body_bytes = max_body_bytes
         self.timeout_s = timeout_s
+        self.offload = Offload(offload_workers)
         # infer requests by outcome, and the connection events server.py counts, for the shutdown line
         self.tally: Counter[str] = Counter()
         self.metrics = ServerMetrics(model.buckets)
@@ -119,6 +133,17 @@ class InferenceServer:
         except TimeoutError:
             raise TooSlow(f"the request body did not arrive within {self.timeout_s:g} s ({size} bytes came)") from None
         return b"".join(chunks)
+
+    async def decode(self, body: bytes, header_length: str | None):
+        if _json_bytes(body, header_length) <= INLINE_JSON_BYTES:
+            return decode_request(body, header_length)
+        return await self.offload.run(decode_request, body, header_length)
+
+    async def encode(self, req, outputs: dict[str, np.ndarray]) -> tuple[bytes, dict[str, str]]:
+        if json_value_count(req, outputs) <= INLINE_JSON_VALUES:
+            return encode_response(self.name, req, outputs)
+        # the inputs stay here: the worker needs only what says how to write the outputs
+        return await self.offload.run(encode_response, self.name, dataclasses.replace(req, inputs={}), outputs)
 
     # -- routes ---------------------------------------------------------------------------------
     async def live(self, request: Request) -> Response:
@@ -183,7 +208,7 @@ class InferenceServer:
             return bad
         try:
             body = await self.read_body(request)
-            req = decode_request(body, request.headers.get(HEADER_LENGTH))
+            req = await self.decode(body, request.headers.get(HEADER_LENGTH))
             rows = self.check_inputs(req.inputs)
             if req.outputs is not None:
                 unknown = [n for n in req.outputs if n not in self.outputs]
@@ -202,20 +227,23 @@ class InferenceServer:
         except ClientDisconnect:
             self.metrics.errors.labels(reason="client_gone").inc()
             return Response(status_code=499)
+        except WorkerDied as e:
+            self.metrics.errors.labels(reason="internal").inc()
+            return _error(500, f"internal error: {e}")
         try:
             outputs = await self.batcher.submit(req.inputs, rows if self.batched else 1)
+            if req.outputs is not None:
+                outputs = {n: outputs[n] for n in req.outputs}
+            body, headers = await self.encode(req, outputs)
         except QueueFull as e:
             self.metrics.errors.labels(reason="queue_full").inc()
             return _error(503, str(e))
         except UserError as e:
             self.metrics.errors.labels(reason="bad_request").inc()
             return _error(400, str(e).removeprefix("error: "))
-        except Exception as e:                      # a bug: answer, count it, keep serving
+        except Exception as e:                      # a bug, or a worker that died: answer, count it, keep serving
             self.metrics.errors.labels(reason="internal").inc()
             return _error(500, f"internal error: {type(e).__name__}: {e}")
-        if req.outputs is not None:
-            outputs = {n: outputs[n] for n in req.outputs}
-        body, headers = encode_response(self.name, req, outputs)
         return Response(body, headers=headers)
 
     def app(self):
@@ -228,6 +256,7 @@ class InferenceServer:
             finally:
                 self.ready = False
                 await self.batcher.stop()
+                self.offload.close()
 
         model = "/v2/models/{model}"
         version = model + "/versions/{version}"

@@ -199,9 +199,10 @@ def serve(model, host: str, port: int, max_delay_ms: float, max_queue: int, max_
     import uvicorn
 
     from .app import InferenceServer
+    from .offload import worker_count
 
     max_connections = connection_limit(max_connections)
-    server_state = InferenceServer(model, max_delay_ms, max_queue, max_body_bytes, timeout_s)
+    server_state = InferenceServer(model, max_delay_ms, max_queue, max_body_bytes, timeout_s, worker_count())
     sock = bind(host, port)
     bound = sock.getsockname()[1]
     config = uvicorn.Config(server_state.app(), log_level="warning", access_log=False, lifespan="on",
