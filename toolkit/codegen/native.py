@@ -58,6 +58,7 @@ class Linked:
             extra.append(f"void tk_segment{j}(void *const *argv) {{\n{body}}}")
         self.source = dialect().unit(kernels, "\n\n".join(extra))
         self.lib = toolchain.load(self.source)
+        self.lib.tk_set_team.argtypes, self.lib.tk_set_team.restype = [ctypes.c_int], None
         blas = numpy_blas()
         if blas is not None:
             self.lib.tk_set_blas(ctypes.c_void_p(blas.sgemm), ctypes.c_void_p(blas.dgemm))
@@ -74,6 +75,14 @@ class Linked:
             argv = np.array([calls[i].pointers.ctypes.data for i in seg], dtype=np.uintp)
             self._keep.append(argv)
             self.segments.append((fn, int(argv.ctypes.data)))
+
+    def set_team(self, threads: int) -> None:
+        """How many threads the library's parallel loops use from now on (at most each kernel's
+        own count). The library is shared by every plan that built the same source, so it keeps
+        the size last set, and a call that changes nothing costs no call into C."""
+        if getattr(self.lib, "tk_team", None) != threads:
+            self.lib.tk_set_team(int(threads))
+            self.lib.tk_team = threads
 
     def step(self, i: int, call: NativeCall):
         """A no-argument callable running call i alone (for profiling)."""

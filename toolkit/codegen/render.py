@@ -39,6 +39,12 @@ typedef void (*tk_sgemm_t)(int, int, int, TK_BLAS_INT, TK_BLAS_INT, TK_BLAS_INT,
                            TK_BLAS_INT, const float *, TK_BLAS_INT, float, float *, TK_BLAS_INT);
 typedef void (*tk_dgemm_t)(int, int, int, TK_BLAS_INT, TK_BLAS_INT, TK_BLAS_INT, double, const double *,
                            TK_BLAS_INT, const double *, TK_BLAS_INT, double, double *, TK_BLAS_INT);
+/* the team a parallel loop runs on: its compiled thread count, or fewer while other work wants
+   the cores (runtime/team.py sets it before a run); every loop covers all its iterations
+   whatever the team, so a smaller team changes the speed, never the result */
+static int tk_team = 1 << 30;
+void tk_set_team(int n) { tk_team = n > 0 ? n : 1; }
+#define TK_TEAM(k) (tk_team < (k) ? tk_team : (k))
 static tk_sgemm_t tk_sgemm;
 static tk_dgemm_t tk_dgemm;
 void tk_set_blas(void *sgemm, void *dgemm) { tk_sgemm = (tk_sgemm_t)sgemm; tk_dgemm = (tk_dgemm_t)dgemm; }
@@ -137,7 +143,7 @@ class CDialect:
                 parallel = s.parallel and not in_parallel and kernel.threads > 1
                 simd = " simd" if s.vector else ""
                 if parallel:
-                    lines.append(f"{pad}#pragma omp parallel for{simd} schedule(static) num_threads({kernel.threads})")
+                    lines.append(f"{pad}#pragma omp parallel for{simd} schedule(static) num_threads(TK_TEAM({kernel.threads}))")
                 elif s.reduction is not None:
                     lines.append(f"{pad}#pragma omp simd reduction(+:{s.reduction.name})")
                 elif s.vector:

@@ -15,6 +15,7 @@ import queue
 import threading
 from typing import Callable
 
+from ..hostcpu import usable_cores
 from ..ir.graph import Node
 from ..ir.dims import Sym
 from ..ops.base import get_op
@@ -30,10 +31,12 @@ MIN_SPLIT_GEMM_FLOPS = 16_000_000
 
 
 def default_threads() -> int:
+    """``TOOLKIT_THREADS``, else the cores this process may use: its affinity mask, capped by its
+    cgroup's CPU quota (hostcpu.py), shared among a data-parallel job's local ranks."""
     value = os.environ.get("TOOLKIT_THREADS")
     if value and value.isdigit() and int(value) > 0:
         return int(value)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = usable_cores()
     # the ranks of a data-parallel job on this machine share its cores: more threads than cores
     # (each rank's MPI progress polls while it waits) made a LeNet step 100x slower
     from ..distributed.launcher import local_ranks
@@ -69,13 +72,16 @@ class Blas:
 
 
 class Workers:
-    """n-1 persistent helper threads; the calling thread does the first share of each job."""
+    """n-1 persistent helper threads; the calling thread does the first share of each job.
+    ``team`` (set before a run, team.py) is how many of the n take part: with fewer, each takes
+    several shares in turn; with one, the caller runs them all and no helper wakes."""
 
     _shared: dict[int, "Workers"] = {}
     _lock = threading.Lock()
 
     def __init__(self, n: int):
         self.n = n
+        self.team = n
         self.jobs = [queue.SimpleQueue() for _ in range(n - 1)]
         self.done: queue.SimpleQueue = queue.SimpleQueue()
         for q in self.jobs:
@@ -98,20 +104,40 @@ class Workers:
                 self.done.put(e)
 
     def run(self, shares: list[Callable[[], None]], then: Callable[[], None] | None = None) -> None:
-        for q, share in zip(self.jobs, shares[1:]):
-            q.put(share)
+        team = max(1, min(self.team, self.n, len(shares)))
+        if team == 1:
+            for share in shares:
+                share()
+        else:
+            groups = shares if team == len(shares) else [_InTurn(shares[k::team]) for k in range(team)]
+            self._run_groups(groups)
+        if then is not None:
+            then()
+
+    def _run_groups(self, groups: list[Callable[[], None]]) -> None:
+        for q, group in zip(self.jobs, groups[1:]):
+            q.put(group)
         error = None
         try:
-            shares[0]()
+            groups[0]()
         except BaseException as e:
             error = e
-        for _ in shares[1:]:
+        for _ in groups[1:]:
             result = self.done.get()
             error = error or result
         if error is not None:
             raise error
-        if then is not None:
-            then()
+
+
+class _InTurn:
+    """Several shares run one after another on one thread."""
+
+    def __init__(self, shares: list[Callable[[], None]]):
+        self.shares = shares
+
+    def __call__(self) -> None:
+        for share in self.shares:
+            share()
 
 
 def split_kind(node: Node) -> tuple[str, list[bool]] | None:

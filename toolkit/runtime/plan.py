@@ -28,6 +28,7 @@ from .concurrency import concurrent_default, conflicts, wave_calls, waves
 from .memory import FOREVER, Storage, nbytes_of, plan_memory
 from .parallel import Blas, Workers, default_threads, split_kind, worth_splitting
 from .streams import StreamSchedule, assign_streams, stream_calls
+from .team import team_for
 
 
 @dataclass
@@ -205,6 +206,8 @@ class Plan:
         for d in self.devices:
             load_device(d)
         self.threads = default_threads() if threads is None else threads
+        self._team = team_for(self.threads)       # fewer threads while the cores are taken (team.py)
+        self._linked: Linked | None = None
         self.runtime = runtime or RuntimeState(np.random.default_rng(0))
         self.reuse_memory = reuse_memory
         self._choose_execution(concurrent)
@@ -488,6 +491,18 @@ class Plan:
                              share=self._share_of.get(id(node), 0), threads=1 if self.concurrent else self.threads,
                              reuse_memory=self.reuse_memory)
 
+    def _use_team(self) -> None:
+        """Run on as many threads as the machine leaves free now (team.py)."""
+        if self._team is None:
+            return
+        size = min(self.threads, self._team.current())
+        # the workers, and a library whose source another plan also built, are shared: the
+        # size is set on every run, each setter skipping what is already so
+        if self.workers is not None:
+            self.workers.team = size
+        if self._linked is not None:
+            self._linked.set_team(size)
+
     def synchronize(self) -> None:
         """Wait for every device of the plan to finish its queued work (GPU launches return
         before the kernels run): what a timer must do before reading the clock."""
@@ -524,6 +539,7 @@ class Plan:
     def execute(self, timings: list | None = None, nested: bool = False) -> None:
         """Run the calls on what the input buffers (``input_views``) hold now. ``nested``: called
         by a kernel of another plan (a loop body), which has already set the BLAS threads."""
+        self._use_team()
         if nested:
             for call in self.run_calls:
                 call()

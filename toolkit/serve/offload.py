@@ -11,6 +11,8 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
+from ..hostcpu import usable_cores
+
 # A JSON part up to this size is decoded on the event loop (about 1.5 ms), and a response of up to
 # this many JSON values encoded there (about 3.5 ms): below that a trip to a worker costs more.
 INLINE_JSON_BYTES = 64 * 1024
@@ -38,8 +40,7 @@ def _exit_with(server_pid: int) -> None:
 def worker_count() -> int:
     """Half the cores this process may use (at least 1, at most 4): the batcher's inference and
     the event loop keep the rest."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, min(4, cores // 2))
+    return max(1, min(4, usable_cores() // 2))
 
 
 class Offload:
