@@ -55,7 +55,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=5,
                    help="untimed iterations per framework before the first round (default: %(default)s)")
     p.add_argument("--threads", type=int, default=machine_cores(),
-                   help="threads for every framework (default: this machine's cores, %(default)s)")
+                   help="threads for every framework (default: this machine's cores, %(default)s); 0: each "
+                        "framework's own default (the toolkit's adapts to the machine's load)")
+    p.add_argument("--no-ort", action="store_true", help="leave ONNX Runtime out (toolkit and PyTorch only)")
     p.add_argument("--lr", type=float, default=None,
                    help="learning rate (default: the net's base_lr, or 0.01 without a train section)")
     p.add_argument("--seed", type=int, default=0, help="seed of the weights and inputs (default: %(default)s)")
@@ -68,9 +70,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="time the toolkit without its optional graph passes (as `toolkit bench --no-optimize`)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     args = p.parse_args(argv)
-    for name in ("batch", "iters", "rounds", "threads"):
+    for name in ("batch", "iters", "rounds"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be at least 1")
+    if args.threads < 0:
+        p.error("--threads must be at least 0 (0: each framework's default)")
     if args.warmup < 0 or args.quiet_wait < 0:
         p.error("--warmup and --quiet-wait must not be negative")
     args.rounds = min(args.rounds, args.iters)
@@ -80,8 +84,11 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def pin_threads(threads: int) -> None:
-    """Before numpy / torch load: their BLAS and OpenMP pools size themselves from these."""
-    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    """Before numpy / torch load: their BLAS and OpenMP pools size themselves from these, the
+    toolkit's plans from TOOLKIT_THREADS. 0 pins nothing: every framework's own default."""
+    if threads == 0:
+        return
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "TOOLKIT_THREADS"):
         os.environ[var] = str(threads)
 
 
@@ -264,10 +271,8 @@ def cpu_name() -> str:
 # -- the two modes ------------------------------------------------------------------------------
 def bench_infer(net, weights, bindings, args, rng):
     import numpy as np
-    import onnxruntime as ort
     import torch
     from toolkit.compile import forward_graph
-    from toolkit.peers.onnx_export import UnsupportedLayer, build_onnx_model
     from toolkit.runtime.plan import Plan
 
     # as `toolkit infer` compiles it: the weights frozen into the graph
@@ -278,16 +283,19 @@ def bench_infer(net, weights, bindings, args, rng):
     peer = torch_peer(net, weights, "infer")
     t_inputs = {k: torch.from_numpy(v) for k, v in inputs.items()}
 
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = args.threads
-    opts.inter_op_num_threads = 1
-    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    try:
-        onnx_model = build_onnx_model(net, weights, bindings)
-    except UnsupportedLayer as e:     # the exporter lacks a layer (recurrent, attention): no ORT column
-        print(f"ONNX Runtime not measured: {e}", file=sys.stderr)
-        onnx_model = None
+    onnx_model = None
+    if not args.no_ort:
+        import onnxruntime as ort
+        from toolkit.peers.onnx_export import UnsupportedLayer, build_onnx_model
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = args.threads          # 0 is ONNX Runtime's own default
+        opts.inter_op_num_threads = 1
+        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        try:
+            onnx_model = build_onnx_model(net, weights, bindings)
+        except UnsupportedLayer as e:     # the exporter lacks a layer (recurrent, attention): no ORT column
+            print(f"ONNX Runtime not measured: {e}", file=sys.stderr)
     sess = names = None
     if onnx_model is not None:
         sess = ort.InferenceSession(onnx_model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
@@ -443,9 +451,10 @@ def main(argv=None) -> int:
     sys.path.insert(0, str(ROOT))                  # run from a checkout without installing
     try:
         import numpy as np
-        import onnx  # noqa: F401
-        import onnxruntime as ort
         import torch
+        if not args.no_ort:
+            import onnx  # noqa: F401
+            import onnxruntime  # noqa: F401
     except ImportError as e:
         print(f"compare.py needs the bench extra (pip install -e '.[bench]'): {e}", file=sys.stderr)
         return 2
@@ -453,7 +462,8 @@ def main(argv=None) -> int:
     from toolkit.zoo.resolve import load_net
     from toolkit.runtime.session import batch_bindings
 
-    torch.set_num_threads(args.threads)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     try:
         net = load_net(args.net)
         from toolkit.commands.bench import stand_in_weights
@@ -464,7 +474,7 @@ def main(argv=None) -> int:
                              "lr": args.lr, "seed": args.seed, "cpu": cpu_name(), "cores": machine_cores(),
                              "numpy_blas_threads": numpy_blas_threads(), "torch_threads": torch.get_num_threads(),
                              "versions": {"numpy": np.__version__, "torch": torch.__version__,
-                                          "onnxruntime": ort.__version__,
+                                          "onnxruntime": None if args.no_ort else sys.modules["onnxruntime"].__version__,
                                           "python": platform.python_version()}},
                   "checks": {}, "results": {}, "meta": {}}
         runs = {}

@@ -493,9 +493,7 @@ class Plan:
 
     def _use_team(self) -> None:
         """Run on as many threads as the machine leaves free now (team.py)."""
-        if self._team is None:
-            return
-        size = min(self.threads, self._team.current())
+        size = self.threads if self._team is None else min(self.threads, self._team.current())
         # the workers, and a library whose source another plan also built, are shared: the
         # size is set on every run, each setter skipping what is already so
         if self.workers is not None:
