@@ -59,6 +59,8 @@ class Linked:
         self.source = dialect().unit(kernels, "\n\n".join(extra))
         self.lib = toolchain.load(self.source)
         self.lib.tk_set_team.argtypes, self.lib.tk_set_team.restype = [ctypes.c_int], None
+        if not hasattr(self.lib, "tk_team"):       # the size the library's loops use now (set_team)
+            self.lib.tk_team = 1 << 30
         blas = numpy_blas()
         if blas is not None:
             self.lib.tk_set_blas(ctypes.c_void_p(blas.sgemm), ctypes.c_void_p(blas.dgemm))
@@ -80,7 +82,7 @@ class Linked:
         """How many threads the library's parallel loops use from now on (at most each kernel's
         own count). The library is shared by every plan that built the same source, so it keeps
         the size last set, and a call that changes nothing costs no call into C."""
-        if getattr(self.lib, "tk_team", None) != threads:
+        if self.lib.tk_team != threads:
             self.lib.tk_set_team(int(threads))
             self.lib.tk_team = threads
 
