@@ -352,7 +352,11 @@ class Plan:
         self.run_calls = self.calls
         if natives:
             self._link(natives, split_workers, step_arrays)
-        self.blas = Blas.shared() if (self.workers or natives) else None
+        # the BLAS library is held to one thread while the plan runs: the plan's threads split the
+        # work, and with one thread asked for, OpenBLAS's own threads (its default: every core)
+        # made a one-thread numpy plan 10x slower beside a busy process
+        on_host = natives or any(self.placement.node(node).host_threads for _, node, _, _ in python)
+        self.blas = Blas.shared() if on_host else None
 
     def _schedule(self) -> None:
         """Streams for a GPU plan's independent branches, or waves of host threads."""
