@@ -27,10 +27,15 @@ STAND_IN = textwrap.dedent("""
     class Device(contextlib.nullcontext):
         def __init__(self, index=0):
             super().__init__()
+            self.id = index
         def synchronize(self):
             pass
-    fake.cuda = types.SimpleNamespace(runtime=runtime, Device=Device)
+    caller_stream = types.SimpleNamespace(ptr=0)
+    fake.cuda = types.SimpleNamespace(runtime=runtime, Device=Device, get_current_stream=lambda: caller_stream)
     sys.modules["cupy"] = fake
+    # GPU plans capture through the graph simulator (tests/runtime/graph_simulator.py)
+    from tests.runtime import graph_simulator
+    graph_simulator.install()
 """)
 
 # CuPy's RawModule, emulated: the CUDA source is compiled as C++ by the system compiler, with
@@ -57,11 +62,18 @@ RAW_MODULE = textwrap.dedent("""
             function = getattr(self.lib, name)
             function.restype = None
             def launch(grid, block, args):
+                values = [arg(a) for a in args]
                 for b in range(min(grid[0], 2)):
                     for t in range(min(block[0], 3)):
                         self.lib.tk_set_thread(b, t, min(grid[0], 2), min(block[0], 3))
-                        function(*[ctypes.c_void_p(a.ctypes.data) for a in args])
+                        function(*values)
             return launch
+    SCALARS = {numpy.dtype(numpy.int64): ctypes.c_int64, numpy.dtype(numpy.int32): ctypes.c_int32,
+               numpy.dtype(numpy.float32): ctypes.c_float, numpy.dtype(numpy.float64): ctypes.c_double}
+    def arg(a):
+        if isinstance(a, numpy.ndarray):
+            return ctypes.c_void_p(a.ctypes.data)
+        return SCALARS[numpy.asarray(a).dtype](a.item())     # numpy scalars, as CuPy takes them
     fake.RawModule = RawModule
 """)
 
@@ -196,8 +208,23 @@ def compare_every_op(dtype: str) -> int:
 HALF_SKIP = {"round_precision"}
 
 
-def _run_stand_in(script: str, tmp_path, *args) -> subprocess.CompletedProcess:
-    env = dict(os.environ, CUDA_EMULATION_DIR=str(tmp_path), CXX_FOR_CUDA_EMULATION=CXX or "c++")
+def fake_cublas(folder) -> str:
+    """tests/runtime/fake_cublas.c built in ``folder``: the cuBLAS and cuBLASLt entry points
+    blas.py and lt.py call, on the host's memory, for the numpy stand-in for CuPy."""
+    from toolkit.codegen.render import HALF_HELPERS
+    source = (Path(__file__).with_name("fake_cublas.c").read_text()
+              .replace("TK_HALF_HELPERS", HALF_HELPERS))
+    lib = Path(folder) / "libfake_cublas.so"
+    if not lib.exists():
+        subprocess.run([CXX or "cc", "-O2", "-shared", "-fPIC", "-x", "c", "-", "-o", str(lib), "-lm"],
+                       input=source, text=True, check=True)
+    return str(lib)
+
+
+def _run_stand_in(script: str, tmp_path, *args, env_extra: dict | None = None) -> subprocess.CompletedProcess:
+    fake = fake_cublas(tmp_path)
+    env = dict(os.environ, CUDA_EMULATION_DIR=str(tmp_path), CXX_FOR_CUDA_EMULATION=CXX or "c++",
+               TOOLKIT_CUBLAS_LIBRARY=fake, TOOLKIT_CUBLASLT_LIBRARY=fake, **(env_extra or {}))
     return subprocess.run([sys.executable, "-c", script, *map(str, args)], capture_output=True, text=True,
                           cwd=ROOT, timeout=600, env=env)
 

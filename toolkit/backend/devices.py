@@ -14,8 +14,10 @@ command line reads the kinds' names before any work starts.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
+import threading
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -42,6 +44,8 @@ class Device:
     # the half-precision types whose arrays this kind holds as such; the others of
     # LOW_PRECISION are stored as float32 and rounded at every cast (passes/precision.py)
     native_half_types: ClassVar[tuple[str, ...]]
+    # a plan's run can be recorded once and replayed with one launch (runtime/capture.py)
+    graphs: ClassVar[bool] = False
 
     @property
     def name(self) -> str:
@@ -93,6 +97,10 @@ class Device:
         """The calls that make and order this device's streams (``streams`` devices only)."""
         raise NotImplementedError(f"device '{self}' has no streams")
 
+    def graph_backend(self):
+        """The calls that warm, capture and launch a plan's graph (``graphs`` devices only)."""
+        raise NotImplementedError(f"device '{self}' has no graphs")
+
 
 class HostDevice(Device):
     """The host: numpy arrays, the numpy and generated C kernels, the host's threads."""
@@ -122,6 +130,7 @@ class CudaDevice(Device):
     host_threads = False
     streams = True
     native_half_types = ("float16",)
+    graphs = True
 
     def why_emulated(self, dtype: str) -> str:
         return "CuPy has no bfloat16 arrays"
@@ -150,6 +159,10 @@ class CudaDevice(Device):
 
     def stream_backend(self):
         return CupyStreams()
+
+    def graph_backend(self):
+        with self.use():
+            return CupyGraphs()
 
 
 # Every kind of device, by the name the command line and net files use.
@@ -230,6 +243,72 @@ class CupyStreams:
         """Nothing: the caller's stream already waits on every stream's last event."""
 
 
+class CupyGraphs:
+    """CUDA graphs through CuPy, for one captured plan: a stream and a memory pool of its own.
+
+    The warm-up run and the capture both run on the private stream with the private pool as
+    CuPy's allocator, so the capture finds every temporary block the warm-up freed (the pool is
+    stream-ordered) and never asks the device for memory; the pool then serves no one else, so
+    nothing the graph touches is handed out while it lives. The private stream waits for the
+    caller's stream before each of the two, and the caller's for it after the warm-up; replays go
+    on the caller's stream, ordered with its uploads and reads like any kernel."""
+
+    def __init__(self):
+        self.cp = cp = gpu_module()
+        self.stream = cp.cuda.Stream(non_blocking=True)
+        self.pool = cp.cuda.MemoryPool()
+
+    def _follow_caller(self):
+        caller = self.cp.cuda.get_current_stream()
+        self.stream.wait_event(caller.record())
+        return caller
+
+    def warm(self, run) -> None:
+        caller = self._follow_caller()
+        with self.stream, self.cp.cuda.using_allocator(self.pool.malloc):
+            run()
+        caller.wait_event(self.stream.record())
+
+    def capture(self, run):
+        runtime = self.cp.cuda.runtime
+        self._follow_caller()
+        with self.stream, self.cp.cuda.using_allocator(self.pool.malloc):
+            # relaxed: another thread's unrelated CUDA calls must not invalidate this capture
+            self.stream.begin_capture(mode=runtime.streamCaptureModeRelaxed)
+            try:
+                run()
+            except BaseException:
+                try:
+                    self.stream.end_capture()
+                except Exception:         # the capture was already invalidated: nothing to end
+                    pass
+                raise
+            return self.stream.end_capture()
+
+    def launch(self, graph) -> None:
+        graph.launch(self.cp.cuda.get_current_stream())
+
+
+class CaptureUnsafe(RuntimeError):
+    """Something a captured run may not do (read a device value on the host) was asked for
+    while the run was being recorded."""
+
+
+_capturing = threading.local()
+
+
+@contextlib.contextmanager
+def capture_guard(on: bool):
+    """While on, ``to_host`` of a device array raises CaptureUnsafe: a host read would wait for
+    work that a capture records but does not run, and a replay would never repeat it."""
+    before = getattr(_capturing, "on", False)
+    _capturing.on = on
+    try:
+        yield
+    finally:
+        _capturing.on = before
+
+
 class HostUpload:
     """Host-to-GPU copies into one device array without a device synchronisation.
 
@@ -252,7 +331,10 @@ class HostUpload:
     def __call__(self, value) -> None:
         import numpy as np
         if self.empty_pinned is None:
-            self.target.set(np.ascontiguousarray(value, dtype=self.target.dtype))
+            if isinstance(self.target, np.ndarray):
+                np.copyto(self.target, value, casting="same_kind")
+            else:
+                self.target.set(np.ascontiguousarray(value, dtype=self.target.dtype))
             return
         cp = gpu_module()
         if self.slots is None:
@@ -269,6 +351,8 @@ class HostUpload:
 def to_host(array):
     """A numpy array of ``array``'s values (a copy only when it lives on a GPU)."""
     import numpy as np
+    if getattr(_capturing, "on", False):
+        raise CaptureUnsafe("reads a device value on the host during the run")
     if isinstance(array, np.ndarray):
         return array
     get = getattr(array, "get", None)

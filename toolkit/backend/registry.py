@@ -42,6 +42,13 @@ class KernelEntry:
     # True: output 0 may share storage with any input of its shape and dtype; a callable
     # node -> {output position: input positions} says it per node (fused kernels)
     inplace: bool | Callable[[Node], dict[int, tuple[int, ...]]] = False
+    # why a run with this kernel cannot be captured as a device graph (it reads the device from
+    # the host, or queues host work): a sentence finishing "its OP kernel ...", or a callable
+    # node -> that sentence or None; None: capturable (runtime/capture.py)
+    host_sync: str | Callable[[Node], str | None] | None = None
+
+    def host_sync_of(self, node: Node) -> str | None:
+        return self.host_sync(node) if callable(self.host_sync) else self.host_sync
 
     def inplace_pairs(self, node: Node) -> dict[int, tuple[int, ...]]:
         if callable(self.inplace):
@@ -68,12 +75,12 @@ class KernelRegistry:
         kind = _kind(device)
         return self.natives.get((op, kind))
 
-    def register(self, op: str, device: str, dtype: str = "*", inplace=False):
+    def register(self, op: str, device: str, dtype: str = "*", inplace=False, host_sync=None):
         def wrap(factory: KernelFactory) -> KernelFactory:
             key = (op, device, dtype)
             if key in self.entries:
                 raise RuntimeError(f"kernel {key} registered twice")
-            self.entries[key] = KernelEntry(factory, inplace)
+            self.entries[key] = KernelEntry(factory, inplace, host_sync)
             return factory
         return wrap
 

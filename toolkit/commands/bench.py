@@ -87,9 +87,10 @@ def stand_in_weights(weights: dict[str, np.ndarray], seed: int = 0) -> dict[str,
 
 def bench_plan(net: Net, batch: int, train: bool, dtype: str | None = None, disable: tuple[str, ...] = (),
                dims: dict[str, int] | None = None, device: Device | str = CPU, weights_file: str | None = None,
-               lr: float | None = None) -> tuple[Plan, dict]:
+               lr: float | None = None, capture: bool | None = None) -> tuple[Plan, dict]:
     """The plan `toolkit bench` times and its inputs: the infer phase with the weights frozen in
-    (as `toolkit infer` runs it), or the train step with the net's solver."""
+    (as `toolkit infer` runs it), or the train step with the net's solver. ``capture``: False
+    keeps a GPU plan kernel by kernel (default: captured as a CUDA graph where it can be)."""
     solver = solver_config(net)
     if train and dtype in LOW_PRECISION:      # a half-precision train step is mixed precision
         solver = replace(solver, mixed_precision=replace(solver.mixed_precision or MixedPrecision(), dtype=dtype))
@@ -106,7 +107,8 @@ def bench_plan(net: Net, batch: int, train: bool, dtype: str | None = None, disa
     for name, w in graph.weights.items():          # solver slots and the loss scale
         if name not in weights:
             weights[name] = initial_state(w)
-    plan = Plan(graph, bindings, {k: weights[k] for k in graph.weights}, device, reuse_memory=memory_reuse(disable))
+    plan = Plan(graph, bindings, {k: weights[k] for k in graph.weights}, device, reuse_memory=memory_reuse(disable),
+                capture=capture)
     inputs = bench_inputs(graph, bindings, np.random.default_rng(0))
     if train:
         base_lr = lr if lr is not None else (net.spec.train.solver.base_lr if net.spec.train else 0.01)

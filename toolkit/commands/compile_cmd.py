@@ -92,6 +92,8 @@ def run_compile(args) -> int:
         "weights": "frozen" if weights is not None else "trained (updated every step)",
         "plan_ms": round(plan_ms, 3),
     }
+    if any(d.graphs for d in plan.devices):     # runtime/capture.py
+        report["cuda_graph"] = {"captured": plan.graph_run is not None, "why_not": plan.capture_blocker}
     if data_parallel is not None:
         buckets = bucket_summary(graph)
         report["allreduce"] = {"ranks": args.ranks, "bucket_mb": data_parallel.bucket_mb, "buckets": len(buckets),
@@ -132,6 +134,10 @@ def _print_explain(report: dict, args, symbol: str | None, disable) -> None:
     print(f"memory at {size}: planned {_mib(mem['peak_bytes'])} MiB, naive {_mib(mem['naive_bytes'])} MiB "
           f"(one buffer per value), lower bound {_mib(mem['lower_bound_bytes'])} MiB (most bytes live at one step)")
     print("ops: " + ", ".join(f"{k} {v}" for k, v in report["ops"].items()))
+    graph_run = report.get("cuda_graph")
+    if graph_run is not None:
+        print("CUDA graph: " + ("captured after the first run, then one launch per run" if graph_run["captured"]
+                                else f"not captured, the run is kernel by kernel: {graph_run['why_not']}"))
     if "allreduce" in report:
         a = report["allreduce"]
         print(f"gradient all-reduce over {a['ranks']} ranks: {a['buckets']} bucket(s) of about {a['bucket_mb']:g} MB, "

@@ -23,7 +23,8 @@ def _body_plan(ctx: KernelContext, body):
     kept = runtime.body_plans.get(key)
     if kept is None:
         plan = Plan(body.graph, dict(ctx.attrs["dims"]), {}, device=ctx.device,
-                    runtime=runtime, threads=1, concurrent=False, keep_inputs=True, reuse_memory=ctx.reuse_memory)
+                    runtime=runtime, threads=1, concurrent=False, keep_inputs=True, reuse_memory=ctx.reuse_memory,
+                    capture=False)
         kept = runtime.body_plans[key] = (body, plan)      # the body held: its id stays unique
     return kept[1]
 
@@ -70,6 +71,8 @@ def loop_kernel(ctx: KernelContext):
                 break
         for slot, buf in zip(results[:k], carry_in):
             xp.copyto(slot, buf)
+    if plan.before_run:
+        run.host_sync = "runs host work before every step of its body (random keys)"
     return run
 
 
@@ -89,9 +92,15 @@ def if_kernel(ctx: KernelContext):
         plan.execute(nested=True)
         for slot, out in zip(results, outs):
             xp.copyto(slot, out)
+    if any(plan.before_run for plan, _args, _outs in branches):
+        run.host_sync = "runs host work before its branch (random keys)"
     return run
 
 
+def _loop_host_sync(node) -> str | None:
+    return "reads its stopping condition on the host after every step" if node.attrs.get("condition") else None
+
+
 def register(device: str) -> None:
-    KERNELS.register("loop", device)(loop_kernel)
-    KERNELS.register("if", device)(if_kernel)
+    KERNELS.register("loop", device, host_sync=_loop_host_sync)(loop_kernel)
+    KERNELS.register("if", device, host_sync="reads its condition on the host")(if_kernel)

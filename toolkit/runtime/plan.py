@@ -24,6 +24,7 @@ from ..hostmem import human_bytes, too_big
 from ..ir.binding import bind_attrs
 from ..ir.graph import FLOAT_DTYPES, Graph, Node
 from ..ops.base import get_op
+from .capture import CapturedRun, capture_blocker
 from .concurrency import concurrent_default, conflicts, wave_calls, waves
 from .memory import FOREVER, Storage, nbytes_of, plan_memory
 from .parallel import Blas, Workers, default_threads, split_kind, worth_splitting
@@ -190,13 +191,16 @@ class Plan:
     def __init__(self, graph: Graph, bindings: Mapping[str, int], weights: Mapping[str, np.ndarray],
                  device: Device | str = CPU, runtime: RuntimeState | None = None, outputs: list[str] | None = None,
                  threads: int | None = None, native: bool | None = None, concurrent: bool | None = None,
-                 keep_inputs: bool = False, allocate: Callable | None = None, reuse_memory: bool = True):
+                 keep_inputs: bool = False, allocate: Callable | None = None, reuse_memory: bool = True,
+                 capture: bool | None = None):
         """``device``: where the nodes run that no layer places elsewhere. ``keep_inputs``: no
         kernel overwrites an input buffer, so a caller may fill some inputs once and run many
         times (a loop body's invariants). ``allocate(device, nbytes)``: where each device's arena
         comes from (default: a new buffer); plans that never run at the same time may share one
         (InferSession's buckets). ``reuse_memory``: the memory planner's buffer reuse
-        (``--disable plan_memory`` turns it off)."""
+        (``--disable plan_memory`` turns it off). ``capture``: record a GPU plan's run as a CUDA
+        graph after its first run (capture.py; default on where it can be, False for a body
+        that runs inside another plan)."""
         self.graph = graph
         self.bindings = dict(bindings)
         self.placement = Placement.of(graph, device)
@@ -225,6 +229,7 @@ class Plan:
         self._make_calls(steps, native)
         self._schedule()
         self._bind_outputs(out_names, fixed)
+        self._choose_capture(capture)
 
     # -- build phases, in order ---------------------------------------------------------------
     def _choose_execution(self, concurrent: bool | None) -> None:
@@ -320,6 +325,8 @@ class Plan:
         native_on = native if native is not None else toolchain.available()
         self.calls = []
         self.steps = []
+        self.before_run: list[Callable[[], None]] = []
+        self._call_blockers: list[tuple[Node, str | None]] = []
         self.impls: list[str] = []                # "native" or "numpy", per step
         self.split_steps = 0
         natives: list[tuple[int, NativeCall, list, list]] = []
@@ -374,6 +381,20 @@ class Plan:
             if self.memory.storage_of[upd.id] is not fixed[self.graph.weights[name].value.id]:
                 self.copy_updates.append((fixed[self.graph.weights[name].value.id].external, self._view(upd)))
 
+    def _choose_capture(self, capture: bool | None) -> None:
+        """A CUDA graph of the run where every device has graphs and no kernel reads the device
+        from the host (capture.py); ``capture_blocker`` says why not, for --explain."""
+        self.graph_run: CapturedRun | None = None
+        self.capture_blocker = None
+        if not any(d.graphs for d in self.devices):
+            return                                # the host: nothing to capture, nothing to say
+        why = capture_blocker(self.devices, self.steps, self.entries, capture)
+        why = why or next((f"layer '{layer_of_scope(n.scope)}': its {n.op} kernel {fn_why}"
+                           for n, fn_why in self._call_blockers if fn_why), None)
+        self.capture_blocker = why
+        if why is None:
+            self.graph_run = CapturedRun(self.device, self._device_run)
+
     # -- helpers of the phases ----------------------------------------------------------------
     def _touches(self) -> tuple[list, list, list]:
         """Per step, the byte regions it reads and writes, and whether it draws random numbers
@@ -399,6 +420,13 @@ class Plan:
                 self.split_steps += 1
                 return functools.partial(workers.run, *split)
             fn = self.entries[id(node)].factory(self._context(node))
+        # host work a kernel does before each run, outside a captured graph (a random key's
+        # upload); a kernel that must talk to the host inside the run says why it cannot be
+        # captured (a loop whose body draws random numbers every step)
+        hook = getattr(fn, "before_run", None)
+        if hook is not None:
+            self.before_run.append(hook)
+        self._call_blockers.append((node, getattr(fn, "host_sync", None)))
         return functools.partial(fn, ins, outs)
 
     @contextlib.contextmanager
@@ -528,6 +556,11 @@ class Plan:
         self._execute(inputs, timings)
         return timings
 
+    @property
+    def captured(self) -> bool:
+        """Whether the run is now one launch of a CUDA graph (after the first run)."""
+        return self.graph_run is not None and self.graph_run.captured
+
     def _execute(self, inputs, timings: list | None) -> None:
         for name, buf in self.host_inputs:
             np.copyto(buf, inputs[name], casting="same_kind")
@@ -537,14 +570,30 @@ class Plan:
                 upload(value)
             else:
                 buf[...] = value
+        if timings is None and self.graph_run is not None:
+            for hook in self.before_run:
+                hook()
+            self.graph_run()                  # the calls and the weight copies, one launch
+            return
         self.execute(timings)
+        self._copy_updates()
+
+    def _copy_updates(self) -> None:
         for target, source in self.copy_updates:
             target[...] = source
+
+    def _device_run(self) -> None:
+        """What a captured graph holds: every call, then the weight copies."""
+        for call in self.run_calls:
+            call()
+        self._copy_updates()
 
     def execute(self, timings: list | None = None, nested: bool = False) -> None:
         """Run the calls on what the input buffers (``input_views``) hold now. ``nested``: called
         by a kernel of another plan (a loop body), which has already set the BLAS threads."""
         self._use_team()
+        for hook in self.before_run:
+            hook()
         if nested:
             for call in self.run_calls:
                 call()

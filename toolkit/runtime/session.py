@@ -125,8 +125,9 @@ class InferSession:
             return plan
 
     def warm(self, example: Mapping[str, np.ndarray] | None = None) -> int:
-        """Build every bucket's plan now and run each once on zeros, so that no request pays
-        for compiling, loading native code or first-touching memory. Returns the plans built.
+        """Build every bucket's plan now and run each once on zeros (a GPU plan twice: its CUDA
+        graph is captured on the second run), so that no request pays for compiling, loading
+        native code, first-touching memory or capturing. Returns the plans built.
         ``example``: arrays giving the sizes of symbolic dimensions other than the batch."""
         base = {} if example is None else bind_symbols(self.graph, {k: np.shape(v) for k, v in example.items()})
         if self.batch_symbol is None:
@@ -143,7 +144,8 @@ class InferSession:
                 bindings = dict(base) if size is None else {**base, self.batch_symbol: size}
                 plan = self.plan_for(bindings)
                 zeros = {name: np.zeros(v.type.concrete(bindings), v.dtype) for name, v in self.graph.inputs.items()}
-                plan.run(zeros)
+                for _ in range(2 if plan.graph_run is not None else 1):   # a GPU plan's second run captures it
+                    plan.run(zeros)
                 plan.synchronize()
         return len(sizes)
 

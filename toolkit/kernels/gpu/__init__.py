@@ -2,10 +2,14 @@
 (backend/devices.py turns its absence into a one-line user error), so nothing imports it unless
 a GPU is asked for.
 
-- ``dispatched.py``: the numpy kernels run on CuPy arrays (elementwise ops, GEMMs through cuBLAS,
-  data movement), plus reductions and softmax written for the device, and the transfer.
+- ``dispatched.py``: the numpy kernels run on CuPy arrays (elementwise ops, data movement), plus
+  reductions and softmax written for the device, and the transfer.
+- ``blas.py``: GEMMs through a cuBLAS handle of our own with its own workspace (ctypes), which
+  a CUDA graph can capture (CuPy's cuBLAS calls refuse to be captured).
 - ``arrays.py``: convolution (im2col + cuBLAS), pooling, the losses, accuracy and dropout,
   written once against an array module and shared with the CPU where they can be.
+- ``rows.py``: one CUDA kernel each for softmax, log-softmax, the NLL loss and its gradient,
+  accuracy and the finiteness check of loss scaling (each several CuPy kernels otherwise).
 - ``fused.py``: the fused groups, rendered to CUDA by the kernel generator's GPU dialect and
   compiled once per source text (``cuda.py``).
 
@@ -15,8 +19,9 @@ registered.
 """
 from __future__ import annotations
 
-from . import arrays, collective, dispatched, fused  # noqa: F401  (each registers its kernels)
+from . import arrays, blas, collective, dispatched, fused, rows  # noqa: F401  (each registers its kernels)
 from .dispatched import DISPATCHED  # noqa: F401
 from .. import control as _control
 
 _control.register("gpu")
+rows.take_over()            # one-kernel softmax, losses and finiteness check, over the array programs

@@ -20,18 +20,35 @@ import math
 import numpy as np
 
 from ...ops.indexing import check_indices
-from ...backend.devices import gpu_module, to_host
+from ...backend.devices import HostUpload, gpu_module, to_host
 from ..cpu.conv import CONV_KERNELS
 from ..cpu.pool import POOL_KERNELS
 from ...backend.registry import register_kernel
+from . import blas
 from .dispatched import half_accumulator
 
 cp = gpu_module()
 
 
+class _CupyWithOwnGemm:
+    """CuPy as the builders' array module, with their GEMMs on our cuBLAS handle (blas.py),
+    which a CUDA graph can capture; every other name is CuPy's own."""
+
+    def __getattr__(self, name):
+        return getattr(cp, name)
+
+    @staticmethod
+    def matmul(a, b, out):
+        blas.matmul(a, b, out)
+        return out
+
+
+GPU_ARRAYS = _CupyWithOwnGemm()
+
+
 def _over_cupy(builder):
     def factory(ctx):
-        return builder(ctx, cp)
+        return builder(ctx, GPU_ARRAYS)
     factory.__name__ = f"{builder.__name__}_gpu"
     return factory
 
@@ -109,9 +126,10 @@ _FMIX = (np.uint32(0x85EBCA6B), np.uint32(0xC2B2AE35))
 _GOLDEN = 0x9E3779B9
 
 
-def dropout_keep_bits(index, key: int, hashed, scratch) -> None:
-    """``hashed`` = fmix32(index + key * golden) elementwise, in uint32 arithmetic (wrapping)."""
-    cp.add(index, np.uint32((key * _GOLDEN) & 0xFFFFFFFF), out=hashed)
+def dropout_keep_bits(index, offset, hashed, scratch) -> None:
+    """``hashed`` = fmix32(index + offset) elementwise, in uint32 arithmetic (wrapping), where
+    ``offset`` (a device array of one element) is the call's key times the golden-ratio step."""
+    cp.add(index, offset, out=hashed)
     for shift, multiplier in ((16, _FMIX[0]), (13, _FMIX[1]), (16, None)):
         cp.right_shift(hashed, np.uint32(shift), out=scratch)
         cp.bitwise_xor(hashed, scratch, out=hashed)
@@ -133,17 +151,25 @@ def dropout_mask_gpu(ctx):
     hashed, scratch = cp.empty(shape, cp.uint32), cp.empty(shape, cp.uint32)
     keep = cp.empty(shape, bool)
     rng = ctx.runtime.rng
+    # the call's key, spread by the golden-ratio step, lives in device memory: a captured run
+    # reads this call's key there, written before the launch (uploads are queued, never waited on)
+    offset = cp.zeros((1,), cp.uint32)
+    upload = HostUpload(offset)
+
+    def before_run():
+        key = int(rng.integers(0, 1 << 32))          # host-side: no device synchronisation
+        upload(np.array([(key * _GOLDEN) & 0xFFFFFFFF], np.uint32))
 
     def run(ins, outs):
-        key = int(rng.integers(0, 1 << 32))          # host-side: no device synchronisation
-        dropout_keep_bits(index, key, hashed, scratch)
+        dropout_keep_bits(index, offset, hashed, scratch)
         cp.right_shift(hashed, np.uint32(8), out=scratch)
         cp.greater_equal(scratch, threshold, out=keep)
         cp.multiply(keep, scale, out=outs[0])
+    run.before_run = before_run
     return run
 
 
-@register_kernel("embedding", "gpu")
+@register_kernel("embedding", "gpu", host_sync="checks its indices against the table on the host")
 def embedding_gpu(ctx):
     """The rows by cp.take. The range check reads one flag back to the host per call: an index
     outside the table is the user's data, and must stop the run naming the layer, as on the CPU."""

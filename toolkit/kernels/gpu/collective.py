@@ -13,14 +13,17 @@ from ...backend.registry import register_kernel
 cp = gpu_module()
 
 
-@register_kernel("allreduce_sum", "gpu")
+STAGED = "stages its values through host memory"
+
+
+@register_kernel("allreduce_sum", "gpu", host_sync=STAGED)
 def allreduce_sum_gpu(ctx):
     def run(ins, outs):
         outs[0][...] = cp.asarray(current().allreduce(to_host(ins[0])))
     return run
 
 
-@register_kernel("allreduce_start", "gpu")
+@register_kernel("allreduce_start", "gpu", host_sync=STAGED)
 def allreduce_start_gpu(ctx):
     bucket = ctx.attrs["bucket"]
 
@@ -30,7 +33,7 @@ def allreduce_start_gpu(ctx):
     return run
 
 
-@register_kernel("allreduce_wait", "gpu")
+@register_kernel("allreduce_wait", "gpu", host_sync=STAGED)
 def allreduce_wait_gpu(ctx):
     bucket = ctx.attrs["bucket"]
     shapes = ctx.out_shapes

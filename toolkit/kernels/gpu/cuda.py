@@ -24,12 +24,21 @@ _FUNCTIONS: dict[tuple[str, str], object] = {}
 
 def compiled(kernel: Kernel):
     """The CuPy function of ``kernel``, compiled on first use of its source text."""
-    source = CudaDialect().unit([kernel])
-    key = (source, kernel.name)
+    return compiled_source(CudaDialect().unit([kernel]), kernel.name)
+
+
+_MODULES: dict[str, object] = {}
+
+
+def compiled_source(source: str, name: str):
+    """The CuPy function ``name`` of a CUDA source unit, the unit compiled once per text."""
+    key = (source, name)
     function = _FUNCTIONS.get(key)
     if function is None:
-        module = cp.RawModule(code=source, options=("--std=c++14",))
-        function = _FUNCTIONS[key] = module.get_function(kernel.name)
+        module = _MODULES.get(source)
+        if module is None:
+            module = _MODULES[source] = cp.RawModule(code=source, options=("--std=c++14",))
+        function = _FUNCTIONS[key] = module.get_function(name)
     return function
 
 

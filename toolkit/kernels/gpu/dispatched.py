@@ -1,10 +1,10 @@
 """GPU kernels that are the numpy kernels themselves, run on CuPy arrays, and the few written
 for the device: reductions and softmax (float32 accumulation for float16) and the transfer.
 
-``DISPATCHED`` kernels' calls (ufuncs with ``out=``, ``np.sum``/``np.matmul``/``np.copyto``...)
-reach CuPy through numpy's dispatch protocols (``__array_ufunc__``, ``__array_function__``), so
-GEMMs go to cuBLAS and elementwise ops to CuPy's kernels with no host round trip. Only kernels
-without host-side scratch are listed.
+``DISPATCHED`` kernels' calls (ufuncs with ``out=``, ``np.sum``/``np.copyto``...) reach CuPy
+through numpy's dispatch protocols (``__array_ufunc__``, ``__array_function__``), so elementwise
+ops go to CuPy's kernels with no host round trip. Only kernels without host-side scratch are
+listed. GEMMs are blas.py's (our own cuBLAS handle, which a CUDA graph can capture).
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ cp = gpu_module()
 
 # random (impure) ops: the CPU's draw from the host generator; arrays.py has the device's
 DISPATCHED = sorted(op for op in ELEMENTWISE_IMPL if get_op(op).pure) + [
-    "matmul", "reshape", "transpose", "concat", "slice", "broadcast_to", "scalar", "constant",
+    "reshape", "transpose", "concat", "slice", "broadcast_to", "scalar", "constant",
     "reduce_mean_grad", "bessel_correct", "pad_axis", "all_finite", "round_precision"]
 
 

@@ -3,9 +3,11 @@ element, every step in registers), compiled when the plan is built. A float16 gr
 writes half-precision buffers and computes in float32 registers.
 
 - ``fused_elementwise``: one kernel reads the group's inputs and writes its outputs once.
-- ``fused_epilogue``: the head (a cuBLAS GEMM, or the im2col convolution) writes the first
-  output's array; one kernel then reads it as the head and overwrites it element by element
-  (each element's reads come before its writes, in one thread).
+- ``fused_epilogue``: a GEMM whose program is ``h + b`` or ``relu(h + b)`` is one cuBLASLt call
+  with the bias (and ReLU) in its epilogue (lt.py); otherwise the head (a cuBLAS GEMM, or the
+  im2col convolution) writes the first output's array, and one kernel then reads it as the head
+  and overwrites it element by element (each element's reads come before its writes, in one
+  thread).
 
 A program with a step the generator cannot write (none of today's elementwise ops, but the
 table may grow) runs as the CPU's program runner over CuPy arrays instead: one CuPy call per
@@ -22,6 +24,7 @@ from ..cpu.fused import ProgramRunner, elementwise_inplace_pairs
 from ..native.elementwise import _arrays_for, elementwise_kernel
 from ...backend.registry import KERNELS, KernelContext, register_kernel
 from .cuda import launcher
+from .lt import epilogue_gemm
 
 cp = gpu_module()
 
@@ -78,8 +81,12 @@ def fused_epilogue_gpu(ctx: KernelContext):
         # the runner may write output 0 while a later step still reads the head: keep it apart
         program = _runner(ctx, head=True)
         head_buffer = cp.empty(group, ctx.dtype)
+    # h + b or relu(h + b) after a GEMM: one cuBLASLt call with the bias (and ReLU) in its epilogue
+    one_call = epilogue_gemm(ctx, head_attrs, k) if head == "matmul" else None
 
     def run(ins, outs):
+        if one_call is not None and one_call(ins, outs):
+            return
         target = outs[0] if head_buffer is None else head_buffer
         head_fn(ins[:k], [target])
         program(ins, outs, target)
