@@ -1,20 +1,26 @@
 #!/usr/bin/env python
-"""GPU timings of nets in the toolkit (its cupy back end) and in PyTorch eager on CUDA.
+"""GPU timings of nets in the toolkit (its cupy back end) and in PyTorch on CUDA.
 
     python benchmarks/gpu_compare.py [NET.yaml ...] --batch 64 [--batch 256] [--dtype float16]
-                                     [--iters 50] [--rounds 5] [--json]
+                                     [--iters 50] [--rounds 5] [--torch-compile] [--json]
 
-For each net, on the same inputs and starting weights (already on the GPU for both):
+For each net, on the same inputs and starting weights (already on the GPU for all):
 
   * inference: the plan `toolkit infer --device gpu` runs (weights frozen in) against the torch
     translation of the net (toolkit.peers.torch_net) in eval mode under no_grad;
   * a train step: the toolkit's train-step plan with the net's SGD solver against forward,
     backward and torch.optim.SGD with the same rate and momentum.
 
-Before timing it checks that both compute the same thing (infer outputs, the first step's loss)
-within 1e-3 relative, as TF32 may be used by either side's GEMMs. Each timed iteration ends with
-a device synchronisation; rounds alternate between the frameworks and the statistics are over
-every timed iteration. Needs a CUDA GPU with cupy and torch.
+The toolkit runs twice: its plan captured as one CUDA graph (the default) and kernel by kernel
+(``TOOLKIT_CUDA_GRAPHS=0``); PyTorch runs eager and, with ``--torch-compile``, as
+``torch.compile(mode="reduce-overhead")`` (its CUDA-graph path; the module compiled, the backward
+and the optimizer step eager, as its tutorials do).
+
+Before timing it checks that all compute the same thing (infer outputs, the first steps' loss)
+within 1e-3 relative, as TF32 may be used by either side's GEMMs, and that the captured plan
+equals the kernel-by-kernel one. Each timed iteration ends with a device synchronisation; rounds
+rotate between the contenders and the statistics are over every timed iteration. Needs a CUDA
+GPU with cupy and torch.
 """
 from __future__ import annotations
 
@@ -42,6 +48,8 @@ def parse_args(argv=None):
     p.add_argument("--dtype", choices=["float32", "float16"], action="append",
                    help="repeatable (default: float32); float16 is mixed precision on both sides: the "
                         "toolkit's --dtype float16, torch.autocast (and a GradScaler for the train step)")
+    p.add_argument("--torch-compile", action="store_true",
+                   help="also time torch.compile(mode='reduce-overhead') (compiles take a while)")
     p.add_argument("--json", action="store_true")
     return p.parse_args(argv)
 
@@ -75,7 +83,9 @@ def measure(net_path: Path, batch: int, train: bool, dtype: str, args) -> dict:
 
     net = load_net(str(net_path))
     half = dtype == "float16"
-    plan, inputs = bench_plan(net, batch, train, dtype if half else None, device="gpu")
+    plans = {}
+    for name, capture in (("captured", None), ("eager", False)):
+        plans[name], inputs = bench_plan(net, batch, train, dtype if half else None, device="gpu", capture=capture)
     ours_in = {k: (cupy.asarray(v) if not k.startswith("@") else v) for k, v in inputs.items()}
     # the torch model starts from the weights bench_plan gave the plan (the same seed)
     weights = stand_in_weights(net.init_weights(seed=0))
@@ -84,55 +94,79 @@ def measure(net_path: Path, batch: int, train: bool, dtype: str, args) -> dict:
     peer.module.to("cuda")
     t_in = {k: torch.from_numpy(np.ascontiguousarray(v)).cuda() for k, v in inputs.items() if not k.startswith("@")}
     autocast = torch.autocast("cuda", dtype=torch.float16, enabled=half)
-    if train:
-        solver = solver_config(net)
-        lr = net.spec.train.solver.base_lr if net.spec.train else 0.01
-        params = [p for p in peer.params.values() if p.requires_grad]
-        opt = torch.optim.SGD(params, lr=lr, momentum=solver.momentum, weight_decay=solver.weight_decay)
-        scaler = torch.amp.GradScaler("cuda", enabled=half)
+    compiled = None
+    if args.torch_compile:
+        # dynamo's cache is keyed by the forward's code, which every net's translation shares:
+        # start each net afresh, or the recompile limit turns later nets back to eager
+        torch._dynamo.reset()
+        compiled = torch.compile(peer.module, mode="reduce-overhead")
 
-        def run_torch():
-            opt.zero_grad(set_to_none=True)
-            with autocast:
-                out = dict(peer.module(t_in))
-                loss = peer.objective(out)
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
-            return {**out, OBJECTIVE: loss}
-    else:
-        def run_torch():
-            with torch.no_grad(), autocast:
-                return peer.module(t_in)
+    def torch_step(module):
+        if train:
+            solver = solver_config(net)
+            lr = net.spec.train.solver.base_lr if net.spec.train else 0.01
+            params = [p for p in peer.params.values() if p.requires_grad]
+            opt = torch.optim.SGD(params, lr=lr, momentum=solver.momentum, weight_decay=solver.weight_decay)
+            scaler = torch.amp.GradScaler("cuda", enabled=half)
 
-    ours = {k: cupy.asnumpy(cupy.asarray(v)) for k, v in plan.run(ours_in).items()}
-    theirs = {k: v.detach().cpu().numpy() for k, v in run_torch().items()}
-    names = [k for k in (plan.graph.losses if train else plan.graph.outputs) if k in ours and k in theirs]
+            def run_torch():
+                opt.zero_grad(set_to_none=True)
+                with autocast:
+                    out = dict(module(t_in))
+                    loss = peer.objective(out)
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
+                return {**out, OBJECTIVE: loss}
+        else:
+            def run_torch():
+                with torch.no_grad(), autocast:
+                    return module(t_in)
+        return run_torch
+
+    def host(outs):
+        return {k: (v.detach().cpu().numpy() if hasattr(v, "detach") else cupy.asnumpy(cupy.asarray(v)))
+                for k, v in outs.items()}
+
+    names = list(plans["captured"].graph.losses if train else plans["captured"].graph.outputs)
+    # three runs each from the same start: the captured plan's first run is its warm-up, the
+    # second its capture and first replay, the third a replay
+    runs = {"captured": [host(plans["captured"].run(ours_in)) for _ in range(3)],
+            "eager": [host(plans["eager"].run(ours_in)) for _ in range(3)]}
+    theirs = host(torch_step(peer.module)())
+    names = [k for k in names if k in runs["eager"][0] and k in theirs]
     if not names:
         raise RuntimeError("no output of the toolkit's plan to check against torch")
-    err = max(rel_err(ours[k], theirs[k]) for k in names)
+    err = max(rel_err(runs["eager"][0][k], theirs[k]) for k in names)
+    capture_err = max(rel_err(a[k], b[k]) for a, b in zip(runs["captured"], runs["eager"]) for k in names)
 
-    def sync_ours():
-        plan.synchronize()
-
-    def sync_torch():
+    def sync():
         torch.cuda.synchronize()
 
-    fns = {"toolkit": (lambda: plan.run(ours_in), sync_ours), "torch": (run_torch, sync_torch)}
-    for fn, sync in fns.values():
+    fns = {"toolkit": lambda: plans["captured"].run(ours_in), "toolkit_eager": lambda: plans["eager"].run(ours_in),
+           "torch": torch_step(peer.module)}
+    if compiled is not None:
+        fns["torch_compiled"] = torch_step(compiled)
+    for fn in fns.values():
         for _ in range(args.warmup):
             fn()
         sync()
     times = {k: [] for k in fns}
     order = list(fns)
     for r in range(args.rounds):
-        for k in (order if r % 2 == 0 else order[::-1]):
-            times[k] += timed(*fns[k], args.iters)
+        turn = order[r % len(order):] + order[:r % len(order)]
+        for k in turn:
+            times[k] += timed(fns[k], sync, args.iters)
     med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
-    return {"net": net_path.stem, "batch": batch, "mode": "train" if train else "infer", "dtype": dtype,
-            "toolkit_ms": round(med["toolkit"], 4), "torch_ms": round(med["torch"], 4),
-            "ratio": round(med["toolkit"] / med["torch"], 3), "rel_err": err,
-            "ok": err <= (HALF_TOLERANCE if half else TOLERANCE)}
+    row = {"net": f"{net_path.parent.name}/{net_path.stem}" if net_path.stem == "net" else net_path.stem, "batch": batch, "mode": "train" if train else "infer", "dtype": dtype,
+           "captured": plans["captured"].captured, "capture_blocker": plans["captured"].capture_blocker,
+           "kernel_calls": len(plans["captured"].calls),
+           **{f"{k}_ms": round(v, 4) for k, v in med.items()},
+           "ratio": round(med["toolkit"] / med["torch"], 3), "rel_err": err, "capture_rel_err": capture_err,
+           "ok": err <= (HALF_TOLERANCE if half else TOLERANCE) and capture_err == 0.0}
+    if "torch_compiled" in med:
+        row["ratio_compiled"] = round(med["toolkit"] / med["torch_compiled"], 3)
+    return row
 
 
 def main(argv=None) -> int:
@@ -148,7 +182,8 @@ def main(argv=None) -> int:
                     try:
                         rows.append(measure(path, batch, train, dtype, args))
                     except Exception as e:       # one net the peer cannot run must not stop the others
-                        rows.append({"net": path.stem, "batch": batch, "mode": "train" if train else "infer",
+                        rows.append({"net": f"{path.parent.name}/{path.stem}" if path.stem == "net" else path.stem,
+                                     "batch": batch, "mode": "train" if train else "infer",
                                      "dtype": dtype, "error": f"{type(e).__name__}: {e}"})
                     if not args.json:
                         print(json.dumps(rows[-1]), file=sys.stderr)
@@ -159,14 +194,19 @@ def main(argv=None) -> int:
         return 0
     print(f"GPU: {device}; torch {torch.__version__}; cupy {cupy.__version__}; medians of "
           f"{args.rounds} x {args.iters} iterations\n")
-    print("| net | dtype | batch | mode | toolkit | PyTorch eager | ratio | check |")
-    print("|---|---|--:|---|--:|--:|--:|---|")
+    print("| net | dtype | batch | mode | toolkit (graph) | toolkit (kernel by kernel) | PyTorch eager | ratio "
+          "| torch.compile | ratio | check |")
+    print("|---|---|--:|---|--:|--:|--:|--:|--:|--:|---|")
     for r in rows:
         if "error" in r:
-            print(f"| {r['net']} | {r['dtype']} | {r['batch']} | {r['mode']} | | | | {r['error'][:80]} |")
-        else:
-            print(f"| {r['net']} | {r['dtype']} | {r['batch']} | {r['mode']} | {r['toolkit_ms']:.3f} ms | {r['torch_ms']:.3f} ms "
-                  f"| {r['ratio']:.2f}x | {'ok' if r['ok'] else 'MISMATCH'} {r['rel_err']:.1e} |")
+            print(f"| {r['net']} | {r['dtype']} | {r['batch']} | {r['mode']} | | | | | | | {r['error'][:80]} |")
+            continue
+        compiled = (f"{r['torch_compiled_ms']:.3f} ms | {r['ratio_compiled']:.2f}x" if "torch_compiled_ms" in r
+                    else " | ")
+        graph = f"{r['toolkit_ms']:.3f} ms" + ("" if r["captured"] else " (not captured)")
+        print(f"| {r['net']} | {r['dtype']} | {r['batch']} | {r['mode']} | {graph} | {r['toolkit_eager_ms']:.3f} ms "
+              f"| {r['torch_ms']:.3f} ms | {r['ratio']:.2f}x | {compiled} "
+              f"| {'ok' if r['ok'] else 'MISMATCH'} {r['rel_err']:.1e} / {r['capture_rel_err']:.1e} |")
     return 0
 
 
