@@ -777,6 +777,8 @@ TABLE_EXCLUSIONS: dict[str, str] = {
     "allreduce_start": "one half of a pair sharing a pending request: tests/parallel/test_collectives.py "
                        "checks the pair in one process, tests/parallel/test_data_parallel.py under mpiexec",
     "allreduce_wait": "the other half of that pair: tests/parallel/test_collectives.py",
+    "matmul_bias_gradient": "two outputs (the table's cases have one): tests/runtime/test_capture.py checks "
+                            "its CPU kernel and the GPU's against numpy, and the pass that makes it",
 }
 
 # Ops (not named *_grad, not constants, not random) that legitimately have no gradient rule.
@@ -790,6 +792,7 @@ NO_GRAD_RULE = {
                          "reads the convolution's output, so the fusion never fires there",
     "fused_elementwise": "made by a fusion pass after autodiff: the backward pass is already ops",
     "fused_epilogue": "made by a fusion pass after autodiff: the backward pass is already ops",
+    "matmul_bias_gradient": "made by a fusion pass after autodiff, from gradient ops",
 }
 CONSTANT_OPS = {"scalar", "constant"}
 # gradient helpers: named *_grad or *_grad_<what> (conv2d_grad_input, conv2d_grad_weight)

@@ -97,7 +97,7 @@ typedef struct { int compute, scale, transa, transb; unsigned epilogue; const vo
 typedef struct { int type; unsigned long long rows, cols; long long ld; } fake_layout;
 typedef struct { unsigned long long max_workspace; } fake_pref;
 
-enum { EPI_DEFAULT = 1, EPI_RELU = 2, EPI_BIAS = 4, EPI_RELU_BIAS = 6 };
+enum { EPI_DEFAULT = 1, EPI_RELU = 2, EPI_BIAS = 4, EPI_RELU_BIAS = 6, EPI_BGRADB = 512 };
 
 int cublasLtCreate(void **handle) { *handle = calloc(1, 16); return *handle ? OK : NOT_INITIALIZED; }
 int cublasLtDestroy(void *handle) { free(handle); return OK; }
@@ -148,8 +148,9 @@ int cublasLtMatmulAlgoGetHeuristic(void *handle, void *desc, void *a, void *b, v
     (void)handle; (void)pref;
     *found = 0;
     if (requested < 1 || !shapes_agree(d, a, b, c) || !shapes_agree(d, a, b, dd)) return INVALID_VALUE;
-    if (d->epilogue != EPI_DEFAULT && d->epilogue != EPI_RELU && d->epilogue != EPI_BIAS && d->epilogue != EPI_RELU_BIAS)
-        return OK;                     /* no algorithm for that epilogue */
+    if (d->epilogue != EPI_DEFAULT && d->epilogue != EPI_RELU && d->epilogue != EPI_BIAS && d->epilogue != EPI_RELU_BIAS
+        && !(d->epilogue == EPI_BGRADB && d->transb))
+        return OK;                     /* no algorithm for that epilogue (BGRADB wants B transposed) */
     memset(results, 0, 96);
     *found = 1;
     return OK;
@@ -162,7 +163,7 @@ int cublasLtMatmul(void *handle, void *desc, const void *alpha, const void *a, v
     fake_layout *la = adesc, *lb = bdesc, *lc = cdesc, *ld = ddesc;
     (void)handle; (void)algo; (void)stream;
     if (!workspace || !workspace_bytes || !shapes_agree(d, la, lb, ld) || !shapes_agree(d, la, lb, lc)) return INVALID_VALUE;
-    if ((d->epilogue & EPI_BIAS) && !d->bias) return INVALID_VALUE;
+    if ((d->epilogue & (EPI_BIAS | EPI_BGRADB)) && !d->bias) return INVALID_VALUE;
     int type = ld->type;
     double al = type == R_64F ? *(const double *)alpha : *(const float *)alpha;
     double be = type == R_64F ? *(const double *)beta : *(const float *)beta;
@@ -176,6 +177,12 @@ int cublasLtMatmul(void *handle, void *desc, const void *alpha, const void *a, v
             if (d->epilogue & EPI_BIAS) v += load(d->bias, type, i);
             if ((d->epilogue & EPI_RELU) && v < 0) v = 0;
             store(dmat, type, i + j * ld->ld, v);
+        }
+    if (d->epilogue == EPI_BGRADB)     /* the bias gradient: op(B)'s sum over k, one per column of D */
+        for (long j = 0; j < n; j++) {
+            double sum = 0;
+            for (long l = 0; l < k; l++) sum += load(b, type, at(d->transb, l, j, lb->ld));
+            store((void *)d->bias, type, j, sum);
         }
     return OK;
 }

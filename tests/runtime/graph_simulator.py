@@ -15,10 +15,13 @@ effects another way:
 So a plan that forgot to launch after capturing loses a step; one that reads the device from
 the host inside the graph fails at capture; one that draws a random key inside the graph, or
 forgets the upload of one drawn outside it, repeats the capture's values on every step. Each
-differs from the same plan run kernel by kernel, which the tests compare bit for bit."""
+differs from the same plan run kernel by kernel, which the tests compare bit for bit. And a
+launch after an array the capture wrote was freed is an error, as a replay would write into
+memory the allocator may since have handed to someone else."""
 from __future__ import annotations
 
 import gc
+import weakref
 
 import numpy as np
 
@@ -65,19 +68,27 @@ class SimulatedGraphs:
     def capture(self, run) -> SimulatedGraph:
         arrays = [(a, a.copy()) for a in _owners()]
         generators = [(g, g.bit_generator.state) for g in _generators()]
+        written = []
         try:
             with capture_guard(True):
                 run()
         finally:
             for a, saved in arrays:
+                if not np.array_equal(a, saved, equal_nan=a.dtype.kind in "fc"):
+                    written.append(weakref.ref(a))
                 np.copyto(a, saved)
             for g, state in generators:
                 g.bit_generator.state = state
         graph = SimulatedGraph(run, generators)
+        graph.written = written
         self.graphs.append(graph)
         return graph
 
     def launch(self, graph: SimulatedGraph) -> None:
+        # the memory the graph writes must outlive it: freed, a replay would write over whatever
+        # the allocator handed it to since
+        if any(ref() is None for ref in graph.written):
+            raise AssertionError("a buffer the captured graph writes was freed while the graph lives")
         now = [(g, g.bit_generator.state) for g, _ in graph.generator_states]
         for g, state in graph.generator_states:
             g.bit_generator.state = state

@@ -89,7 +89,8 @@ class Device:
         return to_host(array)
 
     def uploader(self, target):
-        """A callable copying a host array into ``target`` (an array of this device)."""
+        """A callable copying an array (a host array, or one already on this device) into
+        ``target`` (an array of this device)."""
         import numpy as np
         return functools.partial(np.copyto, target, casting="same_kind")
 
@@ -316,7 +317,8 @@ class HostUpload:
     (page-locked) memory is queued like a kernel. So each upload goes through one of two pinned
     staging buffers, used in turn: before refilling a buffer, the host waits only for the copy
     that last read it (two uploads ago, long finished), not for the device's other work. Without
-    ``cupyx`` (a stand-in for CuPy) it is a plain copy."""
+    ``cupyx`` (a stand-in for CuPy) it is a plain copy. A value already on the GPU is one queued
+    device-to-device copy."""
 
     def __init__(self, target):
         self.target = target
@@ -330,6 +332,10 @@ class HostUpload:
 
     def __call__(self, value) -> None:
         import numpy as np
+        if hasattr(value, "__cuda_array_interface__"):
+            self._from_device(value)
+            return
+        value = np.asarray(value)
         if self.empty_pinned is None:
             if isinstance(self.target, np.ndarray):
                 np.copyto(self.target, value, casting="same_kind")
@@ -346,6 +352,18 @@ class HostUpload:
         np.copyto(host, value, casting="same_kind")
         self.target.set(host, stream=cp.cuda.get_current_stream())
         done.record()
+
+    def _from_device(self, value) -> None:
+        """A value already on this GPU: one device-to-device copy, queued (an array of another
+        shape, dtype, layout or device goes through CuPy's own assignment)."""
+        target = self.target
+        same = (value.shape == target.shape and value.dtype == target.dtype and value.flags.c_contiguous
+                and getattr(value, "device", None) == getattr(target, "device", None)
+                and hasattr(getattr(value, "data", None), "ptr"))
+        if same and target.nbytes:
+            target.data.copy_from_device_async(value.data, target.nbytes)    # on the current stream
+        else:
+            target[...] = value
 
 
 def to_host(array):

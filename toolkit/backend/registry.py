@@ -46,6 +46,10 @@ class KernelEntry:
     # the host, or queues host work): a sentence finishing "its OP kernel ...", or a callable
     # node -> that sentence or None; None: capturable (runtime/capture.py)
     host_sync: str | Callable[[Node], str | None] | None = None
+    # False for a fused op's plain kernel that exists to run the op anywhere (tests, a graph
+    # fused for another device) but is no faster than the ops it stands for: the fusion passes
+    # ask ``fusion_pays`` and do not make the op for this device
+    fusion_pays: bool = True
 
     def host_sync_of(self, node: Node) -> str | None:
         return self.host_sync(node) if callable(self.host_sync) else self.host_sync
@@ -75,12 +79,12 @@ class KernelRegistry:
         kind = _kind(device)
         return self.natives.get((op, kind))
 
-    def register(self, op: str, device: str, dtype: str = "*", inplace=False, host_sync=None):
+    def register(self, op: str, device: str, dtype: str = "*", inplace=False, host_sync=None, fusion_pays=True):
         def wrap(factory: KernelFactory) -> KernelFactory:
             key = (op, device, dtype)
             if key in self.entries:
                 raise RuntimeError(f"kernel {key} registered twice")
-            self.entries[key] = KernelEntry(factory, inplace, host_sync)
+            self.entries[key] = KernelEntry(factory, inplace, host_sync, fusion_pays)
             return factory
         return wrap
 
@@ -90,6 +94,11 @@ class KernelRegistry:
         kind = _kind(device)
         load_kind(kind)
         return (op, kind, dtype) in self.entries or (op, kind, "*") in self.entries
+
+    def fusion_pays(self, op: str, device: Device | str, dtype: str) -> bool:
+        """Whether a fusion pass should make ``op`` for this device and dtype: a kernel is
+        registered and it is faster than the ops it stands for."""
+        return self.has(op, device, dtype) and self.lookup(op, device, dtype).fusion_pays
 
     def lookup(self, op: str, device: Device | str, dtype: str) -> KernelEntry:
         """The kernel of ``op`` for a device's kind and a dtype (the kind's kernels loaded first:

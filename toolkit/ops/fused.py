@@ -197,3 +197,26 @@ def _epilogue_flops(ins, outs, attrs):
 register(OpDef("fused_epilogue", _epilogue_infer, _epilogue_reference, None, _epilogue_flops, batch_rows=True,
                fused=True, doc="a GEMM or convolution followed by an elementwise program, in one kernel; made by the "
                    "fuse_epilogue pass"))
+
+
+# -- the weight and bias gradients of an InnerProduct, from one read of g -------------------------
+def _bias_grad_infer(types, attrs):
+    g, x = types
+    if g.rank != 2 or x.rank != 2:
+        raise ShapeError(f"matmul_bias_gradient needs matrices, got {g} and {x}")
+    (weight,) = get_op("matmul").infer([g, x], {"trans_a": True, "trans_b": False})
+    (bias,) = get_op("reduce_sum").infer([g], {"axes": (0,), "keepdims": attrs["keepdims"]})
+    return [weight, bias]
+
+
+def _bias_grad_reference(g, x, keepdims):
+    return get_op("matmul").reference(g, x, trans_a=True, trans_b=False), g.sum(axis=0, keepdims=keepdims)
+
+
+def _bias_grad_flops(ins, outs, attrs):
+    return 2 * outs[0].numel * ins[0].shape[0] + ins[0].numel
+
+
+register(OpDef("matmul_bias_gradient", _bias_grad_infer, _bias_grad_reference, None, _bias_grad_flops, fused=True,
+               doc="(g^T x, the sum of g's rows): a weight gradient and its bias gradient from one read of g; "
+                   "made by the fuse_bias_gradient pass"))

@@ -21,6 +21,7 @@ from ..ops.control import bodies_of
 from ..ops.flops import graph_flops
 from ..ops.verify import VerifyError, verify
 from .batchnorm import fold_batch_norm
+from .bias_grad import fuse_bias_gradient
 from .collectives import schedule_collectives
 from .constants import dedup_constants, fold_constants
 from .context import PassContext
@@ -83,6 +84,9 @@ PIPELINE: list[Stage] = [
           "chains of elementwise ops of one shape as one blocked pass over memory"),
     Stage("fuse_epilogue", fuse_epilogue,
           "a GEMM or convolution and the elementwise ops on its result as one kernel"),
+    Stage("fuse_bias_gradient", fuse_bias_gradient,
+          "a weight gradient g^T x and the bias gradient (g's row sum) as one GEMM with a bias-gradient "
+          "epilogue, where the device's kernel pays"),
     Stage("optimize_bodies", optimize_bodies,
           "the whole pipeline on every loop and if body"),
     Stage("place_devices", place_devices,

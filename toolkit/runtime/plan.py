@@ -564,12 +564,8 @@ class Plan:
     def _execute(self, inputs, timings: list | None) -> None:
         for name, buf in self.host_inputs:
             np.copyto(buf, inputs[name], casting="same_kind")
-        for name, buf, upload in self.device_inputs:      # one host-to-device copy each
-            value = inputs[name]
-            if isinstance(value, np.ndarray):
-                upload(value)
-            else:
-                buf[...] = value
+        for name, _buf, upload in self.device_inputs:     # one copy each, queued: from the host or the device
+            upload(inputs[name])
         if timings is None and self.graph_run is not None:
             for hook in self.before_run:
                 hook()

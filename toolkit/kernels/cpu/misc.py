@@ -163,3 +163,16 @@ def embedding_grad_cpu(ctx):
 
 
 register_kernel("topk", "cpu")(_reference_kernel)
+
+
+@register_kernel("matmul_bias_gradient", "cpu", fusion_pays=False)
+def matmul_bias_gradient_cpu(ctx):
+    """The fused op's plain form (a graph fused for a GPU run here): the two ops it stands for.
+    The fusion pass never makes it for the CPU, where the generated kernels run those two."""
+    keepdims = ctx.attrs["keepdims"]
+
+    def run(ins, outs):
+        g, x = ins
+        np.matmul(g.T, x, out=outs[0])
+        np.sum(g, axis=0, keepdims=keepdims, out=outs[1])
+    return run

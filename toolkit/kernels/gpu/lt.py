@@ -1,6 +1,8 @@
 """A GEMM with its bias, or its bias and ReLU, in one cuBLASLt call: the epilogue of a fused
 GEMM (``fused_epilogue`` headed by ``matmul``) when its program is exactly ``h + b`` or
-``relu(h + b)`` with ``b`` one value per output column.
+``relu(h + b)`` with ``b`` one value per output column. Backward, ``matmul_bias_gradient`` (g^T x
+and the sum of g's rows, made by the fuse_bias_gradient pass) is one call with the BGRADB
+epilogue, which sums g's rows while the GEMM reads them.
 
 Row-major Y = X W + b is column-major Y^T = W^T X^T + b, so, as in blas.py, cuBLASLt's A is the
 second operand's storage and its B the first's, and the bias runs along D's rows (the output's
@@ -21,11 +23,15 @@ import weakref
 
 import numpy as np
 
+from ...backend.devices import gpu_module
+from ...backend.registry import register_kernel
 from . import blas
+
+cp = gpu_module()
 
 # cublasLtMatmulDescAttributes_t, cublasLtEpilogue_t, cublasLtMatmulPreferenceAttributes_t (cublasLt.h)
 DESC_TRANSA, DESC_TRANSB, DESC_EPILOGUE, DESC_BIAS_POINTER = 3, 4, 7, 8
-EPILOGUE_BIAS, EPILOGUE_RELU_BIAS = 4, 6
+EPILOGUE_BIAS, EPILOGUE_RELU_BIAS, EPILOGUE_BGRADB = 4, 6, 512
 PREF_MAX_WORKSPACE_BYTES = 1
 HEURISTIC_BYTES = 96                      # sizeof(cublasLtMatmulHeuristicResult_t): algo[64], size_t, status, float, int[4]
 HEURISTIC_STATE_OFFSET = 72
@@ -101,6 +107,7 @@ class LtGemm:
         m, k = (a_shape[1], a_shape[0]) if trans_a else (a_shape[0], a_shape[1])
         n = b_shape[0] if trans_b else b_shape[1]
         self.m, self.n = m, n
+        self.epilogue = epilogue
         self.alpha, self.beta = scalar(1.0), scalar(0.0)
         made: list[tuple[str, ctypes.c_void_p]] = []
         self._finalizer = weakref.finalize(self, _destroy, lib, made)
@@ -193,3 +200,27 @@ def epilogue_gemm(ctx, head_attrs, k: int):
         gemm(x, w, bias, out)
         return True
     return run
+
+
+@register_kernel("matmul_bias_gradient", "gpu")
+def matmul_bias_gradient_gpu(ctx):
+    """One cuBLASLt call where it offers an algorithm; else a cuBLAS GEMM and a CuPy sum."""
+    g_shape, x_shape = ctx.in_shapes
+    keepdims = ctx.attrs["keepdims"]
+    one_call = None
+    if min(g_shape) > 0 and min(x_shape) > 0:
+        try:
+            one_call = LtGemm(g_shape, x_shape, True, False, ctx.dtype, EPILOGUE_BGRADB)
+        except (blas.CublasError, OSError, AttributeError):
+            one_call = None
+
+    def run(ins, outs):
+        g, x = ins
+        weight, bias = outs
+        if one_call is not None and all(a.flags.c_contiguous for a in (g, x, weight, bias)):
+            one_call(g, x, bias, weight)          # cuBLASLt writes the bias gradient where its bias would be read
+            return
+        blas.matmul(g.swapaxes(-1, -2), x, weight)
+        cp.sum(g, axis=0, keepdims=keepdims, out=bias)
+    return run
+

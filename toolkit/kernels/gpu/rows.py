@@ -322,5 +322,6 @@ def take_over() -> None:
     for op, make in MAKERS.items():
         for key in [key for key in KERNELS.entries if key[0] == op and key[1] == "gpu"]:
             entry = KERNELS.entries.pop(key)
-            KERNELS.register(key[0], key[1], key[2], inplace=entry.inplace, host_sync=entry.host_sync)(
+            KERNELS.register(key[0], key[1], key[2], inplace=entry.inplace, host_sync=entry.host_sync,
+                             fusion_pays=entry.fusion_pays)(
                 make(entry.factory))
