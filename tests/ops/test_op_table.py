@@ -424,6 +424,11 @@ CONV = [
     ("dil2p2", (2, 2, 8, 7), (2, 2, 3, 3), (1, 1), (2, 2), (2, 2), 1),
     ("group2-s21-p10", (2, 4, 5, 5), (6, 2, 3, 3), (2, 1), (1, 0), (1, 1), 2),
     ("depthwise", (1, 3, 6, 6), (3, 1, 3, 3), (1, 1), (1, 1), (1, 1), 3),
+    # depthwise with a channel multiplier, stride 2 and unequal padding; dilated; unpadded 5x5
+    # (the native kernels' direct loops: every tap's valid span of rows and columns)
+    ("depthwise-x2-s2-p10", (2, 3, 7, 6), (6, 1, 3, 3), (2, 2), (1, 0), (1, 1), 3),
+    ("depthwise-dil2-p2", (2, 4, 7, 8), (4, 1, 3, 3), (1, 1), (2, 2), (2, 2), 4),
+    ("depthwise-k5-s12-wide", (1, 2, 9, 21), (2, 1, 5, 5), (1, 2), (0, 2), (1, 1), 2),
     ("1x1", (3, 5, 4, 3), (2, 5, 1, 1), (1, 1), (0, 0), (1, 1), 1),
     ("mixed-dil12-g2", (2, 4, 7, 9), (4, 2, 2, 3), (1, 2), (1, 2), (1, 2), 2),
     # stride 1: the native input gradient gathers (flipped weight, padding k-1-pad), except where

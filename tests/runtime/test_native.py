@@ -101,6 +101,80 @@ def test_zoo_net_native_equals_numpy(name, batch, train):
         _close(ours, theirs, "float32", f"{name} weight {k}")
 
 
+# MobileNet's building blocks at a small size: depthwise 3x3 (stride 1 and 2, a channel
+# multiplier of 2) with BatchNorm + Scale + ReLU folded into the kernel's epilogue at inference,
+# pointwise 1x1, an inverted-residual add, global pooling and a classifier
+DEPTHWISE_NET = """\
+name: dwnet
+inputs:
+  data: {shape: [N, 4, 12, 12], dtype: float32}
+  label: {shape: [N], dtype: int64}
+layers:
+  - {name: dw1, type: Convolution, bottom: data, top: dw1, num_output: 4, kernel_size: 3, pad: 1, group: 4, bias_term: false}
+  - {name: dw1_bn, type: BatchNorm, bottom: dw1, top: dw1, affine: false}
+  - {name: dw1_scale, type: Scale, bottom: dw1, top: dw1, bias_term: true}
+  - {name: dw1_relu, type: ReLU, bottom: dw1, top: dw1}
+  - {name: pw1, type: Convolution, bottom: dw1, top: pw1, num_output: 4, kernel_size: 1, bias_term: false}
+  - {name: add1, type: Eltwise, bottom: [data, pw1], top: add1}
+  - {name: dw2, type: Convolution, bottom: add1, top: dw2, num_output: 8, kernel_size: 3, pad: 1, stride: 2, group: 4}
+  - {name: dw2_relu, type: ReLU, bottom: dw2, top: dw2}
+  - {name: pw2, type: Convolution, bottom: dw2, top: pw2, num_output: 6, kernel_size: 1}
+  - {name: pool, type: Pooling, bottom: pw2, top: pool, pool: ave, global_pooling: true}
+  - {name: fc, type: InnerProduct, bottom: pool, top: fc, num_output: 3}
+  - {name: loss, type: SoftmaxWithLoss, bottom: [fc, label], top: loss, phase: train}
+  - {name: prob, type: Softmax, bottom: fc, top: prob, phase: infer}
+outputs: [prob]
+train:
+  solver: {type: sgd, base_lr: 0.05, momentum: 0.9}
+"""
+
+
+@needs_cc
+@pytest.mark.parametrize("batch,train", [(1, False), (5, False), (4, True)])
+def test_depthwise_blocks_native_equal_numpy(tmp_path, batch, train):
+    """The direct depthwise kernels (forward with the folded BatchNorm/ReLU epilogue, both
+    gradients) against the numpy kernels, and their code does not grow with the channels."""
+    path = tmp_path / "dwnet.yaml"
+    path.write_text(DEPTHWISE_NET)
+    net = Net.load(str(path))
+    results = {}
+    for native in (True, False):
+        plan, inputs = bench_plan(net, batch, train)
+        plan = Plan(plan.graph, plan.bindings, {k: np.array(plan.memory.storage_of[v.value.id].external)
+                                                  for k, v in plan.graph.weights.items()}, native=native)
+        runs = [{k: np.array(v) for k, v in plan.run(inputs).items()} for _ in range(2 if train else 1)]
+        weights = {k: np.array(plan.memory.storage_of[v.value.id].external) for k, v in plan.graph.weights.items()}
+        results[native] = (runs, weights, plan)
+    native_plan = results[True][2]
+    assert "depthwise" in native_plan.native_source
+    if train:
+        assert "depthwise_grad_input" in native_plan.native_source and "depthwise_grad_weight" in native_plan.native_source
+    for got, want in zip(results[True][0], results[False][0]):
+        for k in want:
+            _close(got[k], want[k], "float32", f"dwnet output {k}")
+    for k in results[False][1]:
+        _close(results[True][1][k], results[False][1][k], "float32", f"dwnet weight {k}")
+
+
+def test_grouped_convolution_code_does_not_grow_with_the_groups():
+    """The generated unit of a convolution with 8 groups and one with 256 are the same size
+    but for their numbers: the groups are a loop, not unrolled (a MobileNet's unit was 16 MB)."""
+    from toolkit.backend.registry import KERNELS, KernelContext
+    from toolkit.codegen.native import dialect
+    from toolkit.ir.graph import Node
+    sizes = {}
+    for groups, cg in ((8, 1), (256, 1), (8, 2), (256, 2)):
+        c = groups * cg
+        x_shape, w_shape = (1, c, 10, 10), (c, cg, 3, 3)
+        attrs = dict(stride=(1, 1), pad=(1, 1), dilation=(1, 1), group=groups)
+        ctx = KernelContext(Node("conv2d", [], attrs, "conv"), attrs, [x_shape, w_shape], [(1, c, 10, 10)],
+                            "float32", "cpu", None, np, threads=2)
+        call = KERNELS.native("conv2d", "cpu")(ctx, [np.zeros(x_shape, np.float32), np.zeros(w_shape, np.float32)],
+                                               [np.zeros((1, c, 10, 10), np.float32)])
+        sizes[groups, cg] = len(dialect().unit([call.kernel]).splitlines())
+    assert sizes[8, 1] == sizes[256, 1] and sizes[8, 2] == sizes[256, 2], sizes
+
+
 def _tiny_kernel(value: float) -> Kernel:
     names = Names()
     out = Buf("out", "float32", 4, const=False)

@@ -17,44 +17,23 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...codegen.loops import (Buf, For, Gemm, If, Kernel, Let, Names, Set, Store, ThreadIndex, lift, maximum,
-                              select)
+from ...codegen.loops import Buf, For, Gemm, If, Kernel, Let, Names, Set, Store, ThreadIndex, lift, maximum, select
 from ...codegen.native import NativeCall
 from ...ops.conv import conv_out_size
 from ...ops.fused import head_parts, split_attrs
 from ...backend.registry import register_native
-from .elementwise import FLOATS, operand_layout, program_body
+from . import depthwise
+from .conv_parts import ConvShape, epilogue_buffers, i64, epilogue_statements, valid_span
+from .elementwise import FLOATS
 
 
-def _i(v):
-    return lift(int(v), "int64")
-
-
-class ConvShape:
-    def __init__(self, x_shape, w_shape, y_hw, attrs):
-        self.n, self.c, self.h, self.w = (int(d) for d in x_shape)
-        self.o, self.cg, self.kh, self.kw = (int(d) for d in w_shape)
-        self.oh, self.ow = (int(d) for d in y_hw)
-        (self.sh, self.sw), (self.ph, self.pw), (self.dh, self.dw) = attrs["stride"], attrs["pad"], attrs["dilation"]
-        self.g = int(attrs["group"])
-        self.og = self.o // self.g
-        self.k = self.cg * self.kh * self.kw
-        self.p = self.oh * self.ow
-        self.padded = bool(self.ph or self.pw)
-
-
-def _valid_span(names: Names, out_size: int, in_size: int, stride: int, pad: int, offset) -> tuple[list, object, object]:
-    """Lets for [lo, hi): the output positions o whose input position o*stride - pad + offset
-    lies inside [0, in_size). Hoisting the bounds out of the copy loop leaves a plain strided
-    copy there, which the compiler vectorises."""
-    lo, hi = names.var("lo"), names.var("hi")
-    first = _i(pad) - offset                           # o*stride >= pad - offset
-    last = _i(in_size - 1 + pad) - offset              # o*stride <= in_size - 1 + pad - offset
-    lo_expr = select(first.gt(0), (first + (stride - 1)) // stride, _i(0))
-    hi_expr = select(last.ge(0), last // stride + 1, _i(0))
-    hi_expr = select(hi_expr.gt(out_size), _i(out_size), hi_expr)
-    lo_expr = select(lo_expr.gt(hi_expr), hi_expr, lo_expr)
-    return [Let(hi, hi_expr), Let(lo, lo_expr)], lo, hi
+def per_group(names: Names, s: ConvShape, statements) -> list:
+    """``statements(g)`` for every group: as they are for one group, else inside a loop over the
+    groups, so that the kernel's code does not grow with the group count."""
+    if s.g == 1:
+        return statements(0)
+    g = names.var("g")
+    return [For(g, i64(0), i64(s.g), statements(g))]
 
 
 def _window_rows(names: Names, s: ConvShape, r):
@@ -72,20 +51,20 @@ def im2col(names: Names, s: ConvShape, x: Buf, cols: Buf, n, g, cols_base, rows=
     dst_row = cols_base + r * s.p + oh * s.ow
     zero = lift(0.0, x.dtype)
     if not s.padded:
-        row_body = lets + [For(oh, _i(0), _i(s.oh), [Let(ih, oh * s.sh + ki * s.dh), For(ow, _i(0), _i(s.ow), [
+        row_body = lets + [For(oh, i64(0), i64(s.oh), [Let(ih, oh * s.sh + ki * s.dh), For(ow, i64(0), i64(s.ow), [
             Store(cols, dst_row + ow, x[src_row + ow * s.sw])], vector=True)])]
     else:
-        span, lo, hi = _valid_span(names, s.ow, s.w, s.sw, s.pw, kj * s.dw)
-        rows_span, rlo, rhi = _valid_span(names, s.oh, s.h, s.sh, s.ph, ki * s.dh)
-        fill = For(ow, _i(0), _i(s.ow), [Store(cols, dst_row + ow, zero)], vector=True)
-        copy = [For(ow, _i(0), lo, [Store(cols, dst_row + ow, zero)]),
+        span, lo, hi = valid_span(names, s.ow, s.w, s.sw, s.pw, kj * s.dw)
+        rows_span, rlo, rhi = valid_span(names, s.oh, s.h, s.sh, s.ph, ki * s.dh)
+        fill = For(ow, i64(0), i64(s.ow), [Store(cols, dst_row + ow, zero)], vector=True)
+        copy = [For(ow, i64(0), lo, [Store(cols, dst_row + ow, zero)]),
                 For(ow, lo, hi, [Store(cols, dst_row + ow, x[src_row + ow * s.sw])], vector=True),
-                For(ow, hi, _i(s.ow), [Store(cols, dst_row + ow, zero)])]
+                For(ow, hi, i64(s.ow), [Store(cols, dst_row + ow, zero)])]
         row_body = lets + span + rows_span + [
-            For(oh, _i(0), rlo, [fill]),
+            For(oh, i64(0), rlo, [fill]),
             For(oh, rlo, rhi, [Let(ih, oh * s.sh - s.ph + ki * s.dh)] + copy),
-            For(oh, rhi, _i(s.oh), [fill])]
-    lo_r, hi_r = rows if rows else (_i(0), _i(s.k))
+            For(oh, rhi, i64(s.oh), [fill])]
+    lo_r, hi_r = rows if rows else (i64(0), i64(s.k))
     return [For(r, lo_r, hi_r, row_body, parallel=parallel)]
 
 
@@ -97,52 +76,13 @@ def col2im(names: Names, s: ConvShape, cols: Buf, dx: Buf, n, g, cols_base) -> l
     ih = names.var("ih")
     dst_row = ((n * s.c + g * s.cg + ci) * s.h + ih) * s.w - s.pw + kj * s.dw
     src_row = cols_base + r * s.p + oh * s.ow
-    span, lo, hi = _valid_span(names, s.ow, s.w, s.sw, s.pw, kj * s.dw)
-    rows_span, rlo, rhi = _valid_span(names, s.oh, s.h, s.sh, s.ph, ki * s.dh)
+    span, lo, hi = valid_span(names, s.ow, s.w, s.sw, s.pw, kj * s.dw)
+    rows_span, rlo, rhi = valid_span(names, s.oh, s.h, s.sh, s.ph, ki * s.dh)
     # the positions of one row land on distinct input elements, so its adds may share vector
     # lanes (overlapping windows meet only across rows, which stay in order)
     add = For(ow, lo, hi, [Store(dx, dst_row + ow * s.sw, cols[src_row + ow], accumulate=True)], vector=True)
-    return [For(r, _i(0), _i(s.k), lets + span + rows_span + [
+    return [For(r, i64(0), i64(s.k), lets + span + rows_span + [
         For(oh, rlo, rhi, [Let(ih, oh * s.sh - s.ph + ki * s.dh), add])])]
-
-
-def epilogue_statements(names, program, outputs, group_shape, in_shapes, views, dtype, x_bufs, out_bufs, head: Buf,
-                        n, o_lo, o_hi) -> list | None:
-    """The elementwise program over image n, channels [o_lo, o_hi) of a [N, O, H, W] group."""
-    _, _, hh, ww = group_shape
-    o, y, z = names.var("o"), names.var("y"), names.var("z")
-    layouts = {i: operand_layout(in_shapes[i], group_shape, (views[i] if i < len(views) else ()) or None)
-               for i in x_bufs}
-
-    def index_of(key):
-        if key[0] == "x":
-            strides, off = layouts[key[1]]
-            expr = lift(off, "int64")
-            for var, st in zip((n, o, y, z), strides):
-                if st:
-                    expr = expr + var * st
-            return expr
-        return ((n * group_shape[1] + o) * hh + y) * ww + z
-    operands = {("x", i): b for i, b in x_bufs.items()}
-    operands[("h",)] = head
-    body = program_body(program, outputs, operands, dtype, index_of, out_bufs, names)
-    if body is None:
-        return None
-    return [For(o, o_lo, o_hi, [For(y, _i(0), _i(hh), [For(z, _i(0), _i(ww), body)])])]
-
-
-def _epilogue_buffers(program, ctx, ins, outs, shape, params: list, arrays: list):
-    """The buffers of a fused epilogue's program (the inputs it reads, its outputs over
-    ``shape``), appended to the kernel's params and arrays; ({}, []) without a program."""
-    if program is None:
-        return {}, []
-    dtype = ctx.dtype
-    used = sorted({r[1] for _op, args, _a in program[0] for r in args if r[0] == "x"})
-    x_bufs = {i: Buf(f"e{i}", dtype, int(np.prod(ctx.in_shapes[i]))) for i in used}
-    out_bufs = [Buf(f"out{j}", dtype, int(np.prod(shape)), const=False) for j in range(len(program[1]))]
-    params += list(x_bufs.values()) + out_bufs
-    arrays += [ins[i] for i in used] + list(outs)
-    return x_bufs, out_bufs
 
 
 def _forward(ctx, ins, outs, pool, program=None):
@@ -163,6 +103,8 @@ def _forward(ctx, ins, outs, pool, program=None):
     else:
         hw = out_shape[2:]
     s = ConvShape(x_shape, w_shape, hw, conv_attrs)
+    if depthwise.is_depthwise(s) and not pool:
+        return depthwise.forward(ctx, ins, outs, s, has_bias, out_shape, program)
     threads = ctx.threads
     per_image = s.n >= threads or s.g > 1 or threads == 1
     names = Names()
@@ -177,7 +119,7 @@ def _forward(ctx, ins, outs, pool, program=None):
     params = [x, w] + ([b] if b else []) + [y, cols] + ([tmp] if tmp else [])
     arrays = [ins[0], ins[1]] + ([ins[2]] if b else []) + [outs[0], np.zeros(cols.size, dtype)] + \
              ([np.zeros(tmp.size, dtype)] if tmp else [])
-    x_bufs, out_bufs = _epilogue_buffers(program, ctx, ins, outs, out_shape, params, arrays)
+    x_bufs, out_bufs = epilogue_buffers(program, ctx, ins, outs, out_shape, params, arrays)
 
     def finish(n, slot, o_lo, o_hi) -> list | None:
         """Channels [o_lo, o_hi) of image n, whose GEMM result is in y (or tmp's slot)."""
@@ -194,9 +136,9 @@ def _forward(ctx, ins, outs, pool, program=None):
                        for di in range(pk[0]) for dj in range(pk[1]) if di or dj]
             value = m + b[o] if b else m
             window.append(Store(y, ((n * s.o + o) * ph_ + py) * pw_ + px, value))
-            stmts.append(For(o, o_lo, o_hi, [For(py, _i(0), _i(ph_), [For(px, _i(0), _i(pw_), window)])]))
+            stmts.append(For(o, o_lo, o_hi, [For(py, i64(0), i64(ph_), [For(px, i64(0), i64(pw_), window)])]))
         elif b:
-            stmts.append(For(o, o_lo, o_hi, [For(q, _i(0), _i(s.p), [
+            stmts.append(For(o, o_lo, o_hi, [For(q, i64(0), i64(s.p), [
                 Store(y, (n * s.o + o) * s.p + q, b[o], accumulate=True)])]))
         if program is not None:
             ep = epilogue_statements(names, program[0], program[1], out_shape, ctx.in_shapes,
@@ -209,33 +151,32 @@ def _forward(ctx, ins, outs, pool, program=None):
     def gemm(n, g, slot, o_lo, rows):
         c_buf, c_off = (tmp, slot * (s.o * s.p) + (g * s.og + o_lo) * s.p) if pool else \
             (y, (n * s.o + g * s.og + o_lo) * s.p)
-        return Gemm(False, False, rows, _i(s.p), _i(s.k), w, (g * s.og + o_lo) * s.k, s.k,
+        return Gemm(False, False, rows, i64(s.p), i64(s.k), w, (g * s.og + o_lo) * s.k, s.k,
                     cols, slot * cols_size, s.p, c_buf, c_off, s.p)
 
     if per_image:
         n = names.var("n")
         slot = names.var("slot")
         body = [Let(slot, ThreadIndex())]
-        for g in range(s.g):
-            body += im2col(names, s, x, cols, n, g, slot * cols_size)
-            body.append(gemm(n, g, slot, _i(0), _i(s.og)))
-        tail = finish(n, slot, _i(0), _i(s.o))
+        body += per_group(names, s, lambda g: im2col(names, s, x, cols, n, g, slot * cols_size)
+                          + [gemm(n, g, slot, i64(0), i64(s.og))])
+        tail = finish(n, slot, i64(0), i64(s.o))
         if tail is None:
             return None
-        loop = For(n, _i(0), _i(s.n), body + tail, parallel=threads > 1)
+        loop = For(n, i64(0), i64(s.n), body + tail, parallel=threads > 1)
         kernel_body = [loop]
     else:                                   # fewer images than threads: split inside each image
         n = names.var("n")
         chunk = names.var("chunk")
         per = -(-s.o // threads)
         lo, cnt = names.var("lo"), names.var("cnt")
-        tail = finish(n, _i(0), lo, lo + cnt)
+        tail = finish(n, i64(0), lo, lo + cnt)
         if tail is None:
             return None
-        split = For(chunk, _i(0), _i(threads), [
+        split = For(chunk, i64(0), i64(threads), [
             Let(lo, chunk * per), Let(cnt, select((s.o - lo).lt(per), s.o - lo, per)),
-            If(cnt.gt(0), [gemm(n, 0, _i(0), lo, cnt)] + tail)], parallel=True)
-        kernel_body = [For(n, _i(0), _i(s.n), im2col(names, s, x, cols, n, 0, _i(0), parallel=True) + [split])]
+            If(cnt.gt(0), [gemm(n, 0, i64(0), lo, cnt)] + tail)], parallel=True)
+        kernel_body = [For(n, i64(0), i64(s.n), im2col(names, s, x, cols, n, 0, i64(0), parallel=True) + [split])]
     return NativeCall(Kernel("conv", params, kernel_body, threads), arrays)
 
 
@@ -268,8 +209,8 @@ def _flipped_weight(names: Names, s: ConvShape, w: Buf, wt: Buf) -> list:
     c, o, i, j = names.var("c"), names.var("o"), names.var("i"), names.var("j")
     src = (((c // s.cg) * s.og + o) * s.cg + c % s.cg) * (s.kh * s.kw) + i * s.kw + j
     dst = ((c * s.og + o) * s.kh + (s.kh - 1 - i)) * s.kw + (s.kw - 1 - j)
-    return [For(c, _i(0), _i(s.c), [For(o, _i(0), _i(s.og), [For(i, _i(0), _i(s.kh), [
-        For(j, _i(0), _i(s.kw), [Store(wt, dst, w[src])])])])])]
+    return [For(c, i64(0), i64(s.c), [For(o, i64(0), i64(s.og), [For(i, i64(0), i64(s.kh), [
+        For(j, i64(0), i64(s.kw), [Store(wt, dst, w[src])])])])])]
 
 
 def _grad_input(ctx, ins, outs, program=None):
@@ -284,6 +225,8 @@ def _grad_input(ctx, ins, outs, program=None):
     g_shape, w_shape = ctx.in_shapes[0], ctx.in_shapes[1]
     x_shape = tuple(ctx.out_shapes[0])
     s = ConvShape(x_shape, w_shape, g_shape[2:], attrs)
+    if depthwise.is_depthwise(s):
+        return depthwise.grad_input(ctx, ins, outs, s, x_shape, program)
     ts = _transposed_shape(s, g_shape)
     threads = ctx.threads
     names = Names()
@@ -298,28 +241,27 @@ def _grad_input(ctx, ins, outs, program=None):
         wt = Buf("wt", dtype, s.o * s.k, const=False)
         params.append(wt)
         arrays.append(np.zeros(wt.size, dtype))
-    x_bufs, out_bufs = _epilogue_buffers(program, ctx, ins, outs, x_shape, params, arrays)
+    x_bufs, out_bufs = epilogue_buffers(program, ctx, ins, outs, x_shape, params, arrays)
     n, slot, e = names.var("n"), names.var("slot"), names.var("e")
     image = s.c * s.h * s.w
     body = [Let(slot, ThreadIndex())]
     if ts is None:
-        body.append(For(e, _i(0), _i(image), [Store(dx, n * image + e, lift(0.0, dtype))]))
-        for g in range(s.g):
-            body.append(Gemm(True, False, _i(s.k), _i(s.p), _i(s.og), w, _i(g * s.og * s.k), s.k,
-                             gy, (n * s.o + g * s.og) * s.p, s.p, cols, slot * cols_size, s.p))
-            body += col2im(names, s, cols, dx, n, g, slot * cols_size)
+        body.append(For(e, i64(0), i64(image), [Store(dx, n * image + e, lift(0.0, dtype))]))
+        body += per_group(names, s, lambda g: [
+            Gemm(True, False, i64(s.k), i64(s.p), i64(s.og), w, lift(g * s.og * s.k, "int64"), s.k,
+                 gy, (n * s.o + g * s.og) * s.p, s.p, cols, slot * cols_size, s.p)]
+            + col2im(names, s, cols, dx, n, g, slot * cols_size))
     else:
-        for g in range(s.g):
-            body += im2col(names, ts, gy, cols, n, g, slot * cols_size)
-            body.append(Gemm(False, False, _i(ts.og), _i(ts.p), _i(ts.k), wt, _i(g * ts.og * ts.k), ts.k,
-                             cols, slot * cols_size, ts.p, dx, (n * s.c + g * ts.og) * ts.p, ts.p))
+        body += per_group(names, s, lambda g: im2col(names, ts, gy, cols, n, g, slot * cols_size) + [
+            Gemm(False, False, i64(ts.og), i64(ts.p), i64(ts.k), wt, lift(g * ts.og * ts.k, "int64"), ts.k,
+                 cols, slot * cols_size, ts.p, dx, (n * s.c + g * ts.og) * ts.p, ts.p)])
     if program is not None:
         ep = epilogue_statements(names, program[0], program[1], x_shape, ctx.in_shapes, ctx.attrs.get("views", ()),
-                                 dtype, x_bufs, out_bufs, dx, n, _i(0), _i(s.c))
+                                 dtype, x_bufs, out_bufs, dx, n, i64(0), i64(s.c))
         if ep is None:
             return None
         body += ep
-    loop = For(n, _i(0), _i(s.n), body, parallel=threads > 1)
+    loop = For(n, i64(0), i64(s.n), body, parallel=threads > 1)
     prologue = [] if ts is None else _flipped_weight(names, s, w, wt)
     return NativeCall(Kernel("conv_grad_input", params, prologue + [loop], threads), arrays)
 
@@ -344,6 +286,8 @@ def conv2d_grad_weight_native(ctx, ins, outs):
     g_shape, x_shape = ctx.in_shapes
     dw_shape = tuple(ctx.out_shapes[0])
     s = ConvShape(x_shape, dw_shape, g_shape[2:], ctx.attrs)
+    if depthwise.is_depthwise(s):
+        return depthwise.grad_weight(ctx, ins, outs, s)
     threads = max(1, min(ctx.threads, s.n))
     names = Names()
     gy = Buf("gy", dtype, int(np.prod(g_shape)))
@@ -356,17 +300,15 @@ def conv2d_grad_weight_native(ctx, ins, outs):
     lo, hi = names.var("lo"), names.var("hi")
     body = [Let(lo, (t * s.n) // threads), Let(hi, ((t + 1) * s.n) // threads)]
     beta = select(n.gt(lo), 1.0, 0.0)              # each thread's first image overwrites its sum
-    stmts = []
-    for g in range(s.g):
-        stmts += im2col(names, s, x, cols, n, g, t * cols_size)
-        stmts.append(Gemm(False, True, _i(s.k), _i(s.og), _i(s.p), cols, t * cols_size, s.p,
-                          gy, (n * s.o + g * s.og) * s.p, s.p, sums, t * (s.k * s.o) + g * s.og, s.o, beta=beta))
+    stmts = per_group(names, s, lambda g: im2col(names, s, x, cols, n, g, t * cols_size) + [
+        Gemm(False, True, i64(s.k), i64(s.og), i64(s.p), cols, t * cols_size, s.p,
+             gy, (n * s.o + g * s.og) * s.p, s.p, sums, t * (s.k * s.o) + g * s.og, s.o, beta=beta)])
     body.append(For(n, lo, hi, stmts))
     total = sums[k * s.o + o]
     for other in range(1, threads):
         total = total + sums[other * (s.k * s.o) + k * s.o + o]
-    kernel_body = [For(t, _i(0), _i(threads), body, parallel=threads > 1),
-                   For(o, _i(0), _i(s.o), [For(k, _i(0), _i(s.k), [Store(dw, o * s.k + k, total)])],
+    kernel_body = [For(t, i64(0), i64(threads), body, parallel=threads > 1),
+                   For(o, i64(0), i64(s.o), [For(k, i64(0), i64(s.k), [Store(dw, o * s.k + k, total)])],
                        parallel=threads > 1 and s.o * s.k >= 1 << 14)]
     arrays = [ins[0], ins[1], outs[0], np.zeros(cols.size, dtype), np.zeros(sums.size, dtype)]
     return NativeCall(Kernel("conv_grad_weight", [gy, x, dw, cols, sums], kernel_body, ctx.threads), arrays)

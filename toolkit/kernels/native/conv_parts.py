@@ -1,0 +1,81 @@
+"""What every generated convolution kernel shares: the shape of a convolution, the output
+positions whose window lies inside the input, and the fused elementwise epilogue over a range
+of an image's channels (conv.py's im2col kernels, depthwise.py's direct ones)."""
+from __future__ import annotations
+
+import numpy as np
+
+from ...codegen.loops import Buf, For, Let, Names, lift, select
+from .elementwise import operand_layout, program_body
+
+
+def i64(v):
+    return lift(int(v), "int64")
+
+
+class ConvShape:
+    def __init__(self, x_shape, w_shape, y_hw, attrs):
+        self.n, self.c, self.h, self.w = (int(d) for d in x_shape)
+        self.o, self.cg, self.kh, self.kw = (int(d) for d in w_shape)
+        self.oh, self.ow = (int(d) for d in y_hw)
+        (self.sh, self.sw), (self.ph, self.pw), (self.dh, self.dw) = attrs["stride"], attrs["pad"], attrs["dilation"]
+        self.g = int(attrs["group"])
+        self.og = self.o // self.g
+        self.k = self.cg * self.kh * self.kw
+        self.p = self.oh * self.ow
+        self.padded = bool(self.ph or self.pw)
+
+
+def valid_span(names: Names, out_size: int, in_size: int, stride: int, pad: int, offset) -> tuple[list, object, object]:
+    """Lets for [lo, hi): the output positions o whose input position o*stride - pad + offset
+    lies inside [0, in_size). Hoisting the bounds out of the copy loop leaves a plain strided
+    copy there, which the compiler vectorises."""
+    lo, hi = names.var("lo"), names.var("hi")
+    first = i64(pad) - offset                           # o*stride >= pad - offset
+    last = i64(in_size - 1 + pad) - offset              # o*stride <= in_size - 1 + pad - offset
+    lo_expr = select(first.gt(0), (first + (stride - 1)) // stride, i64(0))
+    hi_expr = select(last.ge(0), last // stride + 1, i64(0))
+    hi_expr = select(hi_expr.gt(out_size), i64(out_size), hi_expr)
+    lo_expr = select(lo_expr.gt(hi_expr), hi_expr, lo_expr)
+    return [Let(hi, hi_expr), Let(lo, lo_expr)], lo, hi
+
+
+def epilogue_statements(names, program, outputs, group_shape, in_shapes, views, dtype, x_bufs, out_bufs, head: Buf,
+                        n, o_lo, o_hi) -> list | None:
+    """The elementwise program over image n, channels [o_lo, o_hi) of a [N, O, H, W] group."""
+    _, _, hh, ww = group_shape
+    o, y, z = names.var("o"), names.var("y"), names.var("z")
+    layouts = {i: operand_layout(in_shapes[i], group_shape, (views[i] if i < len(views) else ()) or None)
+               for i in x_bufs}
+
+    def index_of(key):
+        if key[0] == "x":
+            strides, off = layouts[key[1]]
+            expr = lift(off, "int64")
+            for var, st in zip((n, o, y, z), strides):
+                if st:
+                    expr = expr + var * st
+            return expr
+        return ((n * group_shape[1] + o) * hh + y) * ww + z
+    operands = {("x", i): b for i, b in x_bufs.items()}
+    operands[("h",)] = head
+    body = program_body(program, outputs, operands, dtype, index_of, out_bufs, names)
+    if body is None:
+        return None
+    return [For(o, o_lo, o_hi, [For(y, i64(0), i64(hh), [For(z, i64(0), i64(ww), body)])])]
+
+
+def epilogue_buffers(program, ctx, ins, outs, shape, params: list, arrays: list):
+    """The buffers of a fused epilogue's program (the inputs it reads, its outputs over
+    ``shape``), appended to the kernel's params and arrays; ({}, []) without a program."""
+    if program is None:
+        return {}, []
+    dtype = ctx.dtype
+    used = sorted({r[1] for _op, args, _a in program[0] for r in args if r[0] == "x"})
+    x_bufs = {i: Buf(f"e{i}", dtype, int(np.prod(ctx.in_shapes[i]))) for i in used}
+    out_bufs = [Buf(f"out{j}", dtype, int(np.prod(shape)), const=False) for j in range(len(program[1]))]
+    params += list(x_bufs.values()) + out_bufs
+    arrays += [ins[i] for i in used] + list(outs)
+    return x_bufs, out_bufs
+
+

@@ -1,0 +1,126 @@
+"""Depthwise convolutions (each group reads one input channel: MobileNet's 3x3 layers, with any
+channel multiplier) as direct loops, forward and backward.
+
+im2col + GEMM wastes most of its time here: each group's GEMM is one row (or a few) of
+kh*kw columns, a BLAS call per group and image for a handful of multiply-adds per element. The
+direct form walks each output plane once per kernel tap: for tap (i, j) and every output row
+whose input row lies inside the image, one strided, vectorised multiply-add of the input row
+into the output row, the span of valid columns computed once per tap (no test in the inner
+loop). The code is the same whatever the channel count: the channels are a loop, not unrolled.
+
+- forward: one parallel iteration per (image, output channel) plane, started from the bias (or
+  0), then the taps, then the fused elementwise epilogue over that plane while it is in cache;
+- input gradient: one iteration per (image, input channel) plane, which gathers the taps of its
+  ``multiplier`` output channels;
+- weight gradient: one iteration per output channel, each tap a sum over images and positions
+  (a reduction the compiler vectorises).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ...codegen.loops import Buf, For, Kernel, Let, Names, Set, Store, lift
+from ...codegen.native import NativeCall
+from .conv_parts import ConvShape, epilogue_buffers, epilogue_statements, i64, valid_span
+
+
+def is_depthwise(s: ConvShape) -> bool:
+    """Each group reads one input channel (and there is more than one group)."""
+    return s.g > 1 and s.cg == 1
+
+
+def _tap_rows(names: Names, s: ConvShape, ki, kj):
+    """The lets that bound the output rows [rlo, rhi) and columns [lo, hi) whose input position
+    for tap (ki, kj) lies inside the image."""
+    cols_lets, lo, hi = valid_span(names, s.ow, s.w, s.sw, s.pw, kj * s.dw)
+    rows_lets, rlo, rhi = valid_span(names, s.oh, s.h, s.sh, s.ph, ki * s.dh)
+    return cols_lets + rows_lets, lo, hi, rlo, rhi
+
+
+def forward(ctx, ins, outs, s: ConvShape, has_bias: bool, out_shape, program=None) -> NativeCall | None:
+    dtype, threads = ctx.dtype, ctx.threads
+    names = Names()
+    x = Buf("x", dtype, s.n * s.c * s.h * s.w)
+    w = Buf("w", dtype, s.o * s.kh * s.kw)
+    b = Buf("bias", dtype, s.o) if has_bias else None
+    y = Buf("y", dtype, int(np.prod(out_shape)), const=False)
+    params = [x, w] + ([b] if b else []) + [y]
+    arrays = [ins[0], ins[1]] + ([ins[2]] if b else []) + [outs[0]]
+    x_bufs, out_bufs = epilogue_buffers(program, ctx, ins, outs, out_shape, params, arrays)
+    plane, n, o, c = names.var("plane"), names.var("n"), names.var("o"), names.var("c")
+    q, ki, kj, oh, ow, ih = (names.var(v) for v in ("q", "ki", "kj", "oh", "ow", "ih"))
+    weight = names.var("wv", "float64" if dtype == "float64" else "float32")
+    y_base, x_base = (n * s.o + o) * s.p, (n * s.c + c) * (s.h * s.w)
+    spans, lo, hi, rlo, rhi = _tap_rows(names, s, ki, kj)
+    start = b[o] if b else lift(0.0, dtype)
+    taps = For(ki, i64(0), i64(s.kh), [For(kj, i64(0), i64(s.kw), [
+        Let(weight, w[(o * s.kh + ki) * s.kw + kj])] + spans + [
+        For(oh, rlo, rhi, [Let(ih, oh * s.sh - s.ph + ki * s.dh), For(ow, lo, hi, [
+            Store(y, y_base + oh * s.ow + ow, weight * x[x_base + ih * s.w + ow * s.sw - s.pw + kj * s.dw],
+                  accumulate=True)], vector=True)])])])
+    body = [Let(n, plane // s.o), Let(o, plane % s.o), Let(c, o // s.og),
+            For(q, i64(0), i64(s.p), [Store(y, y_base + q, start)], vector=True), taps]
+    if program is not None:
+        tail = epilogue_statements(names, program[0], program[1], out_shape, ctx.in_shapes,
+                                   ctx.attrs.get("views", ()), dtype, x_bufs, out_bufs, y, n, o, o + 1)
+        if tail is None:
+            return None
+        body += tail
+    loop = For(plane, i64(0), i64(s.n * s.o), body, parallel=threads > 1)
+    return NativeCall(Kernel("depthwise", params, [loop], threads), arrays)
+
+
+def grad_input(ctx, ins, outs, s: ConvShape, x_shape, program=None) -> NativeCall | None:
+    """dx[n, c] = the sum over c's output channels and taps of w * g, scattered back along each
+    tap's valid rows (distinct input elements within a row, so the adds share vector lanes)."""
+    dtype, threads = ctx.dtype, ctx.threads
+    names = Names()
+    gy = Buf("gy", dtype, s.n * s.o * s.p)
+    w = Buf("w", dtype, s.o * s.kh * s.kw)
+    dx = Buf("dx", dtype, int(np.prod(x_shape)), const=False)
+    params, arrays = [gy, w, dx], [ins[0], ins[1], outs[0]]
+    x_bufs, out_bufs = epilogue_buffers(program, ctx, ins, outs, x_shape, params, arrays)
+    plane, n, c, j, o = names.var("plane"), names.var("n"), names.var("c"), names.var("j"), names.var("o")
+    e, ki, kj, oh, ow, ih = (names.var(v) for v in ("e", "ki", "kj", "oh", "ow", "ih"))
+    weight = names.var("wv", "float64" if dtype == "float64" else "float32")
+    image = s.h * s.w
+    x_base, g_base = (n * s.c + c) * image, (n * s.o + o) * s.p
+    spans, lo, hi, rlo, rhi = _tap_rows(names, s, ki, kj)
+    taps = For(ki, i64(0), i64(s.kh), [For(kj, i64(0), i64(s.kw), [
+        Let(weight, w[(o * s.kh + ki) * s.kw + kj])] + spans + [
+        For(oh, rlo, rhi, [Let(ih, oh * s.sh - s.ph + ki * s.dh), For(ow, lo, hi, [
+            Store(dx, x_base + ih * s.w + ow * s.sw - s.pw + kj * s.dw, weight * gy[g_base + oh * s.ow + ow],
+                  accumulate=True)], vector=True)])])])
+    body = [Let(n, plane // s.c), Let(c, plane % s.c),
+            For(e, i64(0), i64(image), [Store(dx, x_base + e, lift(0.0, dtype))], vector=True),
+            For(j, i64(0), i64(s.og), [Let(o, c * s.og + j), taps])]
+    if program is not None:
+        tail = epilogue_statements(names, program[0], program[1], x_shape, ctx.in_shapes, ctx.attrs.get("views", ()),
+                                   dtype, x_bufs, out_bufs, dx, n, c, c + 1)
+        if tail is None:
+            return None
+        body += tail
+    loop = For(plane, i64(0), i64(s.n * s.c), body, parallel=threads > 1)
+    return NativeCall(Kernel("depthwise_grad_input", params, [loop], threads), arrays)
+
+
+def grad_weight(ctx, ins, outs, s: ConvShape) -> NativeCall:
+    """dw[o, 0, i, j] = the sum over images and valid positions of g[n, o] * x[n, c(o)] at tap
+    (i, j): each output channel's taps in one parallel iteration, so no partial sums to add."""
+    dtype, threads = ctx.dtype, ctx.threads
+    names = Names()
+    gy = Buf("gy", dtype, s.n * s.o * s.p)
+    x = Buf("x", dtype, s.n * s.c * s.h * s.w)
+    dw = Buf("dw", dtype, s.o * s.kh * s.kw, const=False)
+    o, c, n, ki, kj, oh, ow, ih = (names.var(v) for v in ("o", "c", "n", "ki", "kj", "oh", "ow", "ih"))
+    total = names.var("sum", "float64" if dtype == "float64" else "float32")
+    spans, lo, hi, rlo, rhi = _tap_rows(names, s, ki, kj)
+    g_base, x_base = (n * s.o + o) * s.p, (n * s.c + c) * (s.h * s.w)
+    product = gy[g_base + oh * s.ow + ow] * x[x_base + ih * s.w + ow * s.sw - s.pw + kj * s.dw]
+    tap = [Let(total, lift(0.0, total.dtype))] + spans + [
+        For(n, i64(0), i64(s.n), [For(oh, rlo, rhi, [Let(ih, oh * s.sh - s.ph + ki * s.dh), For(ow, lo, hi, [
+            Set(total, total + product)], reduction=total)])]),
+        Store(dw, (o * s.kh + ki) * s.kw + kj, total)]
+    loop = For(o, i64(0), i64(s.o), [Let(c, o // s.og), For(ki, i64(0), i64(s.kh), [For(kj, i64(0), i64(s.kw), tap)])],
+               parallel=threads > 1)
+    return NativeCall(Kernel("depthwise_grad_weight", [gy, x, dw], [loop], threads), [ins[0], ins[1], outs[0]])
