@@ -42,14 +42,16 @@ def disabled_passes(net: Net | None = None, disable: Iterable[str] = (), no_opt:
 
 def optimize(graph: Graph, disable: tuple[str, ...] = (), weights: Mapping[str, np.ndarray] | None = None,
              device: Device | str = CPU, *, check: bool = False, records: list[PassRecord] | None = None,
-             observe: Callable | None = None, notes: list[str] | None = None) -> Graph:
+             observe: Callable | None = None, notes: list[str] | None = None, consume_weights: bool = False) -> Graph:
     """Freeze ``weights`` (when given) into constants, then run the pass pipeline for ``device``
     with ``disable`` switched off; ``check`` verifies after every pass, ``records`` and
     ``observe`` see each pass run, ``notes`` receives one line per change. Half-typed values on
-    a device without half-precision arrays are stored as float32 first."""
+    a device without half-precision arrays are stored as float32 first. ``consume_weights``:
+    the frozen arrays are taken out of ``weights`` (a dict the caller hands over and does not
+    read again), so that a weight the passes fold into another array is not kept twice."""
     device = parse_device(device)
     if weights is not None:
-        freeze_weights(graph, weights)
+        freeze_weights(graph, weights, consume=consume_weights)
     emulated = device.emulated_half_types
     if emulated and has_half(graph, emulated):
         store_half_as_float32(graph, emulated)
@@ -59,8 +61,9 @@ def optimize(graph: Graph, disable: tuple[str, ...] = (), weights: Mapping[str, 
 
 def forward_graph(net: Net, phase: str = "infer", dtype: str | None = None,
                   outputs: list[str] | None = None, disable: tuple[str, ...] = (),
-                  weights: Mapping[str, np.ndarray] | None = None, device: Device | str = CPU) -> Graph:
-    return optimize(net.graph(phase, dtype, outputs), disable, weights, device)
+                  weights: Mapping[str, np.ndarray] | None = None, device: Device | str = CPU,
+                  consume_weights: bool = False) -> Graph:
+    return optimize(net.graph(phase, dtype, outputs), disable, weights, device, consume_weights=consume_weights)
 
 
 def add_gradients(graph: Graph, mixed_precision: MixedPrecision | None = None,

@@ -33,9 +33,10 @@ class InferPhase:
         return self.net.load_weights(self.net.default_weights(given, flag=flag), allow_missing=allow_missing,
                                      dtype=self.dtype)
 
-    def session(self, weights: Mapping[str, np.ndarray], buckets: Iterable[int] = DEFAULT_BUCKETS) -> InferSession:
-        """The graph optimised with ``weights`` frozen in, run by a session over ``buckets``."""
-        graph = optimize(self.graph, self.disable, weights, self.device)
+    def session(self, weights: dict[str, np.ndarray], buckets: Iterable[int] = DEFAULT_BUCKETS) -> InferSession:
+        """The graph optimised with ``weights`` frozen in, run by a session over ``buckets``. The
+        frozen arrays are taken out of ``weights``: the graph owns them from now on."""
+        graph = optimize(self.graph, self.disable, weights, self.device, consume_weights=True)
         return InferSession(graph, weights, self.device, tuple(buckets), reuse_memory=memory_reuse(self.disable))
 
 

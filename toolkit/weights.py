@@ -20,6 +20,20 @@ from .fileio import atomic_write
 FORMATS = (".safetensors", ".npz")
 
 
+# Random fillers draw this many values at a time (in float64, numpy's only precision for them)
+# into the array of the net's dtype: the same values as one draw, without a float64 copy of the
+# whole array (VGG-16's fc6 alone would be 822 MB of them).
+FILL_CHUNK = 1 << 20
+
+
+def _drawn(draw, shape: tuple[int, ...], dtype: str) -> np.ndarray:
+    out = np.empty(shape, dtype=dtype)
+    flat = out.reshape(-1)
+    for start in range(0, flat.size, FILL_CHUNK):
+        flat[start:start + FILL_CHUNK] = draw(min(FILL_CHUNK, flat.size - start))
+    return out
+
+
 def fill(init: dict, shape: tuple[int, ...], dtype: str, fan_in: int, fan_out: int,
          rng: np.random.Generator) -> np.ndarray:
     """An array started by a filler spec (Caffe's definitions of xavier and msra)."""
@@ -27,16 +41,19 @@ def fill(init: dict, shape: tuple[int, ...], dtype: str, fan_in: int, fan_out: i
     if kind == "constant":
         return np.full(shape, init.get("value", 0.0), dtype=dtype)
     if kind == "uniform":
-        return rng.uniform(init.get("min", 0.0), init.get("max", 1.0), size=shape).astype(dtype)
+        low, high = init.get("min", 0.0), init.get("max", 1.0)
+        return _drawn(lambda k: rng.uniform(low, high, size=k), shape, dtype)
     if kind == "gaussian":
-        return rng.normal(init.get("mean", 0.0), init.get("std", 1.0), size=shape).astype(dtype)
+        mean, std = init.get("mean", 0.0), init.get("std", 1.0)
+        return _drawn(lambda k: rng.normal(mean, std, size=k), shape, dtype)
     norm = init.get("variance_norm", "fan_in")
     n = {"fan_in": fan_in, "fan_out": fan_out, "average": (fan_in + fan_out) / 2}[norm]
     if kind == "xavier":
         bound = np.sqrt(3.0 / n)
-        return rng.uniform(-bound, bound, size=shape).astype(dtype)
+        return _drawn(lambda k: rng.uniform(-bound, bound, size=k), shape, dtype)
     if kind == "msra":
-        return rng.normal(0.0, np.sqrt(2.0 / n), size=shape).astype(dtype)
+        std = np.sqrt(2.0 / n)
+        return _drawn(lambda k: rng.normal(0.0, std, size=k), shape, dtype)
     raise ValueError(f"unknown filler {kind}")
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -254,3 +255,84 @@ def test_cuda_dialect_renders_the_same_program():
     assert "blockIdx.x * blockDim.x" in cuda and "omp" not in cuda
     c = CDialect().unit([k])
     assert "#pragma omp parallel for" in c and "y[i1] = (x[i1] * 2.0f);" in c
+
+
+# A compiler that hangs: its driver starts a child that sleeps (as gcc starts cc1), writes the
+# child's pid, and waits for it; every start is counted
+HANGING_CC = """#!/bin/sh
+case "$1" in --version) echo "hangcc 1.0"; exit 0;; esac
+echo start >> "{log}"
+sleep 600 &
+echo $! > "{pid}"
+wait
+"""
+
+BUCKETS_SCRIPT = """
+import sys, numpy as np
+from toolkit.frontend import Net
+from toolkit.commands.bench import bench_plan
+net = Net.load("zoo/lenet/net.yaml")
+for batch in (2, 4, 8):
+    plan, inputs = bench_plan(net, batch, False)
+    ref, _ = bench_plan(net, batch, False)
+    assert "native" not in plan.impls
+    print(batch, float(np.abs(plan.run(inputs)["prob"] - ref.run(inputs)["prob"]).max()))
+"""
+
+
+def test_a_compile_past_its_timeout_is_stopped_with_its_children_and_not_repeated(tmp_path):
+    """TOOLKIT_COMPILE_TIMEOUT=2 and a compiler that never finishes: the plan comes back running
+    the numpy kernels after one notice, the compiler's child is gone, and the other batch sizes
+    of the same net do not start the compiler again."""
+    cc = tmp_path / "hangcc"
+    log, pid = tmp_path / "starts.log", tmp_path / "child.pid"
+    cc.write_text(HANGING_CC.format(log=log, pid=pid))
+    cc.chmod(0o755)
+    env = {**os.environ, "TOOLKIT_CACHE": str(tmp_path / "cache"), "TOOLKIT_NATIVE": "1", "CC": str(cc),
+           "TOOLKIT_COMPILE_TIMEOUT": "2", "PYTHONPATH": str(ROOT)}
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-c", BUCKETS_SCRIPT], env=env, cwd=ROOT, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert time.monotonic() - started < 30               # one 2 s timeout, not one per batch size
+    assert log.read_text().count("start") == 1, log.read_text()
+    notes = [line for line in result.stderr.splitlines() if "C compiler took over 2 s" in line]
+    assert len(notes) == 1 and "was stopped" in notes[0], result.stderr
+    child = int(pid.read_text())
+    time.sleep(0.2)
+    assert not os.path.exists(f"/proc/{child}") or "Z" in open(f"/proc/{child}/stat").read().split()[2], \
+        "the compiler's child outlived the timeout"
+    assert all(float(line.split()[1]) == 0.0 for line in result.stdout.splitlines()), result.stdout
+
+
+@needs_cc
+def test_kernels_are_compiled_in_bounded_units(monkeypatch):
+    """With a unit limit smaller than the plan's C, its kernels compile in several units (each
+    under the limit) and the plan equals the one-unit plan; a kernel alone over the limit is not
+    generated, and its step runs the numpy kernel."""
+    from toolkit.codegen import native
+    net = Net.load(str(ROOT / "zoo" / "resnet" / "net.yaml"))
+    plan, inputs = bench_plan(net, 4, True)
+    whole = Plan(plan.graph, plan.bindings, {k: np.array(plan.memory.storage_of[v.value.id].external)
+                                              for k, v in plan.graph.weights.items()}, native=True)
+    want = {k: np.array(v) for k, v in whole.run(inputs).items()}
+    sizes = [len(native.dialect().kernel(c.kernel)) for c in _native_calls(whole)]
+    limit = max(sizes) + 1
+    monkeypatch.setattr(native, "MAX_UNIT_BYTES", limit)
+    split = Plan(plan.graph, plan.bindings, {k: np.array(plan.memory.storage_of[v.value.id].external)
+                                              for k, v in plan.graph.weights.items()}, native=True)
+    assert len(split._linked) > 1 and all(len(linked.source) < limit + 20000 for linked in split._linked)
+    got = {k: np.array(v) for k, v in split.run(inputs).items()}
+    for k in want:
+        _close(got[k], want[k], "float32", k)
+    monkeypatch.setattr(native, "MAX_UNIT_BYTES", sorted(sizes)[len(sizes) // 2])
+    partial = Plan(plan.graph, plan.bindings, {k: np.array(plan.memory.storage_of[v.value.id].external)
+                                                for k, v in plan.graph.weights.items()}, native=True)
+    assert "native" in partial.impls and "numpy" in partial.impls
+    got = {k: np.array(v) for k, v in partial.run(inputs).items()}
+    for k in want:
+        _close(got[k], want[k], "float32", k)
+
+
+def _native_calls(plan):
+    return [call for linked in plan._linked for call in linked.calls]

@@ -38,6 +38,44 @@ class NativeCall:
         self.pointers = np.array([a.ctypes.data for a in self.arrays], dtype=np.uintp)
 
 
+# The most C one translation unit holds: the compiler's time and memory grow faster than the
+# source (a 16 MB unit ran past a 300 s timeout), so a plan's kernels are compiled in units of
+# at most this size, and a kernel alone over it is not generated (its step runs the numpy kernel).
+MAX_UNIT_BYTES = 4 << 20
+
+
+@dataclass
+class Unit:
+    members: list[int]                        # positions of the unit's kernels, in order
+    too_big: str | None = None                # why the unit is not compiled at all
+
+
+def units(kernels: list[Kernel], limit: int | None = None) -> list[Unit]:
+    """Consecutive kernels grouped into units of at most ``limit`` bytes of C each."""
+    limit = MAX_UNIT_BYTES if limit is None else limit
+    c = dialect()
+    out: list[Unit] = []
+    current: list[int] = []
+    size = 0
+    for i, kernel in enumerate(kernels):
+        n = len(c.kernel(kernel))
+        if n > limit:
+            if current:
+                out.append(Unit(current))
+                current, size = [], 0
+            out.append(Unit([i], f"the generated {kernel.name} kernel is {n / 1e6:.1f} MB of C, over the "
+                                 f"{limit / 1e6:.1f} MB a compiler unit may hold"))
+            continue
+        if current and size + n > limit:
+            out.append(Unit(current))
+            current, size = [], 0
+        current.append(i)
+        size += n
+    if current:
+        out.append(Unit(current))
+    return out
+
+
 def dialect() -> CDialect:
     blas = numpy_blas()
     return CDialect(blas.int_type if blas else "int64_t")

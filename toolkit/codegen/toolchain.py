@@ -8,6 +8,11 @@ same unit at once both succeed (the last rename wins; both files are equal).
 
 No compiler (``$CC``, else cc, gcc or clang on PATH), or ``TOOLKIT_NATIVE=0``: ``available()``
 is false and the numpy kernels run, with a one-line notice the first time.
+
+A compile runs in a process group of its own, bounded by ``TOOLKIT_COMPILE_TIMEOUT`` seconds
+(300); a timeout ends the whole group. A unit that fails or times out is remembered by its
+shape (its source with the numbers erased) for the rest of the process: the same net's other
+batch sizes do not each wait for the same failure.
 """
 from __future__ import annotations
 
@@ -15,8 +20,10 @@ import ctypes
 import hashlib
 import os
 import platform
+import re
 import shlex
 import shutil
+import signal
 import subprocess
 import tempfile
 import threading
@@ -29,6 +36,49 @@ from ..errors import notice
 ENV_SWITCH = "TOOLKIT_NATIVE"
 FLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-std=gnu11", "-fno-math-errno", "-fopenmp")
 COMPILE_TIMEOUT_S = 300
+TIMEOUT_ENV = "TOOLKIT_COMPILE_TIMEOUT"
+# units that failed or timed out in this process, by their shape (the source with every number
+# replaced): the other batch sizes of the same net make the same unit but for its numbers, and
+# would each wait for the same failure
+_failed_shapes: dict[str, str] = {}
+
+
+def compile_timeout() -> float:
+    """Seconds a compile may take: ``TOOLKIT_COMPILE_TIMEOUT``, else 300."""
+    text = os.environ.get(TIMEOUT_ENV, "").strip()
+    try:
+        value = float(text) if text else COMPILE_TIMEOUT_S
+    except ValueError:
+        value = COMPILE_TIMEOUT_S
+    return value if value > 0 else COMPILE_TIMEOUT_S
+
+
+def unit_shape(source: str) -> str:
+    """The source with its numbers erased, hashed: one per net structure, whatever the shapes."""
+    return hashlib.sha256(re.sub(r"\d+", "#", source).encode()).hexdigest()
+
+
+def _run_compiler(argv: list[str], timeout: float) -> subprocess.CompletedProcess:
+    """The compiler in a process group of its own: on a timeout the whole group (the driver and
+    its cc1, as, ld) is killed, not the driver alone, which left cc1 running orphaned."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.communicate()
+        raise
+    except BaseException:                    # interrupted (Ctrl-C): no compiler left behind
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+        raise
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 _lock = threading.Lock()
 _loaded: dict[str, ctypes.CDLL] = {}
 
@@ -114,18 +164,29 @@ def build(source: str) -> Path:
     library = folder / f"{key}.so"
     if library.exists():
         return library
+    shape = unit_shape(source)
+    if shape in _failed_shapes:
+        raise NativeUnavailable(_failed_shapes[shape])     # the same words: its notice is printed once
     folder.mkdir(parents=True, exist_ok=True)
     fd, tmp_source = tempfile.mkstemp(prefix=f".{key[:16]}-", suffix=".c", dir=folder)
     tmp_library = tmp_source[:-2] + ".so"
     try:
         with os.fdopen(fd, "w") as f:
             f.write(source)
-        result = subprocess.run([*command, *FLAGS, tmp_source, "-o", tmp_library, "-lm"],
-                                capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
+        timeout = compile_timeout()
+        try:
+            result = _run_compiler([*command, *FLAGS, tmp_source, "-o", tmp_library, "-lm"], timeout)
+        except subprocess.TimeoutExpired:
+            why = (f"the C compiler took over {timeout:g} s on {source.count(chr(10)) + 1} lines of generated "
+                   f"kernels and was stopped")
+            _failed_shapes[shape] = why
+            raise NativeUnavailable(why) from None
         if result.returncode != 0:
             log = folder / f"{key}.log"
             log.write_text(result.stderr)
-            raise NativeUnavailable(f"the C compiler failed on generated kernels (log: {log})")
+            why = f"the C compiler failed on generated kernels (log: {log})"
+            _failed_shapes[shape] = why
+            raise NativeUnavailable(why)
         os.replace(tmp_source, folder / f"{key}.c")        # kept beside the library, for reading
         os.replace(tmp_library, library)
     except (OSError, subprocess.SubprocessError) as e:

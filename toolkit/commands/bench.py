@@ -102,7 +102,8 @@ def bench_plan(net: Net, batch: int, train: bool, dtype: str | None = None, disa
     if train:
         graph = train_step_graph(net, solver, dtype, disable, device)
     else:
-        graph = forward_graph(net, "infer", dtype, disable=disable, weights=weights, device=device)
+        graph = forward_graph(net, "infer", dtype, disable=disable, weights=weights, device=device,
+                              consume_weights=True)
     bindings = batch_bindings(graph, batch, dims or {})
     for name, w in graph.weights.items():          # solver slots and the loss scale
         if name not in weights:

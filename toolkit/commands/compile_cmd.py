@@ -69,7 +69,8 @@ def run_compile(args) -> int:
         record.memory = memory_figures(g, bindings, args.device, reuse)
 
     records: list[PassRecord] = []
-    graph = optimize(graph, disable, weights, args.device, check=True, records=records, observe=observe)
+    graph = optimize(graph, disable, weights, args.device, check=True, records=records, observe=observe,
+                     consume_weights=True)
     for name, w in graph.weights.items():       # solver slots start at zero
         arrays.setdefault(name, np.zeros(w.value.type.concrete({}), w.value.dtype))
     start = time.perf_counter()

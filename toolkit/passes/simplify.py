@@ -394,18 +394,26 @@ def matmul_of_transpose(node: Node, m: Match):
     return m.emit("matmul", a, b, **attrs) if changed else None
 
 
+# The largest constant stored transposed: folding the transpose holds the weight twice for a
+# moment, which for VGG-16's fc6 (411 MB) made compiling it peak at 1.8x the net's weights. A
+# GEMM that large is bound by reading the weight once whichever way it lies.
+PRETRANSPOSE_MAX_BYTES = 64 << 20
+
+
 @rule("matmul")
 def pretranspose_constant_operand(node: Node, m: Match):
     """matmul(a, C, trans_b) -> matmul(a, transpose(C)) for a constant C (a frozen InnerProduct
-    weight), and likewise for a constant first operand; the transpose folds to a constant, so the
-    GEMM reads row-major memory. Measured with OpenBLAS on 2-core EPYC: [64,800]x[800,500] took
-    657 us read transposed vs 537 us row-major, [4,256]x[256,384] 54 vs 8 us. Not for a weight
-    that changes every step (a train graph's): that would copy it on every step."""
+    weight) of at most 64 MiB, and likewise for a constant first operand; the transpose folds to
+    a constant, so the GEMM reads row-major memory. Measured with OpenBLAS on 2-core EPYC:
+    [64,800]x[800,500] took 657 us read transposed vs 537 us row-major, [4,256]x[256,384] 54 vs
+    8 us. Not for a weight that changes every step (a train graph's): that would copy it on
+    every step."""
     a, b = node.inputs
     attrs = dict(node.attrs)
     changed = False
     for key, v in (("trans_a", a), ("trans_b", b)):
-        if attrs[key] and v.rank == 2 and v.producer is not None and v.producer.op == "constant":
+        if (attrs[key] and v.rank == 2 and v.producer is not None and v.producer.op == "constant"
+                and v.producer.attrs["value"].nbytes <= PRETRANSPOSE_MAX_BYTES):
             attrs[key] = False
             changed = True
             if key == "trans_a":

@@ -18,7 +18,7 @@ from ..backend.devices import CPU, Device
 from ..backend.placement import Placement, layer_of_scope
 from ..backend.registry import KERNELS, KernelContext, KernelMissing, load_device
 from ..codegen import toolchain
-from ..codegen.native import Linked, NativeCall
+from ..codegen.native import Linked, NativeCall, units as toolchain_units
 from ..errors import UserError, notice
 from ..hostmem import human_bytes, too_big
 from ..ir.binding import bind_attrs
@@ -211,7 +211,8 @@ class Plan:
             load_device(d)
         self.threads = default_threads() if threads is None else threads
         self._team = team_for(self.threads)       # fewer threads while the cores are taken (team.py)
-        self._linked: Linked | None = None
+        self._linked: list[Linked] = []           # one per compiled unit
+        self._segment_at: dict[int, tuple] = {}   # first step of a segment -> (its call, steps)
         self.runtime = runtime or RuntimeState(np.random.default_rng(0))
         self.reuse_memory = reuse_memory
         self._choose_execution(concurrent)
@@ -440,34 +441,60 @@ class Plan:
                             f"scratch memory at {_sizes(self.bindings)} ({str(e).splitlines()[0]})") from None
 
     def _link(self, natives, workers, step_arrays) -> None:
-        """Compile the plan's native calls as one unit; consecutive native steps become one
-        segment, called from Python once. Where the compiler fails, the numpy kernels run."""
-        positions = [p for p, *_ in natives]
-        segments: list[list[int]] = []
-        for k, p in enumerate(positions):
-            if segments and positions[segments[-1][-1]] == p - 1:
-                segments[-1].append(k)
-            else:
-                segments.append([k])
-        try:
-            linked = Linked([c for _, c, *_ in natives], segments)
-        except toolchain.NativeUnavailable as e:
-            notice(f"{e}; running the numpy kernels", once=str(e))
+        """Compile the plan's native calls in units of at most ``toolchain.MAX_UNIT_BYTES`` of C
+        (usually one); consecutive native steps of one unit become one segment, called from
+        Python once. Where the compiler fails or times out on a unit, or one kernel alone is over
+        the limit, those steps run the numpy kernels after a one-line notice; where every unit
+        fails, the whole plan runs them, split across the cores again."""
+        units = toolchain_units([call.kernel for _, call, *_ in natives])
+        linked_any = False
+        failed: list[int] = []                    # positions (in natives) left to numpy
+        self._linked = []
+        sources = []
+        for unit in units:
+            if unit.too_big is not None:
+                notice(f"{unit.too_big}; running its steps with the numpy kernels", once=unit.too_big)
+                failed += unit.members
+                continue
+            members = [natives[k] for k in unit.members]
+            positions = [p for p, *_ in members]
+            segments: list[list[int]] = []
+            for k, p in enumerate(positions):
+                if segments and positions[segments[-1][-1]] == p - 1:
+                    segments[-1].append(k)
+                else:
+                    segments.append([k])
+            try:
+                linked = Linked([c for _, c, *_ in members], segments)
+            except toolchain.NativeUnavailable as e:
+                notice(f"{e}; running the numpy kernels", once=str(e))
+                failed += unit.members
+                continue
+            linked_any = True
+            self._linked.append(linked)
+            sources.append(linked.source)
+            for k, (p, call, _ins, _outs) in enumerate(members):
+                self.calls[p] = linked.step(k, call)
+            for j, seg in enumerate(segments):
+                self._segment_at[positions[seg[0]]] = (linked.segment(j), len(seg))
+        if not linked_any:
             self.split_steps = 0                  # every step numpy, split across cores again
             for p, (node, (ins, outs)) in enumerate(zip(self.steps, step_arrays)):
                 self.calls[p] = self._python_call(node, ins, outs, workers)
                 self.impls[p] = "numpy"
+            self._segment_at.clear()
             return
-        self.native_source = linked.source
-        self._linked = linked
-        for k, (p, call, _ins, _outs) in enumerate(natives):
-            self.calls[p] = linked.step(k, call)
+        for k in failed:
+            p = natives[k][0]
+            ins, outs = step_arrays[p]
+            self.calls[p] = self._python_call(self.steps[p], ins, outs, None)
+            self.impls[p] = "numpy"
+        self.native_source = "\n".join(sources)
         run_calls, at = [], 0
-        seg_of = {positions[seg[0]]: (j, len(seg)) for j, seg in enumerate(segments)}
         while at < len(self.calls):
-            if at in seg_of:
-                j, length = seg_of[at]
-                run_calls.append(linked.segment(j))
+            if at in self._segment_at:
+                segment, length = self._segment_at[at]
+                run_calls.append(segment)
                 at += length
             else:
                 run_calls.append(self.calls[at])
@@ -532,9 +559,9 @@ class Plan:
         # method runs before every plan run: a LeNet batch-1 run takes 8 us in all)
         if self.workers is not None:
             self.workers.team = size
-        linked = self._linked
-        if linked is not None and linked.lib.tk_team != size:
-            linked.set_team(size)
+        for linked in self._linked:
+            if linked.lib.tk_team != size:
+                linked.set_team(size)
 
     def synchronize(self) -> None:
         """Wait for every device of the plan to finish its queued work (GPU launches return
