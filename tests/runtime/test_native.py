@@ -84,8 +84,7 @@ def test_zoo_net_native_equals_numpy(name, batch, train):
     results = {}
     for native in (True, False):
         plan, inputs = bench_plan(net, batch, train)
-        plan = Plan(plan.graph, plan.bindings, {k: np.array(plan.memory.storage_of[v.value.id].external)
-                                                  for k, v in plan.graph.weights.items()}, native=native)
+        plan = _fresh_plan(plan, native)
         outs = {k: np.array(v) for k, v in plan.run(inputs).items()}
         weights = {k: np.array(plan.memory.storage_of[v.value.id].external) for k, v in plan.graph.weights.items()}
         results[native] = (outs, weights, plan.impls)
@@ -141,8 +140,7 @@ def test_depthwise_blocks_native_equal_numpy(tmp_path, batch, train):
     results = {}
     for native in (True, False):
         plan, inputs = bench_plan(net, batch, train)
-        plan = Plan(plan.graph, plan.bindings, {k: np.array(plan.memory.storage_of[v.value.id].external)
-                                                  for k, v in plan.graph.weights.items()}, native=native)
+        plan = _fresh_plan(plan, native)
         runs = [{k: np.array(v) for k, v in plan.run(inputs).items()} for _ in range(2 if train else 1)]
         weights = {k: np.array(plan.memory.storage_of[v.value.id].external) for k, v in plan.graph.weights.items()}
         results[native] = (runs, weights, plan)
@@ -313,25 +311,28 @@ def test_kernels_are_compiled_in_bounded_units(monkeypatch):
     from toolkit.codegen import native
     net = Net.load(str(ROOT / "zoo" / "resnet" / "net.yaml"))
     plan, inputs = bench_plan(net, 4, True)
-    whole = Plan(plan.graph, plan.bindings, {k: np.array(plan.memory.storage_of[v.value.id].external)
-                                              for k, v in plan.graph.weights.items()}, native=True)
+    whole = _fresh_plan(plan, True)
     want = {k: np.array(v) for k, v in whole.run(inputs).items()}
     sizes = [len(native.dialect().kernel(c.kernel)) for c in _native_calls(whole)]
     limit = max(sizes) + 1
     monkeypatch.setattr(native, "MAX_UNIT_BYTES", limit)
-    split = Plan(plan.graph, plan.bindings, {k: np.array(plan.memory.storage_of[v.value.id].external)
-                                              for k, v in plan.graph.weights.items()}, native=True)
+    split = _fresh_plan(plan, True)
     assert len(split._linked) > 1 and all(len(linked.source) < limit + 20000 for linked in split._linked)
     got = {k: np.array(v) for k, v in split.run(inputs).items()}
     for k in want:
         _close(got[k], want[k], "float32", k)
     monkeypatch.setattr(native, "MAX_UNIT_BYTES", sorted(sizes)[len(sizes) // 2])
-    partial = Plan(plan.graph, plan.bindings, {k: np.array(plan.memory.storage_of[v.value.id].external)
-                                                for k, v in plan.graph.weights.items()}, native=True)
+    partial = _fresh_plan(plan, True)
     assert "native" in partial.impls and "numpy" in partial.impls
     got = {k: np.array(v) for k, v in partial.run(inputs).items()}
     for k in want:
         _close(got[k], want[k], "float32", k)
+
+
+def _fresh_plan(plan, native: bool) -> Plan:
+    """The same graph and shapes planned again, from copies of the plan's starting weights."""
+    return Plan(plan.graph, plan.bindings, {k: np.array(plan.memory.storage_of[v.value.id].external)
+                                            for k, v in plan.graph.weights.items()}, native=native)
 
 
 def _native_calls(plan):
