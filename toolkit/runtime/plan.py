@@ -18,7 +18,7 @@ from ..backend.devices import CPU, Device
 from ..backend.placement import Placement, layer_of_scope
 from ..backend.registry import KERNELS, KernelContext, KernelMissing, load_device
 from ..codegen import toolchain
-from ..codegen.native import Linked, NativeCall, units as toolchain_units
+from ..codegen.native import Linked, NativeCall, units as native_units
 from ..errors import UserError, notice
 from ..hostmem import human_bytes, too_big
 from ..ir.binding import bind_attrs
@@ -212,7 +212,6 @@ class Plan:
         self.threads = default_threads() if threads is None else threads
         self._team = team_for(self.threads)       # fewer threads while the cores are taken (team.py)
         self._linked: list[Linked] = []           # one per compiled unit
-        self._segment_at: dict[int, tuple] = {}   # first step of a segment -> (its call, steps)
         self.runtime = runtime or RuntimeState(np.random.default_rng(0))
         self.reuse_memory = reuse_memory
         self._choose_execution(concurrent)
@@ -441,14 +440,15 @@ class Plan:
                             f"scratch memory at {_sizes(self.bindings)} ({str(e).splitlines()[0]})") from None
 
     def _link(self, natives, workers, step_arrays) -> None:
-        """Compile the plan's native calls in units of at most ``toolchain.MAX_UNIT_BYTES`` of C
+        """Compile the plan's native calls in units of at most ``codegen.native.MAX_UNIT_BYTES`` of C
         (usually one); consecutive native steps of one unit become one segment, called from
         Python once. Where the compiler fails or times out on a unit, or one kernel alone is over
         the limit, those steps run the numpy kernels after a one-line notice; where every unit
         fails, the whole plan runs them, split across the cores again."""
-        units = toolchain_units([call.kernel for _, call, *_ in natives])
+        units = native_units([call.kernel for _, call, *_ in natives])
         linked_any = False
         failed: list[int] = []                    # positions (in natives) left to numpy
+        segment_at: dict[int, tuple] = {}         # first step of a segment -> (its call, its steps)
         self._linked = []
         sources = []
         for unit in units:
@@ -476,13 +476,12 @@ class Plan:
             for k, (p, call, _ins, _outs) in enumerate(members):
                 self.calls[p] = linked.step(k, call)
             for j, seg in enumerate(segments):
-                self._segment_at[positions[seg[0]]] = (linked.segment(j), len(seg))
+                segment_at[positions[seg[0]]] = (linked.segment(j), len(seg))
         if not linked_any:
             self.split_steps = 0                  # every step numpy, split across cores again
             for p, (node, (ins, outs)) in enumerate(zip(self.steps, step_arrays)):
                 self.calls[p] = self._python_call(node, ins, outs, workers)
                 self.impls[p] = "numpy"
-            self._segment_at.clear()
             return
         for k in failed:
             p = natives[k][0]
@@ -492,8 +491,8 @@ class Plan:
         self.native_source = "\n".join(sources)
         run_calls, at = [], 0
         while at < len(self.calls):
-            if at in self._segment_at:
-                segment, length = self._segment_at[at]
+            if at in segment_at:
+                segment, length = segment_at[at]
                 run_calls.append(segment)
                 at += length
             else:

@@ -228,7 +228,8 @@ def _batch_stride(array, batch: int) -> int | None:
     return stride // array.itemsize
 
 
-def _batch_shape(a, b, out) -> int:
+def _batch_count(out) -> int:
+    """How many matrices ``out`` holds (its leading axes flattened)."""
     lead = out.shape[:-2]
     return int(np.prod(lead, dtype=np.int64)) if lead else 1
 
@@ -242,12 +243,12 @@ def matmul(a, b, out) -> None:
         raise CublasError(f"no cuBLAS GEMM for {a.dtype} x {b.dtype} -> {out.dtype}")
     m, n = out.shape[-2], out.shape[-1]
     k = a.shape[-1]
-    if m == 0 or n == 0 or _batch_shape(a, b, out) == 0:
+    batch = _batch_count(out)
+    if m == 0 or n == 0 or batch == 0:
         return
     if k == 0:
         out.fill(0)
         return
-    batch = _batch_shape(a, b, out)
     lead = out.shape[:-2]
     # operands' batch axes broadcast to the output's: a missing or size-1 batch is stride 0
     if a.ndim > 2 and a.shape[:-2] != lead and int(np.prod(a.shape[:-2], dtype=np.int64)) != 1:
