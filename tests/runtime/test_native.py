@@ -337,3 +337,15 @@ def _fresh_plan(plan, native: bool) -> Plan:
 
 def _native_calls(plan):
     return [call for linked in plan._linked for call in linked.calls]
+
+
+def test_a_compile_timeout_that_is_not_a_number_of_seconds_is_said_once_and_the_default_kept(monkeypatch, capsys):
+    for text in ("abc", "0", "-5", "inf"):
+        monkeypatch.setenv(toolchain.TIMEOUT_ENV, text)
+        assert toolchain.compile_timeout() == toolchain.COMPILE_TIMEOUT_S
+        assert toolchain.compile_timeout() == toolchain.COMPILE_TIMEOUT_S
+    lines = [line for line in capsys.readouterr().err.splitlines() if toolchain.TIMEOUT_ENV in line]
+    assert len(lines) == 4, lines
+    assert lines[0] == "note: TOOLKIT_COMPILE_TIMEOUT=abc is not a number of seconds above 0; compiles may take 300 s"
+    monkeypatch.setenv(toolchain.TIMEOUT_ENV, "2.5")
+    assert toolchain.compile_timeout() == 2.5

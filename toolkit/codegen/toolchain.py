@@ -46,11 +46,17 @@ _failed_shapes: dict[str, str] = {}
 def compile_timeout() -> float:
     """Seconds a compile may take: ``TOOLKIT_COMPILE_TIMEOUT``, else 300."""
     text = os.environ.get(TIMEOUT_ENV, "").strip()
+    if not text:
+        return COMPILE_TIMEOUT_S
     try:
-        value = float(text) if text else COMPILE_TIMEOUT_S
+        value = float(text)
     except ValueError:
-        value = COMPILE_TIMEOUT_S
-    return value if value > 0 else COMPILE_TIMEOUT_S
+        value = -1.0
+    if not value > 0 or value == float("inf"):
+        notice(f"{TIMEOUT_ENV}={text} is not a number of seconds above 0; compiles may take {COMPILE_TIMEOUT_S} s",
+               once=f"timeout:{text}")
+        return COMPILE_TIMEOUT_S
+    return value
 
 
 def unit_shape(source: str) -> str:
@@ -64,19 +70,12 @@ def _run_compiler(argv: list[str], timeout: float) -> subprocess.CompletedProces
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
+    except BaseException:                    # the timeout, or an interrupt (Ctrl-C): no compiler left behind
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
         proc.communicate()
-        raise
-    except BaseException:                    # interrupted (Ctrl-C): no compiler left behind
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
         raise
     return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 _lock = threading.Lock()
