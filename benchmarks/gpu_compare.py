@@ -12,7 +12,8 @@ For each net, on the same inputs and starting weights (already on the GPU for al
     backward and torch.optim.SGD with the same rate and momentum.
 
 The toolkit runs twice: its plan captured as one CUDA graph (the default) and kernel by kernel
-(``TOOLKIT_CUDA_GRAPHS=0``); PyTorch runs eager and, with ``--torch-compile``, as
+(``TOOLKIT_CUDA_GRAPHS=0``), and with ``--im2col`` a third time, captured, with its convolutions
+on im2col + cuBLAS instead of cuDNN (``TOOLKIT_CUDNN=0``); PyTorch runs eager and, with ``--torch-compile``, as
 ``torch.compile(mode="reduce-overhead")`` (its CUDA-graph path; the module compiled, the backward
 and the optimizer step eager, as its tutorials do).
 
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -50,6 +52,8 @@ def parse_args(argv=None):
                         "toolkit's --dtype float16, torch.autocast (and a GradScaler for the train step)")
     p.add_argument("--torch-compile", action="store_true",
                    help="also time torch.compile(mode='reduce-overhead') (compiles take a while)")
+    p.add_argument("--im2col", action="store_true",
+                   help="also time the captured plan with its convolutions on im2col + cuBLAS (TOOLKIT_CUDNN=0)")
     p.add_argument("--json", action="store_true")
     return p.parse_args(argv)
 
@@ -83,9 +87,18 @@ def measure(net_path: Path, batch: int, train: bool, dtype: str, args) -> dict:
 
     net = load_net(str(net_path))
     half = dtype == "float16"
+    from toolkit.kernels.gpu import dnn
+    dnn.CHOSEN.clear()
     plans = {}
     for name, capture in (("captured", None), ("eager", False)):
         plans[name], inputs = bench_plan(net, batch, train, dtype if half else None, device="gpu", capture=capture)
+    on_cudnn = sum(n for (how, _what), n in dnn.CHOSEN.items() if how == "cudnn") // 2     # per plan
+    if args.im2col:
+        os.environ[dnn.ENV] = "0"
+        try:
+            plans["im2col"], _ = bench_plan(net, batch, train, dtype if half else None, device="gpu")
+        finally:
+            del os.environ[dnn.ENV]
     ours_in = {k: (cupy.asarray(v) if not k.startswith("@") else v) for k, v in inputs.items()}
     # the torch model starts from the weights bench_plan gave the plan (the same seed)
     weights = stand_in_weights(net.init_weights(seed=0))
@@ -131,14 +144,15 @@ def measure(net_path: Path, batch: int, train: bool, dtype: str, args) -> dict:
     names = list(plans["captured"].graph.losses if train else plans["captured"].graph.outputs)
     # three runs each from the same start: the captured plan's first run is its warm-up, the
     # second its capture and first replay, the third a replay
-    runs = {"captured": [host(plans["captured"].run(ours_in)) for _ in range(3)],
-            "eager": [host(plans["eager"].run(ours_in)) for _ in range(3)]}
+    runs = {name: [host(plan.run(ours_in)) for _ in range(3)] for name, plan in plans.items()}
     theirs = host(torch_step(peer.module)())
     names = [k for k in names if k in runs["eager"][0] and k in theirs]
     if not names:
         raise RuntimeError("no output of the toolkit's plan to check against torch")
     err = max(rel_err(runs["eager"][0][k], theirs[k]) for k in names)
     capture_err = max(rel_err(a[k], b[k]) for a, b in zip(runs["captured"], runs["eager"]) for k in names)
+    if "im2col" in runs:
+        err = max(err, max(rel_err(runs["im2col"][0][k], runs["eager"][0][k]) for k in names))
 
     def sync():
         torch.cuda.synchronize()
@@ -147,6 +161,8 @@ def measure(net_path: Path, batch: int, train: bool, dtype: str, args) -> dict:
            "torch": torch_step(peer.module)}
     if compiled is not None:
         fns["torch_compiled"] = torch_step(compiled)
+    if "im2col" in plans:
+        fns["toolkit_im2col"] = lambda: plans["im2col"].run(ours_in)
     for fn in fns.values():
         for _ in range(args.warmup):
             fn()
@@ -160,12 +176,14 @@ def measure(net_path: Path, batch: int, train: bool, dtype: str, args) -> dict:
     med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
     row = {"net": f"{net_path.parent.name}/{net_path.stem}" if net_path.stem == "net" else net_path.stem, "batch": batch, "mode": "train" if train else "infer", "dtype": dtype,
            "captured": plans["captured"].captured, "capture_blocker": plans["captured"].capture_blocker,
-           "kernel_calls": len(plans["captured"].calls),
+           "kernel_calls": len(plans["captured"].calls), "convolutions_on_cudnn": on_cudnn,
            **{f"{k}_ms": round(v, 4) for k, v in med.items()},
            "ratio": round(med["toolkit"] / med["torch"], 3), "rel_err": err, "capture_rel_err": capture_err,
            "ok": err <= (HALF_TOLERANCE if half else TOLERANCE) and capture_err == 0.0}
     if "torch_compiled" in med:
         row["ratio_compiled"] = round(med["toolkit"] / med["torch_compiled"], 3)
+    if "toolkit_im2col" in med:
+        row["ratio_cudnn_to_im2col"] = round(med["toolkit"] / med["toolkit_im2col"], 3)
     return row
 
 
@@ -207,6 +225,11 @@ def main(argv=None) -> int:
         print(f"| {r['net']} | {r['dtype']} | {r['batch']} | {r['mode']} | {graph} | {r['toolkit_eager_ms']:.3f} ms "
               f"| {r['torch_ms']:.3f} ms | {r['ratio']:.2f}x | {compiled} "
               f"| {'ok' if r['ok'] else 'MISMATCH'} {r['rel_err']:.1e} / {r['capture_rel_err']:.1e} |")
+    for r in rows:
+        if "toolkit_im2col_ms" in r:
+            print(f"{r['net']} {r['dtype']} {r['batch']} {r['mode']}: convolutions on cuDNN {r['toolkit_ms']:.3f} ms, "
+                  f"on im2col {r['toolkit_im2col_ms']:.3f} ms, ratio {r['ratio_cudnn_to_im2col']:.2f}x "
+                  f"({r['convolutions_on_cudnn']} convolution kernels on cuDNN)")
     return 0
 
 

@@ -221,10 +221,25 @@ def fake_cublas(folder) -> str:
     return str(lib)
 
 
+def fake_cudnn(folder) -> str:
+    """tests/runtime/fake_cudnn.c built in ``folder``: the cuDNN entry points dnn.py calls, on the
+    host's memory, for the numpy stand-in for CuPy."""
+    from toolkit.codegen.render import HALF_HELPERS
+    source = (Path(__file__).with_name("fake_cudnn.c").read_text()
+              .replace("TK_HALF_HELPERS", HALF_HELPERS))
+    lib = Path(folder) / "libfake_cudnn.so"
+    if not lib.exists():
+        subprocess.run([CXX or "cc", "-O2", "-shared", "-fPIC", "-x", "c", "-", "-o", str(lib), "-lm"],
+                       input=source, text=True, check=True)
+    return str(lib)
+
+
 def _run_stand_in(script: str, tmp_path, *args, env_extra: dict | None = None) -> subprocess.CompletedProcess:
     fake = fake_cublas(tmp_path)
     env = dict(os.environ, CUDA_EMULATION_DIR=str(tmp_path), CXX_FOR_CUDA_EMULATION=CXX or "c++",
-               TOOLKIT_CUBLAS_LIBRARY=fake, TOOLKIT_CUBLASLT_LIBRARY=fake, **(env_extra or {}))
+               TOOLKIT_CUBLAS_LIBRARY=fake, TOOLKIT_CUBLASLT_LIBRARY=fake,
+               TOOLKIT_CUDNN_LIBRARY=fake_cudnn(tmp_path))
+    env.update(env_extra or {})
     return subprocess.run([sys.executable, "-c", script, *map(str, args)], capture_output=True, text=True,
                           cwd=ROOT, timeout=600, env=env)
 

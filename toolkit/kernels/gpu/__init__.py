@@ -6,6 +6,8 @@ a GPU is asked for.
   reductions and softmax written for the device, and the transfer.
 - ``blas.py``: GEMMs through a cuBLAS handle of our own with its own workspace (ctypes), which
   a CUDA graph can capture (CuPy's cuBLAS calls refuse to be captured).
+- ``dnn.py``: convolutions through a cuDNN handle of our own (ctypes), capturable, with
+  arrays.py's im2col convolutions as the fallback.
 - ``arrays.py``: convolution (im2col + cuBLAS), pooling, the losses, accuracy and dropout,
   written once against an array module and shared with the CPU where they can be.
 - ``rows.py``: one CUDA kernel each for softmax, log-softmax, the NLL loss and its gradient,
@@ -19,9 +21,10 @@ registered.
 """
 from __future__ import annotations
 
-from . import arrays, blas, collective, dispatched, fused, rows  # noqa: F401  (each registers its kernels)
+from . import arrays, blas, collective, dispatched, dnn, fused, rows  # noqa: F401  (each registers its kernels)
 from .dispatched import DISPATCHED  # noqa: F401
 from .. import control as _control
 
 _control.register("gpu")
 rows.take_over()            # one-kernel softmax, losses and finiteness check, over the array programs
+dnn.take_over()             # cuDNN convolutions, over the im2col ones

@@ -20,7 +20,9 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
+import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 
@@ -48,10 +50,11 @@ class CublasError(RuntimeError):
     """A cuBLAS call returned a status other than CUBLAS_STATUS_SUCCESS."""
 
 
-def load_library(name: str, variable: str) -> ctypes.CDLL:
-    """The NVIDIA library ``name`` ("cublas", "cublasLt"): the file the environment variable
-    names, else the one the NVIDIA wheels' locator finds (as CuPy 14 finds it, so the copy CuPy
-    loaded), else the loader's search by soname."""
+def load_library(name: str, variable: str, majors: tuple[int, ...] = (13, 12, 11)) -> ctypes.CDLL:
+    """The NVIDIA library ``name`` ("cublas", "cublasLt", "cudnn"): the file the environment
+    variable names, else the one the NVIDIA wheels' locator finds (as CuPy 14 finds it, so the
+    copy CuPy loaded), else one in an NVIDIA wheel's lib folder on the import path, else the
+    loader's search by soname (``majors`` are the library's own major versions, newest first)."""
     named = os.environ.get(variable)
     if named:
         return ctypes.CDLL(named)
@@ -60,13 +63,15 @@ def load_library(name: str, variable: str) -> ctypes.CDLL:
         found = load_nvidia_dynamic_lib(name).abs_path
         if found:
             return ctypes.CDLL(found)
-    except Exception:                     # not installed, or it found none: the loader's search
+    except Exception:                     # not installed, or it found none: look further
         pass
     errors = []
-    sonames = tuple(f"lib{name}.so.{major}" for major in (13, 12, 11)) + (f"lib{name}.so",)
-    for soname in sonames + tuple(filter(None, [ctypes.util.find_library(name)])):
+    sonames = tuple(f"lib{name}.so.{major}" for major in majors) + (f"lib{name}.so",)
+    wheel_copies = [str(path) for entry in sys.path if entry and os.path.isdir(os.path.join(entry, "nvidia"))
+                    for soname in sonames for path in sorted(Path(entry, "nvidia").glob(f"*/lib/{soname}"))]
+    for candidate in wheel_copies + list(sonames) + list(filter(None, [ctypes.util.find_library(name)])):
         try:
-            return ctypes.CDLL(soname)
+            return ctypes.CDLL(candidate)
         except OSError as e:
             errors.append(str(e))
     raise CublasError(f"cannot load lib{name}: " + "; ".join(errors))

@@ -1,0 +1,429 @@
+"""Convolutions through cuDNN, called through ctypes on a handle of our own, so that a CUDA graph
+can capture them (runtime/capture.py) as it captures blas.py's GEMMs.
+
+The forward convolution (``conv2d`` with its bias, also as the head of a fused epilogue), the fused
+``conv2d_max_pool2d`` (cuDNN's convolution, then the max over the pooling windows on CuPy) and
+the input gradient (``conv2d_grad_input``) take over from the im2col kernels of arrays.py, which
+stay as each one's fallback: when cuDNN cannot be loaded, when ``TOOLKIT_CUDNN=0``, for a dtype
+cuDNN does not take, or when cuDNN offers no algorithm for the shapes. The weight gradient
+(``conv2d_grad_weight``) has a cuDNN kernel too, but stays on im2col by default, which measured
+faster (``CUDNN_OPS`` below).
+
+What is decided when the plan is built, once per convolution:
+- the descriptors (NCHW, packed; an input or output the plan hands over with other strides goes
+  through a packed staging buffer, so an algorithm is never asked to take strides it was not
+  chosen for);
+- the algorithm: cuDNN's heuristic ranking (``cudnnGet*Algorithm_v7``), the first that succeeds,
+  fits the workspace and is deterministic. Heuristics rather than timed search
+  (``cudnnFind*``), and deterministic algorithms only, because a timed search can choose
+  differently from one run to the next and the non-deterministic weight-gradient algorithms sum
+  with atomics: either would break bit-for-bit reproducible training and the check that a
+  captured plan equals the same plan run kernel by kernel;
+- the math: float32 is restricted to FMA kernels (``CUDNN_FMA_MATH``; cuDNN's default math
+  would run it as TF32 on Ampere and later, and the CPU and cuBLAS paths do not), float16 may use
+  Tensor Cores and accumulates in float32.
+
+The handle is per (device, thread), given the current stream before a call on a new stream, with
+a workspace of its own per stream, allocated once from the device and never freed, so a captured
+call never allocates. The library is the one the NVIDIA wheels' locator finds (the
+``nvidia-cudnn`` wheel PyTorch and CuPy use), else the loader's search;
+``TOOLKIT_CUDNN_LIBRARY`` names another file.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from collections import Counter
+
+import numpy as np
+
+from ...ops.conv import conv_out_size
+from ...ops.fused import split_attrs
+from ...backend.devices import gpu_module
+from ...backend.registry import KERNELS
+from . import blas
+
+ENV = "TOOLKIT_CUDNN"
+LIBRARY_ENV = "TOOLKIT_CUDNN_LIBRARY"
+
+# cudnnDataType_t, cudnnTensorFormat_t, cudnnConvolutionMode_t, cudnnMathType_t,
+# cudnnDeterminism_t (cudnn_graph.h / cudnn_cnn.h, unchanged from cuDNN 7 to 9)
+DATA_FLOAT, DATA_DOUBLE, DATA_HALF = 0, 1, 2
+FORMAT_NCHW = 0
+CROSS_CORRELATION = 1
+MATH_DEFAULT, MATH_TENSOR_OP, MATH_TENSOR_OP_ALLOW_CONVERSION, MATH_FMA = 0, 1, 2, 3
+DETERMINISTIC = 1
+
+# dtype -> (tensor data type, compute type, math type asked for, ctypes type of alpha and beta)
+TYPES = {
+    np.dtype(np.float32): (DATA_FLOAT, DATA_FLOAT, MATH_FMA, ctypes.c_float),
+    np.dtype(np.float64): (DATA_DOUBLE, DATA_DOUBLE, MATH_FMA, ctypes.c_double),
+    np.dtype(np.float16): (DATA_HALF, DATA_FLOAT, MATH_TENSOR_OP, ctypes.c_float),
+}
+
+# Each stream's workspace; algorithms that want more are passed over.
+WORKSPACE_BYTES = 64 << 20
+MAX_ALGORITHMS = 16
+
+
+class CudnnError(RuntimeError):
+    """A cuDNN call failed."""
+
+
+class Unsupported(Exception):
+    """cuDNN will not take this convolution; the im2col kernel runs it instead."""
+
+
+class AlgoPerf(ctypes.Structure):
+    """cudnnConvolution{Fwd,BwdData,BwdFilter}AlgoPerf_t (the three share one layout)."""
+    _fields_ = [("algo", ctypes.c_int), ("status", ctypes.c_int), ("time", ctypes.c_float),
+                ("memory", ctypes.c_size_t), ("determinism", ctypes.c_int), ("math_type", ctypes.c_int),
+                ("reserved", ctypes.c_int * 3)]
+
+
+# direction -> (heuristic, workspace size, the call)
+DIRECTIONS = {
+    "forward": ("cudnnGetConvolutionForwardAlgorithm_v7", "cudnnGetConvolutionForwardWorkspaceSize",
+                "cudnnConvolutionForward"),
+    "data": ("cudnnGetConvolutionBackwardDataAlgorithm_v7", "cudnnGetConvolutionBackwardDataWorkspaceSize",
+             "cudnnConvolutionBackwardData"),
+    "filter": ("cudnnGetConvolutionBackwardFilterAlgorithm_v7", "cudnnGetConvolutionBackwardFilterWorkspaceSize",
+               "cudnnConvolutionBackwardFilter"),
+}
+
+
+def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
+    p, i, sz = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
+    pi, psz, pp = ctypes.POINTER(i), ctypes.POINTER(sz), ctypes.POINTER(p)
+    signatures = {
+        "cudnnCreate": [pp], "cudnnSetStream": [p, p],
+        "cudnnCreateTensorDescriptor": [pp], "cudnnSetTensor4dDescriptorEx": [p, i, i, i, i, i, i, i, i, i],
+        "cudnnCreateFilterDescriptor": [pp], "cudnnSetFilter4dDescriptor": [p, i, i, i, i, i, i],
+        "cudnnCreateConvolutionDescriptor": [pp],
+        "cudnnSetConvolution2dDescriptor": [p, i, i, i, i, i, i, i, i],
+        "cudnnSetConvolutionGroupCount": [p, i], "cudnnSetConvolutionMathType": [p, i],
+        # (handle, first desc, second desc, conv, last desc, requested, *returned, perf[])
+        "cudnnGetConvolutionForwardAlgorithm_v7": [p, p, p, p, p, i, pi, p],
+        "cudnnGetConvolutionBackwardDataAlgorithm_v7": [p, p, p, p, p, i, pi, p],
+        "cudnnGetConvolutionBackwardFilterAlgorithm_v7": [p, p, p, p, p, i, pi, p],
+        # (handle, first desc, second desc, conv, last desc, algo, *bytes)
+        "cudnnGetConvolutionForwardWorkspaceSize": [p, p, p, p, p, i, psz],
+        "cudnnGetConvolutionBackwardDataWorkspaceSize": [p, p, p, p, p, i, psz],
+        "cudnnGetConvolutionBackwardFilterWorkspaceSize": [p, p, p, p, p, i, psz],
+        # (handle, alpha, desc, a, desc, b, conv, algo, workspace, bytes, beta, desc, out)
+        "cudnnConvolutionForward": [p, p, p, p, p, p, p, i, p, sz, p, p, p],
+        "cudnnConvolutionBackwardData": [p, p, p, p, p, p, p, i, p, sz, p, p, p],
+        "cudnnConvolutionBackwardFilter": [p, p, p, p, p, p, p, i, p, sz, p, p, p],
+        "cudnnAddTensor": [p, p, p, p, p, p, p],
+    }
+    for name, args in signatures.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = args, ctypes.c_int
+    lib.cudnnGetErrorString.argtypes, lib.cudnnGetErrorString.restype = [i], ctypes.c_char_p
+    return lib
+
+
+_library: list = []          # [library] once loaded, [None, reason] when it cannot be
+_library_lock = threading.Lock()
+
+
+def library() -> ctypes.CDLL | None:
+    """The declared library, or None when it cannot be loaded (``unavailable()`` says why)."""
+    with _library_lock:
+        if not _library:
+            try:
+                _library.append(_declare(blas.load_library("cudnn", LIBRARY_ENV, majors=(9, 8))))
+            except (OSError, AttributeError, blas.CublasError) as e:
+                _library.extend([None, f"cuDNN cannot be loaded ({e})"])
+    return _library[0]
+
+
+def unavailable() -> str | None:
+    """Why convolutions do not go through cuDNN, or None when they do."""
+    if os.environ.get(ENV, "").strip() == "0":
+        return f"{ENV}=0"
+    if library() is None:
+        return _library[1]
+    return None
+
+
+def check(status: int, call: str) -> None:
+    if status != 0:
+        text = library().cudnnGetErrorString(status)
+        raise CudnnError(f"{call} failed: {text.decode() if text else 'cuDNN status'} ({status})")
+
+
+class Handle:
+    """One cuDNN handle with a workspace per stream, for one device and one thread."""
+
+    def __init__(self):
+        self.lib = library()
+        raw = ctypes.c_void_p()
+        check(self.lib.cudnnCreate(ctypes.byref(raw)), "cudnnCreate")
+        self.raw = raw
+        self.stream: int | None = None
+        self.workspaces: dict[int, object] = {}
+
+    def on_current_stream(self) -> tuple[ctypes.c_void_p, int]:
+        """The raw handle, set to the current stream, and that stream's workspace address."""
+        stream = blas.stream_pointer()
+        if stream != self.stream:
+            check(self.lib.cudnnSetStream(self.raw, ctypes.c_void_p(stream)), "cudnnSetStream")
+            self.stream = stream
+        space = self.workspaces.get(stream)
+        if space is None:
+            cp = gpu_module()
+            memory = getattr(getattr(cp.cuda, "memory", None), "Memory", None)
+            space = self.workspaces[stream] = (memory(WORKSPACE_BYTES) if memory is not None
+                                               else cp.empty(WORKSPACE_BYTES, np.uint8))
+        return self.raw, (space.ptr if hasattr(space, "ptr") else blas.pointer(space))
+
+
+_handles = threading.local()
+
+
+def handle() -> Handle:
+    """This thread's handle on the current device."""
+    cp = gpu_module()
+    device = getattr(cp.cuda.Device(), "id", 0)
+    per_device = getattr(_handles, "by_device", None)
+    if per_device is None:
+        per_device = _handles.by_device = {}
+    h = per_device.get(device)
+    if h is None:
+        h = per_device[device] = Handle()
+    return h
+
+
+def _descriptor(create: str, set_: str, *args) -> ctypes.c_void_p:
+    lib = library()
+    desc = ctypes.c_void_p()
+    check(getattr(lib, create)(ctypes.byref(desc)), create)
+    check(getattr(lib, set_)(desc, *args), set_)
+    return desc
+
+
+def tensor_descriptor(shape, data_type: int) -> ctypes.c_void_p:
+    """A packed NCHW tensor of ``shape``."""
+    n, c, h, w = (int(v) for v in shape)
+    return _descriptor("cudnnCreateTensorDescriptor", "cudnnSetTensor4dDescriptorEx", data_type,
+                       n, c, h, w, c * h * w, h * w, w, 1)
+
+
+class Convolution:
+    """One convolution's descriptors, for one direction, with its algorithm chosen."""
+
+    def __init__(self, direction: str, x_shape, w_shape, y_shape, attrs, dtype):
+        dtype = np.dtype(dtype)
+        if dtype not in TYPES:
+            raise Unsupported(f"cuDNN convolutions take float16, float32 and float64, not {dtype}")
+        if min(*x_shape, *w_shape, *y_shape) == 0:
+            raise Unsupported("an empty tensor")
+        self.data_type, compute, self.math, scalar = TYPES[dtype]
+        self.one, self.zero = scalar(1.0), scalar(0.0)
+        (sh, sw), (ph, pw), (dh, dw) = attrs["stride"], attrs["pad"], attrs["dilation"]
+        self.x = tensor_descriptor(x_shape, self.data_type)
+        self.y = tensor_descriptor(y_shape, self.data_type)
+        self.w = _descriptor("cudnnCreateFilterDescriptor", "cudnnSetFilter4dDescriptor", self.data_type,
+                             FORMAT_NCHW, *(int(v) for v in w_shape))
+        self.conv = _descriptor("cudnnCreateConvolutionDescriptor", "cudnnSetConvolution2dDescriptor",
+                                ph, pw, sh, sw, dh, dw, CROSS_CORRELATION, compute)
+        lib = library()
+        check(lib.cudnnSetConvolutionGroupCount(self.conv, int(attrs["group"])), "cudnnSetConvolutionGroupCount")
+        check(lib.cudnnSetConvolutionMathType(self.conv, self.math), "cudnnSetConvolutionMathType")
+        heuristic, size_call, self.call_name = DIRECTIONS[direction]
+        # each direction's descriptors in the order its calls take them
+        self.order = {"forward": (self.x, self.w, self.conv, self.y),
+                      "data": (self.w, self.y, self.conv, self.x),
+                      "filter": (self.x, self.y, self.conv, self.w)}[direction]
+        self.call = getattr(lib, self.call_name)
+        self.algo, self.workspace_bytes = self._choose(heuristic, size_call)
+
+    def _choose(self, heuristic: str, size_call: str) -> tuple[int, int]:
+        lib = library()
+        raw, _ = handle().on_current_stream()
+        perfs = (AlgoPerf * MAX_ALGORITHMS)()
+        count = ctypes.c_int(0)
+        check(getattr(lib, heuristic)(raw, *self.order, MAX_ALGORITHMS, ctypes.byref(count), perfs), heuristic)
+        passed = []
+        for perf in perfs[:count.value]:
+            if perf.status != 0 or perf.determinism != DETERMINISTIC:
+                continue
+            if self.math == MATH_FMA and perf.math_type in (MATH_TENSOR_OP, MATH_TENSOR_OP_ALLOW_CONVERSION):
+                continue                       # TF32 for float32: not what the other paths compute
+            if self.math == MATH_TENSOR_OP:
+                check(lib.cudnnSetConvolutionMathType(self.conv, perf.math_type), "cudnnSetConvolutionMathType")
+            size = ctypes.c_size_t(0)
+            if getattr(lib, size_call)(raw, *self.order, perf.algo, ctypes.byref(size)) != 0:
+                continue
+            if size.value <= WORKSPACE_BYTES:
+                return perf.algo, size.value
+            passed.append(f"algorithm {perf.algo} wants {size.value} bytes of workspace")
+        raise Unsupported("cuDNN offers no deterministic algorithm for these shapes"
+                          + (f" ({'; '.join(passed)})" if passed else ""))
+
+    def __call__(self, a, b, out, beta=None) -> None:
+        """out = conv(a, b) in this direction: a and b are the call's two operands in its order."""
+        raw, workspace = handle().on_current_stream()
+        check(self.call(raw, ctypes.byref(self.one), self.order[0], ctypes.c_void_p(blas.pointer(a)),
+                        self.order[1], ctypes.c_void_p(blas.pointer(b)), self.conv, self.algo,
+                        ctypes.c_void_p(workspace), self.workspace_bytes,
+                        ctypes.byref(self.zero if beta is None else beta), self.order[3],
+                        ctypes.c_void_p(blas.pointer(out))), self.call_name)
+
+
+class _Packed:
+    """An operand as a packed array: itself when it already is, else a staging copy (made on the
+    plan's first, eager run, so a captured run never allocates)."""
+
+    def __init__(self):
+        self.stage = None
+
+    def read(self, array):
+        if array.flags.c_contiguous:
+            return array
+        if self.stage is None:
+            self.stage = gpu_module().empty(array.shape, array.dtype)
+        gpu_module().copyto(self.stage, array)
+        return self.stage
+
+    def target(self, array):
+        if array.flags.c_contiguous:
+            return array
+        if self.stage is None:
+            self.stage = gpu_module().empty(array.shape, array.dtype)
+        return self.stage
+
+
+def _bias_adder(channels: int, y_shape, dtype):
+    """y += b (one value per channel) by cudnnAddTensor."""
+    data_type, _compute, _math, scalar = TYPES[np.dtype(dtype)]
+    bias = tensor_descriptor((1, channels, 1, 1), data_type)
+    out = tensor_descriptor(y_shape, data_type)
+    one = scalar(1.0)
+
+    def add(b, y):
+        raw, _ = handle().on_current_stream()
+        check(library().cudnnAddTensor(raw, ctypes.byref(one), bias, ctypes.c_void_p(blas.pointer(b)),
+                                       ctypes.byref(one), out, ctypes.c_void_p(blas.pointer(y))), "cudnnAddTensor")
+    return add
+
+
+def _forward(x_shape, w_shape, y_shape, attrs, dtype, has_bias: bool):
+    """f(ins, y): y = conv(x, w) (+ b), y packed."""
+    conv = Convolution("forward", x_shape, w_shape, y_shape, attrs, dtype)
+    add_bias = _bias_adder(w_shape[0], y_shape, dtype) if has_bias else None
+    x_in, w_in = _Packed(), _Packed()
+
+    def forward(ins, y):
+        conv(x_in.read(ins[0]), w_in.read(ins[1]), y)
+        if add_bias is not None:
+            add_bias(gpu_module().ascontiguousarray(ins[2]), y)
+    return forward
+
+
+def conv2d(ctx):
+    forward = _forward(ctx.in_shapes[0], ctx.in_shapes[1], ctx.out_shapes[0], ctx.attrs, ctx.dtype,
+                       len(ctx.in_shapes) == 3)
+    y_out = _Packed()
+
+    def run(ins, outs):
+        y = y_out.target(outs[0])
+        forward(ins, y)
+        if y is not outs[0]:
+            gpu_module().copyto(outs[0], y)
+    return run
+
+
+def conv2d_max_pool2d(ctx):
+    """cuDNN's convolution into a buffer of the plan's own, then the max over each pooling
+    window's strided view of it (the fusion pass guarantees unpadded, floor-mode windows)."""
+    cp = gpu_module()
+    conv_attrs, pool = split_attrs(ctx.attrs)
+    n, _c, h, w = ctx.in_shapes[0]
+    o, _cg, kh, kw = ctx.in_shapes[1]
+    (sh, sw), (ph, pw), (dh, dw) = conv_attrs["stride"], conv_attrs["pad"], conv_attrs["dilation"]
+    conv_shape = (n, o, conv_out_size(h, kh, sh, ph, dh), conv_out_size(w, kw, sw, pw, dw))
+    forward = _forward(ctx.in_shapes[0], ctx.in_shapes[1], conv_shape, conv_attrs, ctx.dtype,
+                       len(ctx.in_shapes) == 3)
+    conv_out = cp.empty(conv_shape, ctx.dtype)
+    out_h, out_w = ctx.out_shapes[0][2:]
+    (pkh, pkw), (psh, psw) = pool["kernel"], pool["stride"]
+    windows = [conv_out[:, :, i:i + psh * (out_h - 1) + 1:psh, j:j + psw * (out_w - 1) + 1:psw]
+               for i in range(pkh) for j in range(pkw)]
+
+    def run(ins, outs):
+        forward(ins, conv_out)
+        cp.copyto(outs[0], windows[0])
+        for view in windows[1:]:
+            cp.maximum(outs[0], view, out=outs[0])
+    return run
+
+
+def conv2d_grad_input(ctx):
+    g_shape, w_shape = ctx.in_shapes
+    conv = Convolution("data", ctx.out_shapes[0], w_shape, g_shape, ctx.attrs, ctx.dtype)
+    g_in, w_in, dx_out = _Packed(), _Packed(), _Packed()
+
+    def run(ins, outs):
+        dx = dx_out.target(outs[0])
+        conv(w_in.read(ins[1]), g_in.read(ins[0]), dx)
+        if dx is not outs[0]:
+            gpu_module().copyto(outs[0], dx)
+    return run
+
+
+def conv2d_grad_weight(ctx):
+    g_shape, x_shape = ctx.in_shapes
+    conv = Convolution("filter", x_shape, ctx.out_shapes[0], g_shape, ctx.attrs, ctx.dtype)
+    g_in, x_in, dw_out = _Packed(), _Packed(), _Packed()
+
+    def run(ins, outs):
+        dw = dw_out.target(outs[0])
+        conv(x_in.read(ins[1]), g_in.read(ins[0]), dw)
+        if dw is not outs[0]:
+            gpu_module().copyto(outs[0], dw)
+    return run
+
+
+BUILDERS = {"conv2d": conv2d, "conv2d_max_pool2d": conv2d_max_pool2d,
+            "conv2d_grad_input": conv2d_grad_input, "conv2d_grad_weight": conv2d_grad_weight}
+
+# The ops that go through cuDNN by default. The weight gradient stays on im2col + cuBLAS: on an
+# H100 (benchmarks/gpu_conv.py, batch 64, float32) cuDNN's deterministic weight-gradient
+# algorithms took 138 us over ResNet's six where im2col took 91 (1x1 and 16-channel 3x3 layers
+# 1.5x to 4.2x slower), while forward and input-gradient convolutions were 1.7x to 3.6x faster.
+CUDNN_OPS = {"conv2d", "conv2d_max_pool2d", "conv2d_grad_input"}
+WEIGHT_GRADIENT_REASON = ("weight gradients stay on im2col + cuBLAS, which measured faster than cuDNN's "
+                          "deterministic algorithms")
+
+# what each convolution kernel built so far ran on: ("cudnn", op) or ("im2col", why), for
+# benchmarks and tests to read
+CHOSEN: Counter = Counter()
+
+
+def _choosing(op: str, builder, fallback):
+    def factory(ctx):
+        why = unavailable() or (None if op in CUDNN_OPS else WEIGHT_GRADIENT_REASON)
+        if why is None:
+            try:
+                run = builder(ctx)
+                CHOSEN["cudnn", op] += 1
+                return run
+            except Unsupported as e:
+                why = str(e)
+        CHOSEN["im2col", why] += 1
+        return fallback(ctx)
+    factory.__name__ = f"{op}_cudnn_or_im2col"
+    return factory
+
+
+def take_over() -> None:
+    """Put the cuDNN kernels in place of arrays.py's im2col ones, each keeping its im2col kernel
+    as the fallback."""
+    for op, builder in BUILDERS.items():
+        for key in [key for key in KERNELS.entries if key[0] == op and key[1] == "gpu"]:
+            entry = KERNELS.entries.pop(key)
+            KERNELS.register(key[0], key[1], key[2], inplace=entry.inplace, host_sync=entry.host_sync,
+                             fusion_pays=entry.fusion_pays)(_choosing(op, builder, entry.factory))
