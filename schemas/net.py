@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Optional, Union
 
-from pydantic import BaseModel, Field
+from pydantic import AfterValidator, BaseModel, Field
 
 from .base import InputSpec, LayerBase, Name, Strict
 from .train import TrainSpec
@@ -17,12 +17,19 @@ class OptimizeSpec(Strict):
     disable: list[Annotated[str, Field(pattern=r"^[a-z_]+$")]] = []
 
 
+def _not_a_path_component(name: str) -> str:
+    """A net's name is its run folder's (runs/NAME) and its zoo model's: never '.' or '..'."""
+    if set(name) == {"."}:
+        raise ValueError(f"'{name}' cannot be a net's name: it names the run folder runs/NAME")
+    return name
+
+
 def build_net_model(layer_models: list[type[LayerBase]]) -> type[BaseModel]:
     """The NetSpec model for a catalog of layer models (each with ``type: Literal[...]``)."""
     Layer = Annotated[Union[tuple(layer_models)], Field(discriminator="type")]  # type: ignore[valid-type]
 
     class NetSpec(Strict):
-        name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.\-]+$")]
+        name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.\-]+$"), AfterValidator(_not_a_path_component)]
         inputs: Annotated[dict[Name, InputSpec], Field(min_length=1)]
         layers: Annotated[list[Layer], Field(min_length=1)]
         outputs: Optional[list[Name]] = None

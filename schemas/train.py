@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, Optional, Union
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from .base import Name, Number, PositiveInt, Strict
 
@@ -60,6 +60,22 @@ class DistributedSpec(Strict):
     overlap: bool = True          # start each bucket's all-reduce during the backward pass
 
 
+class BestSpec(Strict):
+    """Which test metric picks ``best.safetensors``: ``mode`` min or max (default: min for a name
+    with 'loss' in it, else max)."""
+    metric: Name
+    mode: Optional[Literal["min", "max"]] = None
+
+
+class EarlyStopSpec(Strict):
+    """Stop when the test metric has not improved by more than ``min_delta`` for ``patience``
+    test passes in a row (Keras' EarlyStopping, Lightning's EarlyStopping)."""
+    metric: Name
+    mode: Optional[Literal["min", "max"]] = None
+    patience: PositiveInt
+    min_delta: Annotated[float, Field(ge=0)] = 0.0
+
+
 class TrainSpec(Strict):
     data: DataSpec = DataSpec()
     solver: SolverSpec = SolverSpec()
@@ -72,3 +88,13 @@ class TrainSpec(Strict):
     keep_last: PositiveInt = 3
     seed: int = 0
     distributed: DistributedSpec = DistributedSpec()
+    best: Optional[BestSpec] = None
+    early_stop: Optional[EarlyStopSpec] = None
+    tensorboard: bool = False
+
+    @model_validator(mode="after")
+    def _one_length(self):
+        if self.max_iter is not None and self.epochs is not None:
+            raise ValueError("give max_iter or epochs, not both (epochs: passes over the training data; "
+                             "max_iter: iterations)")
+        return self

@@ -97,7 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warm", action="store_true", help="build and run every bucket's plan before the first chunk")
     p.add_argument("--verbose", action="store_true",
                    help="print progress (also off a terminal), the buckets used, rows/s and peak memory to stderr")
-    p.add_argument("--allow-missing", action="store_true", help="start absent weights from their fillers")
+    p.add_argument("--allow-missing", action="store_true",
+                   help="copy the weights whose name and shape match; start the others from their fillers")
     _optimize_flags(p)
 
     p = sub.add_parser("serve", help="serve the infer phase over HTTP (KServe v2 / Triton protocol)")
@@ -125,7 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="connections open at once; the next closes the longest idle one, or is answered 503 "
                         "(default: the descriptor limit, ulimit -n, less headroom)")
     p.add_argument("--warm", action="store_true", help="compile and run every bucket before accepting requests")
-    p.add_argument("--allow-missing", action="store_true", help="start absent weights from their fillers")
+    p.add_argument("--allow-missing", action="store_true",
+                   help="copy the weights whose name and shape match; start the others from their fillers")
     _optimize_flags(p)
 
     p = sub.add_parser("bench", help="time inference or train steps")
@@ -151,12 +153,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("train", help="train a net (its train section: data, solver, schedule)")
-    p.add_argument("net")
+    p.add_argument("net", nargs="?", help="the net file or zoo:NAME (with --resume: default the run's own net.yaml)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
                    help="override any key of the net file, e.g. train.solver.base_lr=0.1")
-    p.add_argument("--out", help="run folder (default runs/NAME)")
-    p.add_argument("--weights", help="start from these weights")
-    p.add_argument("--resume", metavar="DIR", help="continue exactly from a run folder or checkpoint")
+    p.add_argument("--out", help="run folder (default runs/NAME, or runs/NAME-2, -3, ... when that holds a run)")
+    p.add_argument("--weights", metavar="FILE|zoo:NAME",
+                   help="start from these weights, copied by layer name (fine-tuning)")
+    p.add_argument("--allow-missing", action="store_true",
+                   help="with --weights: copy the weights whose name and shape match, start new, renamed or "
+                        "reshaped layers from their fillers, ignore the file's other weights (a table says which)")
+    p.add_argument("--resume", metavar="DIR", help="continue exactly from a run folder or checkpoint, with the net "
+                                                   "and settings the run recorded (a change must be named by --set)")
     p.add_argument("--device", type=_device, default="cpu", help=device_help())
     p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default=None,
                    help="float16/bfloat16: mixed precision (GEMMs and convolutions in that type, float32 master "

@@ -4,6 +4,8 @@ too), its weights loaded, then frozen into the optimised graph, which a session 
 batch buckets."""
 from __future__ import annotations
 
+import sys
+
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
@@ -19,6 +21,10 @@ from .runtime.session import DEFAULT_BUCKETS, InferSession
 from .zoo.resolve import load_net
 
 
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
 @dataclass
 class InferPhase:
     net: Net
@@ -31,7 +37,7 @@ class InferPhase:
                      flag: str = "--weights") -> dict[str, np.ndarray]:
         """``given``, else a zoo model's published weights, checked against the net."""
         return self.net.load_weights(self.net.default_weights(given, flag=flag), allow_missing=allow_missing,
-                                     dtype=self.dtype)
+                                     dtype=self.dtype, say=_to_stderr)
 
     def session(self, weights: dict[str, np.ndarray], buckets: Iterable[int] = DEFAULT_BUCKETS) -> InferSession:
         """The graph optimised with ``weights`` frozen in, run by a session over ``buckets``. The

@@ -71,10 +71,11 @@ _SAFETENSORS_DTYPES = {"F16": "f2", "BF16": "f2", "F32": "f4", "F64": "f8", "I8"
 
 
 def load_weights(path: str, declared: Mapping[str, tuple] | None = None,
-                 allow_missing: bool = False) -> dict[str, np.ndarray]:
+                 allow_missing: bool = False, report: list | None = None) -> dict[str, np.ndarray]:
     """The arrays of a weights file; with ``declared`` (the net's key -> (shape, layer)) every
     key, shape and dtype is checked first, from the file's headers, and nothing is read unless
-    all of them pass."""
+    all of them pass (with ``allow_missing``, only the arrays that will be copied are read).
+    ``report``: a list the CopyReport is appended to."""
     if Path(path).suffix not in FORMATS:
         raise unsupported_format(path, "weights", ".safetensors or .npz")
     check_file(path)
@@ -83,25 +84,35 @@ def load_weights(path: str, declared: Mapping[str, tuple] | None = None,
         try:
             claims = {k: Claim((rows.rows,) + tuple(rows.row_shape) if rows.rows is not None else (), rows.dtype)
                       for k, rows in members.items()}
+            keys = list(members)
             if declared is not None:
-                check_weights(path, claims, declared, allow_missing)
-            return {k: rows.read_all() for k, rows in members.items()}
+                keys = _keep(check_weights(path, claims, declared, allow_missing), keys, report)
+            return {k: members[k].read_all() for k in keys}
         finally:
             for rows in members.values():
                 rows.close()
-    return _load_safetensors(path, declared, allow_missing)
+    return _load_safetensors(path, declared, allow_missing, report)
 
 
-def _load_safetensors(path: str, declared: Mapping[str, tuple] | None, allow_missing: bool) -> dict[str, np.ndarray]:
+def _keep(checked: "CopyReport", keys: list[str], report: list | None) -> list[str]:
+    """The keys to read: all of them when the file matched the net, else those copied."""
+    if report is not None:
+        report.append(checked)
+    return keys if checked.complete else list(checked.copied)
+
+
+def _load_safetensors(path: str, declared: Mapping[str, tuple] | None, allow_missing: bool,
+                      report: list | None = None) -> dict[str, np.ndarray]:
     from safetensors import safe_open
     with _reading_safetensors(path), safe_open(path, framework="numpy") as f:
+        keys = list(f.keys())
         if declared is not None:
             claims = {}
-            for key in f.keys():
+            for key in keys:
                 part = f.get_slice(key)
                 claims[key] = Claim(tuple(part.get_shape()), np.dtype(_SAFETENSORS_DTYPES.get(part.get_dtype(), "V1")))
-            check_weights(path, claims, declared, allow_missing)
-        return {key: f.get_tensor(key) for key in f.keys()}
+            keys = _keep(check_weights(path, claims, declared, allow_missing), keys, report)
+        return {key: f.get_tensor(key) for key in keys}
 
 
 @contextlib.contextmanager
@@ -115,28 +126,77 @@ def _reading_safetensors(path: str):
         raise UserError(f"{path}: not a readable .safetensors file ({reason})") from None
 
 
+@dataclass
+class CopyReport:
+    """What loading a weights file into a net copied and what it could not (Caffe's
+    ``copy_from`` and PyTorch's ``strict=False``): by weight key, with the layer it belongs to."""
+    copied: list[str]
+    new: list[tuple[str, str, tuple]]                 # (key, layer, the net's shape): not in the file
+    reshaped: list[tuple[str, str, tuple, tuple]]     # (key, layer, file's shape, net's shape)
+    unexpected: list[tuple[str, tuple]]               # (key, file's shape): the net has no such weight
+
+    @property
+    def complete(self) -> bool:
+        return not (self.new or self.reshaped or self.unexpected)
+
+    def lines(self, path: str) -> list[str]:
+        """A table of what was not copied, after one line of counts."""
+        total = len(self.copied) + len(self.new) + len(self.reshaped)
+        out = [f"weights from {path}: copied {len(self.copied)} of the net's {total} arrays"
+               + (f"; {len(self.unexpected)} in the file ignored" if self.unexpected else "")]
+        rows = ([(layer, key, "-", _shape(net), "new: starts from its filler") for key, layer, net in self.new]
+                + [(layer, key, _shape(old), _shape(net), "reshaped: starts from its filler")
+                   for key, layer, old, net in self.reshaped]
+                + [("-", key, _shape(old), "-", "not in the net: ignored") for key, old in self.unexpected])
+        if rows:
+            rows.insert(0, ("layer", "weight", "file", "net", ""))
+            widths = [max(len(r[i]) for r in rows) for i in range(4)]
+            out += ["  " + "  ".join(c.ljust(w) for c, w in zip(r[:4], widths)) + "  " + r[4] for r in rows]
+        return out
+
+
+def _shape(shape) -> str:
+    return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+PARTIAL_HINT = "pass --allow-missing to copy what matches and start the rest from their fillers"
+
+
 def check_weights(path: str, loaded: Mapping[str, "np.ndarray | Claim"], declared: Mapping[str, tuple],
-                  allow_missing: bool = False) -> None:
-    """Every declared key present with its shape and a float dtype; no key left over (arrays,
-    or what a file claims of them)."""
+                  allow_missing: bool = False) -> CopyReport:
+    """Every declared key present with its shape and a float dtype, and no key left over (arrays,
+    or what a file claims of them). ``allow_missing``: a weight that is absent or has another
+    shape is left to its filler and a key the net lacks is ignored, all of it in the report; a
+    non-float array is an error either way. Raises with every problem, each naming the layer."""
     problems = []
-    for key, (shape, _layer) in declared.items():
+    report = CopyReport([], [], [], [])
+    for key, (shape, layer) in declared.items():
         if key not in loaded:
+            report.new.append((key, layer, tuple(shape)))
             if not allow_missing:
-                problems.append(f"{path}: missing weight '{key}' of shape {list(shape)} "
-                                "(pass --allow-missing to start it from its filler)")
+                problems.append(f"{path}: missing weight '{key}' of layer '{layer}', shape {list(shape)} "
+                                f"({PARTIAL_HINT})")
             continue
         arr = loaded[key]
         if tuple(arr.shape) != tuple(shape):
-            problems.append(f"{path}: weight '{key}' has shape {list(arr.shape)}, the net needs {list(shape)}")
+            report.reshaped.append((key, layer, tuple(arr.shape), tuple(shape)))
+            if not allow_missing:
+                problems.append(f"{path}: weight '{key}' of layer '{layer}' has shape {list(arr.shape)} in the "
+                                f"file, the net needs {list(shape)} (rename the layer to train it afresh, or "
+                                f"{PARTIAL_HINT})")
         elif arr.dtype.kind not in "fiu":
             problems.append(f"{path}: weight '{key}' has dtype {arr.dtype}, expected a float array")
+        else:
+            report.copied.append(key)
     for key in loaded:
         if key not in declared:
-            problems.append(f"{path}: unexpected weight '{key}' (the net has no such parameter)"
-                            f"{did_you_mean(key, declared)}")
+            report.unexpected.append((key, tuple(loaded[key].shape)))
+            if not allow_missing:
+                problems.append(f"{path}: unexpected weight '{key}' (the net has no such parameter"
+                                f"{did_you_mean(key, declared)}); {PARTIAL_HINT}")
     if problems:
         raise UserError(*problems)
+    return report
 
 
 def save_weights(path: str, arrays: Mapping[str, np.ndarray], metadata: dict[str, str] | None = None) -> None:

@@ -223,7 +223,8 @@ def test_resume_is_bit_exact(resume_net, tmp_path, solver):
     train(resume_net, split, *extra, *sets(train__max_iter=10))
     first = read_checkpoint(find_resume_point(str(split)))
     assert first.iteration == 10
-    train(resume_net, split, "--resume", split, *extra)          # the net says max_iter 20
+    # the net says max_iter 20; the run recorded 10, so the change is named
+    train(resume_net, split, "--resume", split, *extra, *sets(train__max_iter=20))
 
     slots = {"sgd": "@momentum", "adam": "@exp_avg_sq", "sgd-mixed": "amp@growth_tracker"}[solver]
     final = read_checkpoint(split / "checkpoints" / "iter_0000020.safetensors")
@@ -259,7 +260,7 @@ def test_resume_restores_the_dropout_generator(resume_net, tmp_path):
     ck = read_checkpoint(path)
     ck.meta["rng"] = np.random.default_rng(12345).bit_generator.state
     write_checkpoint(path.parent, ck, keep_last=10)
-    train(resume_net, split, "--resume", path)
+    train(resume_net, split, "--resume", path, *sets(train__max_iter=20))
     a, b = load_file(full / "model.safetensors"), load_file(split / "model.safetensors")
     assert not np.array_equal(a["ip1.weight"], b["ip1.weight"])
 
@@ -270,7 +271,7 @@ def test_resume_from_a_middle_checkpoint_file_into_a_new_folder(resume_net, tmp_
     train(resume_net, full, *sets(train__keep_last=10))
     mid = full / "checkpoints" / "iter_0000008.safetensors"
     assert mid.is_file()
-    train(resume_net, other, "--resume", mid)
+    train(resume_net, other, "--resume", mid, *sets(train__keep_last=10))
     assert_same_arrays(load_file(full / "model.safetensors"), load_file(other / "model.safetensors"))
     assert [r["iter"] for r in records(other) if "loss" in r] == list(range(8, 20))
     losses = {r["iter"]: r["loss"] for r in records(full) if "loss" in r}
@@ -280,7 +281,7 @@ def test_resume_from_a_middle_checkpoint_file_into_a_new_folder(resume_net, tmp_
 def test_resume_checks_solver_and_missing_checkpoint(resume_net, tmp_path):
     run = tmp_path / "run"
     train(resume_net, run, *sets(train__max_iter=4))
-    r = cli("train", resume_net, "--resume", run, "--set", f"train.solver={ADAM}")
+    r = cli("train", resume_net, "--resume", run, "--set", f"train.solver={ADAM}", *sets(train__max_iter=4))
     assert r.status == 2
     assert r.errors and "solver 'sgd'" in r.errors[0] and "'adam'" in r.errors[0]
     r = cli("train", resume_net, "--resume", tmp_path / "nowhere")

@@ -155,8 +155,8 @@ def test_publish_checks_the_weights_against_the_net(trained, tmp_path):
     (trained / "model.safetensors").unlink()
     np.savez(trained / "model.npz", **arrays)
     r = run("zoo", "publish", trained, "--to", tmp_path / "zoo")
-    assert error_lines(r) == [f"error: {trained / 'model.npz'}: missing weight 'ip2.bias' of shape [10] "
-                              "(pass --allow-missing to start it from its filler)"]
+    assert error_lines(r) == [f"error: {trained / 'model.npz'}: missing weight 'ip2.bias' of layer 'ip2', shape [10] "
+                              "(pass --allow-missing to copy what matches and start the rest from their fillers)"]
     (trained / "other.yaml").write_text("name: x\n")
     (trained / "net.yaml").rename(trained / "lenet.yaml")
     r = run("zoo", "publish", trained, "--to", tmp_path / "zoo")

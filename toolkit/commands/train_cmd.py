@@ -11,6 +11,7 @@ from ..backend.options import check_device, resolve_train_dtype
 from ..compile import disabled_passes
 from ..errors import UserError
 from ..ir.graph import LOW_PRECISION
+from ..train import runs
 from ..zoo.resolve import load_net
 
 
@@ -68,22 +69,41 @@ def _train(args, comm) -> int:
         overrides.insert(0, (("train", "solver", "mixed_precision", "dtype"), args.dtype))
     elif args.dtype is not None:
         overrides.insert(0, (("train", "solver", "mixed_precision"), None))
-    net = load_net(args.net, overrides)
+    run = runs.run_of(args.resume) if args.resume else None
+    if args.net is None and run is None:
+        raise UserError("train needs a net file, or --resume RUN_DIR to continue a run as it was recorded")
+    net = load_net(args.net if args.net is not None else str(runs.recorded_net(run)), overrides)
     mixed = net.spec.train.solver.mixed_precision if net.spec.train else None
     if mixed is not None:
         resolve_train_dtype(mixed.dtype, args.device)
-    out = Path(args.out) if args.out else None
-    if out is None and args.resume:
-        resume = Path(args.resume)
-        out = resume.parent.parent if resume.is_file() else (resume.parent if resume.name == "checkpoints" else resume)
-    out = out or Path("runs") / net.name
+    if args.allow_missing and not args.weights:
+        raise UserError("--allow-missing goes with --weights FILE (the weights to copy from)")
+    changed, notice = {}, None
+    if run is not None:
+        out = Path(args.out) if args.out else run
+        if (run / "net.yaml").is_file():
+            from ..frontend.render import render_net
+            changed = runs.check_resume_changes(run, render_net(net, folder=run), overrides)
+    else:
+        out, notice = runs.new_run_folder(net.name, args.out)
     trainer = Trainer(net, out, weights=args.weights, resume=args.resume, device=args.device,
-                      disable=disabled_passes(net, args.disable, args.no_optimize), comm=comm)
+                      disable=disabled_passes(net, args.disable, args.no_optimize), comm=comm,
+                      allow_missing=args.allow_missing)
+    if trainer.rank == 0:
+        if notice:
+            print(notice, file=sys.stderr)
+        for stale in runs.sweep_stale(out):
+            print(f"removed {stale}, a checkpoint a stopped run left half-written", file=sys.stderr)
+        out.mkdir(parents=True, exist_ok=True)
+        runs.record_start(out, trainer.start, args.overrides, changed, args.weights)
     status = trainer.run()
     if status == 0 and trainer.rank == 0:
         metrics = ", ".join(f"{k} {v:.4f}" for k, v in trainer.final_metrics.items())
-        print(f"trained {net.name} for {trainer.max_iter} iterations; {metrics or 'no test data'}; "
-              f"weights in {out / 'model.safetensors'}")
+        best = trainer.best
+        kept = (f"; best {best.metric} {best.best:.4f} at iteration {best.best_iter} in {out / 'best.safetensors'}"
+                if best is not None and best.best_iter is not None else "")
+        print(f"trained {net.name} for {trainer.iterations_done} iterations; {metrics or 'no test data'}; "
+              f"weights in {out / 'model.safetensors'}{kept}")
     return status
 
 

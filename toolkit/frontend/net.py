@@ -192,15 +192,33 @@ class Net:
         return {key: fill(w.init, shapes[key], dtypes[key], w.fan_in, w.fan_out, rng) for key, w in weights.items()}
 
     def load_weights(self, path: str, allow_missing: bool = False, seed: int = 0,
-                     dtype: str | None = None) -> dict[str, np.ndarray]:
-        """Weights from a file, checked against the net; --allow-missing starts the rest."""
+                     dtype: str | None = None, say=None) -> dict[str, np.ndarray]:
+        """Weights from a file (or ``zoo:NAME``'s published ones), checked against the net by
+        key and shape. ``allow_missing`` (Caffe's copy_from, PyTorch's strict=False): copy the
+        weights whose key and shape match, start the others from their fillers, ignore the
+        file's extra keys; ``say`` (a callable taking one line) is then given a table of what was
+        not copied."""
         from ..weights import load_weights
-        loaded = load_weights(path, self.declared, allow_missing)
+        path = self.weights_file(path)
+        reports: list = []
+        loaded = load_weights(path, self.declared, allow_missing, report=reports)
         out = self.init_weights(seed, dtype) if allow_missing else {}
         for key, (shape, _layer) in self.declared.items():
             if key in loaded:
                 out[key] = np.asarray(loaded[key], dtype=dtype or "float32", order="C")
+        if say is not None and reports and not reports[0].complete:
+            for line in reports[0].lines(path):
+                say(line)
         return out
+
+    def weights_file(self, given: str) -> str:
+        """A weights path as given, or the file of ``zoo:NAME``'s published weights."""
+        if not given.startswith(ZOO_PREFIX):
+            return given
+        weights = zoo_model(self.resolve, given, need_weights=True).weights
+        if weights is None:
+            raise UserError(f"{given} publishes no weights")
+        return str(weights)
 
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import signal
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from ..weights import save_weights
 from .checkpoint import Checkpoint, find_resume_point, read_checkpoint, write_checkpoint
 from .data import BatchOrder, Dataset, fit_to_inputs, load_source, split, transform
 from .progress import MetricsLog, Progress, plot
+from .watch import TensorBoard, trackers
 from .scalars import StepScalars
 from .schedule import check_policy, learning_rate
 
@@ -155,7 +157,8 @@ class Trainer:
     alone writes."""
 
     def __init__(self, net: Net, out: Path, weights: str | None = None, resume: str | None = None,
-                 device: Device | str = CPU, stream=None, disable: tuple[str, ...] | None = None, comm=None):
+                 device: Device | str = CPU, stream=None, disable: tuple[str, ...] | None = None, comm=None,
+                 allow_missing: bool = False):
         self.net = net
         self.comm = comm if comm is not None and comm.size > 1 else None
         self.rank, self.ranks = (self.comm.rank, self.comm.size) if self.comm else (0, 1)
@@ -188,7 +191,7 @@ class Trainer:
             data_parallel = DataParallel(d.bucket_mb, d.overlap, d.sync_batchnorm)
         self.graph = optimize(train_graph(net, self.cfg, data_parallel=data_parallel), self.disable, device=device)
         self.dtype = net_dtype(net)
-        self.store = self._initial_weights(weights)
+        self.store = self._initial_weights(weights, allow_missing)
         self.runtime = RuntimeState(np.random.default_rng(spec.seed))
         self.start = 0
         self.out = out
@@ -204,14 +207,22 @@ class Trainer:
         tg = test_graph(net, self.disable, device=device) if self.test_set is not None else None
         self.test_plans = PlanCache(tg, self.store, RuntimeState(np.random.default_rng(0)), device, reuse) if tg else None
         self.loss_tops = [t for t in self.graph.losses if t not in RESERVED]
+        measured = [self._metric_key(k) for k, v in tg.outputs.items() if v.shape == ()] if tg else []
+        self.best, self.early_stop = trackers(spec, measured)
+        for tracked, key in ((self.best, "best"), (self.early_stop, "early_stop")):
+            if tracked is not None:
+                tracked.restore(getattr(self, "resumed_watch", {}).get(key))
+        self.iterations_done = self.max_iter
         # under mixed precision the loss scale after each step is logged beside the loss
         self.extra_scalars = [SCALE_OUTPUT] if SCALE_OUTPUT in self.graph.outputs else []
         self._stop: int | None = None
 
     # -- state ------------------------------------------------------------------------------------
-    def _initial_weights(self, path: str | None) -> dict[str, np.ndarray]:
+    def _initial_weights(self, path: str | None, allow_missing: bool = False) -> dict[str, np.ndarray]:
         if path:
-            model = self.net.load_weights(path, dtype=self.dtype)
+            say = (lambda line: print(line, file=self.stream or sys.stderr)) if self.rank == 0 else None
+            model = self.net.load_weights(path, allow_missing=allow_missing, seed=self.spec.seed, dtype=self.dtype,
+                                          say=say)
         else:
             model = self.net.init_weights(self.spec.seed, self.dtype)
         store = {k: np.array(v, dtype=self.dtype, order="C") for k, v in model.items()}
@@ -228,23 +239,32 @@ class Trainer:
                             f"'{self.cfg.type}'; resuming must continue the same solver")
         missing = sorted(set(self.store) - set(ckpt.arrays))
         extra = sorted(set(ckpt.arrays) - set(self.store))
+        whose = f"a checkpoint of net '{ckpt.meta.get('net')}'"
         if missing or extra:
-            raise UserError(f"{path}: does not match this net (missing: {', '.join(missing) or '-'}; "
-                            f"unexpected: {', '.join(extra) or '-'})")
+            raise UserError(f"{path}: {whose} does not match net '{self.net.name}' (missing: "
+                            f"{', '.join(missing) or '-'}; unexpected: {', '.join(extra) or '-'})")
+        reshaped = [f"'{k}' has shape {list(arr.shape)}, the net needs {list(self.store[k].shape)}"
+                    for k, arr in ckpt.arrays.items() if arr.shape != self.store[k].shape]
+        if reshaped:
+            raise UserError(*(f"{path}: {whose}: {line}" for line in reshaped))
         for k, arr in ckpt.arrays.items():
-            if arr.shape != self.store[k].shape:
-                raise UserError(f"{path}: '{k}' has shape {list(arr.shape)}, the net needs {list(self.store[k].shape)}")
             np.copyto(self.store[k], arr)
         self.runtime.rng.bit_generator.state = ckpt.meta["rng"]
+        self.resumed_watch = ckpt.meta.get("watch") or {}       # applied once the trackers exist
         self.start = ckpt.iteration
         written_at = ckpt.meta.get("global_batch", self.global_batch)
         if written_at != self.global_batch:       # another rank count: continue at the same sample
             self.start = ckpt.iteration * written_at // self.global_batch
+        if self.start > self.max_iter:
+            raise UserError(f"{path}: the run is at iteration {self.start} already and train.max_iter is "
+                            f"{self.max_iter}; to train on, raise it (--set train.max_iter=N)")
         self.resumed_from = path
 
     def checkpoint(self, iteration: int) -> Path:
         meta = {"net": self.net.name, "solver": self.cfg.type, "rng": self.runtime.rng.bit_generator.state,
-                "max_iter": self.max_iter, "seed": self.spec.seed, "global_batch": self.global_batch}
+                "max_iter": self.max_iter, "seed": self.spec.seed, "global_batch": self.global_batch,
+                "watch": {"best": self.best.state() if self.best else None,
+                          "early_stop": self.early_stop.state() if self.early_stop else None}}
         return write_checkpoint(self.out / "checkpoints", Checkpoint(iteration, self.host_store(), meta),
                                 self.spec.keep_last)
 
@@ -304,6 +324,10 @@ class Trainer:
         outs = self.launch(i)
         return {"loss": float(outs[OBJECTIVE]), **{t: float(outs[t]) for t in self.loss_tops}}
 
+    def _metric_key(self, name: str) -> str:
+        """A test output's name in the log: a loss or a reserved name gets a ``test_`` prefix."""
+        return f"test_{name}" if name in RESERVED or name in self.loss_tops else name
+
     def test(self) -> dict[str, float]:
         if self.test_plans is None:
             return {}
@@ -311,7 +335,21 @@ class Trainer:
             metrics = self._shared_test()
         else:
             metrics = evaluate(self.test_plans, self.test_set, self.spec.data.batch_size)
-        return {(f"test_{k}" if k in RESERVED or k in self.loss_tops else k): v for k, v in metrics.items()}
+        return {self._metric_key(k): v for k, v in metrics.items()}
+
+    def _watch(self, iteration: int, metrics: dict[str, float], progress: Progress, writer: bool) -> bool:
+        """After a test pass: print it, keep the best weights, and say whether to stop early."""
+        shown = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items())
+        if self.best is not None and self.best.see(iteration, metrics[self.best.metric]):
+            if writer:
+                save_weights(str(self.out / "best.safetensors"), self.model_weights(),
+                             metadata={"iteration": str(iteration), self.best.metric: repr(metrics[self.best.metric])})
+            shown += f" (best {self.best.metric} so far: best.safetensors)"
+        progress.message(f"test at iteration {iteration}: {shown}")
+        if self.early_stop is None:
+            return False
+        self.early_stop.see(iteration, metrics[self.early_stop.metric])
+        return self.early_stop.since >= self.spec.early_stop.patience
 
     def _shared_test(self) -> dict[str, float]:
         """The metrics of the whole test set, shared out among the ranks. BatchNorm's running
@@ -342,6 +380,7 @@ class Trainer:
             self.out.mkdir(parents=True, exist_ok=True)
             self._save_net()
         log = MetricsLog(self.out / "metrics.jsonl", self.start if self.start else None) if writer else _NoLog()
+        board = TensorBoard(self.out / "tensorboard") if writer and self.spec.tensorboard else None
         spec = self.spec
         progress = Progress(self.max_iter, self.start, spec.display, self.stream if writer else _Silent())
         test_every = spec.test_interval
@@ -356,6 +395,8 @@ class Trainer:
                     metrics = self.test()
                     test_keys |= set(metrics)
                     record.update(metrics)
+                    if self._watch(i, metrics, progress, writer):
+                        return self._stop_early(i, metrics, log, board, progress, writer, sorted(test_keys))
                 scalars.add(i, self.launch(i))
                 done = i + 1
                 snapshot = bool(spec.snapshot and done % spec.snapshot == 0 and done < self.max_iter)
@@ -370,8 +411,11 @@ class Trainer:
                                             f"(lr {self.lr_at(j):.3g}); training stopped and {self._where(last_good)}")
                         progress.update(j, values[OBJECTIVE], self.lr_at(j))
                     if logged:
-                        log.write({"iter": i, "loss": values[OBJECTIVE], "lr": self.lr_at(i),
-                                   **{t: values[t] for t in self.loss_tops + self.extra_scalars}, **record})
+                        entry = {"iter": i, "loss": values[OBJECTIVE], "lr": self.lr_at(i),
+                                 **{t: values[t] for t in self.loss_tops + self.extra_scalars}, **record}
+                        log.write(entry)
+                        if board is not None:
+                            board.write(entry)
                 if self.comm:                 # a signal seen by any rank stops all at this iteration
                     stop = self.comm.any_true(self._stop is not None)
                     if stop and self._stop is None:
@@ -387,11 +431,15 @@ class Trainer:
                     progress.message(f"stopped by signal {self._stop} after iteration {done}; "
                                      f"checkpoint {last_good} (continue with --resume {self.out})")
                     return 128 + self._stop
-            progress.close()
             final = self.test()
             test_keys |= set(final)
             if final:
-                log.write({"iter": self.max_iter, "lr": self.lr_at(self.max_iter - 1), **final})
+                self._watch(self.max_iter, final, progress, writer)
+                entry = {"iter": self.max_iter, "lr": self.lr_at(self.max_iter - 1), **final}
+                log.write(entry)
+                if board is not None:
+                    board.write(entry)
+            progress.close()
             if writer:
                 last_good = self.checkpoint(self.max_iter)
                 save_weights(str(self.out / "model.safetensors"), self.model_weights())
@@ -403,5 +451,25 @@ class Trainer:
             raise UserError(f"{e.filename or self.out}: {e.strerror or e}; training stopped and "
                             f"{self._where(last_good)}") from None
         finally:
+            if board is not None:
+                board.close()
             for s, handler in previous.items():
                 signal.signal(s, handler)
+
+    def _stop_early(self, i: int, metrics: dict, log, board, progress: Progress, writer: bool, keys: list[str]) -> int:
+        """Early stopping after the test at iteration ``i``: the run ends as a finished one does,
+        with a checkpoint, the weights and the plot, and says why."""
+        entry = {"iter": i, "lr": self.lr_at(max(i - 1, 0)), **metrics}
+        log.write(entry)
+        if board is not None:
+            board.write(entry)
+        stop = self.early_stop
+        progress.message(f"early stop at iteration {i}: {stop.metric} has not improved for {stop.since} tests "
+                         f"(best {stop.best:.4f} at iteration {stop.best_iter})")
+        progress.close()
+        if writer:
+            self.checkpoint(i)
+            save_weights(str(self.out / "model.safetensors"), self.model_weights())
+            plot(log.records(), self.out / "loss.png", self.net.name, keys)
+        self.iterations_done, self.final_metrics = i, metrics
+        return 0

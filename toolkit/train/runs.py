@@ -1,0 +1,120 @@
+"""Run folders: where a training run writes, and what it keeps of how it was started.
+
+- A new run never writes into a folder that holds another run: the default ``runs/NAME`` moves
+  on to ``runs/NAME-2``, ``-3``, ... (as PyTorch Lightning's ``version_N`` and YOLO's ``expN``
+  do), and a named ``--out`` that holds a run is an error saying how to continue it instead.
+- ``--resume RUN`` continues with the net the run recorded (its ``net.yaml``: bases merged, every
+  ``--set`` applied). A net or ``--set`` that changes a recorded setting must name the change
+  with ``--set``; each start is a line of ``history.jsonl`` with what it changed, so the run keeps
+  the history of what it trained with.
+- Temporary files a killed run left in ``checkpoints/`` are swept when a run starts there.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..errors import UserError
+from ..fileio import append_line
+
+# what makes a folder a run's: any of these written by a training run
+RUN_FILES = ("net.yaml", "metrics.jsonl", "model.safetensors", "checkpoints")
+HISTORY = "history.jsonl"
+# atomic_write's temporary files: ".TARGET.RANDOM.SUFFIX"
+STALE = re.compile(r"^\.iter_\d+\.safetensors\.[^/]+\.safetensors$")
+
+
+def holds_run(folder: Path) -> bool:
+    return folder.is_dir() and any((folder / name).exists() for name in RUN_FILES)
+
+
+def new_run_folder(net_name: str, out: str | None) -> tuple[Path, str | None]:
+    """Where a new (not resumed) run writes, and a line saying why it is not the default."""
+    if out is not None:
+        folder = Path(out)
+        if holds_run(folder):
+            raise UserError(f"--out {out}: holds a run already; continue it with `toolkit train --resume {out}`, "
+                            "or choose another --out")
+        return folder, None
+    base = Path("runs") / net_name
+    folder, n = base, 2
+    while holds_run(folder):
+        folder = base.with_name(f"{net_name}-{n}")
+        n += 1
+    return folder, (None if folder == base else f"{base} holds an earlier run; this run writes to {folder}")
+
+
+def run_of(resume: str) -> Path:
+    """The run folder of a ``--resume`` target (a run folder, its checkpoints folder or a file)."""
+    target = Path(resume)
+    if target.is_file():
+        return target.parent.parent
+    return target.parent if target.name == "checkpoints" else target
+
+
+def recorded_net(run: Path) -> Path:
+    path = run / "net.yaml"
+    if not path.is_file():
+        raise UserError(f"--resume {run}: the run has no net.yaml; name the net: `toolkit train NET --resume {run}`")
+    return path
+
+
+def changes(recorded: Any, now: Any, path: tuple = ()) -> dict[str, tuple[Any, Any]]:
+    """Dotted key -> (recorded value, new value) for every leaf that differs (layers by name)."""
+    if isinstance(recorded, dict) and isinstance(now, dict):
+        out = {}
+        for key in list(recorded) + [k for k in now if k not in recorded]:
+            out.update(changes(recorded.get(key), now.get(key), path + (key,)))
+        return out
+    if path == ("layers",) and isinstance(recorded, list) and isinstance(now, list):
+        named = {layer.get("name"): layer for layer in recorded if isinstance(layer, dict)}
+        fresh = {layer.get("name"): layer for layer in now if isinstance(layer, dict)}
+        if list(named) == list(fresh):
+            out = {}
+            for name in named:
+                out.update(changes(named[name], fresh[name], path + (name,)))
+            return out
+    if recorded != now:
+        return {".".join(str(p) for p in path): (recorded, now)}
+    return {}
+
+
+def check_resume_changes(run: Path, rendered: str, overrides: list[tuple[tuple, Any]]) -> dict[str, tuple]:
+    """The recorded settings the net now changes; a change that no ``--set`` names is refused."""
+    recorded = yaml.safe_load(recorded_net(run).read_text())
+    diff = changes(recorded, yaml.safe_load(rendered))
+    named = [".".join(str(p) for p in key) for key, _value in overrides]
+    unnamed = {k: v for k, v in diff.items()
+               if not any(k == n or k.startswith(n + ".") or n.startswith(k + ".") for n in named)}
+    if unnamed:
+        shown = "; ".join(f"{k}: {json.dumps(a)} -> {json.dumps(b)}" for k, (a, b) in list(unnamed.items())[:4])
+        more = f" and {len(unnamed) - 4} more" if len(unnamed) > 4 else ""
+        raise UserError(f"--resume {run}: the net differs from the one the run trained ({shown}{more}); "
+                        f"leave the net out to continue as recorded, or name each change with --set KEY=VALUE")
+    return diff
+
+
+def record_start(run: Path, iteration: int, overrides: list[str], changed: dict[str, tuple], weights: str | None) -> None:
+    """One line of history.jsonl: where this start began and what it set or changed."""
+    entry: dict[str, Any] = {"iteration": iteration, "set": list(overrides)}
+    if changed:
+        entry["changed"] = {k: [a, b] for k, (a, b) in changed.items()}
+    if weights:
+        entry["weights"] = weights
+    append_line(run / HISTORY, json.dumps(entry, default=str))
+
+
+def sweep_stale(run: Path) -> list[Path]:
+    """Remove the temporary checkpoint files a killed run left behind."""
+    folder = run / "checkpoints"
+    swept = []
+    if folder.is_dir():
+        for f in folder.iterdir():
+            if STALE.match(f.name) and f.is_file():
+                f.unlink(missing_ok=True)
+                swept.append(f)
+    return swept
