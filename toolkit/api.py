@@ -75,21 +75,155 @@ def tensor_infos(values: Mapping) -> list[TensorInfo]:
     return out
 
 
-def load(net: str, weights: str | None = None, device: str = "cpu", dtype: str | None = None,
-         buckets: Sequence[int] | None = None, warm: bool = False, disable: Sequence[str] = (),
+NET_KINDS = "a file path, 'zoo:NAME', a YAML string, a dict or a net from toolkit.Net"
+DTYPES = ("float32", "float64", "float16", "bfloat16")
+
+
+def Net(source, set: Mapping[str, object] | Sequence[str] | None = None):  # noqa: A002  (the CLI's name)
+    """A checked net from a file path, ``zoo:NAME``, a YAML string (any text with a line break,
+    or a flow mapping ``{...}``), or a dict of the net file's contents. ``set``: overrides applied
+    after the file and its bases, as ``--set`` (``{"train.max_iter": 100}`` or
+    ``["train.max_iter=100"]``). Raises ``toolkit.UserError`` with every problem, located in the
+    file or the string, or ``TypeError`` for a source of another type."""
+    from .frontend.net import Net as LoadedNet
+    if isinstance(source, LoadedNet):
+        if set:
+            raise UserError("set: a net already loaded takes no overrides (give them with its source)")
+        return source
+    return _load_source(source, _overrides(set))
+
+
+def _overrides(given) -> list[tuple[tuple, object]]:
+    from .commands.train_cmd import parse_overrides
+    if given is None:
+        return []
+    if isinstance(given, Mapping):
+        if not all(isinstance(k, str) for k in given):
+            raise TypeError("set: the keys are dotted names such as 'train.max_iter'")
+        return [(tuple(int(p) if p.lstrip("-").isdigit() else p for p in k.split(".")), v) for k, v in given.items()]
+    if isinstance(given, str) or not all(isinstance(item, str) for item in given):
+        raise TypeError("set: a dict {'KEY': value} or a list of 'KEY=VALUE' strings")
+    return parse_overrides(list(given))
+
+
+def _set_texts(given) -> list[str]:
+    """The overrides as ``KEY=VALUE`` lines, for the run's history."""
+    if given is None:
+        return []
+    if isinstance(given, Mapping):
+        import json
+        return [f"{k}={json.dumps(v)}" for k, v in given.items()]
+    return list(given)
+
+
+def _load_source(source, overrides):
+    import os
+
+    import yaml
+
+    from .zoo.resolve import load_net
+    if isinstance(source, Mapping):
+        return load_net("<dict>", overrides, text=yaml.safe_dump(dict(source), sort_keys=False))
+    if isinstance(source, os.PathLike):
+        source = os.fspath(source)
+    if not isinstance(source, str):
+        raise TypeError(f"net: expected {NET_KINDS}, not {type(source).__name__}")
+    if "\n" in source or source.lstrip().startswith("{"):
+        return load_net("<string>", overrides, text=source)
+    if not source.strip():
+        raise UserError(f"net: an empty string; expected {NET_KINDS}")
+    return load_net(source, overrides)
+
+
+def _text_arg(name: str, value, allow_none: bool = True) -> str | None:
+    import os
+    if value is None and allow_none:
+        return None
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if not isinstance(value, str):
+        raise TypeError(f"{name}: expected a string{' or None' if allow_none else ''}, not {type(value).__name__}")
+    return value
+
+
+def _pass_names(disable) -> tuple[str, ...]:
+    if disable is None:
+        return ()
+    if isinstance(disable, str):
+        return (disable,)                              # one pass, not its letters
+    if not all(isinstance(name, str) for name in disable):
+        raise TypeError("disable: a pass name or a list of pass names")
+    return tuple(disable)
+
+
+def _dtype_arg(dtype, choices=DTYPES) -> str | None:
+    if dtype is not None and dtype not in choices:
+        raise UserError(f"dtype: '{dtype}' is not one of {', '.join(choices)}")
+    return dtype
+
+
+def load(net, weights: str | None = None, device: str = "cpu", dtype: str | None = None,
+         buckets: Sequence[int] | None = None, warm: bool = False, disable: Sequence[str] | str = (),
          optimize_graph: bool = True, allow_missing: bool = False) -> Model:
-    """A net file or ``zoo:NAME`` with its weights (default for a zoo model: its published
-    weights), compiled for ``device`` ("cpu", "gpu", "cpu:N", "gpu:N"). ``buckets``: the batch
-    sizes compiled (default 1, 2, 4, ..., 64); ``warm``: compile them all now."""
+    """A net (a file, ``zoo:NAME``, a YAML string, a dict or ``toolkit.Net(...)``) with its weights
+    (default for a zoo model: its published weights; ``zoo:NAME`` names another model's) compiled
+    for ``device`` ("cpu", "gpu", "cpu:N", "gpu:N"). ``buckets``: the batch sizes compiled
+    (default 1, 2, 4, ..., 64); ``warm``: compile them all now; ``disable``: a pass name or a
+    list of them; ``allow_missing``: copy the weights whose name and shape match and start the
+    others from their fillers."""
     from .inference import infer_phase
 
+    weights = _text_arg("weights", weights)
+    device = _text_arg("device", device, allow_none=False)
+    dtype = _dtype_arg(dtype)
+    passes = _pass_names(disable)
     sizes = tuple(DEFAULT_BUCKETS if buckets is None else buckets)
-    if not sizes or any(not isinstance(b, (int, np.integer)) or b < 1 for b in sizes):
+    if not sizes or any(not isinstance(b, (int, np.integer)) or isinstance(b, bool) or b < 1 for b in sizes):
         raise UserError(f"buckets must be positive integers, got {list(sizes)}")
-    phase = infer_phase(net, device, dtype, disable, not optimize_graph)
+    phase = infer_phase(Net(net), device, dtype, passes, not optimize_graph)
     loaded = phase.load_weights(weights, allow_missing=allow_missing, flag="weights")
     inputs, outputs = tensor_infos(phase.graph.inputs), tensor_infos(phase.graph.outputs)
     model = Model(phase.net, phase.session(loaded, (int(b) for b in sizes)), inputs, outputs)
     if warm:
         model.warm()
     return model
+
+
+def train(net=None, *, out: str | None = None, resume: str | None = None, weights: str | None = None,
+          allow_missing: bool = False, device: str = "cpu", dtype: str | None = None,
+          set: Mapping[str, object] | Sequence[str] | None = None,  # noqa: A002  (the CLI's name)
+          disable: Sequence[str] | str = (), quiet: bool = False):
+    """Train a net as ``toolkit train`` does and return a RunResult: ``folder`` (the run folder:
+    ``out``, else runs/NAME or the next free runs/NAME-2, ...), ``status`` (0, or 128 + a signal
+    that stopped it after a checkpoint), ``iterations``, ``metrics`` (the final test metrics) and
+    ``best`` (the best weights kept: metric, value, iteration, file). ``resume``: continue a run
+    folder or checkpoint (``net`` None: with the net the run recorded); ``weights``: start from
+    these (a file or ``zoo:NAME``), copied by layer name; ``quiet``: no progress lines."""
+    import io
+    import sys
+
+    from .backend.options import check_device
+    from .compile import disabled_passes
+    from .train import runs
+    from .train.start import train_net
+
+    out, resume, weights = (_text_arg(n, v) for n, v in (("out", out), ("resume", resume), ("weights", weights)))
+    device = check_device(_text_arg("device", device, allow_none=False))
+    dtype = _dtype_arg(dtype, ("float32", "float16", "bfloat16"))
+    overrides = _overrides(set)
+    texts = _set_texts(set)
+    if dtype == "float32":
+        overrides.insert(0, (("train", "solver", "mixed_precision"), None))
+    elif dtype is not None:
+        overrides.insert(0, (("train", "solver", "mixed_precision", "dtype"), dtype))
+    if net is None:
+        if resume is None:
+            raise UserError("train: give a net, or resume= a run folder to continue it as recorded")
+        loaded = _load_source(str(runs.recorded_net(runs.run_of(resume))), overrides)
+    else:
+        from .frontend.net import Net as LoadedNet
+        loaded = net if isinstance(net, LoadedNet) and not overrides else _load_source(net, overrides)
+    stream = io.StringIO() if quiet else sys.stderr
+    return train_net(loaded, device, out=out, resume=resume, weights=weights, allow_missing=allow_missing,
+                     overrides=overrides, set_texts=texts,
+                     disable=disabled_passes(loaded, _pass_names(disable), False), stream=stream)

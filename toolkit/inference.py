@@ -46,11 +46,11 @@ class InferPhase:
         return InferSession(graph, weights, self.device, tuple(buckets), reuse_memory=memory_reuse(self.disable))
 
 
-def infer_phase(net: str, device: Device | str, dtype: str | None = None, disable: Iterable[str] = (),
+def infer_phase(net: "str | Net", device: Device | str, dtype: str | None = None, disable: Iterable[str] = (),
                 no_optimize: bool = False) -> InferPhase:
-    """``net`` (a file or ``zoo:NAME``) for ``device`` and ``dtype``, each checked first."""
+    """``net`` (a file, ``zoo:NAME`` or a loaded Net) for ``device`` and ``dtype``, each checked first."""
     device = check_device(device)
     dtype = resolve_dtype(dtype, device)
-    loaded = load_net(net)
+    loaded = load_net(net) if isinstance(net, str) else net
     passes = disabled_passes(loaded, tuple(disable), no_optimize)
     return InferPhase(loaded, loaded.graph("infer", dtype), device, dtype, passes)

@@ -372,3 +372,20 @@ def test_a_bad_set_value_is_the_flags_error_not_the_files(tmp_path, base):
     expect_error(result, "--set train.solver.momentun: unknown key 'momentun'")
     expect_error(result, "--set layers.ip1.bottom: layer 'ip1'", "unknown bottom 'nope'")
     assert str(base) not in result.err and str(derived) not in result.err
+
+
+def test_setting_a_new_solver_type_replaces_the_solver_as_a_base_would():
+    """--set train.solver.type=adam on an sgd net: sgd's momentum and step policy do not carry over
+    (Adam has no momentum), in whichever order the flags come; a layer's type change keeps its
+    wiring (layers merge by name, not by type)."""
+    net = load_net(str(REPO / "zoo" / "lenet" / "net.yaml"),
+                   [(("train", "solver", "base_lr"), 0.001), (("train", "solver", "type"), "adam")])
+    solver = net.spec.train.solver
+    assert (solver.type, solver.base_lr, solver.momentum, solver.lr_policy.type) == ("adam", 0.001, 0.0, "fixed")
+    same = load_net(str(REPO / "zoo" / "lenet" / "net.yaml"), [(("train", "solver", "type"), "sgd")])
+    assert same.spec.train.solver.momentum == 0.9                     # the same type: merged key by key
+    policy = load_net(str(REPO / "zoo" / "lenet" / "net.yaml"), [(("train", "solver", "lr_policy", "type"), "cosine")])
+    assert policy.spec.train.solver.lr_policy.step_size is None
+    layer = load_net(str(REPO / "zoo" / "lenet" / "net.yaml"), [(("layers", "relu1", "type"), "Sigmoid")])
+    relu1 = next(entry for entry in layer.spec.layers if entry.name == "relu1")
+    assert (relu1.type, relu1.bottom, relu1.top) == ("Sigmoid", "conv1", "conv1")

@@ -3,11 +3,10 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 import yaml
 
-from ..backend.options import check_device, resolve_train_dtype
+from ..backend.options import check_device
 from ..compile import disabled_passes
 from ..errors import UserError
 from ..ir.graph import LOW_PRECISION
@@ -61,7 +60,7 @@ def _maybe_data_parallel(args, run) -> int:
 
 def _train(args, comm) -> int:
     args.device = check_device(args.device)
-    from ..train.trainer import Trainer
+    from ..train.start import train_net
     overrides = parse_overrides(args.overrides)
     # --dtype float16 is mixed_precision.dtype=float16 (the net's other scaler settings kept);
     # float32 switches mixed precision off. Either comes before --set, which has the last word.
@@ -73,38 +72,17 @@ def _train(args, comm) -> int:
     if args.net is None and run is None:
         raise UserError("train needs a net file, or --resume RUN_DIR to continue a run as it was recorded")
     net = load_net(args.net if args.net is not None else str(runs.recorded_net(run)), overrides)
-    mixed = net.spec.train.solver.mixed_precision if net.spec.train else None
-    if mixed is not None:
-        resolve_train_dtype(mixed.dtype, args.device)
-    if args.allow_missing and not args.weights:
-        raise UserError("--allow-missing goes with --weights FILE (the weights to copy from)")
-    changed, notice = {}, None
-    if run is not None:
-        out = Path(args.out) if args.out else run
-        if (run / "net.yaml").is_file():
-            from ..frontend.render import render_net
-            changed = runs.check_resume_changes(run, render_net(net, folder=run), overrides)
-    else:
-        out, notice = runs.new_run_folder(net.name, args.out)
-    trainer = Trainer(net, out, weights=args.weights, resume=args.resume, device=args.device,
-                      disable=disabled_passes(net, args.disable, args.no_optimize), comm=comm,
-                      allow_missing=args.allow_missing)
-    if trainer.rank == 0:
-        if notice:
-            print(notice, file=sys.stderr)
-        for stale in runs.sweep_stale(out):
-            print(f"removed {stale}, a checkpoint a stopped run left half-written", file=sys.stderr)
-        out.mkdir(parents=True, exist_ok=True)
-        runs.record_start(out, trainer.start, args.overrides, changed, args.weights)
-    status = trainer.run()
-    if status == 0 and trainer.rank == 0:
-        metrics = ", ".join(f"{k} {v:.4f}" for k, v in trainer.final_metrics.items())
-        best = trainer.best
-        kept = (f"; best {best.metric} {best.best:.4f} at iteration {best.best_iter} in {out / 'best.safetensors'}"
-                if best is not None and best.best_iter is not None else "")
-        print(f"trained {net.name} for {trainer.iterations_done} iterations; {metrics or 'no test data'}; "
-              f"weights in {out / 'model.safetensors'}{kept}")
-    return status
+    result = train_net(net, args.device, out=args.out, resume=args.resume, weights=args.weights,
+                       allow_missing=args.allow_missing, overrides=overrides, set_texts=args.overrides,
+                       disable=disabled_passes(net, args.disable, args.no_optimize), comm=comm)
+    if result.status == 0 and (comm is None or comm.rank == 0):
+        metrics = ", ".join(f"{k} {v:.4f}" for k, v in result.metrics.items())
+        best = result.best
+        kept = (f"; best {best['metric']} {best['value']:.4f} at iteration {best['iteration']} in {best['file']}"
+                if best else "")
+        print(f"trained {net.name} for {result.iterations} iterations; {metrics or 'no test data'}; "
+              f"weights in {result.folder / 'model.safetensors'}{kept}")
+    return result.status
 
 
 def run_test(args) -> int:

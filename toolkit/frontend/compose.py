@@ -77,11 +77,13 @@ class Composed:
         return problem
 
 
-def compose(path: str, resolve: Resolver | None = None) -> Composed:
-    """Reads ``path`` and, if it has ``base:``, everything it builds on (``resolve`` finds a
-    ``zoo:NAME`` base's file). Raises SpecError with every composition problem found (missing
-    or cyclic bases, merges naming no base layer)."""
-    text = read_text(path)
+def compose(path: str, resolve: Resolver | None = None, text: str | None = None) -> Composed:
+    """Reads ``path`` (or takes ``text`` as its contents: a net given as a string, ``path`` then
+    naming it in messages, its bases and data relative to the current folder) and, if it has
+    ``base:``, everything it builds on (``resolve`` finds a ``zoo:NAME`` base's file). Raises
+    SpecError with every composition problem found (missing or cyclic bases, merges naming no
+    base layer)."""
+    text = read_text(path) if text is None else text
     data, positions = load_yaml(text, path)
     if not (isinstance(data, dict) and "base" in data):
         return Composed(data, positions, [path])

@@ -49,16 +49,17 @@ class Net:
             raise SpecError(*unique)
 
     @classmethod
-    def load(cls, path: str, overrides: list[tuple[tuple, Any]] = (), resolve: Resolver | None = None) -> "Net":
+    def load(cls, path: str, overrides: list[tuple[tuple, Any]] = (), resolve: Resolver | None = None,
+             text: str | None = None) -> "Net":
         """A net file, or ``zoo:NAME``, with its bases merged and ``--set`` overrides applied.
         ``resolve`` finds the files of ``zoo:`` names (the net's and its bases'): the model zoo's
         (``toolkit.zoo.resolve.load_net`` passes it)."""
         from layers import LAYERS, NetSpec
         model = None
-        if path.startswith(ZOO_PREFIX):
+        if text is None and path.startswith(ZOO_PREFIX):
             model = zoo_model(resolve, path)
             path = str(model.net)
-        composed = compose(path, resolve)
+        composed = compose(path, resolve, text)
         try:
             spec, raw, positions = validate_net(composed.data, composed.positions, NetSpec,
                                                 {k: d.params for k, d in LAYERS.items()}, overrides)

@@ -35,7 +35,9 @@ def validate_net(data: Any, positions: Positions, net_model: type[BaseModel],
     if not isinstance(data, dict):
         raise SpecError(Problem("a net file is a mapping with 'name', 'inputs' and 'layers'",
                                 positions.locate(())))
-    for path, value in overrides:
+    # a new type replaces its mapping whole: apply those first, so that the settings given with
+    # it (--set train.solver.base_lr=... --set train.solver.type=adam) survive in either order
+    for path, value in sorted(overrides, key=lambda o: not (o[0] and o[0][-1] == "type")):
         written = _apply_override(data, path, value)
         _mark_overridden(positions, written, f"--set {'.'.join(map(str, path))}")
     try:
@@ -112,12 +114,19 @@ def duplicate_layer_names(data: dict, positions: Positions) -> list[Problem]:
 
 def _apply_override(data: dict, path: tuple, value: Any) -> None:
     """Set one ``--set`` key. In a list, a number is an index and a name picks the layer of that
-    name (``layers.conv1.num_output``)."""
+    name (``layers.conv1.num_output``). A new ``type`` for a mapping that is not a layer
+    (``train.solver.type=adam``, a filler's type) replaces the mapping whole, as a base's
+    mapping of another type is replaced: the old type's settings do not carry over."""
     shown = ".".join(map(str, path))
     node: Any = data
     written: list = []
+    in_list = False
     for depth, key in enumerate(path):
         last = depth == len(path) - 1
+        if (last and key == "type" and isinstance(node, dict) and not in_list
+                and node.get("type", value) != value):
+            node.clear()
+        in_list = isinstance(node, list)
         if isinstance(node, list):
             if isinstance(key, int):
                 if not -len(node) <= key < len(node):

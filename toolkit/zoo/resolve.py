@@ -45,11 +45,12 @@ def model_name(ref: str) -> str:
     return name
 
 
-def load_net(path: str, overrides=()) -> "Net":
+def load_net(path: str, overrides=(), text: str | None = None) -> "Net":
     """A net file or ``zoo:NAME`` (and bases that are ``zoo:`` names) as a checked Net: what the
-    commands and ``toolkit.load`` read nets with."""
+    commands and ``toolkit.load`` read nets with. ``text``: the net's YAML itself, ``path`` then
+    only its name in messages."""
     from ..frontend import Net
-    return Net.load(path, overrides, resolve=resolve)
+    return Net.load(path, overrides, resolve=resolve, text=text)
 
 
 def resolve(ref: str, sources: list[str] | None = None, need_weights: bool = True) -> ZooModel:

@@ -1,0 +1,67 @@
+"""Starting a training run, as ``toolkit train`` and ``toolkit.train`` both do: the run folder
+(new, or the one resumed), the check of a resumed run's recorded settings, the sweep of what a
+killed run left, the history line, then the loop. The caller has loaded the net (from a file,
+``zoo:NAME``, a string or a dict, or the run's own ``net.yaml``)."""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..backend.devices import Device
+from ..backend.options import resolve_train_dtype
+from ..errors import UserError
+from ..frontend import Net
+from . import runs
+
+
+@dataclass
+class RunResult:
+    """What a finished (or stopped) run left: its folder, exit status, iterations, final test
+    metrics, and the best weights kept (metric, value, iteration, file) where any were."""
+    folder: Path
+    status: int
+    iterations: int
+    metrics: dict[str, float] = field(default_factory=dict)
+    best: dict[str, Any] | None = None
+
+
+def train_net(net: Net, device: Device, *, out: str | None = None, resume: str | None = None,
+              weights: str | None = None, allow_missing: bool = False, overrides: list[tuple[tuple, Any]] = (),
+              set_texts: list[str] = (), disable: tuple[str, ...] | None = None, comm=None,
+              stream=None) -> RunResult:
+    """Train ``net`` (already loaded with ``overrides``, which ``set_texts`` spell as given) into
+    a new run folder, or continue the run ``resume`` names."""
+    from .trainer import Trainer
+    say = stream or sys.stderr
+    mixed = net.spec.train.solver.mixed_precision if net.spec.train else None
+    if mixed is not None:
+        resolve_train_dtype(mixed.dtype, device)
+    if allow_missing and not weights:
+        raise UserError("--allow-missing goes with --weights FILE (the weights to copy from)")
+    changed, notice = {}, None
+    if resume is not None:
+        run = runs.run_of(resume)
+        folder = Path(out) if out else run
+        if (run / "net.yaml").is_file():
+            from ..frontend.render import render_net
+            changed = runs.check_resume_changes(run, render_net(net, folder=run), list(overrides))
+    else:
+        folder, notice = runs.new_run_folder(net.name, out)
+    trainer = Trainer(net, folder, weights=weights, resume=resume, device=device, disable=disable, comm=comm,
+                      allow_missing=allow_missing, stream=stream)
+    if trainer.rank == 0:
+        if notice:
+            print(notice, file=say)
+        for stale in runs.sweep_stale(folder):
+            print(f"removed {stale}, a checkpoint a stopped run left half-written", file=say)
+        folder.mkdir(parents=True, exist_ok=True)
+        runs.record_start(folder, trainer.start, list(set_texts), changed, weights)
+    status = trainer.run()
+    best = trainer.best
+    kept = None
+    if best is not None and best.best_iter is not None:
+        kept = {"metric": best.metric, "value": best.best, "iteration": best.best_iter,
+                "file": folder / "best.safetensors"}
+    return RunResult(folder, status, trainer.iterations_done, dict(getattr(trainer, "final_metrics", {}) or {}), kept)
