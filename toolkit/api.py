@@ -146,6 +146,12 @@ def _text_arg(name: str, value, allow_none: bool = True) -> str | None:
     return value
 
 
+def _device_arg(device):
+    """A device name ("cpu", "gpu:1"), or a Device the commands already parsed."""
+    from .backend.devices import Device
+    return device if isinstance(device, Device) else _text_arg("device", device, allow_none=False)
+
+
 def _pass_names(disable) -> tuple[str, ...]:
     if disable is None:
         return ()
@@ -174,7 +180,7 @@ def load(net, weights: str | None = None, device: str = "cpu", dtype: str | None
     from .inference import infer_phase
 
     weights = _text_arg("weights", weights)
-    device = _text_arg("device", device, allow_none=False)
+    device = _device_arg(device)
     dtype = _dtype_arg(dtype)
     passes = _pass_names(disable)
     sizes = tuple(DEFAULT_BUCKETS if buckets is None else buckets)
@@ -208,7 +214,7 @@ def train(net=None, *, out: str | None = None, resume: str | None = None, weight
     from .train.start import train_net
 
     out, resume, weights = (_text_arg(n, v) for n, v in (("out", out), ("resume", resume), ("weights", weights)))
-    device = check_device(_text_arg("device", device, allow_none=False))
+    device = check_device(_device_arg(device))
     dtype = _dtype_arg(dtype, ("float32", "float16", "bfloat16"))
     overrides = _overrides(set)
     texts = _set_texts(set)

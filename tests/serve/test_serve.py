@@ -191,3 +191,31 @@ def test_flag_mistakes_and_a_taken_port_are_one_line_errors_with_status_2():
             assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith(message), result.stderr
     finally:
         taken.close()
+
+
+def test_triton_client_reads_the_model_config_and_the_statistics(server):
+    client = http.InferenceServerClient(url=server.url)
+    config = client.get_model_config("lenet")
+    assert config["name"] == "lenet" and config["max_batch_size"] == 64
+    assert config["input"] == [{"name": "data", "data_type": "TYPE_FP32", "dims": [1, 8, 8]}]
+    assert config["output"] == [{"name": "prob", "data_type": "TYPE_FP32", "dims": [10]}]
+    assert config["dynamic_batching"]["preferred_batch_size"] == [1, 2, 4, 8, 16, 32, 64]
+    before = client.get_inference_statistics("lenet")["model_stats"][0]
+    x = np.zeros((3, 1, 8, 8), np.float32)
+    for _ in range(2):
+        client.infer("lenet", [_input(x)])
+    with pytest.raises(Exception):
+        client.infer("lenet", [_input(np.zeros((3, 2, 8, 8), np.float32))])      # a wrong shape: a failure
+    after = client.get_inference_statistics("lenet")["model_stats"][0]
+    assert after["name"] == "lenet" and after["version"] == "1"
+    stats, was = after["inference_stats"], before["inference_stats"]
+    assert stats["success"]["count"] - was["success"]["count"] == 2
+    assert stats["fail"]["count"] - was["fail"]["count"] == 1
+    assert after["inference_count"] - before["inference_count"] == 6           # rows
+    assert after["execution_count"] - before["execution_count"] == 2
+    assert stats["compute_infer"]["ns"] > was["compute_infer"]["ns"] and after["last_inference"] > 0
+    assert any(b["batch_size"] == 3 for b in after["batch_stats"])
+    everything = client.get_inference_statistics()
+    assert [m["name"] for m in everything["model_stats"]] == ["lenet"]
+    with pytest.raises(Exception, match="unknown model 'other'"):
+        client.get_model_config("other")

@@ -5,6 +5,8 @@
     GET  /v2/models/NAME[/versions/1]               model metadata (shapes with -1 for symbolic)
     GET  /v2/models/NAME[/versions/1]/ready         200 when the model is ready
     POST /v2/models/NAME[/versions/1]/infer         inference, JSON or binary tensors
+    GET  /v2/models/NAME[/versions/1]/config        Triton's model configuration (get_model_config)
+    GET  /v2/models[/NAME[/versions/1]]/stats       Triton's statistics (get_inference_statistics)
     GET  /metrics                                   Prometheus text
 
 Errors answer ``{"error": MESSAGE}``: 400 for a malformed request or a tensor of the wrong name,
@@ -32,7 +34,9 @@ from .metrics import ServerMetrics
 from .offload import INLINE_JSON_BYTES, INLINE_JSON_VALUES, Offload, WorkerDied
 from .protocol import HEADER_LENGTH, BadRequest, datatype_of, decode_request, encode_response, json_value_count
 
-EXTENSIONS = ["binary_tensor_data"]
+EXTENSIONS = ["binary_tensor_data", "model_configuration", "statistics"]
+# KServe datatype -> Triton's config type name (TYPE_ + this), where the two differ
+TRITON_TYPES = {"BYTES": "STRING"}
 
 
 class TooLarge(Exception):
@@ -173,6 +177,38 @@ class InferenceServer:
         return JSONResponse({"name": self.name, "versions": ["1"], "platform": "toolkit",
                              "inputs": tensors(self.model.inputs), "outputs": tensors(self.model.outputs)})
 
+    async def model_config(self, request: Request) -> Response:
+        """Triton's model configuration (``get_model_config``): the tensors without the batch
+        axis and ``max_batch_size`` the largest bucket where the net has a batch axis (Triton's
+        convention), the buckets as the dynamic batcher's preferred sizes."""
+        if (bad := self._check_model(request)) is not None:
+            return bad
+
+        def tensors(infos):
+            out = []
+            for t in infos:
+                dims = _shape_for_metadata(t)
+                out.append({"name": t.name, "data_type": "TYPE_" + TRITON_TYPES.get(datatype_of(t.dtype),
+                                                                                     datatype_of(t.dtype)),
+                            "dims": dims[1:] if self.batched and dims else dims})
+            return out
+        config = {"name": self.name, "platform": "toolkit", "backend": "toolkit",
+                  "version_policy": {"latest": {"num_versions": 1}},
+                  "max_batch_size": self.model.buckets[-1] if self.batched else 0,
+                  "input": tensors(self.model.inputs), "output": tensors(self.model.outputs),
+                  "instance_group": [{"name": self.name, "kind": "KIND_GPU" if self.model.device.startswith("gpu")
+                                      else "KIND_CPU", "count": 1}]}
+        if self.batched:
+            config["dynamic_batching"] = {"preferred_batch_size": list(self.model.buckets),
+                                          "max_queue_delay_microseconds": int(self.batcher.max_delay_s * 1e6)}
+        return JSONResponse(config)
+
+    async def model_stats(self, request: Request) -> Response:
+        """Triton's statistics extension (``get_inference_statistics``)."""
+        if "model" in request.path_params and (bad := self._check_model(request)) is not None:
+            return bad
+        return JSONResponse({"model_stats": [self.metrics.triton.json(self.name)]})
+
     async def model_ready(self, request: Request) -> Response:
         if (bad := self._check_model(request)) is not None:
             return bad
@@ -198,8 +234,11 @@ class InferenceServer:
             self.metrics.in_flight.dec()
         self.tally[outcome] += 1
         self.metrics.requests.labels(code=str(response.status_code)).inc()
+        took = time.perf_counter() - start
         if response.status_code == 200:
-            self.metrics.latency.observe(time.perf_counter() - start)
+            self.metrics.latency.observe(took)
+        if response.status_code != 404:                  # an unknown model is no request of this one
+            self.metrics.triton.request(response.status_code == 200, took)
         return response
 
     async def _infer(self, request: Request) -> Response:
@@ -264,10 +303,15 @@ class InferenceServer:
             Route("/v2/health/live", self.live),
             Route("/v2/health/ready", self.ready_route),
             Route("/v2", self.server_metadata),
+            Route("/v2/models/stats", self.model_stats),        # before {model}, which would take it
             Route(model, self.model_metadata),
             Route(version, self.model_metadata),
             Route(model + "/ready", self.model_ready),
             Route(version + "/ready", self.model_ready),
+            Route(model + "/config", self.model_config),
+            Route(version + "/config", self.model_config),
+            Route(model + "/stats", self.model_stats),
+            Route(version + "/stats", self.model_stats),
             Route(model + "/infer", self.infer, methods=["POST"]),
             Route(version + "/infer", self.infer, methods=["POST"]),
             Route("/metrics", self.metrics_route),

@@ -134,8 +134,12 @@ class DynamicBatcher:
         if self.metrics is not None:
             self.metrics.batch_rows.observe(sum(item.rows for item in batch))
             self.metrics.batch_requests.observe(len(batch))
+        started = time.monotonic()
         try:
             outputs = await loop.run_in_executor(self.executor, self.run_batch, arrays)
+            if self.metrics is not None:
+                self.metrics.triton.batch(sum(item.rows for item in batch), [started - item.arrived for item in batch],
+                                          time.monotonic() - started)
         except Exception as e:                    # the same error for every request of the batch
             for item in batch:
                 if not item.future.done():
