@@ -29,12 +29,15 @@ class TensorInfo:
 class Model:
     """A compiled infer phase with its weights frozen in. Use ``toolkit.load`` to make one."""
 
-    def __init__(self, net, session: InferSession, inputs: list[TensorInfo], outputs: list[TensorInfo]):
+    def __init__(self, net, session: InferSession, inputs: list[TensorInfo], outputs: list[TensorInfo],
+                 transform=None):
         self.net = net
         self.name = net.spec.name
         self.session = session
         self.inputs = inputs
         self.outputs = outputs
+        # the net's input transform (train.data's scale and mean), applied to every input given
+        self.transform = transform
 
     @property
     def device(self) -> str:
@@ -52,6 +55,8 @@ class Model:
         if unknown:
             names = ", ".join(t.name for t in self.inputs)
             raise UserError(f"net '{self.name}' has no input {', '.join(map(repr, unknown))} (its inputs: {names})")
+        if self.transform is not None:
+            given = self.transform(given)
         return self.session.run(given)
 
     def warm(self, **example: np.ndarray) -> int:
@@ -170,13 +175,14 @@ def _dtype_arg(dtype, choices=DTYPES) -> str | None:
 
 def load(net, weights: str | None = None, device: str = "cpu", dtype: str | None = None,
          buckets: Sequence[int] | None = None, warm: bool = False, disable: Sequence[str] | str = (),
-         optimize_graph: bool = True, allow_missing: bool = False) -> Model:
+         optimize_graph: bool = True, allow_missing: bool = False, transform: bool = True) -> Model:
     """A net (a file, ``zoo:NAME``, a YAML string, a dict or ``toolkit.Net(...)``) with its weights
     (default for a zoo model: its published weights; ``zoo:NAME`` names another model's) compiled
     for ``device`` ("cpu", "gpu", "cpu:N", "gpu:N"). ``buckets``: the batch sizes compiled
     (default 1, 2, 4, ..., 64); ``warm``: compile them all now; ``disable``: a pass name or a
     list of them; ``allow_missing``: copy the weights whose name and shape match and start the
-    others from their fillers."""
+    others from their fillers; ``transform``: apply the input transform the net was trained with
+    (its train.data scale and mean) to every input of ``infer`` (False: inputs go in as given)."""
     from .inference import infer_phase
 
     weights = _text_arg("weights", weights)
@@ -189,7 +195,11 @@ def load(net, weights: str | None = None, device: str = "cpu", dtype: str | None
     phase = infer_phase(Net(net), device, dtype, passes, not optimize_graph)
     loaded = phase.load_weights(weights, allow_missing=allow_missing, flag="weights")
     inputs, outputs = tensor_infos(phase.graph.inputs), tensor_infos(phase.graph.outputs)
-    model = Model(phase.net, phase.session(loaded, (int(b) for b in sizes)), inputs, outputs)
+    from .train.data import InputTransform
+    if not isinstance(transform, bool):
+        raise TypeError(f"transform: expected True or False, not {type(transform).__name__}")
+    model = Model(phase.net, phase.session(loaded, (int(b) for b in sizes)), inputs, outputs,
+                  InputTransform.of(phase.net) if transform else None)
     if warm:
         model.warm()
     return model

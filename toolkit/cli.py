@@ -99,6 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print progress (also off a terminal), the buckets used, rows/s and peak memory to stderr")
     p.add_argument("--allow-missing", action="store_true",
                    help="copy the weights whose name and shape match; start the others from their fillers")
+    p.add_argument("--no-transform", action="store_true",
+                   help="feed the inputs as given, without the input transform the net was trained with "
+                        "(its train.data scale and mean, applied by default)")
     _optimize_flags(p)
 
     p = sub.add_parser("serve", help="serve the infer phase over HTTP (KServe v2 / Triton protocol)")
@@ -128,6 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warm", action="store_true", help="compile and run every bucket before accepting requests")
     p.add_argument("--allow-missing", action="store_true",
                    help="copy the weights whose name and shape match; start the others from their fillers")
+    p.add_argument("--no-transform", action="store_true",
+                   help="feed the inputs as given, without the input transform the net was trained with "
+                        "(its train.data scale and mean, applied by default)")
     _optimize_flags(p)
 
     p = sub.add_parser("bench", help="time inference or train steps")
@@ -180,7 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("data", help="export the net's training data (train or test split) as .npz")
     p.add_argument("net")
     p.add_argument("--split", choices=["train", "test"], default="test")
-    p.add_argument("--out", required=True, help=".npz keyed by input name (transforms applied)")
+    p.add_argument("--out", required=True, help=".npz keyed by input name, as `infer` takes them (it applies the "
+                                                 "net's input transform)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides")
 
     p = sub.add_parser("compile", help="run a phase's graph through the passes and report what each did")

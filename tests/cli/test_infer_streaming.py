@@ -41,7 +41,8 @@ def lenet(tmp_path_factory):
 def _infer(lenet, tmp_path, *inputs, extra=()):
     out = tmp_path / "out.npy"
     flags = [part for item in inputs for part in ("--input", item)]
-    result = run_cli("infer", LENET, "--weights", lenet[1], "--output", out, *flags, *extra)
+    # the inputs as given (--no-transform): these tests are about reading them in chunks
+    result = run_cli("infer", LENET, "--weights", lenet[1], "--output", out, "--no-transform", *flags, *extra)
     assert result.status == 0, result.err
     return np.load(out), result
 

@@ -46,10 +46,16 @@ class Server:
     def log(self) -> str:
         return "".join(self.lines)
 
-    def stop(self) -> int:
-        """SIGTERM, then the exit status once the log is read to its end."""
-        if self.proc.poll() is None:
+    def terminate(self) -> None:
+        """SIGTERM once: a second one, while the server shuts down, would kill it outright
+        (uvicorn gives the signal back to its default handler once it has begun to stop)."""
+        if not getattr(self, "terminated", False) and self.proc.poll() is None:
+            self.terminated = True
             self.proc.send_signal(signal.SIGTERM)
+
+    def stop(self) -> int:
+        """SIGTERM (unless already sent), then the exit status once the log is read to its end."""
+        self.terminate()
         status = self.proc.wait(timeout=30)
         self._drainer.join(10)
         return status

@@ -12,7 +12,6 @@ import random
 import re
 import resource
 import select
-import signal
 import socket
 import threading
 import time
@@ -331,7 +330,7 @@ def test_the_shutdown_line_counts_what_was_answered_refused_and_failed():
             slow.append(sock)
         time.sleep(0.3)
         start = time.monotonic()
-        s.proc.send_signal(signal.SIGTERM)
+        s.terminate()
         for sock in slow:
             assert _answer(sock) == (503, {"error": "the server stopped before this request was answered "
                                                     "(its shutdown timeout ran out)"})

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-import signal
 import subprocess
 import sys
 import threading
@@ -148,7 +147,7 @@ def test_the_batcher_coalesces_concurrent_requests_and_sigterm_finishes_them():
                 depth = float(re.search(r"^toolkit_queue_depth (\S+)", r.read().decode(), re.M).group(1))
         assert depth == 8, depth
         assert s.proc.poll() is None
-        s.proc.send_signal(signal.SIGTERM)   # stop accepting; the 8 must still be answered
+        s.terminate()                        # stop accepting; the 8 must still be answered
         for t in threads:
             t.join(15)
         assert s.stop() == 0

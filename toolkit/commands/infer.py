@@ -12,6 +12,7 @@ import numpy as np
 from ..inference import infer_phase
 from ..ir.binding import bind_symbols
 from ..runtime.session import DEFAULT_BUCKETS, InferSession, check_input_arrays
+from ..train.data import InputTransform
 from ..train.progress import StatusLine, bar, format_time
 from .io import InputStream, check_output_path, open_inputs, write_outputs
 
@@ -34,7 +35,11 @@ def run_infer(args) -> int:
         # the whole inputs' types and shapes, checked before a row is read, in a run's own words
         check_input_arrays(session.graph, {k: np.empty(0, dt) for k, dt in stream.dtypes().items()})
         bind_symbols(session.graph, stream.shapes())
-        outputs, stats = _run_chunks(session, stream, chunk_rows, args.warm, verbose)
+        transform = None if args.no_transform else InputTransform.of(phase.net)
+        if transform is not None:
+            print(f"inputs are transformed as in training: {transform.describe()} "
+                  "(--no-transform feeds them as given)", file=sys.stderr)
+        outputs, stats = _run_chunks(session, stream, chunk_rows, args.warm, verbose, transform)
     if args.output:
         write_outputs(args.output, outputs)
         shapes = ", ".join(f"{k} {list(v.shape)}" for k, v in outputs.items())
@@ -57,12 +62,14 @@ def _chunk_rows(session: InferSession, asked: int | None) -> int | None:
 
 
 def _run_chunks(session: InferSession, stream: InputStream, chunk_rows: int | None, warm: bool,
-                verbose: bool) -> tuple[dict[str, np.ndarray], dict]:
+                verbose: bool, transform=None) -> tuple[dict[str, np.ndarray], dict]:
     progress = RowProgress(stream.rows or 0, verbose)
     collected: dict[str, list[np.ndarray]] = {}
     stats = {"rows": 0, "chunks": 0, "chunk_rows": chunk_rows, "warm_s": None, "warm_plans": 0}
     try:
         for rows, arrays in stream.chunks(chunk_rows):
+            if transform is not None:
+                arrays = transform(arrays)
             if warm and stats["warm_s"] is None:
                 t = time.perf_counter()
                 others = session.graph.symbols() - {session.batch_symbol}

@@ -26,7 +26,10 @@ def run_serve(args) -> int:
     bind(args.host, args.port).close()
     model = load(args.net, weights=args.weights, device=args.device, dtype=args.dtype, buckets=args.buckets,
                  disable=tuple(args.disable or ()), optimize_graph=not args.no_optimize,
-                 allow_missing=args.allow_missing)
+                 allow_missing=args.allow_missing, transform=not args.no_transform)
+    if model.transform is not None:
+        print(f"inputs are transformed as in training: {model.transform.describe()} "
+              "(--no-transform serves them as given)", file=sys.stderr, flush=True)
     if args.warm:
         start = time.perf_counter()
         built = model.warm()

@@ -124,7 +124,7 @@ def run_data(args) -> int:
     if not args.out.endswith(".npz"):
         raise UserError(f"--out {args.out}: use a .npz file name")
     check_output_path(args.out, ["data"])
-    train_set, test_set = load_data(net, train_spec(net))
+    train_set, test_set = load_data(net, train_spec(net), transformed=False)
     chosen = train_set if args.split == "train" else test_set
     if chosen is None:
         raise UserError("the net's data has no test split: set train.data.test_fraction or test_source")

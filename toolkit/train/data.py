@@ -147,6 +147,42 @@ def fit_to_inputs(arrays: dict[str, np.ndarray], inputs: dict, source: str) -> D
     return Dataset(out)
 
 
+@dataclass
+class InputTransform:
+    """The input transform a net was trained with (its ``train.data``: Caffe's transform_param),
+    which deployment applies to the same inputs: ``(x - mean) * scale`` on each float input."""
+    inputs: dict                 # the net's input specs
+    data_spec: object            # its train.data
+    dtype: str | None = None
+
+    @classmethod
+    def of(cls, net) -> "InputTransform | None":
+        """The net's transform, or None where its train.data has none."""
+        data = net.spec.train.data if net.spec.train else None
+        if data is None or (data.scale is None and data.mean is None):
+            return None
+        return cls(net.spec.inputs, data)
+
+    @property
+    def applies_to(self) -> list[str]:
+        return [name for name, spec in self.inputs.items() if spec.dtype in FLOAT_DTYPES]
+
+    def __call__(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        out = dict(arrays)
+        for name, arr in arrays.items():
+            if name in self.inputs and self.inputs[name].dtype in FLOAT_DTYPES:
+                arr = np.asarray(arr)
+                kind = arr.dtype if arr.dtype.kind == "f" else np.dtype(self.inputs[name].dtype)
+                out[name] = transform({name: arr}, self.inputs, self.data_spec, str(kind))[name]
+        return out
+
+    def describe(self) -> str:
+        data = self.data_spec
+        steps = ([f"- mean {data.mean}"] if data.mean is not None else []) + \
+                ([f"* {data.scale}"] if data.scale is not None else [])
+        return f"{', '.join(self.applies_to)}: x {' '.join(steps)} (the net's train.data)"
+
+
 def transform(arrays: dict[str, np.ndarray], inputs: dict, data_spec, dtype: str) -> dict[str, np.ndarray]:
     """Caffe's input transform on float inputs: (x - mean) * scale, then the net's dtype."""
     out = {}

@@ -70,8 +70,9 @@ def train_spec(net: Net):
     return net.spec.train or TrainSpec()
 
 
-def load_data(net: Net, spec) -> tuple[Dataset, Dataset | None]:
-    """Train and test sets, transformed and shaped for the net's inputs."""
+def load_data(net: Net, spec, transformed: bool = True) -> tuple[Dataset, Dataset | None]:
+    """Train and test sets, shaped for the net's inputs and (``transformed``) with the input
+    transform applied, as training feeds them."""
     inputs = net.spec.inputs
     data_spec = spec.data
     source = data_spec.source
@@ -82,6 +83,8 @@ def load_data(net: Net, spec) -> tuple[Dataset, Dataset | None]:
                                  inputs, data_spec.test_source)
     else:
         train_set, test_set = split(full, data_spec.test_fraction, spec.seed)
+    if not transformed:
+        return train_set, test_set
     dtype = net_dtype(net)
     train_set = Dataset(transform(train_set.arrays, inputs, data_spec, dtype))
     if test_set is not None:
