@@ -84,10 +84,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("infer", help="run the infer phase on inputs")
     p.add_argument("net", help="a net file or zoo:NAME")
     p.add_argument("--weights", help="weights file (default for zoo:NAME: the model's published weights)")
-    p.add_argument("--input", action="append", required=True, metavar="[NAME=]FILE",
-                   help=".npy, .npz, .csv, an image or a folder of images; repeat for several inputs "
-                        "(read in step, a chunk of rows at a time)")
-    p.add_argument("--output", help=".npz (keyed by output name) or .npy (one output); default: print")
+    p.add_argument("--input", action="extend", nargs="+", required=True, metavar="[NAME=]FILE",
+                   help=".npy, .npz, .csv, an image or a folder of images; several files after one --input, or "
+                        "--input repeated, for several inputs or for images and CSVs stacked (read in step, a "
+                        "chunk of rows at a time); a CSV's label column, named in its header, is left out")
+    p.add_argument("--output", help=".npz (keyed by output name), .npy (one output), or .csv (one row per "
+                                    "example: its row number or file name, then each output, a class score "
+                                    "output as its class and class name); default: print")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
+                   help="override any key of the net file, as for train")
     p.add_argument("--device", type=_device, default="cpu", help=device_help())
     p.add_argument("--dtype", choices=DTYPES, default=None,
                    help="float16 and bfloat16 accumulate in float32; on cpu they run as float32")

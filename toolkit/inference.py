@@ -47,10 +47,11 @@ class InferPhase:
 
 
 def infer_phase(net: "str | Net", device: Device | str, dtype: str | None = None, disable: Iterable[str] = (),
-                no_optimize: bool = False) -> InferPhase:
-    """``net`` (a file, ``zoo:NAME`` or a loaded Net) for ``device`` and ``dtype``, each checked first."""
+                no_optimize: bool = False, overrides=()) -> InferPhase:
+    """``net`` (a file, ``zoo:NAME`` or a loaded Net, with ``--set`` overrides for a file) for
+    ``device`` and ``dtype``, each checked first."""
     device = check_device(device)
     dtype = resolve_dtype(dtype, device)
-    loaded = load_net(net) if isinstance(net, str) else net
+    loaded = load_net(net, overrides) if isinstance(net, str) else net
     passes = disabled_passes(loaded, tuple(disable), no_optimize)
     return InferPhase(loaded, loaded.graph("infer", dtype), device, dtype, passes)

@@ -12,22 +12,31 @@ import numpy as np
 from ..inference import infer_phase
 from ..ir.binding import bind_symbols
 from ..runtime.session import DEFAULT_BUCKETS, InferSession, check_input_arrays
-from ..train.data import InputTransform
+from ..train.data import InputTransform, recorded_input
 from ..train.progress import StatusLine, bar, format_time
-from .io import InputStream, check_output_path, open_inputs, write_outputs
+from .io import InputStream, check_output_path, open_inputs, write_csv_outputs, write_outputs
 
 CHUNK_BUCKETS = 4      # the default chunk: this many times the largest bucket's rows
 
 
 def run_infer(args) -> int:
+    from .train_cmd import parse_overrides
     verbose = args.verbose
-    phase = infer_phase(args.net, args.device, args.dtype, args.disable, args.no_optimize)
+    phase = infer_phase(args.net, args.device, args.dtype, args.disable, args.no_optimize,
+                        parse_overrides(args.overrides))
     graph = phase.graph
     if args.output:   # before loading weights and running: a bad name wastes no work
         check_output_path(args.output, list(graph.outputs))
     weights = phase.load_weights(args.weights, allow_missing=args.allow_missing)
     shapes = {name: tuple(v.shape) for name, v in graph.inputs.items()}
-    with open_inputs(args.input, list(graph.inputs), list(phase.net.spec.inputs), shapes) as stream:
+    about = recorded_input(phase.net.file)
+    # columns a CSV of training data has that no input here reads: the label, by the recorded name
+    # or by the name of an input the infer phase does not use
+    unused = ({about["label_column"]} if about.get("label_column") else set()) | \
+        (set(phase.net.spec.inputs) - set(graph.inputs))
+    with open_inputs(args.input, list(graph.inputs), list(phase.net.spec.inputs), shapes,
+                     drop_columns=unused) as stream:
+        row_names = stream.row_names()
         session = phase.session(weights, args.buckets or DEFAULT_BUCKETS)     # the weights frozen in
         chunk_rows = _chunk_rows(session, args.chunk_rows)
         if chunk_rows is not None:
@@ -40,7 +49,10 @@ def run_infer(args) -> int:
             print(f"inputs are transformed as in training: {transform.describe()} "
                   "(--no-transform feeds them as given)", file=sys.stderr)
         outputs, stats = _run_chunks(session, stream, chunk_rows, args.warm, verbose, transform)
-    if args.output:
+    if args.output and args.output.endswith(".csv"):
+        write_csv_outputs(args.output, outputs, row_names, about.get("classes"))
+        print(f"wrote {args.output}: {len(next(iter(outputs.values())))} rows of {', '.join(outputs)}")
+    elif args.output:
         write_outputs(args.output, outputs)
         shapes = ", ".join(f"{k} {list(v.shape)}" for k, v in outputs.items())
         print(f"wrote {args.output}: {shapes}")

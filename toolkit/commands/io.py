@@ -20,14 +20,19 @@ _INPUT_FORMATS = ".npy, .npz, .csv or an image"
 
 
 class _Reshaped(Rows):
-    """A CSV's rows in the input's example shape when the sizes agree (64 columns feed [N, 1, 8, 8])."""
+    """A CSV's rows in the input's example shape when the sizes agree (64 columns feed [N, 1, 8, 8]),
+    without the columns ``dropped`` (the label column of training data)."""
 
-    def __init__(self, table: Rows, example: tuple, path: str):
-        self.table, self.rows, self.dtype = table, table.rows, table.dtype
-        self.row_shape = _fit_example(tuple(table.row_shape), example, path)
+    def __init__(self, table: Rows, example: tuple, path: str, dropped: tuple[int, ...] = ()):
+        self.table, self.rows, self.dtype, self.dropped = table, table.rows, table.dtype, list(dropped)
+        kept = (table.row_shape[0] - len(self.dropped),)
+        self.row_shape = _fit_example(kept, example, path)
 
     def read(self, start: int, stop: int) -> np.ndarray:
-        return self.table.read(start, stop).reshape((stop - start,) + self.row_shape)
+        rows = self.table.read(start, stop)
+        if self.dropped:
+            rows = np.delete(rows, self.dropped, axis=1)
+        return rows.reshape((stop - start,) + self.row_shape)
 
     def close(self) -> None:
         self.table.close()
@@ -119,6 +124,16 @@ class InputStream:
     def read(self, start: int, stop: int) -> dict[str, np.ndarray]:
         return {name: rows.read(start, stop) for name, rows in self.inputs.items()}
 
+    def row_names(self) -> list[str] | None:
+        """The file name of each row where an input's rows are image files (one image, one
+        row), else None (rows are then numbered)."""
+        for rows in self.inputs.values():
+            pieces = [piece for piece, _ in rows.pieces]
+            if pieces and all(isinstance(piece, ImageRows) for piece in pieces):
+                return [Path(p).name if len(pieces) == 1 and len(pieces[0].paths) > 1 else str(p)
+                        for piece in pieces for p in piece.paths]
+        return None
+
     def read_all(self) -> dict[str, np.ndarray]:
         return {name: rows.read(0, rows.rows or 0) for name, rows in self.inputs.items()}
 
@@ -141,13 +156,14 @@ class InputStream:
 
 
 def open_inputs(specs: list[str], needed: list[str], all_inputs: list[str],
-                shapes: dict[str, tuple] | None = None) -> InputStream:
+                shapes: dict[str, tuple] | None = None, drop_columns: set[str] = frozenset()) -> InputStream:
     """``[NAME=]FILE`` items -> an InputStream of the needed inputs. An unnamed file goes to the
     only needed input; an .npz gives arrays by name (arrays for inputs this phase does not use are
     ignored); a folder gives its images in the order of their names. Images and CSV rows are
     stacked along the batch when the same input is given several times; their examples take the
     input's shape when the sizes agree (a 64-column row feeds [N, 1, 8, 8]). Headers and names are
-    checked here; rows are read when asked for."""
+    checked here; rows are read when asked for. A CSV column whose header names one of
+    ``drop_columns`` (the label column of training data) is left out."""
     shapes = shapes or {}
     arrays: dict[str, _InputRows] = {}
     stacked: dict[str, list[tuple[Rows, str]]] = {}
@@ -188,7 +204,7 @@ def open_inputs(specs: list[str], needed: list[str], all_inputs: list[str],
             stacks = folder or Path(path).suffix.lower() in (".csv",) + IMAGE_SUFFIXES
             if name in arrays or (name in stacked and not stacks):
                 raise UserError(f"--input {spec}: input '{name}' is given twice")
-            piece = _open_file(path, name, shapes.get(name, ()), folder)
+            piece = _open_file(path, name, shapes.get(name, ()), folder, drop_columns)
             opened.append(piece)
             if not stacks:
                 arrays[name] = _InputRows([(piece, path)])
@@ -210,7 +226,7 @@ def open_inputs(specs: list[str], needed: list[str], all_inputs: list[str],
     return InputStream({n: arrays[n] for n in arrays})
 
 
-def _open_file(path: str, name: str, shape: tuple, folder: bool) -> Rows:
+def _open_file(path: str, name: str, shape: tuple, folder: bool, drop_columns=frozenset()) -> Rows:
     """The rows for input ``name`` of ``shape`` from a file other than an .npz, or from a folder of images."""
     suffix = Path(path).suffix
     if folder:
@@ -220,7 +236,13 @@ def _open_file(path: str, name: str, shape: tuple, folder: bool) -> Rows:
             raise UserError(f"{path}: the folder has no image files ({', '.join(IMAGE_SUFFIXES)})")
         return ImageRows(paths, layout)
     if suffix.lower() == ".csv":
-        return _Reshaped(CsvRows(path), tuple(shape[1:]), path)
+        table = CsvRows(path)
+        dropped = tuple(i for i, column in enumerate(table.header or ()) if column in drop_columns)
+        try:
+            return _Reshaped(table, tuple(shape[1:]), path, dropped)
+        except BaseException:
+            table.close()
+            raise
     if suffix.lower() in IMAGE_SUFFIXES:
         return ImageRows([path], image_layout(path, name, shape))
     if suffix != ".npy":
@@ -239,8 +261,8 @@ def check_output_path(path: str, outputs: list[str] | None = None) -> None:
     """The --output mistakes that can be found before anything runs (``outputs``: the output
     names, once known)."""
     target = Path(path)
-    if target.suffix not in (".npz", ".npy"):
-        raise UserError(f"--output {path}: use a .npz or .npy file name")
+    if target.suffix not in (".npz", ".npy", ".csv"):
+        raise UserError(f"--output {path}: use a .npz, .npy or .csv file name")
     if outputs is not None and target.suffix == ".npy" and len(outputs) != 1:
         raise UserError(f"--output {path}: a .npy file holds one array, the net has {len(outputs)} outputs "
                         f"({', '.join(outputs)}); use .npz")
@@ -252,6 +274,8 @@ def write_outputs(path: str, outputs: Mapping[str, np.ndarray]) -> None:
     """Atomic write of .npz (keyed by output name) or .npy (exactly one output)."""
     target = Path(path)
     check_output_path(path, list(outputs))
+    if target.suffix == ".csv":
+        raise UserError(f"--output {path}: CSV is written by `toolkit infer` (write_csv_outputs)")
 
     def write(tmp: str) -> None:
         with open(tmp, "wb") as f:
@@ -260,3 +284,41 @@ def write_outputs(path: str, outputs: Mapping[str, np.ndarray]) -> None:
             else:
                 np.savez(f, **outputs)
     atomic_write(target, write)
+
+
+def write_csv_outputs(path: str, outputs: Mapping[str, np.ndarray], row_names: list[str] | None,
+                      classes: list[str] | None) -> None:
+    """One row per example: ``file`` (the image it came from) or ``row`` (its number), then each
+    output: a value per example as one column, a row of class scores as the best class, its
+    name where the training data named the classes (an image folder's subfolders), and its
+    score; any other shape is refused (write .npz)."""
+    import csv
+    import io
+    rows = {len(v) for v in outputs.values() if np.ndim(v) >= 1}
+    if len(rows) != 1 or any(np.ndim(v) == 0 for v in outputs.values()):
+        raise UserError(f"--output {path}: a CSV holds one row per example, and the outputs do not share their "
+                        "first axis; use .npz")
+    n = rows.pop()
+    header = ["file" if row_names else "row"]
+    columns = [row_names if row_names else list(range(n))]
+    for name, value in outputs.items():
+        value = np.asarray(value)
+        if value.ndim == 1 or (value.ndim == 2 and value.shape[1] == 1):
+            header.append(name)
+            columns.append(value.reshape(n).tolist())
+        elif value.ndim == 2 and value.dtype.kind == "f":
+            best = value.argmax(axis=1)
+            header += [f"{name}_class", f"{name}_score"]
+            columns += [best.tolist(), value[np.arange(n), best].tolist()]
+            if classes and len(classes) == value.shape[1]:
+                header.insert(len(header) - 1, f"{name}_name")
+                columns.insert(len(columns) - 1, [classes[i] for i in best])
+        else:
+            raise UserError(f"--output {path}: output '{name}' has shape {list(value.shape)}, which is not one value "
+                            "or one row of class scores per example; use .npz")
+    text = io.StringIO()
+    writer = csv.writer(text, lineterminator="\n")
+    writer.writerow(header)
+    writer.writerows(zip(*columns))
+    atomic_write(Path(path), lambda tmp: Path(tmp).write_text(text.getvalue()))
+

@@ -20,6 +20,9 @@ from ..errors import UserError
 from ..ir.graph import FLOAT_DTYPES
 
 DATASETS = Path(__file__).parent / "datasets"
+# beside a run's (and a published model's) net.yaml: describe_source's findings, for deployment
+INPUT_FILE = "input.json"
+MAX_INPUT_FILE_BYTES = 1 << 20
 
 
 @dataclass
@@ -110,6 +113,54 @@ def load_source(source: str, inputs: dict, base: Path | None = None) -> dict[str
     if path.suffix == ".csv":
         return _load_csv(path, inputs)
     raise unsupported_format(source, "data", "builtin:digits, .npz, .csv, a folder of .npy files or an image folder")
+
+
+def describe_source(source: str, inputs: dict, base: Path | None = None) -> dict:
+    """What deployment needs to know of a training source beyond the transform: the class names
+    of an image folder (its sorted subfolders, which are the label indices), the column names of
+    a CSV with a header and which one is the label. Empty for other sources."""
+    if source.startswith("builtin:"):
+        return {}
+    path = Path(source)
+    if base is not None and not path.is_absolute() and not path.exists():
+        path = base / path
+    if path.is_dir() and not _load_npy_folder_names(path, inputs):
+        return {"classes": [d.name for d in list_folder(str(path)) if d.is_dir()]}
+    if path.suffix == ".csv" and path.is_file():
+        table = CsvRows(str(path), np.float64)
+        table.close()
+        if table.header:
+            _features, label = _roles(inputs)
+            label_col = table.header.index(label) if label in table.header else table.columns - 1
+            return {"columns": table.header, "label_column": table.header[label_col]}
+    return {}
+
+
+def recorded_input(net_file: str) -> dict:
+    """The input.json beside a net file (a run folder's or a published model's), checked; {}
+    where there is none."""
+    import json
+    from ..fileio import read_regular
+    path = Path(net_file).parent / INPUT_FILE
+    if not path.is_file():
+        return {}
+    try:
+        about = json.loads(read_regular(str(path), MAX_INPUT_FILE_BYTES, "input description"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise UserError(f"{path}: not a JSON input description ({e})") from None
+    if not isinstance(about, dict):
+        raise UserError(f"{path}: not a JSON object")
+    for key in ("classes", "columns"):
+        value = about.get(key)
+        if value is not None and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
+            raise UserError(f"{path}: '{key}' is not a list of names")
+    if about.get("label_column") is not None and not isinstance(about["label_column"], str):
+        raise UserError(f"{path}: 'label_column' is not a name")
+    return about
+
+
+def _load_npy_folder_names(path: Path, inputs: dict) -> list[str]:
+    return [name for name in inputs if (path / f"{name}.npy").is_file()]
 
 
 def fit_to_inputs(arrays: dict[str, np.ndarray], inputs: dict, source: str) -> Dataset:

@@ -29,7 +29,7 @@ from ..passes.pipeline import memory_reuse
 from ..runtime.plan import Plan, RuntimeState
 from ..weights import save_weights
 from .checkpoint import Checkpoint, find_resume_point, read_checkpoint, write_checkpoint
-from .data import BatchOrder, Dataset, fit_to_inputs, load_source, split, transform
+from .data import INPUT_FILE, BatchOrder, Dataset, describe_source, fit_to_inputs, load_source, split, transform
 from .progress import MetricsLog, Progress, plot
 from .watch import TensorBoard, trackers
 from .scalars import StepScalars
@@ -279,6 +279,19 @@ class Trainer:
         return {k: to_host(v) for k, v in self.store.items()}
 
     # -- the loop -----------------------------------------------------------------------------------
+    def _save_input(self) -> None:
+        """input.json: what deployment needs to know of the inputs beyond the net (class names of
+        an image folder, a CSV's columns and label column), beside net.yaml."""
+        import json
+        spec = self.spec.data
+        about = describe_source(spec.source, self.net.spec.inputs, _folder_of(self.net, "source"))
+        if not about:
+            return
+        text = json.dumps(about, indent=1) + "\n"
+        target = self.out / INPUT_FILE
+        if not (target.exists() and target.read_text() == text):
+            atomic_write(target, lambda tmp: Path(tmp).write_text(text))
+
     def _save_net(self) -> None:
         """The run folder keeps the net it trained, bases merged and --set applied (what
         `toolkit zoo publish RUN_DIR` shares)."""
@@ -382,6 +395,7 @@ class Trainer:
         if writer:
             self.out.mkdir(parents=True, exist_ok=True)
             self._save_net()
+            self._save_input()
         log = MetricsLog(self.out / "metrics.jsonl", self.start if self.start else None) if writer else _NoLog()
         board = TensorBoard(self.out / "tensorboard") if writer and self.spec.tensorboard else None
         spec = self.spec
