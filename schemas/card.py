@@ -5,7 +5,7 @@ card can never point a download or a copy outside it.
 """
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Optional
 
 from pydantic import Field, StrictInt, model_validator
 
@@ -46,18 +46,23 @@ class ModelCard(Strict):
     weights: Annotated[list[CardFile], Field(min_length=1)]
     reproduce: Text
     toolkit_version: Text
+    # what the inputs were (an image folder's class names, a CSV's columns): input.json
+    input: Optional[CardFile] = None
+    # the training data, bundled so that others can reproduce and verify the metric
+    data_files: list[CardFile] = []
 
     @model_validator(mode="after")
     def _distinct_files(self) -> "ModelCard":
-        names = [self.config.file] + [w.file for w in self.weights]
+        names = [f.file for f in self.files]
         repeated = sorted({n for n in names if names.count(n) > 1})
         if repeated:
-            raise ValueError(f"file {', '.join(repeated)} is listed twice (config and weights are distinct files)")
+            raise ValueError(f"file {', '.join(repeated)} is listed twice (config, weights, input and data are "
+                             "distinct files)")
         if "README.md" in names:
             raise ValueError("README.md is the card itself, not a config or weights file")
         return self
 
     @property
     def files(self) -> list[CardFile]:
-        """The config, then every weights file."""
-        return [self.config, *self.weights]
+        """The config, every weights file, the input description and the data files."""
+        return [self.config, *self.weights, *([self.input] if self.input else []), *self.data_files]

@@ -246,6 +246,9 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--licence", help="the licence of the weights (or 'licence' in the draft card)")
     q.add_argument("--task", help="what the model does (or 'task' in the draft card)")
     q.add_argument("--force", action="store_true", help="replace a differing model of that name in FOLDER")
+    q.add_argument("--bundle-data", action="store_true",
+                   help="publish the training data with the model (as data.npz and test.npz), for a net that "
+                        "trains on files: without it such a net is refused, as others could not reproduce it")
     return parser
 
 

@@ -192,3 +192,41 @@ def test_publishing_a_model_in_place_refreshes_its_card(tmp_path):
     assert card.config.sha256 == sha256_file(net) and card.description == read_card(LENET / "README.md")[0].description
     assert body == read_card(LENET / "README.md")[1]
     assert run("zoo", "verify", zoo / "lenet").status == 0
+
+
+def test_a_net_trained_on_files_is_refused_unless_its_data_is_bundled(tmp_path):
+    """A run whose net reads a CSV outside the run folder (the published net would point home):
+    refused with the way out; with --bundle-data the data travels as data.npz, the net points at
+    it, input.json goes along, and verify re-measures the metric from the bundled data alone."""
+    from toolkit.train.data import load_digits
+    x, y = load_digits()
+    header = ",".join([f"p{i}" for i in range(64)] + ["label"])
+    (tmp_path / "tab.csv").write_text(header + "\n" + "\n".join(
+        ",".join(str(int(v)) for v in x[i].ravel()) + f",{y[i]}" for i in range(300)) + "\n")
+    net = tmp_path / "mlp.yaml"
+    net.write_text((LENET.parent / "mlp" / "net.yaml").read_text().replace("builtin:digits", "tab.csv"))
+    assert run("train", net, "--out", tmp_path / "run", "--set", "train.max_iter=30").status == 0
+    r = run("zoo", "publish", tmp_path / "run", "--to", tmp_path / "zoo", "--licence", "MIT", "--task", "digits")
+    assert error_lines(r) == [f"error: publish {tmp_path / 'run'}: the net trains on train.data.source ../tab.csv, "
+                              "which would not travel with the model, so others could not reproduce or verify it: "
+                              "pass --bundle-data to publish the data with it (as .npz), or train on builtin: data"]
+    assert not (tmp_path / "zoo").exists()
+    r = run("zoo", "publish", tmp_path / "run", "--to", tmp_path / "zoo", "--licence", "MIT", "--task", "digits",
+            "--bundle-data")
+    assert r.status == 0, r.err
+    model = tmp_path / "zoo" / "mlp"
+    assert sorted(p.name for p in model.iterdir()) == ["README.md", "data.npz", "input.json", "model.safetensors",
+                                                       "net.yaml"]
+    card, _ = read_card(model / "README.md")
+    assert [f.file for f in card.data_files] == ["data.npz"] and card.input.file == "input.json"
+    assert "source: data.npz" in (model / "net.yaml").read_text()
+    with np.load(model / "data.npz") as bundled:
+        np.testing.assert_array_equal(bundled["data"], x[:300].reshape(300, 64))
+        np.testing.assert_array_equal(bundled["label"], y[:300])
+    (tmp_path / "tab.csv").unlink()                          # the original is gone: the bundle suffices
+    r = run("zoo", "verify", model)
+    assert r.status == 0, r.err
+    assert "ok    data.npz: sha256" in r.out and f"ok    {card.metric.name} {card.metric.value}" in r.out
+    (model / "data.npz").write_bytes(b"changed")
+    r = run("zoo", "verify", model, "--no-test")
+    assert r.status == 2 and "data.npz" in r.err

@@ -181,7 +181,8 @@ def _verify(args) -> int:
 
 def _publish(args) -> int:
     from ..zoo.publish import publish
-    done = publish(args.dir, args.to, name=args.name, licence=args.licence, task=args.task, force=args.force)
+    done = publish(args.dir, args.to, name=args.name, licence=args.licence, task=args.task, force=args.force,
+                   bundle=args.bundle_data)
     card = done.card
     what = "published" if done.changed else "unchanged:"
     print(f"{what} zoo:{card.name} in {done.folder}")

@@ -24,9 +24,12 @@ STALE_S = 600                    # a temporary file this old belongs to a downlo
 
 
 def wanted(card: ModelCard, weights: str) -> list[CardFile]:
-    """The files a use needs: the config, plus no weights, the default (first) or all of them."""
+    """The files a use needs: the config and the input description, plus no weights, the
+    default (first) or all of them, and with weights the bundled data (what a test or a train
+    from the model reads)."""
     chosen = {"none": [], "default": card.weights[:1], "all": card.weights}[weights]
-    return [card.config, *chosen]
+    extra = [card.input] if card.input else []
+    return [card.config, *extra, *chosen, *(card.data_files if chosen else [])]
 
 
 @dataclass

@@ -137,7 +137,11 @@ def render_front_matter(fields: dict) -> str:
 
 
 def render_card(card: ModelCard, body: str) -> str:
-    return render_front_matter(card.model_dump(mode="json")) + body
+    fields = card.model_dump(mode="json")
+    for key, empty in (("input", None), ("data_files", [])):    # optional keys: left out when unused
+        if fields.get(key) == empty:
+            del fields[key]
+    return render_front_matter(fields) + body
 
 
 def write_card(path: Path, card: ModelCard, body: str) -> None:

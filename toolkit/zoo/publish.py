@@ -116,10 +116,44 @@ class Published:
     models: int                 # how many models the zoo folder's index lists
 
 
+DATA_FILES = {"source": "data.npz", "test_source": "test.npz"}
+
+
+def external_data(net) -> dict[str, str]:
+    """The net's train.data sources that are files or folders ({key: the source as written}):
+    none of them travels with a published model unless it is bundled."""
+    data = net.spec.train.data if net.spec.train else None
+    if data is None:
+        return {}
+    sources = {"source": data.source, "test_source": data.test_source}
+    return {k: v for k, v in sources.items() if v and not v.startswith("builtin:")}
+
+
+def bundle_data(net) -> dict[str, bytes]:
+    """The net's data sources as .npz files ({key: bytes}), every array as the net's inputs take
+    it before the transform, in the source's order (so the seeded split is the same)."""
+    import io
+
+    import numpy as np
+
+    from ..train.data import fit_to_inputs, load_source
+    from ..train.trainer import _folder_of
+    out = {}
+    for key, source in external_data(net).items():
+        arrays = fit_to_inputs(load_source(source, net.spec.inputs, _folder_of(net, key)), net.spec.inputs,
+                               source).arrays
+        buffer = io.BytesIO()
+        np.savez(buffer, **arrays)
+        out[key] = buffer.getvalue()
+    return out
+
+
 def publish(dir: Path | str, to_folder: Path | str, name: str | None = None, licence: str | None = None,
-            task: str | None = None, force: bool = False) -> Published:
+            task: str | None = None, force: bool = False, bundle: bool = False) -> Published:
     """Adds the model in ``dir`` to the zoo folder ``to_folder``: net.yaml, model.safetensors
-    and README.md (the card, its metric measured) in ``to_folder/NAME``, and index.json."""
+    and README.md (the card, its metric measured) in ``to_folder/NAME``, with input.json where
+    the folder has one, and index.json. A net trained on data from files is refused unless
+    ``bundle``, which adds the data as data.npz (and test.npz) and points the net at them."""
     from .. import __version__
     from .resolve import load_net
     from ..weights import load_weights
@@ -137,10 +171,25 @@ def publish(dir: Path | str, to_folder: Path | str, name: str | None = None, lic
                         f"{' and '.join('--' + k for k in missing)}, or write {' and '.join(missing)} in the "
                         f"front matter of {src / CARD}")
     draft_metric = dict(fields.get("metric") or {})
+    outside = external_data(net)
+    if outside and not bundle:
+        said = ", ".join(f"train.data.{k} {v}" for k, v in outside.items())
+        raise UserError(f"publish {src}: the net trains on {said}, which would not travel with the model, so "
+                        "others could not reproduce or verify it: pass --bundle-data to publish the data with it "
+                        "(as .npz), or train on builtin: data")
     measured = measure(net, weights_path, draft_metric.get("name"))
     metric = _metric(draft_metric, measured, draft_path or src / CARD)
 
-    net_bytes = net_text_for_publishing(net, net_path, to / name).encode("utf-8")
+    data = bundle_data(net) if outside else {}
+    pointed = net
+    if data:
+        from ..frontend.render import render_net
+        pointed = load_net(str(net_path), [(("train", "data", k), DATA_FILES[k]) for k in data])
+        net_bytes = render_net(pointed, folder=to / name).encode("utf-8")
+    else:
+        net_bytes = net_text_for_publishing(net, net_path, to / name).encode("utf-8")
+    from ..train.data import INPUT_FILE
+    input_bytes = (src / INPUT_FILE).read_bytes() if (src / INPUT_FILE).is_file() else None
     if weights_path.suffix == ".safetensors":
         weights_bytes = weights_path.read_bytes()             # as given, metadata and all
     else:
@@ -149,17 +198,21 @@ def publish(dir: Path | str, to_folder: Path | str, name: str | None = None, lic
     card_fields = {**fields, **given, "name": name, "metric": metric,
                    "description": (fields.get("description") or _first_comment(net_bytes)
                                    or f"{name}: {given['task']}"),
-                   "data": fields.get("data") or _data_of(net, measured),
+                   "data": fields.get("data") or _data_of(pointed, measured),
                    "config": _entry(NET_FILE, net_bytes), "weights": [_entry(WEIGHTS_FILE, weights_bytes)],
                    "reproduce": fields.get("reproduce") or f"toolkit train zoo:{name}",
-                   "toolkit_version": __version__}
+                   "toolkit_version": __version__,
+                   "input": _entry(INPUT_FILE, input_bytes) if input_bytes is not None else None,
+                   "data_files": [_entry(DATA_FILES[k], b) for k, b in data.items()]}
     try:
         card = ModelCard.model_validate(card_fields)
     except ValidationError as e:
         from ..frontend.yaml_loader import Positions
         raise SpecError(*schema_problems(e, card_fields, positions or Positions(str(src / CARD)))) from None
     text = render_card(card, body if body.strip() else _default_body(card, measured))
-    files = {NET_FILE: net_bytes, WEIGHTS_FILE: weights_bytes, CARD: text.encode("utf-8")}
+    files = {NET_FILE: net_bytes, WEIGHTS_FILE: weights_bytes,
+             **({INPUT_FILE: input_bytes} if input_bytes is not None else {}),
+             **{DATA_FILES[k]: b for k, b in data.items()}, CARD: text.encode("utf-8")}
 
     target = to / name
     differing = [f for f, data in files.items() if not (target / f).is_file() or (target / f).read_bytes() != data]
@@ -169,7 +222,7 @@ def publish(dir: Path | str, to_folder: Path | str, name: str | None = None, lic
                         f"{'differs' if len(differing) == 1 else 'differ'} from what publish would write; "
                         "pass --force to replace it")
     target.mkdir(parents=True, exist_ok=True)
-    for f in (NET_FILE, WEIGHTS_FILE, CARD):                  # the card last: it vouches for the others
+    for f in files:                                           # the card last: it vouches for the others
         if f in differing:
             write_bytes(target / f, files[f])
     models = write_index(to)
