@@ -9,6 +9,9 @@ from .base import Name, Number, PositiveInt, Strict
 
 
 class DataSpec(Strict):
+    """Where the data comes from and Caffe's transform_param: ``(x - mean) * scale``, then for
+    image inputs [N, C, H, W] a ``crop_size`` square (random in training, the centre in test
+    and deployment) and ``mirror`` (a random left-right flip in training)."""
     source: str = "builtin:digits"
     test_fraction: Annotated[float, Field(ge=0, lt=1)] = 0.2
     test_source: Optional[str] = None
@@ -16,6 +19,17 @@ class DataSpec(Strict):
     shuffle: bool = True
     scale: Optional[Number] = None
     mean: Optional[Union[Number, list[Number]]] = None
+    mean_value: Optional[list[Number]] = None          # Caffe's name: one mean per channel
+    mean_file: Optional[str] = None                    # a mean image [C, H, W] (.npy), as Caffe's
+    crop_size: Optional[PositiveInt] = None
+    mirror: bool = False
+
+    @model_validator(mode="after")
+    def _one_mean(self):
+        given = [k for k in ("mean", "mean_value", "mean_file") if getattr(self, k) is not None]
+        if len(given) > 1:
+            raise ValueError(f"give one of mean, mean_value and mean_file, not {' and '.join(given)}")
+        return self
 
 
 class LrPolicy(Strict):

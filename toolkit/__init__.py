@@ -18,10 +18,9 @@ def __getattr__(name: str):
 # ``toolkit.train(net, ...)`` is the Python API's training call, but ``toolkit.train`` is also the
 # training package, which the import system sets as this package's attribute whenever one of its
 # modules is imported. So the package itself is made callable: calling it calls api.train.
-import importlib as _importlib  # noqa: E402
 import types as _types  # noqa: E402
 
-_train_package = _importlib.import_module(".train", __name__)   # its __init__ imports nothing
+from . import train as _train_package  # noqa: E402  (its __init__ imports nothing)
 
 
 class _CallableTrainPackage(_types.ModuleType):

@@ -99,7 +99,7 @@ def Net(source, set: Mapping[str, object] | Sequence[str] | None = None):  # noq
 
 
 def _overrides(given) -> list[tuple[tuple, object]]:
-    from .commands.train_cmd import parse_overrides
+    from .frontend.spec import parse_overrides
     if given is None:
         return []
     if isinstance(given, Mapping):

@@ -68,8 +68,8 @@ def test_weights_are_checked_against_the_net_before_any_array_is_read(bombs, tmp
     r = run_toolkit("test", ROOT / "zoo" / "lenet" / "net.yaml", "--weights", bombs / "weights.npz",
                     memory_mb=LIMIT_MB, timeout=30)
     assert r.status == 2 and r.seconds < 20, r.err
-    assert (f"error: {bombs / 'weights.npz'}: weight 'conv1.weight' has shape [67108864], the net needs "
-            "[16, 1, 3, 3]") in r.lines
+    assert any(line.startswith(f"error: {bombs / 'weights.npz'}: weight 'conv1.weight' of layer 'conv1' has "
+                               "shape [67108864] in the file, the net needs [16, 1, 3, 3]") for line in r.lines), r.err
 
 
 @pytest.mark.parametrize("shape,says", [
@@ -89,7 +89,8 @@ def test_an_image_is_held_to_a_pixel_limit_from_its_header(tmp_path):
     Image.new("1", (20000, 20000)).save(tmp_path / "huge.png", optimize=True)      # 48 kB on disk
     Image.new("L", (120, 100)).save(tmp_path / "small.png")
     r = run_toolkit("infer", "zoo:lenet", "--input", tmp_path / "huge.png", memory_mb=LIMIT_MB, timeout=30)
-    assert r.status == 2 and r.lines == [
+    errors = [line for line in r.lines if line.startswith("error:")]
+    assert r.status == 2 and errors == [
         f"error: {tmp_path / 'huge.png'}: an image of 20000 x 20000 pixels (400,000,000), over the limit of "
         "89,478,485 (set TOOLKIT_MAX_IMAGE_PIXELS to raise it)"], r.err
     lowered = run_toolkit("infer", "zoo:lenet", "--input", tmp_path / "small.png",

@@ -519,7 +519,7 @@ def test_input_pickled_npy_refused(tiny, tmp_path):
 @pytest.mark.parametrize("name", ["out.txt", "out", "out.npz.bak"])
 def test_output_wrong_extension(tiny, tmp_path, name):
     result, out = _infer(tiny, tmp_path, output=name)
-    expect_error(result, "--output", ".npz or .npy")
+    expect_error(result, "--output", ".npz, .npy or .csv")
     assert len(result.err_lines) == 1
     _assert_nothing_written(result, out)
 
@@ -537,8 +537,8 @@ def test_output_failure_is_reported_before_the_run(tiny, tmp_path, monkeypatch):
     def boom(*args, **kwargs):
         raise AssertionError("inference ran")
     monkeypatch.setattr(session.InferSession, "run", boom)
-    result, out = _infer(tiny, tmp_path, output="out.csv")
-    expect_error(result, "--output", ".npz or .npy")
+    result, out = _infer(tiny, tmp_path, output="out.txt")
+    expect_error(result, "--output", ".npz, .npy or .csv")
 
 
 @pytest.mark.parametrize("argv, words", [

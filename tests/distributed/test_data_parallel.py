@@ -196,7 +196,8 @@ def test_resume_under_another_rank_count_continues_at_the_same_sample(tmp_path):
     train(tmp_path / "run", "zoo/lenet/net.yaml", 32, 2, "train.max_iter=16", "train.snapshot=8")
     # 16 global batches of 64 rows = 1024 samples = 32 batches of one process at 32
     proc = subprocess.run([*TOOLKIT, "train", "zoo/lenet/net.yaml", "--resume", str(tmp_path / "run"),
-                           "--set", "train.data.batch_size=32", "--set", "train.max_iter=40", "--set", "train.display=1"],
+                           "--set", "train.data.batch_size=32", "--set", "train.max_iter=40", "--set", "train.display=1",
+                           "--set", "train.snapshot=8"],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     iters = [i for i, _ in losses(tmp_path / "run")]

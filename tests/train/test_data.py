@@ -290,9 +290,9 @@ def test_data_errors_also_stop_toolkit_test(tmp_path):
 # transforms, split, batch order
 # ---------------------------------------------------------------------------------------------
 
-class _Spec:
-    def __init__(self, scale=None, mean=None):
-        self.scale, self.mean = scale, mean
+def _Spec(scale=None, mean=None):
+    from schemas.train import DataSpec
+    return DataSpec(scale=scale, mean=mean)
 
 
 class _Input:

@@ -20,7 +20,7 @@ CHUNK_BUCKETS = 4      # the default chunk: this many times the largest bucket's
 
 
 def run_infer(args) -> int:
-    from .train_cmd import parse_overrides
+    from ..frontend.spec import parse_overrides
     verbose = args.verbose
     phase = infer_phase(args.net, args.device, args.dtype, args.disable, args.no_optimize,
                         parse_overrides(args.overrides))
@@ -41,10 +41,10 @@ def run_infer(args) -> int:
         chunk_rows = _chunk_rows(session, args.chunk_rows)
         if chunk_rows is not None:
             stream.check_rows()
+        transform = None if args.no_transform else InputTransform.of(phase.net)
         # the whole inputs' types and shapes, checked before a row is read, in a run's own words
         check_input_arrays(session.graph, {k: np.empty(0, dt) for k, dt in stream.dtypes().items()})
-        bind_symbols(session.graph, stream.shapes())
-        transform = None if args.no_transform else InputTransform.of(phase.net)
+        bind_symbols(session.graph, transform.shapes(stream.shapes()) if transform else stream.shapes())
         if transform is not None:
             print(f"inputs are transformed as in training: {transform.describe()} "
                   "(--no-transform feeds them as given)", file=sys.stderr)

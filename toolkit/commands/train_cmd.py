@@ -4,30 +4,14 @@ from __future__ import annotations
 import json
 import sys
 
-import yaml
 
 from ..backend.options import check_device
 from ..compile import disabled_passes
 from ..errors import UserError
+from ..frontend.spec import parse_overrides  # noqa: F401  (the commands' --set, imported from here too)
 from ..ir.graph import LOW_PRECISION
 from ..train import runs
 from ..zoo.resolve import load_net
-
-
-def parse_overrides(items: list[str]) -> list[tuple[tuple, object]]:
-    """``a.b.0.c=VALUE`` -> ((a, b, 0, c), value); VALUE is read as YAML (numbers, lists, strings)."""
-    out = []
-    for item in items:
-        key, sep, text = item.partition("=")
-        if not sep or not key.strip():
-            raise UserError(f"--set {item}: expected KEY=VALUE, e.g. train.solver.base_lr=0.1")
-        try:
-            value = yaml.safe_load(text)
-        except yaml.YAMLError:
-            raise UserError(f"--set {item}: the value is not valid YAML") from None
-        path = tuple(int(p) if p.lstrip("-").isdigit() else p for p in key.strip().split("."))
-        out.append((path, value))
-    return out
 
 
 def run_train(args) -> int:

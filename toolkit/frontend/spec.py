@@ -7,6 +7,7 @@ from types import SimpleNamespace
 from typing import get_args
 from typing import Any
 
+import yaml
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from ..errors import Location, Problem, SpecError, UserError, did_you_mean
@@ -26,6 +27,22 @@ def read_text(path: str) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError:
         raise UserError(f"{path}: not a UTF-8 text file") from None
+
+
+def parse_overrides(items: list[str]) -> list[tuple[tuple, object]]:
+    """``a.b.0.c=VALUE`` -> ((a, b, 0, c), value); VALUE is read as YAML (numbers, lists, strings)."""
+    out = []
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise UserError(f"--set {item}: expected KEY=VALUE, e.g. train.solver.base_lr=0.1")
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError:
+            raise UserError(f"--set {item}: the value is not valid YAML") from None
+        path = tuple(int(p) if p.lstrip("-").isdigit() else p for p in key.strip().split("."))
+        out.append((path, value))
+    return out
 
 
 def validate_net(data: Any, positions: Positions, net_model: type[BaseModel],

@@ -163,10 +163,12 @@ def _load_npy_folder_names(path: Path, inputs: dict) -> list[str]:
     return [name for name in inputs if (path / f"{name}.npy").is_file()]
 
 
-def fit_to_inputs(arrays: dict[str, np.ndarray], inputs: dict, source: str) -> Dataset:
+def fit_to_inputs(arrays: dict[str, np.ndarray], inputs: dict, source: str, crop_size: int | None = None) -> Dataset:
     """Check and cast arrays to the net's inputs. An array whose per-example size equals the
-    input's is reshaped to it (so 8x8 digits feed a [N, 64] input)."""
+    input's is reshaped to it (so 8x8 digits feed a [N, 64] input). With ``crop_size``, image
+    inputs' examples may be larger than the input (the crop takes the input's size)."""
     out = {}
+    images = set(image_inputs(inputs)) if crop_size else set()
     for name, spec in inputs.items():
         if name not in arrays:
             raise UserError(f"data source {source}: no array '{name}' for the net's input '{name}' "
@@ -176,7 +178,9 @@ def fit_to_inputs(arrays: dict[str, np.ndarray], inputs: dict, source: str) -> D
         fixed = all(isinstance(d, int) for d in want)
         if arr.ndim == 0:
             raise UserError(f"data source {source}: array '{name}' is a single number, not one row per example")
-        if fixed and tuple(arr.shape[1:]) != tuple(want):
+        if name in images and arr.ndim == 4 and arr.shape[1] == want[0] and min(arr.shape[2:]) >= crop_size:
+            pass                               # cropped to the input's size per batch
+        elif fixed and tuple(arr.shape[1:]) != tuple(want):
             if int(np.prod(arr.shape[1:])) == int(np.prod(want)):
                 arr = arr.reshape((arr.shape[0],) + tuple(want))
             else:
@@ -206,13 +210,16 @@ class InputTransform:
     data_spec: object            # its train.data
     dtype: str | None = None
 
+    base: Path | None = None     # where a mean_file is found: the net file's folder
+
     @classmethod
     def of(cls, net) -> "InputTransform | None":
         """The net's transform, or None where its train.data has none."""
         data = net.spec.train.data if net.spec.train else None
-        if data is None or (data.scale is None and data.mean is None):
+        if data is None or all(getattr(data, k) is None for k in ("scale", "mean", "mean_value", "mean_file",
+                                                                    "crop_size")):
             return None
-        return cls(net.spec.inputs, data)
+        return cls(net.spec.inputs, data, base=Path(net.file).parent)
 
     @property
     def applies_to(self) -> list[str]:
@@ -224,30 +231,111 @@ class InputTransform:
             if name in self.inputs and self.inputs[name].dtype in FLOAT_DTYPES:
                 arr = np.asarray(arr)
                 kind = arr.dtype if arr.dtype.kind == "f" else np.dtype(self.inputs[name].dtype)
-                out[name] = transform({name: arr}, self.inputs, self.data_spec, str(kind))[name]
+                out[name] = transform({name: arr}, self.inputs, self.data_spec, str(kind), self.base)[name]
+                size = self.data_spec.crop_size
+                if size and name in image_inputs(self.inputs) and out[name].ndim == 4 \
+                        and min(out[name].shape[2:]) >= size:
+                    out[name] = center_crop(out[name], size)
         return out
+
+    def shapes(self, shapes: dict[str, tuple]) -> dict[str, tuple]:
+        """Input shapes as the transform leaves them (an image larger than the crop, cropped)."""
+        size = self.data_spec.crop_size
+        if not size:
+            return shapes
+        return {name: (tuple(shape[:2]) + (size, size)
+                       if name in image_inputs(self.inputs) and len(shape) == 4 and min(shape[2:]) >= size
+                       else shape)
+                for name, shape in shapes.items()}
 
     def describe(self) -> str:
         data = self.data_spec
-        steps = ([f"- mean {data.mean}"] if data.mean is not None else []) + \
-                ([f"* {data.scale}"] if data.scale is not None else [])
+        mean = data.mean if data.mean is not None else data.mean_value if data.mean_value is not None \
+            else data.mean_file
+        steps = ([f"- mean {mean}"] if mean is not None else []) + \
+                ([f"* {data.scale}"] if data.scale is not None else []) + \
+                ([f", centre crop {data.crop_size}"] if data.crop_size else [])
         return f"{', '.join(self.applies_to)}: x {' '.join(steps)} (the net's train.data)"
 
 
-def transform(arrays: dict[str, np.ndarray], inputs: dict, data_spec, dtype: str) -> dict[str, np.ndarray]:
-    """Caffe's input transform on float inputs: (x - mean) * scale, then the net's dtype."""
+def mean_of(data_spec, base: Path | None = None, ndim: int = 4):
+    """The mean subtracted from float inputs, shaped to broadcast over [N, C, ...]: a number, one
+    value per channel (``mean`` as a list, or ``mean_value``), or a mean image [C, H, W]
+    (``mean_file``, an .npy, relative to the net file); None without one."""
+    if data_spec.mean_file is not None:
+        path = Path(data_spec.mean_file)
+        if base is not None and not path.is_absolute() and not path.exists():
+            path = base / path
+        if not path.is_file():
+            raise UserError(f"train.data.mean_file {data_spec.mean_file}: no such file")
+        image = np.asarray(load_npy(str(path)), dtype=np.float64)
+        if image.ndim != 3:
+            raise UserError(f"train.data.mean_file {data_spec.mean_file}: a mean image is [C, H, W], this one is "
+                            f"{list(image.shape)}")
+        return image[None]
+    values = data_spec.mean_value if data_spec.mean_value is not None else data_spec.mean
+    if values is None:
+        return None
+    mean = np.asarray(values, dtype=np.float64)
+    if mean.ndim == 1 and ndim >= 2:
+        mean = mean.reshape((1, -1) + (1,) * (ndim - 2))
+    return mean
+
+
+def transform(arrays: dict[str, np.ndarray], inputs: dict, data_spec, dtype: str,
+              base: Path | None = None) -> dict[str, np.ndarray]:
+    """Caffe's input transform on float inputs: (x - mean) * scale, then the net's dtype (the
+    crop and mirror come after, per batch: ``augment``)."""
     out = {}
     for name, arr in arrays.items():
         if inputs[name].dtype in FLOAT_DTYPES:
             arr = arr.astype(dtype if dtype else inputs[name].dtype)
-            if data_spec.mean is not None:
-                mean = np.asarray(data_spec.mean, dtype=arr.dtype)
-                if mean.ndim == 1 and arr.ndim >= 2 and mean.shape[0] == arr.shape[1]:
-                    mean = mean.reshape((1, -1) + (1,) * (arr.ndim - 2))
-                arr = arr - mean
+            mean = mean_of(data_spec, base, arr.ndim)
+            if mean is not None:
+                try:
+                    arr = arr - mean.astype(arr.dtype)
+                except ValueError:
+                    raise UserError(f"the mean of train.data has shape {list(mean.shape[1:]) or 'a number'}, "
+                                    f"input '{name}' has examples of shape {list(arr.shape[1:])}") from None
             if data_spec.scale is not None:
                 arr = arr * np.asarray(data_spec.scale, dtype=arr.dtype)
         out[name] = arr
+    return out
+
+
+def image_inputs(inputs: dict) -> list[str]:
+    """The float inputs of rank 4 ([N, C, H, W]): what crop_size and mirror act on."""
+    return [n for n, s in inputs.items() if s.dtype in FLOAT_DTYPES and len(s.shape) == 4]
+
+
+def center_crop(arr: np.ndarray, size: int) -> np.ndarray:
+    """The centre size x size of [N, C, H, W] (Caffe's test-time crop: offsets (H - size) // 2)."""
+    h, w = arr.shape[2:]
+    if (h, w) == (size, size):
+        return arr
+    top, left = (h - size) // 2, (w - size) // 2
+    return np.ascontiguousarray(arr[:, :, top:top + size, left:left + size])
+
+
+def augment(arrays: dict[str, np.ndarray], inputs: dict, data_spec, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """A training batch's random crop (one offset per example, as Caffe draws them) and random
+    left-right mirror (each example with probability 1/2), from ``rng``."""
+    size, mirror = data_spec.crop_size, data_spec.mirror
+    out = dict(arrays)
+    for name in image_inputs(inputs):
+        arr = arrays[name]
+        n, c, h, w = arr.shape
+        if size is None and not mirror:
+            continue
+        size_h, size_w = (size, size) if size is not None else (h, w)
+        tops = rng.integers(0, h - size_h + 1, n) if size is not None else np.zeros(n, int)
+        lefts = rng.integers(0, w - size_w + 1, n) if size is not None else np.zeros(n, int)
+        flips = rng.random(n) < 0.5 if mirror else np.zeros(n, bool)
+        batch = np.empty((n, c, size_h, size_w), arr.dtype)
+        for k in range(n):
+            piece = arr[k, :, tops[k]:tops[k] + size_h, lefts[k]:lefts[k] + size_w]
+            batch[k] = piece[:, :, ::-1] if flips[k] else piece
+        out[name] = batch
     return out
 
 

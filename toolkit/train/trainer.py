@@ -29,7 +29,8 @@ from ..passes.pipeline import memory_reuse
 from ..runtime.plan import Plan, RuntimeState
 from ..weights import save_weights
 from .checkpoint import Checkpoint, find_resume_point, read_checkpoint, write_checkpoint
-from .data import INPUT_FILE, BatchOrder, Dataset, describe_source, fit_to_inputs, load_source, split, transform
+from .data import (INPUT_FILE, BatchOrder, Dataset, augment, center_crop, describe_source, fit_to_inputs, image_inputs,
+                   load_source, split, transform)
 from .progress import MetricsLog, Progress, plot
 from .watch import TensorBoard, trackers
 from .scalars import StepScalars
@@ -76,19 +77,29 @@ def load_data(net: Net, spec, transformed: bool = True) -> tuple[Dataset, Datase
     inputs = net.spec.inputs
     data_spec = spec.data
     source = data_spec.source
-    full = fit_to_inputs(load_source(source, inputs, _folder_of(net, "source")), inputs, source)
+    crop = data_spec.crop_size
+    if crop is not None:
+        for name in image_inputs(inputs):
+            if tuple(inputs[name].shape[2:]) != (crop, crop):
+                raise UserError(f"train.data.crop_size {crop}: the net's input '{name}' is "
+                                f"{list(inputs[name].shape)}; its height and width must be the crop size")
+    full = fit_to_inputs(load_source(source, inputs, _folder_of(net, "source")), inputs, source, crop)
     if data_spec.test_source:
         train_set = full
         test_set = fit_to_inputs(load_source(data_spec.test_source, inputs, _folder_of(net, "test_source")),
-                                 inputs, data_spec.test_source)
+                                 inputs, data_spec.test_source, crop)
     else:
         train_set, test_set = split(full, data_spec.test_fraction, spec.seed)
     if not transformed:
         return train_set, test_set
     dtype = net_dtype(net)
-    train_set = Dataset(transform(train_set.arrays, inputs, data_spec, dtype))
+    base = Path(net.file).parent
+    train_set = Dataset(transform(train_set.arrays, inputs, data_spec, dtype, base))
     if test_set is not None:
-        test_set = Dataset(transform(test_set.arrays, inputs, data_spec, dtype))
+        test_set = Dataset(transform(test_set.arrays, inputs, data_spec, dtype, base))
+        if crop is not None:                     # test: the centre, as Caffe's TEST phase crops
+            test_set = Dataset({k: center_crop(v, crop) if k in image_inputs(inputs) else v
+                                for k, v in test_set.arrays.items()})
     return train_set, test_set
 
 
@@ -317,6 +328,10 @@ class Trainer:
         if self.comm:
             rows, weight = self._my_rows(rows)
         batch = self.train_set.take(rows)
+        data = self.spec.data
+        if data.crop_size is not None or data.mirror:
+            # the crop offsets and flips of iteration i come from (seed, i) alone: resume stays exact
+            batch = augment(batch, self.net.spec.inputs, data, np.random.default_rng([self.spec.seed, 1013, i]))
         feed = {k: v for k, v in batch.items() if k in self.graph.inputs}
         if weight is not None:
             feed[DIST_WEIGHT] = np.asarray(weight, dtype=self.graph.inputs[DIST_WEIGHT].dtype)
