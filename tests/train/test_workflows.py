@@ -231,3 +231,15 @@ def test_tensorboard_event_files(tmp_path):
     assert r.status == 0, r.err
     (events,) = (run / "tensorboard").iterdir()
     assert _event_tags(events) == {"loss", "lr", "test_loss", "accuracy"}
+
+
+def test_a_layer_with_lr_mult_0_stays_as_copied(tmp_path):
+    """Caffe's way to freeze a layer while fine-tuning the rest."""
+    net = tmp_path / "frozen.yaml"
+    net.write_text(LENET.replace("kernel_size: 3, pad: 1}", "kernel_size: 3, pad: 1, lr_mult: 0, decay_mult: 0}", 1))
+    r = cli("train", net, "--weights", "zoo:lenet", "--out", tmp_path / "run", *sets(train__max_iter=20))
+    assert r.status == 0, r.err
+    trained = load_file(str(tmp_path / "run" / "model.safetensors"))
+    assert np.array_equal(trained["conv1.weight"], ZOO_WEIGHTS["conv1.weight"])
+    assert np.array_equal(trained["conv1.bias"], ZOO_WEIGHTS["conv1.bias"])
+    assert not np.array_equal(trained["conv2.weight"], ZOO_WEIGHTS["conv2.weight"])
