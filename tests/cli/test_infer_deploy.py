@@ -49,7 +49,9 @@ def _rows(path: Path) -> list[dict]:
 def test_an_image_folder_run_records_its_classes_and_infer_names_them(image_run, tmp_path):
     root, truth = image_run
     run = root / "run"
-    assert json.loads((run / "input.json").read_text())["classes"] == sorted(NAMES)
+    about = json.loads((run / "input.json").read_text())
+    assert about["classes"] == sorted(NAMES)
+    assert about["image"] == {"input": "data", "height": 8, "width": 8, "channels": 1, "colour": "grey"}
     out = tmp_path / "preds.csv"
     r = cli("infer", run / "net.yaml", "--weights", run / "model.safetensors", "--input", root / "new",
             "--output", out)

@@ -125,7 +125,13 @@ def describe_source(source: str, inputs: dict, base: Path | None = None) -> dict
     if base is not None and not path.is_absolute() and not path.exists():
         path = base / path
     if path.is_dir() and not _load_npy_folder_names(path, inputs):
-        return {"classes": [d.name for d in list_folder(str(path)) if d.is_dir()]}
+        features, _label = _roles(inputs)
+        about: dict = {"classes": [d.name for d in list_folder(str(path)) if d.is_dir()]}
+        shape = inputs[features].shape
+        if len(shape) == 4:          # how image files become the input: resized, and grey or RGB
+            about["image"] = {"input": features, "height": shape[2], "width": shape[3], "channels": shape[1],
+                              "colour": {1: "grey", 3: "rgb"}.get(shape[1], f"{shape[1]} channels")}
+        return about
     if path.suffix == ".csv" and path.is_file():
         table = CsvRows(str(path), np.float64)
         table.close()
