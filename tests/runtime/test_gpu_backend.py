@@ -208,30 +208,27 @@ def compare_every_op(dtype: str) -> int:
 HALF_SKIP = {"round_precision"}
 
 
-def fake_cublas(folder) -> str:
-    """tests/runtime/fake_cublas.c built in ``folder``: the cuBLAS and cuBLASLt entry points
-    blas.py and lt.py call, on the host's memory, for the numpy stand-in for CuPy."""
+def _host_library(name: str, folder) -> str:
+    """tests/runtime/NAME.c built in ``folder`` as libNAME.so, with the CUDA dialect's float16
+    conversions pasted in."""
     from toolkit.codegen.render import HALF_HELPERS
-    source = (Path(__file__).with_name("fake_cublas.c").read_text()
-              .replace("TK_HALF_HELPERS", HALF_HELPERS))
-    lib = Path(folder) / "libfake_cublas.so"
+    source = Path(__file__).with_name(f"{name}.c").read_text().replace("TK_HALF_HELPERS", HALF_HELPERS)
+    lib = Path(folder) / f"lib{name}.so"
     if not lib.exists():
         subprocess.run([CXX or "cc", "-O2", "-shared", "-fPIC", "-x", "c", "-", "-o", str(lib), "-lm"],
                        input=source, text=True, check=True)
     return str(lib)
+
+
+def fake_cublas(folder) -> str:
+    """The cuBLAS and cuBLASLt entry points blas.py and lt.py call, on the host's memory, for the
+    numpy stand-in for CuPy."""
+    return _host_library("fake_cublas", folder)
 
 
 def fake_cudnn(folder) -> str:
-    """tests/runtime/fake_cudnn.c built in ``folder``: the cuDNN entry points dnn.py calls, on the
-    host's memory, for the numpy stand-in for CuPy."""
-    from toolkit.codegen.render import HALF_HELPERS
-    source = (Path(__file__).with_name("fake_cudnn.c").read_text()
-              .replace("TK_HALF_HELPERS", HALF_HELPERS))
-    lib = Path(folder) / "libfake_cudnn.so"
-    if not lib.exists():
-        subprocess.run([CXX or "cc", "-O2", "-shared", "-fPIC", "-x", "c", "-", "-o", str(lib), "-lm"],
-                       input=source, text=True, check=True)
-    return str(lib)
+    """The cuDNN entry points dnn.py calls, on the host's memory, for the numpy stand-in."""
+    return _host_library("fake_cudnn", folder)
 
 
 def _run_stand_in(script: str, tmp_path, *args, env_extra: dict | None = None) -> subprocess.CompletedProcess:

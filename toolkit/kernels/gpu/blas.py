@@ -158,17 +158,20 @@ class Handle:
 _handles = threading.local()
 
 
+def per_device(cache: threading.local, make):
+    """This thread's ``make()`` for the current device (a library handle), made on first use."""
+    device = getattr(gpu_module().cuda.Device(), "id", 0)
+    made = getattr(cache, "by_device", None)
+    if made is None:
+        made = cache.by_device = {}
+    if device not in made:
+        made[device] = make()
+    return made[device]
+
+
 def handle() -> Handle:
     """This thread's handle on the current device."""
-    cp = gpu_module()
-    device = getattr(cp.cuda.Device(), "id", 0)
-    per_device = getattr(_handles, "by_device", None)
-    if per_device is None:
-        per_device = _handles.by_device = {}
-    h = per_device.get(device)
-    if h is None:
-        h = per_device[device] = Handle()
-    return h
+    return per_device(_handles, Handle)
 
 
 class Operand:

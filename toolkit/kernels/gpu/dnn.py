@@ -185,15 +185,7 @@ _handles = threading.local()
 
 def handle() -> Handle:
     """This thread's handle on the current device."""
-    cp = gpu_module()
-    device = getattr(cp.cuda.Device(), "id", 0)
-    per_device = getattr(_handles, "by_device", None)
-    if per_device is None:
-        per_device = _handles.by_device = {}
-    h = per_device.get(device)
-    if h is None:
-        h = per_device[device] = Handle()
-    return h
+    return blas.per_device(_handles, Handle)
 
 
 def _descriptor(create: str, set_: str, *args) -> ctypes.c_void_p:
@@ -361,30 +353,27 @@ def conv2d_max_pool2d(ctx):
     return run
 
 
-def conv2d_grad_input(ctx):
-    g_shape, w_shape = ctx.in_shapes
-    conv = Convolution("data", ctx.out_shapes[0], w_shape, g_shape, ctx.attrs, ctx.dtype)
-    g_in, w_in, dx_out = _Packed(), _Packed(), _Packed()
+def _gradient(conv: Convolution):
+    """run(ins, outs) for a gradient op whose inputs are (output gradient, the other operand):
+    cuDNN takes the other operand first."""
+    g_in, other_in, out = _Packed(), _Packed(), _Packed()
 
     def run(ins, outs):
-        dx = dx_out.target(outs[0])
-        conv(w_in.read(ins[1]), g_in.read(ins[0]), dx)
-        if dx is not outs[0]:
-            gpu_module().copyto(outs[0], dx)
+        target = out.target(outs[0])
+        conv(other_in.read(ins[1]), g_in.read(ins[0]), target)
+        if target is not outs[0]:
+            gpu_module().copyto(outs[0], target)
     return run
+
+
+def conv2d_grad_input(ctx):
+    g_shape, w_shape = ctx.in_shapes
+    return _gradient(Convolution("data", ctx.out_shapes[0], w_shape, g_shape, ctx.attrs, ctx.dtype))
 
 
 def conv2d_grad_weight(ctx):
     g_shape, x_shape = ctx.in_shapes
-    conv = Convolution("filter", x_shape, ctx.out_shapes[0], g_shape, ctx.attrs, ctx.dtype)
-    g_in, x_in, dw_out = _Packed(), _Packed(), _Packed()
-
-    def run(ins, outs):
-        dw = dw_out.target(outs[0])
-        conv(x_in.read(ins[1]), g_in.read(ins[0]), dw)
-        if dw is not outs[0]:
-            gpu_module().copyto(outs[0], dw)
-    return run
+    return _gradient(Convolution("filter", x_shape, ctx.out_shapes[0], g_shape, ctx.attrs, ctx.dtype))
 
 
 BUILDERS = {"conv2d": conv2d, "conv2d_max_pool2d": conv2d_max_pool2d,
