@@ -24,8 +24,9 @@ test-slow: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -q -m slow
 
 # Trains zoo/lenet on the digits that ship with the toolkit, then scores held-out digits with
-# `toolkit infer` (the net's test split, never seen in training).
-RUN := runs/lenet
+# `toolkit infer` (the net's test split, never seen in training). Each `make train` is a run of
+# its own (a run folder never takes a second run): runs/lenet-DATE-TIME.
+RUN := runs/lenet-$(shell date +%Y%m%d-%H%M%S)
 train: $(VENV)/.installed
 	$(BIN)/toolkit train zoo/lenet/net.yaml --out $(RUN)
 	$(BIN)/toolkit data zoo/lenet/net.yaml --split test --out $(RUN)/heldout.npz
