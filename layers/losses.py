@@ -22,10 +22,24 @@ def _class_axis(p, scores, ctx) -> int:
     return p.axis % scores.rank
 
 
+def _label_like(label, scores, axis: int, ctx):
+    """The label in the scores' shape without the class axis when it differs from that only by
+    dimensions of 1 (Caffe counts labels, not shapes: SqueezeNet's [N] labels against scores
+    [N, 1000, 1, 1]); otherwise as it is, for the op's own check to name both shapes."""
+    expected = tuple(scores.shape[:axis] + scores.shape[axis + 1:])
+    if tuple(label.shape) == expected:
+        return label
+    squeezed = [d for d in label.shape if d != 1]
+    if squeezed == [d for d in expected if d != 1]:
+        return ctx.b.reshape(label, expected)
+    return label
+
+
 @layer(SoftmaxWithLossParams)
 def lower_softmax_with_loss(p: SoftmaxWithLossParams, ctx, bottoms):
     logits, label = bottoms
     axis = _class_axis(p, logits, ctx)
+    label = _label_like(label, logits, axis, ctx)
     logp = ctx.b.op("log_softmax", logits, axis=axis)
     return [ctx.b.op("nll_loss", logp, label, axis=axis, ignore_index=p.ignore_label)]
 
@@ -75,6 +89,7 @@ class AccuracyParams(LayerBase):
 @layer(AccuracyParams)
 def lower_accuracy(p: AccuracyParams, ctx, bottoms):
     scores, label = bottoms
-    return [ctx.b.op("accuracy", scores, label, axis=_class_axis(p, scores, ctx), top_k=p.top_k)]
+    axis = _class_axis(p, scores, ctx)
+    return [ctx.b.op("accuracy", scores, _label_like(label, scores, axis, ctx), axis=axis, top_k=p.top_k)]
 
 

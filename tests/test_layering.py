@@ -25,6 +25,7 @@ ALLOWED: dict[str, set[str]] = {
     "toolkit/ir": GROUND,
     "toolkit/codegen": GROUND,
     "toolkit/arrayfiles": GROUND,
+    "toolkit/importers": GROUND,
     "toolkit/weights": GROUND | {"toolkit/arrayfiles"},
     "toolkit/ops": GROUND | {"toolkit/ir", "toolkit/distributed", "toolkit/codegen"},
     "toolkit/backend": GROUND | {"toolkit/ir"},

@@ -221,6 +221,20 @@ def build_parser() -> argparse.ArgumentParser:
                                      "(default: the fillers')")
     _optimize_flags(p)
 
+    p = sub.add_parser("import", help="a model of another toolkit as a net file and a weights file")
+    formats = p.add_subparsers(dest="format", metavar="FORMAT", parser_class=_Parser)
+    formats.required = True
+    q = formats.add_parser("caffe", help="a Caffe prototxt, with its caffemodel and solver")
+    q.add_argument("prototxt", metavar="NET.prototxt", help="a deploy or train_val prototxt (V1 `layers` files too)")
+    q.add_argument("--weights", metavar="M.caffemodel", help="its trained weights, written as model.safetensors")
+    q.add_argument("--solver", metavar="S.prototxt", help="its solver, written as the net's train section")
+    q.add_argument("--stage", action="append", default=[], help="a stage of the net's state (repeatable), for "
+                                                                "include/exclude rules that name stages")
+    q.add_argument("--input-shape", action="append", default=[], metavar="NAME=C,H,W",
+                   help="the example shape of what a data layer reads (its database holds it)")
+    q.add_argument("--out", required=True, metavar="DIR", help="where net.yaml (and model.safetensors) go")
+    q.add_argument("--force", action="store_true", help="replace net.yaml and model.safetensors in DIR")
+
     p = sub.add_parser("zoo", help="the model zoo: list, show, get, verify and publish models with checksummed weights")
     zoo = p.add_subparsers(dest="zoo_command", metavar="ACTION", parser_class=_Parser)
     zoo.required = True

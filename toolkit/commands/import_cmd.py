@@ -1,0 +1,82 @@
+"""``toolkit import caffe``: a Caffe prototxt (with its caffemodel and solver) written as a net
+file and a weights file, checked by loading them back before anything is written."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import SpecError, UserError
+
+
+def run_import(args) -> int:
+    return {"caffe": _caffe}[args.format](args)
+
+
+def _input_shapes(items: list[str]) -> dict[str, list[int]]:
+    shapes = {}
+    for item in items:
+        name, sep, dims = item.partition("=")
+        try:
+            values = [int(d) for d in dims.split(",") if d.strip()]
+        except ValueError:
+            values = []
+        if not sep or not name or not values or min(values) < 1:
+            raise UserError(f"--input-shape {item}: expected NAME=C,H,W (positive whole numbers), e.g. data=3,227,227")
+        shapes[name] = values
+    return shapes
+
+
+def _caffe(args) -> int:
+    from ..importers.caffe.net import import_net, import_weights, read_prototxt, to_yaml
+    from ..importers.caffe.solver import import_solver
+    from ..weights import check_weights, save_weights
+    from ..zoo.resolve import load_net
+    out = Path(args.out)
+    taken = [f for f in ("net.yaml", "model.safetensors") if (out / f).exists()]
+    if taken and not args.force:
+        raise UserError(f"--out {out}: holds {' and '.join(taken)} already; choose another --out, or pass --force "
+                        "to replace them")
+    net, ctx, weighted, notes = import_net(args.prototxt, tuple(args.stage), _input_shapes(args.input_shape))
+    if args.solver:
+        train = import_solver(read_prototxt(args.solver), ctx, notes)
+        net["train"] = {**net.get("train", {}), **train}
+    weights = import_weights(args.weights, weighted, ctx, notes) if args.weights else None
+    if ctx.problems:
+        raise SpecError(*sorted(ctx.problems, key=lambda p: (p.location.file, p.location.line, p.location.col)))
+    text = to_yaml(net, args.prototxt)
+    target = out / "net.yaml"
+    try:
+        loaded = load_net(str(target), text=text)      # what `toolkit check` will say, before writing
+    except UserError as e:
+        raise UserError(f"the imported net does not load (a gap in the importer; please report it): "
+                        + "; ".join(str(p) for p in e.problems)) from None
+    out.mkdir(parents=True, exist_ok=True)
+    from ..fileio import atomic_write
+    atomic_write(target, lambda tmp: Path(tmp).write_text(text))
+    if "mean_image" in ctx.extra:
+        def write_mean(tmp: str) -> None:
+            with open(tmp, "wb") as f:
+                np.save(f, ctx.extra["mean_image"].astype(np.float32))
+        atomic_write(out / "mean.npy", write_mean)
+        print(f"wrote {out / 'mean.npy'}: the mean image {list(ctx.extra['mean_image'].shape)}")
+    params = sum(math.prod(shape) for key, (shape, _layer) in loaded.declared.items()
+                 if not key.endswith(("running_mean", "running_var")))
+    print(f"imported {net['name']}: {len(net['layers'])} layers, {params:,} parameters; wrote {target}")
+    if weights is not None:
+        report = check_weights(args.weights, weights, loaded.declared, allow_missing=True)
+        arrays = loaded.init_weights(seed=0)
+        for key in report.copied:
+            arrays[key] = np.asarray(weights[key], dtype=np.float32)
+        if report.reshaped:
+            raise UserError(*(f"{args.weights}: weight '{k}' of layer '{layer}' has shape {list(a)} in the "
+                              f"caffemodel, the prototxt makes it {list(b)}" for k, layer, a, b in report.reshaped))
+        save_weights(str(out / "model.safetensors"), arrays)
+        started = [k for k, _layer, _shape in report.new]
+        print(f"wrote {out / 'model.safetensors'}: {len(report.copied)} arrays from {args.weights}"
+              + (f", {len(started)} from their fillers ({', '.join(started[:6])}{' ...' if len(started) > 6 else ''})"
+                 if started else ""))
+    for note in notes:
+        print(f"note: {note}")
+    return 0

@@ -1,0 +1,540 @@
+"""Each Caffe layer as the toolkit's layer (a dict of the net file's keys), and its weight blobs
+as the toolkit's arrays (PyTorch's layouts, which for these layers are Caffe's own).
+
+A parameter the toolkit cannot express is a Problem at its line and column in the prototxt, and
+the import goes on, so that one pass reports every one; values equal to the toolkit's defaults
+are left out of the net file.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from ...errors import Location, Problem
+from .prototxt import Ident, Message
+
+# V1 ``layers`` type enum (caffe.proto's V1LayerParameter.LayerType) -> the type's name
+V1_TYPES = {
+    0: "None", 35: "AbsVal", 1: "Accuracy", 30: "ArgMax", 2: "BNLL", 3: "Concat", 37: "ContrastiveLoss",
+    4: "Convolution", 5: "Data", 39: "Deconvolution", 6: "Dropout", 32: "DummyData", 7: "EuclideanLoss",
+    25: "Eltwise", 38: "Exp", 8: "Flatten", 9: "HDF5Data", 10: "HDF5Output", 28: "HingeLoss", 11: "Im2col",
+    12: "ImageData", 13: "InfogainLoss", 14: "InnerProduct", 15: "LRN", 29: "MemoryData",
+    16: "MultinomialLogisticLoss", 34: "MVN", 17: "Pooling", 26: "Power", 18: "ReLU", 19: "Sigmoid",
+    27: "SigmoidCrossEntropyLoss", 36: "Silence", 20: "Softmax", 21: "SoftmaxWithLoss", 22: "Split",
+    33: "Slice", 23: "TanH", 24: "WindowData", 31: "Threshold"}
+V1_NAMES = {name.upper(): name for name in V1_TYPES.values()}
+V1_NAMES.update({"SOFTMAX_LOSS": "SoftmaxWithLoss", "INNER_PRODUCT": "InnerProduct", "EUCLIDEAN_LOSS": "EuclideanLoss",
+                 "SIGMOID_CROSS_ENTROPY_LOSS": "SigmoidCrossEntropyLoss", "IMAGE_DATA": "ImageData",
+                 "HDF5_DATA": "HDF5Data", "MEMORY_DATA": "MemoryData", "DUMMY_DATA": "DummyData",
+                 "WINDOW_DATA": "WindowData", "ARGMAX": "ArgMax", "ABSVAL": "AbsVal"})
+
+DATA_TYPES = {"Data", "ImageData", "HDF5Data", "MemoryData", "DummyData", "WindowData", "Input", "Python"}
+
+
+@dataclass
+class Context:
+    """What converting one net gathers: problems, the blobs' owners, tops that alias another."""
+    file: str
+    problems: list[Problem] = field(default_factory=list)
+    aliases: dict[str, str] = field(default_factory=dict)        # a Split's tops -> its bottom
+    param_names: dict[str, tuple[str, tuple]] = field(default_factory=dict)   # shared name -> (layer, slot)
+    extra: dict = field(default_factory=dict)      # arrays to write beside the net (a mean image)
+
+    def error(self, message: str, loc: Location) -> None:
+        self.problems.append(Problem(message, loc))
+
+
+def _sub(layer: Message, name: str) -> Message:
+    found = layer.get(name)
+    return found.value if found is not None and isinstance(found.value, Message) else Message(loc=layer.loc)
+
+
+def _enum(value) -> str:
+    return str(value).upper()
+
+
+def _pair(msg: Message, base: str, h: str, w: str, default):
+    """Caffe's (repeated) SIZE, or SIZE_h/SIZE_w, as an int or an [h, w] pair."""
+    if msg.get(h) is not None or msg.get(w) is not None:
+        values = [msg.value(h, default), msg.value(w, default)]
+    else:
+        values = msg.values(base)
+        if not values:
+            return default
+        if len(values) == 1:
+            values = values * 2
+    if len(values) != 2:
+        return None
+    return values[0] if values[0] == values[1] else list(values)
+
+
+def _filler(msg: Message, ctx: Context, where: str) -> dict | None:
+    f = msg.get(where)
+    if f is None:
+        return None
+    spec: Message = f.value
+    kind = str(spec.value("type", "constant"))
+    if kind == "constant":
+        return {"type": "constant", "value": spec.value("value", 0.0)}
+    if kind == "uniform":
+        return {"type": "uniform", "min": spec.value("min", 0.0), "max": spec.value("max", 1.0)}
+    if kind == "gaussian":
+        if spec.value("sparse", -1) != -1:
+            ctx.error(f"{where}: a sparse gaussian filler has no counterpart here", f.loc)
+        return {"type": "gaussian", "mean": spec.value("mean", 0.0), "std": spec.value("std", 1.0)}
+    if kind in ("xavier", "msra"):
+        norm = _enum(spec.value("variance_norm", "FAN_IN")).lower()
+        return {"type": kind, **({"variance_norm": norm} if norm != "fan_in" else {})}
+    ctx.error(f"{where}: the {kind} filler has no counterpart here (constant, uniform, gaussian, xavier, msra)", f.loc)
+    return None
+
+
+def _common_params(layer: Message, out: dict, ctx: Context, slots: int) -> None:
+    """``param { lr_mult decay_mult name }`` and the fillers of a layer with weights."""
+    params = [p.value for p in layer.all("param")]
+    if params:
+        lr = [p.value("lr_mult", 1.0) for p in params]
+        decay = [p.value("decay_mult", 1.0) for p in params]
+        if any(v != 1.0 for v in lr):
+            out["lr_mult"] = lr[0] if len(set(lr)) == 1 and len(lr) == slots else lr
+        if any(v != 1.0 for v in decay):
+            out["decay_mult"] = decay[0] if len(set(decay)) == 1 and len(decay) == slots else decay
+        names = [p.value("name") for p in params]
+        if any(names):
+            owners = {ctx.param_names.get(n) for n in names if n}
+            owner = next(iter(owners)) if len(owners) == 1 else None
+            if owner is not None and [ctx.param_names.get(n) for n in names] == [owner] * len(names):
+                out["share"] = owner
+            elif owner is None and all(names):
+                for n in names:
+                    ctx.param_names[n] = out["name"]
+            else:
+                ctx.error("param names that share single blobs between layers have no counterpart here "
+                          "(a layer may share all its parameters with one other layer: name them alike)",
+                          layer.get("param").loc)
+
+
+def _blob_array(blob, loc: Location, ctx: Context, name: str) -> np.ndarray | None:
+    dims = [int(d) for d in blob.shape.dim] if blob.HasField("shape") else \
+        [d for d in (blob.num, blob.channels, blob.height, blob.width)]
+    values = blob.double_data if len(blob.double_data) else blob.data
+    count = math.prod(dims) if dims else 0
+    if count != len(values):
+        ctx.error(f"caffemodel: a weight blob of layer '{name}' says shape {dims} ({count} values) but holds "
+                  f"{len(values)}", loc)
+        return None
+    return np.asarray(values, dtype=np.float32).reshape(dims)
+
+
+# ---------------------------------------------------------------------------------------------
+# the conversions: (layer message, the toolkit layer dict so far, context) -> layer dicts
+# ---------------------------------------------------------------------------------------------
+
+Converter = Callable[[Message, dict, Context], list]
+CONVERTERS: dict[str, Converter] = {}
+# type -> f(name, [arrays]) -> {key: array}
+WEIGHTS: dict[str, Callable] = {}
+
+
+def converts(*types: str):
+    def register(fn):
+        for t in types:
+            CONVERTERS[t] = fn
+        return fn
+    return register
+
+
+def _weights_and_bias(name: str, arrays: list, weight_shape=None) -> dict:
+    out = {f"{name}.weight": arrays[0] if weight_shape is None else arrays[0].reshape(weight_shape)}
+    if len(arrays) > 1:
+        out[f"{name}.bias"] = arrays[1].reshape(-1)
+    return out
+
+
+@converts("Convolution", "Deconvolution")
+def _convolution(layer, out, ctx):
+    p = _sub(layer, "convolution_param")
+    out["num_output"] = p.value("num_output")
+    kernel = _pair(p, "kernel_size", "kernel_h", "kernel_w", None)
+    stride = _pair(p, "stride", "stride_h", "stride_w", 1)
+    pad = _pair(p, "pad", "pad_h", "pad_w", 0)
+    dilation = _pair(p, "dilation", "dilation", "dilation", 1)
+    for key, value, default in (("kernel_size", kernel, None), ("stride", stride, 1), ("pad", pad, 0),
+                                ("dilation", dilation, 1)):
+        if value is None:
+            ctx.error(f"{key}: only 2-D convolutions are expressed here", (p.get(key) or layer.get("type")).loc)
+        elif value != default:
+            out[key] = value
+    if p.value("group", 1) != 1:
+        out["group"] = p.value("group")
+    if str(p.value("bias_term", "true")) == "false":
+        out["bias_term"] = False
+    if p.value("axis", 1) != 1:
+        ctx.error("convolution_param.axis other than 1 has no counterpart here", p.get("axis").loc)
+    for key in ("weight_filler", "bias_filler"):
+        filler = _filler(p, ctx, key)
+        if filler is not None:
+            out[key] = filler
+    _common_params(layer, out, ctx, 1 if out.get("bias_term") is False else 2)
+    return [out]
+
+
+def _conv_weights(name, arrays):
+    return _weights_and_bias(name, arrays)
+
+
+WEIGHTS["Convolution"] = WEIGHTS["Deconvolution"] = _conv_weights
+
+
+@converts("InnerProduct")
+def _inner_product(layer, out, ctx):
+    p = _sub(layer, "inner_product_param")
+    out["num_output"] = p.value("num_output")
+    if str(p.value("bias_term", "true")) == "false":
+        out["bias_term"] = False
+    if p.value("axis", 1) != 1:
+        out["axis"] = p.value("axis")
+    if str(p.value("transpose", "false")) == "true":
+        ctx.error("inner_product_param.transpose has no counterpart here yet", p.get("transpose").loc)
+    for key in ("weight_filler", "bias_filler"):
+        filler = _filler(p, ctx, key)
+        if filler is not None:
+            out[key] = filler
+    _common_params(layer, out, ctx, 1 if out.get("bias_term") is False else 2)
+    return [out]
+
+
+def _inner_product_weights(name, arrays):
+    w = arrays[0]
+    return _weights_and_bias(name, arrays, (w.shape[-2], w.shape[-1]) if w.ndim > 2 else None)
+
+
+WEIGHTS["InnerProduct"] = _inner_product_weights
+
+
+@converts("Pooling")
+def _pooling(layer, out, ctx):
+    p = _sub(layer, "pooling_param")
+    pool = _enum(p.value("pool", "MAX"))
+    if pool not in ("MAX", "AVE"):
+        ctx.error(f"pooling_param.pool {pool} has no counterpart here (MAX, AVE)", p.get("pool").loc)
+    out["pool"] = "ave" if pool == "AVE" else "max"
+    if str(p.value("global_pooling", "false")) == "true":
+        out["global_pooling"] = True
+    else:
+        out["kernel_size"] = _pair(p, "kernel_size", "kernel_h", "kernel_w", None)
+        stride = _pair(p, "stride", "stride_h", "stride_w", 1)
+        pad = _pair(p, "pad", "pad_h", "pad_w", 0)
+        if stride != 1:
+            out["stride"] = stride
+        if pad != 0:
+            out["pad"] = pad
+        # Caffe rounds the output size up unless round_mode is FLOOR; its average divides by
+        # the window within the padded input, as count_include_pad does
+        out["ceil_mode"] = _enum(p.value("round_mode", "CEIL")) == "CEIL"
+    return [out]
+
+
+@converts("ReLU")
+def _relu(layer, out, ctx):
+    slope = _sub(layer, "relu_param").value("negative_slope", 0.0)
+    if slope:
+        out["negative_slope"] = slope
+    return [out]
+
+
+@converts("Sigmoid", "TanH", "AbsVal")
+def _plain(layer, out, ctx):
+    return [out]
+
+
+@converts("BNLL")
+def _bnll(layer, out, ctx):
+    out["type"] = "Softplus"                   # Caffe's BNLL is log(1 + exp(x))
+    return [out]
+
+
+@converts("ELU")
+def _elu(layer, out, ctx):
+    alpha = _sub(layer, "elu_param").value("alpha", 1.0)
+    if alpha != 1.0:
+        out["alpha"] = alpha
+    return [out]
+
+
+@converts("Power")
+def _power(layer, out, ctx):
+    p = _sub(layer, "power_param")
+    for key, default in (("power", 1.0), ("scale", 1.0), ("shift", 0.0)):
+        if p.value(key, default) != default:
+            out[key] = p.value(key)
+    return [out]
+
+
+@converts("Exp", "Log")
+def _exp_log(layer, out, ctx):
+    """Caffe's Exp is base^(shift + scale x) and Log log_base(shift + scale x): a Power for the
+    affine part around the natural function (and, for Log, a Power dividing by ln base)."""
+    kind = out["type"]
+    p = _sub(layer, "exp_param" if kind == "Exp" else "log_param")
+    base, scale, shift = p.value("base", -1.0), p.value("scale", 1.0), p.value("shift", 0.0)
+    ln_base = 1.0 if base == -1.0 else math.log(base) if base > 0 else None
+    if ln_base is None:
+        ctx.error(f"{kind}: base must be positive or -1 (e)", p.get("base").loc)
+        return [out]
+    name, bottom, top = out["name"], out["bottom"], out["top"]
+    layers = []
+    inner_scale, inner_shift = (scale * ln_base, shift * ln_base) if kind == "Exp" else (scale, shift)
+    if (inner_scale, inner_shift) != (1.0, 0.0):
+        layers.append({"name": f"{name}_affine", "type": "Power", "bottom": bottom, "top": f"{name}_affine",
+                       "scale": inner_scale, "shift": inner_shift})
+        bottom = f"{name}_affine"
+    layers.append({**out, "bottom": bottom})
+    if kind == "Log" and ln_base != 1.0:
+        layers[-1]["top"] = f"{name}_natural"
+        layers.append({"name": f"{name}_base", "type": "Power", "bottom": f"{name}_natural", "top": top,
+                       "scale": 1.0 / ln_base})
+    return layers
+
+
+@converts("Dropout")
+def _dropout(layer, out, ctx):
+    out["dropout_ratio"] = _sub(layer, "dropout_param").value("dropout_ratio", 0.5)
+    return [out]
+
+
+@converts("LRN")
+def _lrn(layer, out, ctx):
+    p = _sub(layer, "lrn_param")
+    if _enum(p.value("norm_region", "ACROSS_CHANNELS")) != "ACROSS_CHANNELS":
+        ctx.error("lrn_param.norm_region WITHIN_CHANNEL has no counterpart here yet", p.get("norm_region").loc)
+    out.update(local_size=p.value("local_size", 5), alpha=p.value("alpha", 1.0), beta=p.value("beta", 0.75),
+               k=p.value("k", 1.0))
+    return [out]
+
+
+@converts("Softmax")
+def _softmax(layer, out, ctx):
+    axis = _sub(layer, "softmax_param").value("axis", 1)
+    if axis != 1:
+        out["axis"] = axis
+    return [out]
+
+
+@converts("SoftmaxWithLoss")
+def _softmax_loss(layer, out, ctx):
+    axis = _sub(layer, "softmax_param").value("axis", 1)
+    if axis != 1:
+        out["axis"] = axis
+    loss = _sub(layer, "loss_param")
+    if loss.get("ignore_label") is not None:
+        out["ignore_label"] = loss.value("ignore_label")
+    normalization = _enum(loss.value("normalization", "VALID"))
+    if loss.get("normalize") is not None and str(loss.value("normalize")) == "false":
+        normalization = "BATCH_SIZE"
+    if normalization != "VALID":
+        ctx.error(f"loss_param normalization {normalization} has no counterpart here yet (VALID: the mean over "
+                  "the labels not ignored)", (loss.get("normalization") or loss.get("normalize")).loc)
+    return [out]
+
+
+@converts("EuclideanLoss", "SigmoidCrossEntropyLoss")
+def _plain_loss(layer, out, ctx):
+    return [out]
+
+
+@converts("Accuracy")
+def _accuracy(layer, out, ctx):
+    p = _sub(layer, "accuracy_param")
+    if p.value("top_k", 1) != 1:
+        out["top_k"] = p.value("top_k")
+    if p.value("axis", 1) != 1:
+        out["axis"] = p.value("axis")
+    if p.get("ignore_label") is not None:
+        ctx.error("accuracy_param.ignore_label has no counterpart here yet", p.get("ignore_label").loc)
+    return [out]
+
+
+@converts("Concat")
+def _concat(layer, out, ctx):
+    p = _sub(layer, "concat_param")
+    axis = p.value("axis", p.value("concat_dim", 1))
+    if axis != 1:
+        out["axis"] = axis
+    return [out]
+
+
+@converts("Eltwise")
+def _eltwise(layer, out, ctx):
+    p = _sub(layer, "eltwise_param")
+    out["operation"] = _enum(p.value("operation", "SUM")).lower()
+    coeff = p.values("coeff")
+    if coeff:
+        out["coeff"] = coeff
+    return [out]
+
+
+@converts("Flatten")
+def _flatten(layer, out, ctx):
+    p = _sub(layer, "flatten_param")
+    for key, default in (("axis", 1), ("end_axis", -1)):
+        if p.value(key, default) != default:
+            out[key] = p.value(key)
+    return [out]
+
+
+@converts("Reshape")
+def _reshape(layer, out, ctx):
+    p = _sub(layer, "reshape_param")
+    shape = p.get("shape")
+    out["shape"] = shape.value.values("dim") if shape is not None else []
+    for key, default in (("axis", 0), ("num_axes", -1)):
+        if p.value(key, default) != default:
+            ctx.error(f"reshape_param.{key} has no counterpart here yet", p.get(key).loc)
+    return [out]
+
+
+@converts("Slice")
+def _slice(layer, out, ctx):
+    p = _sub(layer, "slice_param")
+    axis = p.value("axis", p.value("slice_dim", 1))
+    if axis != 1:
+        out["axis"] = axis
+    points = p.values("slice_point")
+    if points:
+        out["slice_point"] = points
+    return [out]
+
+
+@converts("BatchNorm")
+def _batchnorm(layer, out, ctx):
+    """Caffe's BatchNorm normalises only (its Scale layer is the affine part); its moving average
+    keeps moving_average_fraction of the old value, so PyTorch's momentum is 1 minus that."""
+    p = _sub(layer, "batch_norm_param")
+    out["affine"] = False
+    fraction = p.value("moving_average_fraction", 0.999)
+    out["momentum"] = round(1.0 - fraction, 12)
+    if p.value("eps", 1e-5) != 1e-5:
+        out["eps"] = p.value("eps")
+    if p.get("use_global_stats") is not None:
+        out["use_global_stats"] = str(p.value("use_global_stats")) == "true"
+    return [out]
+
+
+def _batchnorm_weights(name, arrays):
+    """mean, variance, and the scale factor they were accumulated under (Caffe divides by it)."""
+    factor = float(arrays[2].reshape(-1)[0]) if len(arrays) > 2 else 1.0
+    scale = 0.0 if factor == 0 else 1.0 / factor
+    return {f"{name}.running_mean": arrays[0].reshape(-1) * scale,
+            f"{name}.running_var": arrays[1].reshape(-1) * scale}
+
+
+WEIGHTS["BatchNorm"] = _batchnorm_weights
+
+
+@converts("Scale")
+def _scale(layer, out, ctx):
+    p = _sub(layer, "scale_param")
+    for key, default in (("axis", 1), ("num_axes", 1)):
+        if p.value(key, default) != default:
+            out[key] = p.value(key)
+    if str(p.value("bias_term", "false")) == "true":
+        out["bias_term"] = True
+    for key in ("filler", "bias_filler"):
+        filler = _filler(p, ctx, key)
+        if filler is not None:
+            out["weight_filler" if key == "filler" else key] = filler
+    _common_params(layer, out, ctx, 2 if out.get("bias_term") else 1)
+    return [out]
+
+
+WEIGHTS["Scale"] = lambda name, arrays: _weights_and_bias(name, [a.reshape(-1) for a in arrays])
+
+
+@converts("Crop")
+def _crop(layer, out, ctx):
+    p = _sub(layer, "crop_param")
+    out["axis"] = p.value("axis", 2)
+    offsets = p.values("offset")
+    if offsets:
+        out["offset"] = offsets if len(offsets) > 1 else offsets[0]
+    return [out]
+
+
+@converts("ArgMax")
+def _argmax(layer, out, ctx):
+    p = _sub(layer, "argmax_param")
+    for key, default in (("top_k", 1), ("out_max_val", "false")):
+        if str(p.value(key, default)) != str(default):
+            out[key] = p.value(key) if key == "top_k" else True
+    if p.get("axis") is not None:
+        out["axis"] = p.value("axis")
+    return [out]
+
+
+@converts("Reduction")
+def _reduction(layer, out, ctx):
+    p = _sub(layer, "reduction_param")
+    out["operation"] = _enum(p.value("operation", "SUM")).lower()
+    if p.value("axis", 0) != 0:
+        out["axis"] = p.value("axis")
+    if p.value("coeff", 1.0) != 1.0:
+        ctx.error("reduction_param.coeff has no counterpart here yet", p.get("coeff").loc)
+    return [out]
+
+
+@converts("Tile")
+def _tile(layer, out, ctx):
+    p = _sub(layer, "tile_param")
+    out["axis"] = p.value("axis", 1)
+    out["tiles"] = p.value("tiles", 1)
+    return [out]
+
+
+@converts("Embed")
+def _embed(layer, out, ctx):
+    p = _sub(layer, "embed_param")
+    out["input_dim"] = p.value("input_dim")
+    out["num_output"] = p.value("num_output")
+    if str(p.value("bias_term", "true")) == "true":
+        ctx.error("embed_param.bias_term (Caffe's default) has no counterpart here yet: set bias_term: false",
+                  (p.get("bias_term") or layer.get("type")).loc)
+    _common_params(layer, out, ctx, 1)
+    return [out]
+
+
+WEIGHTS["Embed"] = lambda name, arrays: {f"{name}.weight": arrays[0]}
+
+
+def convert(layer: Message, type_name: str, name: str, bottoms: list[str], tops: list[str], ctx: Context) -> list:
+    """The toolkit layers of one Caffe layer (Split: none, its tops become aliases of its
+    bottom; Silence: none, it only consumes)."""
+    if type_name == "Split":
+        for top in tops:
+            ctx.aliases[top] = bottoms[0]
+        return []
+    if type_name == "Silence":
+        return []
+    converter = CONVERTERS.get(type_name)
+    if converter is None:
+        ctx.error(f"layer '{name}': the Caffe layer type {type_name} has no counterpart here yet",
+                  layer.get("type").loc if layer.get("type") else layer.loc)
+        return []
+    out = {"name": name, "type": type_name, "bottom": bottoms[0] if len(bottoms) == 1 else bottoms,
+           "top": tops[0] if len(tops) == 1 else tops}
+    weights = layer.values("loss_weight")
+    if weights:
+        if len(set(weights)) > 1:
+            ctx.error("a loss_weight per top has no counterpart here (one per layer)", layer.get("loss_weight").loc)
+        if weights[0] != (1.0 if type_name.endswith("Loss") else 0.0):
+            out["loss_weight"] = weights[0]
+    if any(str(v) == "false" for v in layer.values("propagate_down")):
+        ctx.error("propagate_down: false has no counterpart here", layer.get("propagate_down").loc)
+    return converter(layer, out, ctx)
+
+
+def is_ident(value, text: str) -> bool:
+    return isinstance(value, Ident) and value.upper() == text

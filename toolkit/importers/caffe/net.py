@@ -1,0 +1,317 @@
+"""A Caffe net (prototxt), with its weights (caffemodel) and solver, as the toolkit's net file data
+and weights arrays.
+
+- Phases follow Caffe's rules (``include``/``exclude`` by phase, stage, not_stage, min_level,
+  max_level; the stages given, level 0): a layer in TRAIN is in the train phase, one in TEST in
+  the test phase and, unless it is a loss or accuracy layer, in the infer phase (the deploy
+  net). A file without a data layer and without rules (a deploy.prototxt) puts every layer in
+  every phase.
+- Inputs come from ``input``/``input_shape``/``input_dim``, ``Input`` layers, and the data layers
+  (``Data``, ``ImageData``, ...), whose shape is in their database: ``input_shapes`` gives it
+  (``--input-shape data=3,227,227``). The batch dimension becomes ``N``. A data layer's
+  ``transform_param`` and ``batch_size`` become train.data.
+- A ``Split`` is no layer here: its tops name its bottom. ``Silence`` only consumes: dropped.
+- Every problem is reported at its place in the prototxt, all of them at once.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ...errors import Location, Problem, SpecError, UserError
+from ...fileio import read_regular
+from . import layers as caffe_layers
+from .layers import DATA_TYPES, V1_NAMES, V1_TYPES, WEIGHTS, Context, _blob_array, _sub
+from .prototxt import Ident, Message, parse
+
+MAX_PROTOTXT_BYTES = 16 << 20
+MAX_CAFFEMODEL_BYTES = (2 << 30) - 1          # protobuf's own limit on one message
+PHASES = ("TRAIN", "TEST")
+LABEL_TOPS = 1                                 # a data layer's tops after the first are labels
+
+
+@dataclass
+class Imported:
+    net: dict                                  # the net file's contents
+    weights: dict[str, np.ndarray] | None
+    notes: list[str] = field(default_factory=list)
+
+
+def read_prototxt(path: str) -> Message:
+    data = read_regular(path, MAX_PROTOTXT_BYTES, "prototxt")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: not a UTF-8 text file") from None
+    return parse(text, path)
+
+
+def _net_name(msg: Message, path: str) -> str:
+    name = str(msg.value("name", "") or Path(path).parent.name or Path(path).stem)
+    name = re.sub(r"[^A-Za-z0-9_.\-]", "_", name).strip("._") or "imported"
+    return name
+
+
+def _layer_name(name: str) -> str:
+    """A Caffe layer or blob name as a toolkit name (letters, digits, _ . - /)."""
+    return re.sub(r"[^A-Za-z0-9_.\-/]", "_", name)
+
+
+def _rule_meets(rule: Message, phase: str, stages: set[str]) -> bool:
+    """Caffe's NetStateRule against the state (phase, level 0, the stages given)."""
+    if rule.get("phase") is not None and str(rule.value("phase")).upper() != phase:
+        return False
+    if rule.get("min_level") is not None and 0 < rule.value("min_level"):
+        return False
+    if rule.get("max_level") is not None and 0 > rule.value("max_level"):
+        return False
+    if any(str(s) not in stages for s in rule.values("stage")):
+        return False
+    return not any(str(s) in stages for s in rule.values("not_stage"))
+
+
+def _in_phase(layer: Message, phase: str, stages: set[str]) -> bool:
+    includes = [f.value for f in layer.all("include")]
+    excludes = [f.value for f in layer.all("exclude")]
+    if includes:
+        return any(_rule_meets(r, phase, stages) for r in includes)
+    return not any(_rule_meets(r, phase, stages) for r in excludes)
+
+
+def _type_of(layer: Message, v1: bool, ctx: Context) -> str:
+    kind = layer.value("type")
+    if not v1:
+        return str(kind)
+    if isinstance(kind, int):
+        return V1_TYPES.get(kind, f"V1 type {kind}")
+    return V1_NAMES.get(str(kind).upper(), str(kind))
+
+
+def _shape(dims: list, loc: Location, ctx: Context) -> list:
+    if not dims or any(not isinstance(d, int) or d < 1 for d in dims):
+        ctx.error(f"an input shape must be positive whole numbers, got {dims}", loc)
+        return ["N"]
+    return ["N"] + list(dims[1:])
+
+
+def _v1_params(layer: Message) -> Message:
+    """A V1 layer's blobs_lr and weight_decay as param { lr_mult decay_mult }."""
+    lr, decay = layer.values("blobs_lr"), layer.values("weight_decay")
+    if not lr and not decay:
+        return layer
+    from .prototxt import Field
+    extra = []
+    for i in range(max(len(lr), len(decay))):
+        p = Message(loc=layer.loc)
+        if i < len(lr):
+            p.fields.append(Field("lr_mult", lr[i], layer.loc))
+        if i < len(decay):
+            p.fields.append(Field("decay_mult", decay[i], layer.loc))
+        extra.append(Field("param", p, layer.loc))
+    return Message(layer.fields + extra, layer.loc)
+
+
+def import_net(prototxt: str, stages: tuple[str, ...] = (), input_shapes: dict[str, list[int]] | None = None
+               ) -> tuple[dict, Context, list[tuple[str, str]], list[str]]:
+    """(the net file's data, the context, [(layer name, Caffe type)] of layers with weights,
+    notes)."""
+    msg = read_prototxt(prototxt)
+    ctx = Context(prototxt)
+    input_shapes = dict(input_shapes or {})
+    stage_set = set(stages)
+    v1 = not msg.all("layer") and bool(msg.all("layers"))
+    entries = [f.value for f in (msg.all("layers") if v1 else msg.all("layer"))]
+    if not entries:
+        raise SpecError(Problem("the prototxt has no layer", msg.loc))
+    inputs: dict[str, dict] = {}
+    notes: list[str] = []
+    data: dict = {}
+    # net-level inputs: input + input_shape, or input + 4 input_dim each
+    net_inputs = msg.values("input")
+    shapes = [f.value.values("dim") for f in msg.all("input_shape")]
+    dims = msg.values("input_dim")
+    for i, name in enumerate(net_inputs):
+        given = shapes[i] if i < len(shapes) else dims[4 * i: 4 * i + 4]
+        inputs[_layer_name(name)] = {"shape": _shape(given, msg.get("input").loc, ctx), "dtype": "float32"}
+
+    rules = any(e.all("include") or e.all("exclude") for e in entries)
+    has_data = any(_type_of(e, v1, ctx) in DATA_TYPES - {"Input"} for e in entries)
+    deploy = not rules and not has_data
+    out_layers: list[dict] = []
+    weighted: list[tuple[str, str]] = []
+    seen: dict[str, Location] = {}
+    for layer in entries:
+        kind = _type_of(layer, v1, ctx)
+        raw_name = str(layer.value("name", kind))
+        name = _layer_name(raw_name)
+        phases = [p for p in PHASES if _in_phase(layer, p, stage_set)]
+        if not phases:
+            continue
+        tops = [_layer_name(str(t)) for t in layer.values("top")]
+        bottoms = [ctx.aliases.get(_layer_name(str(b)), _layer_name(str(b))) for b in layer.values("bottom")]
+        if kind == "Input":
+            p = _sub(layer, "input_param")
+            in_shapes = [f.value.values("dim") for f in p.all("shape")]
+            for i, top in enumerate(tops):
+                given = in_shapes[i] if i < len(in_shapes) else (in_shapes[0] if in_shapes else [])
+                inputs[top] = {"shape": _shape(given, layer.loc, ctx), "dtype": "float32"}
+            continue
+        if kind in DATA_TYPES:
+            _data_layer(layer, kind, tops, phases, inputs, input_shapes, data, ctx, notes)
+            continue
+        if name in seen:
+            ctx.error(f"layer name '{raw_name}' is already used (line {seen[name].line}); two layers of one name "
+                      "in different phases have no counterpart here yet", layer.loc)
+            continue
+        seen[name] = layer.loc
+        converted = caffe_layers.convert(_v1_params(layer) if v1 else layer, kind, name, bottoms, tops, ctx)
+        toolkit_phases = []
+        if "TRAIN" in phases:
+            toolkit_phases.append("train")
+        if "TEST" in phases:
+            toolkit_phases.append("test")
+            if not (kind.endswith("Loss") or kind == "Accuracy"):
+                toolkit_phases.append("infer")
+        for entry in converted:
+            if not deploy and toolkit_phases != ["train", "test", "infer"]:
+                entry["phase"] = toolkit_phases if len(toolkit_phases) > 1 else toolkit_phases[0]
+            out_layers.append(entry)
+        if kind in WEIGHTS and converted:
+            weighted.append((name, kind))
+    if not inputs and not ctx.problems:
+        ctx.error("the net has no input: an Input layer, input/input_shape, or a data layer", msg.loc)
+    net = {"name": _net_name(msg, prototxt), "inputs": inputs, "layers": out_layers}
+    if data:
+        net["train"] = {"data": data}
+    return net, ctx, weighted, notes
+
+
+def _data_layer(layer: Message, kind: str, tops: list[str], phases: list[str], inputs: dict,
+                input_shapes: dict, data: dict, ctx: Context, notes: list[str]) -> None:
+    """A data layer's tops as inputs (features, then labels), its transform and batch as train.data."""
+    if not tops:
+        return
+    features, labels = tops[0], tops[LABEL_TOPS:]
+    shape = None
+    if kind == "DummyData":
+        shapes = [f.value.values("dim") for f in _sub(layer, "dummy_data_param").all("shape")]
+        shape = shapes[0] if shapes else None
+    elif kind == "MemoryData":
+        p = _sub(layer, "memory_data_param")
+        shape = [p.value("batch_size", 1), p.value("channels"), p.value("height"), p.value("width")]
+    if features in input_shapes:
+        shape = [1] + list(input_shapes[features])
+    if shape is None or any(d is None for d in shape):
+        if features not in inputs:
+            ctx.error(f"layer '{layer.value('name', kind)}': the shape of what a {kind} layer reads is in its data; "
+                      f"give it with --input-shape {features}=C,H,W", layer.loc)
+        return
+    inputs[features] = {"shape": _shape(shape, layer.loc, ctx), "dtype": "float32"}
+    for label in labels:
+        inputs[label] = {"shape": ["N"], "dtype": "int64"}
+    transform = _sub(layer, "transform_param")
+    for key in ("scale", "crop_size"):
+        if transform.get(key) is not None:
+            data[key] = transform.value(key)
+    if transform.values("mean_value"):
+        data["mean_value"] = transform.values("mean_value")
+    if str(transform.value("mirror", "false")) == "true":
+        data["mirror"] = True
+    if transform.get("mean_file") is not None:
+        _mean_file(str(transform.value("mean_file")), transform.get("mean_file").loc, data, ctx, notes)
+    param = next((_sub(layer, k) for k in ("data_param", "image_data_param", "hdf5_data_param",
+                                            "memory_data_param") if layer.get(k) is not None), None)
+    if param is not None:
+        if "TRAIN" in phases and param.get("batch_size") is not None:
+            data["batch_size"] = param.value("batch_size")
+        if param.get("source") is not None:
+            key = "source" if "TRAIN" in phases else "test_source"
+            data[key] = str(param.value("source"))
+            notes.append(f"train.data.{key} {param.value('source')}: a {kind} layer's source, which the toolkit "
+                         "cannot read yet: replace it with an .npz, a CSV or an image folder to train")
+    if "test_source" in data and "source" in data:
+        data.setdefault("test_fraction", 0)
+
+
+MEAN_FILE = "mean.npy"
+
+
+def _mean_file(given: str, loc: Location, data: dict, ctx: Context, notes: list[str]) -> None:
+    """A binaryproto mean image (a BlobProto) as mean.npy beside the net file; where the file is
+    not at hand (Caffe's paths are relative to where caffe ran), the net names mean.npy and a note
+    says what to make it from."""
+    data["mean_file"] = MEAN_FILE
+    if "mean_image" in ctx.extra:
+        return
+    candidates = [Path(given), Path(ctx.file).parent / given]
+    found = next((c for c in candidates if c.is_file()), None)
+    if found is None:
+        notes.append(f"transform_param.mean_file {given} is not here: train.data.mean_file names {MEAN_FILE}, "
+                     "to be made from it (toolkit import caffe converts it when it can be found)")
+        return
+    from .proto import classes
+    blob = classes()["BlobProto"]()
+    try:
+        blob.ParseFromString(read_regular(str(found), MAX_CAFFEMODEL_BYTES, "binaryproto"))
+    except Exception as e:
+        ctx.error(f"transform_param.mean_file {given}: not a readable binaryproto ({e})", loc)
+        return
+    image = _blob_array(blob, loc, ctx, "mean_file")
+    if image is not None:
+        ctx.extra["mean_image"] = image.reshape(image.shape[-3:]) if image.ndim >= 3 else image
+
+
+def read_caffemodel(path: str):
+    """The NetParameter of a binary caffemodel, read whole (bounded by protobuf's own limit)."""
+    from .proto import classes
+    raw = read_regular(path, MAX_CAFFEMODEL_BYTES, "caffemodel")
+    net = classes()["NetParameter"]()
+    try:
+        net.ParseFromString(raw)
+    except Exception as e:            # protobuf's DecodeError and its kin
+        raise UserError(f"{path}: not a readable caffemodel ({e})") from None
+    return net
+
+
+def import_weights(path: str, weighted: list[tuple[str, str]], ctx: Context, notes: list[str]) -> dict[str, np.ndarray]:
+    """The caffemodel's blobs of the imported layers, as the toolkit's arrays by key."""
+    model = read_caffemodel(path)
+    by_name = {_layer_name(layer.name): layer for layer in list(model.layer) + list(model.layers)}
+    where = Location(path, 0, 0)
+    out: dict[str, np.ndarray] = {}
+    wanted = {name for name, _ in weighted}
+    for name, kind in weighted:
+        layer = by_name.get(name)
+        if layer is None or not layer.blobs:
+            notes.append(f"layer '{name}' has no weights in {path}: it starts from its fillers")
+            continue
+        arrays = [_blob_array(b, where, ctx, name) for b in layer.blobs]
+        if any(a is None for a in arrays):
+            continue
+        out.update(WEIGHTS[kind](name, arrays))
+    unused = [n for n, layer in by_name.items() if layer.blobs and n not in wanted]
+    if unused:
+        notes.append(f"{len(unused)} layer(s) of {path} with weights are not in this net and were left out: "
+                     + ", ".join(unused[:8]) + (" ..." if len(unused) > 8 else ""))
+    return out
+
+
+def to_yaml(net: dict, source: str) -> str:
+    """The net file's text: one line per layer, as the toolkit writes nets."""
+    import yaml
+    head = f"# imported from {Path(source).name} by `toolkit import caffe`\n"
+    parts = [yaml.safe_dump({"name": net["name"]}, sort_keys=False),
+             yaml.safe_dump({"inputs": net["inputs"]}, sort_keys=False, default_flow_style=None, width=10**6),
+             "layers:\n" + "".join("  - " + yaml.safe_dump(layer, sort_keys=False, default_flow_style=True,
+                                                            width=10**6).strip() + "\n" for layer in net["layers"])]
+    for key in ("outputs", "train"):
+        if key in net:
+            parts.append(yaml.safe_dump({key: net[key]}, sort_keys=False, default_flow_style=None, width=10**6))
+    return head + "".join(parts)
+
+
+def is_true(value) -> bool:
+    return isinstance(value, Ident) and value.lower() == "true"
