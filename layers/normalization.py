@@ -118,6 +118,7 @@ class LRNParams(LayerBase):
     alpha: Number = 1e-4
     beta: Number = 0.75
     k: Number = 1.0
+    norm_region: Literal["across_channels", "within_channel"] = "across_channels"
 
 
 @layer(LRNParams)
@@ -129,6 +130,8 @@ def lower_lrn(p: LRNParams, ctx, bottoms):
     need_float_input(x, "LRN")
     if x.rank < 3:
         raise LayerError(f"LRN needs an input [N, C, ...] with at least one more axis, got {ctx.fmt(x)}", "bottom")
+    if p.norm_region == "within_channel":
+        return [_lrn_within_channel(p, ctx, x)]
     channels = static_dim(x.shape[1], "the input's channel dimension", "bottom")
     n = p.local_size
     b = ctx.b
@@ -136,6 +139,28 @@ def lower_lrn(p: LRNParams, ctx, bottoms):
     window = b.add_all([b.op("slice", padded, axis=1, start=j, stop=j + channels) for j in range(n)])
     base = b.add(b.mul(window, b.scalar(float(p.alpha) / n, x.dtype)), b.scalar(float(p.k), x.dtype))
     return [b.mul(x, b.op("power", base, exponent=-float(p.beta)))]
+
+
+def _lrn_within_channel(p: LRNParams, ctx, x):
+    """Caffe's WITHIN_CHANNEL: x / (k + alpha/n^2 * sum of x^2 over the n x n spatial window
+    centred on each position)^beta, zeros past the edges (Caffe's average pooling of x^2 with pad
+    (n-1)/2, which always divides by n^2)."""
+    if x.rank != 4:
+        raise LayerError(f"LRN within_channel needs an input [N, C, H, W], got {ctx.fmt(x)}", "bottom")
+    n = p.local_size
+    if n % 2 == 0:
+        raise LayerError(f"LRN within_channel needs an odd local_size (Caffe's), got {n}", "local_size")
+    b = ctx.b
+    h = static_dim(x.shape[2], "the input's height", "bottom")
+    w = static_dim(x.shape[3], "the input's width", "bottom")
+    half = (n - 1) // 2
+    padded = b.op("square", x)
+    for axis in (2, 3):
+        padded = b.op("pad_axis", padded, axis=axis, before=half, after=half)
+    rows = b.add_all([b.op("slice", padded, axis=2, start=i, stop=i + h) for i in range(n)])
+    window = b.add_all([b.op("slice", rows, axis=3, start=j, stop=j + w) for j in range(n)])
+    base = b.add(b.mul(window, b.scalar(float(p.alpha) / (n * n), x.dtype)), b.scalar(float(p.k), x.dtype))
+    return b.mul(x, b.op("power", base, exponent=-float(p.beta)))
 
 
 def _global_statistics(ctx, x, axes, channels):

@@ -20,6 +20,7 @@ pytest.importorskip("google.protobuf", reason="the caffe extra (protobuf) reads 
 DEPLOY = [
     ("examples_mnist_lenet.prototxt", 431_080, [10]),
     ("examples_cifar10_cifar10_quick.prototxt", 145_578, [10]),
+    ("examples_cifar10_cifar10_full.prototxt", 89_578, [10]),         # LRN within a channel
     ("models_bvlc_alexnet_deploy.prototxt", 60_965_224, [1000]),
     ("models_bvlc_reference_caffenet_deploy.prototxt", 60_965_224, [1000]),
     ("models_bvlc_googlenet_deploy.prototxt", 6_998_552, [1000]),
@@ -56,6 +57,7 @@ def test_mobilenet_v2_imports_and_checks(tmp_path):
 TRAIN_VAL = [
     ("examples_mnist_lenet_train_test.prototxt", "data=1,28,28", 431_080),
     ("examples_cifar10_cifar10_quick_train_test.prototxt", "data=3,32,32", 145_578),
+    ("examples_cifar10_cifar10_full_train_test.prototxt", "data=3,32,32", 89_578),
     ("models_bvlc_alexnet_train_val.prototxt", "data=3,227,227", 60_965_224),
     ("models_bvlc_reference_caffenet_train_val.prototxt", "data=3,227,227", 60_965_224),
     ("models_bvlc_googlenet_train_val.prototxt", "data=3,224,224", 13_378_280),   # with its two side heads
@@ -104,19 +106,15 @@ def test_a_solver_becomes_the_train_section(tmp_path):
 
 
 def test_what_cannot_be_expressed_is_reported_at_its_place_all_at_once(tmp_path):
-    file = DATA / "examples_cifar10_cifar10_full.prototxt"
-    r = cli("import", "caffe", file, "--out", tmp_path / "out")
-    assert r.status == 2 and "Traceback" not in r.err
-    assert r.errors == [f"{file}:54:5: error: lrn_param.norm_region WITHIN_CHANNEL has no counterpart here yet",
-                        f"{file}:101:5: error: lrn_param.norm_region WITHIN_CHANNEL has no counterpart here yet"]
     broken = tmp_path / "broken.prototxt"
     broken.write_text('name: "x"\ninput: "data"\ninput_shape { dim: 1 dim: 3 dim: 4 dim: 4 }\n'
-                      'layer { name: "p" type: "PReLU" bottom: "data" top: "p" }\n'
+                      'layer { name: "p" type: "SPP" bottom: "data" top: "p" }\n'
                       'layer { name: "c" type: "Convolution" bottom: "p" top: "c"\n'
                       '  convolution_param { num_output: 2 kernel_size: 1 axis: 2 } }\n')
     r = cli("import", "caffe", broken, "--out", tmp_path / "out")
+    assert r.status == 2 and "Traceback" not in r.err and not (tmp_path / "out").exists()
     line = '  convolution_param { num_output: 2 kernel_size: 1 axis: 2 } }'
-    assert r.errors == [f"{broken}:4:19: error: layer 'p': the Caffe layer type PReLU has no counterpart here yet",
+    assert r.errors == [f"{broken}:4:19: error: layer 'p': the Caffe layer type SPP has no counterpart here yet",
                         f"{broken}:6:{line.index('axis') + 1}: error: convolution_param.axis other than 1 has no "
                         "counterpart here"]
     syntax = tmp_path / "syntax.prototxt"
@@ -135,6 +133,9 @@ layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
   param { lr_mult: 1 } param { lr_mult: 2 }
   convolution_param { num_output: 8 kernel_size: 3 pad: 1 } }
 layer { name: "relu1" type: "ReLU" bottom: "conv1" top: "conv1" relu_param { negative_slope: 0.1 } }
+layer { name: "prelu1" type: "PReLU" bottom: "conv1" top: "conv1" }
+layer { name: "mvn1" type: "MVN" bottom: "conv1" top: "conv1" }
+layer { name: "bias1" type: "Bias" bottom: "conv1" top: "conv1" }
 layer { name: "bn1" type: "BatchNorm" bottom: "conv1" top: "conv1" batch_norm_param { use_global_stats: true } }
 layer { name: "scale1" type: "Scale" bottom: "conv1" top: "conv1" scale_param { bias_term: true } }
 layer { name: "pool1" type: "Pooling" bottom: "conv1" top: "pool1"
@@ -176,6 +177,8 @@ def test_a_net_of_caffe_constructs_runs_to_caffes_outputs(tmp_path):
     rng = np.random.default_rng(0)
     w = {
         "conv1": [rng.standard_normal((8, 3, 3, 3)) * 0.3, rng.standard_normal(8) * 0.1],
+        "prelu1": [rng.random(8) * 0.5],
+        "bias1": [rng.standard_normal(8) * 0.2],
         # Caffe's BatchNorm stores sums scaled by a factor: mean / factor, var / factor are the statistics
         "bn1": [rng.standard_normal(8) * 0.5, rng.random(8) * 2 + 0.5, np.array([0.5])],
         "scale1": [rng.random(8) + 0.5, rng.standard_normal(8) * 0.1],
@@ -198,6 +201,10 @@ def test_a_net_of_caffe_constructs_runs_to_caffes_outputs(tmp_path):
     t = {k: [torch.tensor(a, dtype=torch.float64) for a in v] for k, v in w.items()}
     h = F.conv2d(torch.tensor(x, dtype=torch.float64), t["conv1"][0], t["conv1"][1], padding=1)
     h = F.leaky_relu(h, 0.1)
+    h = F.prelu(h, t["prelu1"][0])
+    h = h - h.mean(dim=(2, 3), keepdim=True)
+    h = h / (h.pow(2).mean(dim=(2, 3), keepdim=True).sqrt() + 1e-9)
+    h = h + t["bias1"][0][None, :, None, None]
     mean, var = t["bn1"][0] / 0.5, t["bn1"][1] / 0.5
     h = (h - mean[None, :, None, None]) / torch.sqrt(var[None, :, None, None] + 1e-5)
     h = h * t["scale1"][0][None, :, None, None] + t["scale1"][1][None, :, None, None]

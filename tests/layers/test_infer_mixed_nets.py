@@ -7,6 +7,7 @@ learned Scale, Scale by a second bottom, max and average pooling with padding an
 global), Concat, Slice with slice_point and equal split, Eltwise sum with coefficients / prod /
 max, Reshape with 0 and -1, Flatten, InnerProduct on an axis, every activation, Softmax /
 LogSoftmax on axes, Dropout, and the losses and Accuracy in the train and test phases; the third
+mixes in Caffe's PReLU, MVN, Bias, LRN within a channel, Swish, Clip and Threshold; the third
 uses the extended catalog's layers (Embed, LayerNorm, MatMul, Permute,
 Reduction, Tile, LRN, Pad, Deconvolution, Crop, Power, ArgMax, MultiHeadAttention, and the recurrent
 GRU, LSTM and RNN).
@@ -43,19 +44,26 @@ layers:
   - {name: conv2, type: Convolution, bottom: conv1, top: conv2, num_output: 8, kernel_size: 3, pad: 2,
      dilation: 2, group: 4}
   - {name: elu2, type: ELU, bottom: conv2, top: conv2, alpha: 0.5}
+  - {name: prelu2, type: PReLU, bottom: conv2, top: conv2}
+  - {name: mvn2, type: MVN, bottom: conv2, top: conv2}
+  - {name: bias2, type: Bias, bottom: conv2, top: conv2}
   - {name: pool1, type: Pooling, bottom: conv2, top: pool1, pool: max, kernel_size: 3, stride: 2, pad: 1,
      ceil_mode: true}
+  - {name: lrn1, type: LRN, bottom: pool1, top: pool1, norm_region: within_channel, local_size: 3, alpha: 0.3}
   - {name: conv_a, type: Convolution, bottom: pool1, top: conv_a, num_output: 4, kernel_size: 1}
   - {name: sig_a, type: Sigmoid, bottom: conv_a, top: sig_a}
   - {name: conv_b, type: Convolution, bottom: pool1, top: conv_b, num_output: 6, kernel_size: [3, 2],
      stride: [1, 1], pad: [1, 1], dilation: [1, 2], group: 2}
   - {name: tanh_b, type: TanH, bottom: conv_b, top: tanh_b}
+  - {name: swish_b, type: Swish, bottom: tanh_b, top: tanh_b, beta: 1.5}
+  - {name: clip_b, type: Clip, bottom: tanh_b, top: tanh_b, min: -0.4, max: 0.6}
   - {name: cat, type: Concat, bottom: [sig_a, tanh_b], top: cat}
   - {name: slice, type: Slice, bottom: cat, top: [s1, s2, s3], slice_point: [2, 6]}
   - {name: esum, type: Eltwise, bottom: [s2, s3], top: esum, coeff: [0.7, -1.3]}
   - {name: eprod, type: Eltwise, bottom: [s2, s3], top: eprod, operation: prod}
   - {name: emax, type: Eltwise, bottom: [esum, eprod], top: emax, operation: max}
-  - {name: cat2, type: Concat, bottom: [s1, emax, esum], top: cat2}
+  - {name: thr, type: Threshold, bottom: s1, top: thr, threshold: 0.1}
+  - {name: cat2, type: Concat, bottom: [s1, emax, esum, thr], top: cat2}
   - {name: pool2, type: Pooling, bottom: cat2, top: pool2, pool: ave, kernel_size: 3, stride: 2, pad: 1,
      ceil_mode: true, count_include_pad: false}
   - {name: bn2, type: BatchNorm, bottom: pool2, top: pool2, affine: false, eps: 0.001}

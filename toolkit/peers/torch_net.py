@@ -34,6 +34,7 @@ SUPPORTED = frozenset({
     "Eltwise", "Flatten", "Reshape", "SoftmaxWithLoss", "EuclideanLoss", "SigmoidCrossEntropyLoss",
     "Accuracy", "Scale", "MatMul", "Permute", "Tile", "Crop", "Pad", "Reduction", "ArgMax", "Power", "Embed",
     "LayerNorm", "LRN", "Deconvolution", "RNN", "LSTM", "GRU", "MultiHeadAttention",
+    "PReLU", "Bias", "Threshold", "Clip", "Swish", "MVN",
 })
 
 
@@ -199,6 +200,20 @@ def _classes() -> SimpleNamespace:
             if self.bias is not None:
                 y = y + self.bias.reshape(tuple(self.bias.shape) + trailing)
             return y
+
+    class Bias(nn.Module):
+        """Caffe's Bias: x plus a bias spanning x's axes [axis, axis + bias.dim()), learned or
+        the second bottom."""
+
+        def __init__(self, axis: int, bias_shape):
+            super().__init__()
+            self.axis = axis
+            self.bias = None if bias_shape is None else nn.Parameter(torch.zeros(bias_shape))
+
+        def forward(self, x, *given):
+            bias = given[0] if given else self.bias
+            axis = x.dim() if bias.dim() == 0 else self.axis % x.dim()
+            return x + bias.reshape(tuple(bias.shape) + (1,) * (x.dim() - axis - bias.dim()))
 
     class SoftmaxWithLoss(nn.Module):
         def __init__(self, axis: int, ignore_label):
@@ -621,7 +636,52 @@ class TorchNet:
 
     def _build_LRN(self, p):
         from torch import nn
+        if p.norm_region == "within_channel":
+            import torch.nn.functional as F
+            n, alpha, beta, k = p.local_size, float(p.alpha), float(p.beta), float(p.k)
+
+            def within(x):
+                # Caffe: the average of x^2 over the n x n window (pad (n-1)/2, divided by n^2)
+                mean = F.avg_pool2d(x * x, n, stride=1, padding=(n - 1) // 2, count_include_pad=True)
+                return x * (k + alpha * mean) ** -beta
+            return _classes().Lambda(within, "lrn_within_channel"), {}, {}
         return nn.LocalResponseNorm(p.local_size, float(p.alpha), float(p.beta), float(p.k)), {}, {}
+
+    def _build_PReLU(self, p):
+        from torch import nn
+        (channels,) = self._declared_shape(p, "weight")
+        return nn.PReLU(num_parameters=channels, init=0.25), {"weight": "weight"}, {}
+
+    def _build_Bias(self, p):
+        learned = len(p.bottoms) == 1
+        return _classes().Bias(p.axis, self._declared_shape(p, "bias") if learned else None), \
+            ({"bias": "bias"} if learned else {}), {}
+
+    def _build_Threshold(self, p):
+        t = float(p.threshold)
+        return _classes().Lambda(lambda x: (x > t).to(x.dtype), "threshold"), {}, {}
+
+    def _build_Clip(self, p):
+        import torch
+        lo, hi = float(p.min), float(p.max)
+        return _classes().Lambda(lambda x: torch.clamp(x, lo, hi), "clip"), {}, {}
+
+    def _build_Swish(self, p):
+        import torch
+        beta = float(p.beta)
+        return _classes().Lambda(lambda x: x * torch.sigmoid(beta * x), "swish"), {}, {}
+
+    def _build_MVN(self, p):
+        axes = tuple(range(1 if p.across_channels else 2, 4))
+        eps, scale = float(p.eps), p.normalize_variance
+
+        def mvn(x):
+            dims = tuple(a for a in axes if a < x.dim())
+            centred = x - x.mean(dim=dims, keepdim=True)
+            if not scale:
+                return centred
+            return centred / ((centred * centred).mean(dim=dims, keepdim=True).sqrt() + eps)
+        return _classes().Lambda(mvn, "mvn"), {}, {}
 
     def _build_Deconvolution(self, p):
         from torch import nn

@@ -309,10 +309,74 @@ def _dropout(layer, out, ctx):
 @converts("LRN")
 def _lrn(layer, out, ctx):
     p = _sub(layer, "lrn_param")
-    if _enum(p.value("norm_region", "ACROSS_CHANNELS")) != "ACROSS_CHANNELS":
-        ctx.error("lrn_param.norm_region WITHIN_CHANNEL has no counterpart here yet", p.get("norm_region").loc)
     out.update(local_size=p.value("local_size", 5), alpha=p.value("alpha", 1.0), beta=p.value("beta", 0.75),
                k=p.value("k", 1.0))
+    if _enum(p.value("norm_region", "ACROSS_CHANNELS")) == "WITHIN_CHANNEL":
+        out["norm_region"] = "within_channel"
+    return [out]
+
+
+@converts("PReLU")
+def _prelu(layer, out, ctx):
+    p = _sub(layer, "prelu_param")
+    if str(p.value("channel_shared", "false")) == "true":
+        out["channel_shared"] = True
+    filler = _filler(p, ctx, "filler")
+    if filler is not None:
+        out["weight_filler"] = filler
+    _common_params(layer, out, ctx, 1)
+    return [out]
+
+
+WEIGHTS["PReLU"] = lambda name, arrays: {f"{name}.weight": arrays[0].reshape(-1)}
+
+
+@converts("Bias")
+def _bias(layer, out, ctx):
+    p = _sub(layer, "bias_param")
+    for key, default in (("axis", 1), ("num_axes", 1)):
+        if p.value(key, default) != default:
+            out[key] = p.value(key)
+    filler = _filler(p, ctx, "filler")
+    if filler is not None:
+        out["bias_filler"] = filler
+    _common_params(layer, out, ctx, 1)
+    return [out]
+
+
+WEIGHTS["Bias"] = lambda name, arrays: {f"{name}.bias": arrays[0].reshape(-1)}
+
+
+@converts("Threshold")
+def _threshold(layer, out, ctx):
+    out["threshold"] = _sub(layer, "threshold_param").value("threshold", 0.0)
+    return [out]
+
+
+@converts("Clip")
+def _clip(layer, out, ctx):
+    p = _sub(layer, "clip_param")
+    out["min"], out["max"] = p.value("min"), p.value("max")
+    return [out]
+
+
+@converts("Swish")
+def _swish(layer, out, ctx):
+    beta = _sub(layer, "swish_param").value("beta", 1.0)
+    if beta != 1.0:
+        out["beta"] = beta
+    return [out]
+
+
+@converts("MVN")
+def _mvn(layer, out, ctx):
+    p = _sub(layer, "mvn_param")
+    if str(p.value("normalize_variance", "true")) == "false":
+        out["normalize_variance"] = False
+    if str(p.value("across_channels", "false")) == "true":
+        out["across_channels"] = True
+    if p.get("eps") is not None:
+        out["eps"] = p.value("eps")
     return [out]
 
 
