@@ -46,7 +46,9 @@ class SpecError(UserError):
 
 def did_you_mean(word: str, candidates) -> str:
     """``; did you mean 'X'?`` for the closest of ``candidates`` to a misspelt ``word``, else ''."""
-    match = difflib.get_close_matches(str(word), [str(c) for c in candidates], n=1, cutoff=0.6)
+    # the word itself is never a suggestion (a layer that writes its own missing bottom in place)
+    match = difflib.get_close_matches(str(word), [str(c) for c in candidates if str(c) != str(word)], n=1,
+                                      cutoff=0.6)
     return f"; did you mean '{match[0]}'?" if match else ""
 
 

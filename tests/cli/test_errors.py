@@ -107,6 +107,9 @@ SPEC_CASES = [
          [Expect("maxx", ("pool1", "'pool'", "'max' or 'ave'"))]),
     Case("dangling_bottom", TINY.replace("bottom: pool1", "bottom: pol1"),
          [Expect("pol1", ("ip1", "unknown bottom 'pol1'", "did you mean 'pool1'?"))]),
+    Case("in_place_bottom_never_produced", HEAD + """\
+  - {name: relu, type: ReLU, bottom: lstm1, top: lstm1}
+""", [Expect("lstm1", ("relu", "unknown bottom 'lstm1': no layer above produces it", "writes it in place"))]),
     Case("bottom_produced_below", HEAD + """\
   - {name: ip0, type: InnerProduct, bottom: feat, top: ip0, num_output: 5}
   - {name: conv1, type: Convolution, bottom: data, top: feat, num_output: 4, kernel_size: 3}

@@ -283,4 +283,7 @@ def _dangling(bname: str, index: int, phase: str, all_tops, blobs, positions: Po
         j, other = other_phase[0]
         return (f"bottom '{bname}' is not produced in phase {phase}: layer '{other.name}' runs only in "
                 f"phase {', '.join(other.phases)}")
+    if any(j == index for j, _l in producers):
+        return (f"unknown bottom '{bname}': no layer above produces it (this layer writes it in place, "
+                f"so it must exist before){did_you_mean(bname, list(blobs) + list(all_tops))}")
     return f"unknown bottom '{bname}'{did_you_mean(bname, list(blobs) + list(all_tops))}"
