@@ -55,8 +55,53 @@ SigmoidParams = _simple("Sigmoid", "sigmoid", "1 / (1 + exp(-x))")
 TanHParams = _simple("TanH", "tanh", "tanh(x)")
 SoftplusParams = _simple("Softplus", "softplus", "log(1 + exp(x)), linear above 20 as PyTorch")
 AbsValParams = _simple("AbsVal", "abs", "|x|")
-ExpParams = _simple("Exp", "exp", "exp(x)")
-LogParams = _simple("Log", "log", "natural log")
+class ExpParams(LayerBase):
+    """base^(shift + scale * x), as Caffe's Exp; base -1 is e."""
+    type: Literal["Exp"]
+    base: Number = -1.0
+    scale: Number = 1.0
+    shift: Number = 0.0
+
+
+class LogParams(LayerBase):
+    """log_base(shift + scale * x), as Caffe's Log; base -1 is e."""
+    type: Literal["Log"]
+    base: Number = -1.0
+    scale: Number = 1.0
+    shift: Number = 0.0
+
+
+def _ln_base(p) -> float:
+    from .registry import LayerError
+    if p.base == -1.0:
+        return 1.0
+    if p.base <= 0:
+        raise LayerError(f"base must be positive, or -1 for e, got {p.base}", "base")
+    import math
+    return math.log(p.base)
+
+
+def _affine(b, x, scale: float, shift: float):
+    if scale != 1.0:
+        x = b.mul(x, b.scalar(scale, x.dtype))
+    if shift != 0.0:
+        x = b.add(x, b.scalar(shift, x.dtype))
+    return x
+
+
+@layer(ExpParams)
+def lower_exp(p: ExpParams, ctx, bottoms):
+    ln = _ln_base(p)
+    b = ctx.b
+    return [b.op("exp", _affine(b, bottoms[0], float(p.scale) * ln, float(p.shift) * ln))]
+
+
+@layer(LogParams)
+def lower_log(p: LogParams, ctx, bottoms):
+    ln = _ln_base(p)
+    b = ctx.b
+    y = b.op("log", _affine(b, bottoms[0], float(p.scale), float(p.shift)))
+    return [y if ln == 1.0 else b.mul(y, b.scalar(1.0 / ln, y.dtype))]
 
 
 class SoftmaxParams(LayerBase):

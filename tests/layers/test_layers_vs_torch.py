@@ -139,6 +139,8 @@ CASES = [
     activation("absval", "AbsVal"),
     activation("exp", "Exp"),
     activation("log", "Log", uniform(0.3, 4.0)),
+    activation("exp_base", "Exp", normal(1.0), base=2.0, scale=0.5, shift=0.25),
+    activation("log_base", "Log", uniform(0.3, 4.0), base=10.0, scale=2.0, shift=0.5),
     activation("gelu_erf", "GELU", normal(2.0)),
     activation("gelu_tanh", "GELU", normal(2.0), approximate="tanh"),
     Case("activations_at_kinks",

@@ -487,12 +487,20 @@ class TorchNet:
         return _classes().Lambda(torch.abs, "abs"), {}, {}
 
     def _build_Exp(self, p):
+        import math
+
         import torch
-        return _classes().Lambda(torch.exp, "exp"), {}, {}
+        base = math.e if p.base == -1 else float(p.base)
+        scale, shift = float(p.scale), float(p.shift)
+        return _classes().Lambda(lambda x: torch.pow(torch.tensor(base, dtype=x.dtype), shift + scale * x), "exp"), {}, {}
 
     def _build_Log(self, p):
+        import math
+
         import torch
-        return _classes().Lambda(torch.log, "log"), {}, {}
+        ln = 1.0 if p.base == -1 else math.log(float(p.base))
+        scale, shift = float(p.scale), float(p.shift)
+        return _classes().Lambda(lambda x: torch.log(shift + scale * x) / ln, "log"), {}, {}
 
     def _build_GELU(self, p):
         from torch import nn

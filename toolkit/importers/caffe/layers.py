@@ -276,28 +276,11 @@ def _power(layer, out, ctx):
 
 @converts("Exp", "Log")
 def _exp_log(layer, out, ctx):
-    """Caffe's Exp is base^(shift + scale x) and Log log_base(shift + scale x): a Power for the
-    affine part around the natural function (and, for Log, a Power dividing by ln base)."""
-    kind = out["type"]
-    p = _sub(layer, "exp_param" if kind == "Exp" else "log_param")
-    base, scale, shift = p.value("base", -1.0), p.value("scale", 1.0), p.value("shift", 0.0)
-    ln_base = 1.0 if base == -1.0 else math.log(base) if base > 0 else None
-    if ln_base is None:
-        ctx.error(f"{kind}: base must be positive or -1 (e)", p.get("base").loc)
-        return [out]
-    name, bottom, top = out["name"], out["bottom"], out["top"]
-    layers = []
-    inner_scale, inner_shift = (scale * ln_base, shift * ln_base) if kind == "Exp" else (scale, shift)
-    if (inner_scale, inner_shift) != (1.0, 0.0):
-        layers.append({"name": f"{name}_affine", "type": "Power", "bottom": bottom, "top": f"{name}_affine",
-                       "scale": inner_scale, "shift": inner_shift})
-        bottom = f"{name}_affine"
-    layers.append({**out, "bottom": bottom})
-    if kind == "Log" and ln_base != 1.0:
-        layers[-1]["top"] = f"{name}_natural"
-        layers.append({"name": f"{name}_base", "type": "Power", "bottom": f"{name}_natural", "top": top,
-                       "scale": 1.0 / ln_base})
-    return layers
+    p = _sub(layer, "exp_param" if out["type"] == "Exp" else "log_param")
+    for key, default in (("base", -1.0), ("scale", 1.0), ("shift", 0.0)):
+        if p.value(key, default) != default:
+            out[key] = p.value(key)
+    return [out]
 
 
 @converts("Dropout")
