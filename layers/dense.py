@@ -11,10 +11,13 @@ from .registry import layer, layer_axis, static_dim
 
 
 class InnerProductParams(ParamLayerBase):
+    """y = x W^T + b on the input flattened from ``axis``; W is [num_output, in] (PyTorch's and
+    Caffe's layout), or [in, num_output] with ``transpose`` (Caffe's transpose: y = x W + b)."""
     type: Literal["InnerProduct"]
     num_output: PositiveInt
     bias_term: Bool = True
     axis: int = 1
+    transpose: Bool = False
 
 
 @layer(InnerProductParams)
@@ -23,9 +26,10 @@ def lower_inner_product(p: InnerProductParams, ctx, bottoms):
     axis = layer_axis(p.axis, x, ctx)
     features = static_dim(product(x.shape[axis:]), f"the input's size from axis {axis}", "bottom")
     b = ctx.b
-    w = ctx.param("weight", (p.num_output, features), fan_in=features, fan_out=p.num_output)
+    shape = (features, p.num_output) if p.transpose else (p.num_output, features)
+    w = ctx.param("weight", shape, fan_in=features, fan_out=p.num_output)
     rows = product(x.shape[:axis])
-    y = b.op("matmul", b.reshape(x, (rows, features)), w, trans_a=False, trans_b=True)
+    y = b.op("matmul", b.reshape(x, (rows, features)), w, trans_a=False, trans_b=not p.transpose)
     if p.bias_term:
         bias = ctx.param("bias", (p.num_output,), default_filler={"type": "constant", "value": 0.0})
         y = b.add(y, bias)

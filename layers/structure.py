@@ -106,8 +106,12 @@ def lower_flatten(p: FlattenParams, ctx, bottoms):
 
 
 class ReshapeParams(LayerBase):
+    """Caffe's Reshape: ``shape`` replaces the input's axes [axis, axis + num_axes) (num_axes -1:
+    every axis from axis on), 0 copying the replaced axis at its place, -1 inferred."""
     type: Literal["Reshape"]
     shape: list[int]
+    axis: int = 0
+    num_axes: int = -1
 
 
 @layer(ReshapeParams)
@@ -116,25 +120,37 @@ def lower_reshape(p: ReshapeParams, ctx, bottoms):
     dims = list(p.shape)
     if dims.count(-1) > 1:
         raise LayerError("at most one -1 in shape", "shape")
+    # axis may be rank (the new axes go at the end); negative counts from rank + 1, as Caffe
+    start = p.axis if p.axis >= 0 else x.rank + 1 + p.axis
+    if not 0 <= start <= x.rank:
+        raise LayerError(f"axis {p.axis} is out of range for the input {ctx.fmt(x)}", "axis")
+    if p.num_axes < -1:
+        raise LayerError(f"num_axes {p.num_axes} must be -1 (every axis from axis on) or at least 0", "num_axes")
+    end = x.rank if p.num_axes == -1 else start + p.num_axes
+    if end > x.rank:
+        raise LayerError(f"num_axes {p.num_axes} from axis {p.axis} runs past the input {ctx.fmt(x)}", "num_axes")
+    block = tuple(x.shape[start:end])
     out = []
     for i, d in enumerate(dims):
         if d == 0:
-            if i >= x.rank:
-                raise LayerError(f"shape[{i}] is 0 (copy) but the input {ctx.fmt(x)} has no axis {i}", "shape")
-            out.append(x.shape[i])
+            if i >= len(block):
+                raise LayerError(f"shape[{i}] is 0 (copy) but the input {ctx.fmt(x)} has no axis {start + i} "
+                                 "to copy", "shape")
+            out.append(block[i])
         elif d < -1:
             raise LayerError(f"shape[{i}] = {d}: dimensions are positive, 0 (copy) or -1 (infer)", "shape")
         else:
             out.append(d)
+    count = product(block) if block else 1
     if -1 in dims:
         known = product(d for d in out if not (isinstance(d, int) and d == -1))
         try:
-            inferred = x.type.numel // known
-            if isinstance(inferred, int) and inferred * known != x.type.numel:
+            inferred = count // known
+            if isinstance(inferred, int) and inferred * known != count:
                 raise DimError("not divisible")
         except DimError:
             raise LayerError(f"cannot reshape {ctx.fmt(x)} to {dims}: the size does not divide", "shape")
         out[dims.index(-1)] = inferred
-    if product(out) != x.type.numel:
+    if product(out) != count:
         raise LayerError(f"cannot reshape {ctx.fmt(x)} to {dims}: the element counts differ", "shape")
-    return [ctx.b.reshape(x, tuple(out))]
+    return [ctx.b.reshape(x, tuple(x.shape[:start]) + tuple(out) + tuple(x.shape[end:]))]

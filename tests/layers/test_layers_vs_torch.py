@@ -373,6 +373,13 @@ CASES = [
           L("lrn4", "LRN", "data", local_size=4, alpha=0.2),
           L("sum", "Eltwise", ["lrn", "lrn2", "lrn4"])] + head("sum"),
          {"data": normal(2.0)}),
+    Case("caffe_reshape_axes_and_transposed_inner_product",
+         {"data": (["N", 3, 4, 5], "float32"), "label": (["N"], "int64")},
+         [L("r1", "Reshape", "data", shape=[2, 2], axis=2, num_axes=1),          # [N, 3, 2, 2, 5]
+          L("r2", "Reshape", "r1", shape=[0, -1], axis=1, num_axes=2),          # [N, 3, 4, 5]
+          L("r3", "Reshape", "r2", shape=[1], axis=-1, num_axes=0),             # [N, 3, 4, 5, 1]
+          L("ip", "InnerProduct", "r3", num_output=6, transpose=True),
+          L("ip2", "InnerProduct", "ip", num_output=4, transpose=True, bias_term=False)] + head("ip2")),
     Case("lrn_within_channel",
          {"data": (["N", 3, 5, 6], "float32"), "label": (["N"], "int64")},
          [L("lrn", "LRN", "data", norm_region="within_channel", local_size=3, alpha=0.5, beta=0.75, k=1.5),

@@ -78,6 +78,19 @@ def _classes() -> SimpleNamespace:
         def forward(self, x):
             return self.linear(torch.flatten(x, self.axis % x.dim()))
 
+    class InnerProductT(nn.Module):
+        """Caffe's transposed InnerProduct: y = x W + b with W [in, out]."""
+
+        def __init__(self, axis: int, in_features: int, out_features: int, bias: bool):
+            super().__init__()
+            self.axis = axis
+            self.weight = nn.Parameter(torch.zeros(in_features, out_features))
+            self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
+
+        def forward(self, x):
+            y = torch.flatten(x, self.axis % x.dim()) @ self.weight
+            return y if self.bias is None else y + self.bias
+
     class BatchNorm(nn.Module):
         """F.batch_norm with explicit modes: batch statistics or running ones, and whether the
         running statistics are updated (momentum, unbiased variance: PyTorch's rule)."""
@@ -171,15 +184,18 @@ def _classes() -> SimpleNamespace:
             return torch.flatten(x, self.axis, self.end_axis)
 
     class Reshape(nn.Module):
-        """Caffe's reshape: 0 copies the input's dimension, -1 is inferred."""
+        """Caffe's reshape of the axes [axis, axis + num_axes): 0 copies the input's dimension,
+        -1 is inferred."""
 
-        def __init__(self, shape):
+        def __init__(self, shape, axis: int = 0, num_axes: int = -1):
             super().__init__()
-            self.shape = list(shape)
+            self.shape, self.axis, self.num_axes = list(shape), axis, num_axes
 
         def forward(self, x):
-            target = [x.shape[i] if d == 0 else d for i, d in enumerate(self.shape)]
-            return x.reshape(target)
+            start = self.axis if self.axis >= 0 else x.dim() + 1 + self.axis
+            end = x.dim() if self.num_axes == -1 else start + self.num_axes
+            target = [x.shape[start + i] if d == 0 else d for i, d in enumerate(self.shape)]
+            return x.reshape(list(x.shape[:start]) + target + list(x.shape[end:]))
 
     class Scale(nn.Module):
         """Caffe's Scale: x times a scale spanning x's axes [axis, axis + scale.dim()), plus an
@@ -455,6 +471,10 @@ class TorchNet:
         return nn.AvgPool2d(k, s, pad, ceil_mode=p.ceil_mode, count_include_pad=p.count_include_pad), {}, {}
 
     def _build_InnerProduct(self, p):
+        if p.transpose:
+            i, o = self._declared_shape(p, "weight")
+            mod = _classes().InnerProductT(p.axis, i, o, p.bias_term)
+            return mod, ({"weight": "weight", "bias": "bias"} if p.bias_term else {"weight": "weight"}), {}
         o, i = self._declared_shape(p, "weight")
         mod = _classes().InnerProduct(p.axis, i, o, p.bias_term)
         params = {"weight": "linear.weight"}
@@ -544,7 +564,7 @@ class TorchNet:
         return _classes().Flatten(p.axis, p.end_axis), {}, {}
 
     def _build_Reshape(self, p):
-        return _classes().Reshape(p.shape), {}, {}
+        return _classes().Reshape(p.shape, p.axis, p.num_axes), {}, {}
 
     def _build_Scale(self, p):
         learned = len(p.bottoms) == 1

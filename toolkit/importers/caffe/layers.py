@@ -198,7 +198,7 @@ def _inner_product(layer, out, ctx):
     if p.value("axis", 1) != 1:
         out["axis"] = p.value("axis")
     if str(p.value("transpose", "false")) == "true":
-        ctx.error("inner_product_param.transpose has no counterpart here yet", p.get("transpose").loc)
+        out["transpose"] = True
     for key in ("weight_filler", "bias_filler"):
         filler = _filler(p, ctx, key)
         if filler is not None:
@@ -440,7 +440,7 @@ def _reshape(layer, out, ctx):
     out["shape"] = shape.value.values("dim") if shape is not None else []
     for key, default in (("axis", 0), ("num_axes", -1)):
         if p.value(key, default) != default:
-            ctx.error(f"reshape_param.{key} has no counterpart here yet", p.get(key).loc)
+            out[key] = p.value(key)
     return [out]
 
 
