@@ -42,9 +42,23 @@ class UniformFiller(Strict):
 
 
 class GaussianFiller(Strict):
+    """``sparse``: Caffe's sparse gaussian, each value kept with probability sparse / shape[0]
+    (the expected non-zero inputs of each output), the others zero."""
     type: Literal["gaussian"]
     mean: Number = 0.0
     std: Annotated[float, Field(ge=0)] = 1.0
+    sparse: Optional[Annotated[int, Field(ge=1)]] = None
+
+
+class BilinearFiller(Strict):
+    """Caffe's bilinear: the interpolation kernel of a square [O, I, k, k] Deconvolution weight,
+    for upsampling by a factor of about k / 2."""
+    type: Literal["bilinear"]
+
+
+class PositiveUnitballFiller(Strict):
+    """Caffe's positive_unitball: uniform in [0, 1), each output's values scaled to sum to 1."""
+    type: Literal["positive_unitball"]
 
 
 class XavierFiller(Strict):
@@ -61,8 +75,8 @@ class MsraFiller(Strict):
     variance_norm: Literal["fan_in", "fan_out", "average"] = "fan_in"
 
 
-Filler = Annotated[Union[ConstantFiller, UniformFiller, GaussianFiller, XavierFiller, MsraFiller],
-                   Field(discriminator="type")]
+Filler = Annotated[Union[ConstantFiller, UniformFiller, GaussianFiller, XavierFiller, MsraFiller, BilinearFiller,
+                         PositiveUnitballFiller], Field(discriminator="type")]
 
 
 class InputSpec(Strict):

@@ -5,6 +5,7 @@ array is read, so a file that claims what the net does not need costs nothing to
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -45,7 +46,18 @@ def fill(init: dict, shape: tuple[int, ...], dtype: str, fan_in: int, fan_out: i
         return _drawn(lambda k: rng.uniform(low, high, size=k), shape, dtype)
     if kind == "gaussian":
         mean, std = init.get("mean", 0.0), init.get("std", 1.0)
-        return _drawn(lambda k: rng.normal(mean, std, size=k), shape, dtype)
+        drawn = _drawn(lambda k: rng.normal(mean, std, size=k), shape, dtype)
+        if init.get("sparse") and shape:
+            keep = min(1.0, init["sparse"] / shape[0])
+            drawn *= (rng.random(shape) < keep).astype(dtype)
+        return drawn
+    if kind == "bilinear":
+        return _bilinear(shape, dtype)
+    if kind == "positive_unitball":
+        drawn = _drawn(lambda k: rng.uniform(0.0, 1.0, size=k), shape, dtype)
+        rows = drawn.reshape(shape[0], -1) if shape else drawn.reshape(1, -1)
+        rows /= rows.sum(axis=1, keepdims=True)
+        return drawn
     norm = init.get("variance_norm", "fan_in")
     n = {"fan_in": fan_in, "fan_out": fan_out, "average": (fan_in + fan_out) / 2}[norm]
     if kind == "xavier":
@@ -55,6 +67,18 @@ def fill(init: dict, shape: tuple[int, ...], dtype: str, fan_in: int, fan_out: i
         std = np.sqrt(2.0 / n)
         return _drawn(lambda k: rng.normal(0.0, std, size=k), shape, dtype)
     raise ValueError(f"unknown filler {kind}")
+
+
+def _bilinear(shape: tuple, dtype) -> np.ndarray:
+    """Caffe's BilinearFiller: with f = ceil(k / 2) and c = (2f - 1 - f % 2) / (2f), the value at
+    (y, x) is (1 - |x / f - c|)(1 - |y / f - c|), the same for every [O, I] pair."""
+    if len(shape) != 4 or shape[2] != shape[3]:
+        raise UserError(f"the bilinear filler needs a square 4-D kernel [O, I, k, k], not {list(shape)}")
+    k = shape[3]
+    f = math.ceil(k / 2)
+    c = (2 * f - 1 - f % 2) / (2.0 * f)
+    line = 1 - np.abs(np.arange(k) / f - c)
+    return np.broadcast_to(np.outer(line, line), shape).astype(dtype)
 
 
 @dataclass(frozen=True)

@@ -82,13 +82,17 @@ def _filler(msg: Message, ctx: Context, where: str) -> dict | None:
     if kind == "uniform":
         return {"type": "uniform", "min": spec.value("min", 0.0), "max": spec.value("max", 1.0)}
     if kind == "gaussian":
+        out = {"type": "gaussian", "mean": spec.value("mean", 0.0), "std": spec.value("std", 1.0)}
         if spec.value("sparse", -1) != -1:
-            ctx.error(f"{where}: a sparse gaussian filler has no counterpart here", f.loc)
-        return {"type": "gaussian", "mean": spec.value("mean", 0.0), "std": spec.value("std", 1.0)}
+            out["sparse"] = spec.value("sparse")
+        return out
+    if kind in ("bilinear", "positive_unitball"):
+        return {"type": kind}
     if kind in ("xavier", "msra"):
         norm = _enum(spec.value("variance_norm", "FAN_IN")).lower()
         return {"type": kind, **({"variance_norm": norm} if norm != "fan_in" else {})}
-    ctx.error(f"{where}: the {kind} filler has no counterpart here (constant, uniform, gaussian, xavier, msra)", f.loc)
+    ctx.error(f"{where}: the {kind} filler has no counterpart here (constant, uniform, gaussian, xavier, msra, "
+              "bilinear, positive_unitball)", f.loc)
     return None
 
 
