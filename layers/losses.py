@@ -6,13 +6,19 @@ from typing import ClassVar, Literal, Optional
 
 from schemas.base import LayerBase, PositiveInt
 
+from toolkit.ir.dims import product
+
 from .registry import LayerError, layer
 
 
 class SoftmaxWithLossParams(LayerBase):
+    """``normalization`` (Caffe's): the summed loss divided by the labels not ignored (valid,
+    the default), by every label (full), by the batch (batch_size: the dimensions before axis), or
+    not at all (none)."""
     type: Literal["SoftmaxWithLoss"]
     axis: int = 1
     ignore_label: Optional[int] = None
+    normalization: Literal["valid", "full", "batch_size", "none"] = "valid"
     BOTTOMS: ClassVar = (2, 2)
 
 
@@ -40,8 +46,40 @@ def lower_softmax_with_loss(p: SoftmaxWithLossParams, ctx, bottoms):
     logits, label = bottoms
     axis = _class_axis(p, logits, ctx)
     label = _label_like(label, logits, axis, ctx)
-    logp = ctx.b.op("log_softmax", logits, axis=axis)
-    return [ctx.b.op("nll_loss", logp, label, axis=axis, ignore_index=p.ignore_label)]
+    b = ctx.b
+    logp = b.op("log_softmax", logits, axis=axis)
+    loss = b.op("nll_loss", logp, label, axis=axis, ignore_index=p.ignore_label)
+    if p.normalization == "valid" or (p.normalization == "full" and p.ignore_label is None):
+        return [loss]
+    # the mean over valid labels times their count is the sum; then Caffe's normaliser
+    ones = _ones_like(label, logits.dtype, ctx)
+    valid = ones if p.ignore_label is None else b.mul(ones, _not_equal(label, p.ignore_label, logits.dtype, ctx))
+    total = b.mul(loss, b.op("reduce_sum", valid, axes=tuple(range(valid.rank)), keepdims=False))
+    if p.normalization == "none":
+        return [total]
+    count = b.op("reduce_sum", ones, axes=tuple(range(ones.rank)), keepdims=False)
+    if p.normalization == "batch_size":
+        inner = product(label.shape[axis:])
+        if not isinstance(inner, int):
+            raise LayerError(f"normalization batch_size needs the label's axes from {axis} fixed, got "
+                             f"{ctx.fmt(label)}", "normalization")
+        count = b.mul(count, b.scalar(1.0 / inner, logits.dtype))
+    return [b.div(total, count)]
+
+
+def _ones_like(label, dtype, ctx):
+    """Ones of the label's shape, in ``dtype`` (a count of its positions when summed)."""
+    b = ctx.b
+    return b.add(b.mul(b.op("cast", label, dtype=dtype), b.scalar(0.0, dtype)), b.scalar(1.0, dtype))
+
+
+def _not_equal(label, value: int, dtype, ctx):
+    """1 where the label is not ``value``, else 0 (no gradient: labels have none)."""
+    b = ctx.b
+    as_float = b.op("cast", label, dtype=dtype)
+    v = b.scalar(float(value), dtype)
+    equal = b.mul(b.op("ge_mask", as_float, v), b.op("ge_mask", v, as_float))
+    return b.sub(b.scalar(1.0, dtype), equal)
 
 
 class EuclideanLossParams(LayerBase):
@@ -80,9 +118,11 @@ def lower_sigmoid_cross_entropy_loss(p: SigmoidCrossEntropyLossParams, ctx, bott
 
 
 class AccuracyParams(LayerBase):
+    """``ignore_label``: positions with that label count neither as right nor as wrong (Caffe)."""
     type: Literal["Accuracy"]
     top_k: PositiveInt = 1
     axis: int = 1
+    ignore_label: Optional[int] = None
     BOTTOMS: ClassVar = (2, 2)
 
 
@@ -90,6 +130,20 @@ class AccuracyParams(LayerBase):
 def lower_accuracy(p: AccuracyParams, ctx, bottoms):
     scores, label = bottoms
     axis = _class_axis(p, scores, ctx)
-    return [ctx.b.op("accuracy", scores, _label_like(label, scores, axis, ctx), axis=axis, top_k=p.top_k)]
+    label = _label_like(label, scores, axis, ctx)
+    if p.ignore_label is None:
+        return [ctx.b.op("accuracy", scores, label, axis=axis, top_k=p.top_k)]
+    # hits among the top_k indices, counted over the positions whose label is not ignored
+    b = ctx.b
+    dtype = scores.dtype
+    top = b.op("topk", scores, axis=axis, k=p.top_k, values=False)
+    as_float = b.op("cast", label, dtype=dtype)
+    at_axis = b.reshape(as_float, tuple(label.shape[:axis]) + (1,) + tuple(label.shape[axis:]))
+    same = b.mul(b.op("ge_mask", top, at_axis), b.op("ge_mask", at_axis, top))
+    hit = b.op("reduce_sum", same, axes=(axis,), keepdims=False)
+    valid = b.mul(_ones_like(label, dtype, ctx), _not_equal(label, p.ignore_label, dtype, ctx))
+    everything = tuple(range(valid.rank))
+    right = b.op("reduce_sum", b.mul(hit, valid), axes=everything, keepdims=False)
+    return [b.div(right, b.op("reduce_sum", valid, axes=everything, keepdims=False))]
 
 

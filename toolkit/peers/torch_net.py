@@ -19,6 +19,7 @@ runtime dependency of the toolkit.
 from __future__ import annotations
 
 import functools
+import math
 import re
 from types import SimpleNamespace
 from typing import Any, Mapping
@@ -232,16 +233,24 @@ def _classes() -> SimpleNamespace:
             return x + bias.reshape(tuple(bias.shape) + (1,) * (x.dim() - axis - bias.dim()))
 
     class SoftmaxWithLoss(nn.Module):
-        def __init__(self, axis: int, ignore_label):
+        def __init__(self, axis: int, ignore_label, normalization: str = "valid"):
             super().__init__()
             self.axis = axis
             self.ignore = -100 if ignore_label is None else int(ignore_label)
+            self.normalization = normalization
 
         def forward(self, logits, label):
             axis = self.axis % logits.dim()
             if logits.dim() > 1 and axis != 1:
                 logits = logits.movedim(axis, 1)       # cross_entropy's class axis; others keep order
-            return F.cross_entropy(logits, label.long(), ignore_index=self.ignore, reduction="mean")
+            if self.normalization == "valid":
+                return F.cross_entropy(logits, label.long(), ignore_index=self.ignore, reduction="mean")
+            total = F.cross_entropy(logits, label.long(), ignore_index=self.ignore, reduction="sum")
+            if self.normalization == "none":
+                return total
+            # Caffe's batch_size: the dimensions before the class axis
+            count = label.numel() if self.normalization == "full" else math.prod(label.shape[:axis])
+            return total / count
 
     class EuclideanLoss(nn.Module):
         def forward(self, a, b):
@@ -252,16 +261,20 @@ def _classes() -> SimpleNamespace:
             return F.binary_cross_entropy_with_logits(x, t.to(x.dtype), reduction="mean")
 
     class Accuracy(nn.Module):
-        def __init__(self, axis: int, top_k: int):
+        def __init__(self, axis: int, top_k: int, ignore_label=None):
             super().__init__()
-            self.axis, self.top_k = axis, top_k
+            self.axis, self.top_k, self.ignore = axis, top_k, ignore_label
 
         def forward(self, scores, label):
             moved = scores.movedim(self.axis % scores.dim(), -1)
             flat = moved.reshape(-1, moved.shape[-1])
             top = torch.topk(flat, self.top_k, dim=1).indices
-            hit = (top == label.reshape(-1, 1).long()).any(dim=1)
-            return hit.to(scores.dtype).mean()
+            lab = label.reshape(-1).long()
+            hit = (top == lab.reshape(-1, 1)).any(dim=1).to(scores.dtype)
+            if self.ignore is None:
+                return hit.mean()
+            keep = (lab != self.ignore).to(scores.dtype)
+            return (hit * keep).sum() / keep.sum()
 
     class Embed(nn.Module):
         """nn.Embedding over integer indices of any integer dtype."""
@@ -729,7 +742,7 @@ class TorchNet:
         return mod, params, {}
 
     def _build_SoftmaxWithLoss(self, p):
-        return _classes().SoftmaxWithLoss(p.axis, p.ignore_label), {}, {}
+        return _classes().SoftmaxWithLoss(p.axis, p.ignore_label, p.normalization), {}, {}
 
     def _build_EuclideanLoss(self, p):
         return _classes().EuclideanLoss(), {}, {}
@@ -738,7 +751,7 @@ class TorchNet:
         return _classes().SigmoidCrossEntropyLoss(), {}, {}
 
     def _build_Accuracy(self, p):
-        return _classes().Accuracy(p.axis, p.top_k), {}, {}
+        return _classes().Accuracy(p.axis, p.top_k, p.ignore_label), {}, {}
 
     # -- weights ----------------------------------------------------------------------------
     @property

@@ -384,11 +384,13 @@ def _softmax_loss(layer, out, ctx):
     if loss.get("ignore_label") is not None:
         out["ignore_label"] = loss.value("ignore_label")
     normalization = _enum(loss.value("normalization", "VALID"))
-    if loss.get("normalize") is not None and str(loss.value("normalize")) == "false":
-        normalization = "BATCH_SIZE"
-    if normalization != "VALID":
-        ctx.error(f"loss_param normalization {normalization} has no counterpart here yet (VALID: the mean over "
-                  "the labels not ignored)", (loss.get("normalization") or loss.get("normalize")).loc)
+    if loss.get("normalization") is None and loss.get("normalize") is not None \
+            and str(loss.value("normalize")) == "false":
+        normalization = "BATCH_SIZE"             # Caffe's old normalize: false
+    if normalization not in ("VALID", "FULL", "BATCH_SIZE", "NONE"):
+        ctx.error(f"loss_param normalization {normalization} is not Caffe's", loss.get("normalization").loc)
+    elif normalization != "VALID":
+        out["normalization"] = normalization.lower()
     return [out]
 
 
@@ -405,7 +407,7 @@ def _accuracy(layer, out, ctx):
     if p.value("axis", 1) != 1:
         out["axis"] = p.value("axis")
     if p.get("ignore_label") is not None:
-        ctx.error("accuracy_param.ignore_label has no counterpart here yet", p.get("ignore_label").loc)
+        out["ignore_label"] = p.value("ignore_label")
     return [out]
 
 
