@@ -135,3 +135,118 @@ def lower_mvn(p: MVNParams, ctx, bottoms):
         return [centred]
     deviation = b.op("sqrt", b.op("reduce_mean", b.op("square", centred), axes=axes, keepdims=True))
     return [b.div(centred, b.add(deviation, b.scalar(float(p.eps), x.dtype)))]
+
+
+# -- Caffe's other losses ----------------------------------------------------------------------
+
+LOG_THRESHOLD = 1e-20          # Caffe's kLOG_THRESHOLD: probabilities below it count as it
+
+
+def _class_count(scores, ctx) -> int:
+    if scores.rank != 2:
+        raise LayerError(f"the scores must be [N, C], got {ctx.fmt(scores)}", "bottom")
+    return static_dim(scores.shape[1], "the number of classes", "bottom")
+
+
+def _clipped_log(ctx, p):
+    b = ctx.b
+    return b.op("log", b.op("maximum", p, b.scalar(LOG_THRESHOLD, p.dtype)))
+
+
+def _need_labels(label, ctx):
+    from toolkit.ir.graph import INT_DTYPES
+    if label.dtype not in INT_DTYPES or label.rank != 1:
+        raise LayerError(f"the label must be integers [N], got {ctx.fmt(label)}", "bottom")
+
+
+class MultinomialLogisticLossParams(LayerBase):
+    """-mean over the batch of log p[label], p the given probabilities [N, C] (clipped at 1e-20)."""
+    type: Literal["MultinomialLogisticLoss"]
+    BOTTOMS: ClassVar = (2, 2)
+
+
+@layer(MultinomialLogisticLossParams)
+def lower_multinomial_logistic_loss(p, ctx, bottoms):
+    prob, label = bottoms
+    need_float_input(prob, "MultinomialLogisticLoss")
+    _class_count(prob, ctx)
+    _need_labels(label, ctx)
+    return [ctx.b.op("nll_loss", _clipped_log(ctx, prob), label, axis=1, ignore_index=None)]
+
+
+class InfogainLossParams(LayerBase):
+    """Caffe's InfogainLoss: -mean over the batch of sum_k H[label, k] log softmax(x)_k, the
+    infogain matrix H [C, C] the third bottom (the identity makes it SoftmaxWithLoss)."""
+    type: Literal["InfogainLoss"]
+    axis: int = 1
+    BOTTOMS: ClassVar = (3, 3)
+
+
+@layer(InfogainLossParams)
+def lower_infogain_loss(p, ctx, bottoms):
+    scores, label, infogain = bottoms
+    need_float_input(scores, "InfogainLoss")
+    classes = _class_count(scores, ctx)
+    _need_labels(label, ctx)
+    if tuple(infogain.shape) != (classes, classes):
+        raise LayerError(f"the infogain matrix must be [{classes}, {classes}], got {ctx.fmt(infogain)}", "bottom")
+    b = ctx.b
+    prob = b.op("softmax", scores, axis=1)
+    rows = b.op("embedding", infogain, label, layer=ctx.layer.name)          # H[label]: [N, C]
+    per_example = b.op("reduce_sum", b.mul(rows, _clipped_log(ctx, prob)), axes=(1,), keepdims=False)
+    return [b.op("neg", b.op("reduce_mean", per_example, axes=(0,), keepdims=False))]
+
+
+class HingeLossParams(LayerBase):
+    """Caffe's HingeLoss: with t +1 at the label and -1 elsewhere, the batch mean of
+    sum_k max(0, 1 - t_k x_k) (norm l1) or of its squares (l2)."""
+    type: Literal["HingeLoss"]
+    norm: Literal["l1", "l2"] = "l1"
+    BOTTOMS: ClassVar = (2, 2)
+
+
+@layer(HingeLossParams)
+def lower_hinge_loss(p, ctx, bottoms):
+    import numpy as np
+    scores, label = bottoms
+    need_float_input(scores, "HingeLoss")
+    classes = _class_count(scores, ctx)
+    _need_labels(label, ctx)
+    b = ctx.b
+    signs = b.op("constant", value=(2 * np.eye(classes) - 1).astype(scores.dtype))       # rows: t for each label
+    t = b.op("embedding", signs, label, layer=ctx.layer.name)
+    margin = b.op("relu", b.sub(b.scalar(1.0, scores.dtype), b.mul(t, scores)))
+    if p.norm == "l2":
+        margin = b.op("square", margin)
+    per_example = b.op("reduce_sum", margin, axes=(1,), keepdims=False)
+    return [b.op("reduce_mean", per_example, axes=(0,), keepdims=False)]
+
+
+class ContrastiveLossParams(LayerBase):
+    """Caffe's ContrastiveLoss on pairs (a, b, y), y 1 for a similar pair: the batch mean of
+    y d^2 + (1 - y) max(margin - d, 0)^2, halved, d the Euclidean distance (legacy_version:
+    max(margin - d^2, 0) for the dissimilar)."""
+    type: Literal["ContrastiveLoss"]
+    margin: Number = 1.0
+    legacy_version: Bool = False
+    BOTTOMS: ClassVar = (3, 3)
+
+
+@layer(ContrastiveLossParams)
+def lower_contrastive_loss(p, ctx, bottoms):
+    a, other, similar = bottoms
+    need_float_input(a, "ContrastiveLoss")
+    if tuple(a.shape) != tuple(other.shape) or a.rank != 2:
+        raise LayerError(f"ContrastiveLoss needs two [N, C] bottoms of one shape, got {ctx.fmt(a)} and "
+                         f"{ctx.fmt(other)}", "bottom")
+    b = ctx.b
+    y = b.reshape(similar if similar.dtype == a.dtype else b.op("cast", similar, dtype=a.dtype), (a.shape[0],))
+    d2 = b.op("reduce_sum", b.op("square", b.sub(a, other)), axes=(1,), keepdims=False)
+    margin = b.scalar(float(p.margin), a.dtype)
+    if p.legacy_version:
+        far = b.op("relu", b.sub(margin, d2))
+    else:
+        far = b.op("square", b.op("relu", b.sub(margin, b.op("sqrt", d2))))
+    one = b.scalar(1.0, a.dtype)
+    per_pair = b.add(b.mul(y, d2), b.mul(b.sub(one, y), far))
+    return [b.mul(b.op("reduce_mean", per_pair, axes=(0,), keepdims=False), b.scalar(0.5, a.dtype))]

@@ -7,7 +7,8 @@ learned Scale, Scale by a second bottom, max and average pooling with padding an
 global), Concat, Slice with slice_point and equal split, Eltwise sum with coefficients / prod /
 max, Reshape with 0 and -1, Flatten, InnerProduct on an axis, every activation, Softmax /
 LogSoftmax on axes, Dropout, and the losses and Accuracy in the train and test phases; the third
-mixes in Caffe's PReLU, MVN, Bias, LRN within a channel, Swish, Clip and Threshold; the third
+mixes in Caffe's PReLU, MVN, Bias, LRN within a channel, Swish, Clip and Threshold, and its
+MultinomialLogistic, Infogain, Hinge and Contrastive losses in the train phase; the third
 uses the extended catalog's layers (Embed, LayerNorm, MatMul, Permute,
 Reduction, Tile, LRN, Pad, Deconvolution, Crop, Power, ArgMax, MultiHeadAttention, and the recurrent
 GRU, LSTM and RNN).
@@ -37,6 +38,8 @@ name: mixed_image
 inputs:
   data:  {shape: [N, 3, 12, 12], dtype: float32}
   label: {shape: [N], dtype: int64}
+  gain:  {shape: [10, 10], dtype: float32}
+  similar: {shape: [N], dtype: float32}
 layers:
   - {name: conv1, type: Convolution, bottom: data, top: conv1, num_output: 8, kernel_size: 3, pad: 1}
   - {name: bn1, type: BatchNorm, bottom: conv1, top: conv1}
@@ -74,6 +77,12 @@ layers:
   - {name: drop, type: Dropout, bottom: ip1, top: ip1, dropout_ratio: 0.4}
   - {name: ip2, type: InnerProduct, bottom: ip1, top: ip2, num_output: 10}
   - {name: loss, type: SoftmaxWithLoss, bottom: [ip2, label], top: loss, phase: train}
+  - {name: prob_t, type: Softmax, bottom: ip2, top: prob_t, phase: train}
+  - {name: mlog, type: MultinomialLogisticLoss, bottom: [prob_t, label], top: mlog, phase: train, loss_weight: 0.2}
+  - {name: infogain, type: InfogainLoss, bottom: [ip2, label, gain], top: infogain, phase: train, loss_weight: 0.1}
+  - {name: hinge, type: HingeLoss, bottom: [ip2, label], top: hinge, phase: train, norm: l2, loss_weight: 0.1}
+  - {name: ip3, type: InnerProduct, bottom: ip1, top: ip3, num_output: 10, phase: train}
+  - {name: pairs, type: ContrastiveLoss, bottom: [ip2, ip3, similar], top: pairs, phase: train, loss_weight: 0.1}
   - {name: accuracy, type: Accuracy, bottom: [ip2, label], top: accuracy, phase: test, top_k: 3}
   - {name: prob, type: Softmax, bottom: ip2, top: prob, phase: infer}
   - {name: logp, type: LogSoftmax, bottom: ip2, top: logp, phase: infer}

@@ -36,6 +36,7 @@ SUPPORTED = frozenset({
     "Accuracy", "Scale", "MatMul", "Permute", "Tile", "Crop", "Pad", "Reduction", "ArgMax", "Power", "Embed",
     "LayerNorm", "LRN", "Deconvolution", "RNN", "LSTM", "GRU", "MultiHeadAttention",
     "PReLU", "Bias", "Threshold", "Clip", "Swish", "MVN",
+    "MultinomialLogisticLoss", "InfogainLoss", "HingeLoss", "ContrastiveLoss",
 })
 
 
@@ -711,6 +712,42 @@ class TorchNet:
         import torch
         beta = float(p.beta)
         return _classes().Lambda(lambda x: x * torch.sigmoid(beta * x), "swish"), {}, {}
+
+    def _build_MultinomialLogisticLoss(self, p):
+        import torch
+
+        def loss(prob, label):
+            picked = prob[torch.arange(prob.shape[0]), label.long()]
+            return -torch.log(torch.clamp(picked, min=1e-20)).mean()
+        return _classes().Lambda(loss, "multinomial_logistic_loss"), {}, {}
+
+    def _build_InfogainLoss(self, p):
+        import torch
+
+        def loss(scores, label, infogain):
+            logp = torch.log(torch.clamp(torch.softmax(scores, dim=1), min=1e-20))
+            return -(infogain[label.long()] * logp).sum(dim=1).mean()
+        return _classes().Lambda(loss, "infogain_loss"), {}, {}
+
+    def _build_HingeLoss(self, p):
+        import torch
+        power = 2 if p.norm == "l2" else 1
+
+        def loss(scores, label):
+            t = 2 * torch.nn.functional.one_hot(label.long(), scores.shape[1]).to(scores.dtype) - 1
+            return (torch.relu(1 - t * scores) ** power).sum(dim=1).mean()
+        return _classes().Lambda(loss, "hinge_loss"), {}, {}
+
+    def _build_ContrastiveLoss(self, p):
+        import torch
+        margin, legacy = float(p.margin), p.legacy_version
+
+        def loss(a, b, similar):
+            y = similar.reshape(-1).to(a.dtype)
+            d2 = ((a - b) ** 2).sum(dim=1)
+            far = torch.relu(margin - d2) if legacy else torch.relu(margin - d2.sqrt()) ** 2
+            return 0.5 * (y * d2 + (1 - y) * far).mean()
+        return _classes().Lambda(loss, "contrastive_loss"), {}, {}
 
     def _build_MVN(self, p):
         axes = tuple(range(1 if p.across_channels else 2, 4))

@@ -394,8 +394,37 @@ def _softmax_loss(layer, out, ctx):
     return [out]
 
 
-@converts("EuclideanLoss", "SigmoidCrossEntropyLoss")
+@converts("EuclideanLoss", "SigmoidCrossEntropyLoss", "MultinomialLogisticLoss")
 def _plain_loss(layer, out, ctx):
+    return [out]
+
+
+@converts("InfogainLoss")
+def _infogain_loss(layer, out, ctx):
+    p = _sub(layer, "infogain_loss_param")
+    if p.get("source") is not None or len(layer.values("bottom")) < 3:
+        ctx.error("InfogainLoss: the infogain matrix as a file (infogain_loss_param.source) has no counterpart here "
+                  "yet: give it as the third bottom", (p.get("source") or layer.get("type")).loc)
+    if p.value("axis", 1) != 1:
+        out["axis"] = p.value("axis")
+    return [out]
+
+
+@converts("HingeLoss")
+def _hinge_loss(layer, out, ctx):
+    norm = _enum(_sub(layer, "hinge_loss_param").value("norm", "L1"))
+    if norm == "L2":
+        out["norm"] = "l2"
+    return [out]
+
+
+@converts("ContrastiveLoss")
+def _contrastive_loss(layer, out, ctx):
+    p = _sub(layer, "contrastive_loss_param")
+    if p.value("margin", 1.0) != 1.0:
+        out["margin"] = p.value("margin")
+    if str(p.value("legacy_version", "false")) == "true":
+        out["legacy_version"] = True
     return [out]
 
 
