@@ -33,7 +33,7 @@ class DataSpec(Strict):
 
 
 class LrPolicy(Strict):
-    type: Literal["fixed", "step", "multistep", "exp", "inv", "poly", "cosine"] = "fixed"
+    type: Literal["fixed", "step", "multistep", "exp", "inv", "poly", "cosine", "sigmoid"] = "fixed"
     gamma: Optional[Number] = None
     step_size: Optional[PositiveInt] = None
     milestones: Optional[list[PositiveInt]] = None
@@ -55,13 +55,15 @@ class MixedPrecisionSpec(Strict):
 
 
 class SolverSpec(Strict):
-    type: Literal["sgd", "nesterov", "adam", "adamw", "rmsprop", "adagrad"] = "sgd"
+    type: Literal["sgd", "nesterov", "adam", "adamw", "rmsprop", "adagrad", "adadelta"] = "sgd"
     base_lr: Annotated[float, Field(gt=0)] = 0.01
     momentum: Annotated[float, Field(ge=0)] = 0.0
     weight_decay: Optional[Annotated[float, Field(ge=0)]] = None
     betas: Annotated[list[float], Field(min_length=2, max_length=2)] = [0.9, 0.999]
     eps: Optional[Annotated[float, Field(gt=0)]] = None
     alpha: Annotated[float, Field(gt=0, lt=1)] = 0.99
+    rho: Annotated[float, Field(gt=0, lt=1)] = 0.9          # adadelta's decay (Caffe's momentum)
+    regularization: Literal["l2", "l1"] = "l2"              # weight decay's norm (Caffe's regularization_type)
     lr_policy: LrPolicy = LrPolicy()
     clip_gradients: Optional[Annotated[float, Field(gt=0)]] = None
     mixed_precision: Optional[MixedPrecisionSpec] = None

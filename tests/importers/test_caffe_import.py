@@ -260,3 +260,22 @@ def test_stages_select_layers_as_caffe_does(tmp_path):
     assert r.status == 0, r.err
     layers = yaml.safe_load((tmp_path / "deploy" / "net.yaml").read_text())["layers"]
     assert [(x["name"], x.get("phase")) for x in layers] == [("a", ["test", "infer"])]
+
+
+def test_adadelta_sigmoid_l1_and_iter_size_solvers(tmp_path):
+    r, net = _imported(tmp_path, DATA / "examples_mnist_lenet_train_test.prototxt", "--input-shape", "data=1,28,28",
+                       "--solver", DATA / "examples_mnist_lenet_adadelta_solver.prototxt")
+    assert r.status == 0, r.err
+    assert net["train"]["solver"] == {"type": "adadelta", "base_lr": 1.0, "rho": 0.95, "weight_decay": 0.0005,
+                                      "eps": 1e-6}
+    solver = tmp_path / "s.prototxt"
+    solver.write_text('base_lr: 0.1\nlr_policy: "sigmoid"\ngamma: -0.01\nstepsize: 100\n'
+                      'regularization_type: "L1"\nweight_decay: 0.001\niter_size: 4\nmax_iter: 100\n')
+    r = cli("import", "caffe", DATA / "examples_mnist_lenet_train_test.prototxt", "--input-shape", "data=1,28,28",
+            "--solver", solver, "--out", tmp_path / "s")
+    assert r.status == 0, r.err
+    train = yaml.safe_load((tmp_path / "s" / "net.yaml").read_text())["train"]
+    assert train["solver"]["lr_policy"] == {"type": "sigmoid", "gamma": -0.01, "step_size": 100}
+    assert train["solver"]["regularization"] == "l1" and train["data"]["batch_size"] == 256    # 64 x iter_size 4
+    assert "iter_size 4" in r.out
+    assert cli("check", tmp_path / "s" / "net.yaml").status == 0

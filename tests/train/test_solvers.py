@@ -48,6 +48,7 @@ I = np.arange(MAX_ITER + 1)
 POLICIES = {
     # id: (policy, the closed form over i = 0..MAX_ITER, a torch scheduler or None)
     "fixed": (LrPolicy(type="fixed"), np.full(I.shape, BASE), None),
+    "sigmoid": (LrPolicy(type="sigmoid", gamma=-0.2, step_size=15), BASE / (1 + np.exp(0.2 * (I - 15))), None),
     "step": (LrPolicy(type="step", gamma=0.5, step_size=7), BASE * 0.5 ** (I // 7),
              lambda o: S.StepLR(o, step_size=7, gamma=0.5)),
     "multistep": (LrPolicy(type="multistep", gamma=0.1, milestones=[25, 5, 12]),

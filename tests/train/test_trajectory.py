@@ -53,6 +53,7 @@ SLOTS = {
     "adamw": {"exp_avg": "exp_avg", "exp_avg_sq": "exp_avg_sq"},
     "rmsprop": {"square_avg": "square_avg"},
     "adagrad": {"sum": "sum"},
+    "adadelta": {"square_avg": "square_avg", "acc_delta": "acc_delta"},
 }
 
 
@@ -322,6 +323,8 @@ MLP_CASES = {
                    lambda g, lr: torch.optim.Adam(g, lr=lr, betas=(0.8, 0.99), eps=1e-6)),
     "sgd_plain": ({"type": "sgd", "base_lr": 0.1},
                   lambda g, lr: torch.optim.SGD(g, lr=lr)),
+    "adadelta": ({"type": "adadelta", "base_lr": 1.0, "rho": 0.95, "weight_decay": 1e-3},
+                 lambda g, lr: torch.optim.Adadelta(g, lr=lr, rho=0.95, eps=1e-6)),
 }
 
 
@@ -419,3 +422,37 @@ def test_run_loop_matches_stepping(tmp_path):
         if not key.endswith("num_batches_tracked"):
             assert_close(saved[key], theirs.numpy(), "float32", key)
     assert not any("@" in k for k in saved), "solver slots leaked into the model file"
+
+
+class _SGDWithL1:
+    """torch's SGD with Caffe's L1 regularization: each group's weight_decay times sign(p) added
+    to the gradient before the step (torch has L2 decay only)."""
+
+    def __init__(self, groups, lr):
+        self.decay = [g["weight_decay"] for g in groups]
+        for g in groups:
+            g["weight_decay"] = 0.0
+        self.opt = torch.optim.SGD(groups, lr=lr, momentum=0.9)
+        self.param_groups, self.state = self.opt.param_groups, self.opt.state
+
+    def zero_grad(self, set_to_none=True):
+        self.opt.zero_grad(set_to_none=set_to_none)
+
+    def step(self):
+        with torch.no_grad():
+            for group, wd in zip(self.opt.param_groups, self.decay):
+                for p in group["params"]:
+                    p.grad.add_(torch.sign(p), alpha=wd)
+        self.opt.step()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_l1_regularization_matches_sgd_with_sign_decay(tmp_path, dtype):
+    section = {"type": "sgd", "base_lr": 0.05, "momentum": 0.9, "weight_decay": 0.01, "regularization": "l1"}
+    trainer, initial = make_case(tmp_path, MLP_LAYERS, MLP_INPUT, section, dtype=dtype, max_iter=12, n=24, batch=8)
+    model = torch_model(TorchMLP, initial, dtype)
+    groups, _ = param_groups(model, section["base_lr"], section["weight_decay"], MLP_MULTS)
+    opt = _SGDWithL1(groups, section["base_lr"])
+    ours, theirs, _, _ = run_both(trainer, model, opt, 12, mults=MLP_MULTS, base_lr=section["base_lr"])
+    check_losses(ours, theirs, dtype)
+    compare_state(trainer, model, opt, initial, dtype, "sgd")

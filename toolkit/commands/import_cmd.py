@@ -42,6 +42,14 @@ def _caffe(args) -> int:
     if args.solver:
         train = import_solver(read_prototxt(args.solver), ctx, notes)
         net["train"] = {**net.get("train", {}), **train}
+        accumulate = net["train"].pop("iter_size", 1)
+        if accumulate != 1:
+            data = net["train"].setdefault("data", {})
+            if "batch_size" in data:
+                data["batch_size"] *= accumulate
+            notes.append(f"iter_size {accumulate}: Caffe accumulates {accumulate} batches before each update; here "
+                         f"one batch {accumulate} times larger (train.data.batch_size), the same gradient but for "
+                         "BatchNorm's batch statistics")
     weights = import_weights(args.weights, weighted, ctx, notes) if args.weights else None
     if ctx.problems:
         raise SpecError(*sorted(ctx.problems, key=lambda p: (p.location.file, p.location.line, p.location.col)))

@@ -8,7 +8,8 @@ plain elementwise graph ops, so the optimiser passes can fuse them like any othe
 Semantics (PyTorch's, where Caffe differs): momentum buffers accumulate gradients, and the rate
 multiplies at the update (``buf = m*buf + g; p -= lr*buf``), so a changing lr does not rescale
 past momentum as Caffe's ``v = m*v + lr*g`` does. L2 weight decay is added to the gradient
-(``g += wd*p``), except adamw which decays the weight itself (``p *= 1 - lr*wd``). Gradient
+(``g += wd*p``; ``regularization: l1``, Caffe's, adds ``wd*sign(p)``), except adamw which decays
+the weight itself (``p *= 1 - lr*wd``). adadelta is PyTorch's Adadelta (Caffe's AdaDelta). Gradient
 clipping scales all gradients by ``min(1, max_norm / (total_norm + 1e-6))`` before decay.
 """
 from __future__ import annotations
@@ -26,7 +27,7 @@ LR = "@lr"
 BIAS1 = "@bias1"          # 1 / (1 - beta1^t)
 BIAS2 = "@bias2"          # 1 / sqrt(1 - beta2^t)
 
-DEFAULT_EPS = {"adam": 1e-8, "adamw": 1e-8, "rmsprop": 1e-8, "adagrad": 1e-10}
+DEFAULT_EPS = {"adam": 1e-8, "adamw": 1e-8, "rmsprop": 1e-8, "adagrad": 1e-10, "adadelta": 1e-6}
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,8 @@ class SolverConfig:
     alpha: float = 0.99
     clip_gradients: float | None = None
     mixed_precision: MixedPrecision | None = None
+    rho: float = 0.9
+    regularization: str = "l2"
 
     @classmethod
     def from_spec(cls, spec) -> "SolverConfig":
@@ -47,7 +50,7 @@ class SolverConfig:
             wd = 0.01 if spec.type == "adamw" else 0.0
         eps = spec.eps if spec.eps is not None else DEFAULT_EPS.get(spec.type, 1e-8)
         return cls(spec.type, spec.momentum, wd, tuple(spec.betas), eps, spec.alpha, spec.clip_gradients,
-                   MixedPrecision.from_spec(spec.mixed_precision))
+                   MixedPrecision.from_spec(spec.mixed_precision), spec.rho, spec.regularization)
 
 
 def slot_name(param: str, slot: str) -> str:
@@ -114,7 +117,10 @@ def add_solver(graph: Graph, grads: dict[str, Value], cfg: SolverConfig) -> None
         lr_p = b.scale(lr, w.lr_mult)
         wd = cfg.weight_decay * w.decay_mult
         if wd and cfg.type != "adamw":
-            g = b.add(g, b.scale(p, wd))                                 # L2: g += wd * p
+            if cfg.regularization == "l1":
+                g = b.add(g, b.scale(b.op("sign", p), wd))               # L1 (Caffe's): g += wd * sign(p)
+            else:
+                g = b.add(g, b.scale(p, wd))                             # L2: g += wd * p
         if cfg.type in ("sgd", "nesterov"):
             step = g
             if cfg.momentum:
@@ -151,6 +157,15 @@ def add_solver(graph: Graph, grads: dict[str, Value], cfg: SolverConfig) -> None
                 step = b.add(b.scale(buf, cfg.momentum), step)           # buf = m * buf + g / denom
                 graph.updates[slot_name(name, "momentum")] = step
             new_p = b.sub(p, b.mul(step, lr_p))
+        elif cfg.type == "adadelta":                                     # torch's Adadelta, Caffe's AdaDelta
+            avg, delta_avg = _slot(graph, w, "square_avg"), _slot(graph, w, "acc_delta")
+            rho, eps = cfg.rho, b.scalar(cfg.eps, dtype)
+            new_avg = b.add(b.scale(avg, rho), b.scale(b.op("square", g), 1 - rho))
+            delta = b.mul(b.div(b.op("sqrt", b.add(delta_avg, eps)), b.op("sqrt", b.add(new_avg, eps))), g)
+            graph.updates[slot_name(name, "square_avg")] = new_avg
+            graph.updates[slot_name(name, "acc_delta")] = b.add(b.scale(delta_avg, rho),
+                                                                b.scale(b.op("square", delta), 1 - rho))
+            new_p = b.sub(p, b.mul(delta, lr_p))
         else:
             raise ValueError(f"unknown solver {cfg.type}")
         graph.updates[name] = new_p

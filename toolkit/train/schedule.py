@@ -2,7 +2,8 @@
 
 fixed: base · step: base·gamma^floor(i/step_size) · multistep: base·gamma^(milestones passed) ·
 exp: base·gamma^i · inv: base·(1+gamma·i)^-power · poly: base·(1-i/max_iter)^power ·
-cosine: min_lr + (base-min_lr)·(1+cos(pi·i/max_iter))/2. Warmup multiplies by a factor rising
+cosine: min_lr + (base-min_lr)·(1+cos(pi·i/max_iter))/2 · sigmoid (Caffe's):
+base/(1+exp(-gamma·(i-step_size))). Warmup multiplies by a factor rising
 linearly from warmup_factor at i=0 to 1 at i=warmup_iters (PyTorch's LinearLR).
 """
 from __future__ import annotations
@@ -13,7 +14,7 @@ import math
 from ..errors import UserError
 
 NEEDS = {"step": ("gamma", "step_size"), "multistep": ("gamma", "milestones"), "exp": ("gamma",),
-         "inv": ("gamma", "power"), "poly": ("power",)}
+         "inv": ("gamma", "power"), "poly": ("power",), "sigmoid": ("gamma", "step_size")}
 
 
 def check_policy(policy) -> None:
@@ -36,6 +37,8 @@ def learning_rate(base_lr: float, policy, i: int, max_iter: int) -> float:
         rate = base_lr * (1 + policy.gamma * i) ** (-policy.power)
     elif kind == "poly":
         rate = base_lr * max(0.0, 1 - i / max_iter) ** policy.power
+    elif kind == "sigmoid":
+        rate = base_lr / (1 + math.exp(-policy.gamma * (i - policy.step_size)))
     elif kind == "cosine":
         rate = policy.min_lr + (base_lr - policy.min_lr) * (1 + math.cos(math.pi * i / max_iter)) / 2
     else:

@@ -10,8 +10,9 @@ from __future__ import annotations
 from .layers import Context
 from .prototxt import Message
 
-TYPES = {"SGD": "sgd", "NESTEROV": "nesterov", "ADAM": "adam", "ADAGRAD": "adagrad", "RMSPROP": "rmsprop"}
-POLICIES = {"fixed", "step", "multistep", "exp", "inv", "poly"}
+TYPES = {"SGD": "sgd", "NESTEROV": "nesterov", "ADAM": "adam", "ADAGRAD": "adagrad", "RMSPROP": "rmsprop",
+         "ADADELTA": "adadelta"}
+POLICIES = {"fixed", "step", "multistep", "exp", "inv", "poly", "sigmoid"}
 
 
 def import_solver(msg: Message, ctx: Context, notes: list[str]) -> dict:
@@ -21,7 +22,7 @@ def import_solver(msg: Message, ctx: Context, notes: list[str]) -> dict:
     solver: dict = {}
     if kind not in TYPES:
         where = msg.get("type") or msg.get("solver_type")
-        ctx.error(f"the {kind} solver has no counterpart here yet (SGD, Nesterov, Adam, AdaGrad, RMSProp)",
+        ctx.error(f"the {kind} solver has no counterpart here yet (SGD, Nesterov, Adam, AdaGrad, RMSProp, AdaDelta)",
                   where.loc if where else msg.loc)
     else:
         solver["type"] = TYPES[kind]
@@ -29,20 +30,24 @@ def import_solver(msg: Message, ctx: Context, notes: list[str]) -> dict:
     momentum = msg.value("momentum", 0.0)
     if kind == "ADAM":
         solver["betas"] = [momentum or 0.9, msg.value("momentum2", 0.999)]
+    elif kind == "ADADELTA":
+        solver["rho"] = momentum or 0.95                 # Caffe's AdaDelta decay is its momentum
     elif momentum:
         solver["momentum"] = momentum
     if msg.value("weight_decay", 0.0):
         solver["weight_decay"] = msg.value("weight_decay")
-    if kind in ("ADAM", "ADAGRAD", "RMSPROP") and msg.get("delta") is not None:
+    if kind in ("ADAM", "ADAGRAD", "RMSPROP", "ADADELTA") and msg.get("delta") is not None:
         solver["eps"] = msg.value("delta")
     if kind == "RMSPROP" and msg.get("rms_decay") is not None:
         solver["alpha"] = msg.value("rms_decay")
     if msg.value("clip_gradients", -1.0) > 0:
         solver["clip_gradients"] = msg.value("clip_gradients")
-    if str(msg.value("regularization_type", "L2")).upper() != "L2":
-        ctx.error("regularization_type L1 has no counterpart here yet", msg.get("regularization_type").loc)
-    if msg.value("iter_size", 1) != 1:
-        ctx.error("iter_size (gradient accumulation) has no counterpart here yet", msg.get("iter_size").loc)
+    regularization = str(msg.value("regularization_type", "L2")).upper()
+    if regularization == "L1":
+        solver["regularization"] = "l1"
+    elif regularization != "L2":
+        ctx.error(f"regularization_type {regularization} is not Caffe's (L1, L2)", msg.get("regularization_type").loc)
+    iter_size = msg.value("iter_size", 1)
     policy = str(msg.value("lr_policy", "fixed"))
     if policy not in POLICIES:
         ctx.error(f"lr_policy {policy} has no counterpart here yet ({', '.join(sorted(POLICIES))})",
@@ -51,7 +56,7 @@ def import_solver(msg: Message, ctx: Context, notes: list[str]) -> dict:
         lr = {"type": policy}
         if msg.get("gamma") is not None:
             lr["gamma"] = msg.value("gamma")
-        if policy == "step":
+        if policy in ("step", "sigmoid"):
             lr["step_size"] = msg.value("stepsize")
         if policy == "multistep":
             lr["milestones"] = msg.values("stepvalue")
@@ -70,4 +75,6 @@ def import_solver(msg: Message, ctx: Context, notes: list[str]) -> dict:
         train["seed"] = msg.value("random_seed")
     if msg.get("test_iter") is not None:
         notes.append("test_iter: a test pass here covers the whole test data")
+    if iter_size != 1:
+        train["iter_size"] = iter_size
     return train
