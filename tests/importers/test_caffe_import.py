@@ -279,3 +279,21 @@ def test_adadelta_sigmoid_l1_and_iter_size_solvers(tmp_path):
     assert train["solver"]["regularization"] == "l1" and train["data"]["batch_size"] == 256    # 64 x iter_size 4
     assert "iter_size 4" in r.out
     assert cli("check", tmp_path / "s" / "net.yaml").status == 0
+
+
+def test_twin_layers_of_one_name_in_two_phases_share_their_weights(tmp_path):
+    """Caffe's test net takes the trained layers of the same name: here the TEST twin gets a name
+    of its own and shares the TRAIN one's weights; a loss layer without a top gets its own."""
+    (tmp_path / "twins.prototxt").write_text(
+        'input: "data"\ninput_shape { dim: 2 dim: 4 }\ninput: "label"\ninput_shape { dim: 2 }\n'
+        'layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip" include { phase: TRAIN }\n'
+        '  inner_product_param { num_output: 3 } }\n'
+        'layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip" include { phase: TEST }\n'
+        '  inner_product_param { num_output: 3 } }\n'
+        'layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" }\n')
+    r = cli("import", "caffe", tmp_path / "twins.prototxt", "--out", tmp_path / "o")
+    assert r.status == 0, r.err
+    layers = yaml.safe_load((tmp_path / "o" / "net.yaml").read_text())["layers"]
+    assert [(x["name"], x.get("share"), x.get("phase")) for x in layers] == [
+        ("ip", None, "train"), ("ip_test", "ip", ["test", "infer"]), ("loss", None, ["train", "test"])]
+    assert layers[2]["top"] == "loss"

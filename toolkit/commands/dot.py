@@ -30,7 +30,7 @@ from ..ops.base import get_op
 # toolkit/optim/solvers.py): 'LAYER.grad' and 'autodiff' for the backward pass; 'LAYER.SOLVER'
 # and 'clip_gradients' for the updates. The solver names are the schema's (schemas/train.py,
 # SolverSpec.type); a test keeps the two lists equal.
-SOLVER_TYPES = ("sgd", "nesterov", "adam", "adamw", "rmsprop", "adagrad")
+SOLVER_TYPES = ("sgd", "nesterov", "adam", "adamw", "rmsprop", "adagrad", "adadelta")
 BACKWARD_SCOPES = ("autodiff", "grad")
 SOLVER_SCOPES = ("clip_gradients",)
 

@@ -61,6 +61,13 @@ class LowerContext:
         decay_mult = self._multiplier("decay_mult")
         self.param_count += 1
         if owner != layer.name:
+            if key not in self.graph.weights and key in self._declared:
+                # the owner is a layer of another phase (Caffe's test net sharing the train
+                # net's layer of the same name): its weight, as it declared it
+                declared_shape, owner_layer = self._declared[key]
+                value = Value(TensorType(tuple(declared_shape), self.float_dtype), name=key)
+                self.graph.weights[key] = Weight(key, value, True, {"type": "xavier", "variance_norm": "fan_in"},
+                                                 lr_mult, decay_mult, owner_layer, fan_in, fan_out)
             if key not in self.graph.weights:
                 raise LayerError(f"share: layer '{owner}' above has no parameter '{pname}' to share", "share")
             existing = self.graph.weights[key]

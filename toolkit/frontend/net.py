@@ -121,7 +121,9 @@ class Net:
 
     def lower(self, phase: str, dtype: str | None = None, sync_batchnorm: bool = False) -> Lowered:
         """A fresh lowering of one phase (graphs are mutated by passes, so never shared)."""
-        return lower_phase(self.spec, self.positions, phase, dtype, {}, self._loss_layers(), sync_batchnorm)
+        # the net's declared weights: a layer may share those of a layer of another phase
+        return lower_phase(self.spec, self.positions, phase, dtype, dict(self.declared), self._loss_layers(),
+                           sync_batchnorm)
 
     def _check_outputs(self, infer: Lowered) -> list[Problem]:
         if not self.spec.outputs:

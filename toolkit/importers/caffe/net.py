@@ -31,6 +31,7 @@ MAX_PROTOTXT_BYTES = 16 << 20
 MAX_CAFFEMODEL_BYTES = (2 << 30) - 1          # protobuf's own limit on one message
 PHASES = ("TRAIN", "TEST")
 LABEL_TOPS = 1                                 # a data layer's tops after the first are labels
+LABEL_READERS = {"SoftmaxWithLoss", "Accuracy", "MultinomialLogisticLoss", "InfogainLoss", "HingeLoss"}
 
 
 @dataclass
@@ -151,6 +152,8 @@ def import_net(prototxt: str, stages: tuple[str, ...] = (), input_shapes: dict[s
         if not phases:
             continue
         tops = [_layer_name(str(t)) for t in layer.values("top")]
+        if not tops and kind.endswith("Loss"):
+            tops = [name]                  # Caffe gives a loss layer without a top one of its own
         bottoms = [ctx.aliases.get(_layer_name(str(b)), _layer_name(str(b))) for b in layer.values("bottom")]
         if kind == "Input":
             p = _sub(layer, "input_param")
@@ -162,12 +165,23 @@ def import_net(prototxt: str, stages: tuple[str, ...] = (), input_shapes: dict[s
         if kind in DATA_TYPES:
             _data_layer(layer, kind, tops, phases, inputs, input_shapes, data, ctx, notes)
             continue
+        share = None
         if name in seen:
-            ctx.error(f"layer name '{raw_name}' is already used (line {seen[name].line}); two layers of one name "
-                      "in different phases have no counterpart here yet", layer.loc)
-            continue
-        seen[name] = layer.loc
+            first_loc, first_phases = seen[name]
+            if set(first_phases) & set(phases):
+                ctx.error(f"layer name '{raw_name}' is already used (line {first_loc.line}) in the same phase",
+                          layer.loc)
+                continue
+            # Caffe builds one net per phase and gives the test net the trained layers of the same
+            # name: here the second layer gets a name of its own and shares the first's weights
+            share = name if kind in WEIGHTS else None
+            name = f"{name}_{phases[0].lower()}"
+        else:
+            seen[name] = (layer.loc, phases)
         converted = caffe_layers.convert(_v1_params(layer) if v1 else layer, kind, name, bottoms, tops, ctx)
+        if share is not None:
+            for entry in converted:
+                entry["share"] = share
         toolkit_phases = []
         if "TRAIN" in phases:
             toolkit_phases.append("train")
@@ -179,8 +193,14 @@ def import_net(prototxt: str, stages: tuple[str, ...] = (), input_shapes: dict[s
             if not deploy and toolkit_phases != ["train", "test", "infer"]:
                 entry["phase"] = toolkit_phases if len(toolkit_phases) > 1 else toolkit_phases[0]
             out_layers.append(entry)
-        if kind in WEIGHTS and converted:
+        if kind in WEIGHTS and converted and share is None:
             weighted.append((name, kind))
+    # a net-level input that a loss or Accuracy reads as its labels holds integers
+    for entry in out_layers:
+        bottoms = entry.get("bottom")
+        if entry["type"] in LABEL_READERS and isinstance(bottoms, list) and len(bottoms) > 1 \
+                and bottoms[1] in inputs and inputs[bottoms[1]]["dtype"] == "float32":
+            inputs[bottoms[1]] = {"shape": inputs[bottoms[1]]["shape"], "dtype": "int64"}
     if not inputs and not ctx.problems:
         ctx.error("the net has no input: an Input layer, input/input_shape, or a data layer", msg.loc)
     net = {"name": _net_name(msg, prototxt), "inputs": inputs, "layers": out_layers}
