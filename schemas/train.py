@@ -23,6 +23,9 @@ class DataSpec(Strict):
     mean_file: Optional[str] = None                    # a mean image [C, H, W] (.npy), as Caffe's
     crop_size: Optional[PositiveInt] = None
     mirror: bool = False
+    root_folder: Optional[str] = None                  # an image list's paths are relative to it
+    new_height: Optional[PositiveInt] = None           # an image list's images, resized before a crop
+    new_width: Optional[PositiveInt] = None
 
     @model_validator(mode="after")
     def _one_mean(self):

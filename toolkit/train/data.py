@@ -105,6 +105,12 @@ def load_source(source: str, inputs: dict, base: Path | None = None) -> dict[str
         path = base / path
     if not path.exists():
         raise UserError(f"data source {source}: no such file or folder")
+    from .sources import kind_of, open_lazy
+    kind = kind_of(path)
+    if kind is not None:                          # a Caffe source, read whole (publishing bundles it)
+        from schemas.train import DataSpec
+        lazy = open_lazy(kind, path, inputs, DataSpec())
+        return lazy.arrays
     if path.is_dir():
         npy = _load_npy_folder(path, inputs)
         return npy if npy else _load_image_folder(path, inputs)
@@ -345,13 +351,18 @@ def augment(arrays: dict[str, np.ndarray], inputs: dict, data_spec, rng: np.rand
     return out
 
 
-def split(dataset: Dataset, fraction: float, seed: int) -> tuple[Dataset, Dataset | None]:
-    """A seeded shuffled split: the last ``fraction`` of a permutation is the test set."""
+def split(dataset, fraction: float, seed: int):
+    """A seeded shuffled split: the last ``fraction`` of a permutation is the test set (of a
+    dataset read a batch at a time, as index subsets, nothing read)."""
     if not fraction:
         return dataset, None
     order = np.random.default_rng([seed, 7919]).permutation(len(dataset))
     n_test = max(1, int(round(len(dataset) * fraction)))
-    return Dataset(dataset.take(np.sort(order[n_test:]))), Dataset(dataset.take(np.sort(order[:n_test])))
+    train_rows, test_rows = np.sort(order[n_test:]), np.sort(order[:n_test])
+    if not isinstance(dataset, Dataset):
+        from .sources import Subset
+        return Subset(dataset, train_rows), Subset(dataset, test_rows)
+    return Dataset(dataset.take(train_rows)), Dataset(dataset.take(test_rows))
 
 
 class BatchOrder:

@@ -32,6 +32,7 @@ from .checkpoint import Checkpoint, find_resume_point, read_checkpoint, write_ch
 from .data import (INPUT_FILE, BatchOrder, Dataset, augment, center_crop, describe_source, fit_to_inputs, image_inputs,
                    load_source, split, transform)
 from .progress import MetricsLog, Progress, plot
+from .sources import Mapped, kind_of as lazy_kind, open_lazy
 from .watch import TensorBoard, trackers
 from .scalars import StepScalars
 from .schedule import check_policy, learning_rate
@@ -83,24 +84,47 @@ def load_data(net: Net, spec, transformed: bool = True) -> tuple[Dataset, Datase
             if tuple(inputs[name].shape[2:]) != (crop, crop):
                 raise UserError(f"train.data.crop_size {crop}: the net's input '{name}' is "
                                 f"{list(inputs[name].shape)}; its height and width must be the crop size")
-    full = fit_to_inputs(load_source(source, inputs, _folder_of(net, "source")), inputs, source, crop)
+    full = _open_data(net, "source", source, data_spec, crop)
     if data_spec.test_source:
         train_set = full
-        test_set = fit_to_inputs(load_source(data_spec.test_source, inputs, _folder_of(net, "test_source")),
-                                 inputs, data_spec.test_source, crop)
+        test_set = _open_data(net, "test_source", data_spec.test_source, data_spec, crop)
     else:
         train_set, test_set = split(full, data_spec.test_fraction, spec.seed)
     if not transformed:
         return train_set, test_set
     dtype = net_dtype(net)
     base = Path(net.file).parent
-    train_set = Dataset(transform(train_set.arrays, inputs, data_spec, dtype, base))
+
+    def transformed_batch(arrays: dict, test: bool) -> dict:
+        arrays = transform(arrays, inputs, data_spec, dtype, base)
+        if test and crop is not None:           # test: the centre, as Caffe's TEST phase crops
+            arrays = {k: center_crop(v, crop) if k in image_inputs(inputs) else v for k, v in arrays.items()}
+        return arrays
+
+    if isinstance(train_set, Dataset):
+        train_set = Dataset(transformed_batch(train_set.arrays, False))
+    else:                                        # read a batch at a time: transformed as read
+        train_set = Mapped(train_set, lambda arrays: transformed_batch(arrays, False))
     if test_set is not None:
-        test_set = Dataset(transform(test_set.arrays, inputs, data_spec, dtype, base))
-        if crop is not None:                     # test: the centre, as Caffe's TEST phase crops
-            test_set = Dataset({k: center_crop(v, crop) if k in image_inputs(inputs) else v
-                                for k, v in test_set.arrays.items()})
+        test_set = (Dataset(transformed_batch(test_set.arrays, True)) if isinstance(test_set, Dataset)
+                    else Mapped(test_set, lambda arrays: transformed_batch(arrays, True)))
     return train_set, test_set
+
+
+def _open_data(net: Net, key: str, source: str, data_spec, crop):
+    """A source as a Dataset, in memory, or, for Caffe's LMDB, image list and HDF5 sources, one
+    read a batch at a time (checked on its first example, each batch cast as it is read)."""
+    inputs = net.spec.inputs
+    path = Path(source)
+    folder = _folder_of(net, key)
+    if not source.startswith("builtin:") and not path.is_absolute() and not path.exists():
+        path = folder / path
+    kind = None if source.startswith("builtin:") else lazy_kind(path)
+    if kind is None:
+        return fit_to_inputs(load_source(source, inputs, folder), inputs, source, crop)
+    lazy = open_lazy(kind, path, inputs, data_spec)
+    fit_to_inputs(lazy.take([0]), inputs, source, crop)          # the shapes and kinds, said up front
+    return Mapped(lazy, lambda arrays: fit_to_inputs(arrays, inputs, source, crop).arrays)
 
 
 def _folder_of(net: Net, key: str) -> Path:

@@ -250,8 +250,17 @@ def _data_layer(layer: Message, kind: str, tops: list[str], phases: list[str], i
         if param.get("source") is not None:
             key = "source" if "TRAIN" in phases else "test_source"
             data[key] = str(param.value("source"))
-            notes.append(f"train.data.{key} {param.value('source')}: a {kind} layer's source, which the toolkit "
-                         "cannot read yet: replace it with an .npz, a CSV or an image folder to train")
+            if kind == "Data" and str(param.value("backend", "LEVELDB")).upper() == "LEVELDB":
+                notes.append(f"train.data.{key} {param.value('source')}: a LevelDB, which the toolkit does not "
+                             "read: convert it to an LMDB (Caffe's convert_imageset --backend lmdb)")
+            elif kind in ("MemoryData", "WindowData"):
+                notes.append(f"train.data.{key}: a {kind} layer's data is not a file the toolkit reads: give an "
+                             ".npz, a CSV, an image folder or list, an LMDB or HDF5")
+        if kind == "ImageData":
+            for caffe_key, ours in (("root_folder", "root_folder"), ("new_height", "new_height"),
+                                    ("new_width", "new_width")):
+                if param.get(caffe_key) is not None and param.value(caffe_key):
+                    data[ours] = param.value(caffe_key)
     if "test_source" in data and "source" in data:
         data.setdefault("test_fraction", 0)
 
