@@ -1,9 +1,11 @@
-"""Caffe's remaining elementwise and normalisation layers: PReLU, Bias, Threshold, Clip, Swish and
-MVN, each lowered to primitives (their gradients come from the primitives' rules; Threshold's
+"""Caffe's remaining layers: PReLU, Bias, Threshold, Clip, Swish, MVN, its other losses
+(MultinomialLogistic, Infogain, Hinge, Contrastive), SPP and LSTMUnit, each lowered to primitives (their gradients come from the primitives' rules; Threshold's
 step has none, as in Caffe, whose Threshold layer has no backward)."""
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
+
+from pydantic import Field
 
 from schemas.base import Bool, LayerBase, Number, ParamLayerBase
 
@@ -250,3 +252,72 @@ def lower_contrastive_loss(p, ctx, bottoms):
     one = b.scalar(1.0, a.dtype)
     per_pair = b.add(b.mul(y, d2), b.mul(b.sub(one, y), far))
     return [b.mul(b.op("reduce_mean", per_pair, axes=(0,), keepdims=False), b.scalar(0.5, a.dtype))]
+
+
+# -- spatial pyramid pooling and Caffe's LSTM step -------------------------------------------------
+
+class SPPParams(LayerBase):
+    """Caffe's spatial pyramid pooling: for each level l < pyramid_height a pooling into 2^l x 2^l
+    bins (kernel ceil(H / bins), stride the kernel, pad (kernel * bins - H + 1) // 2, Caffe's
+    rounding up), each flattened, all concatenated: [N, C * sum of 4^l]."""
+    type: Literal["SPP"]
+    pyramid_height: Annotated[int, Field(ge=1)]
+    pool: Literal["max", "ave"] = "max"
+
+
+@layer(SPPParams)
+def lower_spp(p: SPPParams, ctx, bottoms):
+    import math
+    x, = bottoms
+    need_float_input(x, "SPP")
+    if x.rank != 4:
+        raise LayerError(f"SPP needs an input [N, C, H, W], got {ctx.fmt(x)}", "bottom")
+    b = ctx.b
+    channels = static_dim(x.shape[1], "the input's channels", "bottom")
+    h = static_dim(x.shape[2], "the input's height", "bottom")
+    w = static_dim(x.shape[3], "the input's width", "bottom")
+    levels = []
+    for level in range(p.pyramid_height):
+        bins = 2 ** level
+        kernel = (math.ceil(h / bins), math.ceil(w / bins))
+        pad = ((kernel[0] * bins - h + 1) // 2, (kernel[1] * bins - w + 1) // 2)
+        if 2 * pad[0] > kernel[0] or 2 * pad[1] > kernel[1]:
+            raise LayerError(f"level {level} needs {bins} bins over {h} x {w}, more than the input can give "
+                             "(a padding of over half the kernel)", "pyramid_height")
+        attrs = dict(kernel=kernel, stride=kernel, pad=pad, ceil_mode=True)
+        pooled = (b.op("max_pool2d", x, **attrs) if p.pool == "max"
+                  else b.op("avg_pool2d", x, count_include_pad=True, **attrs))
+        levels.append(b.reshape(pooled, (x.shape[0], channels * bins * bins)))
+    return [levels[0] if len(levels) == 1 else b.op("concat", *levels, axis=1)]
+
+
+class LSTMUnitParams(LayerBase):
+    """Caffe's LSTMUnit, one step of its LSTM: bottoms [c_prev, x (the four gates' inputs, i f o g,
+    on the last axis), cont]; c = cont * f * c_prev + i * g, h = o * tanh(c), i f o sigmoid and g
+    tanh; tops [c, h]. cont (0 at a sequence's start) gets no gradient, as in Caffe."""
+    type: Literal["LSTMUnit"]
+    BOTTOMS: ClassVar = (3, 3)
+    TOPS: ClassVar = (2, 2)
+
+
+@layer(LSTMUnitParams)
+def lower_lstm_unit(p: LSTMUnitParams, ctx, bottoms):
+    c_prev, x, cont = bottoms
+    need_float_input(c_prev, "LSTMUnit")
+    hidden = static_dim(c_prev.shape[-1], "the cell's width", "bottom")
+    if tuple(x.shape[:-1]) != tuple(c_prev.shape[:-1]) or x.shape[-1] != 4 * hidden:
+        raise LayerError(f"the gates' input must be {ctx.fmt(c_prev)} with 4 x {hidden} on its last axis, got "
+                         f"{ctx.fmt(x)}", "bottom")
+    if tuple(cont.shape) != tuple(c_prev.shape[:-1]):
+        raise LayerError(f"cont must be the cell's shape without its last axis, got {ctx.fmt(cont)}", "bottom")
+    b = ctx.b
+    axis = x.rank - 1
+
+    def gate(k):
+        return b.op("slice", x, axis=axis, start=k * hidden, stop=(k + 1) * hidden)
+    i, f, o = (b.op("sigmoid", gate(k)) for k in range(3))
+    g = b.op("tanh", gate(3))
+    keep = cont if cont.dtype == c_prev.dtype else b.op("cast", cont, dtype=c_prev.dtype)
+    keep = b.reshape(keep, tuple(cont.shape) + (1,))
+    c = b.add(b.mul(b.mul(keep, f), c_prev), b.mul(i, g))
+    return [c, b.mul(o, b.op("tanh", c))]

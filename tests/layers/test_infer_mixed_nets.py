@@ -8,7 +8,8 @@ global), Concat, Slice with slice_point and equal split, Eltwise sum with coeffi
 max, Reshape with 0 and -1, Flatten, InnerProduct on an axis, every activation, Softmax /
 LogSoftmax on axes, Dropout, and the losses and Accuracy in the train and test phases; the third
 mixes in Caffe's PReLU, MVN, Bias, LRN within a channel, Swish, Clip and Threshold, and its
-MultinomialLogistic, Infogain, Hinge and Contrastive losses in the train phase; the third
+MultinomialLogistic, Infogain, Hinge and Contrastive losses in the train phase, and SPP; the
+second an LSTMUnit step; the third
 uses the extended catalog's layers (Embed, LayerNorm, MatMul, Permute,
 Reduction, Tile, LRN, Pad, Deconvolution, Crop, Power, ArgMax, MultiHeadAttention, and the recurrent
 GRU, LSTM and RNN).
@@ -53,6 +54,7 @@ layers:
   - {name: pool1, type: Pooling, bottom: conv2, top: pool1, pool: max, kernel_size: 3, stride: 2, pad: 1,
      ceil_mode: true}
   - {name: lrn1, type: LRN, bottom: pool1, top: pool1, norm_region: within_channel, local_size: 3, alpha: 0.3}
+  - {name: spp1, type: SPP, bottom: pool1, top: spp1, pyramid_height: 2, pool: ave}
   - {name: conv_a, type: Convolution, bottom: pool1, top: conv_a, num_output: 4, kernel_size: 1}
   - {name: sig_a, type: Sigmoid, bottom: conv_a, top: sig_a}
   - {name: conv_b, type: Convolution, bottom: pool1, top: conv_b, num_output: 6, kernel_size: [3, 2],
@@ -86,7 +88,7 @@ layers:
   - {name: accuracy, type: Accuracy, bottom: [ip2, label], top: accuracy, phase: test, top_k: 3}
   - {name: prob, type: Softmax, bottom: ip2, top: prob, phase: infer}
   - {name: logp, type: LogSoftmax, bottom: ip2, top: logp, phase: infer}
-outputs: [prob, logp]
+outputs: [prob, logp, spp1]
 """
 
 SEQUENCE_NET = """
@@ -94,6 +96,7 @@ name: mixed_sequence
 inputs:
   seq:    {shape: [N, 6, 20], dtype: float32}
   target: {shape: [N, 4, 3], dtype: float32}
+  cont:   {shape: [N, 4], dtype: float32}
 layers:
   - {name: r1, type: Reshape, bottom: seq, top: r1, shape: [0, 0, 4, -1]}
   - {name: conv1, type: Convolution, bottom: r1, top: conv1, num_output: 6, kernel_size: [2, 3],
@@ -128,9 +131,11 @@ layers:
   - {name: hsum, type: Eltwise, bottom: [h1, h2], top: hsum, coeff: [-1.5, 0.5]}
   - {name: gated, type: Scale, bottom: [h1, h2], top: gated, axis: 0}
   - {name: ip2, type: InnerProduct, bottom: lsm, top: ip2, num_output: 3, axis: 2}
+  - {name: gates, type: InnerProduct, bottom: lsm, top: gates, num_output: 12, axis: 2}
+  - {name: unit, type: LSTMUnit, bottom: [ip2, gates, cont], top: [cell, hidden]}
   - {name: l2, type: EuclideanLoss, bottom: [ip2, target], top: l2, phase: train, loss_weight: 0.3}
   - {name: bce, type: SigmoidCrossEntropyLoss, bottom: [ip2, target], top: bce, phase: [train, test]}
-outputs: [sm, ip2, pmax, hsum, p2, gated]
+outputs: [sm, ip2, pmax, hsum, p2, gated, hidden]
 """
 
 # the extended catalog: a token branch (Embed, LayerNorm, dot-product attention by MatMul and

@@ -36,7 +36,7 @@ SUPPORTED = frozenset({
     "Accuracy", "Scale", "MatMul", "Permute", "Tile", "Crop", "Pad", "Reduction", "ArgMax", "Power", "Embed",
     "LayerNorm", "LRN", "Deconvolution", "RNN", "LSTM", "GRU", "MultiHeadAttention",
     "PReLU", "Bias", "Threshold", "Clip", "Swish", "MVN",
-    "MultinomialLogisticLoss", "InfogainLoss", "HingeLoss", "ContrastiveLoss",
+    "MultinomialLogisticLoss", "InfogainLoss", "HingeLoss", "ContrastiveLoss", "SPP", "LSTMUnit",
 })
 
 
@@ -748,6 +748,32 @@ class TorchNet:
             far = torch.relu(margin - d2) if legacy else torch.relu(margin - d2.sqrt()) ** 2
             return 0.5 * (y * d2 + (1 - y) * far).mean()
         return _classes().Lambda(loss, "contrastive_loss"), {}, {}
+
+    def _build_SPP(self, p):
+        import torch
+        import torch.nn.functional as F
+
+        def spp(x):
+            h, w = x.shape[2], x.shape[3]
+            levels = []
+            for level in range(p.pyramid_height):
+                bins = 2 ** level
+                k = (math.ceil(h / bins), math.ceil(w / bins))
+                pad = ((k[0] * bins - h + 1) // 2, (k[1] * bins - w + 1) // 2)
+                pooled = (F.max_pool2d(x, k, k, pad, ceil_mode=True) if p.pool == "max"
+                          else F.avg_pool2d(x, k, k, pad, ceil_mode=True, count_include_pad=True))
+                levels.append(pooled.flatten(1))
+            return torch.cat(levels, dim=1)
+        return _classes().Lambda(spp, "spp"), {}, {}
+
+    def _build_LSTMUnit(self, p):
+        import torch
+
+        def step(c_prev, x, cont):
+            i, f, o, g = x.chunk(4, dim=-1)
+            c = cont.to(c_prev.dtype).unsqueeze(-1) * torch.sigmoid(f) * c_prev + torch.sigmoid(i) * torch.tanh(g)
+            return c, torch.sigmoid(o) * torch.tanh(c)
+        return _classes().Lambda(step, "lstm_unit"), {}, {}
 
     def _build_MVN(self, p):
         axes = tuple(range(1 if p.across_channels else 2, 4))

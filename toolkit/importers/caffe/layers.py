@@ -536,6 +536,23 @@ def _scale(layer, out, ctx):
 WEIGHTS["Scale"] = lambda name, arrays: _weights_and_bias(name, [a.reshape(-1) for a in arrays])
 
 
+@converts("SPP")
+def _spp(layer, out, ctx):
+    p = _sub(layer, "spp_param")
+    out["pyramid_height"] = p.value("pyramid_height")
+    pool = _enum(p.value("pool", "MAX"))
+    if pool not in ("MAX", "AVE"):
+        ctx.error(f"spp_param.pool {pool} has no counterpart here (MAX, AVE)", p.get("pool").loc)
+    elif pool == "AVE":
+        out["pool"] = "ave"
+    return [out]
+
+
+@converts("LSTMUnit")
+def _lstm_unit(layer, out, ctx):
+    return [out]
+
+
 @converts("Crop")
 def _crop(layer, out, ctx):
     p = _sub(layer, "crop_param")
