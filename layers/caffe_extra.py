@@ -321,3 +321,135 @@ def lower_lstm_unit(p: LSTMUnitParams, ctx, bottoms):
     keep = b.reshape(keep, tuple(cont.shape) + (1,))
     c = b.add(b.mul(b.mul(keep, f), c_prev), b.mul(i, g))
     return [c, b.mul(o, b.op("tanh", c))]
+
+
+class CaffeLSTMParams(ParamLayerBase):
+    """Caffe's LSTM: gates i f o g = W_xc x_t + b_c (+ W_static x_static) + W_hc (cont_t h_{t-1});
+    c_t = cont_t f c_{t-1} + i g, h_t = o tanh(c_t); weights weight_x [4D, I], bias [4D],
+    weight_static [4D, S], weight_h [4D, D] (Caffe's blob order). Output h [T, N, D]."""
+    type: Literal["CaffeLSTM"]
+    num_output: Annotated[int, Field(ge=1)]
+    expose_hidden: Bool = False
+    BOTTOMS: ClassVar = (2, 5)
+    TOPS: ClassVar = (1, 3)
+
+
+class CaffeRNNParams(ParamLayerBase):
+    """Caffe's RNN: h_t = tanh(W_hh (cont_t h_{t-1}) + W_xh x_t + b_h (+ W_static x_static)),
+    o_t = tanh(W_ho h_t + b_o); weights weight_x [D, I], bias [D], weight_static [D, S],
+    weight_h [D, D], weight_out [D, D], bias_out [D]. Output o [T, N, D]."""
+    type: Literal["CaffeRNN"]
+    num_output: Annotated[int, Field(ge=1)]
+    expose_hidden: Bool = False
+    BOTTOMS: ClassVar = (2, 4)
+    TOPS: ClassVar = (1, 2)
+
+
+def _recurrent_bottoms(p, bottoms, states: int, ctx):
+    """(x, cont, static or None, initial states or None) of a Caffe recurrent layer's bottoms."""
+    x, cont = bottoms[0], bottoms[1]
+    rest = list(bottoms[2:])
+    initial = None
+    if p.expose_hidden:
+        if len(rest) < states:
+            raise LayerError(f"expose_hidden needs the {states} initial state bottom(s) after x, cont (and the "
+                             "static input)", "bottom")
+        initial, rest = rest[-states:], rest[:-states]
+    if len(rest) > 1:
+        raise LayerError("too many bottoms: x, cont, an optional static input, and with expose_hidden the "
+                         "initial state", "bottom")
+    static = rest[0] if rest else None
+    if x.rank < 3:
+        raise LayerError(f"x must be time-major [T, N, ...], got {ctx.fmt(x)}", "bottom")
+    if tuple(cont.shape) != tuple(x.shape[:2]):
+        raise LayerError(f"cont must be [T, N] as x's first axes, got {ctx.fmt(cont)}", "bottom")
+    return x, cont, static, initial
+
+
+def _flat_rows(b, v, start_axis: int):
+    """[..., a, b, c] as [rows, features] from ``start_axis`` on (features a fixed size)."""
+    from toolkit.ir.dims import product
+    features = static_dim(product(v.shape[start_axis:]), "the input's size per example", "bottom")
+    return b.reshape(v, tuple(v.shape[:start_axis]) + (features,)), features
+
+
+def _unrolled_steps(p, ctx, bottoms, gates_per_unit: int, states: int):
+    tops = len(ctx.layer.tops)
+    if tops != (1 + states if p.expose_hidden else 1):
+        raise LayerError(f"{p.type} has {'the output and ' + str(states) + ' final state top(s)' if p.expose_hidden else 'one top'}"
+                         f" ({'expose_hidden' if p.expose_hidden else 'without expose_hidden'}), got {tops}", "top")
+    b = ctx.b
+    x, cont, static, initial = _recurrent_bottoms(p, bottoms, states, ctx)
+    need_float_input(x, p.type)
+    steps = static_dim(x.shape[0], "the number of time steps (T, unrolled)", "bottom")
+    n = x.shape[1]
+    d = p.num_output
+    xs, inputs = _flat_rows(b, x, 2)                                     # [T, N, I]
+    width = gates_per_unit * d
+    w_x = ctx.param("weight_x", (width, inputs), fan_in=inputs, fan_out=width)
+    bias = ctx.param("bias", (width,), default_filler={"type": "constant", "value": 0.0})
+    # every step's input projection in one GEMM: [T, N, I] as [T*N, I]
+    projected = b.add(b.op("matmul", b.reshape(xs, (steps * n, inputs)), w_x, trans_a=False, trans_b=True), bias)
+    projected = b.reshape(projected, (steps, n, width))
+    static_term = None
+    if static is not None:
+        flat_static, s_width = _flat_rows(b, static, 1)
+        w_s = ctx.param("weight_static", (width, s_width), fan_in=s_width, fan_out=width)
+        static_term = b.op("matmul", flat_static, w_s, trans_a=False, trans_b=True)
+    w_h = ctx.param("weight_h", (width, d), fan_in=d, fan_out=width)
+    keep = cont if cont.dtype == x.dtype else b.op("cast", cont, dtype=x.dtype)
+    return b, x, steps, n, d, projected, static_term, w_h, keep, initial
+
+
+def _step(b, tensor, t: int, n, width: int):
+    return b.reshape(b.op("slice", tensor, axis=0, start=t, stop=t + 1), (n, width))
+
+
+@layer(CaffeLSTMParams)
+def lower_caffe_lstm(p: CaffeLSTMParams, ctx, bottoms):
+    b, x, steps, n, d, projected, static_term, w_h, keep, initial = _unrolled_steps(p, ctx, bottoms, 4, 2)
+    if initial is not None:
+        h, c = (b.reshape(v, (n, d)) for v in initial)
+    else:
+        h = c = None
+    outputs = []
+    for t in range(steps):
+        gates = _step(b, projected, t, n, 4 * d)
+        if static_term is not None:
+            gates = b.add(gates, static_term)
+        cont_t = b.reshape(b.op("slice", keep, axis=0, start=t, stop=t + 1), (n, 1))
+        if h is not None:
+            gates = b.add(gates, b.op("matmul", b.mul(h, cont_t), w_h, trans_a=False, trans_b=True))
+        i, f, o = (b.op("sigmoid", b.op("slice", gates, axis=1, start=k * d, stop=(k + 1) * d)) for k in range(3))
+        g = b.op("tanh", b.op("slice", gates, axis=1, start=3 * d, stop=4 * d))
+        new_c = b.mul(i, g) if c is None else b.add(b.mul(b.mul(cont_t, f), c), b.mul(i, g))
+        c = new_c
+        h = b.mul(o, b.op("tanh", c))
+        outputs.append(b.reshape(h, (1, n, d)))
+    sequence = outputs[0] if len(outputs) == 1 else b.op("concat", *outputs, axis=0)
+    if p.expose_hidden:
+        return [sequence, b.reshape(h, (1, n, d)), b.reshape(c, (1, n, d))]
+    return [sequence]
+
+
+@layer(CaffeRNNParams)
+def lower_caffe_rnn(p: CaffeRNNParams, ctx, bottoms):
+    b, x, steps, n, d, projected, static_term, w_h, keep, initial = _unrolled_steps(p, ctx, bottoms, 1, 1)
+    w_o = ctx.param("weight_out", (d, d), fan_in=d, fan_out=d)
+    b_o = ctx.param("bias_out", (d,), default_filler={"type": "constant", "value": 0.0}, filler_key="bias_filler")
+    h = b.reshape(initial[0], (n, d)) if initial is not None else None
+    outputs = []
+    for t in range(steps):
+        pre = _step(b, projected, t, n, d)
+        if static_term is not None:
+            pre = b.add(pre, static_term)
+        if h is not None:
+            cont_t = b.reshape(b.op("slice", keep, axis=0, start=t, stop=t + 1), (n, 1))
+            pre = b.add(pre, b.op("matmul", b.mul(h, cont_t), w_h, trans_a=False, trans_b=True))
+        h = b.op("tanh", pre)
+        o = b.op("tanh", b.add(b.op("matmul", h, w_o, trans_a=False, trans_b=True), b_o))
+        outputs.append(b.reshape(o, (1, n, d)))
+    sequence = outputs[0] if len(outputs) == 1 else b.op("concat", *outputs, axis=0)
+    if p.expose_hidden:
+        return [sequence, b.reshape(h, (1, n, d))]
+    return [sequence]

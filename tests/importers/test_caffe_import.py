@@ -108,13 +108,13 @@ def test_a_solver_becomes_the_train_section(tmp_path):
 def test_what_cannot_be_expressed_is_reported_at_its_place_all_at_once(tmp_path):
     broken = tmp_path / "broken.prototxt"
     broken.write_text('name: "x"\ninput: "data"\ninput_shape { dim: 1 dim: 3 dim: 4 dim: 4 }\n'
-                      'layer { name: "p" type: "SPP" bottom: "data" top: "p" }\n'
+                      'layer { name: "p" type: "Im2col" bottom: "data" top: "p" }\n'
                       'layer { name: "c" type: "Convolution" bottom: "p" top: "c"\n'
                       '  convolution_param { num_output: 2 kernel_size: 1 axis: 2 } }\n')
     r = cli("import", "caffe", broken, "--out", tmp_path / "out")
     assert r.status == 2 and "Traceback" not in r.err and not (tmp_path / "out").exists()
     line = '  convolution_param { num_output: 2 kernel_size: 1 axis: 2 } }'
-    assert r.errors == [f"{broken}:4:19: error: layer 'p': the Caffe layer type SPP has no counterpart here yet",
+    assert r.errors == [f"{broken}:4:19: error: layer 'p': the Caffe layer type Im2col has no counterpart here yet",
                         f"{broken}:6:{line.index('axis') + 1}: error: convolution_param.axis other than 1 has no "
                         "counterpart here"]
     syntax = tmp_path / "syntax.prototxt"
@@ -297,3 +297,35 @@ def test_twin_layers_of_one_name_in_two_phases_share_their_weights(tmp_path):
     assert [(x["name"], x.get("share"), x.get("phase")) for x in layers] == [
         ("ip", None, "train"), ("ip_test", "ip", ["test", "infer"]), ("loss", None, ["train", "test"])]
     assert layers[2]["top"] == "loss"
+
+
+def test_caffes_own_lstm_with_its_weights(tmp_path):
+    """Caffe's LSTM layer (time-major x, cont) and its blobs W_xc, b_c, W_hc: imported as CaffeLSTM,
+    run to the step formula written out in numpy."""
+    import toolkit
+    (tmp_path / "lstm.prototxt").write_text(
+        'input: "x"\ninput_shape { dim: 4 dim: 2 dim: 3 }\ninput: "cont"\ninput_shape { dim: 4 dim: 2 }\n'
+        'layer { name: "lstm" type: "LSTM" bottom: "x" bottom: "cont" top: "h" recurrent_param { num_output: 5 } }\n')
+    rng = np.random.default_rng(7)
+    w_x, b, w_h = rng.standard_normal((20, 3)) * 0.5, rng.standard_normal(20) * 0.1, rng.standard_normal((20, 5)) * 0.5
+    _write_caffemodel(tmp_path / "lstm.caffemodel", {"lstm": [w_x, b, w_h]})
+    r = cli("import", "caffe", tmp_path / "lstm.prototxt", "--weights", tmp_path / "lstm.caffemodel",
+            "--out", tmp_path / "o")
+    assert r.status == 0, r.err
+    net = yaml.safe_load((tmp_path / "o" / "net.yaml").read_text())
+    assert net["layers"][0]["type"] == "CaffeLSTM" and net["inputs"]["x"]["shape"] == [4, "N", 3]
+    # cont's batch is the second axis: the toolkit's N is the first; these inputs' shapes are fixed
+    x = rng.standard_normal((4, 2, 3)).astype(np.float32)
+    cont = np.array([[0, 0], [1, 1], [1, 0], [1, 1]], np.float32)
+    got = toolkit.load(tmp_path / "o" / "net.yaml", weights=str(tmp_path / "o" / "model.safetensors"),
+                       buckets=[4]).infer(x=x, cont=cont)["h"]
+    sig = lambda v: 1 / (1 + np.exp(-v))       # noqa: E731
+    h, c, want = np.zeros((2, 5)), np.zeros((2, 5)), []
+    for t in range(4):
+        k = cont[t][:, None]
+        gates = x[t] @ w_x.T + b + (k * h) @ w_h.T
+        i, f, o, g = sig(gates[:, :5]), sig(gates[:, 5:10]), sig(gates[:, 10:15]), np.tanh(gates[:, 15:])
+        c = k * f * c + i * g
+        h = o * np.tanh(c)
+        want.append(h)
+    np.testing.assert_allclose(got, np.stack(want), rtol=1e-5, atol=1e-6)

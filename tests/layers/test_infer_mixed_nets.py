@@ -9,7 +9,7 @@ max, Reshape with 0 and -1, Flatten, InnerProduct on an axis, every activation, 
 LogSoftmax on axes, Dropout, and the losses and Accuracy in the train and test phases; the third
 mixes in Caffe's PReLU, MVN, Bias, LRN within a channel, Swish, Clip and Threshold, and its
 MultinomialLogistic, Infogain, Hinge and Contrastive losses in the train phase, and SPP; the
-second an LSTMUnit step; the third
+second an LSTMUnit step and Caffe's own LSTM and RNN; the third
 uses the extended catalog's layers (Embed, LayerNorm, MatMul, Permute,
 Reduction, Tile, LRN, Pad, Deconvolution, Crop, Power, ArgMax, MultiHeadAttention, and the recurrent
 GRU, LSTM and RNN).
@@ -97,6 +97,7 @@ inputs:
   seq:    {shape: [N, 6, 20], dtype: float32}
   target: {shape: [N, 4, 3], dtype: float32}
   cont:   {shape: [N, 4], dtype: float32}
+  steps:  {shape: [6, N], dtype: float32}
 layers:
   - {name: r1, type: Reshape, bottom: seq, top: r1, shape: [0, 0, 4, -1]}
   - {name: conv1, type: Convolution, bottom: r1, top: conv1, num_output: 6, kernel_size: [2, 3],
@@ -131,11 +132,14 @@ layers:
   - {name: hsum, type: Eltwise, bottom: [h1, h2], top: hsum, coeff: [-1.5, 0.5]}
   - {name: gated, type: Scale, bottom: [h1, h2], top: gated, axis: 0}
   - {name: ip2, type: InnerProduct, bottom: lsm, top: ip2, num_output: 3, axis: 2}
+  - {name: tm, type: Permute, bottom: seq, top: tm, order: [1, 0, 2]}
+  - {name: clstm, type: CaffeLSTM, bottom: [tm, steps], top: clstm, num_output: 3}
+  - {name: crnn, type: CaffeRNN, bottom: [tm, steps], top: crnn, num_output: 2}
   - {name: gates, type: InnerProduct, bottom: lsm, top: gates, num_output: 12, axis: 2}
   - {name: unit, type: LSTMUnit, bottom: [ip2, gates, cont], top: [cell, hidden]}
   - {name: l2, type: EuclideanLoss, bottom: [ip2, target], top: l2, phase: train, loss_weight: 0.3}
   - {name: bce, type: SigmoidCrossEntropyLoss, bottom: [ip2, target], top: bce, phase: [train, test]}
-outputs: [sm, ip2, pmax, hsum, p2, gated, hidden]
+outputs: [sm, ip2, pmax, hsum, p2, gated, hidden, clstm, crnn]
 """
 
 # the extended catalog: a token branch (Embed, LayerNorm, dot-product attention by MatMul and

@@ -37,6 +37,7 @@ SUPPORTED = frozenset({
     "LayerNorm", "LRN", "Deconvolution", "RNN", "LSTM", "GRU", "MultiHeadAttention",
     "PReLU", "Bias", "Threshold", "Clip", "Swish", "MVN",
     "MultinomialLogisticLoss", "InfogainLoss", "HingeLoss", "ContrastiveLoss", "SPP", "LSTMUnit",
+    "CaffeLSTM", "CaffeRNN",
 })
 
 
@@ -232,6 +233,47 @@ def _classes() -> SimpleNamespace:
             bias = given[0] if given else self.bias
             axis = x.dim() if bias.dim() == 0 else self.axis % x.dim()
             return x + bias.reshape(tuple(bias.shape) + (1,) * (x.dim() - axis - bias.dim()))
+
+    class CaffeRecurrent(nn.Module):
+        """Caffe's LSTM (gates i f o g) or RNN, time-major, the state carried in multiplied by cont,
+        written step by step from Caffe's recurrent layers' definitions."""
+
+        def __init__(self, kind: str, shapes: dict, expose: bool):
+            super().__init__()
+            self.kind, self.expose = kind, expose
+            for name, shape in shapes.items():
+                setattr(self, name, nn.Parameter(torch.zeros(shape)))
+            self.has_static = "weight_static" in shapes
+
+        def forward(self, x, cont, *rest):
+            rest = list(rest)
+            states = (2 if self.kind == "lstm" else 1) if self.expose else 0
+            initial = rest[len(rest) - states:] if states else []
+            static = rest[0] if self.has_static else None
+            t_steps, n = x.shape[0], x.shape[1]
+            xs = x.reshape(t_steps, n, -1)
+            d = self.weight_h.shape[1]
+            proj = xs @ self.weight_x.T + self.bias
+            if static is not None:
+                proj = proj + (static.reshape(n, -1) @ self.weight_static.T)
+            h = initial[0].reshape(n, d) if initial else x.new_zeros(n, d)
+            c = initial[1].reshape(n, d) if len(initial) > 1 else x.new_zeros(n, d)
+            outs = []
+            for t in range(t_steps):
+                keep = cont[t].to(x.dtype).reshape(n, 1)
+                pre = proj[t] + (h * keep) @ self.weight_h.T
+                if self.kind == "lstm":
+                    i, f, o, g = pre.chunk(4, dim=1)
+                    c = keep * torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+                    h = torch.sigmoid(o) * torch.tanh(c)
+                    outs.append(h)
+                else:
+                    h = torch.tanh(pre)
+                    outs.append(torch.tanh(h @ self.weight_out.T + self.bias_out))
+            seq = torch.stack(outs)
+            if not self.expose:
+                return seq
+            return (seq, h.unsqueeze(0), c.unsqueeze(0)) if self.kind == "lstm" else (seq, h.unsqueeze(0))
 
     class SoftmaxWithLoss(nn.Module):
         def __init__(self, axis: int, ignore_label, normalization: str = "valid"):
@@ -748,6 +790,22 @@ class TorchNet:
             far = torch.relu(margin - d2) if legacy else torch.relu(margin - d2.sqrt()) ** 2
             return 0.5 * (y * d2 + (1 - y) * far).mean()
         return _classes().Lambda(loss, "contrastive_loss"), {}, {}
+
+    def _build_CaffeLSTM(self, p):
+        return self._caffe_recurrent(p, "lstm", ("weight_x", "bias", "weight_static", "weight_h"))
+
+    def _build_CaffeRNN(self, p):
+        return self._caffe_recurrent(p, "rnn", ("weight_x", "bias", "weight_static", "weight_h", "weight_out",
+                                                "bias_out"))
+
+    def _caffe_recurrent(self, p, kind: str, names):
+        shapes = {}
+        for name in names:
+            key = f"{self._owner(p)}.{name}"
+            if key in self.net.declared:
+                shapes[name] = self._declared_shape(p, name)
+        mod = _classes().CaffeRecurrent(kind, shapes, p.expose_hidden)
+        return mod, {name: name for name in shapes}, {}
 
     def _build_SPP(self, p):
         import torch

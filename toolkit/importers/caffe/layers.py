@@ -553,6 +553,37 @@ def _lstm_unit(layer, out, ctx):
     return [out]
 
 
+@converts("LSTM", "RNN")
+def _recurrent(layer, out, ctx):
+    """Caffe's own recurrent layers, as CaffeLSTM and CaffeRNN (time-major, with cont)."""
+    p = _sub(layer, "recurrent_param")
+    out["type"] = "Caffe" + out["type"]
+    out["num_output"] = p.value("num_output")
+    if str(p.value("expose_hidden", "false")) == "true":
+        out["expose_hidden"] = True
+    for key in ("weight_filler", "bias_filler"):
+        filler = _filler(p, ctx, key)
+        if filler is not None:
+            out[key] = filler
+    _common_params(layer, out, ctx, 4 if out["type"] == "CaffeLSTM" else 6)
+    return [out]
+
+
+def _recurrent_weights(name, arrays, names):
+    """Caffe's blob order: W_x, b, (W_static), W_h (, W_o, b_o for RNN)."""
+    if len(arrays) == len(names):
+        chosen = names
+    else:
+        chosen = [n for n in names if n != "weight_static"]
+    return {f"{name}.{n}": a for n, a in zip(chosen, arrays)}
+
+
+WEIGHTS["LSTM"] = lambda name, arrays: _recurrent_weights(name, arrays, ["weight_x", "bias", "weight_static",
+                                                                         "weight_h"])
+WEIGHTS["RNN"] = lambda name, arrays: _recurrent_weights(name, arrays, ["weight_x", "bias", "weight_static",
+                                                                        "weight_h", "weight_out", "bias_out"])
+
+
 @converts("Crop")
 def _crop(layer, out, ctx):
     p = _sub(layer, "crop_param")

@@ -91,10 +91,12 @@ def _type_of(layer: Message, v1: bool, ctx: Context) -> str:
     return V1_NAMES.get(str(kind).upper(), str(kind))
 
 
-def _shape(dims: list, loc: Location, ctx: Context) -> list:
+def _shape(dims: list, loc: Location, ctx: Context, name: str) -> list:
+    """An input's shape with its batch (first) axis symbolic; the dims as given are kept by name."""
     if not dims or any(not isinstance(d, int) or d < 1 for d in dims):
         ctx.error(f"an input shape must be positive whole numbers, got {dims}", loc)
         return ["N"]
+    ctx.extra.setdefault("given_shapes", {})[name] = list(dims)
     return ["N"] + list(dims[1:])
 
 
@@ -136,7 +138,8 @@ def import_net(prototxt: str, stages: tuple[str, ...] = (), input_shapes: dict[s
     dims = msg.values("input_dim")
     for i, name in enumerate(net_inputs):
         given = shapes[i] if i < len(shapes) else dims[4 * i: 4 * i + 4]
-        inputs[_layer_name(name)] = {"shape": _shape(given, msg.get("input").loc, ctx), "dtype": "float32"}
+        inputs[_layer_name(name)] = {"shape": _shape(given, msg.get("input").loc, ctx, _layer_name(name)),
+                                     "dtype": "float32"}
 
     rules = any(e.all("include") or e.all("exclude") for e in entries)
     has_data = any(_type_of(e, v1, ctx) in DATA_TYPES - {"Input"} for e in entries)
@@ -160,7 +163,7 @@ def import_net(prototxt: str, stages: tuple[str, ...] = (), input_shapes: dict[s
             in_shapes = [f.value.values("dim") for f in p.all("shape")]
             for i, top in enumerate(tops):
                 given = in_shapes[i] if i < len(in_shapes) else (in_shapes[0] if in_shapes else [])
-                inputs[top] = {"shape": _shape(given, layer.loc, ctx), "dtype": "float32"}
+                inputs[top] = {"shape": _shape(given, layer.loc, ctx, top), "dtype": "float32"}
             continue
         if kind in DATA_TYPES:
             _data_layer(layer, kind, tops, phases, inputs, input_shapes, data, ctx, notes)
@@ -195,6 +198,15 @@ def import_net(prototxt: str, stages: tuple[str, ...] = (), input_shapes: dict[s
             out_layers.append(entry)
         if kind in WEIGHTS and converted and share is None:
             weighted.append((name, kind))
+    # a recurrent layer's x and cont are time-major [T, N, ...]: their batch is the second axis
+    given = ctx.extra.get("given_shapes", {})
+    for entry in out_layers:
+        bottoms = entry.get("bottom")
+        if entry["type"] in ("CaffeLSTM", "CaffeRNN") and isinstance(bottoms, list):
+            for name in bottoms[:2]:
+                dims = given.get(name)
+                if name in inputs and dims and len(dims) >= 2:
+                    inputs[name] = {**inputs[name], "shape": [dims[0], "N"] + list(dims[2:])}
     # a net-level input that a loss or Accuracy reads as its labels holds integers
     for entry in out_layers:
         bottoms = entry.get("bottom")
@@ -229,7 +241,7 @@ def _data_layer(layer: Message, kind: str, tops: list[str], phases: list[str], i
             ctx.error(f"layer '{layer.value('name', kind)}': the shape of what a {kind} layer reads is in its data; "
                       f"give it with --input-shape {features}=C,H,W", layer.loc)
         return
-    inputs[features] = {"shape": _shape(shape, layer.loc, ctx), "dtype": "float32"}
+    inputs[features] = {"shape": _shape(shape, layer.loc, ctx, features), "dtype": "float32"}
     for label in labels:
         inputs[label] = {"shape": ["N"], "dtype": "int64"}
     transform = _sub(layer, "transform_param")
