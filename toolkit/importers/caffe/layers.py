@@ -96,6 +96,13 @@ def _filler(msg: Message, ctx: Context, where: str) -> dict | None:
     return None
 
 
+def _copy_set(p: Message, out: dict, defaults: tuple) -> None:
+    """Copy each (key, Caffe's default) the message sets to another value into the layer."""
+    for key, default in defaults:
+        if p.value(key, default) != default:
+            out[key] = p.value(key)
+
+
 def _common_params(layer: Message, out: dict, ctx: Context, slots: int) -> None:
     """``param { lr_mult decay_mult name }`` and the fillers of a layer with weights."""
     params = [p.value for p in layer.all("param")]
@@ -263,27 +270,20 @@ def _bnll(layer, out, ctx):
 
 @converts("ELU")
 def _elu(layer, out, ctx):
-    alpha = _sub(layer, "elu_param").value("alpha", 1.0)
-    if alpha != 1.0:
-        out["alpha"] = alpha
+    _copy_set(_sub(layer, "elu_param"), out, (("alpha", 1.0),))
     return [out]
 
 
 @converts("Power")
 def _power(layer, out, ctx):
-    p = _sub(layer, "power_param")
-    for key, default in (("power", 1.0), ("scale", 1.0), ("shift", 0.0)):
-        if p.value(key, default) != default:
-            out[key] = p.value(key)
+    _copy_set(_sub(layer, "power_param"), out, (("power", 1.0), ("scale", 1.0), ("shift", 0.0)))
     return [out]
 
 
 @converts("Exp", "Log")
 def _exp_log(layer, out, ctx):
-    p = _sub(layer, "exp_param" if out["type"] == "Exp" else "log_param")
-    for key, default in (("base", -1.0), ("scale", 1.0), ("shift", 0.0)):
-        if p.value(key, default) != default:
-            out[key] = p.value(key)
+    _copy_set(_sub(layer, "exp_param" if out["type"] == "Exp" else "log_param"), out,
+              (("base", -1.0), ("scale", 1.0), ("shift", 0.0)))
     return [out]
 
 
@@ -321,9 +321,7 @@ WEIGHTS["PReLU"] = lambda name, arrays: {f"{name}.weight": arrays[0].reshape(-1)
 @converts("Bias")
 def _bias(layer, out, ctx):
     p = _sub(layer, "bias_param")
-    for key, default in (("axis", 1), ("num_axes", 1)):
-        if p.value(key, default) != default:
-            out[key] = p.value(key)
+    _copy_set(p, out, (("axis", 1), ("num_axes", 1)))
     filler = _filler(p, ctx, "filler")
     if filler is not None:
         out["bias_filler"] = filler
@@ -349,9 +347,7 @@ def _clip(layer, out, ctx):
 
 @converts("Swish")
 def _swish(layer, out, ctx):
-    beta = _sub(layer, "swish_param").value("beta", 1.0)
-    if beta != 1.0:
-        out["beta"] = beta
+    _copy_set(_sub(layer, "swish_param"), out, (("beta", 1.0),))
     return [out]
 
 
@@ -421,8 +417,7 @@ def _hinge_loss(layer, out, ctx):
 @converts("ContrastiveLoss")
 def _contrastive_loss(layer, out, ctx):
     p = _sub(layer, "contrastive_loss_param")
-    if p.value("margin", 1.0) != 1.0:
-        out["margin"] = p.value("margin")
+    _copy_set(p, out, (("margin", 1.0),))
     if str(p.value("legacy_version", "false")) == "true":
         out["legacy_version"] = True
     return [out]
@@ -431,10 +426,7 @@ def _contrastive_loss(layer, out, ctx):
 @converts("Accuracy")
 def _accuracy(layer, out, ctx):
     p = _sub(layer, "accuracy_param")
-    if p.value("top_k", 1) != 1:
-        out["top_k"] = p.value("top_k")
-    if p.value("axis", 1) != 1:
-        out["axis"] = p.value("axis")
+    _copy_set(p, out, (("top_k", 1), ("axis", 1)))
     if p.get("ignore_label") is not None:
         out["ignore_label"] = p.value("ignore_label")
     return [out]
@@ -461,10 +453,7 @@ def _eltwise(layer, out, ctx):
 
 @converts("Flatten")
 def _flatten(layer, out, ctx):
-    p = _sub(layer, "flatten_param")
-    for key, default in (("axis", 1), ("end_axis", -1)):
-        if p.value(key, default) != default:
-            out[key] = p.value(key)
+    _copy_set(_sub(layer, "flatten_param"), out, (("axis", 1), ("end_axis", -1)))
     return [out]
 
 
@@ -473,9 +462,7 @@ def _reshape(layer, out, ctx):
     p = _sub(layer, "reshape_param")
     shape = p.get("shape")
     out["shape"] = shape.value.values("dim") if shape is not None else []
-    for key, default in (("axis", 0), ("num_axes", -1)):
-        if p.value(key, default) != default:
-            out[key] = p.value(key)
+    _copy_set(p, out, (("axis", 0), ("num_axes", -1)))
     return [out]
 
 
@@ -520,9 +507,7 @@ WEIGHTS["BatchNorm"] = _batchnorm_weights
 @converts("Scale")
 def _scale(layer, out, ctx):
     p = _sub(layer, "scale_param")
-    for key, default in (("axis", 1), ("num_axes", 1)):
-        if p.value(key, default) != default:
-            out[key] = p.value(key)
+    _copy_set(p, out, (("axis", 1), ("num_axes", 1)))
     if str(p.value("bias_term", "false")) == "true":
         out["bias_term"] = True
     for key in ("filler", "bias_filler"):
