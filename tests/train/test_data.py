@@ -264,8 +264,14 @@ def test_bad_csv(tmp_path, text, expect):
 def test_bad_sources(tmp_path):
     assert "no such file or folder" in train_error(write_net(tmp_path, "missing.npz"), tmp_path)
     assert "unknown builtin" in train_error(write_net(tmp_path, "builtin:mnist"), tmp_path)
-    (tmp_path / "d.txt").write_text("1 2 3")
-    assert "d.txt: unsupported data format '.txt'" in train_error(write_net(tmp_path, "d.txt"), tmp_path)
+    (tmp_path / "d.dat").write_text("1 2 3")
+    assert "d.dat: unsupported data format '.dat'" in train_error(write_net(tmp_path, "d.dat"), tmp_path)
+    # a .txt is Caffe's image list: PATH LABEL lines
+    (tmp_path / "d.txt").write_text("a.png x\n")
+    assert "d.txt:1: expected 'PATH LABEL', the label a whole number" in \
+        train_error(write_net(tmp_path, "d.txt", "[N, 1, 4, 4]"), tmp_path)
+    (tmp_path / "e.txt").write_text("missing.png 3\n")
+    assert "missing.png" in train_error(write_net(tmp_path, "e.txt", "[N, 1, 4, 4]"), tmp_path)
     (tmp_path / "empty").mkdir()
     assert "subfolder per class" in train_error(write_net(tmp_path, "empty", "[N, 1, 4, 4]"), tmp_path)
 
