@@ -14,7 +14,7 @@ from typing import Callable
 import numpy as np
 
 from ...errors import Location, Problem
-from .prototxt import Ident, Message
+from .prototxt import Message
 
 # V1 ``layers`` type enum (caffe.proto's V1LayerParameter.LayerType) -> the type's name
 V1_TYPES = {
@@ -649,7 +649,3 @@ def convert(layer: Message, type_name: str, name: str, bottoms: list[str], tops:
     if any(str(v) == "false" for v in layer.values("propagate_down")):
         ctx.error("propagate_down: false has no counterpart here", layer.get("propagate_down").loc)
     return converter(layer, out, ctx)
-
-
-def is_ident(value, text: str) -> bool:
-    return isinstance(value, Ident) and value.upper() == text

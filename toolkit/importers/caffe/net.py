@@ -16,7 +16,6 @@ and weights arrays.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -25,20 +24,13 @@ from ...errors import Location, Problem, SpecError, UserError
 from ...fileio import read_regular
 from . import layers as caffe_layers
 from .layers import DATA_TYPES, V1_NAMES, V1_TYPES, WEIGHTS, Context, _blob_array, _sub
-from .prototxt import Ident, Message, parse
+from .prototxt import Message, parse
 
 MAX_PROTOTXT_BYTES = 16 << 20
 MAX_CAFFEMODEL_BYTES = (2 << 30) - 1          # protobuf's own limit on one message
 PHASES = ("TRAIN", "TEST")
 LABEL_TOPS = 1                                 # a data layer's tops after the first are labels
 LABEL_READERS = {"SoftmaxWithLoss", "Accuracy", "MultinomialLogisticLoss", "InfogainLoss", "HingeLoss"}
-
-
-@dataclass
-class Imported:
-    net: dict                                  # the net file's contents
-    weights: dict[str, np.ndarray] | None
-    notes: list[str] = field(default_factory=list)
 
 
 def read_prototxt(path: str) -> Message:
@@ -352,7 +344,3 @@ def to_yaml(net: dict, source: str) -> str:
         if key in net:
             parts.append(yaml.safe_dump({key: net[key]}, sort_keys=False, default_flow_style=None, width=10**6))
     return head + "".join(parts)
-
-
-def is_true(value) -> bool:
-    return isinstance(value, Ident) and value.lower() == "true"
