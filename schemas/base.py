@@ -120,6 +120,18 @@ class ParamLayerBase(LayerBase):
 
     lr_mult: Union[Number, list[Number], None] = None
     decay_mult: Union[Number, list[Number], None] = None
-    share: Union[Name, None] = None
+    # another layer whose parameters this one uses: all of them (a name), or some, by parameter
+    # name ({weight: conv1}: Caffe's param { name } shared blob by blob)
+    share: Union[Name, dict[Name, Name], None] = None
     weight_filler: Union[Filler, None] = None
     bias_filler: Union[Filler, None] = None
+
+
+def weight_owner(layer, pname: str) -> str:
+    """The layer whose parameter ``pname`` this layer uses: the one ``share`` names for it, else
+    the layer itself."""
+    share = getattr(layer, "share", None)
+    if isinstance(share, dict):
+        return share.get(pname) or layer.name
+    return share or layer.name
+

@@ -329,3 +329,29 @@ def test_caffes_own_lstm_with_its_weights(tmp_path):
         h = o * np.tanh(c)
         want.append(h)
     np.testing.assert_allclose(got, np.stack(want), rtol=1e-5, atol=1e-6)
+
+
+def test_param_names_share_blobs_one_by_one(tmp_path):
+    """Caffe's param { name } shares single blobs: a layer sharing only its weight keeps its own
+    bias (share: {weight: a}); one sharing both shares the layer; the weight is used by both."""
+    import toolkit
+    (tmp_path / "shared.prototxt").write_text(
+        'input: "data"\ninput_shape { dim: 2 dim: 3 }\n'
+        'layer { name: "a" type: "InnerProduct" bottom: "data" top: "a" param { name: "w" } param { name: "ab" }\n'
+        '  inner_product_param { num_output: 3 } }\n'
+        'layer { name: "b" type: "InnerProduct" bottom: "a" top: "b" param { name: "w" } param { name: "bb" }\n'
+        '  inner_product_param { num_output: 3 } }\n'
+        'layer { name: "c" type: "InnerProduct" bottom: "b" top: "c" param { name: "w" } param { name: "ab" }\n'
+        '  inner_product_param { num_output: 3 } }\n')
+    rng = np.random.default_rng(3)
+    w, ab, bb = rng.standard_normal((3, 3)), rng.standard_normal(3), rng.standard_normal(3)
+    _write_caffemodel(tmp_path / "s.caffemodel", {"a": [w, ab], "b": [w, bb], "c": [w, ab]})
+    r = cli("import", "caffe", tmp_path / "shared.prototxt", "--weights", tmp_path / "s.caffemodel",
+            "--out", tmp_path / "o")
+    assert r.status == 0, r.err
+    layers = {x["name"]: x for x in yaml.safe_load((tmp_path / "o" / "net.yaml").read_text())["layers"]}
+    assert "share" not in layers["a"] and layers["b"]["share"] == {"weight": "a"} and layers["c"]["share"] == "a"
+    x = rng.standard_normal((2, 3)).astype(np.float32)
+    got = toolkit.load(tmp_path / "o" / "net.yaml", weights=str(tmp_path / "o" / "model.safetensors")).infer(data=x)
+    want = ((x @ w.T + ab) @ w.T + bb) @ w.T + ab
+    np.testing.assert_allclose(got["c"], want, rtol=1e-5, atol=1e-5)

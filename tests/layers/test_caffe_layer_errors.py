@@ -36,3 +36,19 @@ def test_a_caffe_layer_mistake_is_one_located_line(tmp_path, line, words):
     assert r.status == 2 and "Traceback" not in r.err
     assert len(r.errors) == 1 and r.errors[0].startswith(f"{net}:8:"), r.err
     assert all(w in r.errors[0] for w in words), r.errors[0]
+
+
+def test_sharing_one_parameter_and_a_misnamed_one(tmp_path):
+    """share: {weight: a} shares the weight alone (the bias stays the layer's own); a parameter
+    name the layer does not have is an error at share."""
+    net = tmp_path / "net.yaml"
+    net.write_text(HEAD + "  - {name: a, type: InnerProduct, bottom: data, top: a, num_output: 4}\n"
+                   "  - {name: b, type: InnerProduct, bottom: data, top: b, num_output: 4, share: {weight: a}}\n")
+    from toolkit.frontend import Net
+    declared = Net.load(str(net)).declared
+    assert sorted(declared) == ["a.bias", "a.weight", "b.bias"]
+    net.write_text(HEAD + "  - {name: a, type: InnerProduct, bottom: data, top: a, num_output: 4}\n"
+                   "  - {name: b, type: InnerProduct, bottom: data, top: b, num_output: 4, share: {wieght: a}}\n")
+    r = cli("check", net)
+    assert r.status == 2 and len(r.errors) == 1 and r.errors[0].startswith(f"{net}:9:")
+    assert "share names no parameter 'wieght' of this layer (its parameters: weight, bias)" in r.errors[0]

@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from schemas.base import weight_owner
+
 from ..errors import Location, Problem, did_you_mean
 from ..ir.dims import as_dim, format_dim
 from ..ir.graph import FLOAT_DTYPES, Graph, TensorType, Value, Weight
@@ -34,6 +36,7 @@ class LowerContext:
         self.b = Builder(graph, layer.name)
         self._declared = declared         # every weight key -> (shape, layer) across phases
         self.param_count = 0
+        self.param_names: list[str] = []        # the parameters the layer asked for, in order
 
     @staticmethod
     def fmt(v: Value) -> str:
@@ -55,8 +58,9 @@ class LowerContext:
               default_filler: dict | None = None, filler_key: str | None = None) -> Value:
         from layers.registry import LayerError
         layer = self.layer
-        owner = getattr(layer, "share", None) or layer.name
+        owner = weight_owner(layer, pname)
         key = f"{owner}.{pname}"
+        self.param_names.append(pname)
         lr_mult = self._multiplier("lr_mult")
         decay_mult = self._multiplier("decay_mult")
         self.param_count += 1
@@ -85,7 +89,7 @@ class LowerContext:
         return value
 
     def state(self, pname: str, shape: tuple, fill: float) -> Value:
-        key = f"{getattr(self.layer, 'share', None) or self.layer.name}.{pname}"
+        key = f"{weight_owner(self.layer, pname)}.{pname}"
         if key in self.graph.weights:
             return self.graph.weights[key].value
         value = Value(TensorType(tuple(shape), self.float_dtype), name=key)
@@ -99,7 +103,7 @@ class LowerContext:
             from layers.registry import LayerError
             raise LayerError(f"{self.layer.type} updates its state in phase {self.phase}, which a layer "
                              "inside an If or Loop block cannot do")
-        key = f"{getattr(self.layer, 'share', None) or self.layer.name}.{pname}"
+        key = f"{weight_owner(self.layer, pname)}.{pname}"
         self.graph.updates[key] = value
 
 
@@ -235,6 +239,11 @@ class Lowering:
                     vals = getattr(layer, key, None)
                     if isinstance(vals, list) and len(vals) != ctx.param_count:
                         raise LayerError(f"{len(vals)} {key} values for {ctx.param_count} parameters", key)
+                share = getattr(layer, "share", None)
+                unknown = sorted(set(share) - set(ctx.param_names)) if isinstance(share, dict) else []
+                if unknown:
+                    raise LayerError(f"share names no parameter {', '.join(map(repr, unknown))} of this layer (its "
+                                     f"parameters: {', '.join(ctx.param_names) or 'none'})", "share")
             except BlockFailed:
                 broken.update(layer.tops)
                 clean = False

@@ -16,6 +16,8 @@ from typing import Callable, Mapping
 
 import numpy as np
 
+from schemas.base import weight_owner
+
 from ..errors import UserError
 from ..ir.dims import Sym, evaluate, format_dim
 
@@ -45,8 +47,7 @@ class _Ctx:
         return outputs[0]
 
     def weight(self, pname: str, transform: Callable[[np.ndarray], np.ndarray] | None = None) -> str:
-        owner = getattr(self.layer, "share", None) or self.layer.name
-        key = f"{owner}.{pname}"
+        key = f"{weight_owner(self.layer, pname)}.{pname}"
         if key not in self.builder.weights:
             raise UserError(f"ONNX export: no weight '{key}' for layer '{self.layer.name}'")
         arr = self.builder.weights[key]
@@ -230,7 +231,7 @@ def _batch_norm(c: _Ctx, p) -> list[str]:
     if p.affine:
         scale, bias = c.weight("weight"), c.weight("bias")
     else:
-        n = c.builder.weights[f"{getattr(p, 'share', None) or p.name}.running_mean"].shape[0]
+        n = c.builder.weights[f"{weight_owner(p, 'running_mean')}.running_mean"].shape[0]
         scale = c.const(np.ones(n, c.builder.dtype), "scale")
         bias = c.const(np.zeros(n, c.builder.dtype), "bias")
     return [c.node("BatchNormalization", [x, scale, bias, mean, var], epsilon=float(p.eps))]
@@ -250,8 +251,7 @@ def _scale(c: _Ctx, p) -> list[str]:
         if k is None:
             c.unsupported("a scale bottom of unknown rank")
     else:
-        owner = getattr(p, "share", None) or p.name
-        learned = c.builder.weights.get(f"{owner}.weight")
+        learned = c.builder.weights.get(f"{weight_owner(p, 'weight')}.weight")
         if learned is None:
             c.weight("weight")                      # raises the missing-weight error
         k = learned.ndim

@@ -477,19 +477,20 @@ class TorchNet:
         self._torch = torch
 
     # -- building ---------------------------------------------------------------------------
-    def _owner(self, layer) -> str:
-        return getattr(layer, "share", None) or layer.name
+    def _owner(self, layer, pname: str = "weight") -> str:
+        from schemas.base import weight_owner
+        return weight_owner(layer, pname)
 
     def _declared_shape(self, layer, pname: str) -> tuple:
-        key = f"{self._owner(layer)}.{pname}"
+        key = f"{self._owner(layer, pname)}.{pname}"
         if key not in self.net.declared:
             raise KeyError(f"layer '{layer.name}': the net declares no weight '{key}'")
         return tuple(self.net.declared[key][0])
 
     def _bind(self, layer, mod, params: dict[str, str], buffers: dict[str, str]) -> None:
         """Register the module's parameters under LAYER.PARAM, or point them at the shared owner's."""
-        owner = self._owner(layer)
         for index, (pname, path) in enumerate(params.items()):
+            owner = self._owner(layer, pname)
             key = f"{owner}.{pname}"
             if owner != layer.name:
                 if key not in self.params:
@@ -502,7 +503,7 @@ class TorchNet:
             self.params[key] = p
             self._owners[key] = (mod, path)
         for pname, path in buffers.items():
-            key = f"{owner}.{pname}"
+            key = f"{self._owner(layer, pname)}.{pname}"
             if key in self.buffers:
                 _set_attr(mod, path, self.buffers[key])
             else:
@@ -801,7 +802,7 @@ class TorchNet:
     def _caffe_recurrent(self, p, kind: str, names):
         shapes = {}
         for name in names:
-            key = f"{self._owner(p)}.{name}"
+            key = f"{self._owner(p, name)}.{name}"
             if key in self.net.declared:
                 shapes[name] = self._declared_shape(p, name)
         mod = _classes().CaffeRecurrent(kind, shapes, p.expose_hidden)

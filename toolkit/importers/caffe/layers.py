@@ -103,29 +103,36 @@ def _copy_set(p: Message, out: dict, defaults: tuple) -> None:
             out[key] = p.value(key)
 
 
-def _common_params(layer: Message, out: dict, ctx: Context, slots: int) -> None:
-    """``param { lr_mult decay_mult name }`` and the fillers of a layer with weights."""
+def _common_params(layer: Message, out: dict, ctx: Context, slots: list[str]) -> None:
+    """``param { lr_mult decay_mult name }`` of a layer whose parameters are ``slots`` (in
+    Caffe's blob order). A param name met before shares that blob: ``share`` names the owner
+    for all the layer's parameters, or, parameter by parameter, for some."""
     params = [p.value for p in layer.all("param")]
-    if params:
-        lr = [p.value("lr_mult", 1.0) for p in params]
-        decay = [p.value("decay_mult", 1.0) for p in params]
-        if any(v != 1.0 for v in lr):
-            out["lr_mult"] = lr[0] if len(set(lr)) == 1 and len(lr) == slots else lr
-        if any(v != 1.0 for v in decay):
-            out["decay_mult"] = decay[0] if len(set(decay)) == 1 and len(decay) == slots else decay
-        names = [p.value("name") for p in params]
-        if any(names):
-            owners = {ctx.param_names.get(n) for n in names if n}
-            owner = next(iter(owners)) if len(owners) == 1 else None
-            if owner is not None and [ctx.param_names.get(n) for n in names] == [owner] * len(names):
-                out["share"] = owner
-            elif owner is None and all(names):
-                for n in names:
-                    ctx.param_names[n] = out["name"]
-            else:
-                ctx.error("param names that share single blobs between layers have no counterpart here "
-                          "(a layer may share all its parameters with one other layer: name them alike)",
-                          layer.get("param").loc)
+    if not params:
+        return
+    lr = [p.value("lr_mult", 1.0) for p in params]
+    decay = [p.value("decay_mult", 1.0) for p in params]
+    if any(v != 1.0 for v in lr):
+        out["lr_mult"] = lr[0] if len(set(lr)) == 1 and len(lr) == len(slots) else lr
+    if any(v != 1.0 for v in decay):
+        out["decay_mult"] = decay[0] if len(set(decay)) == 1 and len(decay) == len(slots) else decay
+    shared: dict[str, str] = {}
+    for slot, param in zip(slots, params):
+        blob = param.value("name")
+        if not blob:
+            continue
+        if blob not in ctx.param_names:
+            ctx.param_names[blob] = (out["name"], slot)
+            continue
+        owner, owner_slot = ctx.param_names[blob]
+        if owner_slot != slot:
+            ctx.error(f"param name '{blob}' shares layer '{owner}''s {owner_slot} as this layer's {slot}: only a "
+                      "parameter of the same role can be shared here", layer.get("param").loc)
+            continue
+        shared[slot] = owner
+    if shared:
+        owners = set(shared.values())
+        out["share"] = owners.pop() if len(owners) == 1 and len(shared) == len(slots) else shared
 
 
 def _blob_array(blob, loc: Location, ctx: Context, name: str) -> np.ndarray | None:
@@ -189,7 +196,7 @@ def _convolution(layer, out, ctx):
         filler = _filler(p, ctx, key)
         if filler is not None:
             out[key] = filler
-    _common_params(layer, out, ctx, 1 if out.get("bias_term") is False else 2)
+    _common_params(layer, out, ctx, ["weight"] if out.get("bias_term") is False else ["weight", "bias"])
     return [out]
 
 
@@ -214,7 +221,7 @@ def _inner_product(layer, out, ctx):
         filler = _filler(p, ctx, key)
         if filler is not None:
             out[key] = filler
-    _common_params(layer, out, ctx, 1 if out.get("bias_term") is False else 2)
+    _common_params(layer, out, ctx, ["weight"] if out.get("bias_term") is False else ["weight", "bias"])
     return [out]
 
 
@@ -311,7 +318,7 @@ def _prelu(layer, out, ctx):
     filler = _filler(p, ctx, "filler")
     if filler is not None:
         out["weight_filler"] = filler
-    _common_params(layer, out, ctx, 1)
+    _common_params(layer, out, ctx, ["weight"])
     return [out]
 
 
@@ -325,7 +332,7 @@ def _bias(layer, out, ctx):
     filler = _filler(p, ctx, "filler")
     if filler is not None:
         out["bias_filler"] = filler
-    _common_params(layer, out, ctx, 1)
+    _common_params(layer, out, ctx, ["bias"])
     return [out]
 
 
@@ -514,7 +521,7 @@ def _scale(layer, out, ctx):
         filler = _filler(p, ctx, key)
         if filler is not None:
             out["weight_filler" if key == "filler" else key] = filler
-    _common_params(layer, out, ctx, 2 if out.get("bias_term") else 1)
+    _common_params(layer, out, ctx, ["weight", "bias"] if out.get("bias_term") else ["weight"])
     return [out]
 
 
@@ -550,7 +557,11 @@ def _recurrent(layer, out, ctx):
         filler = _filler(p, ctx, key)
         if filler is not None:
             out[key] = filler
-    _common_params(layer, out, ctx, 4 if out["type"] == "CaffeLSTM" else 6)
+    static = ["weight_static"] if len(layer.values("bottom")) - (2 if out.get("expose_hidden") else 0) > 2 \
+        and out["type"] == "CaffeLSTM" or len(layer.values("bottom")) - (1 if out.get("expose_hidden") else 0) > 2 \
+        and out["type"] == "CaffeRNN" else []
+    slots = ["weight_x", "bias", *static, "weight_h"] + (["weight_out", "bias_out"] if out["type"] == "CaffeRNN" else [])
+    _common_params(layer, out, ctx, slots)
     return [out]
 
 
@@ -617,7 +628,7 @@ def _embed(layer, out, ctx):
     if str(p.value("bias_term", "true")) == "true":
         ctx.error("embed_param.bias_term (Caffe's default) has no counterpart here yet: set bias_term: false",
                   (p.get("bias_term") or layer.get("type")).loc)
-    _common_params(layer, out, ctx, 1)
+    _common_params(layer, out, ctx, ["weight"])
     return [out]
 
 
