@@ -106,3 +106,14 @@ def test_a_record_whose_size_lies_is_refused(tmp_path, digits):
     r = cli("train", net, "--out", tmp_path / "o", *sets(train__max_iter=1))
     assert r.status == 2 and "Traceback" not in r.err
     assert any("a record says 1 x 8 x 9 but holds 64 bytes" in e for e in r.errors), r.err
+
+
+def test_a_leveldb_of_datums_trains_as_the_same_npz(tmp_path, digits):
+    plyvel = pytest.importorskip("plyvel", reason="the caffe extra (plyvel) reads LevelDB sources")
+    x, y = digits
+    np.savez(tmp_path / "digits.npz", data=x, label=y)
+    db = plyvel.DB(str(tmp_path / "digits_leveldb"), create_if_missing=True)
+    for i in range(N):
+        db.put(f"{i:08d}".encode(), datum(x[i], int(y[i])))
+    db.close()
+    _same(_train(tmp_path, "digits.npz", "npz"), _train(tmp_path, "digits_leveldb", "leveldb"))

@@ -1,8 +1,10 @@
 """Caffe's data sources as train.data sources, read a batch at a time rather than loaded whole:
 
 - an LMDB of ``Datum`` records (a folder holding ``data.mdb``: Caffe's ``Data`` layer), through
-  the ``lmdb`` package; encoded records (JPEG, PNG) are decoded by Pillow, raw ones are [C, H, W]
-  bytes or floats, both in Caffe's channel order (BGR for colour images);
+  the ``lmdb`` package, or a LevelDB of them (a folder holding ``CURRENT``), through ``plyvel``
+  (one process at a time: LevelDB locks its folder); encoded records (JPEG, PNG) are decoded by
+  Pillow, raw ones are [C, H, W] bytes or floats, both in Caffe's channel order (BGR for colour
+  images);
 - an image list (a ``.txt`` of ``PATH LABEL`` lines: Caffe's ``ImageData``), paths relative to
   ``root_folder`` (else the list's folder), images resized to the input (or, with crop_size, to
   new_height x new_width) as the image folder source does;
@@ -26,6 +28,7 @@ from ..errors import UserError
 from ..ir.graph import FLOAT_DTYPES
 
 MAX_LIST_LINES = 50_000_000
+_LEVELDBS: dict = {}
 
 
 @dataclass
@@ -86,6 +89,8 @@ def kind_of(path: Path) -> str | None:
     """Which of these sources a path is, or None."""
     if path.is_dir() and (path / "data.mdb").is_file():
         return "lmdb"
+    if path.is_dir() and (path / "CURRENT").is_file():
+        return "leveldb"
     if path.suffix.lower() in (".h5", ".hdf5"):
         return "hdf5"
     if path.suffix.lower() == ".txt" and path.is_file():
@@ -103,7 +108,7 @@ def _lines(path: Path):
 
 
 def open_lazy(kind: str, path: Path, inputs: dict, data_spec) -> LazyDataset:
-    return {"lmdb": _lmdb, "hdf5": _hdf5, "image_list": _image_list}[kind](path, inputs, data_spec)
+    return {"lmdb": _lmdb, "leveldb": _leveldb, "hdf5": _hdf5, "image_list": _image_list}[kind](path, inputs, data_spec)
 
 
 def _roles(inputs: dict) -> tuple[str, str | None]:
@@ -272,29 +277,54 @@ def _lmdb(path: Path, inputs: dict, data_spec) -> LazyDataset:
         import lmdb
     except ImportError:
         raise UserError("an LMDB source needs lmdb: pip install 'toolkit[caffe]'") from None
-    features, label = _roles(inputs)
     try:
         env = lmdb.open(str(path), readonly=True, lock=False, readahead=False, max_readers=16)
     except lmdb.Error as e:
         raise UserError(f"{path}: not a readable LMDB ({e})") from None
     with env.begin() as txn:
         keys = [key for key, _ in txn.cursor()]
+
+    def get(key: bytes) -> bytes:
+        with env.begin() as txn:
+            return txn.get(key)
+    return _datums(path, inputs, keys, get)
+
+
+def _datums(path: Path, inputs: dict, keys: list, get: Callable[[bytes], bytes]) -> LazyDataset:
+    """A key-value store of Datum records, read a batch at a time by ``get(key)``."""
+    features, label = _roles(inputs)
     if not keys:
-        raise UserError(f"{path}: an LMDB with no records")
+        raise UserError(f"{path}: a database with no records")
 
     def read(rows: np.ndarray) -> dict:
         images, labels = [], []
-        with env.begin() as txn:
-            for r in rows:
-                raw = txn.get(keys[r])
-                try:
-                    datum = parse_datum(raw)
-                except ValueError as e:
-                    raise UserError(f"{path}: record {keys[r]!r} is not a Caffe Datum ({e})") from None
-                images.append(_datum_array(datum, str(path)))
-                labels.append(datum.get("label", 0))
+        for r in rows:
+            try:
+                datum = parse_datum(get(keys[r]))
+            except ValueError as e:
+                raise UserError(f"{path}: record {keys[r]!r} is not a Caffe Datum ({e})") from None
+            images.append(_datum_array(datum, str(path)))
+            labels.append(datum.get("label", 0))
         out = {features: np.stack(images) if images else np.empty((0,), np.float32)}
         if label:
             out[label] = np.asarray(labels, dtype=np.int64)
         return out
     return LazyDataset(len(keys), read)
+
+
+def _leveldb(path: Path, inputs: dict, data_spec) -> LazyDataset:
+    try:
+        import plyvel
+    except ImportError:
+        raise UserError("a LevelDB source needs plyvel: pip install 'toolkit[caffe]'") from None
+    key = str(path.resolve())
+    db = _LEVELDBS.get(key)               # LevelDB locks its folder: one handle per process
+    if db is None:
+        try:
+            db = _LEVELDBS[key] = plyvel.DB(str(path), create_if_missing=False)
+        except (plyvel.Error, OSError) as e:
+            raise UserError(f"{path}: not a readable LevelDB ({e}; LevelDB lets one process open it at a time)") \
+                from None
+    keys = [key for key in db.iterator(include_value=False)]
+    return _datums(path, inputs, keys, db.get)
+

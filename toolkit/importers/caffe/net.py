@@ -255,8 +255,8 @@ def _data_layer(layer: Message, kind: str, tops: list[str], phases: list[str], i
             key = "source" if "TRAIN" in phases else "test_source"
             data[key] = str(param.value("source"))
             if kind == "Data" and str(param.value("backend", "LEVELDB")).upper() == "LEVELDB":
-                notes.append(f"train.data.{key} {param.value('source')}: a LevelDB, which the toolkit does not "
-                             "read: convert it to an LMDB (Caffe's convert_imageset --backend lmdb)")
+                notes.append(f"train.data.{key} {param.value('source')}: a LevelDB, which one process at a time can "
+                             "read (data-parallel training needs an LMDB: convert_imageset --backend lmdb)")
             elif kind in ("MemoryData", "WindowData"):
                 notes.append(f"train.data.{key}: a {kind} layer's data is not a file the toolkit reads: give an "
                              ".npz, a CSV, an image folder or list, an LMDB or HDF5")
