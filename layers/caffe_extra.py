@@ -178,18 +178,22 @@ def lower_multinomial_logistic_loss(p, ctx, bottoms):
 
 class InfogainLossParams(LayerBase):
     """Caffe's InfogainLoss: -mean over the batch of sum_k H[label, k] log softmax(x)_k, the
-    infogain matrix H [C, C] the third bottom (the identity makes it SoftmaxWithLoss)."""
+    infogain matrix H [C, C] the third bottom, or else the layer's own ``infogain`` weight, which
+    no gradient updates (the identity unless the weights file holds it: Caffe's H from a file;
+    the identity makes it SoftmaxWithLoss)."""
     type: Literal["InfogainLoss"]
     axis: int = 1
-    BOTTOMS: ClassVar = (3, 3)
+    BOTTOMS: ClassVar = (2, 3)
 
 
 @layer(InfogainLossParams)
 def lower_infogain_loss(p, ctx, bottoms):
-    scores, label, infogain = bottoms
+    scores, label = bottoms[:2]
     need_float_input(scores, "InfogainLoss")
     classes = _class_count(scores, ctx)
     _need_labels(label, ctx)
+    infogain = bottoms[2] if len(bottoms) == 3 else ctx.state("infogain", (classes, classes), 0.0,
+                                                               init={"type": "identity"})
     if tuple(infogain.shape) != (classes, classes):
         raise LayerError(f"the infogain matrix must be [{classes}, {classes}], got {ctx.fmt(infogain)}", "bottom")
     b = ctx.b

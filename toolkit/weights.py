@@ -53,6 +53,10 @@ def fill(init: dict, shape: tuple[int, ...], dtype: str, fan_in: int, fan_out: i
         return drawn
     if kind == "bilinear":
         return _bilinear(shape, dtype)
+    if kind == "identity":                           # a square matrix's identity (InfogainLoss's default H)
+        if len(shape) != 2 or shape[0] != shape[1]:
+            raise UserError(f"the identity filler needs a square matrix, not {list(shape)}")
+        return np.eye(shape[0], dtype=dtype)
     if kind == "positive_unitball":
         drawn = _drawn(lambda k: rng.uniform(0.0, 1.0, size=k), shape, dtype)
         rows = drawn.reshape(shape[0], -1) if shape else drawn.reshape(1, -1)

@@ -355,3 +355,47 @@ def test_param_names_share_blobs_one_by_one(tmp_path):
     got = toolkit.load(tmp_path / "o" / "net.yaml", weights=str(tmp_path / "o" / "model.safetensors")).infer(data=x)
     want = ((x @ w.T + ab) @ w.T + bb) @ w.T + ab
     np.testing.assert_allclose(got["c"], want, rtol=1e-5, atol=1e-5)
+
+
+def test_an_infogain_matrix_from_its_file_becomes_the_layers_fixed_weight(tmp_path):
+    """infogain_loss_param.source (a binaryproto H) is written as the layer's own weight
+    NAME.infogain, which training never updates; the loss is Caffe's formula with that H; the
+    matrix missing is a note and H starts as the identity."""
+    from toolkit.frontend import OBJECTIVE, Net
+    from toolkit.importers.caffe.proto import classes
+    from toolkit.ops.interpreter import interpret
+    from toolkit.weights import load_weights
+    rng = np.random.default_rng(5)
+    h = rng.random((4, 4)).astype(np.float32)
+    blob = classes()["BlobProto"](num=1, channels=1, height=4, width=4)
+    blob.data.extend(h.ravel().tolist())
+    (tmp_path / "H.binaryproto").write_bytes(blob.SerializeToString())
+    text = ('input: "data"\ninput_shape { dim: 3 dim: 6 }\ninput: "label"\ninput_shape { dim: 3 }\n'
+            'layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip" inner_product_param { num_output: 4 } }\n'
+            'layer { name: "gain" type: "InfogainLoss" bottom: "ip" bottom: "label" top: "loss"\n'
+            '  infogain_loss_param { source: "H.binaryproto" } }\n')
+    (tmp_path / "net.prototxt").write_text(text)
+    r = cli("import", "caffe", tmp_path / "net.prototxt", "--out", tmp_path / "o")
+    assert r.status == 0, r.err
+    assert "gain.infogain from the prototxt's files" in r.out
+    weights = load_weights(str(tmp_path / "o" / "model.safetensors"))
+    np.testing.assert_array_equal(weights["gain.infogain"], h)
+
+    net = Net.load(str(tmp_path / "o" / "net.yaml"))
+    graph = net.graph("train", "float64")
+    x, label = rng.standard_normal((3, 6)), np.array([0, 3, 2])
+    arrays = {k: v.astype(np.float64) for k, v in weights.items()}
+    got = interpret(graph, {"data": x, "label": label}, arrays)[0][OBJECTIVE]
+    scores = x @ arrays["ip.weight"].T + arrays["ip.bias"]
+    logp = scores - scores.max(1, keepdims=True)
+    logp -= np.log(np.exp(logp).sum(1, keepdims=True))
+    np.testing.assert_allclose(got, -(h[label] * logp).sum(1).mean(), rtol=1e-6)
+    assert net.declared["gain.infogain"][0] == (4, 4)
+    assert "gain.infogain" not in {w.name for w in graph.weights.values() if w.trainable}
+
+    (tmp_path / "H.binaryproto").unlink()
+    r = cli("import", "caffe", tmp_path / "net.prototxt", "--out", tmp_path / "o2")
+    assert r.status == 0, r.err
+    assert "H.binaryproto is not here: 'gain.infogain' starts as the identity" in r.out
+    np.testing.assert_array_equal(Net.load(str(tmp_path / "o2" / "net.yaml")).init_weights()["gain.infogain"],
+                                  np.eye(4, dtype=np.float32))

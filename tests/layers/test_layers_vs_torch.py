@@ -255,6 +255,7 @@ CASES = [
           L("prob", "Softmax", "ip"),
           L("mlog", "MultinomialLogisticLoss", ["prob", "label"]),
           L("infogain", "InfogainLoss", ["ip", "label", "gain"], loss_weight=0.5),
+          L("infogain_own", "InfogainLoss", ["ip", "label"], loss_weight=0.4),   # H a fixed weight
           L("hinge", "HingeLoss", ["ip", "label"], loss_weight=0.3),
           L("hinge2", "HingeLoss", ["ip", "label"], norm="l2", loss_weight=0.2)],
          {"label": labels(4), "gain": uniform(0.0, 1.0)}),
@@ -559,6 +560,8 @@ def random_weights(net: Net, dtype: str, seed: int = 7) -> dict[str, np.ndarray]
         pname = key[len(layer) + 1:]              # 'weight', 'in_proj_bias', 'out_proj.bias', ...
         if pname == "bias" or pname.endswith(("_bias", ".bias")) or pname == "running_mean":
             arr[...] = rng.normal(0.0, 0.5, arr.shape)
+        elif pname == "infogain":                 # a fixed matrix: not the identity it starts as
+            arr[...] = rng.uniform(0.0, 1.0, arr.shape)
         elif pname == "running_var":
             arr[...] = rng.uniform(0.4, 2.5, arr.shape)
         elif pname == "weight" and types[layer] in ("BatchNorm", "Scale", "LayerNorm"):   # filled with 1

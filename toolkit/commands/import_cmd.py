@@ -31,7 +31,6 @@ def _input_shapes(items: list[str]) -> dict[str, list[int]]:
 def _caffe(args) -> int:
     from ..importers.caffe.net import import_net, import_weights, read_prototxt, to_yaml
     from ..importers.caffe.solver import import_solver
-    from ..weights import check_weights, save_weights
     from ..zoo.resolve import load_net
     out = Path(args.out)
     taken = [f for f in ("net.yaml", "model.safetensors") if (out / f).exists()]
@@ -72,19 +71,34 @@ def _caffe(args) -> int:
     params = sum(math.prod(shape) for key, (shape, _layer) in loaded.declared.items()
                  if not key.endswith(("running_mean", "running_var")))
     print(f"imported {net['name']}: {len(net['layers'])} layers, {params:,} parameters; wrote {target}")
-    if weights is not None:
-        report = check_weights(args.weights, weights, loaded.declared, allow_missing=True)
-        arrays = loaded.init_weights(seed=0)
-        for key in report.copied:
-            arrays[key] = np.asarray(weights[key], dtype=np.float32)
-        if report.reshaped:
-            raise UserError(*(f"{args.weights}: weight '{k}' of layer '{layer}' has shape {list(a)} in the "
-                              f"caffemodel, the prototxt makes it {list(b)}" for k, layer, a, b in report.reshaped))
-        save_weights(str(out / "model.safetensors"), arrays)
-        started = [k for k, _layer, _shape in report.new]
-        print(f"wrote {out / 'model.safetensors'}: {len(report.copied)} arrays from {args.weights}"
-              + (f", {len(started)} from their fillers ({', '.join(started[:6])}{' ...' if len(started) > 6 else ''})"
-                 if started else ""))
+    if weights is not None or ctx.fixed:
+        _write_weights(args.weights, weights or {}, ctx.fixed, loaded, out / "model.safetensors")
     for note in notes:
         print(f"note: {note}")
     return 0
+
+
+def _write_weights(caffemodel: str | None, weights: dict, fixed: dict, loaded, target: Path) -> None:
+    """The caffemodel's arrays and the matrices read from the prototxt's own files (``fixed``)
+    over the fillers' values, checked against the net's declared shapes."""
+    from ..weights import check_weights, save_weights
+    source = caffemodel or "the prototxt's files"
+    report = check_weights(source, {**weights, **fixed}, loaded.declared, allow_missing=True)
+    if report.reshaped:
+        raise UserError(*(f"{source}: weight '{k}' of layer '{layer}' has shape {list(a)} there, the prototxt "
+                          f"makes it {list(b)}" for k, layer, a, b in report.reshaped))
+    arrays = loaded.init_weights(seed=0)
+    for key in report.copied:
+        arrays[key] = np.asarray({**weights, **fixed}[key], dtype=np.float32)
+    save_weights(str(target), arrays)
+    started = [k for k, _layer, _shape in report.new]
+    parts = []
+    if caffemodel:
+        parts.append(f"{len(report.copied) - len(fixed)} arrays from {caffemodel}")
+    if fixed:
+        parts.append(f"{', '.join(sorted(fixed))} from the prototxt's files")
+    if started:
+        parts.append(f"{len(started)} from their fillers ({', '.join(started[:6])}{' ...' if len(started) > 6 else ''})")
+    print(f"wrote {target}: " + ", ".join(parts))
+    if not caffemodel:
+        print(f"note: train from these with --weights {target}, or the fixed matrices start as their fillers")

@@ -88,12 +88,14 @@ class LowerContext:
         self._declared.setdefault(key, (tuple(shape), layer.name))
         return value
 
-    def state(self, pname: str, shape: tuple, fill: float) -> Value:
+    def state(self, pname: str, shape: tuple, fill: float, init: dict | None = None) -> Value:
+        """A weight no gradient updates (running statistics, a fixed matrix): ``fill`` everywhere,
+        or the filler ``init``."""
         key = f"{weight_owner(self.layer, pname)}.{pname}"
         if key in self.graph.weights:
             return self.graph.weights[key].value
         value = Value(TensorType(tuple(shape), self.float_dtype), name=key)
-        self.graph.weights[key] = Weight(key, value, False, {"type": "constant", "value": fill},
+        self.graph.weights[key] = Weight(key, value, False, init or {"type": "constant", "value": fill},
                                          0.0, 0.0, self.layer.name)
         self._declared.setdefault(key, (tuple(shape), self.layer.name))
         return value

@@ -770,7 +770,12 @@ class TorchNet:
         def loss(scores, label, infogain):
             logp = torch.log(torch.clamp(torch.softmax(scores, dim=1), min=1e-20))
             return -(infogain[label.long()] * logp).sum(dim=1).mean()
-        return _classes().Lambda(loss, "infogain_loss"), {}, {}
+        if len(p.bottoms) == 3:
+            return _classes().Lambda(loss, "infogain_loss"), {}, {}
+        # H is the layer's own fixed weight: a buffer, so no gradient reaches it
+        mod = _classes().Lambda(lambda scores, label: loss(scores, label, mod.infogain), "infogain_loss")
+        mod.register_buffer("infogain", torch.eye(self._declared_shape(p, "infogain")[0]))
+        return mod, {}, {"infogain": "infogain"}
 
     def _build_HingeLoss(self, p):
         import torch

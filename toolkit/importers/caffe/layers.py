@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
 from ...errors import Location, Problem
+from ...fileio import read_regular
 from .prototxt import Message
 
 # V1 ``layers`` type enum (caffe.proto's V1LayerParameter.LayerType) -> the type's name
@@ -42,6 +44,8 @@ class Context:
     aliases: dict[str, str] = field(default_factory=dict)        # a Split's tops -> its bottom
     param_names: dict[str, tuple[str, tuple]] = field(default_factory=dict)   # shared name -> (layer, slot)
     extra: dict = field(default_factory=dict)      # arrays to write beside the net (a mean image)
+    fixed: dict = field(default_factory=dict)      # weights no caffemodel holds (an infogain matrix) by key
+    notes: list[str] = field(default_factory=list)
 
     def error(self, message: str, loc: Location) -> None:
         self.problems.append(Problem(message, loc))
@@ -145,6 +149,26 @@ def _blob_array(blob, loc: Location, ctx: Context, name: str) -> np.ndarray | No
                   f"{len(values)}", loc)
         return None
     return np.asarray(values, dtype=np.float32).reshape(dims)
+
+
+def read_blob_file(given: str, loc: Location, ctx: Context, what: str) -> tuple[np.ndarray | None, bool]:
+    """(the array, True) of a binaryproto BlobProto named in the prototxt, looked for as given
+    and beside the prototxt (Caffe's paths are relative to where caffe ran); (None, False) where
+    it is not here, (None, True) after an error."""
+    from .proto import classes
+    found = next((c for c in (Path(given), Path(ctx.file).parent / given) if c.is_file()), None)
+    if found is None:
+        return None, False
+    blob = classes()["BlobProto"]()
+    try:
+        blob.ParseFromString(read_regular(str(found), MAX_BLOB_FILE_BYTES, "binaryproto"))
+    except Exception as e:            # protobuf's DecodeError and its kin
+        ctx.error(f"{what} {given}: not a readable binaryproto ({e})", loc)
+        return None, True
+    return _blob_array(blob, loc, ctx, what), True
+
+
+MAX_BLOB_FILE_BYTES = (2 << 30) - 1            # protobuf's own limit on one message
 
 
 # ---------------------------------------------------------------------------------------------
@@ -405,9 +429,24 @@ def _plain_loss(layer, out, ctx):
 @converts("InfogainLoss")
 def _infogain_loss(layer, out, ctx):
     p = _sub(layer, "infogain_loss_param")
-    if p.get("source") is not None or len(layer.values("bottom")) < 3:
-        ctx.error("InfogainLoss: the infogain matrix as a file (infogain_loss_param.source) has no counterpart here "
-                  "yet: give it as the third bottom", (p.get("source") or layer.get("type")).loc)
+    source = p.get("source")
+    if len(layer.values("bottom")) < 3 and source is not None:
+        # H from a file: the layer's own fixed weight NAME.infogain, written with the weights
+        matrix, here = read_blob_file(str(source.value), source.loc, ctx, "infogain_loss_param.source")
+        key = f"{out['name']}.infogain"
+        if matrix is not None:
+            side = math.isqrt(matrix.size)
+            if side * side != matrix.size:
+                ctx.error(f"infogain_loss_param.source {source.value}: the infogain matrix must be square, "
+                          f"got shape {list(matrix.shape)}", source.loc)
+            else:
+                ctx.fixed[key] = matrix.reshape(side, side)
+        elif not here:
+            ctx.notes.append(f"infogain_loss_param.source {source.value} is not here: '{key}' starts as the identity "
+                             "(SoftmaxWithLoss); put the matrix in the weights file under that key")
+    elif len(layer.values("bottom")) < 3:
+        ctx.error("InfogainLoss: Caffe needs the infogain matrix as a file (infogain_loss_param.source) or a third "
+                  "bottom", layer.get("type").loc)
     if p.value("axis", 1) != 1:
         out["axis"] = p.value("axis")
     return [out]

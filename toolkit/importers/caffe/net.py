@@ -23,7 +23,7 @@ import numpy as np
 from ...errors import Location, Problem, SpecError, UserError
 from ...fileio import read_regular
 from . import layers as caffe_layers
-from .layers import DATA_TYPES, V1_NAMES, V1_TYPES, WEIGHTS, Context, _blob_array, _sub
+from .layers import DATA_TYPES, V1_NAMES, V1_TYPES, WEIGHTS, Context, _blob_array, _sub, read_blob_file
 from .prototxt import Message, parse
 
 MAX_PROTOTXT_BYTES = 16 << 20
@@ -210,7 +210,7 @@ def import_net(prototxt: str, stages: tuple[str, ...] = (), input_shapes: dict[s
     net = {"name": _net_name(msg, prototxt), "inputs": inputs, "layers": out_layers}
     if data:
         net["train"] = {"data": data}
-    return net, ctx, weighted, notes
+    return net, ctx, weighted, notes + ctx.notes
 
 
 def _data_layer(layer: Message, kind: str, tops: list[str], phases: list[str], inputs: dict,
@@ -279,20 +279,10 @@ def _mean_file(given: str, loc: Location, data: dict, ctx: Context, notes: list[
     data["mean_file"] = MEAN_FILE
     if "mean_image" in ctx.extra:
         return
-    candidates = [Path(given), Path(ctx.file).parent / given]
-    found = next((c for c in candidates if c.is_file()), None)
-    if found is None:
+    image, here = read_blob_file(given, loc, ctx, "transform_param.mean_file")
+    if not here:
         notes.append(f"transform_param.mean_file {given} is not here: train.data.mean_file names {MEAN_FILE}, "
                      "to be made from it (toolkit import caffe converts it when it can be found)")
-        return
-    from .proto import classes
-    blob = classes()["BlobProto"]()
-    try:
-        blob.ParseFromString(read_regular(str(found), MAX_CAFFEMODEL_BYTES, "binaryproto"))
-    except Exception as e:
-        ctx.error(f"transform_param.mean_file {given}: not a readable binaryproto ({e})", loc)
-        return
-    image = _blob_array(blob, loc, ctx, "mean_file")
     if image is not None:
         ctx.extra["mean_image"] = image.reshape(image.shape[-3:]) if image.ndim >= 3 else image
 
