@@ -67,6 +67,9 @@ class SolverSpec(Strict):
     alpha: Annotated[float, Field(gt=0, lt=1)] = 0.99
     rho: Annotated[float, Field(gt=0, lt=1)] = 0.9          # adadelta's decay (Caffe's momentum)
     regularization: Literal["l2", "l1"] = "l2"              # weight decay's norm (Caffe's regularization_type)
+    # sgd/nesterov: where the rate multiplies. pytorch: buf = m*buf + g, w -= lr*buf; caffe: the
+    # rate is folded into the buffer (v = m*v + lr*g, w -= v), so past momentum keeps its old rate
+    momentum_convention: Literal["pytorch", "caffe"] = "pytorch"
     lr_policy: LrPolicy = LrPolicy()
     clip_gradients: Optional[Annotated[float, Field(gt=0)]] = None
     mixed_precision: Optional[MixedPrecisionSpec] = None

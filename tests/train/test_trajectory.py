@@ -456,3 +456,52 @@ def test_l1_regularization_matches_sgd_with_sign_decay(tmp_path, dtype):
     ours, theirs, _, _ = run_both(trainer, model, opt, 12, mults=MLP_MULTS, base_lr=section["base_lr"])
     check_losses(ours, theirs, dtype)
     compare_state(trainer, model, opt, initial, dtype, "sgd")
+
+
+class _CaffeSGD(torch.optim.Optimizer):
+    """Caffe's SGDSolver / NesterovSolver update written out (sgd_solver.cpp): the history takes
+    the rate, h' = m*h + lr*(g + wd*w); SGD w -= h'; Nesterov w -= (1+m)*h' - m*h."""
+
+    def __init__(self, groups, lr, momentum, nesterov):
+        super().__init__(groups, {"lr": lr, "weight_decay": 0.0})
+        self.m, self.nesterov = momentum, nesterov
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                g = p.grad + group["weight_decay"] * p
+                h = self.state[p].setdefault("momentum_buffer", torch.zeros_like(p))
+                new_h = self.m * h + group["lr"] * g
+                p -= (1 + self.m) * new_h - self.m * h if self.nesterov else new_h
+                self.state[p]["momentum_buffer"] = new_h
+
+
+@pytest.mark.parametrize("kind", ["sgd", "nesterov"])
+def test_caffes_momentum_convention_through_rate_changes(tmp_path, kind):
+    """momentum_convention: caffe trains as Caffe's solvers through a step policy's rate changes;
+    PyTorch's convention, from the same start, does not (the two differ once the rate changes)."""
+    policy = {"type": "step", "gamma": 0.1, "step_size": 4}
+    section = {"type": kind, "base_lr": 0.1, "momentum": 0.9, "weight_decay": 5e-4, "lr_policy": policy,
+               "momentum_convention": "caffe"}
+    trainer, initial = make_case(tmp_path, MLP_LAYERS, MLP_INPUT, section, dtype="float64", max_iter=12, n=24,
+                                 batch=8)
+    model = torch_model(TorchMLP, initial, "float64")
+    groups, _ = param_groups(model, 0.1, 5e-4, MLP_MULTS)
+    opt = _CaffeSGD(groups, 0.1, 0.9, kind == "nesterov")
+    ours, theirs, _, _ = run_both(trainer, model, opt, 12, mults=MLP_MULTS, base_lr=0.1,
+                                  lr_of=lambda i: 0.1 * 0.1 ** (i // 4))
+    check_losses(ours, theirs, "float64")
+    compare_state(trainer, model, opt, initial, "float64", "sgd")
+
+    (tmp_path / "pt").mkdir()
+    pytorch_way, _ = make_case(tmp_path / "pt", MLP_LAYERS, MLP_INPUT, {**section, "momentum_convention": "pytorch"},
+                               dtype="float64", max_iter=12, n=24, batch=8)
+    other = np.array([pytorch_way.step(i)["loss"] for i in range(12)])
+    np.testing.assert_allclose(other[:5], ours[:5], rtol=1e-9)       # the same while the rate holds
+    assert np.abs(other[6:] - ours[6:]).max() > 1e-4                 # not after it falls
+
+
+def test_caffes_momentum_convention_is_for_sgd_only(tmp_path):
+    with pytest.raises(Exception, match="momentum_convention caffe is for sgd and nesterov, not adam"):
+        make_case(tmp_path, MLP_LAYERS, MLP_INPUT, {"type": "adam", "momentum_convention": "caffe"})

@@ -7,7 +7,8 @@ plain elementwise graph ops, so the optimiser passes can fuse them like any othe
 
 Semantics (PyTorch's, where Caffe differs): momentum buffers accumulate gradients, and the rate
 multiplies at the update (``buf = m*buf + g; p -= lr*buf``), so a changing lr does not rescale
-past momentum as Caffe's ``v = m*v + lr*g`` does. L2 weight decay is added to the gradient
+past momentum as Caffe's ``v = m*v + lr*g`` does (``momentum_convention: caffe`` gives Caffe's, the
+buffer then holding rate-scaled steps). L2 weight decay is added to the gradient
 (``g += wd*p``; ``regularization: l1``, Caffe's, adds ``wd*sign(p)``), except adamw which decays
 the weight itself (``p *= 1 - lr*wd``). adadelta is PyTorch's Adadelta (Caffe's AdaDelta). Gradient
 clipping scales all gradients by ``min(1, max_norm / (total_norm + 1e-6))`` before decay.
@@ -42,6 +43,7 @@ class SolverConfig:
     mixed_precision: MixedPrecision | None = None
     rho: float = 0.9
     regularization: str = "l2"
+    momentum_convention: str = "pytorch"
 
     @classmethod
     def from_spec(cls, spec) -> "SolverConfig":
@@ -50,7 +52,8 @@ class SolverConfig:
             wd = 0.01 if spec.type == "adamw" else 0.0
         eps = spec.eps if spec.eps is not None else DEFAULT_EPS.get(spec.type, 1e-8)
         return cls(spec.type, spec.momentum, wd, tuple(spec.betas), eps, spec.alpha, spec.clip_gradients,
-                   MixedPrecision.from_spec(spec.mixed_precision), spec.rho, spec.regularization)
+                   MixedPrecision.from_spec(spec.mixed_precision), spec.rho, spec.regularization,
+                   spec.momentum_convention)
 
 
 def slot_name(param: str, slot: str) -> str:
@@ -121,7 +124,15 @@ def add_solver(graph: Graph, grads: dict[str, Value], cfg: SolverConfig) -> None
                 g = b.add(g, b.scale(b.op("sign", p), wd))               # L1 (Caffe's): g += wd * sign(p)
             else:
                 g = b.add(g, b.scale(p, wd))                             # L2: g += wd * p
-        if cfg.type in ("sgd", "nesterov"):
+        if cfg.type in ("sgd", "nesterov") and cfg.momentum and cfg.momentum_convention == "caffe":
+            # Caffe's: v' = m*v + lr*g; sgd w -= v', nesterov w -= (1+m)*v' - m*v
+            buf = _slot(graph, w, "momentum")
+            new_buf = b.add(b.scale(buf, cfg.momentum), b.mul(g, lr_p))
+            graph.updates[slot_name(name, "momentum")] = new_buf
+            step = (b.sub(b.scale(new_buf, 1 + cfg.momentum), b.scale(buf, cfg.momentum))
+                    if cfg.type == "nesterov" else new_buf)
+            new_p = b.sub(p, step)
+        elif cfg.type in ("sgd", "nesterov"):
             step = g
             if cfg.momentum:
                 buf = _slot(graph, w, "momentum")

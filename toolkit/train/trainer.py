@@ -204,6 +204,8 @@ class Trainer:
         self.cfg = SolverConfig.from_spec(spec.solver)
         if self.cfg.type == "nesterov" and not self.cfg.momentum:
             raise UserError("solver nesterov needs momentum > 0")
+        if self.cfg.momentum_convention == "caffe" and self.cfg.type not in ("sgd", "nesterov"):
+            raise UserError(f"solver.momentum_convention caffe is for sgd and nesterov, not {self.cfg.type}")
         if self.cfg.momentum and self.cfg.type in ("adam", "adamw", "adagrad", "adadelta"):
             raise UserError(f"solver {self.cfg.type} has no momentum (use betas for adam/adamw, rho for adadelta)")
         check_policy(spec.solver.lr_policy)

@@ -1,9 +1,10 @@
 """A Caffe solver file as the net's train section: the solver, its rate policy, the schedule.
 
-Caffe's SGD folds the rate into its momentum buffer (v = m v + lr g); the toolkit, as PyTorch,
-applies the rate at the update (buf = m buf + g; w -= lr buf). The two are the same training while
-the rate is constant and differ only at a rate change, where Caffe's past momentum keeps the old
-rate for a while: the import keeps the rates as they are and says so.
+Caffe's SGD folds the rate into its momentum buffer (v = m v + lr g); the toolkit's default, as
+PyTorch's, applies the rate at the update (buf = m buf + g; w -= lr buf). The two are the same
+training while the rate is constant and differ after a rate change, where Caffe's past momentum
+keeps the old rate for a while: an imported SGD or Nesterov solver with momentum takes
+``momentum_convention: caffe``, so the training is Caffe's.
 """
 from __future__ import annotations
 
@@ -34,6 +35,8 @@ def import_solver(msg: Message, ctx: Context, notes: list[str]) -> dict:
         solver["rho"] = momentum or 0.95                 # Caffe's AdaDelta decay is its momentum
     elif momentum:
         solver["momentum"] = momentum
+        if kind in ("SGD", "NESTEROV"):
+            solver["momentum_convention"] = "caffe"
     if msg.value("weight_decay", 0.0):
         solver["weight_decay"] = msg.value("weight_decay")
     if kind in ("ADAM", "ADAGRAD", "RMSPROP", "ADADELTA") and msg.get("delta") is not None:
@@ -63,9 +66,6 @@ def import_solver(msg: Message, ctx: Context, notes: list[str]) -> dict:
         if policy in ("inv", "poly"):
             lr["power"] = msg.value("power")
         solver["lr_policy"] = lr
-        if momentum and kind in ("SGD", "NESTEROV"):
-            notes.append("Caffe folds the rate into SGD's momentum; here the rate applies at the update, as in "
-                         "PyTorch: the same training while the rate is constant, not just after each rate change")
     train: dict = {"solver": solver}
     for key, ours in (("max_iter", "max_iter"), ("test_interval", "test_interval"), ("display", "display"),
                       ("snapshot", "snapshot")):
