@@ -5,7 +5,9 @@ from typing import Literal, Optional
 
 from schemas.base import Bool, LayerBase, PadPair, Pair, ParamLayerBase, PositiveInt
 
-from .registry import LayerError, layer, pair, static_dim
+from toolkit.ir.dims import product
+
+from .registry import LayerError, layer, layer_axis, pair, static_dim
 
 
 class ConvolutionParams(ParamLayerBase):
@@ -17,6 +19,28 @@ class ConvolutionParams(ParamLayerBase):
     dilation: Pair = 1
     group: PositiveInt = 1
     bias_term: Bool = True
+    # Caffe's channel axis: the axes before it are all batch ([A, B, C, H, W] with axis 2), the
+    # two after it the image's
+    axis: int = 1
+
+
+def _with_channel_axis(lower):
+    """Run a 4-d convolution lowering on an input whose channel axis is ``p.axis``: the leading
+    axes are merged into one batch axis before, and split back after."""
+    def lowered(p, ctx, bottoms):
+        x, = bottoms
+        if p.axis == 1:
+            return lower(p, ctx, bottoms)
+        axis = layer_axis(p.axis, x, ctx)
+        if x.rank != axis + 3:
+            raise LayerError(f"with axis {p.axis} the input must be [batch axes..., C, H, W] with {axis} batch "
+                             f"axes, got {ctx.fmt(x)}", "axis")
+        lead = tuple(x.shape[:axis])
+        merged = ctx.b.reshape(x, (product(lead),) + tuple(x.shape[axis:]))
+        y, = lower(p, ctx, [merged])
+        return [ctx.b.reshape(y, lead + tuple(y.shape[1:]))]
+    lowered.__doc__ = lower.__doc__
+    return lowered
 
 
 def _grouped_channels(p: ConvolutionParams, x, ctx) -> int:
@@ -32,6 +56,7 @@ def _grouped_channels(p: ConvolutionParams, x, ctx) -> int:
 
 
 @layer(ConvolutionParams)
+@_with_channel_axis
 def lower_convolution(p: ConvolutionParams, ctx, bottoms):
     x, = bottoms
     channels = _grouped_channels(p, x, ctx)
@@ -50,6 +75,7 @@ class DeconvolutionParams(ConvolutionParams):
 
 
 @layer(DeconvolutionParams)
+@_with_channel_axis
 def lower_deconvolution(p: DeconvolutionParams, ctx, bottoms):
     """The transposed convolution (PyTorch's ConvTranspose2d, Caffe's Deconvolution): the
     gradient of a convolution for its input, run forward. Output size (H - 1) * stride - 2 pad

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from schemas.base import ParamLayerBase, PositiveInt
+from schemas.base import Bool, ParamLayerBase, PositiveInt
 
 from toolkit.ir.graph import INT_DTYPES
 
@@ -15,6 +15,9 @@ class EmbedParams(ParamLayerBase):
     type: Literal["Embed"]
     input_dim: PositiveInt
     num_output: PositiveInt
+    # a learned [num_output] added to every row looked up (Caffe's default is true; here false,
+    # as PyTorch's nn.Embedding, so nets written before it keep their weights)
+    bias_term: Bool = False
 
 
 @layer(EmbedParams)
@@ -26,4 +29,8 @@ def lower_embed(p: EmbedParams, ctx, bottoms):
         raise LayerError(f"Embed needs integer indices ({', '.join(INT_DTYPES)}), got {index.dtype}", "bottom")
     # Caffe's fans of a [input_dim, num_output] blob, for a xavier or msra filler
     table = ctx.param("weight", (p.input_dim, p.num_output), fan_in=p.num_output, fan_out=p.input_dim)
-    return [ctx.b.op("embedding", table, index, layer=ctx.layer.name)]
+    rows = ctx.b.op("embedding", table, index, layer=ctx.layer.name)
+    if p.bias_term:
+        bias = ctx.param("bias", (p.num_output,), default_filler={"type": "constant", "value": 0.0})
+        rows = ctx.b.add(rows, bias)
+    return [rows]

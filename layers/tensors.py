@@ -148,6 +148,7 @@ class ReductionParams(LayerBase):
     type: Literal["Reduction"]
     operation: Literal["sum", "asum", "sumsq", "mean"] = "sum"
     axis: int = 0
+    coeff: float = 1.0            # the result scaled by it (Caffe's)
 
 
 @layer(ReductionParams)
@@ -159,9 +160,11 @@ def lower_reduction(p: ReductionParams, ctx, bottoms):
     axes = tuple(range(axis, x.rank))
     b = ctx.b
     if p.operation == "mean":
-        return [b.op("reduce_mean", x, axes=axes, keepdims=False)]
-    source = {"sum": x, "asum": b.op("abs", x), "sumsq": b.op("square", x)}[p.operation]
-    return [b.reduce_sum(source, axes)]
+        out = b.op("reduce_mean", x, axes=axes, keepdims=False)
+    else:
+        source = {"sum": x, "asum": b.op("abs", x), "sumsq": b.op("square", x)}[p.operation]
+        out = b.reduce_sum(source, axes)
+    return [out if p.coeff == 1.0 else b.scale(out, p.coeff)]
 
 
 class ArgMaxParams(LayerBase):

@@ -109,13 +109,13 @@ def test_what_cannot_be_expressed_is_reported_at_its_place_all_at_once(tmp_path)
     broken.write_text('name: "x"\ninput: "data"\ninput_shape { dim: 1 dim: 3 dim: 4 dim: 4 }\n'
                       'layer { name: "p" type: "Im2col" bottom: "data" top: "p" }\n'
                       'layer { name: "c" type: "Convolution" bottom: "p" top: "c"\n'
-                      '  convolution_param { num_output: 2 kernel_size: 1 axis: 2 } }\n')
+                      '  convolution_param { num_output: 2 kernel_size: 1 kernel_size: 1 kernel_size: 1 } }\n')
     r = cli("import", "caffe", broken, "--out", tmp_path / "out")
     assert r.status == 2 and "Traceback" not in r.err and not (tmp_path / "out").exists()
-    line = '  convolution_param { num_output: 2 kernel_size: 1 axis: 2 } }'
+    line = '  convolution_param { num_output: 2 kernel_size: 1 kernel_size: 1 kernel_size: 1 } }'
     assert r.errors == [f"{broken}:4:19: error: layer 'p': the Caffe layer type Im2col has no counterpart here yet",
-                        f"{broken}:6:{line.index('axis') + 1}: error: convolution_param.axis other than 1 has no "
-                        "counterpart here"]
+                        f"{broken}:6:{line.rindex('kernel_size') + 1}: error: kernel_size: only 2-D convolutions "
+                        "are expressed here"]
     syntax = tmp_path / "syntax.prototxt"
     syntax.write_text('name: "x"\nlayer {\n  name: "a"\n  type: "ReLU"\n')
     r = cli("import", "caffe", syntax, "--out", tmp_path / "out")
@@ -398,3 +398,25 @@ def test_an_infogain_matrix_from_its_file_becomes_the_layers_fixed_weight(tmp_pa
     assert "H.binaryproto is not here: 'gain.infogain' starts as the identity" in r.out
     np.testing.assert_array_equal(Net.load(str(tmp_path / "o2" / "net.yaml")).init_weights()["gain.infogain"],
                                   np.eye(4, dtype=np.float32))
+
+
+def test_embed_with_caffes_bias_and_a_scaled_reduction(tmp_path):
+    """Embed's bias_term (Caffe's default, true) imports with its bias blob; Reduction's coeff
+    scales the result."""
+    import toolkit
+    (tmp_path / "e.prototxt").write_text(
+        'input: "word"\ninput_shape { dim: 2 dim: 3 }\n'
+        'layer { name: "emb" type: "Embed" bottom: "word" top: "emb" embed_param { input_dim: 6 num_output: 4 } }\n'
+        'layer { name: "red" type: "Reduction" bottom: "emb" top: "red" reduction_param { axis: 2 coeff: -2 } }\n')
+    rng = np.random.default_rng(9)
+    table, bias = rng.standard_normal((6, 4)), rng.standard_normal(4)
+    _write_caffemodel(tmp_path / "e.caffemodel", {"emb": [table, bias]})
+    r = cli("import", "caffe", tmp_path / "e.prototxt", "--weights", tmp_path / "e.caffemodel",
+            "--out", tmp_path / "o")
+    assert r.status == 0, r.err
+    layers = yaml.safe_load((tmp_path / "o" / "net.yaml").read_text())["layers"]
+    assert layers[0]["bias_term"] is True and layers[1]["coeff"] == -2
+    word = np.array([[0, 5, 2], [3, 3, 1]])
+    model = toolkit.load(tmp_path / "o" / "net.yaml", weights=str(tmp_path / "o" / "model.safetensors"))
+    got = model.infer(word=word)
+    np.testing.assert_allclose(got["red"], -2 * (table[word] + bias).sum(-1), rtol=1e-5, atol=1e-5)

@@ -99,6 +99,8 @@ def _transpose(a: np.ndarray) -> np.ndarray:
 # -- converters: each returns the names of its tops, in order ---------------------------------
 def _convolution(c: _Ctx, p) -> list[str]:
     (x,) = c.bottoms
+    if p.axis != 1:
+        c.unsupported(f"axis {p.axis} (the ONNX builder takes the channel axis 1 only)")
     kh, kw = _pair(p.kernel_size)
     ph, pw = _pair(p.pad)
     inputs = [x, c.weight("weight")] + ([c.weight("bias")] if p.bias_term else [])

@@ -70,6 +70,20 @@ def _classes() -> SimpleNamespace:
         def extra_repr(self) -> str:
             return self.label
 
+    class ChannelAxis(nn.Module):
+        """A 4-d module run on an input whose channel axis is ``axis`` (Caffe's Convolution.axis):
+        the axes before it merged into one batch axis, and split back after."""
+
+        def __init__(self, inner, axis: int):
+            super().__init__()
+            self.inner, self.axis = inner, axis
+
+        def forward(self, x):
+            axis = self.axis % x.dim()
+            lead = tuple(x.shape[:axis])
+            y = self.inner(x.reshape((math.prod(lead),) + tuple(x.shape[axis:])))
+            return y.reshape(lead + tuple(y.shape[1:]))
+
     class InnerProduct(nn.Module):
         """nn.Linear on the input flattened from ``axis``: [d0..d(axis-1), O]."""
 
@@ -320,14 +334,17 @@ def _classes() -> SimpleNamespace:
             return (hit * keep).sum() / keep.sum()
 
     class Embed(nn.Module):
-        """nn.Embedding over integer indices of any integer dtype."""
+        """nn.Embedding over integer indices of any integer dtype, plus a bias row (Caffe's
+        bias_term) when given one's width."""
 
-        def __init__(self, table):
+        def __init__(self, table, bias: int | None = None):
             super().__init__()
             self.table = table
+            self.bias = nn.Parameter(torch.zeros(bias)) if bias else None
 
         def forward(self, index):
-            return self.table(index.long())
+            rows = self.table(index.long())
+            return rows if self.bias is None else rows + self.bias
 
     class MultiHeadAttention(nn.Module):
         """nn.MultiheadAttention(batch_first=True) called with need_weights=False on [x] or
@@ -515,7 +532,14 @@ class TorchNet:
         o, cg, kh, kw = self._declared_shape(p, "weight")
         mod = nn.Conv2d(cg * p.group, o, (kh, kw), stride=_pair(p.stride), padding=_pair(p.pad),
                         dilation=_pair(p.dilation), groups=p.group, bias=p.bias_term)
-        return mod, ({"weight": "weight", "bias": "bias"} if p.bias_term else {"weight": "weight"}), {}
+        return self._on_channel_axis(p, mod)
+
+    @staticmethod
+    def _on_channel_axis(p, mod):
+        params = {"weight": "weight", "bias": "bias"} if p.bias_term else {"weight": "weight"}
+        if p.axis == 1:
+            return mod, params, {}
+        return _classes().ChannelAxis(mod, p.axis), {k: f"inner.{v}" for k, v in params.items()}, {}
 
     def _build_Pooling(self, p):
         from torch import nn
@@ -670,8 +694,8 @@ class TorchNet:
             dims = tuple(range(p.axis % x.dim(), x.dim())) if x.dim() else ()
             source = {"sum": x, "mean": x, "asum": x.abs(), "sumsq": x * x}[p.operation]
             if not dims:
-                return source
-            return source.mean(dim=dims) if p.operation == "mean" else source.sum(dim=dims)
+                return source * p.coeff
+            return (source.mean(dim=dims) if p.operation == "mean" else source.sum(dim=dims)) * p.coeff
         return _classes().Lambda(reduce, f"reduce {p.operation}"), {}, {}
 
     def _build_ArgMax(self, p):
@@ -689,7 +713,8 @@ class TorchNet:
     def _build_Embed(self, p):
         from torch import nn
         rows, width = self._declared_shape(p, "weight")
-        return _classes().Embed(nn.Embedding(rows, width)), {"weight": "table.weight"}, {}
+        return _classes().Embed(nn.Embedding(rows, width), width if p.bias_term else None), \
+            ({"weight": "table.weight", "bias": "bias"} if p.bias_term else {"weight": "table.weight"}), {}
 
     def _build_recurrent(self, p, cls, **extra):
         width = self._declared_shape(p, "weight_ih_l0")[1]
@@ -856,7 +881,7 @@ class TorchNet:
         i, og, kh, kw = self._declared_shape(p, "weight")
         mod = nn.ConvTranspose2d(i, og * p.group, (kh, kw), stride=_pair(p.stride), padding=_pair(p.pad),
                                  dilation=_pair(p.dilation), groups=p.group, bias=p.bias_term)
-        return mod, ({"weight": "weight", "bias": "bias"} if p.bias_term else {"weight": "weight"}), {}
+        return self._on_channel_axis(p, mod)
 
     def _build_MultiHeadAttention(self, p):
         _, embed = self._declared_shape(p, "in_proj_weight")

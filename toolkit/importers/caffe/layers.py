@@ -215,7 +215,7 @@ def _convolution(layer, out, ctx):
     if str(p.value("bias_term", "true")) == "false":
         out["bias_term"] = False
     if p.value("axis", 1) != 1:
-        ctx.error("convolution_param.axis other than 1 has no counterpart here", p.get("axis").loc)
+        out["axis"] = p.value("axis")
     for key in ("weight_filler", "bias_filler"):
         filler = _filler(p, ctx, key)
         if filler is not None:
@@ -647,7 +647,7 @@ def _reduction(layer, out, ctx):
     if p.value("axis", 0) != 0:
         out["axis"] = p.value("axis")
     if p.value("coeff", 1.0) != 1.0:
-        ctx.error("reduction_param.coeff has no counterpart here yet", p.get("coeff").loc)
+        out["coeff"] = p.value("coeff")
     return [out]
 
 
@@ -664,14 +664,18 @@ def _embed(layer, out, ctx):
     p = _sub(layer, "embed_param")
     out["input_dim"] = p.value("input_dim")
     out["num_output"] = p.value("num_output")
-    if str(p.value("bias_term", "true")) == "true":
-        ctx.error("embed_param.bias_term (Caffe's default) has no counterpart here yet: set bias_term: false",
-                  (p.get("bias_term") or layer.get("type")).loc)
-    _common_params(layer, out, ctx, ["weight"])
+    biased = str(p.value("bias_term", "true")) == "true"            # Caffe's default
+    if biased:
+        out["bias_term"] = True
+    for key in ("weight_filler", "bias_filler"):
+        filler = _filler(p, ctx, key)
+        if filler is not None:
+            out[key] = filler
+    _common_params(layer, out, ctx, ["weight", "bias"] if biased else ["weight"])
     return [out]
 
 
-WEIGHTS["Embed"] = lambda name, arrays: {f"{name}.weight": arrays[0]}
+WEIGHTS["Embed"] = _weights_and_bias
 
 
 def convert(layer: Message, type_name: str, name: str, bottoms: list[str], tops: list[str], ctx: Context) -> list:

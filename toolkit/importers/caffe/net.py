@@ -199,12 +199,16 @@ def import_net(prototxt: str, stages: tuple[str, ...] = (), input_shapes: dict[s
                 dims = given.get(name)
                 if name in inputs and dims and len(dims) >= 2:
                     inputs[name] = {**inputs[name], "shape": [dims[0], "N"] + list(dims[2:])}
-    # a net-level input that a loss or Accuracy reads as its labels holds integers
+    # a net-level input that a loss or Accuracy reads as its labels holds integers, as one that
+    # Embed reads as its indices
     for entry in out_layers:
         bottoms = entry.get("bottom")
         if entry["type"] in LABEL_READERS and isinstance(bottoms, list) and len(bottoms) > 1 \
                 and bottoms[1] in inputs and inputs[bottoms[1]]["dtype"] == "float32":
             inputs[bottoms[1]] = {"shape": inputs[bottoms[1]]["shape"], "dtype": "int64"}
+        # Embed's indices: Caffe's blobs hold them as floats
+        if entry["type"] == "Embed" and isinstance(bottoms, str) and bottoms in inputs:
+            inputs[bottoms] = {"shape": inputs[bottoms]["shape"], "dtype": "int64"}
     if not inputs and not ctx.problems:
         ctx.error("the net has no input: an Input layer, input/input_shape, or a data layer", msg.loc)
     net = {"name": _net_name(msg, prototxt), "inputs": inputs, "layers": out_layers}
