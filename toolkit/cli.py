@@ -235,6 +235,18 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--out", required=True, metavar="DIR", help="where net.yaml (and model.safetensors) go")
     q.add_argument("--force", action="store_true", help="replace net.yaml and model.safetensors in DIR")
 
+    p = sub.add_parser("export", help="a net in another toolkit's format (ONNX)")
+    formats = p.add_subparsers(dest="format", metavar="FORMAT", parser_class=_Parser)
+    formats.required = True
+    q = formats.add_parser("onnx", help="the infer (or test) phase as an ONNX model, checked by onnx.checker")
+    q.add_argument("net", metavar="NET", help="a net file or zoo:NAME")
+    q.add_argument("--weights", help="weights file (default: a zoo model's published weights)")
+    q.add_argument("-o", "--output", required=True, metavar="FILE.onnx")
+    q.add_argument("--opset", type=_positive_int, default=None, help="the ONNX opset (13 and up; default 17)")
+    q.add_argument("--phase", choices=["infer", "test"], default="infer")
+    q.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
+                   help="override any key of the net file, as for train")
+
     p = sub.add_parser("zoo", help="the model zoo: list, show, get, verify and publish models with checksummed weights")
     zoo = p.add_subparsers(dest="zoo_command", metavar="ACTION", parser_class=_Parser)
     zoo.required = True

@@ -1,0 +1,1 @@
+"""Writers of the toolkit's models in other formats (ONNX)."""
