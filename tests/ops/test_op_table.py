@@ -173,6 +173,7 @@ for s in [(7,), (3, 5), (2, 3, 2, 3)]:
     case("sigmoid", str(s), lambda r, s=s: [uni(r, s, -6, 6)], lambda x: 1 / (1 + np.exp(-x)))
     case("tanh", str(s), lambda r, s=s: [uni(r, s, -3, 3)],
          lambda x: (np.exp(2 * x) - 1) / (np.exp(2 * x) + 1))
+    case("erf", str(s), lambda r, s=s: [uni(r, s, -3, 3)], lambda x: tn(torch.erf(tt(x))))
 case("sigmoid", "large", lambda r: [np.array([-800.0, -40.0, 0.0, 40.0, 800.0])],
      lambda x: tn(torch.sigmoid(tt(x))), grad=False)
 

@@ -173,7 +173,7 @@ def converts(*ops: str):
 # -- elementwise --------------------------------------------------------------------------------
 _SAME = {"add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "maximum": "Max", "abs": "Abs", "exp": "Exp",
          "log": "Log", "neg": "Neg", "relu": "Relu", "sigmoid": "Sigmoid", "tanh": "Tanh", "sqrt": "Sqrt",
-         "softplus": "Softplus", "sign": "Sign"}
+         "softplus": "Softplus", "sign": "Sign", "erf": "Erf"}
 
 
 @converts(*_SAME)

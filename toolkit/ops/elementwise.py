@@ -364,6 +364,18 @@ _define("leaky_relu_grad", _leaky_relu_grad_impl, like_input(0), in_place=True, 
 _define("sigmoid", _sigmoid, unary_same, _sigmoid_grad, in_place=True, flops_per=4, scalar=_sigmoid_scalar)
 _define("tanh", "np.tanh({0}, out={out})", unary_same, _tanh_grad, in_place=True, flops_per=4,
         scalar=lambda x, dtype: call("tanh", x))
+def _erf(x, out):
+    return _special().erf(x, out=out)
+
+
+def _erf_grad(b, node, gouts):
+    x = node.inputs[0]
+    slope = b.scale(b.op("exp", b.op("neg", b.op("square", x))), 2 / math.sqrt(math.pi))
+    return [b.mul(gouts[0], slope)]                          # erf' = 2/sqrt(pi) exp(-x^2)
+
+
+_define("erf", _erf, unary_same, _erf_grad, in_place=True, flops_per=8,
+        scalar=lambda x, dtype: call("erf", x), doc="the error function (ONNX's Erf)")
 _define("elu", _elu, unary_same, _elu_grad_rule, in_place=False, flops_per=4, scalar=_elu_scalar)
 _define("elu_grad", _elu_grad_impl, like_input(0), in_place=True, scalar=_elu_grad_scalar)
 _define("softplus", _softplus, unary_same, _softplus_grad, in_place=False, flops_per=4, scalar=_softplus_scalar)
