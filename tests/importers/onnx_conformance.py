@@ -1,0 +1,153 @@
+"""The ONNX project's node test cases (``onnx.backend.test.case.node``) run through the importer:
+each case's model imported, each of its data sets run by the reference interpreter and compared
+with the case's expected outputs at the case's own tolerances. Used by test_onnx_import.py and by
+benchmarks/onnx_node_table.py, which prints the README's table."""
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+
+
+def node_cases():
+    from onnx.backend.test.case import node
+    return node.collect_testcases(None)
+
+
+def case_ops(cases) -> dict[str, str]:
+    """case name -> the op it tests: a one-node case's op; an expanded case (a function op written
+    out in other ops) counts for the op of the case it expands, marked "(expanded)"."""
+    ops = {}
+    for case in cases:
+        nodes = case.model.graph.node
+        if len(nodes) == 1:
+            ops[case.name] = nodes[0].op_type
+    for case in cases:
+        if case.name in ops:
+            continue
+        base = case.name.split("_expanded")[0]
+        ops[case.name] = f"{ops[base]} (expanded)" if base in ops else nodes_summary(case)
+    return ops
+
+
+def nodes_summary(case) -> str:
+    nodes = case.model.graph.node
+    return nodes[-1].op_type if nodes else "?"
+
+
+def _frozen(case, inputs) -> object:
+    """The case's model with its integer inputs (axes, shapes, repeats, k) made initializers, as a
+    model file carries them."""
+    from onnx import numpy_helper
+    model = type(case.model)()
+    model.CopyFrom(case.model)
+    init = {i.name for i in model.graph.initializer}
+    names = [i.name for i in model.graph.input if i.name not in init]
+    keep = []
+    for info, arr in zip([i for i in model.graph.input if i.name not in init], inputs):
+        arr = np.asarray(arr)
+        if arr.dtype.kind in "iu":
+            model.graph.initializer.append(numpy_helper.from_array(arr, info.name))
+        else:
+            keep.append(info)
+    del names
+    while len(model.graph.input):
+        model.graph.input.pop()
+    model.graph.input.extend(keep)
+    return model
+
+
+def run_case(case) -> tuple[str, str]:
+    """("pass", ""), ("fail", why) or ("unsupported", why). Where the importer needs an integer
+    input known (an axes or shape input), each data set's values are frozen into the model."""
+    from toolkit.errors import UserError
+    from toolkit.importers.onnx.model import import_proto
+    try:
+        imported = import_proto(case.model, case.name)
+    except UserError as e:
+        text = str(e)
+        if "must be known when the model is imported" not in text:
+            kind = "unsupported" if "has no counterpart here" in text and "the op " in text else "fail"
+            return kind, text.split(": ", 2)[-1]
+        for inputs, outputs in case.data_sets:
+            try:
+                imported = import_proto(_frozen(case, inputs), case.name)
+            except UserError as again:
+                return "fail", str(again).split(": ", 2)[-1]
+            status = _compare(case, imported, imported.graph.inputs, [(inputs, outputs)], frozen=True)
+            if status[0] != "pass":
+                return status
+        return "pass", ""
+    return _compare(case, imported, imported.graph.inputs, case.data_sets)
+
+
+def _compare(case, imported, graph_inputs, data_sets, frozen: bool = False) -> tuple[str, str]:
+    from toolkit.ops.interpreter import interpret
+    graph = imported.graph
+    init = {i.name for i in case.model.graph.initializer}
+    names = [i.name for i in case.model.graph.input if i.name not in init]
+    for inputs, outputs in data_sets:
+        feeds = {n: np.asarray(a) for n, a in zip(names, inputs) if n in graph_inputs}
+        try:
+            got, _ = interpret(graph, feeds, dict(imported.weights))
+        except Exception as e:            # a run-time failure is a failed case, with its reason
+            return "fail", f"run: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        for info, expected in zip(case.model.graph.output, outputs):
+            actual = got[info.name]
+            expected = np.asarray(expected)
+            if actual.shape != expected.shape:
+                return "fail", f"output {info.name} has shape {list(actual.shape)}, expected {list(expected.shape)}"
+            try:
+                np.testing.assert_allclose(actual.astype(expected.dtype) if expected.dtype != object else actual,
+                                           expected, rtol=case.rtol, atol=case.atol)
+            except AssertionError:
+                err = np.abs(actual.astype(np.float64) - expected.astype(np.float64)).max()
+                return "fail", f"output {info.name} differs by {err:.3g}"
+    return "pass", ""
+
+
+def table(cases=None) -> dict[str, dict]:
+    """op -> {"pass": [...], "fail": [(case, why)], "unsupported": [(case, why)]}."""
+    cases = cases if cases is not None else node_cases()
+    ops = case_ops(cases)
+    out: dict[str, dict] = defaultdict(lambda: {"pass": [], "fail": [], "unsupported": []})
+    for case in cases:
+        status, why = run_case(case)
+        entry = out[ops[case.name]][status]
+        entry.append(case.name if status == "pass" else (case.name, why))
+    return dict(out)
+
+
+def data_dir() -> str:
+    import os
+
+    import onnx
+    return os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data")
+
+
+def model_cases(kind: str) -> list:
+    """The ``pytorch-converted`` or ``pytorch-operator`` model tests shipped with the onnx package:
+    each a folder with model.onnx and test_data_set_*/{input,output}_*.pb, read as node cases are."""
+    import glob
+    import os
+    from types import SimpleNamespace
+
+    import onnx
+    from onnx import numpy_helper
+    out = []
+    for folder in sorted(glob.glob(os.path.join(data_dir(), kind, "*"))):
+        model = onnx.load(os.path.join(folder, "model.onnx"))
+        sets = []
+        for data in sorted(glob.glob(os.path.join(folder, "test_data_set_*"))):
+            def read(prefix):
+                arrays = []
+                for f in sorted(glob.glob(os.path.join(data, f"{prefix}_*.pb")),
+                                key=lambda p: int(p.rsplit("_", 1)[1].split(".")[0])):
+                    t = onnx.TensorProto()
+                    with open(f, "rb") as fh:
+                        t.ParseFromString(fh.read())
+                    arrays.append(numpy_helper.to_array(t))
+                return arrays
+            sets.append((read("input"), read("output")))
+        out.append(SimpleNamespace(name=os.path.basename(folder), model=model, data_sets=sets, rtol=1e-3, atol=1e-7))
+    return out

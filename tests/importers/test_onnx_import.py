@@ -1,0 +1,145 @@
+"""The ONNX importer against the ONNX project's own tests and against ONNX Runtime.
+
+- every node test case of the onnx package: each op passes at least the cases recorded in
+  onnx_conformance_passes.json (benchmarks/onnx_node_table.py writes it and the README's table);
+- the pytorch-converted and pytorch-operator model tests: the recorded ones pass;
+- the light real models (AlexNet, DenseNet-121, Inception v1/v2, ResNet-50, ShuffleNet,
+  SqueezeNet, VGG-19, ZFNet-512) equal their expected outputs at the cases' tolerance;
+- every zoo net exported and imported back equals the toolkit at two batch sizes (the batch
+  imported as a symbol);
+- the mistakes: one line each, naming the node, the op, its domain and opset."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx", reason="the onnx extra reads the models")
+pytest.importorskip("onnxruntime", reason="the onnx extra's runtime is the reference")
+
+from tests.importers.onnx_conformance import data_dir, model_cases, node_cases, run_case, table  # noqa: E402
+from tests.train.test_loop import cli  # noqa: E402
+from toolkit.errors import UserError  # noqa: E402
+from toolkit.importers.onnx import import_model  # noqa: E402
+from toolkit.ops.interpreter import interpret  # noqa: E402
+
+RECORDED = json.loads((Path(__file__).parent / "onnx_conformance_passes.json").read_text())
+LIGHT = ["bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50", "shufflenet", "squeezenet",
+         "vgg19", "zfnet512"]
+
+
+@pytest.fixture(scope="module")
+def node_table():
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return table(node_cases())
+
+
+def test_every_op_passes_its_recorded_node_cases(node_table):
+    fewer = {op: (len(node_table.get(op, {"pass": []})["pass"]), want) for op, want in RECORDED["node"].items()
+             if len(node_table.get(op, {"pass": []})["pass"]) < want}
+    assert not fewer, f"ops passing fewer node cases than recorded (now, recorded): {fewer}"
+    catalog = ["Conv", "ConvTranspose", "Gemm", "MatMul", "MaxPool", "AveragePool", "GlobalAveragePool",
+               "BatchNormalization", "InstanceNormalization", "LRN", "Relu", "Softmax", "LogSoftmax", "Reshape",
+               "Flatten", "Transpose", "Concat", "Slice", "Gather", "Squeeze", "Unsqueeze", "ReduceMean", "ReduceSum",
+               "Where", "Elu", "LeakyRelu", "Sigmoid", "Tanh", "Erf"]
+    for op in catalog:
+        assert node_table[op]["pass"], f"{op}: no node case passes"
+    assert sum(len(r["pass"]) for r in node_table.values()) >= sum(RECORDED["node"].values())
+
+
+def test_a_failed_node_case_says_why(node_table):
+    for op, r in node_table.items():
+        for name, why in r["fail"] + r["unsupported"]:
+            assert why and "Traceback" not in why, f"{name}: no reason"
+
+
+@pytest.mark.parametrize("kind", ["pytorch-converted", "pytorch-operator"])
+def test_the_pytorch_model_tests(kind):
+    passed = sorted(c.name for c in model_cases(kind) if run_case(c)[0] == "pass")
+    missing = sorted(set(RECORDED["models"][kind]) - set(passed))
+    assert not missing, f"{kind}: no longer pass: {missing}"
+
+
+@pytest.mark.parametrize("name", LIGHT)
+def test_the_light_real_models_give_their_expected_outputs(name):
+    from onnx import numpy_helper
+    from onnx.backend.test.runner import Runner
+    folder = os.path.join(data_dir(), "light")
+    path = os.path.join(folder, f"light_{name}.onnx")
+    model = onnx.load(path)
+    imported = import_model(path)
+    init = {i.name for i in model.graph.initializer}
+    info = next(i for i in model.graph.input if i.name not in init)
+    feed = Runner.generate_dummy_data(info, seed=0, name=name, random=False)
+    expected = onnx.TensorProto()
+    expected.ParseFromString(Path(folder, f"light_{name}_output_0.pb").read_bytes())
+    got, _ = interpret(imported.graph, {info.name: feed}, dict(imported.weights))
+    rtol = 2e-3 if name == "densenet121" else 1e-3
+    np.testing.assert_allclose(got[model.graph.output[0].name], numpy_helper.to_array(expected), rtol=rtol, atol=1e-7)
+
+
+@pytest.mark.parametrize("name", ["lenet", "mlp", "resnet", "branchnet", "transformer_digits"])
+def test_a_zoo_net_exported_and_imported_back_equals_itself(tmp_path, name):
+    import toolkit
+    out = tmp_path / f"{name}.onnx"
+    assert cli("export", "onnx", f"zoo:{name}", "-o", out).status == 0
+    imported = import_model(str(out))
+    ours = toolkit.load(f"zoo:{name}", transform=False)
+    assert [str(d) for d in next(iter(imported.graph.inputs.values())).shape[:1]] == ["N"]
+    rng = np.random.default_rng(1)
+    for batch in (1, 7):
+        feeds = {i.name: (rng.integers(0, 8, [batch if d is None else d for d in i.shape]) if i.dtype.startswith("int")
+                          else rng.random([batch if d is None else d for d in i.shape])).astype(i.dtype)
+                 for i in ours.inputs}
+        got, _ = interpret(imported.graph, feeds, dict(imported.weights))
+        for key, want in ours.infer(**feeds).items():
+            np.testing.assert_allclose(got[key], want, rtol=1e-4, atol=1e-5 * max(1.0, float(np.abs(want).max())))
+
+
+def _model_with(tmp_path, node, inputs, outputs, opset=17, name="m.onnx"):
+    from onnx import helper
+    graph = helper.make_graph([node], "g", inputs, outputs)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    path = tmp_path / name
+    path.write_bytes(model.SerializeToString())
+    return str(path)
+
+
+def test_an_unsupported_op_is_one_line_naming_op_domain_opset_and_node(tmp_path):
+    from onnx import TensorProto, helper
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])
+    path = _model_with(tmp_path, helper.make_node("Cos", ["x"], ["y"], name="the_cos"), [x], [y])
+    with pytest.raises(UserError) as e:
+        import_model(path)
+    assert str(e.value) == f"error: {path}: node 'the_cos': the op Cos (domain ai.onnx, opset 17) has no counterpart here"
+    custom = _model_with(tmp_path, helper.make_node("Fancy", ["x"], ["y"], name="n1", domain="com.example"), [x], [y],
+                         name="c.onnx")
+    with pytest.raises(UserError, match="node 'n1': the op Fancy \\(domain com.example, opset 17\\)"):
+        import_model(custom)
+
+
+def test_what_is_not_a_model_is_refused_in_one_line(tmp_path):
+    junk = tmp_path / "junk.onnx"
+    junk.write_bytes(os.urandom(64))
+    with pytest.raises(UserError, match="not a readable ONNX model|not an ONNX model"):
+        import_model(str(junk))
+    with pytest.raises(UserError, match="no such file"):
+        import_model(str(tmp_path / "none.onnx"))
+
+
+def test_an_older_opset_is_brought_to_13(tmp_path):
+    from onnx import TensorProto, helper
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])
+    path = _model_with(tmp_path, helper.make_node("Softmax", ["x"], ["y"], axis=1), [x], [y], opset=11)
+    imported = import_model(path)
+    assert imported.opset == 13 and str(imported.graph.inputs["x"].shape[0]) == "batch"
+    x_ = np.random.default_rng(0).random((5, 4)).astype(np.float32)
+    got, _ = interpret(imported.graph, {"x": x_}, {})
+    np.testing.assert_allclose(got["y"], np.exp(x_) / np.exp(x_).sum(1, keepdims=True), rtol=1e-6)

@@ -1,0 +1,155 @@
+"""Constant folding at import: nodes whose inputs are all known are evaluated, by ONNX's reference
+evaluator for numbers and by the rules below for shapes holding symbolic dimensions (numpy arrays
+of dtype object whose elements are numbers and ``Sym`` polynomials)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ...ir.dims import Sym
+from ...ir.graph import Value
+from .model import DTYPES, NodeError, is_const, is_symbolic
+
+# ops that draw random numbers are never folded (the graph has no op for them: they stay unsupported)
+RANDOM = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
+
+
+def _normal(a: np.ndarray) -> np.ndarray:
+    """An object array of plain numbers back to int64."""
+    if is_symbolic(a) and not any(isinstance(x, Sym) for x in a.reshape(-1).tolist()):
+        return np.array(a.tolist(), dtype=np.int64).reshape(a.shape)
+    return a
+
+
+def _dims_array(shape) -> np.ndarray:
+    if all(isinstance(d, int) for d in shape):
+        return np.array(shape, dtype=np.int64)
+    out = np.empty(len(shape), dtype=object)
+    out[:] = list(shape)
+    return out
+
+
+def fold(imp, node, ins: list) -> list | None:
+    """The outputs of ``node`` where they are known at import, else None."""
+    op = node.op_type
+    if op == "Constant":
+        return [_constant(imp, node)]
+    if op == "Shape" and isinstance(ins[0], Value):
+        rank = ins[0].rank
+        start, end = imp.attr(node, "start", 0), imp.attr(node, "end", rank)
+        start, end = (max(0, min(rank, s + rank if s < 0 else s)) for s in (start, end))
+        return [_dims_array(tuple(ins[0].shape)[start:end])]
+    if op == "Size" and isinstance(ins[0], Value):
+        total = math.prod(ins[0].shape) if all(isinstance(d, int) for d in ins[0].shape) else None
+        if total is None:
+            out = np.empty((), dtype=object)
+            out[()] = _product(ins[0].shape)
+            return [out]
+        return [np.array(total, dtype=np.int64)]
+    if op in RANDOM or not node.input or any(isinstance(x, Value) for x in ins):
+        return None
+    if any(is_const(x) and is_symbolic(x) for x in ins):
+        return _symbolic(imp, node, ins)
+    if op in ("If", "Loop", "Scan"):
+        return None
+    from onnx.reference import ReferenceEvaluator
+    try:
+        outs = ReferenceEvaluator(node).run(None, {n: x for n, x in zip(node.input, ins) if n})
+    except Exception as e:            # the evaluator's own complaint about the node
+        raise NodeError(f"folding it at import failed: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+    return [np.asarray(o) for o in outs]
+
+
+def _product(dims):
+    total = 1
+    for d in dims:
+        total = total * d
+    return total
+
+
+def _constant(imp, node) -> np.ndarray:
+    from onnx import numpy_helper
+    for a in node.attribute:
+        if a.name == "value":
+            return numpy_helper.to_array(a.t)
+        if a.name in ("value_float", "value_int"):
+            return np.array(imp.attr(node, a.name), dtype=np.float32 if a.name == "value_float" else np.int64)
+        if a.name in ("value_floats", "value_ints"):
+            return np.array(imp.attr(node, a.name), dtype=np.float32 if a.name == "value_floats" else np.int64)
+    raise NodeError("a Constant without a dense value (sparse and string constants have no counterpart here)")
+
+
+def _ints(x) -> list[int]:
+    return [int(v) for v in np.asarray(x).reshape(-1).tolist()]
+
+
+def _symbolic(imp, node, ins: list) -> list:
+    """Shape arithmetic over arrays holding symbolic dimensions."""
+    op = node.op_type
+    a = ins[0]
+    if op == "Identity":
+        return [a]
+    if op == "Gather":
+        axis = imp.attr(node, "axis", 0)
+        return [_normal(np.take(a, np.asarray(ins[1]).astype(np.int64), axis=axis))]
+    if op == "Concat":
+        parts = [np.asarray(x, dtype=object) for x in ins if x is not None]
+        return [_normal(np.concatenate(parts, axis=imp.attr(node, "axis", 0)))]
+    if op in ("Unsqueeze", "Squeeze"):
+        axes = _ints(ins[1]) if len(ins) > 1 and ins[1] is not None else imp.attr(node, "axes")
+        if op == "Unsqueeze":
+            out = a
+            rank = a.ndim + len(axes)
+            for axis in sorted(x % rank for x in axes):
+                out = np.expand_dims(out, axis)
+            return [out]
+        return [np.squeeze(a, axis=tuple(axes)) if axes else np.squeeze(a)]
+    if op == "Slice":
+        starts, ends = _ints(ins[1]), _ints(ins[2])
+        axes = _ints(ins[3]) if len(ins) > 3 and ins[3] is not None else list(range(len(starts)))
+        steps = _ints(ins[4]) if len(ins) > 4 and ins[4] is not None else [1] * len(starts)
+        index = [slice(None)] * a.ndim
+        for s, e, ax, st in zip(starts, ends, axes, steps):
+            index[ax] = slice(s, e, st)
+        return [_normal(a[tuple(index)])]
+    if op == "Reshape" and is_symbolic(a):
+        return [a.reshape(_ints(ins[1]))]
+    if op == "Cast":
+        to = DTYPES.get(imp.attr(node, "to"))
+        if to in ("int64", "int32"):
+            return [a]
+        raise NodeError(f"a symbolic dimension cast to {to}")
+    if op in ("Add", "Sub", "Mul", "Div"):
+        x, y = (np.asarray(v, dtype=object) for v in ins[:2])
+        if op == "Div":
+            return [_normal(np.vectorize(_exact_div, otypes=[object])(x, y))]
+        fn = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply}[op]
+        return [_normal(fn(x, y))]
+    if op == "Equal":
+        x, y = (np.asarray(v, dtype=object) for v in ins[:2])
+        return [np.vectorize(lambda p, q: bool(p == q), otypes=[bool])(x, y)]
+    if op == "Where":
+        return [_normal(np.where(np.asarray(ins[0], dtype=bool), np.asarray(ins[1], dtype=object),
+                                 np.asarray(ins[2], dtype=object)))]
+    if op == "ConstantOfShape":
+        return [_fill(imp, node, a)]
+    if not is_symbolic(a):
+        return None          # numbers shaped by a symbolic shape (Expand, Reshape): the graph's ops
+    raise NodeError(f"{op} over a shape with symbolic dimensions has no counterpart here")
+
+
+def _exact_div(p, q):
+    if isinstance(p, Sym) or isinstance(q, Sym):
+        return p // q                 # exact, or DimError
+    return int(p) // int(q) if int(q) else 0
+
+
+def _fill(imp, node, shape: np.ndarray) -> Value:
+    """ConstantOfShape of a symbolic shape: the value broadcast to it, as a graph op."""
+    from onnx import numpy_helper
+    t = imp.attr(node, "value")
+    value = numpy_helper.to_array(t).reshape(-1)[0] if t is not None else np.float32(0)
+    scalar = imp.b.scalar(value.item(), str(np.asarray(value).dtype))
+    dims = tuple(d if isinstance(d, Sym) else int(d) for d in shape.reshape(-1).tolist())
+    return imp.b.op("broadcast_to", scalar, shape=dims)

@@ -1,0 +1,283 @@
+"""Reading an ONNX model into the toolkit's graph of primitive ops.
+
+Every ONNX value is held either as a graph ``Value`` or as a constant known at import: an
+initializer, a ``Constant``, or what a node computes from constants only. ``Shape`` of a value
+whose shape holds symbolic dimensions is a constant too, an array of dimensions (numbers and
+symbols), so the ``Shape`` -> ``Gather`` -> ``Concat`` -> ``Reshape`` subgraphs exporters write fold
+away at import and the symbols flow into the graph's own shapes: constant folding with shape
+inference. Nodes of constants only are evaluated by ONNX's reference evaluator; the rest map to
+primitives by the converters in ``ops.py``.
+
+Floats held as initializers of more than one element become the graph's weights (by their
+ONNX names); other constants become ``constant``/``scalar`` ops where a primitive reads them.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from ...errors import UserError
+from ...fileio import read_regular
+from ...ir.dims import Dim, Sym
+from ...ir.graph import Graph, TensorType, Value, Weight
+from ...ops.base import Builder, ShapeError
+
+MAX_MODEL_BYTES = (2 << 30) - 1          # protobuf's own limit on one message
+MIN_OPSET = 13
+DTYPES = {1: "float32", 11: "float64", 10: "float16", 16: "bfloat16", 6: "int32", 7: "int64", 9: "bool"}
+NUMPY = {"float32": np.float32, "float64": np.float64, "int32": np.int32, "int64": np.int64, "bool": np.bool_,
+         "float16": np.float16}
+
+
+class ImportError_(UserError):
+    """A model the importer cannot read or express; the message names the node."""
+
+
+@dataclass
+class Imported:
+    graph: Graph                          # the infer graph: the model's inputs and outputs
+    weights: dict[str, np.ndarray]        # the initializers the graph holds as weights
+    opset: int
+    name: str
+    notes: list[str] = field(default_factory=list)
+
+
+def type_name(elem_type: int) -> str:
+    from onnx import TensorProto
+    try:
+        return TensorProto.DataType.Name(elem_type).lower()
+    except ValueError:
+        return f"number {elem_type}"
+
+
+def symbol_name(raw: str) -> str:
+    """An ONNX dim_param as a dimension symbol: letters, digits and underscores."""
+    name = re.sub(r"[^A-Za-z0-9_]", "_", raw).strip("_") or "d"
+    return name if not name[0].isdigit() else f"d{name}"
+
+
+def is_const(x) -> bool:
+    return isinstance(x, np.ndarray)
+
+
+def is_symbolic(a: np.ndarray) -> bool:
+    return a.dtype == object
+
+
+def dims_of(a: np.ndarray) -> tuple[Dim, ...]:
+    """A constant 1-d array of dimensions (numbers or symbols) as a shape tuple."""
+    return tuple(d if isinstance(d, Sym) else int(d) for d in np.asarray(a).reshape(-1).tolist())
+
+
+class NodeError(Exception):
+    """Raised by a converter: what does not fit, said of the node being converted."""
+
+
+class Importer:
+    """Converts one graph (the model's, or a body) into the toolkit's graph."""
+
+    def __init__(self, path: str, opset: int, graph: Graph, weights: dict[str, np.ndarray]):
+        self.path = path
+        self.opset = opset
+        self.graph = graph
+        self.weights = weights
+        self.env: dict[str, object] = {}         # ONNX name -> Value or np.ndarray
+        self.absent: dict[str, str] = {}          # outputs left uncomputed (a Dropout's mask) -> why
+        self.node = None
+        self.b = Builder(graph, "")
+
+    # -- values -------------------------------------------------------------------------------
+    def value(self, name: str, like: Value | None = None) -> Value:
+        """The graph Value of ``name``, a constant made into one (in ``like``'s dtype for a float)."""
+        x = self.env[name]
+        if isinstance(x, Value):
+            return x
+        return self.materialize(x, like)
+
+    def materialize(self, arr: np.ndarray, like: Value | None = None) -> Value:
+        if is_symbolic(arr):
+            raise NodeError("a shape computed from symbolic dimensions is used as data")
+        dtype = str(arr.dtype) if arr.dtype != np.bool_ else "bool"
+        if like is not None and arr.dtype.kind == "f" and like.dtype != dtype:
+            arr = arr.astype(like.dtype if like.dtype in NUMPY else np.float32)
+            dtype = str(arr.dtype)
+        if dtype not in NUMPY and dtype != "bool":
+            raise NodeError(f"a constant of dtype {arr.dtype} has no counterpart here")
+        if arr.ndim == 0 and dtype != "bool":
+            return self.b.scalar(arr.item(), dtype)
+        return self.b.op("constant", value=np.array(arr))
+
+    def const(self, name: str, what: str) -> np.ndarray:
+        """A constant input (an initializer, a Constant or folded): refused where it is computed."""
+        x = self.env.get(name)
+        if not is_const(x):
+            raise NodeError(f"{what} ('{name}') must be known when the model is imported, not computed at run time")
+        return x
+
+    def optional(self, node, index: int) -> str | None:
+        return node.input[index] if len(node.input) > index and node.input[index] else None
+
+    def fail(self, message: str):
+        raise NodeError(message)
+
+    # -- nodes --------------------------------------------------------------------------------
+    def run_nodes(self, nodes) -> None:
+        from .fold import fold
+        from .ops import CONVERTERS
+        for node in nodes:
+            self.node = node
+            self.b.scope = node.name or node.output[0]
+            if node.domain not in ("", "ai.onnx"):
+                self._unsupported(node)
+            ins = [self.env.get(n) if n else None for n in node.input]
+            for n, x in zip(node.input, ins):
+                if n and n in self.absent:
+                    raise ImportError_(f"{self.path}: node '{self.b.scope}' ({node.op_type}) reads '{n}': "
+                                       f"{self.absent[n]}")
+                if n and x is None:
+                    raise ImportError_(f"{self.path}: node '{self.b.scope}' ({node.op_type}) reads '{n}', which "
+                                       "no node, input or initializer gives")
+            try:
+                folded = fold(self, node, ins)
+                if folded is None:
+                    convert = CONVERTERS.get(node.op_type)
+                    if convert is None:
+                        self._unsupported(node)
+                    outs = convert(self, node)
+                else:
+                    outs = folded
+            except (NodeError, ShapeError) as e:
+                raise ImportError_(f"{self.path}: node '{self.b.scope}' ({node.op_type}): {e}") from None
+            outs = list(outs) + [None] * (len(node.output) - len(outs))
+            for name, out in zip(node.output, outs):
+                if name and out is not None:
+                    self.env[name] = out
+                elif name:             # an output nothing here computes: an error only where it is read
+                    self.absent[name] = f"the output {name} of node '{self.b.scope}' ({node.op_type}) has no " \
+                                        "counterpart here"
+        self.node = None
+
+    def _unsupported(self, node):
+        domain = node.domain or "ai.onnx"
+        raise ImportError_(f"{self.path}: node '{node.name or node.output[0]}': the op {node.op_type} (domain "
+                           f"{domain}, opset {self.opset}) has no counterpart here")
+
+    def attr(self, node, name: str, default=None):
+        from onnx import helper
+        for a in node.attribute:
+            if a.name == name:
+                return helper.get_attribute_value(a)
+        return default
+
+
+def _input_type(info, position: int, names: dict) -> TensorType:
+    t = info.type.tensor_type
+    if t.elem_type not in DTYPES:
+        raise ImportError_(f"input '{info.name}': element type {type_name(t.elem_type)} has no counterpart here")
+    shape: list[Dim] = []
+    if not t.HasField("shape"):
+        raise ImportError_(f"input '{info.name}': the model gives no shape")
+    for axis, d in enumerate(t.shape.dim):
+        if d.HasField("dim_value") and d.dim_value > 0:
+            shape.append(int(d.dim_value))
+        else:
+            raw = d.dim_param if d.HasField("dim_param") and d.dim_param else ("N" if axis == 0 else f"{info.name}_{axis}")
+            shape.append(Sym.named(names.setdefault(raw, symbol_name(raw))))
+    return TensorType(tuple(shape), DTYPES[t.elem_type])
+
+
+def read_model(path: str):
+    """The ModelProto at ``path``, read whole within protobuf's limit; external data refused."""
+    try:
+        import onnx
+    except ImportError:
+        raise UserError("reading ONNX models needs the onnx package: pip install 'toolkit[onnx]'") from None
+    raw = read_regular(path, MAX_MODEL_BYTES, "ONNX model")
+    model = onnx.ModelProto()
+    try:
+        model.ParseFromString(raw)
+    except Exception as e:           # protobuf's DecodeError and its kin
+        raise UserError(f"{path}: not a readable ONNX model ({e})") from None
+    if not model.HasField("graph") or not model.graph.output:
+        raise UserError(f"{path}: not an ONNX model (no graph, or a graph with no output)")
+    for init in model.graph.initializer:
+        if init.data_location == 1:           # EXTERNAL
+            raise UserError(f"{path}: initializer '{init.name}' keeps its data in another file; load and save "
+                            "the model with onnx.save(..., save_as_external_data=False) first")
+    return model
+
+
+def _upgraded(model, path: str, opset: int):
+    """A model of an older opset converted to opset 13 by ONNX's version converter (what the
+    importer's op rules are written for)."""
+    from onnx import version_converter
+    try:
+        return version_converter.convert_version(model, MIN_OPSET)
+    except Exception as e:           # the converter's own complaint
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise UserError(f"{path}: opset {opset}, which ONNX's version converter cannot bring to opset {MIN_OPSET} "
+                        f"({first[:200]})") from None
+
+
+def default_opset(model) -> int:
+    versions = [o.version for o in model.opset_import if o.domain in ("", "ai.onnx")]
+    return versions[0] if versions else 1
+
+
+def import_model(path: str, float_dtype: str = "float32") -> Imported:
+    """The model at ``path`` as an infer graph and its weights."""
+    return import_proto(read_model(path), path, float_dtype)
+
+
+def import_proto(model, path: str, float_dtype: str = "float32") -> Imported:
+    """A ModelProto as an infer graph and its weights; ``path`` names it in messages."""
+    from onnx import numpy_helper
+    opset = default_opset(model)
+    if opset < MIN_OPSET:
+        model = _upgraded(model, path, opset)
+        opset = MIN_OPSET
+    graph = Graph("infer")
+    weights: dict[str, np.ndarray] = {}
+    imp = Importer(path, opset, graph, weights)
+    initial = {}
+    for init in model.graph.initializer:
+        try:
+            initial[init.name] = numpy_helper.to_array(init)
+        except Exception as e:
+            raise UserError(f"{path}: initializer '{init.name}' cannot be read ({e})") from None
+    symbols: dict[str, str] = {}
+    for position, info in enumerate(model.graph.input):
+        if info.name in initial:
+            continue                  # older exporters list initializers among the inputs
+        value = Value(_input_type(info, position, symbols), name=info.name)
+        graph.inputs[info.name] = value
+        imp.env[info.name] = value
+    for name, arr in initial.items():
+        if arr.dtype.kind == "f" and arr.size > 1:
+            key = name
+            value = Value(TensorType(tuple(int(d) for d in arr.shape), float_dtype if arr.dtype != np.float64
+                                     else "float64"), name=key)
+            graph.weights[key] = Weight(key, value, True, {"type": "constant", "value": 0.0}, layer=key)
+            weights[key] = arr.astype(value.dtype, copy=False)
+            imp.env[name] = value
+        else:
+            imp.env[name] = arr
+    imp.run_nodes(model.graph.node)
+    for info in model.graph.output:
+        out = imp.env.get(info.name)
+        if info.name in imp.absent:
+            raise ImportError_(f"{path}: output '{info.name}': {imp.absent[info.name]}")
+        if out is None:
+            raise ImportError_(f"{path}: output '{info.name}' is computed by no node")
+        graph.outputs[info.name] = out if isinstance(out, Value) else imp.materialize(out)
+    used = {v.id for n in graph.nodes for v in n.inputs} | {v.id for v in graph.outputs.values()}
+    for key in [k for k, w in graph.weights.items() if w.value.id not in used]:
+        del graph.weights[key]
+        weights.pop(key, None)
+    return Imported(graph, weights, opset, model.graph.name or "imported")
+
+
+ConverterFn = Callable[[Importer, object], list]
