@@ -280,11 +280,22 @@ def bench_infer(net, weights, bindings, args, rng):
     graph = forward_graph(net, "infer", disable=args.disable, weights=frozen)
     plan = Plan(graph, bindings, {k: frozen[k] for k in graph.weights})
     inputs = make_inputs(net, graph, bindings, rng)
-    peer = torch_peer(net, weights, "infer")
+    onnx_file = args.net if args.net.endswith(".onnx") else None
+    # an ONNX model is compared with ONNX Runtime running the same file (PyTorch has no reader of it)
+    peer = None if onnx_file else torch_peer(net, weights, "infer")
     t_inputs = {k: torch.from_numpy(v) for k, v in inputs.items()}
 
     onnx_model = None
-    if not args.no_ort:
+    if onnx_file and not args.no_ort:
+        import onnx
+        import onnxruntime as ort
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = args.threads
+        opts.inter_op_num_threads = 1
+        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        onnx_model = onnx.load(onnx_file)
+    elif not args.no_ort:
         import onnxruntime as ort
         from toolkit.peers.onnx_export import UnsupportedLayer, build_onnx_model
         opts = ort.SessionOptions()
@@ -297,29 +308,38 @@ def bench_infer(net, weights, bindings, args, rng):
         except UnsupportedLayer as e:     # the exporter lacks a layer (recurrent, attention): no ORT column
             print(f"ONNX Runtime not measured: {e}", file=sys.stderr)
     sess = names = None
+    ort_inputs = inputs
     if onnx_model is not None:
         sess = ort.InferenceSession(onnx_model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
         names = [o.name for o in sess.get_outputs()]
+        if onnx_file:        # the net's blob names are the model's, made names: pair them by position
+            ort_inputs = dict(zip([i.name for i in sess.get_inputs()], inputs.values()))
+            names = dict(zip(names, graph.outputs))
 
     def run_torch():
         with torch.no_grad():
             return peer.module(t_inputs)
 
     def run_ort():
-        return sess.run(names, inputs)
+        return sess.run(list(names), ort_inputs)
 
     ours = {k: np.array(v) for k, v in plan.run(inputs).items()}
-    theirs = {k: v.numpy() for k, v in run_torch().items()}
-    onnx_out = dict(zip(names, run_ort())) if sess is not None else None
+    theirs = {k: v.numpy() for k, v in run_torch().items()} if peer is not None else None
+    onnx_out = None
+    if sess is not None:
+        onnx_out = dict(zip(names.values() if onnx_file else names, run_ort()))
     checks = []
     for name in graph.outputs:
-        errs = {"toolkit_vs_torch": rel_err(ours[name], theirs[name])}
+        errs = {"toolkit_vs_torch": rel_err(ours[name], theirs[name])} if theirs is not None else {}
         if onnx_out is not None:
-            errs.update(toolkit_vs_ort=rel_err(ours[name], onnx_out[name]),
-                        torch_vs_ort=rel_err(theirs[name], onnx_out[name]))
+            errs.update(toolkit_vs_ort=rel_err(ours[name], onnx_out[name]))
+            if theirs is not None:
+                errs.update(torch_vs_ort=rel_err(theirs[name], onnx_out[name]))
         checks.append({"output": name, "shape": list(ours[name].shape), **errs,
                        "ok": all(e <= TOLERANCE for e in errs.values())})
-    fns = {"toolkit": lambda: plan.run(inputs), "torch": run_torch}
+    fns = {"toolkit": lambda: plan.run(inputs)}
+    if peer is not None:
+        fns["torch"] = run_torch
     if sess is not None:
         fns["ort"] = run_ort
     meta = {"kernel_calls": len(plan.calls), "arena_mib": round(plan.peak_bytes / 2**20, 2)}
@@ -431,10 +451,14 @@ def check_lines(report: dict) -> list[str]:
     out = [f"check (same inputs and starting weights; tolerance {TOLERANCE:g} relative to each output's "
            "largest magnitude):"]
     for c in report["checks"].get("infer", []):
-        ort_part = (f"toolkit~ORT {c['toolkit_vs_ort']:.1e}, torch~ORT {c['torch_vs_ort']:.1e}  "
-                    if "toolkit_vs_ort" in c else "(no ONNX export)  ")
-        out.append(f"  infer {c['output']} {c['shape']}: toolkit~torch {c['toolkit_vs_torch']:.1e}, "
-                   + ort_part + f"{'ok' if c['ok'] else 'MISMATCH'}")
+        parts = [f"toolkit~torch {c['toolkit_vs_torch']:.1e}"] if "toolkit_vs_torch" in c else []
+        if "toolkit_vs_ort" in c:
+            parts.append(f"toolkit~ORT {c['toolkit_vs_ort']:.1e}")
+        if "torch_vs_ort" in c:
+            parts.append(f"torch~ORT {c['torch_vs_ort']:.1e}")
+        if "toolkit_vs_ort" not in c:
+            parts.append("(no ONNX export)")
+        out.append(f"  infer {c['output']} {c['shape']}: {', '.join(parts)}  {'ok' if c['ok'] else 'MISMATCH'}")
     for c in report["checks"].get("train", []):
         if "toolkit" in c:
             out.append(f"  train {c['output']}: toolkit {c['toolkit']:.6f}, torch {c['torch']:.6f}, "
@@ -467,8 +491,12 @@ def main(argv=None) -> int:
     try:
         net = load_net(args.net)
         from toolkit.commands.bench import stand_in_weights
-        weights = stand_in_weights(net.init_weights(seed=args.seed), args.seed)
-        modes = ["infer", "train"] if args.mode == "both" else [args.mode]
+        if args.net.endswith(".onnx"):            # the model's own weights; ONNX Runtime has no train step
+            weights = net.load_weights(args.net)
+            modes = ["infer"]
+        else:
+            weights = stand_in_weights(net.init_weights(seed=args.seed), args.seed)
+            modes = ["infer", "train"] if args.mode == "both" else [args.mode]
         report = {"config": {"net": net.name, "file": args.net, "batch": args.batch, "iters": args.iters,
                              "rounds": args.rounds, "warmup": args.warmup, "threads": args.threads,
                              "lr": args.lr, "seed": args.seed, "cpu": cpu_name(), "cores": machine_cores(),

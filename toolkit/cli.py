@@ -234,6 +234,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the example shape of what a data layer reads (its database holds it)")
     q.add_argument("--out", required=True, metavar="DIR", help="where net.yaml (and model.safetensors) go")
     q.add_argument("--force", action="store_true", help="replace net.yaml and model.safetensors in DIR")
+    q = formats.add_parser("onnx", help="an ONNX model (opset 13 and up; older ones are converted)")
+    q.add_argument("model", metavar="MODEL.onnx")
+    q.add_argument("--out", required=True, metavar="DIR", help="where net.yaml, the model and model.safetensors go")
+    q.add_argument("--force", action="store_true", help="replace the files in DIR")
 
     p = sub.add_parser("export", help="a net in another toolkit's format (ONNX)")
     formats = p.add_subparsers(dest="format", metavar="FORMAT", parser_class=_Parser)

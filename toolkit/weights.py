@@ -53,6 +53,12 @@ def fill(init: dict, shape: tuple[int, ...], dtype: str, fan_in: int, fan_out: i
         return drawn
     if kind == "bilinear":
         return _bilinear(shape, dtype)
+    if kind == "onnx_initializer":                   # an ONNX layer's parameter: the model file's value
+        from .importers.onnx.files import loaded_model
+        arr = loaded_model(init["file"]).arrays.get(init["name"])
+        if arr is None or tuple(arr.shape) != tuple(shape):
+            raise UserError(f"{init['file']}: no initializer '{init['name']}' of shape {list(shape)}")
+        return np.asarray(arr, dtype=dtype)
     if kind == "identity":                           # a square matrix's identity (InfogainLoss's default H)
         if len(shape) != 2 or shape[0] != shape[1]:
             raise UserError(f"the identity filler needs a square matrix, not {list(shape)}")

@@ -61,7 +61,7 @@ def run_case(case) -> tuple[str, str]:
     """("pass", ""), ("fail", why) or ("unsupported", why). Where the importer needs an integer
     input known (an axes or shape input), each data set's values are frozen into the model."""
     from toolkit.errors import UserError
-    from toolkit.importers.onnx.model import import_proto
+    from layers.onnx import import_proto
     try:
         imported = import_proto(case.model, case.name)
     except UserError as e:

@@ -23,7 +23,7 @@ pytest.importorskip("onnxruntime", reason="the onnx extra's runtime is the refer
 from tests.importers.onnx_conformance import data_dir, model_cases, node_cases, run_case, table  # noqa: E402
 from tests.train.test_loop import cli  # noqa: E402
 from toolkit.errors import UserError  # noqa: E402
-from toolkit.importers.onnx import import_model  # noqa: E402
+from layers.onnx import import_model  # noqa: E402
 from toolkit.ops.interpreter import interpret  # noqa: E402
 
 RECORDED = json.loads((Path(__file__).parent / "onnx_conformance_passes.json").read_text())

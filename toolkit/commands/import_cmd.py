@@ -11,7 +11,45 @@ from ..errors import SpecError, UserError
 
 
 def run_import(args) -> int:
-    return {"caffe": _caffe}[args.format](args)
+    return {"caffe": _caffe, "onnx": _onnx}[args.format](args)
+
+
+def _onnx(args) -> int:
+    """DIR/net.yaml (the model's inputs and one ONNX layer reading DIR/MODEL.onnx), DIR/MODEL.onnx
+    (the model's graph) and DIR/model.safetensors (its initializers as the layer's weights)."""
+    import shutil
+
+    from ..fileio import atomic_write
+    from ..importers.onnx.files import loaded_model
+    from ..importers.onnx.netfile import net_text
+    from ..weights import save_weights
+    from ..zoo.resolve import load_net
+    out = Path(args.out)
+    source = Path(args.model)
+    copy = out / source.name
+    taken = [f for f in ("net.yaml", "model.safetensors", source.name) if (out / f).exists()]
+    if taken and not args.force:
+        raise UserError(f"--out {out}: holds {' and '.join(taken)} already; choose another --out, or pass --force "
+                        "to replace them")
+    loaded = loaded_model(str(source))
+    name = loaded.model.graph.name or source.stem
+    text = net_text(loaded.model, source.name, name)
+    net = load_net(str(source))                  # every node lowered and checked before anything is written
+    weights = net.load_weights(str(source))
+    out.mkdir(parents=True, exist_ok=True)
+    if source.resolve() != copy.resolve():
+        atomic_write(copy, lambda tmp: shutil.copyfile(source, tmp))
+    head = f"# imported from {source.name} by `toolkit import onnx`: its graph runs as the ONNX layer\n"
+    atomic_write(out / "net.yaml", lambda tmp: Path(tmp).write_text(head + text))
+    save_weights(str(out / "model.safetensors"), weights)
+    params = sum(int(np.prod(a.shape)) for a in weights.values())
+    ops = sorted({n.op_type for n in loaded.model.graph.node})
+    print(f"imported {net.name}: {len(loaded.model.graph.node)} ONNX nodes ({len(ops)} op types) as the layer "
+          f"'{net.spec.layers[0].name}', {params:,} parameters; wrote {out / 'net.yaml'}, {copy} and "
+          f"{out / 'model.safetensors'}")
+    print("note: the graph stays one ONNX layer (its nodes run as the toolkit's primitives); add layers after it, "
+          "or freeze it with lr_mult: 0, to fine-tune")
+    return 0
 
 
 def _input_shapes(items: list[str]) -> dict[str, list[int]]:

@@ -4,6 +4,8 @@ as nodes are added. Every problem is collected with the location of the key it c
 """
 from __future__ import annotations
 
+import os
+
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +25,7 @@ class LowerContext:
     """What a layer lowering may use: the builder, the phase, weight and state declarations."""
 
     def __init__(self, graph: Graph, layer, phase: str, float_dtype: str, declared: dict[str, tuple],
-                 root: Graph | None = None, sync_batchnorm: bool = False):
+                 root: Graph | None = None, sync_batchnorm: bool = False, base_dir: str = "."):
         # weights and state updates belong to the net's graph (``root``); the nodes go to
         # ``graph``, which is a block's body inside an If or Loop
         self.graph = root if root is not None else graph
@@ -33,6 +35,7 @@ class LowerContext:
         self.float_dtype = float_dtype
         # data-parallel training: BatchNorm takes its statistics over every rank
         self.sync_batchnorm = sync_batchnorm
+        self.base_dir = base_dir          # the net file's folder: a layer's relative file names start there
         self.b = Builder(graph, layer.name)
         self._declared = declared         # every weight key -> (shape, layer) across phases
         self.param_count = 0
@@ -231,7 +234,8 @@ class Lowering:
                 broken.update(layer.tops)
                 clean = False
                 continue
-            ctx = LowerContext(graph, layer, phase, self.float_dtype, self.declared, self.root, self.sync_batchnorm)
+            ctx = LowerContext(graph, layer, phase, self.float_dtype, self.declared, self.root, self.sync_batchnorm,
+                               os.path.dirname(self.positions.file or "") or ".")
             try:
                 if layer.type in BLOCK_TYPES:
                     tops = lower_block(self, layer, prefix + (i,), graph, blobs, bottoms)

@@ -56,6 +56,8 @@ class Net:
         (``toolkit.zoo.resolve.load_net`` passes it)."""
         from layers import LAYERS, NetSpec
         model = None
+        if text is None and path.endswith(".onnx"):
+            text = _onnx_net_text(path)
         if text is None and path.startswith(ZOO_PREFIX):
             model = zoo_model(resolve, path)
             path = str(model.net)
@@ -82,6 +84,8 @@ class Net:
         """``given``, or for a ``zoo:NAME`` net its published weights (fetched if need be)."""
         if given:
             return given
+        if self.file.endswith(".onnx"):
+            return self.file               # an ONNX model's weights are its initializers
         if self.zoo is not None:
             weights = zoo_model(self.resolve, f"{ZOO_PREFIX}{self.zoo.name}", need_weights=True).weights
             if weights is not None:
@@ -203,6 +207,8 @@ class Net:
         not copied."""
         from ..weights import load_weights
         path = self.weights_file(path)
+        if path.endswith(".onnx"):
+            return self._onnx_weights(path, seed, dtype, allow_missing)
         reports: list = []
         loaded = load_weights(path, self.declared, allow_missing, report=reports)
         out = self.init_weights(seed, dtype) if allow_missing else {}
@@ -213,6 +219,18 @@ class Net:
             for line in reports[0].lines(path):
                 say(line)
         return out
+
+    def _onnx_weights(self, path: str, seed: int, dtype: str | None, allow_missing: bool) -> dict[str, np.ndarray]:
+        """The weights of the ONNX layers that read ``path``: its initializers (the parameters'
+        fillers read them); with ``allow_missing`` the other layers start from their fillers."""
+        import os
+        others = sorted({layer for _key, (_shape, layer) in self.declared.items()
+                         if not _reads(self.spec, layer, path, os.path.dirname(self.file))})
+        if others and not allow_missing:
+            raise UserError(f"--weights {path}: an ONNX file holds the weights of the ONNX layers that read it; "
+                            f"layer '{others[0]}' needs a weights file (.safetensors or .npz), or --allow-missing to start it "
+                            "from its fillers")
+        return self.init_weights(seed, dtype)
 
     def weights_file(self, given: str) -> str:
         """A weights path as given, or the file of ``zoo:NAME``'s published weights."""
@@ -237,3 +255,23 @@ def _with_wiring_problems(error: SpecError) -> SpecError:
     unique = list({(str(p.location), p.message): p for p in problems}.values())
     unique.sort(key=lambda p: (p.location.line, p.location.col) if p.location else (0, 0))
     return SpecError(*unique)
+
+
+def _reads(spec, layer_name: str, path: str, base_dir: str) -> bool:
+    """Whether the layer is an ONNX layer of the model file ``path``."""
+    import os
+    layer = next((x for x in spec.layers if x.name == layer_name), None)
+    if layer is None or layer.type != "ONNX":
+        return False
+    own = layer.file if os.path.isabs(layer.file) else os.path.join(base_dir or ".", layer.file)
+    return os.path.realpath(own) == os.path.realpath(path)
+
+
+def _onnx_net_text(path: str) -> str:
+    """The net file of an ONNX model given where a net is expected."""
+    import os
+    from ..importers.onnx.files import loaded_model
+    from ..importers.onnx.netfile import net_text
+    loaded = loaded_model(path)
+    return net_text(loaded.model, os.path.basename(path), loaded.model.graph.name or
+                    os.path.splitext(os.path.basename(path))[0])

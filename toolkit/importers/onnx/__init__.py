@@ -1,5 +1,3 @@
-"""ONNX models in: ``import_model(path)`` reads a model (opset 13 and up) into the toolkit's graph
-of primitive ops and its weights, so the optimiser, the kernels and the buckets run it."""
-from .model import Imported, import_model
-
-__all__ = ["Imported", "import_model"]
+"""ONNX model files: ``files`` reads them within bounds (and brings older opsets to 13),
+``netfile`` writes the net file of a model (one ONNX layer). The nodes become primitives in
+layers/onnx."""

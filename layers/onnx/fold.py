@@ -7,16 +7,20 @@ import math
 
 import numpy as np
 
-from ...ir.dims import Sym
-from ...ir.graph import Value
-from .model import DTYPES, NodeError, is_const, is_symbolic
+from toolkit.ir.dims import Sym
+from toolkit.ir.graph import Value
+from .convert import DTYPES, NodeError, is_const, is_symbolic
 
 # ops that draw random numbers are never folded (the graph has no op for them: they stay unsupported)
 RANDOM = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
 
 
 def _normal(a: np.ndarray) -> np.ndarray:
-    """An object array of plain numbers back to int64."""
+    """An object array of plain numbers back to int64 (numpy gives a bare element for a 0-d pick)."""
+    if not isinstance(a, np.ndarray):
+        out = np.empty((), dtype=object)
+        out[()] = a
+        a = out
     if is_symbolic(a) and not any(isinstance(x, Sym) for x in a.reshape(-1).tolist()):
         return np.array(a.tolist(), dtype=np.int64).reshape(a.shape)
     return a

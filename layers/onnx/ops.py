@@ -6,8 +6,8 @@ import math
 
 import numpy as np
 
-from ...ir.graph import FLOAT_DTYPES, Value
-from .model import DTYPES, Importer, NodeError, dims_of, is_const
+from toolkit.ir.graph import FLOAT_DTYPES, Value
+from .convert import DTYPES, Importer, NodeError, dims_of, is_const
 
 CONVERTERS: dict = {}
 
@@ -204,7 +204,7 @@ def _compare(imp, node):
 def _cast(imp, node):
     to = DTYPES.get(imp.attr(node, "to"))
     if to is None:
-        from .model import type_name
+        from .convert import type_name
         imp.fail(f"the element type {type_name(imp.attr(node, 'to'))} has no counterpart here")
     x = imp.value(node.input[0])
     return [x if x.dtype == to else imp.b.op("cast", x, dtype=to)]
@@ -717,7 +717,7 @@ def _gather(imp, node):
 
 @converts("Expand")
 def _expand(imp, node):
-    from ...ops.rules import broadcast_shapes
+    from toolkit.ops.rules import broadcast_shapes
     x = imp.value(node.input[0])
     shape = dims_of(imp.const(node.input[1], "the shape"))
     target = broadcast_shapes(tuple(x.shape), shape)

@@ -13,21 +13,18 @@ ONNX names); other constants become ``constant``/``scalar`` ops where a primitiv
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 
-from ...errors import UserError
-from ...fileio import read_regular
-from ...ir.dims import Dim, Sym
-from ...ir.graph import Graph, TensorType, Value, Weight
-from ...ops.base import Builder, ShapeError
+from toolkit.errors import UserError
+from toolkit.importers.onnx.files import (DTYPES, MIN_OPSET, _upgraded, default_opset, read_model,  # noqa: F401
+                                          symbol_name, type_name)
+from toolkit.ir.dims import Dim, Sym
+from toolkit.ir.graph import Graph, TensorType, Value, Weight
+from toolkit.ops.base import Builder, ShapeError
 
-MAX_MODEL_BYTES = (2 << 30) - 1          # protobuf's own limit on one message
-MIN_OPSET = 13
-DTYPES = {1: "float32", 11: "float64", 10: "float16", 16: "bfloat16", 6: "int32", 7: "int64", 9: "bool"}
 NUMPY = {"float32": np.float32, "float64": np.float64, "int32": np.int32, "int64": np.int64, "bool": np.bool_,
          "float16": np.float16}
 
@@ -43,20 +40,6 @@ class Imported:
     opset: int
     name: str
     notes: list[str] = field(default_factory=list)
-
-
-def type_name(elem_type: int) -> str:
-    from onnx import TensorProto
-    try:
-        return TensorProto.DataType.Name(elem_type).lower()
-    except ValueError:
-        return f"number {elem_type}"
-
-
-def symbol_name(raw: str) -> str:
-    """An ONNX dim_param as a dimension symbol: letters, digits and underscores."""
-    name = re.sub(r"[^A-Za-z0-9_]", "_", raw).strip("_") or "d"
-    return name if not name[0].isdigit() else f"d{name}"
 
 
 def is_const(x) -> bool:
@@ -79,7 +62,8 @@ class NodeError(Exception):
 class Importer:
     """Converts one graph (the model's, or a body) into the toolkit's graph."""
 
-    def __init__(self, path: str, opset: int, graph: Graph, weights: dict[str, np.ndarray]):
+    def __init__(self, path: str, opset: int, graph: Graph, weights: dict[str, np.ndarray],
+                 builder: Builder | None = None, scope: str = ""):
         self.path = path
         self.opset = opset
         self.graph = graph
@@ -87,7 +71,14 @@ class Importer:
         self.env: dict[str, object] = {}         # ONNX name -> Value or np.ndarray
         self.absent: dict[str, str] = {}          # outputs left uncomputed (a Dropout's mask) -> why
         self.node = None
-        self.b = Builder(graph, "")
+        self.b = builder or Builder(graph, "")
+        self.scope = scope                         # prefixed to the nodes' names as the ops' scope
+
+    def initializers(self, arrays: dict[str, np.ndarray], weight) -> None:
+        """Floats of more than one element become weights through ``weight(name, array)`` (a
+        Value); the rest stay constants."""
+        for name, arr in arrays.items():
+            self.env[name] = weight(name, arr) if arr.dtype.kind == "f" and arr.size > 1 else arr
 
     # -- values -------------------------------------------------------------------------------
     def value(self, name: str, like: Value | None = None) -> Value:
@@ -129,7 +120,7 @@ class Importer:
         from .ops import CONVERTERS
         for node in nodes:
             self.node = node
-            self.b.scope = node.name or node.output[0]
+            self.b.scope = self.scope + (node.name or node.output[0])
             if node.domain not in ("", "ai.onnx"):
                 self._unsupported(node)
             ins = [self.env.get(n) if n else None for n in node.input]
@@ -189,44 +180,6 @@ def _input_type(info, position: int, names: dict) -> TensorType:
     return TensorType(tuple(shape), DTYPES[t.elem_type])
 
 
-def read_model(path: str):
-    """The ModelProto at ``path``, read whole within protobuf's limit; external data refused."""
-    try:
-        import onnx
-    except ImportError:
-        raise UserError("reading ONNX models needs the onnx package: pip install 'toolkit[onnx]'") from None
-    raw = read_regular(path, MAX_MODEL_BYTES, "ONNX model")
-    model = onnx.ModelProto()
-    try:
-        model.ParseFromString(raw)
-    except Exception as e:           # protobuf's DecodeError and its kin
-        raise UserError(f"{path}: not a readable ONNX model ({e})") from None
-    if not model.HasField("graph") or not model.graph.output:
-        raise UserError(f"{path}: not an ONNX model (no graph, or a graph with no output)")
-    for init in model.graph.initializer:
-        if init.data_location == 1:           # EXTERNAL
-            raise UserError(f"{path}: initializer '{init.name}' keeps its data in another file; load and save "
-                            "the model with onnx.save(..., save_as_external_data=False) first")
-    return model
-
-
-def _upgraded(model, path: str, opset: int):
-    """A model of an older opset converted to opset 13 by ONNX's version converter (what the
-    importer's op rules are written for)."""
-    from onnx import version_converter
-    try:
-        return version_converter.convert_version(model, MIN_OPSET)
-    except Exception as e:           # the converter's own complaint
-        first = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise UserError(f"{path}: opset {opset}, which ONNX's version converter cannot bring to opset {MIN_OPSET} "
-                        f"({first[:200]})") from None
-
-
-def default_opset(model) -> int:
-    versions = [o.version for o in model.opset_import if o.domain in ("", "ai.onnx")]
-    return versions[0] if versions else 1
-
-
 def import_model(path: str, float_dtype: str = "float32") -> Imported:
     """The model at ``path`` as an infer graph and its weights."""
     return import_proto(read_model(path), path, float_dtype)
@@ -255,16 +208,13 @@ def import_proto(model, path: str, float_dtype: str = "float32") -> Imported:
         value = Value(_input_type(info, position, symbols), name=info.name)
         graph.inputs[info.name] = value
         imp.env[info.name] = value
-    for name, arr in initial.items():
-        if arr.dtype.kind == "f" and arr.size > 1:
-            key = name
-            value = Value(TensorType(tuple(int(d) for d in arr.shape), float_dtype if arr.dtype != np.float64
-                                     else "float64"), name=key)
-            graph.weights[key] = Weight(key, value, True, {"type": "constant", "value": 0.0}, layer=key)
-            weights[key] = arr.astype(value.dtype, copy=False)
-            imp.env[name] = value
-        else:
-            imp.env[name] = arr
+    def weight(key: str, arr: np.ndarray) -> Value:
+        value = Value(TensorType(tuple(int(d) for d in arr.shape), float_dtype if arr.dtype != np.float64
+                                 else "float64"), name=key)
+        graph.weights[key] = Weight(key, value, True, {"type": "constant", "value": 0.0}, layer=key)
+        weights[key] = arr.astype(value.dtype, copy=False)
+        return value
+    imp.initializers(initial, weight)
     imp.run_nodes(model.graph.node)
     for info in model.graph.output:
         out = imp.env.get(info.name)

@@ -1,0 +1,84 @@
+"""ONNX: an ONNX model's graph as one layer. Its nodes are lowered to the toolkit's primitives
+(toolkit/importers/onnx), so the optimiser, the kernels, the buckets and training run them; its
+bottoms feed the model's inputs in order and its tops are the model's outputs in order. Its
+floating initializers are the layer's parameters, ``LAYER.<initializer name>``, started from the
+file's values (``lr_mult: 0`` freezes them for fine-tuning a new head)."""
+from __future__ import annotations
+
+import os
+from typing import ClassVar, Literal, Optional
+
+from schemas.base import ParamLayerBase
+
+from toolkit.errors import UserError
+from toolkit.ir.dims import Sym
+from toolkit.ir.graph import Value
+
+from ..registry import LayerError, layer
+
+
+class OnnxParams(ParamLayerBase):
+    type: Literal["ONNX"]
+    file: str                       # the .onnx file, relative to the net file
+    BOTTOMS: ClassVar[tuple[int, Optional[int]]] = (1, None)
+    TOPS: ClassVar[tuple[int, Optional[int]]] = (1, None)
+
+
+def model_path(p: OnnxParams, base_dir: str) -> str:
+    return p.file if os.path.isabs(p.file) else os.path.join(base_dir, p.file)
+
+
+@layer(OnnxParams)
+def lower_onnx(p: OnnxParams, ctx, bottoms):
+    from toolkit.importers.onnx.files import DTYPES, loaded_model, model_inputs
+
+    from .convert import Importer
+    path = model_path(p, ctx.base_dir)
+    try:
+        loaded = loaded_model(path)
+    except UserError as e:
+        raise LayerError(str(e).removeprefix("error: "), "file") from None
+    inputs = model_inputs(loaded.model)
+    if len(inputs) != len(bottoms):
+        raise LayerError(f"{p.file} takes {len(inputs)} inputs ({', '.join(i.name for i in inputs)}), the layer "
+                         f"gives {len(bottoms)} bottoms", "bottom")
+    outputs = list(loaded.model.graph.output)
+    if len(outputs) != len(p.tops):
+        raise LayerError(f"{p.file} gives {len(outputs)} outputs ({', '.join(o.name for o in outputs)}), the layer "
+                         f"names {len(p.tops)} tops", "top")
+    imp = Importer(path, loaded.opset, ctx.b.graph, {}, builder=ctx.b, scope=f"{p.name}/")
+    for info, value in zip(inputs, bottoms):
+        _check_input(info, value, ctx, DTYPES)
+        imp.env[info.name] = value
+
+    def weight(name, arr):
+        return ctx.param(name, tuple(int(d) for d in arr.shape),
+                         default_filler={"type": "onnx_initializer", "file": os.path.abspath(path), "name": name})
+    imp.initializers(loaded.arrays, weight)
+    try:
+        imp.run_nodes(loaded.model.graph.node)
+    except UserError as e:
+        raise LayerError(str(e).removeprefix("error: "), "file") from None
+    ctx.b.scope = p.name
+    tops = []
+    for info in outputs:
+        if info.name in imp.absent:
+            raise LayerError(f"{p.file}: output '{info.name}': {imp.absent[info.name]}", "top")
+        out = imp.env[info.name]
+        tops.append(out if isinstance(out, Value) else imp.materialize(out))
+    return tops
+
+
+def _check_input(info, value, ctx, dtypes) -> None:
+    t = info.type.tensor_type
+    want = dtypes.get(t.elem_type)
+    if want is not None and want != value.dtype and not (want in ("float32", "float64") and value.dtype.startswith("f")):
+        raise LayerError(f"the model's input '{info.name}' is {want}, the bottom is {ctx.fmt(value)}", "bottom")
+    dims = list(t.shape.dim) if t.HasField("shape") else []
+    if dims and len(dims) != value.rank:
+        raise LayerError(f"the model's input '{info.name}' has {len(dims)} axes, the bottom is {ctx.fmt(value)}",
+                         "bottom")
+    for axis, (d, have) in enumerate(zip(dims, value.shape)):
+        if d.HasField("dim_value") and d.dim_value > 0 and not isinstance(have, Sym) and have != d.dim_value:
+            raise LayerError(f"the model's input '{info.name}' has {d.dim_value} on axis {axis}, the bottom is "
+                             f"{ctx.fmt(value)}", "bottom")

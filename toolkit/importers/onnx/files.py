@@ -1,0 +1,115 @@
+"""ONNX model files read within bounds: the ModelProto (older opsets brought to 13 by ONNX's
+version converter), its initializers as arrays, kept while the file is unchanged. Nothing here
+knows the graph: layers/onnx converts the nodes; this is what the weights loader, the net-file
+writer and the converter share."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from ...errors import UserError
+from ...fileio import read_regular
+
+MAX_MODEL_BYTES = (2 << 30) - 1          # protobuf's own limit on one message
+MIN_OPSET = 13
+DTYPES = {1: "float32", 11: "float64", 10: "float16", 16: "bfloat16", 6: "int32", 7: "int64", 9: "bool"}
+
+
+def type_name(elem_type: int) -> str:
+    from onnx import TensorProto
+    try:
+        return TensorProto.DataType.Name(elem_type).lower()
+    except ValueError:
+        return f"number {elem_type}"
+
+
+def symbol_name(raw: str) -> str:
+    """An ONNX dim_param as a dimension symbol: letters, digits and underscores."""
+    name = re.sub(r"[^A-Za-z0-9_]", "_", raw).strip("_") or "d"
+    return name if not name[0].isdigit() else f"d{name}"
+
+
+def read_model(path: str):
+    """The ModelProto at ``path``, read whole within protobuf's limit; external data refused."""
+    try:
+        import onnx
+    except ImportError:
+        raise UserError("reading ONNX models needs the onnx package: pip install 'toolkit[onnx]'") from None
+    raw = read_regular(path, MAX_MODEL_BYTES, "ONNX model")
+    model = onnx.ModelProto()
+    try:
+        model.ParseFromString(raw)
+    except Exception as e:           # protobuf's DecodeError and its kin
+        raise UserError(f"{path}: not a readable ONNX model ({e})") from None
+    if not model.HasField("graph") or not model.graph.output:
+        raise UserError(f"{path}: not an ONNX model (no graph, or a graph with no output)")
+    for init in model.graph.initializer:
+        if init.data_location == 1:           # EXTERNAL
+            raise UserError(f"{path}: initializer '{init.name}' keeps its data in another file; load and save "
+                            "the model with onnx.save(..., save_as_external_data=False) first")
+    return model
+
+
+def _upgraded(model, path: str, opset: int):
+    """A model of an older opset converted to opset 13 by ONNX's version converter (what the
+    importer's op rules are written for)."""
+    from onnx import version_converter
+    try:
+        return version_converter.convert_version(model, MIN_OPSET)
+    except Exception as e:           # the converter's own complaint
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise UserError(f"{path}: opset {opset}, which ONNX's version converter cannot bring to opset {MIN_OPSET} "
+                        f"({first[:200]})") from None
+
+
+def default_opset(model) -> int:
+    versions = [o.version for o in model.opset_import if o.domain in ("", "ai.onnx")]
+    return versions[0] if versions else 1
+
+
+@dataclass
+class Loaded:
+    """A model file read once: the ModelProto (at opset 13 or later), its opset, its initializers."""
+    model: object
+    opset: int
+    arrays: dict[str, np.ndarray]
+
+
+_LOADED: dict[tuple, Loaded] = {}
+
+
+def loaded_model(path: str) -> Loaded:
+    """The model at ``path``, kept while the file is unchanged (a net lowers its ONNX layer once
+    per phase, and its weights are read from the same file)."""
+    import os
+
+    from onnx import numpy_helper
+    try:
+        stat = os.stat(path)
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such file") from None
+    except OSError as e:
+        raise UserError(f"{path}: cannot read: {e.strerror}") from None
+    key = (os.path.realpath(path), stat.st_mtime_ns, stat.st_size)
+    if key not in _LOADED:
+        model = read_model(path)
+        opset = default_opset(model)
+        if opset < MIN_OPSET:
+            model, opset = _upgraded(model, path, opset), MIN_OPSET
+        arrays = {}
+        for init in model.graph.initializer:
+            try:
+                arrays[init.name] = numpy_helper.to_array(init)
+            except Exception as e:
+                raise UserError(f"{path}: initializer '{init.name}' cannot be read ({e})") from None
+        _LOADED.clear()                # one model at a time: they can be large
+        _LOADED[key] = Loaded(model, opset, arrays)
+    return _LOADED[key]
+
+
+def model_inputs(model) -> list:
+    """The inputs a caller feeds: the graph's inputs that are not initializers."""
+    init = {i.name for i in model.graph.initializer}
+    return [i for i in model.graph.input if i.name not in init]

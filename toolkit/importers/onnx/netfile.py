@@ -1,0 +1,44 @@
+"""The net file of an ONNX model: its inputs (symbolic dimensions by name) and one ``ONNX`` layer
+whose bottoms are the inputs and whose tops are the outputs. ``toolkit infer|bench|compile|serve
+model.onnx`` read a model through it, and ``toolkit import onnx`` writes it."""
+from __future__ import annotations
+
+import re
+
+import yaml
+
+from .files import DTYPES, model_inputs, symbol_name, type_name
+
+BLOB = re.compile(r"[^A-Za-z0-9_.\-/]")
+
+
+def blob_name(raw: str) -> str:
+    """An ONNX value name as a blob name (letters, digits and _ . - /)."""
+    return BLOB.sub("_", raw) or "x"
+
+
+def net_dict(model, file: str, name: str) -> dict:
+    from ...errors import UserError
+    inputs = {}
+    symbols: dict[str, str] = {}
+    for info in model_inputs(model):
+        t = info.type.tensor_type
+        if t.elem_type not in DTYPES:
+            raise UserError(f"{file}: input '{info.name}' is {type_name(t.elem_type)}, which has no counterpart here")
+        dims = []
+        for axis, d in enumerate(t.shape.dim):
+            if d.HasField("dim_value") and d.dim_value > 0:
+                dims.append(int(d.dim_value))
+            else:
+                raw = d.dim_param if d.HasField("dim_param") and d.dim_param else ("N" if axis == 0 else f"D{axis}")
+                dims.append(symbols.setdefault(raw, symbol_name(raw)))
+        inputs[blob_name(info.name)] = {"shape": dims, "dtype": DTYPES[t.elem_type]}
+    bottoms = list(inputs)
+    tops = [blob_name(o.name) for o in model.graph.output]
+    layer = {"name": blob_name(name), "type": "ONNX", "file": file,
+             "bottom": bottoms[0] if len(bottoms) == 1 else bottoms, "top": tops[0] if len(tops) == 1 else tops}
+    return {"name": blob_name(name), "inputs": inputs, "layers": [layer]}
+
+
+def net_text(model, file: str, name: str) -> str:
+    return yaml.safe_dump(net_dict(model, file, name), sort_keys=False)
