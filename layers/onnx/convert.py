@@ -116,6 +116,7 @@ class Importer:
 
     # -- nodes --------------------------------------------------------------------------------
     def run_nodes(self, nodes) -> None:
+        from . import control, recurrent  # noqa: F401  (they register Scan, If, RNN, GRU and LSTM)
         from .fold import fold
         from .ops import CONVERTERS
         for node in nodes:

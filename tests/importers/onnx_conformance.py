@@ -14,6 +14,14 @@ def node_cases():
     return node.collect_testcases(None)
 
 
+def _array(x) -> np.ndarray:
+    """A data set's value: an array, or a TensorProto (some cases keep their data so)."""
+    if hasattr(x, "SerializeToString") and hasattr(x, "dims"):
+        from onnx import numpy_helper
+        return numpy_helper.to_array(x)
+    return np.asarray(x)
+
+
 def case_ops(cases) -> dict[str, str]:
     """case name -> the op it tests: a one-node case's op; an expanded case (a function op written
     out in other ops) counts for the op of the case it expands, marked "(expanded)"."""
@@ -45,7 +53,7 @@ def _frozen(case, inputs) -> object:
     names = [i.name for i in model.graph.input if i.name not in init]
     keep = []
     for info, arr in zip([i for i in model.graph.input if i.name not in init], inputs):
-        arr = np.asarray(arr)
+        arr = _array(arr)
         if arr.dtype.kind in "iu":
             model.graph.initializer.append(numpy_helper.from_array(arr, info.name))
         else:
@@ -87,14 +95,14 @@ def _compare(case, imported, graph_inputs, data_sets, frozen: bool = False) -> t
     init = {i.name for i in case.model.graph.initializer}
     names = [i.name for i in case.model.graph.input if i.name not in init]
     for inputs, outputs in data_sets:
-        feeds = {n: np.asarray(a) for n, a in zip(names, inputs) if n in graph_inputs}
+        feeds = {n: _array(a) for n, a in zip(names, inputs) if n in graph_inputs}
         try:
             got, _ = interpret(graph, feeds, dict(imported.weights))
         except Exception as e:            # a run-time failure is a failed case, with its reason
             return "fail", f"run: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         for info, expected in zip(case.model.graph.output, outputs):
             actual = got[info.name]
-            expected = np.asarray(expected)
+            expected = _array(expected)
             if actual.shape != expected.shape:
                 return "fail", f"output {info.name} has shape {list(actual.shape)}, expected {list(expected.shape)}"
             try:

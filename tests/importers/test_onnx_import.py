@@ -83,7 +83,7 @@ def test_the_light_real_models_give_their_expected_outputs(name):
     np.testing.assert_allclose(got[model.graph.output[0].name], numpy_helper.to_array(expected), rtol=rtol, atol=1e-7)
 
 
-@pytest.mark.parametrize("name", ["lenet", "mlp", "resnet", "branchnet", "transformer_digits"])
+@pytest.mark.parametrize("name", ["lenet", "mlp", "resnet", "branchnet", "transformer_digits", "gru_digits"])
 def test_a_zoo_net_exported_and_imported_back_equals_itself(tmp_path, name):
     import toolkit
     out = tmp_path / f"{name}.onnx"
@@ -143,3 +143,32 @@ def test_an_older_opset_is_brought_to_13(tmp_path):
     x_ = np.random.default_rng(0).random((5, 4)).astype(np.float32)
     got, _ = interpret(imported.graph, {"x": x_}, {})
     np.testing.assert_allclose(got["y"], np.exp(x_) / np.exp(x_).sum(1, keepdims=True), rtol=1e-6)
+
+
+def test_an_if_on_a_run_time_condition_and_one_known_at_import(tmp_path):
+    """If becomes the graph's if when its condition is computed, and is inlined when it is known."""
+    from onnx import TensorProto, helper
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])
+    then_out = helper.make_tensor_value_info("t", TensorProto.FLOAT, ["N", 3])
+    else_out = helper.make_tensor_value_info("e", TensorProto.FLOAT, ["N", 3])
+    then_g = helper.make_graph([helper.make_node("Relu", ["x"], ["t"])], "then", [], [then_out])
+    else_g = helper.make_graph([helper.make_node("Neg", ["x"], ["e"])], "else", [], [else_out])
+    nodes = [helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0),
+             helper.make_node("Greater", ["s", "zero"], ["c"]),
+             helper.make_node("If", ["c"], ["y"], then_branch=then_g, else_branch=else_g)]
+    zero = helper.make_tensor("zero", TensorProto.FLOAT, [], [0.0])
+    graph = helper.make_graph(nodes, "g", [x], [y], [zero])
+    path = tmp_path / "if.onnx"
+    path.write_bytes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
+    imported = import_model(str(path))
+    assert any(n.op == "if" for n in imported.graph.nodes)
+    for sign in (1.0, -1.0):
+        x_ = (sign * np.abs(np.random.default_rng(0).random((4, 3)))).astype(np.float32)
+        got, _ = interpret(imported.graph, {"x": x_}, dict(imported.weights))
+        np.testing.assert_array_equal(got["y"], np.maximum(x_, 0) if sign > 0 else -x_)
+    known = helper.make_graph([helper.make_node("If", ["yes"], ["y"], then_branch=then_g, else_branch=else_g)],
+                              "g", [x], [y], [helper.make_tensor("yes", TensorProto.BOOL, [], [True])])
+    path.write_bytes(helper.make_model(known, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
+    imported = import_model(str(path))
+    assert [n.op for n in imported.graph.nodes] == ["relu"]

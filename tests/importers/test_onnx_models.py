@@ -49,6 +49,32 @@ def resnet18(classes=10):
     return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, classes))
 
 
+class Bottleneck(nn.Module):
+    """ResNet-50's bottleneck: 1x1 reduce, 3x3, 1x1 expand by 4, a projection where the shape changes."""
+
+    def __init__(self, cin, mid, stride):
+        super().__init__()
+        cout = 4 * mid
+        self.body = nn.Sequential(nn.Conv2d(cin, mid, 1, bias=False), nn.BatchNorm2d(mid), nn.ReLU(),
+                                  nn.Conv2d(mid, mid, 3, stride, 1, bias=False), nn.BatchNorm2d(mid), nn.ReLU(),
+                                  nn.Conv2d(mid, cout, 1, bias=False), nn.BatchNorm2d(cout))
+        self.skip = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout)) \
+            if stride != 1 or cin != cout else nn.Identity()
+
+    def forward(self, x):
+        return torch.relu(self.body(x) + self.skip(x))
+
+
+def resnet50(classes=10):
+    """ResNet-50's layout (3, 4, 6, 3 bottlenecks) at an eighth of its width."""
+    layers, cin = [nn.Conv2d(3, 8, 7, 2, 3, bias=False), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(3, 2, 1)], 8
+    for i, (count, mid) in enumerate(zip((3, 4, 6, 3), (8, 16, 32, 64))):
+        for j in range(count):
+            layers.append(Bottleneck(cin, mid, 2 if j == 0 and i > 0 else 1))
+            cin = 4 * mid
+    return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, classes))
+
+
 class Inverted(nn.Module):
     """MobileNetV2's inverted residual: 1x1 expand, 3x3 depthwise, 1x1 project, ReLU6."""
 
@@ -90,6 +116,19 @@ class Encoder(nn.Module):
         return self.head(h[:, 0])
 
 
+class Tagger(nn.Module):
+    """An LSTM tagger: embeddings, a two-layer bidirectional LSTM, a tag score per token."""
+
+    def __init__(self, vocab=40, width=16, hidden=12, tags=5):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, width)
+        self.lstm = nn.LSTM(width, hidden, num_layers=2, bidirectional=True, batch_first=True)
+        self.out = nn.Linear(2 * hidden, tags)
+
+    def forward(self, ids):
+        return self.out(self.lstm(self.embed(ids))[0])
+
+
 def _randomize_batchnorm(model: nn.Module, seed: int) -> None:
     g = torch.Generator().manual_seed(seed)
     for m in model.modules():
@@ -114,7 +153,7 @@ def _three_way(path: str, model: nn.Module, feeds: dict, tol: float = 1e-4) -> f
     return max(err_torch, err_ort)
 
 
-@pytest.mark.parametrize("build", [resnet18, mobilenet_v2], ids=["resnet18", "mobilenet_v2"])
+@pytest.mark.parametrize("build", [resnet18, resnet50, mobilenet_v2], ids=["resnet18", "resnet50", "mobilenet_v2"])
 def test_a_pytorch_cnn_exported_runs_equal_to_pytorch_and_onnx_runtime(tmp_path, build):
     torch.manual_seed(0)
     model = build()
@@ -143,6 +182,21 @@ def test_a_bert_style_encoder_with_a_padding_mask(tmp_path):
         m = np.zeros((batch, 12), np.float32)
         m[0, 6:] = 1.0
         _three_way(str(path), model, {"ids": rng.integers(0, 50, (batch, 12)).astype(np.int64), "mask": m})
+
+
+def test_an_lstm_tagger_over_any_length(tmp_path):
+    import warnings
+    torch.manual_seed(0)
+    model = Tagger().eval()
+    path = tmp_path / "tagger.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, torch.randint(0, 40, (2, 7)), str(path), dynamo=False, input_names=["ids"],
+                          output_names=["y"], dynamic_axes={"ids": {0: "N", 1: "T"}, "y": {0: "N", 1: "T"}},
+                          opset_version=17)
+    rng = np.random.default_rng(2)
+    for batch, length in ((2, 7), (3, 11)):
+        _three_way(str(path), model, {"ids": rng.integers(0, 40, (batch, length)).astype(np.int64)})
 
 
 def test_infer_and_import_take_an_onnx_file(tmp_path):

@@ -1,0 +1,88 @@
+"""ONNX's Scan and If as the graph's loop and if. A body (an ONNX subgraph) is converted by a
+fresh importer on the body's builder, seeing the outer values by name, as ONNX scoping does; the
+loop and if helpers turn the outer values it reads into the body's inputs.
+
+An If whose condition is known at import is inlined (exporters write such Ifs around shapes).
+Scan runs every sequence in one direction, its outputs in the same direction (the form loops
+and RNNs export to); other mixes of directions and axes other than 0 are refused."""
+from __future__ import annotations
+
+import numpy as np
+
+from toolkit.ir.graph import Value
+from toolkit.ops.control import if_, loop
+
+from .convert import Importer, is_const
+from .ops import converts
+
+
+def _sub_importer(imp: Importer, builder) -> Importer:
+    sub = Importer(imp.path, imp.opset, builder.graph, imp.weights, builder=builder, scope=imp.scope)
+    sub.env = dict(imp.env)                # the outer scope, read by name
+    sub.absent = dict(imp.absent)
+    return sub
+
+
+def _outputs(imp: Importer, sub: Importer, graph, builder) -> list[Value]:
+    outs = []
+    for info in graph.output:
+        if info.name in sub.absent:
+            imp.fail(f"the body's output {info.name}: {sub.absent[info.name]}")
+        v = sub.env[info.name]
+        outs.append(v if isinstance(v, Value) else sub.materialize(v))
+    return outs
+
+
+@converts("If")
+def _if(imp: Importer, node):
+    cond = imp.env[node.input[0]]
+    then_graph, else_graph = imp.attr(node, "then_branch"), imp.attr(node, "else_branch")
+    if is_const(cond):
+        chosen = then_graph if bool(np.asarray(cond).reshape(-1)[0]) else else_graph
+        sub = _sub_importer(imp, imp.b)
+        sub.run_nodes(chosen.node)
+        out = []
+        for info in chosen.output:
+            if info.name in sub.absent:
+                imp.fail(f"the branch's output {info.name}: {sub.absent[info.name]}")
+            out.append(sub.env[info.name])
+        return out
+    c = imp.value(node.input[0])
+    if c.dtype != "bool":
+        c = imp.b.op("cast", c, dtype="bool")
+
+    def branch(graph):
+        def build(bb):
+            sub = _sub_importer(imp, bb)
+            sub.run_nodes(graph.node)
+            return _outputs(imp, sub, graph, bb)
+        return build
+    return list(if_(imp.b, c, branch(then_graph), branch(else_graph)))
+
+
+@converts("Scan")
+def _scan(imp: Importer, node):
+    body = imp.attr(node, "body")
+    n_scan = int(imp.attr(node, "num_scan_inputs"))
+    k = len(node.input) - n_scan
+    in_dirs = list(imp.attr(node, "scan_input_directions", [0] * n_scan))
+    n_out = len(node.output) - k
+    out_dirs = list(imp.attr(node, "scan_output_directions", [0] * n_out))
+    if any(list(imp.attr(node, key, [])) and any(list(imp.attr(node, key))) for key in
+           ("scan_input_axes", "scan_output_axes")):
+        imp.fail("scan axes other than 0 have no counterpart here")
+    if len(set(in_dirs + out_dirs)) > 1:
+        imp.fail("scan directions that differ between the sequences and the outputs have no counterpart here")
+    reverse = bool((in_dirs + out_dirs + [0])[0])
+    init = [imp.value(n) for n in node.input[:k]]
+    sequences = [imp.value(n) for n in node.input[k:]]
+    formal = [i.name for i in body.input]
+
+    def step(bb, carries, xs):
+        sub = _sub_importer(imp, bb)
+        for name, v in zip(formal, list(carries) + list(xs)):
+            sub.env[name] = v
+        sub.run_nodes(body.node)
+        outs = _outputs(imp, sub, body, bb)
+        return outs[:k], outs[k:]
+    return loop(imp.b, init, sequences, step, reverse=reverse)
