@@ -181,6 +181,30 @@ def _input_type(info, position: int, names: dict) -> TensorType:
     return TensorType(tuple(shape), DTYPES[t.elem_type])
 
 
+def _reads(node) -> set[str]:
+    """The names a node reads: its inputs and, inside its subgraphs, every name read there."""
+    from onnx import AttributeProto
+    names = {n for n in node.input if n}
+    for a in node.attribute:
+        graphs = [a.g] if a.type == AttributeProto.GRAPH else list(a.graphs) if a.type == AttributeProto.GRAPHS else []
+        for g in graphs:
+            for inner in g.node:
+                names |= _reads(inner)
+            names |= {o.name for o in g.output}
+    return names
+
+
+def needed(nodes, outputs: list[str]) -> tuple[list, set[str]]:
+    """The nodes the ``outputs`` depend on, in order, and every name they read."""
+    wanted = set(outputs)
+    keep = []
+    for node in reversed(list(nodes)):
+        if any(o in wanted for o in node.output):
+            keep.append(node)
+            wanted |= _reads(node)
+    return keep[::-1], wanted
+
+
 def import_model(path: str, float_dtype: str = "float32") -> Imported:
     """The model at ``path`` as an infer graph and its weights."""
     return import_proto(read_model(path), path, float_dtype)

@@ -9,7 +9,7 @@ import numpy as np
 
 from toolkit.ir.dims import Sym
 from toolkit.ir.graph import Value
-from .convert import DTYPES, NodeError, is_const, is_symbolic
+from .convert import DTYPES, NUMPY, NodeError, is_const, is_symbolic
 
 # ops that draw random numbers are never folded (the graph has no op for them: they stay unsupported)
 RANDOM = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
@@ -51,6 +51,8 @@ def fold(imp, node, ins: list) -> list | None:
             out[()] = _product(ins[0].shape)
             return [out]
         return [np.array(total, dtype=np.int64)]
+    if op == "CastLike" and is_const(ins[0]) and isinstance(ins[1], Value) and ins[1].dtype in NUMPY:
+        return [np.asarray(ins[0]).astype(NUMPY[ins[1].dtype])]       # a constant in a computed value's type
     if op in RANDOM or not node.input or any(isinstance(x, Value) for x in ins):
         return None
     if any(is_const(x) and is_symbolic(x) for x in ins):

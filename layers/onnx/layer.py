@@ -20,6 +20,9 @@ from ..registry import LayerError, layer
 class OnnxParams(ParamLayerBase):
     type: Literal["ONNX"]
     file: str                       # the .onnx file, relative to the net file
+    # the ONNX values the tops are (default: the model's outputs): name an inner value, such as
+    # the features before a classifier, to cut the graph there and put a new head after it
+    outputs: Optional[list[str]] = None
     BOTTOMS: ClassVar[tuple[int, Optional[int]]] = (1, None)
     TOPS: ClassVar[tuple[int, Optional[int]]] = (1, None)
 
@@ -42,10 +45,16 @@ def lower_onnx(p: OnnxParams, ctx, bottoms):
     if len(inputs) != len(bottoms):
         raise LayerError(f"{p.file} takes {len(inputs)} inputs ({', '.join(i.name for i in inputs)}), the layer "
                          f"gives {len(bottoms)} bottoms", "bottom")
-    outputs = list(loaded.model.graph.output)
+    outputs = list(p.outputs) if p.outputs is not None else [o.name for o in loaded.model.graph.output]
+    known = {o for n in loaded.model.graph.node for o in n.output} | {i.name for i in loaded.model.graph.input} | \
+        set(loaded.arrays)
+    for name in outputs:
+        if name not in known:
+            from toolkit.errors import did_you_mean
+            raise LayerError(f"{p.file} has no value '{name}'{did_you_mean(name, sorted(known))}", "outputs")
     if len(outputs) != len(p.tops):
-        raise LayerError(f"{p.file} gives {len(outputs)} outputs ({', '.join(o.name for o in outputs)}), the layer "
-                         f"names {len(p.tops)} tops", "top")
+        raise LayerError(f"{p.file} gives {len(outputs)} outputs ({', '.join(outputs)}), the layer names "
+                         f"{len(p.tops)} tops", "outputs" if p.outputs is not None else "top")
     imp = Importer(path, loaded.opset, ctx.b.graph, {}, builder=ctx.b, scope=f"{p.name}/")
     for info, value in zip(inputs, bottoms):
         _check_input(info, value, ctx, DTYPES)
@@ -54,17 +63,20 @@ def lower_onnx(p: OnnxParams, ctx, bottoms):
     def weight(name, arr):
         return ctx.param(name, tuple(int(d) for d in arr.shape),
                          default_filler={"type": "onnx_initializer", "file": os.path.abspath(path), "name": name})
-    imp.initializers(loaded.arrays, weight)
+    from .convert import needed
+    nodes, reads = needed(loaded.model.graph.node, outputs)
+    # only what the tops depend on: a cut-off classifier declares no parameters
+    imp.initializers({k: v for k, v in loaded.arrays.items() if k in reads}, weight)
     try:
-        imp.run_nodes(loaded.model.graph.node)
+        imp.run_nodes(nodes)
     except UserError as e:
         raise LayerError(str(e).removeprefix("error: "), "file") from None
     ctx.b.scope = p.name
     tops = []
-    for info in outputs:
-        if info.name in imp.absent:
-            raise LayerError(f"{p.file}: output '{info.name}': {imp.absent[info.name]}", "top")
-        out = imp.env[info.name]
+    for name in outputs:
+        if name in imp.absent:
+            raise LayerError(f"{p.file}: output '{name}': {imp.absent[name]}", "top")
+        out = imp.env[name]
         tops.append(out if isinstance(out, Value) else imp.materialize(out))
     return tops
 

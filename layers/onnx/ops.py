@@ -72,7 +72,9 @@ def _alpha(imp, node):
 
 @converts("Gelu")
 def _gelu(imp, node):
-    return [imp.b.op("gelu", _float(imp, node.input[0]), approximate=imp.attr(node, "approximate", "none"))]
+    approximate = imp.attr(node, "approximate", "none")
+    approximate = approximate.decode() if isinstance(approximate, bytes) else approximate
+    return [imp.b.op("gelu", _float(imp, node.input[0]), approximate=approximate)]
 
 
 def _minimum(b, x: Value, y: Value) -> Value:
@@ -743,8 +745,11 @@ def _pad(imp, node):
         imp.fail(f"mode {mode} has no counterpart here (constant only)")
     pads = [int(p) for p in imp.const(node.input[1], "the pads").reshape(-1)]
     value = imp.optional(node, 2)
-    if value is not None and float(np.asarray(imp.const(value, "the value")).reshape(-1)[0]) != 0.0:
-        imp.fail("a padding value other than 0 has no counterpart here")
+    fill = float(np.asarray(imp.const(value, "the value")).reshape(-1)[0]) if value is not None else 0.0
+    if fill and x.dtype not in FLOAT_DTYPES:
+        imp.fail(f"a padding value other than 0 for {x.dtype} values")
+    if fill:                         # pad x - v with zeros, then add v back: v in the padding
+        x = imp.b.sub(x, imp.b.scalar(fill, x.dtype))
     axes = _axes(imp, node, 3, x.rank) or list(range(x.rank))
     half = len(pads) // 2
     for axis, lo, hi in zip(axes, pads[:half], pads[half:]):
@@ -753,7 +758,7 @@ def _pad(imp, node):
             lo, hi = max(0, lo), max(0, hi)
         if lo or hi:
             x = imp.b.op("pad_axis", x, axis=axis, before=lo, after=hi)
-    return [x]
+    return [imp.b.add(x, imp.b.scalar(fill, x.dtype)) if fill else x]
 
 
 # -- reductions, top-k ------------------------------------------------------------------------

@@ -224,11 +224,13 @@ def test_infer_and_import_take_an_onnx_file(tmp_path):
 
 
 def test_a_new_head_trains_on_a_frozen_onnx_backbone(tmp_path):
-    """The ONNX layer is a layer like any other: frozen with lr_mult 0, a new head after it trains."""
+    """The ONNX layer is a layer like any other: cut before the model's own classifier (outputs:),
+    frozen with lr_mult 0, a new head after it trains and the backbone's weights stay."""
     from safetensors.numpy import load_file
     torch.manual_seed(0)
     backbone = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 8))
     export(backbone, torch.randn(1, 1, 6, 6), tmp_path / "backbone.onnx")
+    features = onnx.load(str(tmp_path / "backbone.onnx")).graph.node[-1].input[0]     # what the classifier reads
     rng = np.random.default_rng(0)
     data = rng.standard_normal((64, 1, 6, 6)).astype(np.float32)
     label = (data.mean(axis=(1, 2, 3)) > 0).astype(np.int64)
@@ -236,7 +238,7 @@ def test_a_new_head_trains_on_a_frozen_onnx_backbone(tmp_path):
     (tmp_path / "net.yaml").write_text(yaml.safe_dump({
         "name": "head", "inputs": {"data": {"shape": ["N", 1, 6, 6]}, "label": {"shape": ["N"], "dtype": "int64"}},
         "layers": [{"name": "body", "type": "ONNX", "file": "backbone.onnx", "bottom": "data", "top": "feat",
-                    "lr_mult": 0},
+                    "outputs": [features], "lr_mult": 0},
                    {"name": "head", "type": "InnerProduct", "bottom": "feat", "top": "score", "num_output": 2},
                    {"name": "loss", "type": "SoftmaxWithLoss", "bottom": ["score", "label"], "top": "loss",
                     "phase": "train"}],
@@ -247,9 +249,12 @@ def test_a_new_head_trains_on_a_frozen_onnx_backbone(tmp_path):
     assert r.status == 0, r.err
     trained = load_file(str(tmp_path / "run" / "model.safetensors"))
     start = onnx.load(str(tmp_path / "backbone.onnx"))
+    kept = 0
     for init in start.graph.initializer:
-        if init.dims and np.prod(init.dims) > 1:
+        if f"body.{init.name}" in trained:
             np.testing.assert_array_equal(trained[f"body.{init.name}"], onnx.numpy_helper.to_array(init))
+            kept += 1
+    assert kept == 2 and trained["head.weight"].shape == (2, 4 * 6 * 6)   # the convolution's; the old classifier cut
     losses = [json_line["loss"] for json_line in map(__import__("json").loads,
                                                        (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())
               if "loss" in json_line]

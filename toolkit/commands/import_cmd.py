@@ -49,6 +49,10 @@ def _onnx(args) -> int:
           f"{out / 'model.safetensors'}")
     print("note: the graph stays one ONNX layer (its nodes run as the toolkit's primitives); add layers after it, "
           "or freeze it with lr_mult: 0, to fine-tune")
+    last = loaded.model.graph.node[-1] if loaded.model.graph.node else None
+    if last is not None and last.input:
+        print(f"note: to replace its last node ({last.op_type}) by a new head, cut the layer where that node reads: "
+              f"outputs: ['{last.input[0]}']")
     return 0
 
 
