@@ -86,3 +86,70 @@ def _scan(imp: Importer, node):
         outs = _outputs(imp, sub, body, bb)
         return outs[:k], outs[k:]
     return loop(imp.b, init, sequences, step, reverse=reverse)
+
+
+@converts("Loop")
+def _loop(imp: Importer, node):
+    """ONNX's Loop with a trip count known at import: the graph's loop, carrying the iteration
+    number as one more value; an early stop (a condition the body computes) becomes the loop's
+    condition, which gathers no per-step outputs."""
+    body = imp.attr(node, "body")
+    trips = imp.optional(node, 0)
+    if trips is None:
+        imp.fail("a loop without a trip count (until its condition fails) has no counterpart here")
+    count = int(np.asarray(imp.const(trips, "the trip count")).reshape(-1)[0])
+    start = imp.optional(node, 1)
+    if start is not None and not bool(np.asarray(imp.const(start, "the first condition")).reshape(-1)[0]):
+        count = 0
+    carried_names = [n for n in node.input[2:]]
+    k = len(carried_names)
+    n_scan = len(body.output) - 1 - k
+    iter_name, cond_name = body.input[0].name, body.input[1].name
+    stops = _stops(imp, body, [imp.value(n) for n in carried_names])
+    if stops and n_scan:
+        imp.fail("a loop that can stop early with per-step outputs has no counterpart here")
+    if count == 0:
+        if n_scan:
+            imp.fail("a loop that runs no step, with per-step outputs (empty tensors)")
+        return [imp.env[n] for n in carried_names]
+    b = imp.b
+    counter = b.op("constant", value=np.array(0, dtype=np.int64))
+    init = [counter] + [imp.value(n) for n in carried_names]
+    formal = [i.name for i in body.input[2:]]
+
+    def step(bb, carries, _xs):
+        sub = _sub_importer(imp, bb)
+        sub.env[iter_name] = carries[0]
+        sub.env[cond_name] = np.array(True)
+        for name, v in zip(formal, carries[1:]):
+            sub.env[name] = v
+        sub.run_nodes(body.node)
+        outs = []
+        for info in body.output:
+            v = sub.env[info.name]
+            outs.append(v if isinstance(v, Value) else sub.materialize(v) if not np.asarray(v).dtype == bool
+                        else v)
+        following = bb.add(carries[0], bb.op("constant", value=np.array(1, dtype=np.int64)))
+        new = [following] + [v if isinstance(v, Value) else sub.materialize(v) for v in outs[1:1 + k]]
+        if stops:
+            flag = outs[0] if isinstance(outs[0], Value) else bb.op("constant", value=np.asarray(outs[0], bool))
+            return flag, new
+        return new, [v if isinstance(v, Value) else sub.materialize(v) for v in outs[1 + k:]]
+    outs = loop(b, init, [], step, trips=count, condition=stops)
+    return outs[1:]
+
+
+def _stops(imp: Importer, body, carried: list[Value]) -> bool:
+    """Whether the body's condition output can be false: converted once on a scratch graph with
+    the condition input true, a for-loop's condition folds to a constant true."""
+    from toolkit.ir.graph import Graph, TensorType
+    from toolkit.ops.base import Builder
+    scratch = Graph("infer")
+    sub = _sub_importer(imp, Builder(scratch, imp.b.scope))
+    sub.env[body.input[0].name] = Value(TensorType((), "int64"), name="iteration")
+    sub.env[body.input[1].name] = np.array(True)
+    for info, v in zip(body.input[2:], carried):
+        sub.env[info.name] = Value(v.type, name=info.name)
+    sub.run_nodes(body.node)
+    flag = sub.env.get(body.output[0].name)
+    return not (is_const(flag) and bool(np.asarray(flag).reshape(-1)[0]))

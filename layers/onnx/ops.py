@@ -140,7 +140,8 @@ def _binary(imp, node):
         b = other
     else:
         a, b = _pair(imp, node, a, node.input[1])
-    if a.dtype not in FLOAT_DTYPES:
+    if a.dtype not in FLOAT_DTYPES and (node.op_type == "Div" or a.dtype not in ("int32", "int64")):
+        # integer division truncates in ONNX; the graph's div is a float division
         imp.fail(f"{node.op_type} of {a.dtype} values is computed for floats here")
     return [imp.b.op(BINARY[node.op_type], a, b)]
 
@@ -192,8 +193,10 @@ def _compare(imp, node):
     a0, b0 = imp.env[node.input[0]], imp.env[node.input[1]]
     like = a0 if isinstance(a0, Value) else b0
     a, b = imp.value(node.input[0], like), imp.value(node.input[1], like)
+    if a.dtype in ("int32", "int64"):            # compared as float64: exact for every int32, and int64 below 2^53
+        a, b = (imp.b.op("cast", v, dtype="float64") for v in (a, b))
     if a.dtype not in FLOAT_DTYPES:
-        imp.fail(f"comparisons of {a.dtype} values are computed for floats here")
+        imp.fail(f"comparisons of {a.dtype} values have no counterpart here")
     ge = lambda p, q: imp.b.op("ge_mask", p, q)   # noqa: E731
     one = imp.b.scalar(1.0, a.dtype)
     mask = {"GreaterOrEqual": lambda: ge(a, b), "LessOrEqual": lambda: ge(b, a),
@@ -827,3 +830,66 @@ def _constant_of_shape(imp, node):
     from .fold import _fill
     return [_fill(imp, node, np.asarray(imp.const(node.input[0], "the shape"), dtype=object))]
 
+
+
+@converts("Einsum")
+def _einsum(imp, node):
+    """One operand: a permutation and sums; two: a batched matrix product (indices in both and
+    the output are the batch, in both but not the output are summed). No repeated index within
+    one operand (a diagonal), no ellipsis."""
+    equation = imp.attr(node, "equation")
+    equation = (equation.decode() if isinstance(equation, bytes) else equation).replace(" ", "")
+    if "..." in equation:
+        imp.fail(f"the equation {equation!r}: an ellipsis has no counterpart here")
+    if "->" not in equation:              # implicit: the indices seen once, in alphabetical order
+        letters = equation.replace(",", "")
+        equation += "->" + "".join(sorted(ch for ch in set(letters) if letters.count(ch) == 1))
+    lhs, out = equation.split("->")
+    terms = lhs.split(",")
+    if len(terms) != len(node.input) or len(terms) > 2 or any(len(set(t)) != len(t) for t in terms + [out]):
+        imp.fail(f"the equation {equation!r}: one or two operands without repeated indices only")
+    values = [imp.value(n) for n in node.input]
+    like = next((v for v in values if v.dtype in FLOAT_DTYPES), values[0])
+    values = [v if v.dtype == like.dtype else imp.value(n, like) for v, n in zip(values, node.input)]
+    b = imp.b
+    if len(terms) == 1:
+        (t,), (x,) = terms, values
+        summed = [i for i, c in enumerate(t) if c not in out]
+        y = b.reduce_sum(x, summed) if summed else x
+        kept = [c for c in t if c in out]
+        perm = tuple(kept.index(c) for c in out)
+        return [y if perm == tuple(range(len(perm))) else b.op("transpose", y, perm=perm)]
+    ta, tb = terms
+    a, c = values
+    size = {}
+    for term, v in ((ta, a), (tb, c)):
+        for ch, d in zip(term, v.shape):
+            size.setdefault(ch, d)
+    batch = [ch for ch in ta if ch in tb and ch in out]
+    contract = [ch for ch in ta if ch in tb and ch not in out]
+    free_a = [ch for ch in ta if ch not in tb]
+    free_b = [ch for ch in tb if ch not in ta]
+    if any(ch not in out for ch in free_a + free_b):
+        imp.fail(f"the equation {equation!r}: an index of one operand summed alone has no counterpart here")
+
+    def arranged(v, term, order, shape):
+        perm = tuple(term.index(ch) for ch in order)
+        if perm != tuple(range(len(perm))):
+            v = b.op("transpose", v, perm=perm)
+        return b.reshape(v, shape)
+
+    def prod(chars):
+        total = 1
+        for ch in chars:
+            total = total * size[ch]
+        return total
+    lead = tuple(size[ch] for ch in batch)
+    a3 = arranged(a, ta, batch + free_a + contract, lead + (prod(free_a), prod(contract)))
+    b3 = arranged(c, tb, batch + contract + free_b, lead + (prod(contract), prod(free_b)))
+    if not lead:
+        a3, b3 = b.reshape(a3, (1,) + tuple(a3.shape)), b.reshape(b3, (1,) + tuple(b3.shape))
+    y = b.op("matmul", a3, b3, trans_a=False, trans_b=False)
+    order = batch + free_a + free_b
+    y = b.reshape(y, tuple(size[ch] for ch in order))
+    perm = tuple(order.index(ch) for ch in out)
+    return [y if perm == tuple(range(len(perm))) else b.op("transpose", y, perm=perm)]

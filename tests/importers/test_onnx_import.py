@@ -172,3 +172,50 @@ def test_an_if_on_a_run_time_condition_and_one_known_at_import(tmp_path):
     path.write_bytes(helper.make_model(known, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
     imported = import_model(str(path))
     assert [n.op for n in imported.graph.nodes] == ["relu"]
+
+
+def _loop_model(path, early_stop: bool):
+    """y <- y * 0.5 + x, 4 times (a for-loop with each step's y stacked), or until sum(y) > 6."""
+    from onnx import TensorProto, helper
+    fl = TensorProto.FLOAT
+    body_in = [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+               helper.make_tensor_value_info("c_in", TensorProto.BOOL, []),
+               helper.make_tensor_value_info("y_in", fl, ["N", 3])]
+    nodes = [helper.make_node("Constant", [], ["half"], value=helper.make_tensor("h", fl, [], [0.5])),
+             helper.make_node("Mul", ["y_in", "half"], ["scaled"]),
+             helper.make_node("Add", ["scaled", "x"], ["y_out"])]
+    if early_stop:
+        nodes += [helper.make_node("ReduceSum", ["y_out"], ["total"], keepdims=0),
+                  helper.make_node("Constant", [], ["six"], value=helper.make_tensor("s", fl, [], [6.0])),
+                  helper.make_node("Less", ["total", "six"], ["c_out"])]
+        body_out = [helper.make_tensor_value_info("c_out", TensorProto.BOOL, []),
+                    helper.make_tensor_value_info("y_out", fl, ["N", 3])]
+    else:
+        nodes += [helper.make_node("Identity", ["c_in"], ["c_out"]), helper.make_node("Identity", ["y_out"], ["y_scan"])]
+        body_out = [helper.make_tensor_value_info("c_out", TensorProto.BOOL, []),
+                    helper.make_tensor_value_info("y_out", fl, ["N", 3]),
+                    helper.make_tensor_value_info("y_scan", fl, ["N", 3])]
+    body = helper.make_graph(nodes, "body", body_in, body_out)
+    outs = ["y_final"] + ([] if early_stop else ["y_steps"])
+    graph = helper.make_graph(
+        [helper.make_node("Loop", ["trips", "go", "y0"], outs, body=body)], "g",
+        [helper.make_tensor_value_info("x", fl, ["N", 3]), helper.make_tensor_value_info("y0", fl, ["N", 3])],
+        [helper.make_tensor_value_info(o, fl, None) for o in outs],
+        [helper.make_tensor("trips", TensorProto.INT64, [], [4]), helper.make_tensor("go", TensorProto.BOOL, [], [True])])
+    path.write_bytes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
+    return str(path)
+
+
+@pytest.mark.parametrize("early_stop", [False, True], ids=["for", "until"])
+def test_a_loop_with_a_known_trip_count_runs_as_onnx_runtime_does(tmp_path, early_stop):
+    import onnxruntime as ort
+    path = _loop_model(tmp_path / "loop.onnx", early_stop)
+    imported = import_model(path)
+    assert any(n.op == "loop" for n in imported.graph.nodes)
+    rng = np.random.default_rng(4)
+    for batch in (1, 3):
+        feeds = {"x": rng.random((batch, 3)).astype(np.float32), "y0": rng.random((batch, 3)).astype(np.float32)}
+        got, _ = interpret(imported.graph, feeds, dict(imported.weights))
+        want = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, feeds)
+        for name, expected in zip(["y_final", "y_steps"], want):
+            np.testing.assert_allclose(got[name], expected, rtol=1e-6)
