@@ -40,6 +40,8 @@ class Imported:
     opset: int
     name: str
     notes: list[str] = field(default_factory=list)
+    importer: "Importer | None" = None     # what each ONNX value became (layers/onnx/to_layers.py reads it)
+    model: object = None                   # the ModelProto, at opset 13 or later
 
 
 def is_const(x) -> bool:
@@ -252,7 +254,7 @@ def import_proto(model, path: str, float_dtype: str = "float32") -> Imported:
     for key in [k for k, w in graph.weights.items() if w.value.id not in used]:
         del graph.weights[key]
         weights.pop(key, None)
-    return Imported(graph, weights, opset, model.graph.name or "imported")
+    return Imported(graph, weights, opset, model.graph.name or "imported", importer=imp, model=model)
 
 
 ConverterFn = Callable[[Importer, object], list]

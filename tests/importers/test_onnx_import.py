@@ -219,3 +219,25 @@ def test_a_loop_with_a_known_trip_count_runs_as_onnx_runtime_does(tmp_path, earl
         want = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, feeds)
         for name, expected in zip(["y_final", "y_steps"], want):
             np.testing.assert_allclose(got[name], expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("name, layered", [("lenet", True), ("resnet", True), ("mlp", True), ("branchnet", True),
+                                           ("gru_digits", False), ("transformer_digits", False)])
+def test_import_writes_the_catalogs_layers_where_every_node_maps_to_one(tmp_path, name, layered):
+    import toolkit
+    import yaml
+    out = tmp_path / f"{name}.onnx"
+    assert cli("export", "onnx", f"zoo:{name}", "-o", out).status == 0
+    r = cli("import", "onnx", out, "--out", tmp_path / "imp")
+    assert r.status == 0, r.err
+    net = yaml.safe_load((tmp_path / "imp" / "net.yaml").read_text())
+    types = {layer["type"] for layer in net["layers"]}
+    assert ("ONNX" not in types) == layered, (types, r.out)
+    assert ("not a net of the catalog's layers, because of node" in r.out) == (not layered)
+    ours = toolkit.load(f"zoo:{name}", transform=False)
+    again = toolkit.load(str(tmp_path / "imp" / "net.yaml"), weights=str(tmp_path / "imp" / "model.safetensors"))
+    rng = np.random.default_rng(3)
+    feeds = {i.name: (rng.integers(0, 8, [3 if d is None else d for d in i.shape]) if i.dtype.startswith("int")
+                      else rng.random([3 if d is None else d for d in i.shape])).astype(i.dtype) for i in ours.inputs}
+    for key, want in ours.infer(**feeds).items():
+        np.testing.assert_allclose(again.infer(**feeds)[key], want, rtol=1e-4, atol=1e-5)

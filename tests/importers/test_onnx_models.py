@@ -213,14 +213,42 @@ def test_infer_and_import_take_an_onnx_file(tmp_path):
     np.testing.assert_allclose(np.load(tmp_path / "y.npy"), want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
     r = cli("import", "onnx", path, "--out", tmp_path / "imp")
     assert r.status == 0, r.err
+    assert "49 ONNX nodes as 49 layers" in r.out and "checked on random inputs" in r.out
     net = yaml.safe_load((tmp_path / "imp" / "net.yaml").read_text())
-    assert net["layers"][0]["type"] == "ONNX" and net["inputs"]["x"]["shape"] == ["N", 3, 32, 32]
+    assert net["name"] == "r" and net["inputs"]["x"]["shape"] == ["N", 3, 32, 32]
+    kinds = [layer["type"] for layer in net["layers"]]
+    assert kinds[0] == "Convolution" and kinds[-1] == "InnerProduct"      # the exporter folds BatchNorm in
+    assert {"ReLU", "Pooling", "Eltwise", "Flatten"} <= set(kinds)
     r = cli("infer", tmp_path / "imp" / "net.yaml", "--weights", tmp_path / "imp" / "model.safetensors",
             "--input", tmp_path / "x.npy", "--output", tmp_path / "y2.npy")
     assert r.status == 0, r.err
-    np.testing.assert_array_equal(np.load(tmp_path / "y2.npy"), np.load(tmp_path / "y.npy"))
+    np.testing.assert_allclose(np.load(tmp_path / "y2.npy"), np.load(tmp_path / "y.npy"), rtol=1e-5,
+                               atol=1e-5 * np.abs(want).max())
     r = cli("import", "onnx", path, "--out", tmp_path / "imp")
     assert r.status == 2 and "choose another --out, or pass --force" in r.err
+
+
+def test_a_model_whose_nodes_are_not_all_layers_imports_as_one_onnx_layer(tmp_path):
+    """An LSTM has no layer of the catalog in ONNX's form: the net is one ONNX layer, the note says why."""
+    import warnings
+    torch.manual_seed(0)
+    model = Tagger().eval()
+    path = tmp_path / "tagger.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, torch.randint(0, 40, (2, 7)), str(path), dynamo=False, input_names=["ids"],
+                          output_names=["y"], dynamic_axes={"ids": {0: "N", 1: "T"}}, opset_version=17)
+    r = cli("import", "onnx", path, "--out", tmp_path / "imp")
+    assert r.status == 0, r.err
+    assert "(LSTM): no layer of the catalog is an ONNX LSTM" in r.out
+    net = yaml.safe_load((tmp_path / "imp" / "net.yaml").read_text())
+    assert [layer["type"] for layer in net["layers"]] == ["ONNX"] and (tmp_path / "imp" / "tagger.onnx").is_file()
+    ids = np.random.default_rng(0).integers(0, 40, (3, 9))
+    import toolkit
+    got = toolkit.load(str(tmp_path / "imp" / "net.yaml"), weights=str(tmp_path / "imp" / "model.safetensors"))
+    with torch.no_grad():
+        want = model(torch.from_numpy(ids)).numpy()
+    np.testing.assert_allclose(got.infer(ids=ids)["y"], want, rtol=1e-4, atol=1e-5)
 
 
 def test_a_new_head_trains_on_a_frozen_onnx_backbone(tmp_path):

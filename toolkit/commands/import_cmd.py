@@ -15,38 +15,50 @@ def run_import(args) -> int:
 
 
 def _onnx(args) -> int:
-    """DIR/net.yaml (the model's inputs and one ONNX layer reading DIR/MODEL.onnx), DIR/MODEL.onnx
-    (the model's graph) and DIR/model.safetensors (its initializers as the layer's weights)."""
-    import shutil
-
-    from ..fileio import atomic_write
+    """DIR/net.yaml and DIR/model.safetensors: the model's nodes as the catalog's layers where each
+    maps to one (checked to compute what the model does before anything is written), else the
+    model's inputs and one ONNX layer reading DIR/MODEL.onnx, with a note naming the nodes that
+    kept it from being a net of layers."""
     from ..importers.onnx.files import loaded_model
-    from ..importers.onnx.netfile import net_text
-    from ..weights import save_weights
+    from ..importers.onnx.netfile import net_dict, net_text
     from ..zoo.resolve import load_net
     out = Path(args.out)
     source = Path(args.model)
-    copy = out / source.name
     taken = [f for f in ("net.yaml", "model.safetensors", source.name) if (out / f).exists()]
     if taken and not args.force:
         raise UserError(f"--out {out}: holds {' and '.join(taken)} already; choose another --out, or pass --force "
                         "to replace them")
     loaded = loaded_model(str(source))
-    name = loaded.model.graph.name or source.stem
-    text = net_text(loaded.model, source.name, name)
-    net = load_net(str(source))                  # every node lowered and checked before anything is written
-    weights = net.load_weights(str(source))
+    # exporters' default graph names say nothing: the file's name then
+    graph_name = loaded.model.graph.name
+    name = source.stem if graph_name in ("", "main_graph", "torch_jit", "torch-jit-export") else graph_name
+    # every node lowered and checked before anything is written; the layer named as it will be
+    graph_net = load_net(str(source), text=net_text(loaded.model, source.name, name))
+    graph_weights = graph_net.load_weights(str(source))
+    layered, problems = _as_layers(source, loaded, net_dict(loaded.model, source.name, name), graph_net,
+                                   graph_weights)
     out.mkdir(parents=True, exist_ok=True)
+    if layered is not None:
+        text, weights, net = layered
+        _write(out, text, weights, f"# imported from {source.name} by `toolkit import onnx`\n")
+        print(f"imported {net.name}: {len(loaded.model.graph.node)} ONNX nodes as {len(net.spec.layers)} layers, "
+              f"{_count(weights):,} parameters; wrote {out / 'net.yaml'} and {out / 'model.safetensors'} (the "
+              "layers compute what the model does: checked on random inputs)")
+        return 0
+    import shutil
+
+    from ..fileio import atomic_write
+    copy = out / source.name
     if source.resolve() != copy.resolve():
         atomic_write(copy, lambda tmp: shutil.copyfile(source, tmp))
-    head = f"# imported from {source.name} by `toolkit import onnx`: its graph runs as the ONNX layer\n"
-    atomic_write(out / "net.yaml", lambda tmp: Path(tmp).write_text(head + text))
-    save_weights(str(out / "model.safetensors"), weights)
-    params = sum(int(np.prod(a.shape)) for a in weights.values())
+    _write(out, net_text(loaded.model, source.name, name), graph_weights,
+           f"# imported from {source.name} by `toolkit import onnx`: its graph runs as the ONNX layer\n")
     ops = sorted({n.op_type for n in loaded.model.graph.node})
-    print(f"imported {net.name}: {len(loaded.model.graph.node)} ONNX nodes ({len(ops)} op types) as the layer "
-          f"'{net.spec.layers[0].name}', {params:,} parameters; wrote {out / 'net.yaml'}, {copy} and "
-          f"{out / 'model.safetensors'}")
+    print(f"imported {graph_net.name}: {len(loaded.model.graph.node)} ONNX nodes ({len(ops)} op types) as the layer "
+          f"'{graph_net.spec.layers[0].name}', {_count(graph_weights):,} parameters; wrote {out / 'net.yaml'}, {copy} "
+          f"and {out / 'model.safetensors'}")
+    shown = problems[:5] + ([f"and {len(problems) - 5} more"] if len(problems) > 5 else [])
+    print("note: not a net of the catalog's layers, because of " + "; ".join(shown))
     print("note: the graph stays one ONNX layer (its nodes run as the toolkit's primitives); add layers after it, "
           "or freeze it with lr_mult: 0, to fine-tune")
     last = loaded.model.graph.node[-1] if loaded.model.graph.node else None
@@ -54,6 +66,57 @@ def _onnx(args) -> int:
         print(f"note: to replace its last node ({last.op_type}) by a new head, cut the layer where that node reads: "
               f"outputs: ['{last.input[0]}']")
     return 0
+
+
+def _count(weights: dict) -> int:
+    return sum(int(np.prod(a.shape)) for a in weights.values())
+
+
+def _write(out: Path, text: str, weights: dict, head: str) -> None:
+    from ..fileio import atomic_write
+    from ..weights import save_weights
+    atomic_write(out / "net.yaml", lambda tmp: Path(tmp).write_text(head + text))
+    save_weights(str(out / "model.safetensors"), weights)
+
+
+def _as_layers(source: Path, loaded, base: dict, graph_net, graph_weights):
+    """((net text, weights, net), []) where every node maps to a layer and the layers compute
+    what the graph does on random inputs; else (None, the reasons)."""
+    import yaml
+
+    from layers.onnx.convert import import_proto, needed
+    from layers.onnx.to_layers import to_layers
+    from ..runtime.plan import Plan
+    from ..runtime.session import batch_bindings
+    from ..zoo.resolve import load_net
+    imported = import_proto(loaded.model, str(source))
+    nodes, _ = needed(imported.model.graph.node, [o.name for o in imported.model.graph.output])
+    layers, weights, problems = to_layers(imported.importer, imported.model, nodes)
+    if problems:
+        return None, problems
+    doc = {"name": base["name"], "inputs": base["inputs"], "layers": layers}
+    text = yaml.safe_dump(doc, sort_keys=False)
+    try:
+        net = load_net(str(source.with_suffix(".yaml")), text=text)
+        arrays = {k: np.asarray(weights[k], np.float32) for k in net.declared}
+    except (UserError, KeyError) as e:
+        return None, [f"the layers do not load ({str(e).splitlines()[0]})"]
+    rng = np.random.default_rng(0)
+    results = []
+    for candidate, cw in ((net, arrays), (graph_net, graph_weights)):
+        graph = candidate.graph("infer", "float32")
+        bindings = batch_bindings(graph, 2)
+        if not results:
+            feeds = {k: (rng.integers(0, 4, v.type.concrete(bindings)) if v.dtype.startswith("int")
+                         else rng.standard_normal(v.type.concrete(bindings))).astype(v.dtype)
+                     for k, v in graph.inputs.items()}
+        results.append(Plan(graph, bindings, {k: cw[k] for k in graph.weights}).run(feeds))
+    for key, want in results[1].items():
+        got = results[0].get(key)
+        scale = max(float(np.abs(want).max()), 1e-6)
+        if got is None or got.shape != want.shape or float(np.abs(got - want).max()) > 1e-4 * scale:
+            return None, [f"the layers differ from the graph on output '{key}' (a gap in the layer writer)"]
+    return (text, arrays, net), []
 
 
 def _input_shapes(items: list[str]) -> dict[str, list[int]]:
