@@ -61,11 +61,26 @@ def _onnx(args) -> int:
     print("note: not a net of the catalog's layers, because of " + "; ".join(shown))
     print("note: the graph stays one ONNX layer (its nodes run as the toolkit's primitives); add layers after it, "
           "or freeze it with lr_mult: 0, to fine-tune")
-    last = loaded.model.graph.node[-1] if loaded.model.graph.node else None
-    if last is not None and last.input:
-        print(f"note: to replace its last node ({last.op_type}) by a new head, cut the layer where that node reads: "
-              f"outputs: ['{last.input[0]}']")
+    cut = _classifier_input(loaded)
+    if cut is not None:
+        node, value = cut
+        print(f"note: to replace its classifier (the {node.op_type} '{node.name or node.output[0]}') by a new head, "
+              f"cut the layer where it reads: outputs: ['{value}']")
     return 0
+
+
+def _classifier_input(loaded):
+    """(the last Gemm, MatMul or Conv, the computed value it reads), else (the last node, its
+    first computed input), else None."""
+    nodes = list(loaded.model.graph.node)
+    fixed = set(loaded.arrays) | {o for n in nodes if n.op_type == "Constant" for o in n.output}
+    for kinds in (("Gemm", "MatMul", "Conv"), None):
+        for node in reversed(nodes):
+            if kinds is None or node.op_type in kinds:
+                computed = [i for i in node.input if i and i not in fixed]
+                if computed:
+                    return node, computed[0]
+    return None
 
 
 def _count(weights: dict) -> int:
