@@ -57,6 +57,13 @@ def dims_of(a: np.ndarray) -> tuple[Dim, ...]:
     return tuple(d if isinstance(d, Sym) else int(d) for d in np.asarray(a).reshape(-1).tolist())
 
 
+# filled as the package is imported: the converter of each ONNX op type (ops.py, control.py,
+# recurrent.py register theirs) and the constant folder (fold.py), so that this module imports none
+# of them
+CONVERTERS: dict = {}
+FOLDERS: list = []
+
+
 class NodeError(Exception):
     """Raised by a converter: what does not fit, said of the node being converted."""
 
@@ -118,9 +125,7 @@ class Importer:
 
     # -- nodes --------------------------------------------------------------------------------
     def run_nodes(self, nodes) -> None:
-        from . import control, recurrent  # noqa: F401  (they register Scan, If, RNN, GRU and LSTM)
-        from .fold import fold
-        from .ops import CONVERTERS
+        fold = FOLDERS[0]
         for node in nodes:
             self.node = node
             self.b.scope = self.scope + (node.name or node.output[0])

@@ -9,7 +9,7 @@ import numpy as np
 
 from toolkit.ir.dims import Sym
 from toolkit.ir.graph import Value
-from .convert import DTYPES, NUMPY, NodeError, is_const, is_symbolic
+from .convert import DTYPES, FOLDERS, NUMPY, NodeError, is_const, is_symbolic
 
 # ops that draw random numbers are never folded (the graph has no op for them: they stay unsupported)
 RANDOM = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
@@ -65,6 +65,9 @@ def fold(imp, node, ins: list) -> list | None:
     except Exception as e:            # the evaluator's own complaint about the node
         raise NodeError(f"folding it at import failed: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
     return [np.asarray(o) for o in outs]
+
+
+FOLDERS.append(fold)
 
 
 def _product(dims):

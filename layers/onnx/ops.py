@@ -7,9 +7,7 @@ import math
 import numpy as np
 
 from toolkit.ir.graph import FLOAT_DTYPES, Value
-from .convert import DTYPES, Importer, NodeError, dims_of, is_const
-
-CONVERTERS: dict = {}
+from .convert import CONVERTERS, DTYPES, Importer, NodeError, dims_of, is_const
 
 
 def converts(*ops: str):
