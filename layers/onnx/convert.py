@@ -19,7 +19,7 @@ from typing import Callable
 import numpy as np
 
 from toolkit.errors import UserError
-from toolkit.importers.onnx.files import (DTYPES, MIN_OPSET, _upgraded, default_opset, read_model,  # noqa: F401
+from toolkit.importers.onnx.files import (DTYPES, MIN_OPSET, opened, read_model,  # noqa: F401
                                           symbol_name, type_name)
 from toolkit.ir.dims import Dim, Sym
 from toolkit.ir.graph import Graph, TensorType, Value, Weight
@@ -219,20 +219,11 @@ def import_model(path: str, float_dtype: str = "float32") -> Imported:
 
 def import_proto(model, path: str, float_dtype: str = "float32") -> Imported:
     """A ModelProto as an infer graph and its weights; ``path`` names it in messages."""
-    from onnx import numpy_helper
-    opset = default_opset(model)
-    if opset < MIN_OPSET:
-        model = _upgraded(model, path, opset)
-        opset = MIN_OPSET
+    loaded = opened(model, path)
+    model, opset, initial = loaded.model, loaded.opset, loaded.arrays
     graph = Graph("infer")
     weights: dict[str, np.ndarray] = {}
     imp = Importer(path, opset, graph, weights)
-    initial = {}
-    for init in model.graph.initializer:
-        try:
-            initial[init.name] = numpy_helper.to_array(init)
-        except Exception as e:
-            raise UserError(f"{path}: initializer '{init.name}' cannot be read ({e})") from None
     symbols: dict[str, str] = {}
     for position, info in enumerate(model.graph.input):
         if info.name in initial:

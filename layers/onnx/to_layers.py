@@ -155,12 +155,17 @@ def _conv(w: Writer, node):
     if len(node.input) > 2 and node.input[2]:
         weights["bias"] = w.const(node.input[2])
     else:
-        bias = w.bias_after(node, int(weight.shape[0]), 4)
-        if bias is not None:
-            weights["bias"] = bias
-        else:
-            params["bias_term"] = False
+        _following_bias(w, node, int(weight.shape[0]), 4, params, weights)
     w.add(node, "Convolution", [w.blob(node.input[0])], params, weights)
+
+
+def _following_bias(w: Writer, node, channels: int, rank: int, params: dict, weights: dict) -> None:
+    """The bias of an Add right after the node, taken into its layer; else no bias term."""
+    bias = w.bias_after(node, channels, rank)
+    if bias is not None:
+        weights["bias"] = bias
+    else:
+        params["bias_term"] = False
 
 
 def _gemm(w: Writer, node):
@@ -176,7 +181,7 @@ def _gemm(w: Writer, node):
         bias = w.const(node.input[2]) * float(_attr(imp, node, "beta", 1.0))
         weights["bias"] = np.broadcast_to(bias, (weight.shape[0],)).copy()
     else:
-        params["bias_term"] = False
+        _following_bias(w, node, int(weight.shape[0]), 2, params, weights)
     w.add(node, "InnerProduct", [w.blob(node.input[0])], params, weights)
 
 
@@ -194,11 +199,7 @@ def _matmul(w: Writer, node):
     if x.rank != 2:
         params["axis"] = x.rank - 1
     weights = {"weight": weight.T}
-    bias = w.bias_after(node, int(weight.shape[1]), 2)
-    if bias is not None:
-        weights["bias"] = bias
-    else:
-        params["bias_term"] = False
+    _following_bias(w, node, int(weight.shape[1]), 2, params, weights)
     w.add(node, "InnerProduct", [w.blob(node.input[0])], params, weights)
 
 

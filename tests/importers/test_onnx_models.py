@@ -184,16 +184,22 @@ def test_a_bert_style_encoder_with_a_padding_mask(tmp_path):
         _three_way(str(path), model, {"ids": rng.integers(0, 50, (batch, 12)).astype(np.int64), "mask": m})
 
 
-def test_an_lstm_tagger_over_any_length(tmp_path):
+def exported_tagger(path):
+    """A Tagger with seed 0's weights, exported with its batch and length dynamic."""
     import warnings
     torch.manual_seed(0)
     model = Tagger().eval()
-    path = tmp_path / "tagger.onnx"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(model, torch.randint(0, 40, (2, 7)), str(path), dynamo=False, input_names=["ids"],
                           output_names=["y"], dynamic_axes={"ids": {0: "N", 1: "T"}, "y": {0: "N", 1: "T"}},
                           opset_version=17)
+    return model
+
+
+def test_an_lstm_tagger_over_any_length(tmp_path):
+    path = tmp_path / "tagger.onnx"
+    model = exported_tagger(path)
     rng = np.random.default_rng(2)
     for batch, length in ((2, 7), (3, 11)):
         _three_way(str(path), model, {"ids": rng.integers(0, 40, (batch, length)).astype(np.int64)})
@@ -230,14 +236,8 @@ def test_infer_and_import_take_an_onnx_file(tmp_path):
 
 def test_a_model_whose_nodes_are_not_all_layers_imports_as_one_onnx_layer(tmp_path):
     """An LSTM has no layer of the catalog in ONNX's form: the net is one ONNX layer, the note says why."""
-    import warnings
-    torch.manual_seed(0)
-    model = Tagger().eval()
     path = tmp_path / "tagger.onnx"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(model, torch.randint(0, 40, (2, 7)), str(path), dynamo=False, input_names=["ids"],
-                          output_names=["y"], dynamic_axes={"ids": {0: "N", 1: "T"}}, opset_version=17)
+    model = exported_tagger(path)
     r = cli("import", "onnx", path, "--out", tmp_path / "imp")
     assert r.status == 0, r.err
     assert "(LSTM): no layer of the catalog is an ONNX LSTM" in r.out

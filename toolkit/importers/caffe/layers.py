@@ -299,18 +299,6 @@ def _bnll(layer, out, ctx):
     return [out]
 
 
-@converts("ELU")
-def _elu(layer, out, ctx):
-    _copy_set(_sub(layer, "elu_param"), out, (("alpha", 1.0),))
-    return [out]
-
-
-@converts("Power")
-def _power(layer, out, ctx):
-    _copy_set(_sub(layer, "power_param"), out, (("power", 1.0), ("scale", 1.0), ("shift", 0.0)))
-    return [out]
-
-
 @converts("Exp", "Log")
 def _exp_log(layer, out, ctx):
     _copy_set(_sub(layer, "exp_param" if out["type"] == "Exp" else "log_param"), out,
@@ -339,10 +327,15 @@ def _prelu(layer, out, ctx):
     p = _sub(layer, "prelu_param")
     if str(p.value("channel_shared", "false")) == "true":
         out["channel_shared"] = True
+    return _one_blob(layer, out, ctx, p, "weight")
+
+
+def _one_blob(layer, out, ctx, p, pname: str) -> list:
+    """A layer of one learned blob: its ``filler`` as the parameter's filler, its param entries."""
     filler = _filler(p, ctx, "filler")
     if filler is not None:
-        out["weight_filler"] = filler
-    _common_params(layer, out, ctx, ["weight"])
+        out[f"{pname}_filler"] = filler
+    _common_params(layer, out, ctx, [pname])
     return [out]
 
 
@@ -353,11 +346,7 @@ WEIGHTS["PReLU"] = lambda name, arrays: {f"{name}.weight": arrays[0].reshape(-1)
 def _bias(layer, out, ctx):
     p = _sub(layer, "bias_param")
     _copy_set(p, out, (("axis", 1), ("num_axes", 1)))
-    filler = _filler(p, ctx, "filler")
-    if filler is not None:
-        out["bias_filler"] = filler
-    _common_params(layer, out, ctx, ["bias"])
-    return [out]
+    return _one_blob(layer, out, ctx, p, "bias")
 
 
 WEIGHTS["Bias"] = lambda name, arrays: {f"{name}.bias": arrays[0].reshape(-1)}
@@ -373,12 +362,6 @@ def _threshold(layer, out, ctx):
 def _clip(layer, out, ctx):
     p = _sub(layer, "clip_param")
     out["min"], out["max"] = p.value("min"), p.value("max")
-    return [out]
-
-
-@converts("Swish")
-def _swish(layer, out, ctx):
-    _copy_set(_sub(layer, "swish_param"), out, (("beta", 1.0),))
     return [out]
 
 
@@ -494,12 +477,6 @@ def _eltwise(layer, out, ctx):
     coeff = p.values("coeff")
     if coeff:
         out["coeff"] = coeff
-    return [out]
-
-
-@converts("Flatten")
-def _flatten(layer, out, ctx):
-    _copy_set(_sub(layer, "flatten_param"), out, (("axis", 1), ("end_axis", -1)))
     return [out]
 
 
@@ -676,6 +653,21 @@ def _embed(layer, out, ctx):
 
 
 WEIGHTS["Embed"] = _weights_and_bias
+
+
+def _copying(type_name: str, sub: str, defaults: tuple) -> None:
+    """A converter that copies the parameters ``sub`` sets to other values than Caffe's defaults."""
+    def convert_copying(layer, out, ctx):
+        _copy_set(_sub(layer, sub), out, defaults)
+        return [out]
+    CONVERTERS[type_name] = convert_copying
+
+
+for _type, _sub_name, _defaults in (("ELU", "elu_param", (("alpha", 1.0),)),
+                                    ("Power", "power_param", (("power", 1.0), ("scale", 1.0), ("shift", 0.0))),
+                                    ("Swish", "swish_param", (("beta", 1.0),)),
+                                    ("Flatten", "flatten_param", (("axis", 1), ("end_axis", -1)))):
+    _copying(_type, _sub_name, _defaults)
 
 
 def convert(layer: Message, type_name: str, name: str, bottoms: list[str], tops: list[str], ctx: Context) -> list:

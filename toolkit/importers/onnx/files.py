@@ -84,8 +84,6 @@ def loaded_model(path: str) -> Loaded:
     """The model at ``path``, kept while the file is unchanged (a net lowers its ONNX layer once
     per phase, and its weights are read from the same file)."""
     import os
-
-    from onnx import numpy_helper
     try:
         stat = os.stat(path)
     except FileNotFoundError:
@@ -94,19 +92,25 @@ def loaded_model(path: str) -> Loaded:
         raise UserError(f"{path}: cannot read: {e.strerror}") from None
     key = (os.path.realpath(path), stat.st_mtime_ns, stat.st_size)
     if key not in _LOADED:
-        model = read_model(path)
-        opset = default_opset(model)
-        if opset < MIN_OPSET:
-            model, opset = _upgraded(model, path, opset), MIN_OPSET
-        arrays = {}
-        for init in model.graph.initializer:
-            try:
-                arrays[init.name] = numpy_helper.to_array(init)
-            except Exception as e:
-                raise UserError(f"{path}: initializer '{init.name}' cannot be read ({e})") from None
+        loaded = opened(read_model(path), path)
         _LOADED.clear()                # one model at a time: they can be large
-        _LOADED[key] = Loaded(model, opset, arrays)
+        _LOADED[key] = loaded
     return _LOADED[key]
+
+
+def opened(model, path: str) -> Loaded:
+    """A ModelProto at opset 13 or later (older ones converted) with its initializers as arrays."""
+    from onnx import numpy_helper
+    opset = default_opset(model)
+    if opset < MIN_OPSET:
+        model, opset = _upgraded(model, path, opset), MIN_OPSET
+    arrays = {}
+    for init in model.graph.initializer:
+        try:
+            arrays[init.name] = numpy_helper.to_array(init)
+        except Exception as e:         # numpy_helper's complaint about the tensor
+            raise UserError(f"{path}: initializer '{init.name}' cannot be read ({e})") from None
+    return Loaded(model, opset, arrays)
 
 
 def model_inputs(model) -> list:
