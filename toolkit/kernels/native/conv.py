@@ -107,12 +107,15 @@ def _forward(ctx, ins, outs, pool, program=None):
         return depthwise.forward(ctx, ins, outs, s, has_bias, out_shape, program)
     threads = ctx.threads
     per_image = s.n >= threads or s.g > 1 or threads == 1
+    # a 1x1 convolution of stride 1 without padding: the image [C, H*W] is its own columns, so
+    # the GEMM reads it in place (no im2col copy)
+    pointwise = (s.kh, s.kw, s.sh, s.sw, s.dh, s.dw) == (1, 1, 1, 1, 1, 1) and not s.padded
     names = Names()
     x = Buf("x", dtype, s.n * s.c * s.h * s.w)
     w = Buf("w", dtype, s.o * s.k)
     b = Buf("bias", dtype, s.o) if has_bias else None
     y = Buf("y", dtype, int(np.prod(out_shape)), const=False)
-    cols_size = s.k * s.p
+    cols_size = 1 if pointwise else s.k * s.p
     workers = threads if per_image else 1
     cols = Buf("cols", dtype, workers * cols_size, const=False)
     tmp = Buf("tmp", dtype, workers * s.o * s.p, const=False) if pool else None
@@ -151,15 +154,19 @@ def _forward(ctx, ins, outs, pool, program=None):
     def gemm(n, g, slot, o_lo, rows):
         c_buf, c_off = (tmp, slot * (s.o * s.p) + (g * s.og + o_lo) * s.p) if pool else \
             (y, (n * s.o + g * s.og + o_lo) * s.p)
+        b_buf, b_off = (x, (n * s.c + g * s.cg) * s.p) if pointwise else (cols, slot * cols_size)
         return Gemm(False, False, rows, i64(s.p), i64(s.k), w, (g * s.og + o_lo) * s.k, s.k,
-                    cols, slot * cols_size, s.p, c_buf, c_off, s.p)
+                    b_buf, b_off, s.p, c_buf, c_off, s.p)
+
+    def columns(n, g, slot, **kw) -> list:
+        return [] if pointwise else im2col(names, s, x, cols, n, g, slot * cols_size if slot is not None else i64(0),
+                                           **kw)
 
     if per_image:
         n = names.var("n")
         slot = names.var("slot")
         body = [Let(slot, ThreadIndex())]
-        body += per_group(names, s, lambda g: im2col(names, s, x, cols, n, g, slot * cols_size)
-                          + [gemm(n, g, slot, i64(0), i64(s.og))])
+        body += per_group(names, s, lambda g: columns(n, g, slot) + [gemm(n, g, slot, i64(0), i64(s.og))])
         tail = finish(n, slot, i64(0), i64(s.o))
         if tail is None:
             return None
@@ -176,7 +183,7 @@ def _forward(ctx, ins, outs, pool, program=None):
         split = For(chunk, i64(0), i64(threads), [
             Let(lo, chunk * per), Let(cnt, select((s.o - lo).lt(per), s.o - lo, per)),
             If(cnt.gt(0), [gemm(n, 0, i64(0), lo, cnt)] + tail)], parallel=True)
-        kernel_body = [For(n, i64(0), i64(s.n), im2col(names, s, x, cols, n, 0, i64(0), parallel=True) + [split])]
+        kernel_body = [For(n, i64(0), i64(s.n), columns(n, 0, None, parallel=True) + [split])]
     return NativeCall(Kernel("conv", params, kernel_body, threads), arrays)
 
 
