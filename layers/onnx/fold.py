@@ -59,6 +59,7 @@ def fold(imp, node, ins: list) -> list | None:
         return _symbolic(imp, node, ins)
     if op in ("If", "Loop", "Scan"):
         return None
+    _check_size(node, ins)
     from onnx.reference import ReferenceEvaluator
     try:
         outs = ReferenceEvaluator(node).run(None, {n: x for n, x in zip(node.input, ins) if n})
@@ -162,3 +163,53 @@ def _fill(imp, node, shape: np.ndarray) -> Value:
     scalar = imp.b.scalar(value.item(), str(np.asarray(value).dtype))
     dims = tuple(d if isinstance(d, Sym) else int(d) for d in shape.reshape(-1).tolist())
     return imp.b.op("broadcast_to", scalar, shape=dims)
+
+
+# a constant computed at import larger than this is refused: models carry their large arrays as
+# initializers, and a file's few bytes must not make the importer allocate without bound
+MAX_FOLDED_BYTES = 1 << 30
+
+
+def _elements(node, ins: list) -> int:
+    """An upper bound on the elements ``node``'s output will hold, from its inputs alone."""
+    op = node.op_type
+    arrays = [np.asarray(x) for x in ins if x is not None]
+    sizes = [a.size for a in arrays]
+
+    def ints(i):
+        return [int(v) for v in np.asarray(ins[i]).reshape(-1)] if len(ins) > i and ins[i] is not None else []
+    if op == "ConstantOfShape":
+        return math.prod(max(d, 0) for d in ints(0))
+    if op == "Range":
+        start, limit, delta = (float(np.asarray(x).reshape(-1)[0]) for x in ins[:3])
+        return max(0, math.ceil((limit - start) / delta)) if delta else 0
+    if op == "Tile":
+        return math.prod(d * max(r, 0) for d, r in zip(arrays[0].shape, ints(1)))
+    if op == "Expand":
+        shape = ints(1)
+        rank = max(arrays[0].ndim, len(shape))
+        dims = [1] * (rank - arrays[0].ndim) + list(arrays[0].shape)
+        want = [1] * (rank - len(shape)) + shape
+        return math.prod(max(a, b) for a, b in zip(dims, want))
+    if op in ("MatMul", "Gemm") and len(arrays) >= 2 and arrays[0].ndim >= 1 and arrays[1].ndim >= 1:
+        a, b = arrays[0].shape, arrays[1].shape
+        return math.prod(a[:-1] or (1,)) * (b[-1] if len(b) > 1 else 1) * math.prod(b[:-2] or (1,))
+    if op == "Pad":
+        pads = ints(1)
+        half = len(pads) // 2
+        return math.prod(d + max(lo, 0) + max(hi, 0) for d, lo, hi in
+                         zip(arrays[0].shape, pads[:half] or [0] * arrays[0].ndim, pads[half:] or [0] * arrays[0].ndim))
+    try:                       # elementwise ops broadcast their inputs; the rest hold no more than them
+        broadcast = math.prod(np.broadcast_shapes(*[a.shape for a in arrays]))
+    except ValueError:
+        broadcast = 0
+    return max([broadcast, sum(sizes)])
+
+
+def _check_size(node, ins: list) -> None:
+    from toolkit.hostmem import human_bytes, too_big
+    nbytes = _elements(node, ins) * 8
+    why = too_big(nbytes) or (f"over the {human_bytes(MAX_FOLDED_BYTES)} a constant computed at import may hold"
+                              if nbytes > MAX_FOLDED_BYTES else None)
+    if why:
+        raise NodeError(f"folding it at import would make a constant of up to {human_bytes(nbytes)}, {why}")

@@ -241,3 +241,30 @@ def test_import_writes_the_catalogs_layers_where_every_node_maps_to_one(tmp_path
                       else rng.random([3 if d is None else d for d in i.shape])).astype(i.dtype) for i in ours.inputs}
     for key, want in ours.infer(**feeds).items():
         np.testing.assert_allclose(again.infer(**feeds)[key], want, rtol=1e-4, atol=1e-5)
+
+
+def test_a_hostile_model_cannot_make_the_importer_allocate_without_bound(tmp_path):
+    """A few bytes asking for a huge constant at import (ConstantOfShape of 10^10 elements, a
+    constant outer product) are one line each, before anything is allocated; an .onnx given as a
+    net names the model, not a place in a net file."""
+    from onnx import TensorProto, helper
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    cases = {
+        "fill": ([helper.make_node("ConstantOfShape", ["s"], ["c"]), helper.make_node("Add", ["c", "x"], ["y"])],
+                 [helper.make_tensor("s", TensorProto.INT64, [2], [100000, 100000])]),
+        "outer": ([helper.make_node("Range", ["zero", "n", "one"], ["r"]), helper.make_node("Unsqueeze", ["r", "ax"], ["col"]),
+                   helper.make_node("Unsqueeze", ["r", "ax0"], ["row"]), helper.make_node("MatMul", ["col", "row"], ["c"]),
+                   helper.make_node("Add", ["c", "x"], ["y"])],
+                  [helper.make_tensor("zero", TensorProto.FLOAT, [], [0.0]), helper.make_tensor("n", TensorProto.FLOAT, [], [2e5]),
+                   helper.make_tensor("one", TensorProto.FLOAT, [], [1.0]), helper.make_tensor("ax", TensorProto.INT64, [1], [1]),
+                   helper.make_tensor("ax0", TensorProto.INT64, [1], [0])]),
+    }
+    for name, (nodes, inits) in cases.items():
+        path = tmp_path / f"{name}.onnx"
+        graph = helper.make_graph(nodes, name, [x], [y], inits)
+        path.write_bytes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
+        with pytest.raises(UserError, match="folding it at import would make a constant of up to"):
+            import_model(str(path))
+        r = cli("check", path)
+        assert r.status == 2 and len(r.errors) == 1 and r.errors[0].startswith(f"error: {path}: node "), r.err

@@ -20,7 +20,7 @@ def _onnx(args) -> int:
     model's inputs and one ONNX layer reading DIR/MODEL.onnx, with a note naming the nodes that
     kept it from being a net of layers."""
     from ..importers.onnx.files import loaded_model
-    from ..importers.onnx.netfile import net_dict, net_text
+    from ..importers.onnx.netfile import model_name, net_dict, net_text
     from ..zoo.resolve import load_net
     out = Path(args.out)
     source = Path(args.model)
@@ -29,9 +29,7 @@ def _onnx(args) -> int:
         raise UserError(f"--out {out}: holds {' and '.join(taken)} already; choose another --out, or pass --force "
                         "to replace them")
     loaded = loaded_model(str(source))
-    # exporters' default graph names say nothing: the file's name then
-    graph_name = loaded.model.graph.name
-    name = source.stem if graph_name in ("", "main_graph", "torch_jit", "torch-jit-export") else graph_name
+    name = model_name(loaded.model, str(source))
     # every node lowered and checked before anything is written; the layer named as it will be
     graph_net = load_net(str(source), text=net_text(loaded.model, source.name, name))
     graph_weights = graph_net.load_weights(str(source))

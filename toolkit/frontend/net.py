@@ -57,7 +57,13 @@ class Net:
         from layers import LAYERS, NetSpec
         model = None
         if text is None and path.endswith(".onnx"):
-            text = _onnx_net_text(path)
+            # an ONNX model as the net of one ONNX layer: its problems name the model, not the
+            # place in a net file the user never wrote
+            try:
+                return cls.load(path, overrides, resolve, _onnx_net_text(path))
+            except SpecError as e:
+                raise UserError(*[p.message.removeprefix(f"layer '{_onnx_layer_name(path)}' (ONNX): ")
+                                  for p in e.problems]) from None
         if text is None and path.startswith(ZOO_PREFIX):
             model = zoo_model(resolve, path)
             path = str(model.net)
@@ -272,6 +278,10 @@ def _onnx_net_text(path: str) -> str:
     import os
     from ..importers.onnx.files import loaded_model
     from ..importers.onnx.netfile import net_text
-    loaded = loaded_model(path)
-    return net_text(loaded.model, os.path.basename(path), loaded.model.graph.name or
-                    os.path.splitext(os.path.basename(path))[0])
+    return net_text(loaded_model(path).model, os.path.basename(path), _onnx_layer_name(path))
+
+
+def _onnx_layer_name(path: str) -> str:
+    from ..importers.onnx.files import loaded_model
+    from ..importers.onnx.netfile import model_name
+    return model_name(loaded_model(path).model, path)

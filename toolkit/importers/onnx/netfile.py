@@ -17,6 +17,13 @@ def blob_name(raw: str) -> str:
     return BLOB.sub("_", raw) or "x"
 
 
+def model_name(model, path: str) -> str:
+    """The model's graph name, or its file's where an exporter left its default."""
+    from pathlib import Path
+    graph = model.graph.name
+    return blob_name(Path(path).stem if graph in ("", "main_graph", "torch_jit", "torch-jit-export") else graph)
+
+
 def net_dict(model, file: str, name: str) -> dict:
     from ...errors import UserError
     inputs = {}
