@@ -15,6 +15,8 @@ are added at the end.
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from ...codegen.loops import Buf, For, Gemm, If, Kernel, Let, Names, Set, Store, ThreadIndex, lift, maximum, select
@@ -22,9 +24,13 @@ from ...codegen.native import NativeCall
 from ...ops.conv import conv_out_size
 from ...ops.fused import head_parts, split_attrs
 from ...backend.registry import register_native
-from . import depthwise
+from . import depthwise, winograd
 from .conv_parts import ConvShape, epilogue_buffers, i64, epilogue_statements, valid_span
 from .elementwise import FLOATS
+
+# 3x3 stride-1 convolutions through Winograd's F(2x2, 3x3) where they have enough tiles
+# (winograd.py); TOOLKIT_WINOGRAD=0 keeps them on im2col
+WINOGRAD = os.environ.get("TOOLKIT_WINOGRAD", "1") != "0"
 
 
 def per_group(names: Names, s: ConvShape, statements) -> list:
@@ -110,12 +116,13 @@ def _forward(ctx, ins, outs, pool, program=None):
     # a 1x1 convolution of stride 1 without padding: the image [C, H*W] is its own columns, so
     # the GEMM reads it in place (no im2col copy)
     pointwise = (s.kh, s.kw, s.sh, s.sw, s.dh, s.dw) == (1, 1, 1, 1, 1, 1) and not s.padded
+    wino = WINOGRAD and winograd.chosen(ctx, s, pool)
     names = Names()
     x = Buf("x", dtype, s.n * s.c * s.h * s.w)
     w = Buf("w", dtype, s.o * s.k)
     b = Buf("bias", dtype, s.o) if has_bias else None
     y = Buf("y", dtype, int(np.prod(out_shape)), const=False)
-    cols_size = 1 if pointwise else s.k * s.p
+    cols_size = 1 if pointwise or wino else s.k * s.p
     workers = threads if per_image else 1
     cols = Buf("cols", dtype, workers * cols_size, const=False)
     tmp = Buf("tmp", dtype, workers * s.o * s.p, const=False) if pool else None
@@ -162,6 +169,14 @@ def _forward(ctx, ins, outs, pool, program=None):
         return [] if pointwise else im2col(names, s, x, cols, n, g, slot * cols_size if slot is not None else i64(0),
                                            **kw)
 
+    if wino:
+        built = winograd.forward_body(ctx, names, s, x, w, y, finish, threads, per_image)
+        if built is None:
+            return None
+        extra, kernel_body = built
+        params += [buf for buf, _ in extra]
+        arrays += [arr for _, arr in extra]
+        return NativeCall(Kernel("conv", params, kernel_body, threads), arrays)
     if per_image:
         n = names.var("n")
         slot = names.var("slot")
