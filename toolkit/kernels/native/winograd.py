@@ -7,12 +7,13 @@ being 16 GEMMs [O, C] x [C, tiles] through the BLAS library.
     M_k = U_k @ V_k       16 GEMMs
     y   = A^T m A         every 2x2 output block from the 16 values m of its tile
 
-The GEMMs are 2.25x fewer multiply-adds than im2col's one GEMM. Measured per layer on ResNet-50
-(batch 1, two threads): 0.65x to 0.72x of im2col's time on the 128- and 256-channel layers; the
-64-channel ones lose (the transforms cost more than the GEMM saves), below about 32 tiles (a
-7x7 output: 16) the small GEMMs lose, and a weight that changes every run (training) would be
-transformed every run, which lost too: those stay on im2col. The kernel can transform a weight
-fed at run time (``frozen`` None), which the tests exercise. Rounding: the transforms add and halve, which float32
+The GEMMs are 2.25x fewer multiply-adds than im2col's one GEMM; the transforms are vectorised
+loops over a row of tiles. Measured per layer on ResNet-50 (batch 1, two threads): 0.55x to
+0.59x of im2col's time on the 64- and 128-channel layers, 0.68x to 0.73x on the 256-channel ones
+(49 tiles); below about 32 tiles (a 7x7 output: 16) the small GEMMs lose and im2col stays. A
+frozen weight (inference) is transformed once as the plan is built; a weight fed each run (the
+train step) is transformed in the kernel, which still wins (ResNet-50's train step at batch 8:
+0.88x). Rounding: the transforms add and halve, which float32
 carries to about 1e-6 relative for these sizes (tests/runtime/test_native.py holds it to the
 reference).
 """
@@ -24,18 +25,13 @@ from ...codegen.loops import Buf, For, Gemm, If, Let, Names, Store, ThreadIndex,
 from .conv_parts import ConvShape, i64
 
 MIN_TILES = 32          # below this many 2x2 output blocks per image the 16 small GEMMs lose
-MIN_CHANNELS = 128      # below this the transforms cost more than the GEMM saves (ResNet-50's 64)
+MIN_CHANNELS = 64       # below this the transforms cost more than the GEMM saves (ResNet-50's 64)
 G = ((1.0, 0.0, 0.0), (0.5, 0.5, 0.5), (0.5, -0.5, 0.5), (0.0, 0.0, 1.0))
 
 
-# a weight fed at run time (training) would be transformed on every run, which measured slower
-# than im2col: off, but for the tests of the kernel's own transform
-RUN_TIME_WEIGHTS = False
-
-
 def chosen(ctx, s: ConvShape, pool: bool) -> bool:
-    """Winograd for this convolution: a shape where it wins, and a weight frozen into the plan."""
-    return applies(s, pool) and (RUN_TIME_WEIGHTS or constant_weight(ctx) is not None)
+    """Winograd for this convolution: a shape where it wins (a frozen weight or not)."""
+    return applies(s, pool)
 
 
 def applies(s: ConvShape, pool: bool) -> bool:
@@ -74,7 +70,7 @@ def _weight_transform(names: Names, s: ConvShape, w: Buf, u: Buf, dtype: str) ->
         for bcol in range(4):
             terms = [lift(G[bcol][j], dtype) * t[a][j] for j in range(3) if G[bcol][j]]
             body.append(Store(u, ((a * 4 + bcol) * s.o + o) * s.c + c, _sum(terms)))
-    return [For(o, i64(0), i64(s.o), [For(c, i64(0), i64(s.c), body)], parallel=True)]
+    return [For(o, i64(0), i64(s.o), [For(c, i64(0), i64(s.c), body, vector=True)], parallel=True)]
 
 
 def _sum(terms):
@@ -126,7 +122,7 @@ def forward_body(ctx, names: Names, s: ConvShape, x: Buf, w: Buf, y: Buf, finish
         for a in range(4):                                 # v = t B
             row = (t[a][0] - t[a][2], t[a][1] + t[a][2], t[a][2] - t[a][1], t[a][1] - t[a][3])
             body += [Store(v, out + (a * 4 + bcol) * (s.c * tiles), row[bcol]) for bcol in range(4)]
-        return [For(c, i64(0), i64(s.c), [For(ty, i64(0), i64(th), [For(tx, i64(0), i64(tw), body)])],
+        return [For(c, i64(0), i64(s.c), [For(ty, i64(0), i64(th), [For(tx, i64(0), i64(tw), body, vector=True)])],
                     parallel=parallel)]
 
     def gemms(slot, parallel):
@@ -158,7 +154,8 @@ def forward_body(ctx, names: Names, s: ConvShape, x: Buf, w: Buf, y: Buf, finish
                 if s.ow % 2 and j == 1:
                     guard = If(ox[j].lt(s.ow), [guard])
                 body.append(guard)
-        return [For(o, o_lo, o_hi, [For(ty, i64(0), i64(th), [For(tx, i64(0), i64(tw), body)])], parallel=parallel)]
+        return [For(o, o_lo, o_hi, [For(ty, i64(0), i64(th), [For(tx, i64(0), i64(tw), body, vector=True)])],
+                    parallel=parallel)]
 
     # a frozen weight (inference) is transformed once, here; a trained one on every run
     body = _weight_transform(names, s, w, u, dtype) if frozen is None else []
