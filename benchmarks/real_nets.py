@@ -92,6 +92,7 @@ def main() -> int:
                            "floor_ms": round(flops * b / (rates[t] * 1e9) * 1e3, 1),
                            "gemm_gflops": round(rates[t], 1),
                            **{f"{fw}_ms": r["median_ms"] for fw, r in res.items()},
+                           "others_cpu": report.get("others_cpu", {}).get("infer"),
                            "cpu": report["config"]["cpu"]}
                     rows.append(row)
                     print(json.dumps(row), file=sys.stderr, flush=True)
