@@ -67,6 +67,38 @@ def test_every_op_case_native_equals_numpy(dtype):
     assert ran_native >= len(_op_cases()) // 2, "native builders declined most cases"
 
 
+SPECIAL = [np.nan, 0.0, -0.0, 1.0, -1.0, np.inf, -np.inf, 2.5, -2.5]
+
+
+@needs_cc
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("op,attrs,arity", [
+    ("maximum", {}, 2), ("relu", {}, 1),
+    ("max_pool2d", {"kernel": (3, 3), "stride": (2, 2), "pad": (0, 0), "ceil_mode": False}, 1)])
+def test_native_max_min_keep_numpy_nan_and_signed_zero(op, attrs, arity, dtype):
+    """The generated max/min (a select and a NaN test, vectorised) give numpy's results bit for
+    bit on NaN, infinities and signed zeros: NaN from either side wins, ties keep the first."""
+    from tests.ops.test_op_table import Case, feeds, one_node_graph
+    rng = np.random.default_rng(3)
+    values = np.array(SPECIAL, dtype)
+    if op == "max_pool2d":
+        arrays = [rng.choice(values, (2, 3, 9, 9))]
+    else:                                  # every pair of special values, 37 per row for the tail
+        a, b = np.meshgrid(values, values)
+        arrays = [np.tile(a.ravel(), 3)[:, None].repeat(37, 1), np.tile(b.ravel(), 3)[:, None].repeat(37, 1)][:arity]
+    arrays = [x.astype(dtype) for x in arrays]
+    graph, _, y = one_node_graph(Case(op, op, None, None), arrays, attrs)
+    graph.outputs["y"] = y
+    outs = {}
+    for native in (True, False):
+        plan = Plan(graph, {}, {}, runtime=RuntimeState(np.random.default_rng(0)), native=native)
+        outs[native] = np.array(plan.run(feeds(arrays))["y"])
+        assert ("native" in plan.impls) == native
+    np.testing.assert_array_equal(outs[True], outs[False])
+    np.testing.assert_array_equal(np.signbit(outs[True]), np.signbit(outs[False]))
+    assert np.isnan(outs[True]).any()
+
+
 ZOO = sorted(p.parent.name for p in (ROOT / "zoo").glob("*/net.yaml"))
 # Entries whose gradient is zero in exact arithmetic: an attention's key bias adds the same
 # q.b_k to every score of a query, which softmax ignores. Adam divides the rounding noise left

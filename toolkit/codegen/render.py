@@ -30,11 +30,15 @@ PRELUDE = r"""
 #else
 #define TK_THREAD() 0
 #endif
-/* numpy's maximum/minimum: a NaN in either argument is the result */
-static inline float tk_maxf(float a, float b) { return (a >= b || a != a) ? a : b; }
-static inline float tk_minf(float a, float b) { return (a <= b || a != a) ? a : b; }
-static inline double tk_max(double a, double b) { return (a >= b || a != a) ? a : b; }
-static inline double tk_min(double a, double b) { return (a <= b || a != a) ? a : b; }
+/* numpy's maximum/minimum: a NaN in either argument is the result (the sum carries it), and of
+   two equal values (0 and -0) the second. Written
+   as a select and a NaN test joined by | rather than as `a >= b || a != a`, whose short circuit
+   gcc compiles to a branch per element: measured on a 3x3 stride-2 max pooling of 64x111x111,
+   0.30 ms against 0.54 ms scalar, 0.12 ms against 0.36 ms vectorised. */
+static inline float tk_maxf(float a, float b) { float m = a > b ? a : b; return ((a != a) | (b != b)) ? a + b : m; }
+static inline float tk_minf(float a, float b) { float m = a < b ? a : b; return ((a != a) | (b != b)) ? a + b : m; }
+static inline double tk_max(double a, double b) { double m = a > b ? a : b; return ((a != a) | (b != b)) ? a + b : m; }
+static inline double tk_min(double a, double b) { double m = a < b ? a : b; return ((a != a) | (b != b)) ? a + b : m; }
 typedef void (*tk_sgemm_t)(int, int, int, TK_BLAS_INT, TK_BLAS_INT, TK_BLAS_INT, float, const float *,
                            TK_BLAS_INT, const float *, TK_BLAS_INT, float, float *, TK_BLAS_INT);
 typedef void (*tk_dgemm_t)(int, int, int, TK_BLAS_INT, TK_BLAS_INT, TK_BLAS_INT, double, const double *,
@@ -257,10 +261,10 @@ class CudaDialect(CDialect):
     def unit(self, kernels, extra: str = "") -> str:
         helpers = ("#ifndef INFINITY\n#define INFINITY __int_as_float(0x7f800000)\n#endif\n"
                    "#ifndef NAN\n#define NAN __int_as_float(0x7fffffff)\n#endif\n"
-                   "__device__ inline float tk_maxf(float a, float b) { return (a >= b || a != a) ? a : b; }\n"
-                   "__device__ inline float tk_minf(float a, float b) { return (a <= b || a != a) ? a : b; }\n"
-                   "__device__ inline double tk_max(double a, double b) { return (a >= b || a != a) ? a : b; }\n"
-                   "__device__ inline double tk_min(double a, double b) { return (a <= b || a != a) ? a : b; }\n")
+                   "__device__ inline float tk_maxf(float a, float b) { float m = a > b ? a : b; return ((a != a) | (b != b)) ? a + b : m; }\n"
+                   "__device__ inline float tk_minf(float a, float b) { float m = a < b ? a : b; return ((a != a) | (b != b)) ? a + b : m; }\n"
+                   "__device__ inline double tk_max(double a, double b) { double m = a > b ? a : b; return ((a != a) | (b != b)) ? a + b : m; }\n"
+                   "__device__ inline double tk_min(double a, double b) { double m = a < b ? a : b; return ((a != a) | (b != b)) ? a + b : m; }\n")
         if any(p.dtype == "float16" for k in kernels for p in k.params):
             helpers += HALF_HELPERS
         return helpers + "\n".join(self.kernel(k) for k in kernels) + "\n"

@@ -149,7 +149,7 @@ def _forward(ctx, ins, outs, pool, program=None):
             stmts.append(For(o, o_lo, o_hi, [For(py, i64(0), i64(ph_), [For(px, i64(0), i64(pw_), window)])]))
         elif b:
             stmts.append(For(o, o_lo, o_hi, [For(q, i64(0), i64(s.p), [
-                Store(y, (n * s.o + o) * s.p + q, b[o], accumulate=True)])]))
+                Store(y, (n * s.o + o) * s.p + q, b[o], accumulate=True)], vector=True)]))
         if program is not None:
             ep = epilogue_statements(names, program[0], program[1], out_shape, ctx.in_shapes,
                                      ctx.attrs.get("views", ()), dtype, x_bufs, out_bufs, y, n, o_lo, o_hi)

@@ -303,7 +303,7 @@ def matmul_epilogue_native(ctx, ins, outs):
         if body is None:
             state["unsupported"] = True
             return []
-        inner = For(j, c0, c0 + nc, body)
+        inner = For(j, c0, c0 + nc, body, vector=True)      # each element's own reads and writes
         return [For(i, r0, r0 + nr, [inner])]
 
     # the GEMM writes the first output's array, which the program then reads as the head and
