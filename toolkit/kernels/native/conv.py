@@ -31,6 +31,9 @@ from .elementwise import FLOATS
 # 3x3 stride-1 convolutions through Winograd's F(2x2, 3x3) where they have enough tiles
 # (winograd.py); TOOLKIT_WINOGRAD=0 keeps them on im2col
 WINOGRAD = os.environ.get("TOOLKIT_WINOGRAD", "1") != "0"
+# im2col by blocks of output rows where an image's columns outgrow this (see block_rows)
+COLS_BLOCK_BYTES = 384 << 10
+MIN_BLOCK_POSITIONS = 192
 
 
 def per_group(names: Names, s: ConvShape, statements) -> list:
@@ -72,6 +75,33 @@ def im2col(names: Names, s: ConvShape, x: Buf, cols: Buf, n, g, cols_base, rows=
             For(oh, rhi, i64(s.oh), [fill])]
     lo_r, hi_r = rows if rows else (i64(0), i64(s.k))
     return [For(r, lo_r, hi_r, row_body, parallel=parallel)]
+
+
+def im2col_rows(names: Names, s: ConvShape, x: Buf, cols: Buf, n, g, cols_base, oh_lo, oh_hi, ld: int) -> list:
+    """cols[base + r*ld + (oh - oh_lo)*OW + ow] = x[n, g*Cg + c, ih, iw] (0 outside the image) for
+    window row r and the output rows [oh_lo, oh_hi): the columns of one block of positions."""
+    r, oh, ow, ih = names.var("r"), names.var("oh"), names.var("ow"), names.var("ih")
+    lets, ci, ki, kj = _window_rows(names, s, r)
+    span, lo, hi = valid_span(names, s.ow, s.w, s.sw, s.pw, kj * s.dw)
+    src_row = ((n * s.c + g * s.cg + ci) * s.h + ih) * s.w - s.pw + kj * s.dw
+    dst_row = cols_base + r * ld + (oh - oh_lo) * s.ow
+    zero = lift(0.0, x.dtype)
+    inside = (select(ih.ge(0), 1, 0) * select(ih.lt(s.h), 1, 0)).gt(0)
+    copy = [For(ow, i64(0), lo, [Store(cols, dst_row + ow, zero)]),
+            For(ow, lo, hi, [Store(cols, dst_row + ow, x[src_row + ow * s.sw])], vector=True),
+            For(ow, hi, i64(s.ow), [Store(cols, dst_row + ow, zero)])]
+    fill = [For(ow, i64(0), i64(s.ow), [Store(cols, dst_row + ow, zero)], vector=True)]
+    return [For(r, i64(0), i64(s.k), lets + span + [
+        For(oh, oh_lo, oh_hi, [Let(ih, oh * s.sh - s.ph + ki * s.dh), If(inside, copy, fill)])])]
+
+
+def block_rows(s: ConvShape) -> int:
+    """Output rows per block of a blocked im2col: the block's columns (K x rows*OW) within
+    COLS_BLOCK_BYTES, so that they and the block's output stay in the core's L2 between the
+    copy, the GEMM and the epilogue, but at least MIN_BLOCK_POSITIONS wide for the GEMM."""
+    per_row = s.k * s.ow * 4
+    rows = max(COLS_BLOCK_BYTES // per_row, -(-MIN_BLOCK_POSITIONS // s.ow), 1)
+    return min(rows, s.oh)
 
 
 def col2im(names: Names, s: ConvShape, cols: Buf, dx: Buf, n, g, cols_base) -> list:
@@ -122,8 +152,15 @@ def _forward(ctx, ins, outs, pool, program=None):
     w = Buf("w", dtype, s.o * s.k)
     b = Buf("bias", dtype, s.o) if has_bias else None
     y = Buf("y", dtype, int(np.prod(out_shape)), const=False)
-    cols_size = 1 if pointwise or wino else s.k * s.p
-    workers = threads if per_image else 1
+    # an image's columns larger than a block: im2col and GEMM by blocks of output rows, each
+    # block finished (bias, epilogue) while it is in cache; at batch 1 the threads take blocks
+    rows_per_block = block_rows(s)
+    blocks = -(-s.oh // rows_per_block)
+    blocked = (not (pointwise or wino or pool) and s.k * s.p * 4 > COLS_BLOCK_BYTES and blocks > 1
+               and (per_image or blocks >= 2 * threads))
+    block_ld = rows_per_block * s.ow
+    cols_size = 1 if pointwise or wino else (s.k * block_ld if blocked else s.k * s.p)
+    workers = threads if per_image or blocked else 1
     cols = Buf("cols", dtype, workers * cols_size, const=False)
     tmp = Buf("tmp", dtype, workers * s.o * s.p, const=False) if pool else None
     params = [x, w] + ([b] if b else []) + [y, cols] + ([tmp] if tmp else [])
@@ -131,10 +168,13 @@ def _forward(ctx, ins, outs, pool, program=None):
              ([np.zeros(tmp.size, dtype)] if tmp else [])
     x_bufs, out_bufs = epilogue_buffers(program, ctx, ins, outs, out_shape, params, arrays)
 
-    def finish(n, slot, o_lo, o_hi) -> list | None:
-        """Channels [o_lo, o_hi) of image n, whose GEMM result is in y (or tmp's slot)."""
+    def finish(n, slot, o_lo, o_hi, positions=None) -> list | None:
+        """Channels [o_lo, o_hi) of image n, whose GEMM result is in y (or tmp's slot); only
+        the positions [q_lo, q_hi) where ``positions`` says so (None where the epilogue cannot
+        take a range of positions)."""
         stmts = []
         o, q = names.var("o"), names.var("q")
+        q_lo, q_hi = positions if positions is not None else (i64(0), i64(s.p))
         if pool:
             pk, ps = pool_attrs["kernel"], pool_attrs["stride"]
             ph_, pw_ = out_shape[2], out_shape[3]
@@ -148,11 +188,12 @@ def _forward(ctx, ins, outs, pool, program=None):
             window.append(Store(y, ((n * s.o + o) * ph_ + py) * pw_ + px, value))
             stmts.append(For(o, o_lo, o_hi, [For(py, i64(0), i64(ph_), [For(px, i64(0), i64(pw_), window)])]))
         elif b:
-            stmts.append(For(o, o_lo, o_hi, [For(q, i64(0), i64(s.p), [
+            stmts.append(For(o, o_lo, o_hi, [For(q, q_lo, q_hi, [
                 Store(y, (n * s.o + o) * s.p + q, b[o], accumulate=True)], vector=True)]))
         if program is not None:
             ep = epilogue_statements(names, program[0], program[1], out_shape, ctx.in_shapes,
-                                     ctx.attrs.get("views", ()), dtype, x_bufs, out_bufs, y, n, o_lo, o_hi)
+                                     ctx.attrs.get("views", ()), dtype, x_bufs, out_bufs, y, n, o_lo, o_hi,
+                                     positions=positions)
             if ep is None:
                 return None
             stmts += ep
@@ -176,6 +217,33 @@ def _forward(ctx, ins, outs, pool, program=None):
         extra, kernel_body = built
         params += [buf for buf, _ in extra]
         arrays += [arr for _, arr in extra]
+        return NativeCall(Kernel("conv", params, kernel_body, threads), arrays)
+    if blocked:
+        n, slot, blk = names.var("n"), names.var("slot"), names.var("blk")
+        oh_lo, oh_hi = names.var("oh_lo"), names.var("oh_hi")
+        span = (oh_lo * s.ow, oh_hi * s.ow)
+
+        def block_gemm(g):
+            return Gemm(False, False, i64(s.og), (oh_hi - oh_lo) * s.ow, i64(s.k), w, lift(g * s.og * s.k, "int64")
+                        if isinstance(g, int) else g * (s.og * s.k), s.k, cols, slot * cols_size, block_ld,
+                        y, (n * s.o + g * s.og) * s.p + oh_lo * s.ow, s.p)
+        per_block = finish(n, slot, i64(0), i64(s.o), positions=span)
+        block = [Let(slot, ThreadIndex()), Let(oh_lo, blk * rows_per_block),
+                 Let(oh_hi, select((oh_lo + rows_per_block).gt(s.oh), i64(s.oh), oh_lo + rows_per_block))]
+        block += per_group(names, s, lambda g: im2col_rows(names, s, x, cols, n, g, slot * cols_size, oh_lo, oh_hi,
+                                                           block_ld) + [block_gemm(g)])
+        after = []
+        if per_block is not None:
+            block += per_block
+        else:                                  # an epilogue over whole planes: after every block
+            after = finish(n, slot, i64(0), i64(s.o))
+            if after is None:
+                return None
+        if per_image:
+            kernel_body = [For(n, i64(0), i64(s.n), [For(blk, i64(0), i64(blocks), block)] + after,
+                               parallel=threads > 1)]
+        else:
+            kernel_body = [For(n, i64(0), i64(s.n), [For(blk, i64(0), i64(blocks), block, parallel=True)] + after)]
         return NativeCall(Kernel("conv", params, kernel_body, threads), arrays)
     if per_image:
         n = names.var("n")

@@ -41,8 +41,10 @@ def valid_span(names: Names, out_size: int, in_size: int, stride: int, pad: int,
 
 
 def epilogue_statements(names, program, outputs, group_shape, in_shapes, views, dtype, x_bufs, out_bufs, head: Buf,
-                        n, o_lo, o_hi) -> list | None:
-    """The elementwise program over image n, channels [o_lo, o_hi) of a [N, O, H, W] group.
+                        n, o_lo, o_hi, positions=None) -> list | None:
+    """The elementwise program over image n, channels [o_lo, o_hi) of a [N, O, H, W] group, and
+    only its positions [q_lo, q_hi) where ``positions`` gives them (None if the operands do not
+    step through the positions uniformly).
 
     The positions of a channel are one loop where every operand steps through them uniformly
     (a whole plane, or a value per channel), marked as vector lanes: the program reads and
@@ -55,6 +57,9 @@ def epilogue_statements(names, program, outputs, group_shape, in_shapes, views, 
     layouts = {i: operand_layout(in_shapes[i], group_shape, (views[i] if i < len(views) else ()) or None)
                for i in x_bufs}
     flat = all(strides[2] == strides[3] * ww for strides, _ in layouts.values())
+    if positions is not None and not flat:
+        return None
+    q_lo, q_hi = positions if positions is not None else (i64(0), i64(hh * ww))
 
     def index_of(key):
         if key[0] == "x":
@@ -74,7 +79,7 @@ def epilogue_statements(names, program, outputs, group_shape, in_shapes, views, 
     if body is None:
         return None
     if flat:
-        return [For(o, o_lo, o_hi, [For(q, i64(0), i64(hh * ww), body, vector=True)])]
+        return [For(o, o_lo, o_hi, [For(q, q_lo, q_hi, body, vector=True)])]
     return [For(o, o_lo, o_hi, [For(y, i64(0), i64(hh), [For(z, i64(0), i64(ww), body, vector=True)])])]
 
 
