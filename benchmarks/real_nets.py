@@ -63,13 +63,20 @@ def net_flops(net_file: Path) -> float:
 
 def trainable(net_file: Path) -> Path:
     """A copy of an imported deploy net that trains: its last Softmax layer replaced by a
-    SoftmaxWithLoss of the same bottom and an int64 ``label`` input, and plain SGD."""
+    SoftmaxWithLoss of its bottom (flattened) and an int64 ``label`` input, in-place Dropout left out,
+    SGD with momentum."""
     import yaml
     spec = yaml.safe_load(net_file.read_text())
     last = max(i for i, layer in enumerate(spec["layers"]) if layer.get("type") == "Softmax")
     bottom = spec["layers"][last]["bottom"]
-    spec["layers"][last] = {"name": "loss", "type": "SoftmaxWithLoss", "bottom": [bottom, "label"], "top": "loss"}
+    # flattened first: a [N, classes, 1, 1] score (SqueezeNet's global pooling) against [N] labels
+    spec["layers"][last:last + 1] = [
+        {"name": "scores", "type": "Flatten", "bottom": bottom, "top": "scores"},
+        {"name": "loss", "type": "SoftmaxWithLoss", "bottom": ["scores", "label"], "top": "loss"}]
     spec["inputs"]["label"] = {"shape": ["N"], "dtype": "int64"}
+    # in-place Dropout goes: two frameworks' random masks cannot be checked against each other
+    spec["layers"] = [layer for layer in spec["layers"]
+                      if not (layer.get("type") == "Dropout" and layer.get("bottom") == layer.get("top"))]
     spec["train"] = {"solver": {"type": "sgd", "base_lr": 0.001, "momentum": 0.9}}
     out = net_file.with_name("train.yaml")
     out.write_text(yaml.safe_dump(spec, sort_keys=False))

@@ -221,6 +221,25 @@ class Gemm:
 
 
 @dataclass(eq=False)
+class PackedGemm:
+    """C[c_off:] (rows of ldc) = beta * C + W x B[b_off:] (rows of ldb), W's m rows [m, k] in the
+    panels of codegen/microkernel.py starting at a_off (a panel boundary): the toolkit's own
+    AVX-512 kernel (float32), where ``microkernel.available()``."""
+    m: Expr
+    n: Expr
+    k: Expr
+    a: Buf
+    a_off: Expr
+    b: Buf
+    b_off: Expr
+    ldb: int
+    c: Buf
+    c_off: Expr
+    ldc: int
+    beta: Union[float, Expr] = 0.0
+
+
+@dataclass(eq=False)
 class Kernel:
     """One function: ``params`` in order (the caller passes one pointer per param), ``body``."""
     name: str

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import math
 
-from .loops import (Bin, Buf, Call, Cast, Cmp, Const, For, Gemm, If, Kernel, Let, Load, Select, Set,
+from . import microkernel
+from .loops import (Bin, Buf, Call, Cast, Cmp, Const, For, Gemm, If, Kernel, Let, Load, PackedGemm, Select, Set,
                     Store, ThreadIndex, Un, Var)
 
 C_TYPES = {"float32": "float", "float64": "double", "int64": "int64_t", "int32": "int32_t", "bool": "int"}
@@ -177,6 +178,10 @@ class CDialect:
                              f"{s.alpha!r}, {s.a.name} + {self.expr(s.a_off)}, {s.lda}, "
                              f"{s.b.name} + {self.expr(s.b_off)}, {s.ldb}, {self.scalar(s.beta)}, "
                              f"{s.c.name} + {self.expr(s.c_off)}, {s.ldc});")
+            elif isinstance(s, PackedGemm):
+                lines.append(f"{pad}tk_pgemm({self.expr(s.m)}, {self.expr(s.n)}, {self.expr(s.k)}, "
+                             f"{s.a.name} + {self.expr(s.a_off)}, {s.b.name} + {self.expr(s.b_off)}, {s.ldb}, "
+                             f"{self.scalar(s.beta)}, {s.c.name} + {self.expr(s.c_off)}, {s.ldc});")
             else:
                 raise TypeError(f"cannot render statement {s!r}")
         return lines
@@ -202,7 +207,20 @@ class CDialect:
     def unit(self, kernels: list[Kernel], extra: str = "") -> str:
         """One translation unit: the prelude, every kernel, then ``extra`` (a plan function)."""
         head = f"#define TK_BLAS_INT {self.blas_int}\n" + PRELUDE
+        if any(_uses_packed_gemm(k.body) for k in kernels):
+            head += microkernel.C_SOURCE
         return head + "\n\n" + "\n\n".join(self.kernel(k) for k in kernels) + ("\n\n" + extra if extra else "") + "\n"
+
+
+def _uses_packed_gemm(body) -> bool:
+    for s in body:
+        if isinstance(s, PackedGemm):
+            return True
+        if isinstance(s, For) and _uses_packed_gemm(s.body):
+            return True
+        if isinstance(s, If) and (_uses_packed_gemm(s.then) or _uses_packed_gemm(s.orelse or [])):
+            return True
+    return False
 
 
 class CudaDialect(CDialect):
@@ -223,7 +241,7 @@ class CudaDialect(CDialect):
                              f"+ threadIdx.x; {v} < {self.expr(s.stop)}; {v} += (long long)gridDim.x * blockDim.x) {{")
                 lines += super().stmts(s.body, depth + 1, kernel, True)
                 lines.append(f"{pad}}}")
-            elif isinstance(s, Gemm):
+            elif isinstance(s, (Gemm, PackedGemm)):
                 raise TypeError("a CUDA kernel cannot call the BLAS library: split the program at its Gemm "
                                 "and run that as a cuBLAS call")
             elif isinstance(s, For) and not in_parallel:

@@ -1,0 +1,91 @@
+"""The toolkit's own GEMM on a weight packed ahead (toolkit/codegen/microkernel.py), which the
+forward convolutions use on AVX-512 processors: against PyTorch's conv2d over the shapes that
+reach each of its edges (rows that do not fill a panel, columns that do not fill a vector or a
+tile, K over one block, groups, each thread's rows from a panel boundary at batch 1), with the
+weight frozen (packed when the plan is built) and fed at run time (packed in the kernel)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn.functional as F  # noqa: E402
+
+from toolkit.codegen import microkernel, toolchain  # noqa: E402
+from toolkit.ir.graph import Graph, TensorType, Value  # noqa: E402
+from toolkit.ops.base import Builder  # noqa: E402
+from toolkit.runtime.plan import Plan  # noqa: E402
+import toolkit.kernels.native.conv as conv  # noqa: E402
+
+pytestmark = pytest.mark.skipif(toolchain.compiler() is None or not microkernel.available(),
+                                reason="needs a C compiler and an AVX-512 processor")
+
+
+@pytest.fixture(autouse=True)
+def native_on(monkeypatch):
+    monkeypatch.setenv("TOOLKIT_NATIVE", "1")
+
+
+def test_panels_hold_each_row_in_its_lane():
+    w = np.arange(11 * 5, dtype=np.float32).reshape(11, 5)
+    p = microkernel.pack_panels(w).reshape(2, 5, microkernel.MR)
+    np.testing.assert_array_equal(p[0], w[:8].T)
+    np.testing.assert_array_equal(p[1][:, :3], w[8:].T)
+    assert not p[1][:, 3:].any()
+
+
+def _plan(rng, n, c, o, hw, k, stride, pad, group, frozen, threads):
+    g = Graph("infer")
+    x = Value(TensorType((n, c, *hw), "float32"), name="x")
+    g.inputs["x"] = x
+    b = Builder(g, "conv")
+    weight = (rng.standard_normal((o, c // group, k, k)) / np.sqrt(c * k * k / group)).astype(np.float32)
+    bias = rng.standard_normal(o).astype(np.float32)
+    feeds = {"x": rng.standard_normal((n, c, *hw)).astype(np.float32), "b": bias}
+    if frozen:
+        wv = b.op("constant", value=weight)
+    else:
+        wv = Value(TensorType(weight.shape, "float32"), name="w")
+        g.inputs["w"] = wv
+        feeds["w"] = weight
+    bv = Value(TensorType((o,), "float32"), name="b")
+    g.inputs["b"] = bv
+    g.outputs["y"] = b.op("relu", b.op("conv2d", x, wv, bv, stride=(stride, stride), pad=(pad, pad),
+                                       dilation=(1, 1), group=group))
+    with torch.no_grad():
+        want = F.relu(F.conv2d(torch.from_numpy(feeds["x"]), torch.from_numpy(weight), torch.from_numpy(bias),
+                               stride=stride, padding=pad, groups=group)).numpy()
+    return Plan(g, {}, {}, threads=threads), feeds, want
+
+
+@pytest.mark.parametrize("n, c, o, hw, k, stride, pad, group, threads", [
+    (1, 300, 13, (7, 7), 1, 1, 0, 1, 1),       # 49 columns: 48 + a 1-column tile; K over a block
+    (1, 64, 37, (5, 7), 1, 1, 0, 1, 2),        # batch 1, two threads: 40 rows each from a panel edge
+    (2, 16, 24, (9, 11), 3, 1, 1, 1, 2),       # im2col, an image per thread
+    (1, 8, 20, (40, 33), 3, 2, 1, 1, 2),       # strided
+    (2, 12, 18, (10, 10), 3, 1, 1, 3, 1),      # groups: each group's panels after the other's
+    (1, 32, 64, (16, 16), 1, 1, 0, 1, 1),      # 256 columns: whole tiles only
+])
+@pytest.mark.parametrize("frozen", [True, False], ids=["frozen", "fed"])
+def test_packed_gemm_convolution_equals_torch(rng, monkeypatch, n, c, o, hw, k, stride, pad, group, threads,
+                                              frozen):
+    monkeypatch.setattr(conv, "WINOGRAD", False)
+    plan, feeds, want = _plan(rng, n, c, o, hw, k, stride, pad, group, frozen, threads)
+    assert "tk_pgemm(" in plan.native_source
+    got = np.asarray(plan.run(feeds)["y"])
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-6 * float(np.abs(want).max()))
+
+
+def test_switched_off_keeps_the_blas_library(rng, monkeypatch):
+    monkeypatch.setattr(conv, "PACKED_GEMM", False)
+    plan, feeds, want = _plan(rng, 1, 16, 16, (6, 6), 1, 1, 0, 1, True, 1)
+    assert "tk_pgemm(" not in plan.native_source and "tk_sgemm(" in plan.native_source
+    np.testing.assert_allclose(np.asarray(plan.run(feeds)["y"]), want, rtol=0, atol=2e-6 * float(np.abs(want).max()))
+
+
+def test_one_position_keeps_the_blas_library(rng, monkeypatch):
+    """A classifier as a 1x1 convolution over one position: the BLAS library's matrix-vector
+    product, which the packed tile (16 columns a vector) would waste."""
+    plan, feeds, want = _plan(rng, 1, 64, 40, (1, 1), 1, 1, 0, 1, True, 1)
+    assert "tk_pgemm(" not in plan.native_source
+    np.testing.assert_allclose(np.asarray(plan.run(feeds)["y"]), want, rtol=0, atol=2e-6 * float(np.abs(want).max()))

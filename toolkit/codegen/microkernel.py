@@ -1,0 +1,124 @@
+"""The toolkit's own single-precision GEMM for a weight packed ahead: C[M, N] = Wp x B, where the
+weight W [M, K] is stored in panels of MR rows, each panel [K][MR] (``pack_panels``), and B is
+read in place (rows of N contiguous floats, any row stride: an image's [C, H*W], im2col's columns).
+
+This is the shape of every forward convolution GEMM: the weight is the same on every run, so it
+is packed once when the plan is built (or once per run, in the kernel, where it is fed at run
+time), and the BLAS library's own packing of both operands on every call is saved. The inner
+tile keeps MR x (16 * NV) results in AVX-512 registers (8 x 48: 24 accumulators), broadcasting
+one packed weight per row and loading NV vectors of B per step of K; the last vector of a row
+of B is masked, so no column count needs padding. K is taken in blocks of KC so that a block of
+B stays in the core's caches across the panels.
+
+Measured against numpy's OpenBLAS on ResNet-50's and MobileNet's 1x1 shapes, one thread of an
+AMD EPYC (Zen 4), hot caches: 108-114 GFLOP/s against 98-101 on 196-784 columns, 87-88 against
+79-84 on 49 (the README's real-nets section has the whole-net figures).
+
+Only where the compiler targets AVX-512 (``available()``); elsewhere the BLAS path stays.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+
+MR = 8            # rows of a panel: one broadcast weight per row and step of K
+KC = 256          # steps of K per block
+
+
+@lru_cache(maxsize=1)
+def available() -> bool:
+    """This processor has AVX-512F (which -march=native then targets)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return "avx512f" in line.split()
+    except OSError:
+        pass
+    return False
+
+
+def panels(m: int) -> int:
+    return -(-m // MR)
+
+
+def packed_size(m: int, k: int) -> int:
+    return panels(m) * MR * k
+
+
+def pack_panels(w: np.ndarray) -> np.ndarray:
+    """W [M, K] as panels [ceil(M/MR)][K][MR], rows past M zero: flat, float32."""
+    m, k = w.shape
+    padded = np.zeros((panels(m) * MR, k), np.float32)
+    padded[:m] = w
+    return np.ascontiguousarray(padded.reshape(panels(m), MR, k).transpose(0, 2, 1)).reshape(-1)
+
+
+C_SOURCE = r"""
+#ifdef __AVX512F__
+#include <immintrin.h>
+#define TK_MR 8
+#define TK_KC 256
+/* MR rows x NV vectors of 16 columns of C (the last vector masked to ``last``) over kc steps
+   of K: C = (accumulate ? C : 0) + Wpanel[0:kc][MR] x B[0:kc][cols]; rows >= ``rows`` not stored */
+#define TK_PGEMM_TILE(NV)                                                                         \
+static inline void tk_pgemm_tile##NV(int64_t kc, const float *restrict wp, const float *restrict b, \
+                                     int64_t ldb, float *restrict c, int64_t ldc, __mmask16 last,  \
+                                     int accumulate, int rows) {                                   \
+    __m512 acc[TK_MR][NV];                                                                        \
+    _Pragma("GCC unroll 8") for (int i = 0; i < TK_MR; i++)                                        \
+        _Pragma("GCC unroll 3") for (int v = 0; v < NV; v++) acc[i][v] = _mm512_setzero_ps();       \
+    for (int64_t k = 0; k < kc; k++) {                                                            \
+        const float *br = b + k * ldb;                                                            \
+        __m512 bv[NV];                                                                            \
+        _Pragma("GCC unroll 3") for (int v = 0; v < NV; v++)                                       \
+            bv[v] = v == NV - 1 ? _mm512_maskz_loadu_ps(last, br + 16 * v) : _mm512_loadu_ps(br + 16 * v); \
+        const float *a = wp + k * TK_MR;                                                          \
+        _Pragma("GCC unroll 8") for (int i = 0; i < TK_MR; i++) {                                  \
+            __m512 ai = _mm512_set1_ps(a[i]);                                                     \
+            _Pragma("GCC unroll 3") for (int v = 0; v < NV; v++)                                   \
+                acc[i][v] = _mm512_fmadd_ps(ai, bv[v], acc[i][v]);                                \
+        }                                                                                         \
+    }                                                                                             \
+    _Pragma("GCC unroll 8") for (int i = 0; i < TK_MR; i++) {                                      \
+        if (i < rows) {                                                                           \
+            float *cr = c + i * ldc;                                                              \
+            _Pragma("GCC unroll 3") for (int v = 0; v < NV; v++) {                                 \
+                __mmask16 m = v == NV - 1 ? last : (__mmask16)0xFFFF;                             \
+                __m512 r = acc[i][v];                                                             \
+                if (accumulate) r = _mm512_add_ps(r, _mm512_maskz_loadu_ps(m, cr + 16 * v));       \
+                _mm512_mask_storeu_ps(cr + 16 * v, m, r);                                         \
+            }                                                                                     \
+        }                                                                                         \
+    }                                                                                             \
+}
+TK_PGEMM_TILE(1)
+TK_PGEMM_TILE(2)
+TK_PGEMM_TILE(3)
+
+/* C[m, n] (row stride ldc) = beta * C + Wp x B, Wp: the panels of m rows ([K][MR] each, K = k),
+   B [k, n] with row stride ldb; beta is 0 or 1 */
+static void tk_pgemm(int64_t m, int64_t n, int64_t k, const float *wp, const float *b, int64_t ldb,
+                     float beta, float *c, int64_t ldc) {
+    for (int64_t k0 = 0; k0 < k; k0 += TK_KC) {
+        int64_t kc = k - k0 < TK_KC ? k - k0 : TK_KC;
+        int accumulate = k0 > 0 || beta != 0.0f;
+        for (int64_t r0 = 0; r0 < m; r0 += TK_MR) {
+            const float *panel = wp + (r0 / TK_MR) * k * TK_MR + k0 * TK_MR;
+            int rows = m - r0 < TK_MR ? (int)(m - r0) : TK_MR;
+            for (int64_t c0 = 0; c0 < n; c0 += 48) {
+                int64_t cols = n - c0 < 48 ? n - c0 : 48;
+                int nv = (int)((cols + 15) / 16);
+                __mmask16 last = (__mmask16)((1u << (cols - 16 * (nv - 1))) - 1u);
+                const float *bp = b + k0 * ldb + c0;
+                float *cp = c + r0 * ldc + c0;
+                if (nv == 3) tk_pgemm_tile3(kc, panel, bp, ldb, cp, ldc, last, accumulate, rows);
+                else if (nv == 2) tk_pgemm_tile2(kc, panel, bp, ldb, cp, ldc, last, accumulate, rows);
+                else tk_pgemm_tile1(kc, panel, bp, ldb, cp, ldc, last, accumulate, rows);
+            }
+        }
+    }
+}
+#endif
+"""
