@@ -255,7 +255,8 @@ def _forward(ctx, ins, outs, pool, program=None):
                                            **kw)
 
     if wino:
-        built = winograd.forward_body(ctx, names, s, x, w, y, finish, threads, per_image)
+        built = winograd.forward_body(ctx, names, s, x, w, y, finish, threads, per_image,
+                                      packed=PACKED_GEMM and dtype == "float32" and microkernel.available())
         if built is None:
             return None
         extra, kernel_body = built

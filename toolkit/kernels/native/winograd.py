@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...codegen.loops import Buf, For, Gemm, If, Let, Names, Store, ThreadIndex, lift, select
+from ...codegen import microkernel
+from ...codegen.loops import Buf, For, Gemm, If, Let, Names, PackedGemm, Store, ThreadIndex, lift, select
 from .conv_parts import ConvShape, i64
 
 MIN_TILES = 32          # below this many 2x2 output blocks per image the 16 small GEMMs lose
@@ -80,21 +81,29 @@ def _sum(terms):
     return total
 
 
-def forward_body(ctx, names: Names, s: ConvShape, x: Buf, w: Buf, y: Buf, finish, threads: int, per_image: bool):
+def forward_body(ctx, names: Names, s: ConvShape, x: Buf, w: Buf, y: Buf, finish, threads: int, per_image: bool,
+                 packed: bool = False):
     """(extra params with their arrays, the kernel body) of the Winograd path, or None; ``finish(n,
-    slot, o_lo, o_hi)`` adds the bias and the fused epilogue over channels [o_lo, o_hi) of image n."""
+    slot, o_lo, o_hi)`` adds the bias and the fused epilogue over channels [o_lo, o_hi) of image n.
+    ``packed``: a frozen weight's 16 transformed [O, C] matrices are stored in the panels of the
+    toolkit's own GEMM (codegen/microkernel.py), which then runs the 16 products."""
     dtype = ctx.dtype
     th, tw = -(-s.oh // 2), -(-s.ow // 2)
     tiles = th * tw
     ph, pw = 2 * th + 2, 2 * tw + 2                       # the padded copy holds every 4x4 block
     workers = threads if per_image else 1
     frozen = constant_weight(ctx)
-    u = Buf("wino_u", dtype, 16 * s.o * s.c, const=frozen is not None)
+    packed = packed and frozen is not None
+    u_size = microkernel.packed_size(s.o, s.c) if packed else s.o * s.c      # one of the 16
+    u = Buf("wino_u", dtype, 16 * u_size, const=frozen is not None)
     v = Buf("wino_v", dtype, workers * 16 * s.c * tiles, const=False)
     m = Buf("wino_m", dtype, workers * 16 * s.o * tiles, const=False)
     xp = Buf("wino_x", dtype, workers * s.c * ph * pw, const=False)
-    packed = transformed(frozen).astype(dtype) if frozen is not None else np.zeros(u.size, dtype)
-    extra = [(u, packed.reshape(-1)), (v, np.zeros(v.size, dtype)), (m, np.zeros(m.size, dtype)),
+    if packed:
+        u_array = np.concatenate([microkernel.pack_panels(uk) for uk in transformed(frozen).astype(np.float32)])
+    else:
+        u_array = (transformed(frozen).astype(dtype) if frozen is not None else np.zeros(u.size, dtype)).reshape(-1)
+    extra = [(u, u_array), (v, np.zeros(v.size, dtype)), (m, np.zeros(m.size, dtype)),
              (xp, np.zeros(xp.size, dtype))]
     zero = lift(0.0, dtype)
 
@@ -127,10 +136,13 @@ def forward_body(ctx, names: Names, s: ConvShape, x: Buf, w: Buf, y: Buf, finish
 
     def gemms(slot, parallel):
         k = names.var("k")
-        return [For(k, i64(0), i64(16), [Gemm(False, False, i64(s.o), i64(tiles), i64(s.c), u, k * (s.o * s.c), s.c,
-                                                v, slot * (16 * s.c * tiles) + k * (s.c * tiles), tiles,
-                                                m, slot * (16 * s.o * tiles) + k * (s.o * tiles), tiles)],
-                    parallel=parallel)]
+        v_off, m_off = slot * (16 * s.c * tiles) + k * (s.c * tiles), slot * (16 * s.o * tiles) + k * (s.o * tiles)
+        if packed:
+            product = PackedGemm(i64(s.o), i64(tiles), i64(s.c), u, k * u_size, v, v_off, tiles, m, m_off, tiles)
+        else:
+            product = Gemm(False, False, i64(s.o), i64(tiles), i64(s.c), u, k * u_size, s.c, v, v_off, tiles,
+                           m, m_off, tiles)
+        return [For(k, i64(0), i64(16), [product], parallel=parallel)]
 
     def output_transform(n, slot, o_lo, o_hi, parallel):
         """y[n][o] from every tile's 16 products: A^T m A, the blocks at the edge cut."""
