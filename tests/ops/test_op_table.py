@@ -274,7 +274,8 @@ case("constant", "int", lambda r: [], lambda: np.array([[1, -2, 3]], dtype=np.in
 for sa, sb, ta, tb in [((3, 4), (4, 5), False, False), ((4, 3), (4, 5), True, False),
                        ((3, 4), (5, 4), False, True), ((4, 3), (5, 4), True, True),
                        ((2, 3, 4), (2, 4, 5), False, False), ((2, 1, 3, 4), (3, 5, 4), False, True),
-                       ((4, 3), (2, 4, 5), True, False), ((1, 7), (7, 1), False, False)]:
+                       ((4, 3), (2, 4, 5), True, False), ((1, 7), (7, 1), False, False),
+                       ((1, 9), (12, 9), False, True), ((9, 1), (9, 12), True, False), ((1, 9), (9, 12), False, False)]:
     def _mm_ref(a, b, ta=ta, tb=tb):
         a = np.swapaxes(a, -1, -2) if ta else a
         b = np.swapaxes(b, -1, -2) if tb else b

@@ -361,6 +361,36 @@ def test_kernels_are_compiled_in_bounded_units(monkeypatch):
         _close(got[k], want[k], "float32", k)
 
 
+FC_NET = """
+name: fc
+inputs:
+  data: {shape: [N, 700]}
+layers:
+  - {name: ip1, type: InnerProduct, bottom: data, top: ip1, num_output: 1000}
+  - {name: relu1, type: ReLU, bottom: ip1, top: ip1}
+  - {name: ip2, type: InnerProduct, bottom: ip1, top: ip2, num_output: 333}
+"""
+
+
+@needs_cc
+@pytest.mark.parametrize("threads", [1, 2])
+def test_fully_connected_at_batch_one_reads_the_weight_once(tmp_path, monkeypatch, threads):
+    """A row times a weight (batch 1) is dot products over the weight's rows, not the BLAS GEMM
+    that packs all of it each call; split over two threads by output columns, with its fused
+    bias and ReLU; equal to the numpy kernels."""
+    monkeypatch.setenv("TOOLKIT_THREADS", str(threads))
+    (tmp_path / "net.yaml").write_text(FC_NET)
+    net = Net.load(str(tmp_path / "net.yaml"))
+    outs = {}
+    for native in (True, False):
+        plan, inputs = bench_plan(net, 1, False)
+        plan = _fresh_plan(plan, native)
+        outs[native] = np.array(plan.run(inputs)["ip2"])
+        if native:
+            assert "tk_sgemm(" not in plan.native_source
+    _close(outs[True], outs[False], "float32", "fc batch 1")
+
+
 def _fresh_plan(plan, native: bool) -> Plan:
     """The same graph and shapes planned again, from copies of the plan's starting weights."""
     return Plan(plan.graph, plan.bindings, {k: np.array(plan.memory.storage_of[v.value.id].external)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...codegen.loops import Buf, Const, For, Gemm, Kernel, Let, Names, Store, lift, select
+from ...codegen.loops import Buf, Const, For, Gemm, Kernel, Let, Names, Set, Store, lift, select
 from ...codegen.native import NativeCall
 from ...ops.base import get_op
 from ...ops.elementwise import ELEMENTWISE_IMPL
@@ -230,6 +230,24 @@ def gemm_tiles(m: int, n: int, k: int, threads: int) -> tuple[int, int]:
     return 1, 1
 
 
+def _vector_times_matrix(names, a, b, c, k: int, n: int, trans_b: bool, c0, nc, dtype) -> list:
+    """c[c0 : c0+nc] = a [k] x op(B): one row of A, as a fully connected layer at batch 1. The
+    BLAS library's GEMM packs all of B on every call, which for a layer's weight (AlexNet's fc6:
+    151 MB) triples the memory traffic of a product that is only a read of B; here B is read
+    once, as rows: dot products over B's rows [N, K], or a sum of scaled rows of B [K, N]."""
+    j, kk = names.var("j"), names.var("k")
+    if trans_b:
+        acc = names.var("acc", dtype)
+        return [For(j, c0, c0 + nc, [Let(acc, lift(0.0, dtype)),
+                                     For(kk, lift(0, "int64"), lift(k, "int64"),
+                                         [Set(acc, acc + a[kk] * b[j * k + kk])], reduction=acc),
+                                     Store(c, j, acc)])]
+    scale = names.var("ak", dtype)
+    return [For(j, c0, c0 + nc, [Store(c, j, lift(0.0, dtype))], vector=True),
+            For(kk, lift(0, "int64"), lift(k, "int64"), [Let(scale, a[kk]), For(j, c0, c0 + nc, [
+                Store(c, j, scale * b[kk * n + j], accumulate=True)], vector=True)])]
+
+
 def matmul_kernel(name, a_shape, b_shape, trans_a, trans_b, dtype, threads, epilogue=None):
     """C = op(A) op(B) for 2-D operands, tiled over threads; ``epilogue(names, c, row0, rows,
     col0, cols)`` adds statements run on each tile after its GEMM. Returns (kernel, a, b, c)."""
@@ -252,8 +270,11 @@ def matmul_kernel(name, a_shape, b_shape, trans_a, trans_b, dtype, threads, epil
             Let(nc, _imin(lift(cols_per, "int64"), lift(n, "int64") - c0))]
     a_off = r0 if trans_a else r0 * a_shape[1]
     b_off = c0 * b_shape[1] if trans_b else c0
-    body.append(Gemm(trans_a, trans_b, nr, nc, lift(k, "int64"), a, a_off, a_shape[1], b, b_off, b_shape[1],
-                     c, r0 * n + c0, n))
+    if m == 1:
+        body += _vector_times_matrix(names, a, b, c, k, n, trans_b, c0, nc, dtype)
+    else:
+        body.append(Gemm(trans_a, trans_b, nr, nc, lift(k, "int64"), a, a_off, a_shape[1], b, b_off, b_shape[1],
+                         c, r0 * n + c0, n))
     if epilogue is not None:
         body += epilogue(names, c, r0, nr, c0, nc)
     loop = For(tile, lift(0, "int64"), lift(row_tiles * col_tiles, "int64"), body, parallel=row_tiles * col_tiles > 1)
