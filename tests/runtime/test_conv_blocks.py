@@ -14,6 +14,7 @@ import torch.nn.functional as F  # noqa: E402
 from toolkit.codegen import toolchain  # noqa: E402
 from toolkit.ir.graph import Graph, TensorType, Value  # noqa: E402
 from toolkit.ops.base import Builder  # noqa: E402
+from toolkit.compile import optimize  # noqa: E402
 from toolkit.runtime.plan import Plan  # noqa: E402
 import toolkit.kernels.native.conv as conv  # noqa: E402
 
@@ -51,7 +52,8 @@ def _plan(rng, n, c, o, hw, k, stride, pad, dilation, group, tail, dtype, thread
         y = b.op("mul", y, r)
         want = want * feeds["r"]
     g.outputs["y"] = y
-    return Plan(g, {}, {}, threads=threads), feeds, want
+    # the pass pipeline, as a net is compiled: the bias and the epilogue fused into the convolution
+    return Plan(optimize(g), {}, {}, threads=threads), feeds, want
 
 
 def _blocked(plan) -> bool:
@@ -66,9 +68,13 @@ def _blocked(plan) -> bool:
     (3, 5, 7, (30, 30), 7, 2, 3, 1, 1, "row-broadcast", 2),  # the epilogue after the blocks
 ])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("packed", [True, False], ids=["packed-gemm", "blas"])
 def test_blocked_im2col_equals_torch(rng, monkeypatch, n, c, o, hw, k, stride, pad, dilation, group, tail,
-                                     threads, dtype):
-    # blocks of a few rows at these small sizes, so that every path runs several of them
+                                     threads, dtype, packed):
+    # blocks of a few rows at these small sizes, so that every path runs several of them; with
+    # the BLAS library the epilogue runs over each block's positions (the packed GEMM applies a
+    # residual and a ReLU as it stores)
+    monkeypatch.setattr(conv, "PACKED_GEMM", packed)
     monkeypatch.setattr(conv, "COLS_BLOCK_BYTES", 256)
     monkeypatch.setattr(conv, "MIN_BLOCK_POSITIONS", 40)
     plan, feeds, want = _plan(rng, n, c, o, hw, k, stride, pad, dilation, group, tail, dtype, threads)

@@ -14,6 +14,7 @@ import torch.nn.functional as F  # noqa: E402
 from toolkit.codegen import microkernel, toolchain  # noqa: E402
 from toolkit.ir.graph import Graph, TensorType, Value  # noqa: E402
 from toolkit.ops.base import Builder  # noqa: E402
+from toolkit.compile import optimize  # noqa: E402
 from toolkit.runtime.plan import Plan  # noqa: E402
 import toolkit.kernels.native.conv as conv  # noqa: E402
 
@@ -55,7 +56,8 @@ def _plan(rng, n, c, o, hw, k, stride, pad, group, frozen, threads):
     with torch.no_grad():
         want = F.relu(F.conv2d(torch.from_numpy(feeds["x"]), torch.from_numpy(weight), torch.from_numpy(bias),
                                stride=stride, padding=pad, groups=group)).numpy()
-    return Plan(g, {}, {}, threads=threads), feeds, want
+    # the pass pipeline, as a net is compiled: the bias and the epilogue fused into the convolution
+    return Plan(optimize(g), {}, {}, threads=threads), feeds, want
 
 
 @pytest.mark.parametrize("n, c, o, hw, k, stride, pad, group, threads", [
@@ -71,7 +73,7 @@ def test_packed_gemm_convolution_equals_torch(rng, monkeypatch, n, c, o, hw, k, 
                                               frozen):
     monkeypatch.setattr(conv, "WINOGRAD", False)
     plan, feeds, want = _plan(rng, n, c, o, hw, k, stride, pad, group, frozen, threads)
-    assert "tk_pgemm(" in plan.native_source
+    assert "tk_pgemm_ep(" in plan.native_source
     got = np.asarray(plan.run(feeds)["y"])
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-6 * float(np.abs(want).max()))
 
@@ -79,7 +81,7 @@ def test_packed_gemm_convolution_equals_torch(rng, monkeypatch, n, c, o, hw, k, 
 def test_switched_off_keeps_the_blas_library(rng, monkeypatch):
     monkeypatch.setattr(conv, "PACKED_GEMM", False)
     plan, feeds, want = _plan(rng, 1, 16, 16, (6, 6), 1, 1, 0, 1, True, 1)
-    assert "tk_pgemm(" not in plan.native_source and "tk_sgemm(" in plan.native_source
+    assert "tk_pgemm_ep(" not in plan.native_source and "tk_sgemm(" in plan.native_source
     np.testing.assert_allclose(np.asarray(plan.run(feeds)["y"]), want, rtol=0, atol=2e-6 * float(np.abs(want).max()))
 
 
@@ -87,5 +89,39 @@ def test_one_position_keeps_the_blas_library(rng, monkeypatch):
     """A classifier as a 1x1 convolution over one position: the BLAS library's matrix-vector
     product, which the packed tile (16 columns a vector) would waste."""
     plan, feeds, want = _plan(rng, 1, 64, 40, (1, 1), 1, 1, 0, 1, True, 1)
-    assert "tk_pgemm(" not in plan.native_source
+    assert "tk_pgemm_ep(" not in plan.native_source
     np.testing.assert_allclose(np.asarray(plan.run(feeds)["y"]), want, rtol=0, atol=2e-6 * float(np.abs(want).max()))
+
+
+@pytest.mark.parametrize("n, c, o, hw, threads, relu", [
+    (1, 300, 21, (7, 9), 1, True),      # K over a block: the epilogue on the last block's store only
+    (1, 64, 37, (5, 7), 2, True),       # batch 1, two threads, each from a panel edge
+    (3, 16, 24, (9, 11), 2, False),     # an image per thread, the residual alone
+])
+def test_bias_residual_and_relu_applied_as_the_tile_is_stored(rng, monkeypatch, n, c, o, hw, threads, relu):
+    """relu(conv(x) + b + r) in one pass: the bias, the residual and the ReLU go into the packed
+    GEMM's store (no pass over the output after it), equal to PyTorch, a NaN kept by the ReLU."""
+    g = Graph("infer")
+    x = Value(TensorType((n, c, *hw), "float32"), name="x")
+    r = Value(TensorType((n, o, *hw), "float32"), name="r")
+    g.inputs.update(x=x, r=r)
+    b = Builder(g, "conv")
+    weight = (rng.standard_normal((o, c, 1, 1)) / np.sqrt(c)).astype(np.float32)
+    bias = rng.standard_normal(o).astype(np.float32)
+    y = b.op("add", b.op("conv2d", x, b.op("constant", value=weight), b.op("constant", value=bias), stride=(1, 1),
+                         pad=(0, 0), dilation=(1, 1), group=1), r)
+    g.outputs["y"] = b.op("relu", y) if relu else y
+    feeds = {"x": rng.standard_normal((n, c, *hw)).astype(np.float32),
+             "r": rng.standard_normal((n, o, *hw)).astype(np.float32)}
+    feeds["r"][0, 1, 0, 0] = np.nan
+    plan = Plan(optimize(g), {}, {}, threads=threads)
+    call = [line for line in plan.native_source.splitlines() if "tk_pgemm_ep(" in line and "ldb" not in line]
+    assert call and all(", NULL, " not in line for line in call)      # a bias and a residual passed
+    assert "tk_maxf" not in plan.native_source.split("tk_pgemm_ep(", 2)[-1]   # no ReLU pass after it
+    with torch.no_grad():
+        want = F.conv2d(torch.from_numpy(feeds["x"]), torch.from_numpy(weight), torch.from_numpy(bias)).numpy() + \
+            feeds["r"]
+    want = np.where(np.isnan(want), want, np.maximum(want, 0)) if relu else want
+    got = np.asarray(plan.run(feeds)["y"])
+    assert np.isnan(got[0, 1, 0, 0])
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-6 * float(np.nanmax(np.abs(want))))

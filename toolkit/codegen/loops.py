@@ -237,6 +237,14 @@ class PackedGemm:
     c_off: Expr
     ldc: int
     beta: Union[float, Expr] = 0.0
+    # the epilogue applied as C is stored: + bias[bias_off + row], + res[res_off + row*ldr + col],
+    # then max(., 0)
+    bias: "Buf | None" = None
+    bias_off: Expr = None
+    res: "Buf | None" = None
+    res_off: Expr = None
+    ldr: int = 0
+    relu: bool = False
 
 
 @dataclass(eq=False)

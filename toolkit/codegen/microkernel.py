@@ -1,6 +1,8 @@
 """The toolkit's own single-precision GEMM for a weight packed ahead: C[M, N] = Wp x B, where the
 weight W [M, K] is stored in panels of MR rows, each panel [K][MR] (``pack_panels``), and B is
-read in place (rows of N contiguous floats, any row stride: an image's [C, H*W], im2col's columns).
+read in place (rows of N contiguous floats, any row stride: an image's [C, H*W], im2col's columns),
+and the common convolution epilogues (a bias per row, a residual added, a ReLU) are applied to the
+tile in registers as it is stored, instead of in passes over C afterwards.
 
 This is the shape of every forward convolution GEMM: the weight is the same on every run, so it
 is packed once when the plan is built (or once per run, in the kernel, where it is fed at run
@@ -65,7 +67,8 @@ C_SOURCE = r"""
 #define TK_PGEMM_TILE(NV)                                                                         \
 static inline void tk_pgemm_tile##NV(int64_t kc, const float *restrict wp, const float *restrict b, \
                                      int64_t ldb, float *restrict c, int64_t ldc, __mmask16 last,  \
-                                     int accumulate, int rows) {                                   \
+                                     int accumulate, int rows, const float *bias,                  \
+                                     const float *res, int64_t ldr, int relu) {                    \
     __m512 acc[TK_MR][NV];                                                                        \
     _Pragma("GCC unroll 8") for (int i = 0; i < TK_MR; i++)                                        \
         _Pragma("GCC unroll 3") for (int v = 0; v < NV; v++) acc[i][v] = _mm512_setzero_ps();       \
@@ -88,6 +91,10 @@ static inline void tk_pgemm_tile##NV(int64_t kc, const float *restrict wp, const
                 __mmask16 m = v == NV - 1 ? last : (__mmask16)0xFFFF;                             \
                 __m512 r = acc[i][v];                                                             \
                 if (accumulate) r = _mm512_add_ps(r, _mm512_maskz_loadu_ps(m, cr + 16 * v));       \
+                if (bias) r = _mm512_add_ps(r, _mm512_set1_ps(bias[i]));                          \
+                if (res) r = _mm512_add_ps(r, _mm512_maskz_loadu_ps(m, res + i * ldr + 16 * v));   \
+                if (relu) r = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(r, r, _CMP_UNORD_Q),        \
+                                                   _mm512_max_ps(r, _mm512_setzero_ps()), r);     \
                 _mm512_mask_storeu_ps(cr + 16 * v, m, r);                                         \
             }                                                                                     \
         }                                                                                         \
@@ -98,27 +105,42 @@ TK_PGEMM_TILE(2)
 TK_PGEMM_TILE(3)
 
 /* C[m, n] (row stride ldc) = beta * C + Wp x B, Wp: the panels of m rows ([K][MR] each, K = k),
-   B [k, n] with row stride ldb; beta is 0 or 1 */
-static void tk_pgemm(int64_t m, int64_t n, int64_t k, const float *wp, const float *b, int64_t ldb,
-                     float beta, float *c, int64_t ldc) {
+   B [k, n] with row stride ldb; beta is 0 or 1. The epilogue, applied as the last block of K is
+   stored (each NULL / 0 for none): + bias[row], + res[row * ldr + column], then max(., 0) with
+   NaN kept (numpy's maximum; _mm512_max_ps alone would turn a NaN into 0) */
+static void tk_pgemm_ep(int64_t m, int64_t n, int64_t k, const float *wp, const float *b, int64_t ldb,
+                        float beta, float *c, int64_t ldc, const float *bias, const float *res, int64_t ldr,
+                        int relu) {
     for (int64_t k0 = 0; k0 < k; k0 += TK_KC) {
         int64_t kc = k - k0 < TK_KC ? k - k0 : TK_KC;
         int accumulate = k0 > 0 || beta != 0.0f;
+        int final = k0 + kc >= k;
         for (int64_t r0 = 0; r0 < m; r0 += TK_MR) {
             const float *panel = wp + (r0 / TK_MR) * k * TK_MR + k0 * TK_MR;
             int rows = m - r0 < TK_MR ? (int)(m - r0) : TK_MR;
+            const float *tile_bias = final && bias ? bias + r0 : NULL;
+            int tile_relu = final && relu;
             for (int64_t c0 = 0; c0 < n; c0 += 48) {
                 int64_t cols = n - c0 < 48 ? n - c0 : 48;
                 int nv = (int)((cols + 15) / 16);
                 __mmask16 last = (__mmask16)((1u << (cols - 16 * (nv - 1))) - 1u);
                 const float *bp = b + k0 * ldb + c0;
                 float *cp = c + r0 * ldc + c0;
-                if (nv == 3) tk_pgemm_tile3(kc, panel, bp, ldb, cp, ldc, last, accumulate, rows);
-                else if (nv == 2) tk_pgemm_tile2(kc, panel, bp, ldb, cp, ldc, last, accumulate, rows);
-                else tk_pgemm_tile1(kc, panel, bp, ldb, cp, ldc, last, accumulate, rows);
+                const float *rp = final && res ? res + r0 * ldr + c0 : NULL;
+                if (nv == 3)
+                    tk_pgemm_tile3(kc, panel, bp, ldb, cp, ldc, last, accumulate, rows, tile_bias, rp, ldr, tile_relu);
+                else if (nv == 2)
+                    tk_pgemm_tile2(kc, panel, bp, ldb, cp, ldc, last, accumulate, rows, tile_bias, rp, ldr, tile_relu);
+                else
+                    tk_pgemm_tile1(kc, panel, bp, ldb, cp, ldc, last, accumulate, rows, tile_bias, rp, ldr, tile_relu);
             }
         }
     }
+}
+
+static void tk_pgemm(int64_t m, int64_t n, int64_t k, const float *wp, const float *b, int64_t ldb,
+                     float beta, float *c, int64_t ldc) {
+    tk_pgemm_ep(m, n, k, wp, b, ldb, beta, c, ldc, NULL, NULL, 0, 0);
 }
 #endif
 """

@@ -179,9 +179,12 @@ class CDialect:
                              f"{s.b.name} + {self.expr(s.b_off)}, {s.ldb}, {self.scalar(s.beta)}, "
                              f"{s.c.name} + {self.expr(s.c_off)}, {s.ldc});")
             elif isinstance(s, PackedGemm):
-                lines.append(f"{pad}tk_pgemm({self.expr(s.m)}, {self.expr(s.n)}, {self.expr(s.k)}, "
+                bias = f"{s.bias.name} + {self.expr(s.bias_off)}" if s.bias is not None else "NULL"
+                res = f"{s.res.name} + {self.expr(s.res_off)}" if s.res is not None else "NULL"
+                lines.append(f"{pad}tk_pgemm_ep({self.expr(s.m)}, {self.expr(s.n)}, {self.expr(s.k)}, "
                              f"{s.a.name} + {self.expr(s.a_off)}, {s.b.name} + {self.expr(s.b_off)}, {s.ldb}, "
-                             f"{self.scalar(s.beta)}, {s.c.name} + {self.expr(s.c_off)}, {s.ldc});")
+                             f"{self.scalar(s.beta)}, {s.c.name} + {self.expr(s.c_off)}, {s.ldc}, {bias}, {res}, "
+                             f"{s.ldr}, {int(s.relu)});")
             else:
                 raise TypeError(f"cannot render statement {s!r}")
         return lines
