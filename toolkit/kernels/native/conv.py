@@ -36,7 +36,7 @@ WINOGRAD = os.environ.get("TOOLKIT_WINOGRAD", "1") != "0"
 # forward GEMMs through the toolkit's own kernel on a weight packed ahead (codegen/microkernel.py)
 # where the processor has AVX-512; TOOLKIT_PACKED_GEMM=0 keeps the BLAS library's
 PACKED_GEMM = os.environ.get("TOOLKIT_PACKED_GEMM", "1") != "0"
-MIN_PACKED_COLUMNS = 16
+MIN_PACKED_COLUMNS = 48         # one tile of the packed kernel (3 vectors of 16)
 # im2col by blocks of output rows where an image's columns outgrow this (see block_rows)
 COLS_BLOCK_BYTES = 384 << 10
 MIN_BLOCK_POSITIONS = 192
@@ -224,10 +224,11 @@ def _forward(ctx, ins, outs, pool, program=None):
     params = [x, w] + ([b] if b else []) + [y, cols] + ([tmp] if tmp else [])
     arrays = [ins[0], ins[1]] + ([ins[2]] if b else []) + [outs[0], np.zeros(cols.size, dtype)] + \
              ([np.zeros(tmp.size, dtype)] if tmp else [])
-    # below a vector's width of columns the BLAS library's matrix-vector path wins (MobileNet's
-    # classifier, a 1x1 convolution over one position: 0.67 ms packed against 0.49 ms)
+    # below a tile's 48 columns the packed kernel's wasted lanes and fixed costs lose (the zoo's
+    # LeNet on 8x8 digits: 2% slower at batch 64), as it does ahead of a fused max pooling there;
+    # one column (a classifier) goes to dot products over the weight's rows (weight_gemm)
     packed = (PACKED_GEMM and dtype == "float32" and not wino and microkernel.available()
-              and (block_ld if blocked else s.p) >= MIN_PACKED_COLUMNS)
+              and (block_ld if blocked else s.p) >= MIN_PACKED_COLUMNS and not pool)
     prologue = []
     if packed:
         wp, wp_array, prologue = packed_weight(ctx, names, s, w)
