@@ -37,6 +37,15 @@ def _tap_rows(names: Names, s: ConvShape, ki, kj):
     return cols_lets + rows_lets, lo, hi, rlo, rhi
 
 
+def _plane_epilogue(names, program, ctx, shape, x_bufs, out_bufs, head: Buf, n, channel) -> list | None:
+    """The fused elementwise program over one plane (image n, ``channel``) of ``head``: [] without
+    a program, None where the program is unsupported."""
+    if program is None:
+        return []
+    return epilogue_statements(names, program[0], program[1], shape, ctx.in_shapes, ctx.attrs.get("views", ()),
+                               ctx.dtype, x_bufs, out_bufs, head, n, channel, channel + 1)
+
+
 MAX_TAPS = 49            # kernels up to 7x7 keep every tap's weight in a variable
 
 
@@ -105,13 +114,10 @@ def _forward_padded(ctx, ins, outs, s: ConvShape, has_bias: bool, out_shape, pro
     compute = [For(oh, i64(0), i64(s.oh), [For(ow, i64(0), i64(s.ow), [
         Store(y, y_base + oh * s.ow + ow, total)], vector=True)])]
     mult = names.var("mult")
-    inner = [Let(o, c * s.og + mult)] + weights + compute
-    if program is not None:
-        tail = epilogue_statements(names, program[0], program[1], out_shape, ctx.in_shapes,
-                                   ctx.attrs.get("views", ()), dtype, x_bufs, out_bufs, y, n, o, o + 1)
-        if tail is None:
-            return None
-        inner += tail
+    tail = _plane_epilogue(names, program, ctx, out_shape, x_bufs, out_bufs, y, n, o)
+    if tail is None:
+        return None
+    inner = [Let(o, c * s.og + mult)] + weights + compute + tail
     # one plane of input per iteration, copied once for all its output channels (the multiplier)
     body = [Let(slot, ThreadIndex()), Let(n, plane // s.c), Let(c, plane % s.c)] + fill + \
         [For(mult, i64(0), i64(s.og), inner)]
@@ -140,14 +146,11 @@ def _forward_by_taps(ctx, ins, outs, s: ConvShape, has_bias: bool, out_shape, pr
         For(oh, rlo, rhi, [Let(ih, oh * s.sh - s.ph + ki * s.dh), For(ow, lo, hi, [
             Store(y, y_base + oh * s.ow + ow, weight * x[x_base + ih * s.w + ow * s.sw - s.pw + kj * s.dw],
                   accumulate=True)], vector=True)])])])
+    tail = _plane_epilogue(names, program, ctx, out_shape, x_bufs, out_bufs, y, n, o)
+    if tail is None:
+        return None
     body = [Let(n, plane // s.o), Let(o, plane % s.o), Let(c, o // s.og),
-            For(q, i64(0), i64(s.p), [Store(y, y_base + q, start)], vector=True), taps]
-    if program is not None:
-        tail = epilogue_statements(names, program[0], program[1], out_shape, ctx.in_shapes,
-                                   ctx.attrs.get("views", ()), dtype, x_bufs, out_bufs, y, n, o, o + 1)
-        if tail is None:
-            return None
-        body += tail
+            For(q, i64(0), i64(s.p), [Store(y, y_base + q, start)], vector=True), taps] + tail
     loop = For(plane, i64(0), i64(s.n * s.o), body, parallel=threads > 1)
     return NativeCall(Kernel("depthwise", params, [loop], threads), arrays)
 
@@ -176,12 +179,10 @@ def grad_input(ctx, ins, outs, s: ConvShape, x_shape, program=None) -> NativeCal
     body = [Let(n, plane // s.c), Let(c, plane % s.c),
             For(e, i64(0), i64(image), [Store(dx, x_base + e, lift(0.0, dtype))], vector=True),
             For(j, i64(0), i64(s.og), [Let(o, c * s.og + j), taps])]
-    if program is not None:
-        tail = epilogue_statements(names, program[0], program[1], x_shape, ctx.in_shapes, ctx.attrs.get("views", ()),
-                                   dtype, x_bufs, out_bufs, dx, n, c, c + 1)
-        if tail is None:
-            return None
-        body += tail
+    tail = _plane_epilogue(names, program, ctx, x_shape, x_bufs, out_bufs, dx, n, c)
+    if tail is None:
+        return None
+    body += tail
     loop = For(plane, i64(0), i64(s.n * s.c), body, parallel=threads > 1)
     return NativeCall(Kernel("depthwise_grad_input", params, [loop], threads), arrays)
 
