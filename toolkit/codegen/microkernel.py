@@ -20,9 +20,12 @@ Only where the compiler targets AVX-512 (``available()``); elsewhere the BLAS pa
 """
 from __future__ import annotations
 
+import subprocess
 from functools import lru_cache
 
 import numpy as np
+
+from . import toolchain
 
 MR = 8            # rows of a panel: one broadcast weight per row and step of K
 KC = 256          # steps of K per block
@@ -30,15 +33,25 @@ KC = 256          # steps of K per block
 
 @lru_cache(maxsize=1)
 def available() -> bool:
-    """This processor has AVX-512F (which -march=native then targets)."""
+    """This processor has AVX-512F and the C compiler targets it under -march=native (an older
+    compiler may not know the processor: the kernel would then not compile, and the plan's
+    native unit fall back to numpy)."""
     try:
         with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return "avx512f" in line.split()
+            flags = next((line.split() for line in f if line.startswith("flags")), [])
     except OSError:
-        pass
-    return False
+        return False
+    if "avx512f" not in flags:
+        return False
+    found = toolchain.compiler()
+    if found is None:
+        return False
+    try:
+        macros = subprocess.run([*found[0], "-march=native", "-dM", "-E", "-x", "c", "-"], input="",
+                                capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return macros.returncode == 0 and "__AVX512F__" in macros.stdout
 
 
 def panels(m: int) -> int:
