@@ -127,3 +127,16 @@ def test_bias_residual_and_relu_applied_as_the_tile_is_stored(rng, monkeypatch, 
     got = np.asarray(plan.run(feeds)["y"])
     assert np.isnan(got[0, 1, 0, 0])
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-6 * float(np.nanmax(np.abs(want))))
+
+
+def test_a_compiler_without_avx512_compiles_the_plain_form(rng, monkeypatch):
+    """A compiler that does not target AVX-512 on this processor (here: told not to) compiles the
+    plain C form of the same kernel, equal to PyTorch, bias, residual, ReLU and NaN included,
+    rather than failing the unit."""
+    monkeypatch.setattr(toolchain, "FLAGS", toolchain.FLAGS + ("-mno-avx512f",))
+    for args in [(1, 300, 21, (7, 9), 1, 1, 0, 1, True, 1), (2, 12, 18, (10, 10), 3, 1, 1, 3, False, 1)]:
+        plan, feeds, want = _plan(rng, *args)
+        assert "tk_pgemm_ep(" in plan.native_source
+        assert plan.impls.count("native") == len(plan.impls)        # compiled, not the numpy fallback
+        np.testing.assert_allclose(np.asarray(plan.run(feeds)["y"]), want, rtol=0,
+                                   atol=2e-6 * float(np.abs(want).max()))
