@@ -131,7 +131,8 @@ def main() -> int:
     for r in rows:
         ort, torch_ms = r.get("ort_ms"), r.get("torch_ms")
         ort_text, ratio = ("-", "-") if not ort else (f"{ort:.1f}", f"{r['toolkit_ms'] / ort:.2f}")
-        torch_text, torch_ratio = ("-", "-") if not torch_ms else (f"{torch_ms:.1f}", f"{r['toolkit_ms'] / torch_ms:.2f}")
+        torch_text, torch_ratio = (("-", "-") if not torch_ms
+                                   else (f"{torch_ms:.1f}", f"{r['toolkit_ms'] / torch_ms:.2f}"))
         print(f"| {r['net']} | {r['batch']} | {r['threads']} | {r['toolkit_ms']:.1f} | {torch_text} | "
               f"{ort_text} | {torch_ratio} | {ratio} | {r['floor_ms']:.1f} |")
     if args.json:

@@ -282,10 +282,15 @@ class CudaDialect(CDialect):
     def unit(self, kernels, extra: str = "") -> str:
         helpers = ("#ifndef INFINITY\n#define INFINITY __int_as_float(0x7f800000)\n#endif\n"
                    "#ifndef NAN\n#define NAN __int_as_float(0x7fffffff)\n#endif\n"
-                   "__device__ inline float tk_maxf(float a, float b) { float m = a > b ? a : b; return ((a != a) | (b != b)) ? a + b : m; }\n"
-                   "__device__ inline float tk_minf(float a, float b) { float m = a < b ? a : b; return ((a != a) | (b != b)) ? a + b : m; }\n"
-                   "__device__ inline double tk_max(double a, double b) { double m = a > b ? a : b; return ((a != a) | (b != b)) ? a + b : m; }\n"
-                   "__device__ inline double tk_min(double a, double b) { double m = a < b ? a : b; return ((a != a) | (b != b)) ? a + b : m; }\n")
+                   # the C dialect's max/min (numpy's NaN and tie rules), as device functions
+                   "__device__ inline float tk_maxf(float a, float b) {\n"
+                   "    float m = a > b ? a : b; return ((a != a) | (b != b)) ? a + b : m; }\n"
+                   "__device__ inline float tk_minf(float a, float b) {\n"
+                   "    float m = a < b ? a : b; return ((a != a) | (b != b)) ? a + b : m; }\n"
+                   "__device__ inline double tk_max(double a, double b) {\n"
+                   "    double m = a > b ? a : b; return ((a != a) | (b != b)) ? a + b : m; }\n"
+                   "__device__ inline double tk_min(double a, double b) {\n"
+                   "    double m = a < b ? a : b; return ((a != a) | (b != b)) ? a + b : m; }\n")
         if any(p.dtype == "float16" for k in kernels for p in k.params):
             helpers += HALF_HELPERS
         return helpers + "\n".join(self.kernel(k) for k in kernels) + "\n"

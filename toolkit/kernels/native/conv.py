@@ -236,7 +236,7 @@ def _forward(ctx, ins, outs, pool, program=None):
         arrays.append(wp_array)
         group_panels = microkernel.packed_size(s.og, s.k)
     # the bias and a simple epilogue (ReLU, a residual add) applied by the packed GEMM as it stores
-    in_store = store_epilogue(program, ctx, out_shape) if packed and not pool else None
+    in_store = store_epilogue(program, ctx, out_shape) if packed else None
     x_bufs, out_bufs = epilogue_buffers(program, ctx, ins, outs, out_shape, params, arrays)
 
     def weight_gemm(g, o_lo, rows, n_cols, b_buf, b_off, ldb, c_buf, c_off, ldc):
