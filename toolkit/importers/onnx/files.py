@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...errors import UserError
-from ...fileio import read_regular
+from ...fileio import check_regular, read_regular
 
 MAX_MODEL_BYTES = (2 << 30) - 1          # protobuf's own limit on one message
 MIN_OPSET = 13
@@ -84,12 +84,7 @@ def loaded_model(path: str) -> Loaded:
     """The model at ``path``, kept while the file is unchanged (a net lowers its ONNX layer once
     per phase, and its weights are read from the same file)."""
     import os
-    try:
-        stat = os.stat(path)
-    except FileNotFoundError:
-        raise UserError(f"{path}: no such file") from None
-    except OSError as e:
-        raise UserError(f"{path}: cannot read: {e.strerror}") from None
+    stat = check_regular(path)
     key = (os.path.realpath(path), stat.st_mtime_ns, stat.st_size)
     if key not in _LOADED:
         loaded = opened(read_model(path), path)
