@@ -153,9 +153,11 @@ def lower_phase(spec, positions: Positions, phase: str, float_dtype: str | None,
     net_float = float_dtype or (declared_floats[0] if declared_floats else "float32")
     lowering = Lowering(graph, positions, phase, net_float, declared, loss_layers, sync_batchnorm)
     lowering.lower_layers(spec.layers, ("layers",), graph, blobs)
+    # one name per value, the latest top; a top that only renames an input (Dropout outside
+    # train, a phase-skipped layer) is an output too, as Caffe's would be
     graph.outputs = {name: v for name, v in blobs.items()
-                     if v.id not in lowering.consumed and name not in graph.inputs and v.producer is not None
-                     and lowering.exported.get(v.id) == name}       # one name per value: the latest top
+                     if v.id not in lowering.consumed and name not in graph.inputs
+                     and lowering.exported.get(v.id) == name}
     return Lowered(graph, blobs, lowering.problems)
 
 

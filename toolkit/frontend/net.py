@@ -86,8 +86,9 @@ class Net:
         """``given``, else a ``zoo:NAME`` net's published weights, else None (the caller's default)."""
         return given or (self.default_weights(None) if self.zoo is not None else None)
 
-    def default_weights(self, given: str | None, flag: str = "--weights") -> str:
-        """``given``, or for a ``zoo:NAME`` net its published weights (fetched if need be)."""
+    def default_weights(self, given: str | None, flag: str = "--weights") -> str | None:
+        """``given``, or for a ``zoo:NAME`` net its published weights (fetched if need be); None
+        for a net without a single weight (activations, pooling, reshapes), which needs no file."""
         if given:
             return given
         if self.file.endswith(".onnx"):
@@ -97,6 +98,8 @@ class Net:
             if weights is not None:
                 return str(weights)
             raise UserError(f"zoo:{self.zoo.name} publishes no weights; pass {flag} FILE")
+        if not self.declared:
+            return None
         raise UserError(f"{flag} FILE is required (a zoo:NAME net uses its published weights by default)")
 
     @property
@@ -204,14 +207,16 @@ class Net:
                             f"{human_bytes(sum(sizes.values()))}, {why}")
         return {key: fill(w.init, shapes[key], dtypes[key], w.fan_in, w.fan_out, rng) for key, w in weights.items()}
 
-    def load_weights(self, path: str, allow_missing: bool = False, seed: int = 0,
+    def load_weights(self, path: str | None, allow_missing: bool = False, seed: int = 0,
                      dtype: str | None = None, say=None) -> dict[str, np.ndarray]:
         """Weights from a file (or ``zoo:NAME``'s published ones), checked against the net by
         key and shape. ``allow_missing`` (Caffe's copy_from, PyTorch's strict=False): copy the
         weights whose key and shape match, start the others from their fillers, ignore the
         file's extra keys; ``say`` (a callable taking one line) is then given a table of what was
-        not copied."""
+        not copied. ``path`` None: a net without weights (see ``default_weights``)."""
         from ..weights import load_weights
+        if path is None and not self.declared:
+            return {}
         path = self.weights_file(path)
         if path.endswith(".onnx"):
             return self._onnx_weights(path, seed, dtype, allow_missing)
