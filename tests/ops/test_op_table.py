@@ -460,6 +460,46 @@ for cid, xs, ws, stride, pad, dil, group in CONV:
          attrs=dict(attrs, kernel=ws[2:]))
 
 
+# the blocked channel layout (the layout pass's ops): reorders written here as explicit index
+# loops, the blocked convolution against torch between them (in the plan: the weight fed, so the
+# numpy kernel; the native one, which takes frozen weights, is tests/runtime/test_blocked_layout.py's)
+def _nchw_to_blocked(x, block=16):
+    n, c, h, w = x.shape
+    out = np.empty((n, c // block, h, w, block), x.dtype)
+    for ch in range(c):
+        out[:, ch // block, :, :, ch % block] = x[:, ch]
+    return out
+
+
+def _blocked_to_nchw(y):
+    n, cb, h, w, block = y.shape
+    out = np.empty((n, cb * block, h, w), y.dtype)
+    for ch in range(cb * block):
+        out[:, ch] = y[:, ch // block, :, :, ch % block]
+    return out
+
+
+for bid, xs in [("one-block", (2, 16, 3, 4)), ("three-blocks", (1, 48, 2, 5))]:
+    case("to_blocked", bid, lambda r, xs=xs: [uni(r, xs)], _nchw_to_blocked, attrs=dict(block=16))
+    bs = (xs[0], xs[1] // 16, xs[2], xs[3], 16)
+    case("from_blocked", bid, lambda r, bs=bs: [uni(r, bs)], _blocked_to_nchw, attrs=dict(block=16))
+BLOCKED_CONV = [
+    # id, x shape (NCHW), w shape, stride, pad, group
+    ("1x1", (2, 32, 3, 5), (48, 32, 1, 1), (1, 1), (0, 0), 1),
+    ("3x3-s2-p1", (1, 16, 7, 6), (32, 16, 3, 3), (2, 2), (1, 1), 1),
+    ("depthwise-p1", (2, 32, 5, 5), (32, 1, 3, 3), (1, 1), (1, 1), 32),
+]
+for bid, xs, ws, stride, pad, group in BLOCKED_CONV:
+    battrs = dict(stride=stride, pad=pad, dilation=(1, 1), group=group, block=16)
+
+    def _blocked_conv(x, w, bias, stride=stride, pad=pad, group=group):
+        y = F.conv2d(tt(_blocked_to_nchw(x)), tt(w), tt(bias), stride=stride, padding=pad, groups=group)
+        return _nchw_to_blocked(tn(y))
+    bxs = (xs[0], xs[1] // 16, xs[2], xs[3], 16)
+    case("conv2d_blocked", bid, lambda r, bxs=bxs, ws=ws: [uni(r, bxs), uni(r, ws), uni(r, (ws[0],))],
+         _blocked_conv, attrs=battrs)
+
+
 # conv2d_max_pool2d (the fusion pass's op), in both of the CPU kernel's layouts
 FUSED_CONV_POOL = [
     # id, x shape, w shape, conv stride, pad, dilation, group, pool kernel, pool stride, bias
@@ -798,6 +838,7 @@ NO_GRAD_RULE = {
     "conv2d_max_pool2d": "made by an inference-only fusion: in a train graph the pooling gradient also "
                          "reads the convolution's output, so the fusion never fires there",
     "fused_elementwise": "made by a fusion pass after autodiff: the backward pass is already ops",
+    "conv2d_blocked": "made by the layout pass, which leaves graphs with a backward pass alone",
     "fused_epilogue": "made by a fusion pass after autodiff: the backward pass is already ops",
     "matmul_bias_gradient": "made by a fusion pass after autodiff, from gradient ops",
 }

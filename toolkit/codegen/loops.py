@@ -248,6 +248,17 @@ class PackedGemm:
 
 
 @dataclass(eq=False)
+class Extern:
+    """A call of a C function that a prelude defines: ``source`` (its text, included once per
+    translation unit that calls it), ``fn`` its name, ``args`` in order: an Expr (a value), a
+    ``(Buf, offset Expr)`` pair (a pointer into the buffer), or None (a NULL pointer). For the
+    hand-vectorised kernels (codegen/blocked.py) that the loop language cannot state."""
+    fn: str
+    args: tuple
+    source: str
+
+
+@dataclass(eq=False)
 class Kernel:
     """One function: ``params`` in order (the caller passes one pointer per param), ``body``."""
     name: str

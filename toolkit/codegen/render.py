@@ -15,8 +15,8 @@ from __future__ import annotations
 import math
 
 from . import microkernel
-from .loops import (Bin, Buf, Call, Cast, Cmp, Const, For, Gemm, If, Kernel, Let, Load, PackedGemm, Select, Set,
-                    Store, ThreadIndex, Un, Var)
+from .loops import (Bin, Buf, Call, Cast, Cmp, Const, Extern, For, Gemm, If, Kernel, Let, Load, PackedGemm, Select,
+                    Set, Store, ThreadIndex, Un, Var, walk)
 
 C_TYPES = {"float32": "float", "float64": "double", "int64": "int64_t", "int32": "int32_t", "bool": "int"}
 FLOAT_SUFFIX = {"float32": "f", "float64": ""}
@@ -185,9 +185,19 @@ class CDialect:
                              f"{s.a.name} + {self.expr(s.a_off)}, {s.b.name} + {self.expr(s.b_off)}, {s.ldb}, "
                              f"{self.scalar(s.beta)}, {s.c.name} + {self.expr(s.c_off)}, {s.ldc}, {bias}, {res}, "
                              f"{s.ldr}, {int(s.relu)});")
+            elif isinstance(s, Extern):
+                lines.append(f"{pad}{s.fn}({', '.join(self.extern_arg(a) for a in s.args)});")
             else:
                 raise TypeError(f"cannot render statement {s!r}")
         return lines
+
+    def extern_arg(self, a) -> str:
+        if a is None:
+            return "NULL"
+        if isinstance(a, tuple):
+            buf, offset = a
+            return f"{buf.name} + {self.expr(offset)}"
+        return self.expr(a)
 
     def store(self, s: Store, pad: str) -> str:
         op = "+=" if s.accumulate else "="
@@ -212,6 +222,8 @@ class CDialect:
         head = f"#define TK_BLAS_INT {self.blas_int}\n" + PRELUDE
         if any(_uses_packed_gemm(k.body) for k in kernels):
             head += microkernel.C_SOURCE
+        for source in dict.fromkeys(s.source for k in kernels for s in walk(k.body) if isinstance(s, Extern)):
+            head += source
         return head + "\n\n" + "\n\n".join(self.kernel(k) for k in kernels) + ("\n\n" + extra if extra else "") + "\n"
 
 
@@ -244,6 +256,8 @@ class CudaDialect(CDialect):
                              f"+ threadIdx.x; {v} < {self.expr(s.stop)}; {v} += (long long)gridDim.x * blockDim.x) {{")
                 lines += super().stmts(s.body, depth + 1, kernel, True)
                 lines.append(f"{pad}}}")
+            elif isinstance(s, Extern):
+                raise TypeError(f"a CUDA kernel cannot call the host function {s.fn}")
             elif isinstance(s, (Gemm, PackedGemm)):
                 raise TypeError("a CUDA kernel cannot call the BLAS library: split the program at its Gemm "
                                 "and run that as a cuBLAS call")

@@ -159,7 +159,7 @@ register(OpDef("fused_elementwise", _elementwise_infer, _elementwise_reference, 
 
 
 # -- epilogues --------------------------------------------------------------------------------
-EPILOGUE_HEADS = ("matmul", "conv2d", "conv2d_max_pool2d", "conv2d_grad_input")
+EPILOGUE_HEADS = ("matmul", "conv2d", "conv2d_max_pool2d", "conv2d_grad_input", "conv2d_blocked")
 
 
 def head_parts(attrs: dict) -> tuple[str, dict, int]:

@@ -29,6 +29,7 @@ from .control import eliminate_dead_branches
 from .cse import eliminate_common
 from .fuse import fuse_conv_max_pool, fuse_elementwise, fuse_epilogue
 from .gemm import batch_gemms
+from .layout import choose_layout
 from .place import place_devices
 from .prune import eliminate_dead_code
 from .simplify import simplify
@@ -76,6 +77,9 @@ PIPELINE: list[Stage] = [
     Stage("fold_batch_norm", fold_batch_norm,
           "static per-channel scale and shift (BatchNorm on running statistics, Scale) into the "
           "preceding convolution's or InnerProduct's weights and bias"),
+    Stage("choose_layout", choose_layout,
+          "convolutions the blocked kernels run faster in the blocked channel layout (NCHW16c), with the ops "
+          "that follow them; reorders where the layouts meet"),
     Stage("batch_gemms", batch_gemms,
           "matmuls sharing an operand, sums of matmuls, and small same-shape matmuls as one GEMM"),
     Stage("fuse_conv_max_pool", fuse_conv_max_pool,

@@ -22,6 +22,7 @@ import numpy as np
 from ...ops.indexing import check_indices
 from ...backend.devices import HostUpload, gpu_module, to_host
 from ..cpu.conv import CONV_KERNELS
+from ..cpu.layout import LAYOUT_KERNELS
 from ..cpu.pool import POOL_KERNELS
 from ...backend.registry import register_kernel
 from . import blas
@@ -55,6 +56,10 @@ def _over_cupy(builder):
 
 for _op, _builder in {**CONV_KERNELS, **POOL_KERNELS}.items():
     register_kernel(_op, "gpu")(_over_cupy(_builder))
+# the layout pass never blocks a GPU's convolutions (cuDNN picks its own layouts); these run a
+# graph blocked for the host on a GPU all the same
+for _op, _builder in LAYOUT_KERNELS.items():
+    register_kernel(_op, "gpu", fusion_pays=False)(_over_cupy(_builder))
 
 
 def _class_last(scores, label, axis):

@@ -3,8 +3,9 @@ Bessel correction of BatchNorm's running variance.
 
 A reduction views its input as (outer, kept, inner) blocks once neighbouring axes of one kind
 are merged: the kept axes must form one run (a bias gradient [N, C] -> [C], BatchNorm's
-statistics [N, C, H, W] -> [C], global pooling [N, C, H, W] -> [N, C]); any other pattern stays
-with the numpy kernel. Sums accumulate in double precision and round once, which is closer to
+statistics [N, C, H, W] -> [C], global pooling [N, C, H, W] -> [N, C]), or the reduced axes one
+run between kept ones (global pooling in the blocked layout); any other pattern stays with the
+numpy kernel. Sums accumulate in double precision and round once, which is closer to
 the exact sum than numpy's pairwise float32 sum, so the two agree to float32 rounding.
 """
 from __future__ import annotations
@@ -39,7 +40,7 @@ def reduction_kernel(name: str, shape, axes, dtype: str, scale: float, threads: 
     axes = sorted({norm_axis(a, len(shape)) for a in axes})
     blocks = _blocks(shape, axes) if shape else (1, 1, 1)
     if blocks is None:
-        return None
+        return _middle_reduction(name, shape, axes, dtype, scale, threads)
     outer, mid, inner = blocks
     names = Names()
     x = Buf("x", dtype, outer * mid * inner)
@@ -54,6 +55,27 @@ def reduction_kernel(name: str, shape, axes, dtype: str, scale: float, threads: 
             Set(acc, acc + Cast("float64", x[(a * mid + ch) * inner + b]))], reduction=acc)])
     body = For(ch, _i(0), _i(mid), [Let(acc, lift(0.0, "float64")), inner_loop, Store(y, ch, total)],
                parallel=threads > 1 and mid > 1 and outer * mid * inner >= PARALLEL_MIN_ELEMENTS)
+    return Kernel(name, [x, y], [body], threads)
+
+
+def _middle_reduction(name: str, shape, axes, dtype: str, scale: float, threads: int) -> Kernel | None:
+    """The reduced axes one run between kept ones on both sides: y[o, l] = scale * sum over r of
+    x[o, r, l] (global pooling in the blocked layout, [N, C/16, H, W, 16] -> [N, C/16, 16])."""
+    if axes != list(range(axes[0], axes[-1] + 1)) or axes[0] == 0 or axes[-1] == len(shape) - 1:
+        return None
+    outer, red, lanes = (int(np.prod(shape[:axes[0]])), int(np.prod(shape[axes[0]:axes[-1] + 1])),
+                         int(np.prod(shape[axes[-1] + 1:])))
+    names = Names()
+    x = Buf("x", dtype, outer * red * lanes)
+    y = Buf("y", dtype, outer * lanes, const=False)
+    acc = names.var("acc", "float64")
+    o, lane, r = names.var("o"), names.var("lane"), names.var("r")
+    total = Cast(dtype, acc * lift(float(scale), "float64")) if scale != 1 else Cast(dtype, acc)
+    body = For(o, _i(0), _i(outer), [For(lane, _i(0), _i(lanes), [
+        Let(acc, lift(0.0, "float64")),
+        For(r, _i(0), _i(red), [Set(acc, acc + Cast("float64", x[(o * red + r) * lanes + lane]))], reduction=acc),
+        Store(y, o * lanes + lane, total)])],
+        parallel=threads > 1 and outer > 1 and outer * red * lanes >= PARALLEL_MIN_ELEMENTS)
     return Kernel(name, [x, y], [body], threads)
 
 

@@ -1,0 +1,304 @@
+"""The blocked channel layout (NCHW16c): the layout pass (toolkit/passes/layout.py) and the
+generated kernels it chooses (kernels/native/blocked.py over codegen/blocked.py).
+
+- Each kernel against PyTorch through the pass pipeline, as a net is compiled: the tiles' edges
+  (positions that do not fill a tile, output blocks that do not fill a group of four), strides,
+  padding, dilation, depthwise, the epilogue applied in the store (bias, residual, ReLU with
+  NaN kept), batches, two threads, and the plain C form a compiler without AVX-512 builds.
+- The pass: what it chooses and says, the reorders it leaves (one per boundary, none between
+  blocked neighbours), what follows the layout, and random nets equal with and without it."""
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn.functional as F  # noqa: E402
+
+from toolkit.codegen import microkernel, toolchain  # noqa: E402
+from toolkit.compile import optimize  # noqa: E402
+from toolkit.ir.graph import Graph, TensorType, Value  # noqa: E402
+from toolkit.ops.base import Builder  # noqa: E402
+from toolkit.ops.interpreter import interpret  # noqa: E402
+from toolkit.passes.context import PassContext  # noqa: E402
+from toolkit.passes.pipeline import run_pipeline  # noqa: E402
+from toolkit.runtime.plan import Plan  # noqa: E402
+
+pytestmark = pytest.mark.skipif(toolchain.compiler() is None or not microkernel.available(),
+                                reason="needs a C compiler and an AVX-512 processor (the blocked kernels' block)")
+
+
+@pytest.fixture(autouse=True)
+def native_on(monkeypatch):
+    monkeypatch.setenv("TOOLKIT_NATIVE", "1")
+
+
+def tt(a):
+    return torch.from_numpy(np.ascontiguousarray(a))
+
+
+class Net:
+    """A graph built with NCHW ops and constant (frozen) weights, and its PyTorch twin."""
+
+    def __init__(self, rng, shape):
+        self.rng = rng
+        self.graph = Graph("infer")
+        x = Value(TensorType(tuple(shape), "float32"), name="x")
+        self.graph.inputs["x"] = x
+        self.b = Builder(self.graph, "net")
+        self.x = x
+        self.feed = rng.standard_normal(shape).astype(np.float32)
+
+    def const(self, array):
+        return self.b.op("constant", value=np.asarray(array, np.float32))
+
+    def conv(self, v, t, o, k, stride=1, pad=0, dilation=1, group=1, bias=True):
+        c = v.shape[1]
+        w = (self.rng.standard_normal((o, c // group, k, k)) / np.sqrt(c * k * k / group)).astype(np.float32)
+        bvec = self.rng.standard_normal(o).astype(np.float32) if bias else None
+        attrs = dict(stride=(stride, stride), pad=(pad, pad), dilation=(dilation, dilation), group=group)
+        inputs = [v, self.const(w)] + ([self.const(bvec)] if bias else [])
+        tw = F.conv2d(t, tt(w), tt(bvec) if bias else None, stride=stride, padding=pad, dilation=dilation,
+                      groups=group)
+        return self.b.op("conv2d", *inputs, **attrs), tw
+
+    def plan(self, out, threads=1, disable=()):
+        self.graph.outputs["y"] = out
+        graph = optimize(self.graph, tuple(disable))
+        return Plan(graph, {}, {}, threads=threads), graph
+
+
+def run_against_torch(net, out, want, threads=1):
+    plan, graph = net.plan(out, threads)
+    got = np.asarray(plan.run({"x": net.feed})["y"])
+    want = want.detach().numpy()
+    np.testing.assert_allclose(got, want, rtol=0, atol=3e-6 * max(float(np.nanmax(np.abs(want))), 1.0))
+    assert plan.impls.count("native") == len(plan.impls), list(zip([n.op for n in graph.nodes], plan.impls))
+    return plan, graph
+
+
+@pytest.mark.parametrize("n, c, o, hw, k, stride, pad, dilation, threads", [
+    (1, 32, 48, (7, 7), 1, 1, 0, 1, 1),      # 49 positions: 8 tiles of 6 and a 1-row tail; 3 blocks
+    (2, 16, 80, (13, 11), 1, 1, 0, 1, 2),    # 5 output blocks: a group of 4 and one of 1; two threads
+    (1, 64, 64, (14, 14), 1, 2, 0, 1, 2),    # strided 1x1: positions through the origin table
+    (2, 16, 64, (9, 10), 3, 1, 1, 1, 1),     # padded 3x3 on the image's zero-bordered copy
+    (1, 32, 32, (11, 9), 3, 2, 1, 1, 2),     # batch 1 on two threads: position ranges split
+    (1, 16, 32, (10, 10), 3, 1, 2, 2, 1),    # dilated
+    (1, 32, 16, (8, 12), 5, 1, 2, 1, 1),     # 5x5
+])
+def test_dense_blocked_convolution_equals_torch(rng, n, c, o, hw, k, stride, pad, dilation, threads):
+    net = Net(rng, (n, c, *hw))
+    y, want = net.conv(net.x, tt(net.feed), o, k, stride, pad, dilation)
+    plan, graph = run_against_torch(net, net.b.op("relu", y), F.relu(want), threads)
+    assert "tk_bconv(" in plan.native_source
+    assert [nd.op for nd in graph.nodes if nd.op in ("to_blocked", "from_blocked")] == ["to_blocked", "from_blocked"]
+
+
+@pytest.mark.parametrize("n, c, hw, k, stride, pad, threads", [
+    (1, 48, (14, 14), 3, 1, 1, 2),      # a thread's own padded copy of each block's plane
+    (2, 32, (15, 15), 3, 2, 1, 1),      # stride 2 over an odd map
+    (1, 16, (9, 11), 5, 1, 2, 1),       # 5x5: 25 taps
+    (1, 16, (8, 8), 3, 1, 0, 1),        # unpadded: read in place
+])
+def test_depthwise_blocked_convolution_equals_torch(rng, n, c, hw, k, stride, pad, threads):
+    net = Net(rng, (n, c, *hw))
+    y, want = net.conv(net.x, tt(net.feed), c, k, stride, pad, group=c)
+    plan, _ = run_against_torch(net, net.b.op("relu", y), F.relu(want), threads)
+    assert "tk_bdw(" in plan.native_source
+
+
+def test_residual_and_relu_are_applied_in_the_store_with_nan_kept(rng):
+    """A ResNet bottleneck's end: conv + bias + shortcut, then ReLU, as one blocked kernel; a NaN
+    in the input stays NaN through the ReLU (numpy's maximum), as PyTorch's does."""
+    net = Net(rng, (1, 32, 7, 7))
+    net.feed[0, 3, 2, 2] = np.nan
+    t = tt(net.feed)
+    a, ta = net.conv(net.x, t, 32, 1)
+    a = net.b.op("relu", a)
+    ta = F.relu(ta)
+    y, ty = net.conv(a, ta, 32, 3, pad=1)
+    out = net.b.op("relu", net.b.op("add", y, net.x))
+    plan, graph = run_against_torch(net, out, F.relu(ty + t))
+    assert np.isnan(np.asarray(plan.run({"x": net.feed})["y"])).any()
+    fused = [nd for nd in graph.nodes if nd.op == "fused_epilogue"]
+    assert [dict(nd.attrs)["head"] for nd in fused] == ["conv2d_blocked"] * 2
+    assert len(fused[1].attrs["program"]) == 2                   # add then relu, in the store
+
+
+def _explain(graph_builder, disable=()):
+    ctx = PassContext(disabled=frozenset(disable))
+    graph = run_pipeline(graph_builder, ctx)
+    return graph, [n for n in ctx.notes if n.startswith("choose_layout")]
+
+
+def test_a_mobilenet_chain_is_blocked_with_one_reorder_and_says_so(rng):
+    """conv (3 input channels: NCHW) -> depthwise / pointwise pairs -> global pooling -> a
+    1000-way classifier (NCHW): one reorder in, none out (the pooled [N, C, 1, 1] is the same
+    memory in both layouts), and the notes name what stayed NCHW and why."""
+    net = Net(rng, (2, 3, 16, 16))
+    t = tt(net.feed)
+    v, t = net.conv(net.x, t, 32, 3, stride=2, pad=1)
+    v, t = net.b.op("relu", v), F.relu(t)
+    for c_out, stride in [(64, 1), (64, 2), (128, 1)]:
+        v, t = net.conv(v, t, v.shape[1], 3, stride=stride, pad=1, group=v.shape[1])
+        v, t = net.b.op("relu", v), F.relu(t)
+        v, t = net.conv(v, t, c_out, 1)
+        v, t = net.b.op("relu", v), F.relu(t)
+    v = net.b.op("reduce_mean", v, axes=(2, 3), keepdims=True)
+    t = t.mean(dim=(2, 3), keepdim=True)
+    v, t = net.conv(v, t, 1000, 1)
+    net.graph.outputs["y"] = v
+    graph, notes = _explain(net.graph)
+    # the six ReLUs and the pooling follow
+    assert notes[0] == ("choose_layout: 6 of 8 convolutions in NCHW16c (3 dense, 3 depthwise), 7 op(s) follow "
+                        "the layout; reorders: 1 to NCHW16c, 0 back to NCHW")
+    assert "kept NCHW: net (3 -> 32 channels, not multiples of 16)" in notes[1]
+    assert "(128 -> 1000 channels, not multiples of 16)" in notes[1]
+    ops = [nd.op for nd in graph.nodes]
+    assert ops.count("to_blocked") == 1 and ops.count("from_blocked") == 0
+    plan = Plan(graph, {}, {})
+    np.testing.assert_allclose(np.asarray(plan.run({"x": net.feed})["y"]), t.detach().numpy(), rtol=0, atol=2e-5)
+
+
+def test_concatenation_and_per_channel_constants_follow_the_layout(rng):
+    """An inception-like join: two blocked branches concatenated along channels, scaled by a
+    per-channel constant, plus a scalar: all blocked, so the only reorders are at the ends;
+    max pooling (NCHW only) reads the NCHW form."""
+    net = Net(rng, (1, 32, 9, 9))
+    t = tt(net.feed)
+    a, ta = net.conv(net.x, t, 16, 1)
+    b, tb = net.conv(net.x, t, 32, 3, pad=1)
+    cat = net.b.op("concat", a, b, axis=1)
+    scale = rng.uniform(0.5, 1.5, (48, 1, 1)).astype(np.float32)
+    v = net.b.op("add", net.b.op("mul", cat, net.const(scale)), net.const(np.float32(0.25)))
+    v = net.b.op("sigmoid", v)
+    pooled = net.b.op("max_pool2d", v, kernel=(2, 2), stride=(2, 2), pad=(0, 0), ceil_mode=False)
+    tv = torch.sigmoid(torch.cat([ta, tb], 1) * tt(scale) + 0.25)
+    net.graph.outputs["y"] = pooled
+    graph, notes = _explain(net.graph)
+    # concat, mul and add follow (the sigmoid, monotonic, was moved after the pooling by simplify)
+    assert notes[0].endswith("3 op(s) follow the layout; reorders: 1 to NCHW16c, 1 back to NCHW")
+    got = np.asarray(Plan(graph, {}, {}).run({"x": net.feed})["y"])
+    np.testing.assert_allclose(got, F.max_pool2d(tv, 2, 2).detach().numpy(), rtol=0, atol=1e-6)
+
+
+def test_switched_off_and_where_it_cannot_pay(rng):
+    net = Net(rng, (1, 32, 7, 7))
+    y, _ = net.conv(net.x, tt(net.feed), 32, 1)
+    net.graph.outputs["y"] = y
+    graph, notes = _explain(net.graph, disable=("choose_layout",))
+    assert notes == [] and not any(nd.op.endswith("blocked") for nd in graph.nodes)
+
+
+def _fed_weight_graph():
+    g = Graph("train")
+    x = Value(TensorType((1, 16, 5, 5), "float32"), name="x")
+    w = Value(TensorType((16, 16, 1, 1), "float32"), name="w")
+    g.inputs.update(x=x, w=w)
+    b = Builder(g, "c")
+    y = b.op("conv2d", x, w, stride=(1, 1), pad=(0, 0), dilation=(1, 1), group=1)
+    g.outputs["y"] = y
+    return g, b, w, y
+
+
+def test_fed_weights_and_graphs_with_a_backward_pass_stay_nchw():
+    """A weight fed at run time would be packed on every run, and a train step's backward
+    kernels read NCHW: the pass leaves both alone."""
+    from toolkit.ops.autodiff import differentiate
+    g, _b, _w, _y = _fed_weight_graph()
+    graph, notes = _explain(g)
+    assert notes == ["choose_layout: kept NCHW: c (weights fed at run time)"]
+    assert not any(nd.op.endswith("blocked") for nd in graph.nodes)
+    g, b, w, y = _fed_weight_graph()
+    loss = b.op("reduce_sum", y, axes=(0, 1, 2, 3), keepdims=False)
+    g.outputs["dw"] = differentiate(g, loss, [w])[w.id]
+    graph, notes = _explain(g)
+    assert notes == ["choose_layout: a graph with a backward pass: every convolution stays NCHW (the gradient "
+                     "kernels read NCHW)"]
+    assert not any(nd.op.endswith("blocked") for nd in graph.nodes)
+
+
+# -- random nets, with and without the pass -------------------------------------------------
+def random_net(seed: int):
+    """A random chain of what real nets put between convolutions: dense and depthwise convs of
+    channel counts with and without whole blocks, strides, ReLU / sigmoid, residual adds,
+    concatenations, per-channel scales, max pooling, global pooling."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 3))
+    net = Net(rng, (n, int(rng.choice([16, 32, 8])), int(rng.integers(5, 12)), int(rng.integers(5, 12))))
+    v = net.x
+    for _ in range(int(rng.integers(3, 8))):
+        c, h, w = v.shape[1], v.shape[2], v.shape[3]
+        kind = rng.choice(["dense", "dense3", "depthwise", "act", "residual", "concat", "scale", "pool"])
+        if kind == "dense":
+            o = int(rng.choice([16, 32, 48, 24]))
+            v = net.b.op("conv2d", v, net.const(rng.standard_normal((o, c, 1, 1)) / np.sqrt(c)),
+                         stride=(1, 1), pad=(0, 0), dilation=(1, 1), group=1)
+        elif kind == "dense3" and min(h, w) >= 3:
+            o = int(rng.choice([16, 32, 8]))
+            stride = int(rng.choice([1, 2]))
+            v = net.b.op("conv2d", v, net.const(rng.standard_normal((o, c, 3, 3)) / np.sqrt(9 * c)),
+                         net.const(rng.standard_normal(o)), stride=(stride, stride), pad=(1, 1), dilation=(1, 1),
+                         group=1)
+        elif kind == "depthwise" and min(h, w) >= 3:
+            v = net.b.op("conv2d", v, net.const(rng.standard_normal((c, 1, 3, 3)) / 3), stride=(1, 1), pad=(1, 1),
+                         dilation=(1, 1), group=c)
+        elif kind == "act":
+            v = net.b.op(str(rng.choice(["relu", "sigmoid", "tanh"])), v)
+        elif kind == "residual":
+            v = net.b.op("add", v, net.b.op("relu", v))
+        elif kind == "concat":
+            other = net.b.op("conv2d", v, net.const(rng.standard_normal((16, c, 1, 1)) / np.sqrt(c)),
+                             stride=(1, 1), pad=(0, 0), dilation=(1, 1), group=1)
+            v = net.b.op("concat", v, other, axis=1)
+        elif kind == "scale":
+            v = net.b.op("mul", v, net.const(rng.uniform(0.5, 1.5, (c, 1, 1))))
+        elif kind == "pool" and min(h, w) >= 2:
+            v = net.b.op("max_pool2d", v, kernel=(2, 2), stride=(2, 2), pad=(0, 0), ceil_mode=False)
+    if rng.random() < 0.5:
+        v = net.b.op("reduce_mean", v, axes=(2, 3), keepdims=bool(rng.random() < 0.5))
+    net.graph.outputs["y"] = v
+    return net
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_random_nets_are_equal_with_and_without_the_pass(seed):
+    net = random_net(seed)
+    reference, = interpret(net.graph, {"x": net.feed}, {})[0].values()
+    results = {}
+    for label, disable in [("with", ()), ("without", ("choose_layout",))]:
+        graph = run_pipeline(copy.deepcopy(net.graph), PassContext(disabled=frozenset(disable)))
+        results[label] = (np.asarray(Plan(graph, {}, {}).run({"x": net.feed})["y"]).copy(),
+                          sum(nd.op == "conv2d_blocked" or (nd.op == "fused_epilogue"
+                                                            and dict(nd.attrs)["head"] == "conv2d_blocked")
+                              for nd in graph.nodes))
+    scale = max(float(np.abs(reference).max()), 1.0)
+    for label, (got, _) in results.items():
+        np.testing.assert_allclose(got, reference, rtol=0, atol=2e-5 * scale, err_msg=label)
+    assert results["without"][1] == 0
+
+
+def test_the_random_nets_exercise_the_pass():
+    """Most of the random nets above have blocked convolutions, and some also keep some NCHW."""
+    fired = mixed = 0
+    for seed in range(24):
+        net = random_net(seed)
+        _graph, notes = _explain(net.graph)
+        fired += any(" convolutions in NCHW16c" in n for n in notes)
+        mixed += any(" convolutions in NCHW16c" in n for n in notes) and any("kept NCHW" in n for n in notes)
+    assert fired >= 12 and mixed >= 3, (fired, mixed)
+
+
+def test_a_compiler_without_avx512_compiles_the_plain_form(rng, monkeypatch):
+    """A compiler told not to target AVX-512 compiles the plain C form of both tiles, equal to
+    PyTorch (bias, residual and ReLU included), rather than failing the unit."""
+    monkeypatch.setattr(toolchain, "FLAGS", toolchain.FLAGS + ("-mno-avx512f",))
+    net = Net(rng, (2, 32, 7, 6))
+    t = tt(net.feed)
+    a, ta = net.conv(net.x, t, 32, 3, stride=1, pad=1, group=32)
+    a, ta = net.b.op("relu", a), F.relu(ta)
+    y, ty = net.conv(a, ta, 32, 1)
+    plan, _ = run_against_torch(net, net.b.op("relu", net.b.op("add", y, net.x)), F.relu(ty + t))
+    assert "tk_bconv(" in plan.native_source and "tk_bdw(" in plan.native_source

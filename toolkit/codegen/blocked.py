@@ -1,0 +1,166 @@
+"""Convolution kernels for the blocked channel layout (NCHWc, 16 channels a block: one AVX-512
+vector), as C functions that generated kernels call (loops.Extern): the loop language cannot
+say "keep these 24 vectors in registers", and these tiles live on exactly that.
+
+Dense (``tk_bconv``): a tile is 6 output positions x 4 blocks of 16 output channels, 24
+accumulators. Each step of K (an input channel of a tap) broadcasts one input value per
+position and loads one 16-wide weight row per output block: the vector lanes run over output
+channels, so a 7x7 map keeps every lane busy where a kernel vectorised over positions fills 49
+of 64. Positions are found through a table of window origins (``pos_off``), so any stride,
+and padding (on a padded copy of the input), share the one tile. The weight is packed once,
+when the plan is built: block ob's rows [C/16][taps][16 in][16 out], contiguous.
+
+Depthwise (``tk_bdw``): one block of 16 channels, 8 positions a tile: per tap one weight vector
+and one input vector per position.
+
+Both apply the epilogue as they store: + bias, + a residual of the output's layout, ReLU with
+NaN kept (numpy's maximum). A plain C form of each (same contract) serves a compiler that does
+not target AVX-512; the layout pass only chooses these kernels where the processor has it.
+"""
+from __future__ import annotations
+
+BLOCK = 16        # channels a block: one float32 AVX-512 vector
+TILE_POSITIONS = 6
+TILE_BLOCKS = 4
+DW_TILE_POSITIONS = 8
+
+C_SOURCE = r"""
+#ifdef __AVX512F__
+#include <immintrin.h>
+static inline __m512 tk_b_finish(__m512 v, const float *bias, const float *res, int relu) {
+    if (bias) v = _mm512_add_ps(v, _mm512_loadu_ps(bias));
+    if (res) v = _mm512_add_ps(v, _mm512_loadu_ps(res));
+    if (relu) v = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_max_ps(v, _mm512_setzero_ps()), v);
+    return v;
+}
+/* 6 positions (xr: their window origins; ``rows`` of them stored) x NO output blocks; w: the
+   first block's packed rows, the next blocks ``wstride`` floats apart; y and res: the tile's
+   first output, blocks ``ystride`` apart, positions 16 apart */
+#define TK_BCONV_TILE(NO)                                                                          \
+static inline void tk_bconv_tile##NO(const float *const *xr, int64_t cbs, int64_t cb_stride,      \
+        int64_t taps, const int64_t *tap_off, const float *w, int64_t wstride, float *y,         \
+        int64_t ystride, int rows, const float *bias, const float *res, int relu) {              \
+    __m512 acc[6][NO];                                                                            \
+    _Pragma("GCC unroll 6") for (int r = 0; r < 6; r++)                                          \
+        _Pragma("GCC unroll 4") for (int j = 0; j < NO; j++) acc[r][j] = _mm512_setzero_ps();     \
+    for (int64_t cb = 0; cb < cbs; cb++) {                                                        \
+        for (int64_t t = 0; t < taps; t++) {                                                      \
+            const int64_t off = cb * cb_stride + tap_off[t];                                      \
+            const float *x0 = xr[0] + off, *x1 = xr[1] + off, *x2 = xr[2] + off;                  \
+            const float *x3 = xr[3] + off, *x4 = xr[4] + off, *x5 = xr[5] + off;                  \
+            for (int ci = 0; ci < 16; ci++, w += 16) {                                            \
+                __m512 wv[NO];                                                                    \
+                _Pragma("GCC unroll 4") for (int j = 0; j < NO; j++) wv[j] = _mm512_loadu_ps(w + j * wstride); \
+                __m512 a;                                                                         \
+                a = _mm512_set1_ps(x0[ci]);                                                       \
+                _Pragma("GCC unroll 4") for (int j = 0; j < NO; j++) acc[0][j] = _mm512_fmadd_ps(a, wv[j], acc[0][j]); \
+                a = _mm512_set1_ps(x1[ci]);                                                       \
+                _Pragma("GCC unroll 4") for (int j = 0; j < NO; j++) acc[1][j] = _mm512_fmadd_ps(a, wv[j], acc[1][j]); \
+                a = _mm512_set1_ps(x2[ci]);                                                       \
+                _Pragma("GCC unroll 4") for (int j = 0; j < NO; j++) acc[2][j] = _mm512_fmadd_ps(a, wv[j], acc[2][j]); \
+                a = _mm512_set1_ps(x3[ci]);                                                       \
+                _Pragma("GCC unroll 4") for (int j = 0; j < NO; j++) acc[3][j] = _mm512_fmadd_ps(a, wv[j], acc[3][j]); \
+                a = _mm512_set1_ps(x4[ci]);                                                       \
+                _Pragma("GCC unroll 4") for (int j = 0; j < NO; j++) acc[4][j] = _mm512_fmadd_ps(a, wv[j], acc[4][j]); \
+                a = _mm512_set1_ps(x5[ci]);                                                       \
+                _Pragma("GCC unroll 4") for (int j = 0; j < NO; j++) acc[5][j] = _mm512_fmadd_ps(a, wv[j], acc[5][j]); \
+            }                                                                                     \
+        }                                                                                         \
+    }                                                                                             \
+    _Pragma("GCC unroll 6") for (int r = 0; r < 6; r++) {                                        \
+        if (r < rows) {                                                                           \
+            _Pragma("GCC unroll 4") for (int j = 0; j < NO; j++)                                  \
+                _mm512_storeu_ps(y + j * ystride + r * 16,                                        \
+                                 tk_b_finish(acc[r][j], bias ? bias + 16 * j : NULL,              \
+                                             res ? res + j * ystride + r * 16 : NULL, relu));     \
+        }                                                                                         \
+    }                                                                                             \
+}
+TK_BCONV_TILE(1)
+TK_BCONV_TILE(2)
+TK_BCONV_TILE(3)
+TK_BCONV_TILE(4)
+
+/* positions [p_lo, p_hi) x output blocks [ob_lo, ob_hi) of one image. x: the image (or its padded
+   copy), channel blocks cb_stride floats apart; pos_off[p]: position p's window origin in it;
+   tap_off[t]: tap t's offset from the origin; wp: the packed weight (every block); y, res: the
+   image's output and residual, blocks ystride floats apart; bias: [O] or NULL */
+static void tk_bconv(const float *x, const int64_t *pos_off, int64_t p_lo, int64_t p_hi, int64_t cbs,
+                     int64_t cb_stride, int64_t taps, const int64_t *tap_off, const float *wp, int64_t ob_lo,
+                     int64_t ob_hi, float *y, int64_t ystride, const float *bias, const float *res, int relu) {
+    const int64_t wstride = cbs * taps * 256;
+    for (int64_t ob = ob_lo; ob < ob_hi; ob += 4) {
+        int no = ob_hi - ob < 4 ? (int)(ob_hi - ob) : 4;
+        const float *w = wp + ob * wstride;
+        const float *b = bias ? bias + ob * 16 : NULL;
+        for (int64_t p = p_lo; p < p_hi; p += 6) {
+            int rows = p_hi - p < 6 ? (int)(p_hi - p) : 6;
+            const float *xr[6];
+            for (int r = 0; r < 6; r++) xr[r] = x + pos_off[p + (r < rows ? r : rows - 1)];
+            float *yt = y + ob * ystride + p * 16;
+            const float *rt = res ? res + ob * ystride + p * 16 : NULL;
+            if (no == 4) tk_bconv_tile4(xr, cbs, cb_stride, taps, tap_off, w, wstride, yt, ystride, rows, b, rt, relu);
+            else if (no == 3) tk_bconv_tile3(xr, cbs, cb_stride, taps, tap_off, w, wstride, yt, ystride, rows, b, rt, relu);
+            else if (no == 2) tk_bconv_tile2(xr, cbs, cb_stride, taps, tap_off, w, wstride, yt, ystride, rows, b, rt, relu);
+            else tk_bconv_tile1(xr, cbs, cb_stride, taps, tap_off, w, wstride, yt, ystride, rows, b, rt, relu);
+        }
+    }
+}
+
+/* depthwise, one block of 16 channels, positions [p_lo, p_hi): x: the block's input plane (or
+   its padded copy); w: the block's weight [taps][16]; y, res: the block's output plane */
+static void tk_bdw(const float *x, const int64_t *pos_off, int64_t p_lo, int64_t p_hi, int64_t taps,
+                   const int64_t *tap_off, const float *w, float *y, const float *bias, const float *res, int relu) {
+    for (int64_t p = p_lo; p < p_hi; p += 8) {
+        int rows = p_hi - p < 8 ? (int)(p_hi - p) : 8;
+        const float *xr[8];
+        for (int r = 0; r < 8; r++) xr[r] = x + pos_off[p + (r < rows ? r : rows - 1)];
+        __m512 acc[8];
+        _Pragma("GCC unroll 8") for (int r = 0; r < 8; r++) acc[r] = _mm512_setzero_ps();
+        for (int64_t t = 0; t < taps; t++) {
+            __m512 wv = _mm512_loadu_ps(w + t * 16);
+            const int64_t off = tap_off[t];
+            _Pragma("GCC unroll 8") for (int r = 0; r < 8; r++)
+                acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(xr[r] + off), wv, acc[r]);
+        }
+        _Pragma("GCC unroll 8") for (int r = 0; r < 8; r++)
+            if (r < rows)
+                _mm512_storeu_ps(y + (p + r) * 16, tk_b_finish(acc[r], bias, res ? res + (p + r) * 16 : NULL, relu));
+    }
+}
+#else
+/* the same contracts in plain C, for a compiler that does not target AVX-512 on this processor */
+static inline float tk_b_finish1(float v, const float *bias, const float *res, int l, int relu) {
+    if (bias) v += bias[l];
+    if (res) v += res[l];
+    if (relu && !(v > 0.0f) && v == v) v = 0.0f;      /* numpy: NaN kept, -0 to 0 */
+    return v;
+}
+static void tk_bconv(const float *x, const int64_t *pos_off, int64_t p_lo, int64_t p_hi, int64_t cbs,
+                     int64_t cb_stride, int64_t taps, const int64_t *tap_off, const float *wp, int64_t ob_lo,
+                     int64_t ob_hi, float *y, int64_t ystride, const float *bias, const float *res, int relu) {
+    const int64_t wstride = cbs * taps * 256;
+    for (int64_t ob = ob_lo; ob < ob_hi; ob++)
+        for (int64_t p = p_lo; p < p_hi; p++)
+            for (int l = 0; l < 16; l++) {
+                float acc = 0.0f;
+                const float *w = wp + ob * wstride + l;
+                for (int64_t cb = 0; cb < cbs; cb++)
+                    for (int64_t t = 0; t < taps; t++)
+                        for (int ci = 0; ci < 16; ci++, w += 16)
+                            acc += x[pos_off[p] + cb * cb_stride + tap_off[t] + ci] * *w;
+                y[ob * ystride + p * 16 + l] = tk_b_finish1(acc, bias ? bias + ob * 16 : NULL,
+                                                            res ? res + ob * ystride + p * 16 : NULL, l, relu);
+            }
+}
+static void tk_bdw(const float *x, const int64_t *pos_off, int64_t p_lo, int64_t p_hi, int64_t taps,
+                   const int64_t *tap_off, const float *w, float *y, const float *bias, const float *res, int relu) {
+    for (int64_t p = p_lo; p < p_hi; p++)
+        for (int l = 0; l < 16; l++) {
+            float acc = 0.0f;
+            for (int64_t t = 0; t < taps; t++) acc += x[pos_off[p] + tap_off[t] + l] * w[t * 16 + l];
+            y[p * 16 + l] = tk_b_finish1(acc, bias, res ? res + p * 16 : NULL, l, relu);
+        }
+}
+#endif
+"""

@@ -1,0 +1,100 @@
+"""The blocked channel layout (NCHWc, as ONNX Runtime's and oneDNN's): an image [N, C, H, W] held
+as [N, C/B, H, W, B], B channels of one position side by side, so that a kernel vectorises over
+channels (any map size fills its lanes) instead of over positions (a 7x7 map fills 49 of 64).
+
+Three ops, all made by the layout pass (passes/layout.py) after autodiff:
+- ``to_blocked`` / ``from_blocked``: the reorders between NCHW and NCHWc (attribute ``block``; C
+  a multiple of it); each is the other's gradient.
+- ``conv2d_blocked``: conv2d on blocked input and output, the weight still [O, C/group, kH, kW]
+  (the kernel reorders and packs it once, when the plan is built), dense (group 1) or depthwise
+  (group = C = O). Attributes: conv2d's, plus ``block``.
+
+Elementwise ops, reductions and concatenation need no blocked form: the pass runs them on the
+5-d arrays with their axes and constants rearranged.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..ir.graph import TensorType
+from .base import Builder, OpDef, ShapeError, register
+from .conv import _conv_flops, _conv_infer, conv2d_reference
+from .rules import fmt_shape, need_rank
+
+
+def blocked_shape(shape, block: int) -> tuple:
+    n, c, h, w = shape
+    return (n, c // block, h, w, block)
+
+
+def to_blocked_reference(x, block):
+    n, c, h, w = x.shape
+    return np.ascontiguousarray(x.reshape(n, c // block, block, h, w).transpose(0, 1, 3, 4, 2))
+
+
+def from_blocked_reference(y, block):
+    n, cb, h, w, b = y.shape
+    return np.ascontiguousarray(y.transpose(0, 1, 4, 2, 3).reshape(n, cb * b, h, w))
+
+
+def _to_blocked_infer(types, attrs):
+    x, = types
+    need_rank(x, 4, "to_blocked input")
+    block = attrs["block"]
+    c = x.shape[1]
+    if not isinstance(c, int) or c % block:
+        raise ShapeError(f"to_blocked: {c} channels are not a multiple of the block {block}")
+    return [TensorType(blocked_shape(x.shape, block), x.dtype)]
+
+
+def _from_blocked_infer(types, attrs):
+    y, = types
+    need_rank(y, 5, "from_blocked input")
+    if y.shape[4] != attrs["block"]:
+        raise ShapeError(f"from_blocked: the last axis of {fmt_shape(y.shape)} is not the block {attrs['block']}")
+    n, cb, h, w, b = y.shape
+    return [TensorType((n, cb * b, h, w), y.dtype)]
+
+
+def _to_blocked_grad(b: Builder, node, gouts):
+    return [b.op("from_blocked", gouts[0], block=node.attrs["block"])]
+
+
+def _from_blocked_grad(b: Builder, node, gouts):
+    return [b.op("to_blocked", gouts[0], block=node.attrs["block"])]
+
+
+def _conv_blocked_infer(types, attrs):
+    block = attrs["block"]
+    x = types[0]
+    need_rank(x, 5, "conv2d_blocked input")
+    if x.shape[4] != block:
+        raise ShapeError(f"conv2d_blocked: the input's last axis is not the block {block}")
+    n, cb, h, w, _ = x.shape
+    plain = [TensorType((n, cb * block, h, w), x.dtype)] + list(types[1:])
+    out, = _conv_infer(plain, attrs)
+    o = out.shape[1]
+    group = attrs["group"]
+    if o % block:
+        raise ShapeError(f"conv2d_blocked: {o} output channels are not a multiple of the block {block}")
+    if group != 1 and not (group == cb * block == o):
+        raise ShapeError(f"conv2d_blocked: group {group} is neither 1 nor depthwise")
+    return [TensorType(blocked_shape(out.shape, block), out.dtype)]
+
+
+def conv2d_blocked_reference(x, w, *bias, stride, pad, dilation, group, block):
+    plain = from_blocked_reference(x, block)
+    return to_blocked_reference(conv2d_reference(plain, w, *bias, stride=stride, pad=pad, dilation=dilation,
+                                                 group=group), block)
+
+
+def _no_flops(ins, outs, attrs):
+    return 0          # data movement is not arithmetic
+
+
+register(OpDef("to_blocked", _to_blocked_infer, to_blocked_reference, _to_blocked_grad, _no_flops,
+               batch_rows=True, doc="NCHW -> NCHWc: [N, C, H, W] as [N, C/B, H, W, B]"))
+register(OpDef("from_blocked", _from_blocked_infer, from_blocked_reference, _from_blocked_grad, _no_flops,
+               batch_rows=True, doc="NCHWc -> NCHW: [N, C/B, H, W, B] as [N, C, H, W]"))
+register(OpDef("conv2d_blocked", _conv_blocked_infer, conv2d_blocked_reference, None, _conv_flops,
+               batch_rows=True, doc="conv2d (dense or depthwise) on NCHWc input and output, weight OIHW"))

@@ -1,0 +1,211 @@
+"""The layout pass: which convolutions run in the blocked channel layout (NCHW16c, ops/layout.py),
+with the reorders between layouts as graph ops, placed so that two never meet.
+
+The cost rule, from measurements on an AMD EPYC (Zen 4) core (one thread, each convolution
+alone with its ReLU; the README's real-nets section has the whole nets):
+
+- The blocked kernels vectorise over output channels, so small maps keep every lane busy: a 1x1
+  convolution on a 7x7 map runs at 100-104 GFLOP/s blocked against 80-87 in NCHW, a 3x3 one at
+  100 against 73, and a depthwise 3x3 at 35-40 against 11-25 on maps of 28x28 and less. On
+  large maps the two are within 5% of each other (3136-12544 positions).
+- So every convolution the blocked kernels can run goes blocked; the others stay NCHW:
+  channel counts that are not a multiple of 16 (an RGB input, a 1000-way classifier), grouped
+  convolutions other than depthwise, weights fed at run time (a train step, whose backward
+  kernels read NCHW anyway: the pass leaves graphs with gradient ops alone), other dtypes
+  than float32, a processor without 16-float vectors, a device other than the host.
+
+What follows the layout: elementwise ops (a per-channel or scalar constant is rearranged at
+compile time), a concatenation along channels, and reductions over the map (global pooling;
+kept dims [N, C, 1, 1] need no reorder back). Anything else reads the NCHW form: one
+``from_blocked`` per value, made once, and a value that was reordered back and is wanted
+blocked again is taken from where it came (the cancelled pair never exists).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..backend.registry import KERNELS
+from ..ir.graph import Graph, Node, Value
+from ..ops.base import get_op
+from .context import PassContext
+from .rewrite import Emitter, Substitution, constant_value
+
+MAP_REDUCTIONS = ("reduce_mean", "reduce_sum", "reduce_max")
+BLOCK = 16        # channels a block: one AVX-512 vector of float32 (the kernels' block)
+
+
+def _image(v: Value) -> bool:
+    """A 4-d value with concrete channel counts and maps (the batch may be symbolic)."""
+    return v.rank == 4 and all(isinstance(d, int) for d in v.shape[1:])
+
+
+def why_not_blocked(node: Node) -> str | None:
+    """None when ``node`` (a conv2d) can run blocked, else why not, in a few words."""
+    x, w = node.inputs[0], node.inputs[1]
+    if x.dtype != "float32":
+        return f"{x.dtype}"
+    if not _image(x):
+        return "a symbolic map size"
+    c, o, group = x.shape[1], w.shape[0], node.attrs["group"]
+    if c % BLOCK or o % BLOCK:
+        return f"{c} -> {o} channels, not multiples of {BLOCK}"
+    if group != 1 and not group == c == o:
+        return f"group {group}"
+    if constant_value(w) is None:
+        return "weights fed at run time"
+    return None
+
+
+class _Rewriter:
+    """Walks the nodes in order, emitting the new list: blocked convolutions, the ops that follow
+    them, and the reorders where a layout meets the other."""
+
+    def __init__(self, graph: Graph):
+        self.graph = graph
+        self.nodes: list[Node] = []
+        self.blocked: dict[int, Value] = {}      # NCHW value id -> its blocked form
+        self.only_blocked: set[int] = set()      # NCHW values that exist only in blocked form
+        self.plain: dict[int, Value] = {}        # NCHW value id -> its reordered-back form
+        self.subst = Substitution()
+        self.reorders = {"to_blocked": 0, "from_blocked": 0}
+        self.followers = 0
+
+    def emit(self, scope: str, op: str, *inputs: Value, **attrs) -> Value:
+        e = Emitter(scope)
+        out = e.op(op, *inputs, **attrs)
+        self.nodes += e.take()
+        if op in self.reorders:
+            self.reorders[op] += 1
+        return out
+
+    def to_blocked(self, v: Value, scope: str) -> Value:
+        if v.id not in self.blocked:
+            self.blocked[v.id] = self.emit(scope, "to_blocked", v, block=BLOCK)
+        return self.blocked[v.id]
+
+    def to_plain(self, v: Value) -> Value:
+        """The NCHW form of a value that may exist only blocked."""
+        if v.id not in self.only_blocked:
+            return v
+        if v.id not in self.plain:
+            b = self.blocked[v.id]
+            if v.shape[2:] == (1, 1):               # [N, C/16, 1, 1, 16] is [N, C, 1, 1] in memory
+                p = self.emit(b.producer.scope, "reshape", b, shape=tuple(v.shape))
+            else:
+                p = self.emit(b.producer.scope, "from_blocked", b, block=BLOCK)
+            self.plain[v.id] = p
+            self.blocked[p.id] = b                # wanted blocked again: the source, no reorder
+            self.subst.replace(v, p)
+        return self.plain[v.id]
+
+    def produce_blocked(self, old: Value, new: Value) -> None:
+        self.blocked[old.id] = new
+        self.only_blocked.add(old.id)
+
+    # -- per node -----------------------------------------------------------------------------
+    def convolution(self, node: Node) -> None:
+        x, w = node.inputs[0], node.inputs[1]
+        xb = self.blocked.get(x.id) or self.to_blocked(x, node.scope)
+        attrs = {k: node.attrs[k] for k in ("stride", "pad", "dilation", "group")}
+        y = self.emit(node.scope, "conv2d_blocked", xb, *node.inputs[1:], block=BLOCK, **attrs)
+        self.produce_blocked(node.outputs[0], y)
+
+    def operand(self, v: Value, image_shape, scope: str) -> Value | None:
+        """``v`` as an operand of an op running on blocked [N, C, H, W] values: its blocked form,
+        a scalar as it is, a per-channel constant rearranged; None where it cannot follow."""
+        if v.id in self.blocked:
+            return self.blocked[v.id]
+        if tuple(v.shape) == tuple(image_shape) and _image(v):
+            return self.to_blocked(v, scope)
+        if v.type.numel == 1 and v.rank <= 1:
+            return v
+        value = constant_value(v)
+        if value is None:
+            return None
+        c = image_shape[1]
+        shape = tuple(value.shape)
+        if shape not in ((c, 1, 1), (1, c, 1, 1)):
+            return None
+        rearranged = np.ascontiguousarray(value.reshape(1, c // BLOCK, 1, 1, BLOCK))
+        rearranged.flags.writeable = False
+        return self.emit(v.producer.scope, "constant", value=rearranged)
+
+    def follow(self, node: Node) -> bool:
+        """Emit ``node`` on blocked operands when one of its inputs exists only blocked and the
+        rest can follow; whether it did."""
+        if not any(v.id in self.only_blocked for v in node.inputs) or len(node.outputs) != 1:
+            return False
+        opdef = get_op(node.op)
+        out = node.outputs[0]
+        if opdef.elementwise and opdef.pure and _image(out):
+            operands = [self.operand(v, out.shape, node.scope) for v in node.inputs]
+            if any(o is None for o in operands):
+                return False
+            y = self.emit(node.scope, node.op, *operands, **node.attrs)
+        elif node.op == "concat" and _image(out) and node.attrs["axis"] % 4 == 1 and all(
+                v.id in self.blocked or (_image(v) and v.shape[1] % BLOCK == 0) for v in node.inputs):
+            y = self.emit(node.scope, "concat", *[self.blocked.get(v.id) or self.to_blocked(v, node.scope)
+                                                  for v in node.inputs], axis=1)
+        elif (node.op in MAP_REDUCTIONS and tuple(sorted(a % 4 for a in node.attrs["axes"])) == (2, 3)
+              and node.inputs[0].id in self.blocked):
+            r = self.emit(node.scope, node.op, self.blocked[node.inputs[0].id], axes=(2, 3),
+                          keepdims=node.attrs["keepdims"])
+            if not node.attrs["keepdims"]:         # [N, C/16, 16] is [N, C]: no reorder at all
+                self.subst.replace(out, self.emit(node.scope, "reshape", r, shape=tuple(out.shape)))
+                self.followers += 1
+                return True
+            y = r
+        else:
+            return False
+        self.produce_blocked(out, y)
+        self.followers += 1
+        return True
+
+    def keep(self, node: Node) -> None:
+        node.inputs = [self.to_plain(self.subst.resolve(v)) for v in node.inputs]
+        self.nodes.append(node)
+
+
+def choose_layout(graph: Graph, ctx: PassContext) -> bool:
+    """Rewrite the convolutions the cost rule (module docstring) picks into the blocked layout."""
+    where = ctx.placement(graph)
+    convs = [n for n in graph.nodes if n.op == "conv2d" and KERNELS.fusion_pays("conv2d_blocked", where.node(n), "float32")]
+    if not convs:
+        return False
+    if any("_grad" in node.op for node in graph.nodes):
+        ctx.note("choose_layout: a graph with a backward pass: every convolution stays NCHW (the gradient "
+                 "kernels read NCHW)")
+        return False
+    reasons = [(n, why_not_blocked(n)) for n in convs]
+    chosen = {id(n) for n, why in reasons if why is None}
+    kept = [f"{n.scope} ({why})" for n, why in reasons if why is not None]
+    if kept:
+        shown = ", ".join(kept[:6]) + (f", and {len(kept) - 6} more" if len(kept) > 6 else "")
+        kept_note = f"choose_layout: kept NCHW: {shown}"
+    if not chosen:
+        ctx.note(kept_note)
+        return False
+    rw = _Rewriter(graph)
+    dense = depthwise = 0
+    for node in graph.nodes:
+        node.inputs = [rw.subst.resolve(v) for v in node.inputs]
+        if id(node) in chosen:
+            rw.convolution(node)
+            if node.attrs["group"] == 1:
+                dense += 1
+            else:
+                depthwise += 1
+        elif not (KERNELS.fusion_pays("conv2d_blocked", where.node(node), "float32") and rw.follow(node)):
+            rw.keep(node)
+    for name, v in list(graph.outputs.items()):
+        graph.outputs[name] = rw.to_plain(rw.subst.resolve(v))
+    for name, v in list(graph.updates.items()):
+        graph.updates[name] = rw.to_plain(rw.subst.resolve(v))
+    graph.nodes = rw.nodes
+    rw.subst.apply(graph)
+    ctx.note(f"choose_layout: {dense + depthwise} of {len(convs)} convolutions in NCHW{BLOCK}c ({dense} dense, "
+             f"{depthwise} depthwise), {rw.followers} op(s) follow the layout; reorders: "
+             f"{rw.reorders['to_blocked']} to NCHW{BLOCK}c, {rw.reorders['from_blocked']} back to NCHW")
+    if kept:
+        ctx.note(kept_note)
+    return True
