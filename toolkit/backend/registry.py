@@ -48,9 +48,11 @@ class KernelEntry:
     host_sync: str | Callable[[Node], str | None] | None = None
     # False for a fused op's plain kernel that exists to run the op anywhere (tests, a graph
     # fused for another device) but is no faster than the ops it stands for: the fusion passes
-    # ask ``fusion_pays`` and do not make the op for this device. A callable () -> bool says it
-    # when asked (the host's compiler and vector width decide for the blocked layout's ops)
-    fusion_pays: bool | Callable[[], bool] = True
+    # ask ``fusion_pays`` and do not make the op for this device. A callable (node) -> bool says
+    # it when asked, for the node the pass would replace (None: for none in particular): the
+    # host's compiler and vector width, and the kernel the node has now, decide for the blocked
+    # layout's convolution
+    fusion_pays: bool | Callable[[Node | None], bool] = True
 
     def host_sync_of(self, node: Node) -> str | None:
         return self.host_sync(node) if callable(self.host_sync) else self.host_sync
@@ -96,13 +98,14 @@ class KernelRegistry:
         load_kind(kind)
         return (op, kind, dtype) in self.entries or (op, kind, "*") in self.entries
 
-    def fusion_pays(self, op: str, device: Device | str, dtype: str) -> bool:
+    def fusion_pays(self, op: str, device: Device | str, dtype: str, node: Node | None = None) -> bool:
         """Whether a pass should make ``op`` for this device and dtype: a kernel is registered
-        and it is faster than the ops it stands for (a fusion), or than the form it replaces."""
+        and it is faster than the ops it stands for (a fusion), or than ``node``, the form it
+        would replace."""
         if not self.has(op, device, dtype):
             return False
         pays = self.lookup(op, device, dtype).fusion_pays
-        return bool(pays()) if callable(pays) else pays
+        return bool(pays(node)) if callable(pays) else pays
 
     def lookup(self, op: str, device: Device | str, dtype: str) -> KernelEntry:
         """The kernel of ``op`` for a device's kind and a dtype (the kind's kernels loaded first:

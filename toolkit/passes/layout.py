@@ -169,14 +169,17 @@ class _Rewriter:
 def choose_layout(graph: Graph, ctx: PassContext) -> bool:
     """Rewrite the convolutions the cost rule (module docstring) picks into the blocked layout."""
     where = ctx.placement(graph)
-    convs = [n for n in graph.nodes if n.op == "conv2d" and KERNELS.fusion_pays("conv2d_blocked", where.node(n), "float32")]
+    host = [n for n in graph.nodes if KERNELS.fusion_pays("conv2d_blocked", where.node(n), "float32")]
+    convs = [n for n in host if n.op == "conv2d"]
     if not convs:
         return False
     if any("_grad" in node.op for node in graph.nodes):
         ctx.note("choose_layout: a graph with a backward pass: every convolution stays NCHW (the gradient "
                  "kernels read NCHW)")
         return False
-    reasons = [(n, why_not_blocked(n)) for n in convs]
+    reasons = [(n, why_not_blocked(n) or (None if KERNELS.fusion_pays("conv2d_blocked", where.node(n), "float32", n)
+                                          else "its NCHW kernel is faster"))
+               for n in convs]
     chosen = {id(n) for n, why in reasons if why is None}
     kept = [f"{n.scope} ({why})" for n, why in reasons if why is not None]
     if kept:
@@ -186,6 +189,7 @@ def choose_layout(graph: Graph, ctx: PassContext) -> bool:
         ctx.note(kept_note)
         return False
     rw = _Rewriter(graph)
+    on_host = {id(n) for n in host}
     dense = depthwise = 0
     for node in graph.nodes:
         node.inputs = [rw.subst.resolve(v) for v in node.inputs]
@@ -195,7 +199,7 @@ def choose_layout(graph: Graph, ctx: PassContext) -> bool:
                 dense += 1
             else:
                 depthwise += 1
-        elif not (KERNELS.fusion_pays("conv2d_blocked", where.node(node), "float32") and rw.follow(node)):
+        elif not (id(node) in on_host and rw.follow(node)):
             rw.keep(node)
     for name, v in list(graph.outputs.items()):
         graph.outputs[name] = rw.to_plain(rw.subst.resolve(v))
