@@ -500,6 +500,16 @@ for bid, xs, ws, stride, pad, group in BLOCKED_CONV:
          _blocked_conv, attrs=battrs)
 
 
+for bid, xs, kernel, stride, pad, ceil in [("k3s2-ceil", (2, 32, 7, 7), (3, 3), (2, 2), (0, 0), True),
+                                          ("k3s1p1", (1, 16, 5, 6), (3, 3), (1, 1), (1, 1), False)]:
+    bxs = (xs[0], xs[1] // 16, xs[2], xs[3], 16)
+
+    def _blocked_pool(x, kernel=kernel, stride=stride, pad=pad, ceil=ceil):
+        return _nchw_to_blocked(tn(F.max_pool2d(tt(_blocked_to_nchw(x)), kernel, stride, pad, ceil_mode=ceil)))
+    case("max_pool2d_blocked", bid, lambda r, bxs=bxs: [distinct(r, bxs)], _blocked_pool,
+         attrs=dict(kernel=kernel, stride=stride, pad=pad, ceil_mode=ceil, block=16))
+
+
 # conv2d_max_pool2d (the fusion pass's op), in both of the CPU kernel's layouts
 FUSED_CONV_POOL = [
     # id, x shape, w shape, conv stride, pad, dilation, group, pool kernel, pool stride, bias
@@ -839,6 +849,7 @@ NO_GRAD_RULE = {
                          "reads the convolution's output, so the fusion never fires there",
     "fused_elementwise": "made by a fusion pass after autodiff: the backward pass is already ops",
     "conv2d_blocked": "made by the layout pass, which leaves graphs with a backward pass alone",
+    "max_pool2d_blocked": "made by the layout pass, which leaves graphs with a backward pass alone",
     "fused_epilogue": "made by a fusion pass after autodiff: the backward pass is already ops",
     "matmul_bias_gradient": "made by a fusion pass after autodiff, from gradient ops",
 }

@@ -101,6 +101,9 @@ def test_dense_blocked_convolution_equals_torch(rng, n, c, o, hw, k, stride, pad
     (2, 32, (15, 15), 3, 2, 1, 1),      # stride 2 over an odd map
     (1, 16, (9, 11), 5, 1, 2, 1),       # 5x5: 25 taps
     (1, 16, (8, 8), 3, 1, 0, 1),        # unpadded: read in place
+    (1, 16, (61, 70), 3, 1, 1, 2),      # a large map: padded a band of 5 rows at a time, 13 bands
+    (2, 16, (57, 40), 3, 2, 1, 1),      # stride 2 over bands, the last band short
+    (1, 16, (40, 64), 5, 1, 2, 1),      # 5x5 over bands: 4 halo rows each
 ])
 def test_depthwise_blocked_convolution_equals_torch(rng, n, c, hw, k, stride, pad, threads):
     net = Net(rng, (n, c, *hw))
@@ -162,10 +165,10 @@ def test_a_mobilenet_chain_is_blocked_with_one_reorder_and_says_so(rng):
     np.testing.assert_allclose(np.asarray(plan.run({"x": net.feed})["y"]), t.detach().numpy(), rtol=0, atol=2e-5)
 
 
-def test_concatenation_and_per_channel_constants_follow_the_layout(rng):
+def test_concatenation_pooling_and_per_channel_constants_follow_the_layout(rng):
     """An inception-like join: two blocked branches concatenated along channels, scaled by a
-    per-channel constant, plus a scalar: all blocked, so the only reorders are at the ends;
-    max pooling (NCHW only) reads the NCHW form."""
+    per-channel constant, plus a scalar, a sigmoid, a max pooling: all blocked, so the only
+    reorders are at the ends; a softmax over channels (NCHW only) reads the NCHW form."""
     net = Net(rng, (1, 32, 9, 9))
     t = tt(net.feed)
     a, ta = net.conv(net.x, t, 16, 1)
@@ -174,14 +177,17 @@ def test_concatenation_and_per_channel_constants_follow_the_layout(rng):
     scale = rng.uniform(0.5, 1.5, (48, 1, 1)).astype(np.float32)
     v = net.b.op("add", net.b.op("mul", cat, net.const(scale)), net.const(np.float32(0.25)))
     v = net.b.op("sigmoid", v)
-    pooled = net.b.op("max_pool2d", v, kernel=(2, 2), stride=(2, 2), pad=(0, 0), ceil_mode=False)
-    tv = torch.sigmoid(torch.cat([ta, tb], 1) * tt(scale) + 0.25)
-    net.graph.outputs["y"] = pooled
+    v = net.b.op("max_pool2d", v, kernel=(3, 3), stride=(2, 2), pad=(1, 1), ceil_mode=True)
+    net.graph.outputs["y"] = net.b.op("softmax", v, axis=1)
+    tv = F.max_pool2d(torch.sigmoid(torch.cat([ta, tb], 1) * tt(scale) + 0.25), 3, 2, 1, ceil_mode=True)
     graph, notes = _explain(net.graph)
-    # concat, mul and add follow (the sigmoid, monotonic, was moved after the pooling by simplify)
-    assert notes[0].endswith("3 op(s) follow the layout; reorders: 1 to NCHW16c, 1 back to NCHW")
-    got = np.asarray(Plan(graph, {}, {}).run({"x": net.feed})["y"])
-    np.testing.assert_allclose(got, F.max_pool2d(tv, 2, 2).detach().numpy(), rtol=0, atol=1e-6)
+    assert notes[0].endswith("5 op(s) follow the layout; reorders: 1 to NCHW16c, 1 back to NCHW")
+    assert "max_pool2d_blocked" in [nd.op for nd in graph.nodes]
+    plan = Plan(graph, {}, {})
+    got = np.asarray(plan.run({"x": net.feed})["y"])
+    np.testing.assert_allclose(got, F.softmax(tv, 1).detach().numpy(), rtol=0, atol=1e-6)
+    steps = [nd.op for nd in graph.nodes if nd.op not in ("constant", "scalar")]
+    assert {op for op, impl in zip(steps, plan.impls) if impl != "native"} == {"concat"}    # numpy's, as in NCHW
 
 
 def test_switched_off_and_where_it_cannot_pay(rng):
@@ -255,8 +261,8 @@ def random_net(seed: int):
             v = net.b.op("concat", v, other, axis=1)
         elif kind == "scale":
             v = net.b.op("mul", v, net.const(rng.uniform(0.5, 1.5, (c, 1, 1))))
-        elif kind == "pool" and min(h, w) >= 2:
-            v = net.b.op("max_pool2d", v, kernel=(2, 2), stride=(2, 2), pad=(0, 0), ceil_mode=False)
+        elif kind == "pool" and min(h, w) >= 3:
+            v = net.b.op("max_pool2d", v, kernel=(3, 3), stride=(2, 2), pad=(1, 1), ceil_mode=bool(rng.random() < 0.5))
     if rng.random() < 0.5:
         v = net.b.op("reduce_mean", v, axes=(2, 3), keepdims=bool(rng.random() < 0.5))
     net.graph.outputs["y"] = v

@@ -11,7 +11,8 @@ and padding (on a padded copy of the input), share the one tile. The weight is p
 when the plan is built: block ob's rows [C/16][taps][16 in][16 out], contiguous.
 
 Depthwise (``tk_bdw``): one block of 16 channels, 8 positions a tile: per tap one weight vector
-and one input vector per position.
+and one input vector per position; a padded plane is copied a band of rows at a time into a
+buffer of the thread's that stays in its core's cache.
 
 Both apply the epilogue as they store: + bias, + a residual of the output's layout, ReLU with
 NaN kept (numpy's maximum). A plain C form of each (same contract) serves a compiler that does
@@ -108,13 +109,14 @@ static void tk_bconv(const float *x, const int64_t *pos_off, int64_t p_lo, int64
 }
 
 /* depthwise, one block of 16 channels, positions [p_lo, p_hi): x: the block's input plane (or
-   its padded copy); w: the block's weight [taps][16]; y, res: the block's output plane */
-static void tk_bdw(const float *x, const int64_t *pos_off, int64_t p_lo, int64_t p_hi, int64_t taps,
+   its padded copy), holding the plane's element ``base`` at x[0] (a band of rows: base is the
+   band's first element); w: the block's weight [taps][16]; y, res: the block's output plane */
+static void tk_bdw(const float *x, int64_t base, const int64_t *pos_off, int64_t p_lo, int64_t p_hi, int64_t taps,
                    const int64_t *tap_off, const float *w, float *y, const float *bias, const float *res, int relu) {
     for (int64_t p = p_lo; p < p_hi; p += 8) {
         int rows = p_hi - p < 8 ? (int)(p_hi - p) : 8;
         const float *xr[8];
-        for (int r = 0; r < 8; r++) xr[r] = x + pos_off[p + (r < rows ? r : rows - 1)];
+        for (int r = 0; r < 8; r++) xr[r] = x + (pos_off[p + (r < rows ? r : rows - 1)] - base);
         __m512 acc[8];
         _Pragma("GCC unroll 8") for (int r = 0; r < 8; r++) acc[r] = _mm512_setzero_ps();
         for (int64_t t = 0; t < taps; t++) {
@@ -153,12 +155,12 @@ static void tk_bconv(const float *x, const int64_t *pos_off, int64_t p_lo, int64
                                                             res ? res + ob * ystride + p * 16 : NULL, l, relu);
             }
 }
-static void tk_bdw(const float *x, const int64_t *pos_off, int64_t p_lo, int64_t p_hi, int64_t taps,
+static void tk_bdw(const float *x, int64_t base, const int64_t *pos_off, int64_t p_lo, int64_t p_hi, int64_t taps,
                    const int64_t *tap_off, const float *w, float *y, const float *bias, const float *res, int relu) {
     for (int64_t p = p_lo; p < p_hi; p++)
         for (int l = 0; l < 16; l++) {
             float acc = 0.0f;
-            for (int64_t t = 0; t < taps; t++) acc += x[pos_off[p] + tap_off[t] + l] * w[t * 16 + l];
+            for (int64_t t = 0; t < taps; t++) acc += x[pos_off[p] - base + tap_off[t] + l] * w[t * 16 + l];
             y[p * 16 + l] = tk_b_finish1(acc, bias, res ? res + p * 16 : NULL, l, relu);
         }
 }

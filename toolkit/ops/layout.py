@@ -2,12 +2,13 @@
 as [N, C/B, H, W, B], B channels of one position side by side, so that a kernel vectorises over
 channels (any map size fills its lanes) instead of over positions (a 7x7 map fills 49 of 64).
 
-Three ops, all made by the layout pass (passes/layout.py) after autodiff:
+Four ops, all made by the layout pass (passes/layout.py) after autodiff:
 - ``to_blocked`` / ``from_blocked``: the reorders between NCHW and NCHWc (attribute ``block``; C
   a multiple of it); each is the other's gradient.
 - ``conv2d_blocked``: conv2d on blocked input and output, the weight still [O, C/group, kH, kW]
   (the kernel reorders and packs it once, when the plan is built), dense (group 1) or depthwise
   (group = C = O). Attributes: conv2d's, plus ``block``.
+- ``max_pool2d_blocked``: max_pool2d on blocked input and output (its attributes, plus ``block``).
 
 Elementwise ops, reductions and concatenation need no blocked form: the pass runs them on the
 5-d arrays with their axes and constants rearranged.
@@ -19,6 +20,7 @@ import numpy as np
 from ..ir.graph import TensorType
 from .base import Builder, OpDef, ShapeError, register
 from .conv import _conv_flops, _conv_infer, conv2d_reference
+from .pool import _pool_flops, _pool_infer, max_pool2d_reference
 from .rules import fmt_shape, need_rank
 
 
@@ -88,6 +90,23 @@ def conv2d_blocked_reference(x, w, *bias, stride, pad, dilation, group, block):
                                                  group=group), block)
 
 
+def _pool_blocked_infer(types, attrs):
+    x, = types
+    need_rank(x, 5, "max_pool2d_blocked input")
+    block = attrs["block"]
+    if x.shape[4] != block:
+        raise ShapeError(f"max_pool2d_blocked: the input's last axis is not the block {block}")
+    n, cb, h, w, _ = x.shape
+    pool_attrs = {k: v for k, v in attrs.items() if k != "block"}
+    out, = _pool_infer([TensorType((n, cb * block, h, w), x.dtype)], pool_attrs)
+    return [TensorType(blocked_shape(out.shape, block), out.dtype)]
+
+
+def max_pool2d_blocked_reference(x, kernel, stride, pad, ceil_mode, block):
+    return to_blocked_reference(max_pool2d_reference(from_blocked_reference(x, block), kernel, stride, pad,
+                                                     ceil_mode), block)
+
+
 def _no_flops(ins, outs, attrs):
     return 0          # data movement is not arithmetic
 
@@ -98,3 +117,5 @@ register(OpDef("from_blocked", _from_blocked_infer, from_blocked_reference, _fro
                batch_rows=True, doc="NCHWc -> NCHW: [N, C/B, H, W, B] as [N, C, H, W]"))
 register(OpDef("conv2d_blocked", _conv_blocked_infer, conv2d_blocked_reference, None, _conv_flops,
                batch_rows=True, doc="conv2d (dense or depthwise) on NCHWc input and output, weight OIHW"))
+register(OpDef("max_pool2d_blocked", _pool_blocked_infer, max_pool2d_blocked_reference, None, _pool_flops,
+               batch_rows=True, doc="max_pool2d on NCHWc input and output"))

@@ -15,8 +15,8 @@ alone with its ReLU; the README's real-nets section has the whole nets):
   than float32, a processor without 16-float vectors, a device other than the host.
 
 What follows the layout: elementwise ops (a per-channel or scalar constant is rearranged at
-compile time), a concatenation along channels, and reductions over the map (global pooling;
-kept dims [N, C, 1, 1] need no reorder back). Anything else reads the NCHW form: one
+compile time), a concatenation along channels, max pooling, and reductions over the map
+(global pooling; kept dims [N, C, 1, 1] need no reorder back). Anything else reads the NCHW form: one
 ``from_blocked`` per value, made once, and a value that was reordered back and is wanted
 blocked again is taken from where it came (the cancelled pair never exists).
 """
@@ -146,6 +146,9 @@ class _Rewriter:
                 v.id in self.blocked or (_image(v) and v.shape[1] % BLOCK == 0) for v in node.inputs):
             y = self.emit(node.scope, "concat", *[self.blocked.get(v.id) or self.to_blocked(v, node.scope)
                                                   for v in node.inputs], axis=1)
+        elif node.op == "max_pool2d" and node.inputs[0].id in self.blocked and _image(out):
+            y = self.emit(node.scope, "max_pool2d_blocked", self.blocked[node.inputs[0].id], block=BLOCK,
+                          **node.attrs)
         elif (node.op in MAP_REDUCTIONS and tuple(sorted(a % 4 for a in node.attrs["axes"])) == (2, 3)
               and node.inputs[0].id in self.blocked):
             r = self.emit(node.scope, node.op, self.blocked[node.inputs[0].id], axes=(2, 3),

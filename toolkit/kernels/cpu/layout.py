@@ -14,6 +14,7 @@ from ...codegen import microkernel, toolchain
 from ..native import winograd
 from ..native.conv_parts import ConvShape
 from .conv import conv2d
+from .pool import max_pool2d
 
 
 def blocked_kernels_pay(node=None) -> bool:
@@ -52,14 +53,16 @@ def from_blocked(ctx, xp=np):
     return run
 
 
-def conv2d_blocked(ctx, xp=np):
+def _between_reorders(plain_builder, ctx, xp):
+    """The NCHW kernel ``plain_builder`` makes, run between a reorder of input 0 from blocked and
+    one of its output back to blocked."""
     block = ctx.attrs["block"]
     n, cb, h, w, _ = ctx.in_shapes[0]
     _, ob, oh, ow, _ = ctx.out_shapes[0]
     plain_in, plain_out = (n, cb * block, h, w), (n, ob * block, oh, ow)
     attrs = {k: v for k, v in ctx.attrs.items() if k != "block"}
-    inner = conv2d(replace(ctx, attrs=attrs, in_shapes=[plain_in] + list(ctx.in_shapes[1:]), out_shapes=[plain_out]),
-                   xp)
+    inner = plain_builder(replace(ctx, attrs=attrs, in_shapes=[plain_in] + list(ctx.in_shapes[1:]),
+                                  out_shapes=[plain_out]), xp)
     x = xp.empty(plain_in, ctx.dtype)
     y = xp.empty(plain_out, ctx.dtype)
 
@@ -70,8 +73,18 @@ def conv2d_blocked(ctx, xp=np):
     return run
 
 
+def conv2d_blocked(ctx, xp=np):
+    return _between_reorders(conv2d, ctx, xp)
+
+
+def max_pool2d_blocked(ctx, xp=np):
+    return _between_reorders(max_pool2d, ctx, xp)
+
+
 # the same builders over numpy here; the GPU back end registers them over CuPy
-LAYOUT_KERNELS = {"to_blocked": to_blocked, "from_blocked": from_blocked, "conv2d_blocked": conv2d_blocked}
+LAYOUT_KERNELS = {"to_blocked": to_blocked, "from_blocked": from_blocked, "conv2d_blocked": conv2d_blocked,
+                  "max_pool2d_blocked": max_pool2d_blocked}
 register_kernel("to_blocked", "cpu")(to_blocked)
 register_kernel("from_blocked", "cpu")(from_blocked)
+register_kernel("max_pool2d_blocked", "cpu")(max_pool2d_blocked)
 register_kernel("conv2d_blocked", "cpu", fusion_pays=blocked_kernels_pay)(conv2d_blocked)
