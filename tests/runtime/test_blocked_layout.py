@@ -22,6 +22,7 @@ from toolkit.compile import optimize  # noqa: E402
 from toolkit.ir.graph import Graph, TensorType, Value  # noqa: E402
 from toolkit.ops.base import Builder  # noqa: E402
 from toolkit.ops.interpreter import interpret  # noqa: E402
+from toolkit.passes import layout  # noqa: E402
 from toolkit.passes.context import PassContext  # noqa: E402
 from toolkit.passes.pipeline import run_pipeline  # noqa: E402
 from toolkit.runtime.plan import Plan  # noqa: E402
@@ -33,6 +34,13 @@ pytestmark = pytest.mark.skipif(toolchain.compiler() is None or not microkernel.
 @pytest.fixture(autouse=True)
 def native_on(monkeypatch):
     monkeypatch.setenv("TOOLKIT_NATIVE", "1")
+
+
+@pytest.fixture
+def every_candidate(monkeypatch):
+    """The kernel tests block every convolution the kernels can run, whatever the cost rule says
+    of a lone convolution's two reorders."""
+    monkeypatch.setattr(layout, "worthwhile", lambda graph, candidates, followers: ({id(n) for n in candidates}, []))
 
 
 def tt(a):
@@ -88,7 +96,7 @@ def run_against_torch(net, out, want, threads=1):
     (1, 16, 32, (10, 10), 3, 1, 2, 2, 1),    # dilated
     (1, 32, 16, (8, 12), 5, 1, 2, 1, 1),     # 5x5
 ])
-def test_dense_blocked_convolution_equals_torch(rng, n, c, o, hw, k, stride, pad, dilation, threads):
+def test_dense_blocked_convolution_equals_torch(every_candidate, rng, n, c, o, hw, k, stride, pad, dilation, threads):
     net = Net(rng, (n, c, *hw))
     y, want = net.conv(net.x, tt(net.feed), o, k, stride, pad, dilation)
     plan, graph = run_against_torch(net, net.b.op("relu", y), F.relu(want), threads)
@@ -105,14 +113,14 @@ def test_dense_blocked_convolution_equals_torch(rng, n, c, o, hw, k, stride, pad
     (2, 16, (57, 40), 3, 2, 1, 1),      # stride 2 over bands, the last band short
     (1, 16, (40, 64), 5, 1, 2, 1),      # 5x5 over bands: 4 halo rows each
 ])
-def test_depthwise_blocked_convolution_equals_torch(rng, n, c, hw, k, stride, pad, threads):
+def test_depthwise_blocked_convolution_equals_torch(every_candidate, rng, n, c, hw, k, stride, pad, threads):
     net = Net(rng, (n, c, *hw))
     y, want = net.conv(net.x, tt(net.feed), c, k, stride, pad, group=c)
     plan, _ = run_against_torch(net, net.b.op("relu", y), F.relu(want), threads)
     assert "tk_bdw(" in plan.native_source
 
 
-def test_residual_and_relu_are_applied_in_the_store_with_nan_kept(rng):
+def test_residual_and_relu_are_applied_in_the_store_with_nan_kept(every_candidate, rng):
     """A ResNet bottleneck's end: conv + bias + shortcut, then ReLU, as one blocked kernel; a NaN
     in the input stays NaN through the ReLU (numpy's maximum), as PyTorch's does."""
     net = Net(rng, (1, 32, 7, 7))
@@ -165,7 +173,7 @@ def test_a_mobilenet_chain_is_blocked_with_one_reorder_and_says_so(rng):
     np.testing.assert_allclose(np.asarray(plan.run({"x": net.feed})["y"]), t.detach().numpy(), rtol=0, atol=2e-5)
 
 
-def test_concatenation_pooling_and_per_channel_constants_follow_the_layout(rng):
+def test_concatenation_pooling_and_per_channel_constants_follow_the_layout(every_candidate, rng):
     """An inception-like join: two blocked branches concatenated along channels, scaled by a
     per-channel constant, plus a scalar, a sigmoid, a max pooling: all blocked, so the only
     reorders are at the ends; a softmax over channels (NCHW only) reads the NCHW form."""
@@ -188,6 +196,26 @@ def test_concatenation_pooling_and_per_channel_constants_follow_the_layout(rng):
     np.testing.assert_allclose(got, F.softmax(tv, 1).detach().numpy(), rtol=0, atol=1e-6)
     steps = [nd.op for nd in graph.nodes if nd.op not in ("constant", "scalar")]
     assert {op for op, impl in zip(steps, plan.impls) if impl != "native"} == {"concat"}    # numpy's, as in NCHW
+
+
+def test_a_lone_convolution_goes_blocked_only_where_it_saves_more_than_its_reorders(rng):
+    """The cost rule: a 1x1 convolution on a 28x28 map between two NCHW ones (RGB in, 1000 out)
+    would save less than its two reorders cost; the same on a 7x7 map of 512 channels saves
+    about a fifth of its 0.25 ms, far more than reordering 25k values twice."""
+    for hw, c, blocked in [((28, 28), 32, False), ((7, 7), 512, True)]:
+        net = Net(rng, (1, 3, *hw))
+        t = tt(net.feed)
+        v, t = net.conv(net.x, t, c, 3, pad=1)
+        v, t = net.conv(v, t, c, 1)
+        v, t = net.conv(v, t, 1000, 1)
+        net.graph.outputs["y"] = v
+        graph, notes = _explain(net.graph)
+        assert any(nd.op == "conv2d_blocked" for nd in graph.nodes) == blocked
+        if not blocked:
+            assert notes == ["choose_layout: kept NCHW: net (3 -> 32 channels, not multiples of 16), net (saves less "
+                             "than its reorders cost), net (32 -> 1000 channels, not multiples of 16)"]
+        got = np.asarray(Plan(graph, {}, {}).run({"x": net.feed})["y"])
+        np.testing.assert_allclose(got, t.detach().numpy(), rtol=0, atol=3e-5 * float(t.abs().max()))
 
 
 def test_switched_off_and_where_it_cannot_pay(rng):
@@ -270,7 +298,7 @@ def random_net(seed: int):
 
 
 @pytest.mark.parametrize("seed", range(24))
-def test_random_nets_are_equal_with_and_without_the_pass(seed):
+def test_random_nets_are_equal_with_and_without_the_pass(every_candidate, seed):
     net = random_net(seed)
     reference, = interpret(net.graph, {"x": net.feed}, {})[0].values()
     results = {}
@@ -286,7 +314,7 @@ def test_random_nets_are_equal_with_and_without_the_pass(seed):
     assert results["without"][1] == 0
 
 
-def test_the_random_nets_exercise_the_pass():
+def test_the_random_nets_exercise_the_pass(every_candidate):
     """Most of the random nets above have blocked convolutions, and some also keep some NCHW."""
     fired = mixed = 0
     for seed in range(24):
@@ -297,7 +325,7 @@ def test_the_random_nets_exercise_the_pass():
     assert fired >= 12 and mixed >= 3, (fired, mixed)
 
 
-def test_a_compiler_without_avx512_compiles_the_plain_form(rng, monkeypatch):
+def test_a_compiler_without_avx512_compiles_the_plain_form(every_candidate, rng, monkeypatch):
     """A compiler told not to target AVX-512 compiles the plain C form of both tiles, equal to
     PyTorch (bias, residual and ReLU included), rather than failing the unit."""
     monkeypatch.setattr(toolchain, "FLAGS", toolchain.FLAGS + ("-mno-avx512f",))

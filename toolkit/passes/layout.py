@@ -6,13 +6,23 @@ alone with its ReLU; the README's real-nets section has the whole nets):
 
 - The blocked kernels vectorise over output channels, so small maps keep every lane busy: a 1x1
   convolution on a 7x7 map runs at 100-104 GFLOP/s blocked against 80-87 in NCHW, a 3x3 one at
-  100 against 73, and a depthwise 3x3 at 35-40 against 11-25 on maps of 28x28 and less. On
-  large maps the two are within 5% of each other (3136-12544 positions).
-- So every convolution the blocked kernels can run goes blocked; the others stay NCHW:
-  channel counts that are not a multiple of 16 (an RGB input, a 1000-way classifier), grouped
-  convolutions other than depthwise, weights fed at run time (a train step, whose backward
-  kernels read NCHW anyway: the pass leaves graphs with gradient ops alone), other dtypes
-  than float32, a processor without 16-float vectors, a device other than the host.
+  100 against 73, and a depthwise 3x3 at 35-56 against 11-31 on maps of 28x28 and less. A 1x1
+  convolution on a larger map is within 3-6% either way; a 5x5 one is 1.3-1.5x faster blocked
+  at any size (GoogLeNet's: the NCHW kernel's im2col copies 25 taps); a depthwise one on a
+  56x56 or 112x112 map is memory-bound in both layouts (within 10%, either way by the run).
+- A reorder costs about 0.25 ns an element (MobileNet's 32x112x112 input to its first
+  depthwise layer: 0.09 ms).
+- So the convolutions the blocked kernels can run are grouped into regions (convolutions joined
+  through the ops that follow the layout), and a region goes blocked when the time its
+  convolutions save (``saving_ns``, from the rates above) exceeds what the reorders at its
+  borders cost. MobileNet's body is one region with one reorder in; a lone 1x1 convolution on
+  a 56x56 map between two Winograd 3x3 ones saves nothing and stays NCHW.
+- Never blocked: channel counts that are not a multiple of 16 (an RGB input, a 1000-way
+  classifier), grouped convolutions other than depthwise, a 3x3 convolution the NCHW kernel
+  runs by Winograd (the kernel module says so, through the registry's ``fusion_pays``),
+  weights fed at run time (a train step, whose backward kernels read NCHW anyway: the pass
+  leaves graphs with gradient ops alone), other dtypes than float32, a processor without
+  16-float vectors, a device other than the host.
 
 What follows the layout: elementwise ops (a per-channel or scalar constant is rearranged at
 compile time), a concatenation along channels, max pooling, and reductions over the map
@@ -32,6 +42,111 @@ from .rewrite import Emitter, Substitution, constant_value
 
 MAP_REDUCTIONS = ("reduce_mean", "reduce_sum", "reduce_max")
 BLOCK = 16        # channels a block: one AVX-512 vector of float32 (the kernels' block)
+REORDER_NS = 0.25           # a reorder's cost per element
+# measured rates, GFLOP/s = FLOPs per ns, (NCHW, blocked) by kind and output positions per image
+SMALL_MAP, MEDIUM_MAP, ANY_MAP = 64, 784, float("inf")        # up to 8x8, up to 28x28, any
+POINTWISE_RATES = {SMALL_MAP: (80.0, 102.0), MEDIUM_MAP: (100.0, 106.0), ANY_MAP: (100.0, 103.0)}
+WINDOW_RATES = {ANY_MAP: (75.0, 100.0)}     # dense kxk, k > 1, that Winograd does not take
+DEPTHWISE_RATES = {MEDIUM_MAP: (27.0, 45.0)}
+
+
+def saving_ns(node: Node) -> float:
+    """The time one image's convolution saves in the blocked layout, from the measured rates
+    (0 where the two kernels measured alike)."""
+    out, w = node.outputs[0], node.inputs[1]
+    positions = out.shape[2] * out.shape[3]
+    flops = 2.0 * out.shape[1] * positions * w.shape[1] * w.shape[2] * w.shape[3]
+    if node.attrs["group"] != 1:
+        rates = DEPTHWISE_RATES
+    else:
+        rates = POINTWISE_RATES if w.shape[2] * w.shape[3] == 1 else WINDOW_RATES
+    for limit, (nchw, blocked) in sorted(rates.items()):
+        if positions <= limit:
+            return flops / nchw - flops / blocked
+    return 0.0
+
+
+class _Regions:
+    """Union-find over value ids: a candidate convolution joins its input and output, an op that
+    would follow the layout joins its image operands and its result."""
+
+    def __init__(self):
+        self.parent: dict[int, int] = {}
+
+    def find(self, a: int) -> int:
+        self.parent.setdefault(a, a)
+        while self.parent[a] != a:
+            self.parent[a] = self.parent[self.parent[a]]
+            a = self.parent[a]
+        return a
+
+    def union(self, a: int, b: int) -> None:
+        self.parent[self.find(a)] = self.find(b)
+
+
+def _could_follow(node: Node) -> list[Value]:
+    """The image operands an op would take blocked if it followed the layout ([] if it cannot)."""
+    if len(node.outputs) != 1 or not _image(node.outputs[0]):
+        out = node.outputs[0] if len(node.outputs) == 1 else None
+        if (out is not None and node.op in MAP_REDUCTIONS and _image(node.inputs[0])
+                and tuple(sorted(a % 4 for a in node.attrs["axes"])) == (2, 3)):
+            return [node.inputs[0]]
+        return []
+    out = node.outputs[0]
+    opdef = get_op(node.op)
+    if opdef.elementwise and opdef.pure:
+        return [v for v in node.inputs if tuple(v.shape) == tuple(out.shape)]
+    if node.op == "concat" and node.attrs["axis"] % 4 == 1 and all(
+            _image(v) and v.shape[1] % BLOCK == 0 for v in node.inputs):
+        return list(node.inputs)
+    if node.op == "max_pool2d" or (node.op in MAP_REDUCTIONS
+                                   and tuple(sorted(a % 4 for a in node.attrs["axes"])) == (2, 3)):
+        return [node.inputs[0]]
+    return []
+
+
+def worthwhile(graph: Graph, candidates: list[Node], followers: set[int]) -> tuple[set[int], list[Node]]:
+    """(ids of the candidates in regions whose saving exceeds their reorders' cost, the others)."""
+    regions = _Regions()
+    follow_inputs = {}
+    for node in graph.nodes:
+        if id(node) in followers:
+            operands = _could_follow(node)
+            if operands:
+                follow_inputs[id(node)] = operands
+                for v in operands:
+                    regions.union(v.id, node.outputs[0].id)
+    cand_ids = {id(n) for n in candidates}
+    for node in candidates:
+        regions.union(node.inputs[0].id, node.outputs[0].id)
+    members = cand_ids | set(follow_inputs)
+    produced_inside = {node.outputs[0].id for node in graph.nodes if id(node) in members}
+    saving: dict[int, float] = {}
+    cost: dict[int, float] = {}
+    for node in candidates:
+        root = regions.find(node.outputs[0].id)
+        saving[root] = saving.get(root, 0.0) + saving_ns(node)
+    readers = graph.consumers()
+    kept = {v.id for v in graph.outputs.values()} | {v.id for v in graph.updates.values()}
+    seen = set()
+    for node in graph.nodes:
+        if id(node) not in members:
+            continue
+        values = ([node.inputs[0]] if id(node) in cand_ids else follow_inputs[id(node)]) + [node.outputs[0]]
+        for v in values:
+            if v.id in seen:
+                continue
+            seen.add(v.id)
+            root = regions.find(v.id)
+            elements = float(np.prod([d for d in v.shape[1:]]))
+            enters = v.id not in produced_inside
+            leaves = v.id in produced_inside and (v.id in kept or any(id(r) not in members
+                                                                      for r in readers.get(v.id, [])))
+            if enters or leaves:
+                cost[root] = cost.get(root, 0.0) + REORDER_NS * elements
+    chosen = {id(n) for n in candidates
+              if saving.get(regions.find(n.outputs[0].id), 0.0) > cost.get(regions.find(n.outputs[0].id), 0.0)}
+    return chosen, [n for n in candidates if id(n) not in chosen]
 
 
 def _image(v: Value) -> bool:
@@ -183,7 +298,10 @@ def choose_layout(graph: Graph, ctx: PassContext) -> bool:
     reasons = [(n, why_not_blocked(n) or (None if KERNELS.fusion_pays("conv2d_blocked", where.node(n), "float32", n)
                                           else "its NCHW kernel is faster"))
                for n in convs]
-    chosen = {id(n) for n, why in reasons if why is None}
+    on_host = {id(n) for n in host}
+    chosen, unpaid = worthwhile(graph, [n for n, why in reasons if why is None], on_host)
+    unpaid_ids = {id(n) for n in unpaid}
+    reasons = [(n, "saves less than its reorders cost" if id(n) in unpaid_ids else why) for n, why in reasons]
     kept = [f"{n.scope} ({why})" for n, why in reasons if why is not None]
     if kept:
         shown = ", ".join(kept[:6]) + (f", and {len(kept) - 6} more" if len(kept) > 6 else "")
@@ -192,7 +310,6 @@ def choose_layout(graph: Graph, ctx: PassContext) -> bool:
         ctx.note(kept_note)
         return False
     rw = _Rewriter(graph)
-    on_host = {id(n) for n in host}
     dense = depthwise = 0
     for node in graph.nodes:
         node.inputs = [rw.subst.resolve(v) for v in node.inputs]

@@ -22,7 +22,7 @@ from .conv_parts import ConvShape, i64
 from .winograd import constant_weight
 
 BLOCK = blocked.BLOCK
-DW_BAND_BYTES = 32 << 10      # a depthwise band's padded rows: within a core's L1 with the output rows
+DW_BAND_BYTES = 256 << 10
 
 
 def _reorder(ctx, ins, outs, to_blocked: bool):
