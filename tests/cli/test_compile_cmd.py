@@ -126,3 +126,33 @@ def test_net_file_optimize_key_is_validated(tmp_path, value, words):
     net = write_net(tmp_path, text)
     needle = "fuse_all" if "fuse_all" in value else "enable"
     expect_error(run_cli("check", net), *words, file=net, line=line_of(text, needle), col=col_of(text, needle))
+
+
+LAYOUT_NET = """
+name: blocks
+inputs:
+  data: {shape: [N, 3, 14, 14]}
+layers:
+  - {name: stem, type: Convolution, bottom: data, top: stem, num_output: 32, kernel_size: 3, pad: 1}
+  - {name: dw, type: Convolution, bottom: stem, top: dw, num_output: 32, group: 32, kernel_size: 3, pad: 1}
+  - {name: relu, type: ReLU, bottom: dw, top: dw}
+  - {name: pw, type: Convolution, bottom: dw, top: pw, num_output: 512, kernel_size: 1}
+  - {name: pool, type: Pooling, bottom: pw, top: pool, pool: ave, global_pooling: true}
+  - {name: ip, type: InnerProduct, bottom: pool, top: ip, num_output: 10}
+"""
+
+
+def test_explain_says_what_the_layout_pass_chose_and_disable_keeps_nchw(tmp_path, monkeypatch):
+    from toolkit.codegen import microkernel, toolchain
+    if toolchain.compiler() is None or not microkernel.available():
+        pytest.skip("the blocked layout needs a C compiler and an AVX-512 processor")
+    monkeypatch.setenv("TOOLKIT_NATIVE", "1")            # the suite's default is the numpy kernels
+    net = write_net(tmp_path, LAYOUT_NET)
+    result = run_cli("compile", net, "--explain")
+    assert result.status == 0, result.err
+    assert ("choose_layout: 2 of 3 convolutions in NCHW16c (1 dense, 1 depthwise), 2 op(s) follow the layout; "
+            "reorders: 1 to NCHW16c, 0 back to NCHW") in result.out
+    assert "choose_layout: kept NCHW: stem (3 -> 32 channels, not multiples of 16)" in result.out
+    assert "conv2d_blocked" in json.dumps(compile_json(net))
+    off = compile_json(net, "--disable", "choose_layout")
+    assert "blocked" not in json.dumps(off["ops"]) + json.dumps(off.get("fused", {}))

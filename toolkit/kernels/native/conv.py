@@ -19,8 +19,8 @@ import os
 
 import numpy as np
 
-from ...codegen import microkernel
-from ...codegen.loops import (Buf, For, Gemm, If, Kernel, Let, Names, PackedGemm, Set, Store, ThreadIndex, lift,
+from ...codegen import microkernel, rowdot
+from ...codegen.loops import (Buf, Extern, For, Gemm, If, Kernel, Let, Names, PackedGemm, Set, Store, ThreadIndex, lift,
                               maximum, select)
 from ...codegen.native import NativeCall
 from ...ops.conv import conv_out_size
@@ -244,6 +244,11 @@ def _forward(ctx, ins, outs, pool, program=None):
         with one column (a classifier as a 1x1 convolution over one position), dot products
         over W's rows, which read the weight once where the BLAS GEMM packs all of it per call
         (MobileNet v2's 1280 x 1000 classifier: 0.71 ms)."""
+        if s.p == 1 and not pool and dtype == "float32" and microkernel.available():
+            # rows of W against the one column (codegen/rowdot.py: threads split the rows)
+            first = (i64(g * s.og) if isinstance(g, int) else g * s.og) + o_lo
+            return Extern("tk_rowdot", ((b_buf, b_off), (w, first * s.k), i64(s.k), rows, (c_buf, c_off)),
+                          rowdot.C_SOURCE)
         if s.p == 1 and not pool:
             o, kk, acc = names.var("o"), names.var("k"), names.var("acc", dtype)
             row = g * s.og + o

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...codegen.loops import Buf, Const, For, Gemm, Kernel, Let, Names, Set, Store, lift, select
+from ...codegen import microkernel
+from ...codegen import rowdot as rowdot_source
+from ...codegen.loops import Buf, Const, Extern, For, Gemm, Kernel, Let, Names, Set, Store, lift, select
 from ...codegen.native import NativeCall
 from ...ops.base import get_op
 from ...ops.elementwise import ELEMENTWISE_IMPL
@@ -258,10 +260,11 @@ def matmul_kernel(name, a_shape, b_shape, trans_a, trans_b, dtype, threads, epil
     b = Buf("b", dtype, b_shape[0] * b_shape[1])
     c = Buf("c", dtype, m * n, const=False)
     row_tiles, col_tiles = gemm_tiles(m, n, k, threads)
-    if m == 1 and trans_b:
-        # dot products over B's rows stay on one thread: inside a parallel loop gcc keeps the
-        # vector reduction's lanes in memory, and AlexNet's fc6 (4096 rows of 9216) took 17 ms
-        # on two threads against 8.6 ms on one (the weight's read is the bound either way)
+    rowdot = m == 1 and trans_b and dtype == "float32" and microkernel.available()
+    if m == 1 and trans_b and not rowdot:
+        # dot products over B's rows in the loop language stay on one thread: inside a parallel
+        # loop gcc keeps the vector reduction's lanes in memory, and AlexNet's fc6 (4096 rows of
+        # 9216) took 17 ms on two threads against 8.6 ms on one (codegen/rowdot.py's doesn't)
         row_tiles, col_tiles = 1, 1
     names = Names()
     tile = names.var("tile")
@@ -275,7 +278,10 @@ def matmul_kernel(name, a_shape, b_shape, trans_a, trans_b, dtype, threads, epil
             Let(nc, _imin(lift(cols_per, "int64"), lift(n, "int64") - c0))]
     a_off = r0 if trans_a else r0 * a_shape[1]
     b_off = c0 * b_shape[1] if trans_b else c0
-    if m == 1:
+    if rowdot:
+        body.append(Extern("tk_rowdot", ((a, lift(0, "int64")), (b, c0 * k), lift(k, "int64"), nc, (c, c0)),
+                           rowdot_source.C_SOURCE))
+    elif m == 1:
         body += _vector_times_matrix(names, a, b, c, k, n, trans_b, c0, nc, dtype)
     else:
         body.append(Gemm(trans_a, trans_b, nr, nc, lift(k, "int64"), a, a_off, a_shape[1], b, b_off, b_shape[1],
