@@ -292,9 +292,8 @@ def choose_layout(graph: Graph, ctx: PassContext) -> bool:
     if not convs:
         return False
     if any("_grad" in node.op for node in graph.nodes):
-        ctx.note("choose_layout: a graph with a backward pass: every convolution stays NCHW (the gradient "
-                 "kernels read NCHW)")
-        return False
+        return False                 # a train step: the gradient kernels read NCHW
+
     reasons = [(n, why_not_blocked(n) or (None if KERNELS.fusion_pays("conv2d_blocked", where.node(n), "float32", n)
                                           else "its NCHW kernel is faster"))
                for n in convs]
@@ -307,8 +306,7 @@ def choose_layout(graph: Graph, ctx: PassContext) -> bool:
         shown = ", ".join(kept[:6]) + (f", and {len(kept) - 6} more" if len(kept) > 6 else "")
         kept_note = f"choose_layout: kept NCHW: {shown}"
     if not chosen:
-        ctx.note(kept_note)
-        return False
+        return False                 # notes are changes (context.py): what stayed NCHW rides on one
     rw = _Rewriter(graph)
     dense = depthwise = 0
     for node in graph.nodes:
