@@ -105,19 +105,20 @@ def test_dense_blocked_convolution_equals_torch(every_candidate, rng, n, c, o, h
 
 
 @pytest.mark.parametrize("n, c, hw, k, stride, pad, threads", [
-    (1, 48, (14, 14), 3, 1, 1, 2),      # a thread's own padded copy of each block's plane
+    (1, 48, (14, 14), 3, 1, 1, 2),      # 8 inside positions a tile, the border's one at a time
     (2, 32, (15, 15), 3, 2, 1, 1),      # stride 2 over an odd map
-    (1, 16, (9, 11), 5, 1, 2, 1),       # 5x5: 25 taps
-    (1, 16, (8, 8), 3, 1, 0, 1),        # unpadded: read in place
-    (1, 16, (61, 70), 3, 1, 1, 2),      # a large map: padded a band of 5 rows at a time, 13 bands
-    (2, 16, (57, 40), 3, 2, 1, 1),      # stride 2 over bands, the last band short
-    (1, 16, (40, 64), 5, 1, 2, 1),      # 5x5 over bands: 4 halo rows each
+    (1, 16, (9, 11), 5, 1, 2, 1),       # 5x5: 25 taps, a border two windows deep
+    (1, 16, (8, 8), 3, 1, 0, 1),        # unpadded: every window inside
+    (1, 16, (61, 70), 3, 1, 1, 2),      # a large map on two threads
+    (2, 16, (57, 40), 3, 2, 1, 1),      # stride 2, rows whose inside run is not a multiple of 8
+    (1, 16, (40, 64), 5, 1, 2, 1),
+    (1, 16, (12, 13), 3, 1, 2, 1),      # padding 2 > what a 3x3 window needs: all-padding taps
 ])
 def test_depthwise_blocked_convolution_equals_torch(every_candidate, rng, n, c, hw, k, stride, pad, threads):
     net = Net(rng, (n, c, *hw))
     y, want = net.conv(net.x, tt(net.feed), c, k, stride, pad, group=c)
     plan, _ = run_against_torch(net, net.b.op("relu", y), F.relu(want), threads)
-    assert "tk_bdw(" in plan.native_source
+    assert "tk_bdw_direct(" in plan.native_source
 
 
 def test_residual_and_relu_are_applied_in_the_store_with_nan_kept(every_candidate, rng):
@@ -349,4 +350,4 @@ def test_a_compiler_without_avx512_compiles_the_plain_form(every_candidate, rng,
     a, ta = net.b.op("relu", a), F.relu(ta)
     y, ty = net.conv(a, ta, 32, 1)
     plan, _ = run_against_torch(net, net.b.op("relu", net.b.op("add", y, net.x)), F.relu(ty + t))
-    assert "tk_bconv(" in plan.native_source and "tk_bdw(" in plan.native_source
+    assert "tk_bconv(" in plan.native_source and "tk_bdw_direct(" in plan.native_source

@@ -10,9 +10,9 @@ of 64. Positions are found through a table of window origins (``pos_off``), so a
 and padding (on a padded copy of the input), share the one tile. The weight is packed once,
 when the plan is built: block ob's rows [C/16][taps][16 in][16 out], contiguous.
 
-Depthwise (``tk_bdw``): one block of 16 channels, 8 positions a tile: per tap one weight vector
-and one input vector per position; a padded plane is copied a band of rows at a time into a
-buffer of the thread's that stays in its core's cache.
+Depthwise (``tk_bdw_direct``): one block of 16 channels, 8 positions a tile: per tap one weight
+vector and one input vector per position, read straight from the unpadded plane; the positions
+whose window crosses the border take one at a time, skipping the taps in the padding.
 
 Both apply the epilogue as they store: + bias, + a residual of the output's layout, ReLU with
 NaN kept (numpy's maximum). A plain C form of each (same contract) serves a compiler that does
@@ -108,28 +108,60 @@ static void tk_bconv(const float *x, const int64_t *pos_off, int64_t p_lo, int64
     }
 }
 
-/* depthwise, one block of 16 channels, positions [p_lo, p_hi): x: the block's input plane (or
-   its padded copy), holding the plane's element ``base`` at x[0] (a band of rows: base is the
-   band's first element); w: the block's weight [taps][16]; y, res: the block's output plane */
-static void tk_bdw(const float *x, int64_t base, const int64_t *pos_off, int64_t p_lo, int64_t p_hi, int64_t taps,
-                   const int64_t *tap_off, const float *w, float *y, const float *bias, const float *res, int relu) {
-    for (int64_t p = p_lo; p < p_hi; p += 8) {
-        int rows = p_hi - p < 8 ? (int)(p_hi - p) : 8;
-        const float *xr[8];
-        for (int r = 0; r < 8; r++) xr[r] = x + (pos_off[p + (r < rows ? r : rows - 1)] - base);
-        __m512 acc[8];
-        _Pragma("GCC unroll 8") for (int r = 0; r < 8; r++) acc[r] = _mm512_setzero_ps();
-        for (int64_t t = 0; t < taps; t++) {
-            __m512 wv = _mm512_loadu_ps(w + t * 16);
-            const int64_t off = tap_off[t];
-            _Pragma("GCC unroll 8") for (int r = 0; r < 8; r++)
-                acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(xr[r] + off), wv, acc[r]);
+/* depthwise, one block of 16 channels, straight from the unpadded plane x [H][W][16] into y
+   [OH][OW][16]: the positions whose window lies inside the plane take 8 at a time without a test
+   (tap_off: each tap's offset from the window's origin), the border's one at a time, skipping
+   the taps that fall in the padding */
+static void tk_bdw_direct(const float *x, int64_t H, int64_t W, int64_t OH, int64_t OW, int64_t sh, int64_t sw,
+                          int64_t ph, int64_t pw, int64_t kh, int64_t kw, int64_t dh, int64_t dw,
+                          const int64_t *tap_off, const float *w, float *y, const float *bias, const float *res,
+                          int relu) {
+    const int64_t taps = kh * kw;
+    /* ox in [ox_lo, ox_hi): the window's columns all inside */
+    int64_t ox_lo = (pw + sw - 1) / sw, ox_hi = (W - 1 + pw - (kw - 1) * dw) / sw + 1;
+    if (W - 1 + pw - (kw - 1) * dw < 0) ox_hi = 0;
+    if (ox_hi > OW) ox_hi = OW;
+    if (ox_lo > ox_hi) ox_lo = ox_hi;
+    for (int64_t oy = 0; oy < OH; oy++) {
+        const int64_t iy0 = oy * sh - ph;
+        const int inside = iy0 >= 0 && iy0 + (kh - 1) * dh < H;
+        int64_t ox = 0;
+        while (ox < OW) {
+            if (inside && ox >= ox_lo && ox + 8 <= ox_hi) {
+                const float *xr[8];
+                for (int r = 0; r < 8; r++) xr[r] = x + (iy0 * W + (ox + r) * sw - pw) * 16;
+                __m512 acc[8];
+                _Pragma("GCC unroll 8") for (int r = 0; r < 8; r++) acc[r] = _mm512_setzero_ps();
+                for (int64_t t = 0; t < taps; t++) {
+                    __m512 wv = _mm512_loadu_ps(w + t * 16);
+                    const int64_t off = tap_off[t];
+                    _Pragma("GCC unroll 8") for (int r = 0; r < 8; r++)
+                        acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(xr[r] + off), wv, acc[r]);
+                }
+                float *yo = y + (oy * OW + ox) * 16;
+                const float *ro = res ? res + (oy * OW + ox) * 16 : NULL;
+                _Pragma("GCC unroll 8") for (int r = 0; r < 8; r++)
+                    _mm512_storeu_ps(yo + r * 16, tk_b_finish(acc[r], bias, ro ? ro + r * 16 : NULL, relu));
+                ox += 8;
+                continue;
+            }
+            __m512 acc = _mm512_setzero_ps();
+            const int64_t ix0 = ox * sw - pw;
+            for (int64_t ky = 0; ky < kh; ky++) {
+                const int64_t iy = iy0 + ky * dh;
+                if (iy < 0 || iy >= H) continue;
+                for (int64_t kx = 0; kx < kw; kx++) {
+                    const int64_t ix = ix0 + kx * dw;
+                    if (ix < 0 || ix >= W) continue;
+                    acc = _mm512_fmadd_ps(_mm512_loadu_ps(x + (iy * W + ix) * 16), _mm512_loadu_ps(w + (ky * kw + kx) * 16), acc);
+                }
+            }
+            _mm512_storeu_ps(y + (oy * OW + ox) * 16, tk_b_finish(acc, bias, res ? res + (oy * OW + ox) * 16 : NULL, relu));
+            ox++;
         }
-        _Pragma("GCC unroll 8") for (int r = 0; r < 8; r++)
-            if (r < rows)
-                _mm512_storeu_ps(y + (p + r) * 16, tk_b_finish(acc[r], bias, res ? res + (p + r) * 16 : NULL, relu));
     }
 }
+
 #else
 /* the same contracts in plain C, for a compiler that does not target AVX-512 on this processor */
 static inline float tk_b_finish1(float v, const float *bias, const float *res, int l, int relu) {
@@ -155,14 +187,26 @@ static void tk_bconv(const float *x, const int64_t *pos_off, int64_t p_lo, int64
                                                             res ? res + ob * ystride + p * 16 : NULL, l, relu);
             }
 }
-static void tk_bdw(const float *x, int64_t base, const int64_t *pos_off, int64_t p_lo, int64_t p_hi, int64_t taps,
-                   const int64_t *tap_off, const float *w, float *y, const float *bias, const float *res, int relu) {
-    for (int64_t p = p_lo; p < p_hi; p++)
-        for (int l = 0; l < 16; l++) {
-            float acc = 0.0f;
-            for (int64_t t = 0; t < taps; t++) acc += x[pos_off[p] - base + tap_off[t] + l] * w[t * 16 + l];
-            y[p * 16 + l] = tk_b_finish1(acc, bias, res ? res + p * 16 : NULL, l, relu);
-        }
+static void tk_bdw_direct(const float *x, int64_t H, int64_t W, int64_t OH, int64_t OW, int64_t sh, int64_t sw,
+                          int64_t ph, int64_t pw, int64_t kh, int64_t kw, int64_t dh, int64_t dw,
+                          const int64_t *tap_off, const float *w, float *y, const float *bias, const float *res,
+                          int relu) {
+    (void)tap_off;
+    for (int64_t oy = 0; oy < OH; oy++)
+        for (int64_t ox = 0; ox < OW; ox++)
+            for (int l = 0; l < 16; l++) {
+                float acc = 0.0f;
+                for (int64_t ky = 0; ky < kh; ky++) {
+                    const int64_t iy = oy * sh - ph + ky * dh;
+                    if (iy < 0 || iy >= H) continue;
+                    for (int64_t kx = 0; kx < kw; kx++) {
+                        const int64_t ix = ox * sw - pw + kx * dw;
+                        if (ix < 0 || ix >= W) continue;
+                        acc += x[(iy * W + ix) * 16 + l] * w[(ky * kw + kx) * 16 + l];
+                    }
+                }
+                y[(oy * OW + ox) * 16 + l] = tk_b_finish1(acc, bias, res ? res + (oy * OW + ox) * 16 : NULL, l, relu);
+            }
 }
 #endif
 """

@@ -6,10 +6,10 @@ alone with its ReLU; the README's real-nets section has the whole nets):
 
 - The blocked kernels vectorise over output channels, so small maps keep every lane busy: a 1x1
   convolution on a 7x7 map runs at 100-104 GFLOP/s blocked against 80-87 in NCHW, a 3x3 one at
-  100 against 73, and a depthwise 3x3 at 35-56 against 11-31 on maps of 28x28 and less. A 1x1
+  100 against 73, and a depthwise 3x3 at 36-50 against 16-24 on maps of 28x28 and less. A 1x1
   convolution on a larger map is within 3-6% either way; a 5x5 one is 1.3-1.5x faster blocked
-  at any size (GoogLeNet's: the NCHW kernel's im2col copies 25 taps); a depthwise one on a
-  56x56 or 112x112 map is memory-bound in both layouts (within 10%, either way by the run).
+  at any size (GoogLeNet's: the NCHW kernel's im2col copies 25 taps); a depthwise 3x3 one on a
+  56x56 or 112x112 map 0.56-0.95x (stride 2: 0.39-0.56x).
 - A reorder costs about 0.25 ns an element (MobileNet's 32x112x112 input to its first
   depthwise layer: 0.09 ms).
 - So the convolutions the blocked kernels can run are grouped into regions (convolutions joined
@@ -47,7 +47,7 @@ REORDER_NS = 0.25           # a reorder's cost per element
 SMALL_MAP, MEDIUM_MAP, ANY_MAP = 64, 784, float("inf")        # up to 8x8, up to 28x28, any
 POINTWISE_RATES = {SMALL_MAP: (80.0, 102.0), MEDIUM_MAP: (100.0, 106.0), ANY_MAP: (100.0, 103.0)}
 WINDOW_RATES = {ANY_MAP: (75.0, 100.0)}     # dense kxk, k > 1, that Winograd does not take
-DEPTHWISE_RATES = {MEDIUM_MAP: (27.0, 45.0)}
+DEPTHWISE_RATES = {MEDIUM_MAP: (24.0, 45.0), ANY_MAP: (35.0, 45.0)}
 
 
 def saving_ns(node: Node) -> float:
