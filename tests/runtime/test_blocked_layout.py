@@ -195,8 +195,7 @@ def test_concatenation_pooling_and_per_channel_constants_follow_the_layout(every
     plan = Plan(graph, {}, {})
     got = np.asarray(plan.run({"x": net.feed})["y"])
     np.testing.assert_allclose(got, F.softmax(tv, 1).detach().numpy(), rtol=0, atol=1e-6)
-    steps = [nd.op for nd in graph.nodes if nd.op not in ("constant", "scalar")]
-    assert {op for op, impl in zip(steps, plan.impls) if impl != "native"} == {"concat"}    # numpy's, as in NCHW
+    assert plan.impls.count("native") == len(plan.impls)
 
 
 def test_a_lone_convolution_goes_blocked_only_where_it_saves_more_than_its_reorders(rng):
