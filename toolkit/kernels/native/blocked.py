@@ -92,15 +92,21 @@ def blocked_convolution(ctx, ins, outs, program=None):
     depthwise = s.g > 1
     hp, wp = h + 2 * s.ph, w_ + 2 * s.pw
     plane_in, plane_pad, plane_out = h * w_ * BLOCK, hp * wp * BLOCK, s.p * BLOCK
-    pos = np.array([((y * s.sh) * wp + x * s.sw) * BLOCK for y in range(oh) for x in range(ow)], np.int64)
-    taps = np.array([((i * s.dh) * wp + j * s.dw) * BLOCK for i in range(s.kh) for j in range(s.kw)], np.int64)
+    row = w_ if depthwise else wp           # the depthwise kernel reads the unpadded plane
+    taps = np.array([((i * s.dh) * row + j * s.dw) * BLOCK for i in range(s.kh) for j in range(s.kw)], np.int64)
     packed = pack_depthwise(weight) if depthwise else pack_dense(weight)
     names = Names()
     x = Buf("x", "float32", n * cb * plane_in)
     y = Buf("y", "float32", n * ob * plane_out, const=False)
     wpk = Buf("wp", "float32", packed.size)
-    pos_b, taps_b = Buf("pos", "int64", pos.size), Buf("taps", "int64", taps.size)
-    params, arrays = [x, y, wpk, pos_b, taps_b], [ins[0], outs[0], packed, pos, taps]
+    taps_b = Buf("taps", "int64", taps.size)
+    params, arrays = [x, y, wpk, taps_b], [ins[0], outs[0], packed, taps]
+    if not depthwise:                       # each output position's window origin
+        pos = np.array([((oy_ * s.sh) * wp + ox_ * s.sw) * BLOCK for oy_ in range(oh) for ox_ in range(ow)],
+                       np.int64)
+        pos_b = Buf("pos", "int64", pos.size)
+        params.append(pos_b)
+        arrays.append(pos)
     bias = None
     if head_ins == 3:
         bias = Buf("bias", "float32", ob * BLOCK)
@@ -138,14 +144,9 @@ def blocked_convolution(ctx, ins, outs, program=None):
         # straight from the unpadded plane, the border's windows tested tap by tap (a padded copy
         # of the plane, whole or by bands of rows, cost its own pass over memory: MobileNet's
         # first depthwise layer, 32 x 112 x 112, 0.27 ms that way, 0.14 direct, 0.17-0.20 NCHW)
-        direct = np.array([((i * s.dh) * w_ + j * s.dw) * BLOCK for i in range(s.kh) for j in range(s.kw)],
-                          np.int64)
-        direct_b = Buf("taps_direct", "int64", direct.size)
-        params.append(direct_b)
-        arrays.append(direct)
         steps.append(Extern("tk_bdw_direct", (
             (x, plane_at * plane_in), i64(h), i64(w_), i64(oh), i64(ow), i64(s.sh), i64(s.sw), i64(s.ph),
-            i64(s.pw), i64(s.kh), i64(s.kw), i64(s.dh), i64(s.dw), (direct_b, i64(0)),
+            i64(s.pw), i64(s.kh), i64(s.kw), i64(s.dh), i64(s.dw), (taps_b, i64(0)),
             (wpk, blk * (taps.size * BLOCK)), (y, plane_at * plane_out), (bias, blk * BLOCK) if bias else None,
             (res, plane_at * plane_out) if res else None, i64(int(relu))), blocked.C_SOURCE))
         body.append(For(item, i64(0), i64(n * cb), steps, parallel=threads > 1))
