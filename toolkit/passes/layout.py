@@ -84,23 +84,28 @@ class _Regions:
         self.parent[self.find(a)] = self.find(b)
 
 
+def _over_the_map(node: Node) -> bool:
+    """A reduction over an image's H and W axes (global pooling)."""
+    return (node.op in MAP_REDUCTIONS and _image(node.inputs[0])
+            and tuple(sorted(a % 4 for a in node.attrs["axes"])) == (2, 3))
+
+
 def _could_follow(node: Node) -> list[Value]:
     """The image operands an op would take blocked if it followed the layout ([] if it cannot)."""
-    if len(node.outputs) != 1 or not _image(node.outputs[0]):
-        out = node.outputs[0] if len(node.outputs) == 1 else None
-        if (out is not None and node.op in MAP_REDUCTIONS and _image(node.inputs[0])
-                and tuple(sorted(a % 4 for a in node.attrs["axes"])) == (2, 3)):
-            return [node.inputs[0]]
+    if len(node.outputs) != 1:
         return []
     out = node.outputs[0]
+    if _over_the_map(node):
+        return [node.inputs[0]]
+    if not _image(out):
+        return []
     opdef = get_op(node.op)
     if opdef.elementwise and opdef.pure:
         return [v for v in node.inputs if tuple(v.shape) == tuple(out.shape)]
     if node.op == "concat" and node.attrs["axis"] % 4 == 1 and all(
             _image(v) and v.shape[1] % BLOCK == 0 for v in node.inputs):
         return list(node.inputs)
-    if node.op == "max_pool2d" or (node.op in MAP_REDUCTIONS
-                                   and tuple(sorted(a % 4 for a in node.attrs["axes"])) == (2, 3)):
+    if node.op == "max_pool2d":
         return [node.inputs[0]]
     return []
 
@@ -264,8 +269,7 @@ class _Rewriter:
         elif node.op == "max_pool2d" and node.inputs[0].id in self.blocked and _image(out):
             y = self.emit(node.scope, "max_pool2d_blocked", self.blocked[node.inputs[0].id], block=BLOCK,
                           **node.attrs)
-        elif (node.op in MAP_REDUCTIONS and tuple(sorted(a % 4 for a in node.attrs["axes"])) == (2, 3)
-              and node.inputs[0].id in self.blocked):
+        elif _over_the_map(node) and node.inputs[0].id in self.blocked:
             r = self.emit(node.scope, node.op, self.blocked[node.inputs[0].id], axes=(2, 3),
                           keepdims=node.attrs["keepdims"])
             if not node.attrs["keepdims"]:         # [N, C/16, 16] is [N, C]: no reorder at all
