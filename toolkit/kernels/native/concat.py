@@ -1,7 +1,8 @@
-"""Generated concatenation: each input's run of prod(shape[axis:]) elements per index of the
-axes before ``axis`` copied into its place in the output, in parallel over those (index, input)
-pieces. An inception or fire module's join (channels of NCHW or of the blocked layout) is a
-handful of contiguous copies per image that numpy's kernel ran on one thread."""
+"""Generated concatenation and zero padding along one axis: per index of the axes before
+``axis``, each input's run of prod(shape[axis:]) elements copied into its place in the output
+(padding: zero runs before and after the input's), in parallel over those indices. An inception
+or fire module's join (channels of NCHW or of the blocked layout) and LRN's channel padding are
+a handful of contiguous copies per image that numpy's kernels ran on one thread."""
 from __future__ import annotations
 
 import numpy as np
@@ -39,3 +40,27 @@ def concat_native(ctx, ins, outs):
         start += run
     loop = For(o, _i(0), _i(outer), body, parallel=ctx.threads > 1 and outer > 1 and outer * row >= PARALLEL_MIN_ELEMENTS)
     return NativeCall(Kernel("concat", xs + [y], [loop], ctx.threads), list(ins) + [outs[0]])
+
+
+@register_native("pad_axis", "cpu")
+def pad_axis_native(ctx, ins, outs):
+    if ctx.dtype not in DTYPES:
+        return None
+    in_shape = [int(d) for d in ctx.in_shapes[0]]
+    axis = norm_axis(ctx.attrs["axis"], len(in_shape))
+    before, length = int(ctx.attrs["before"]), in_shape[axis]
+    outer = int(np.prod(in_shape[:axis]))
+    inner = int(np.prod(in_shape[axis + 1:]))
+    row = int(np.prod([int(d) for d in ctx.out_shapes[0][axis:]]))
+    run = length * inner
+    names = Names()
+    x = Buf("x", ctx.dtype, outer * run)
+    y = Buf("y", ctx.dtype, outer * row, const=False)
+    o, q = names.var("o"), names.var("q")
+    zero = lift(0.0 if ctx.dtype.startswith("float") else 0, ctx.dtype)
+    start = before * inner
+    body = [For(q, _i(0), _i(start), [Store(y, o * row + q, zero)], vector=True),
+            For(q, _i(0), _i(run), [Store(y, o * row + start + q, x[o * run + q])], vector=True),
+            For(q, _i(start + run), _i(row), [Store(y, o * row + q, zero)], vector=True)]
+    loop = For(o, _i(0), _i(outer), body, parallel=ctx.threads > 1 and outer > 1 and outer * row >= PARALLEL_MIN_ELEMENTS)
+    return NativeCall(Kernel("pad_axis", [x, y], [loop], ctx.threads), [ins[0], outs[0]])
