@@ -23,7 +23,6 @@ from __future__ import annotations
 BLOCK = 16        # channels a block: one float32 AVX-512 vector
 TILE_POSITIONS = 6
 TILE_BLOCKS = 4
-DW_TILE_POSITIONS = 8
 
 C_SOURCE = r"""
 #ifdef __AVX512F__

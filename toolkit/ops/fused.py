@@ -162,6 +162,30 @@ register(OpDef("fused_elementwise", _elementwise_infer, _elementwise_reference, 
 EPILOGUE_HEADS = ("matmul", "conv2d", "conv2d_max_pool2d", "conv2d_grad_input", "conv2d_blocked")
 
 
+def store_program(program, outputs, residual_ok) -> tuple[int | None, bool] | None:
+    """(the input position of a residual added, or None; whether a ReLU follows) where an
+    epilogue program is one a GEMM tile applies as it stores it: relu(h), h + r, or relu(h + r),
+    with r input ``("x", i)`` where ``residual_ok(i)`` (the head's shape, no view); None for any
+    other program. The packed GEMM's and the blocked convolutions' kernels take these."""
+    h = ("h",)
+    steps, outputs = tuple(program), tuple(outputs)
+
+    def residual(step) -> int | None:
+        op, args, attrs = step
+        if op != "add" or attrs or len(args) != 2 or h not in args:
+            return None
+        other = args[1] if args[0] == h else args[0]
+        return other[1] if other[0] == "x" and residual_ok(other[1]) else None
+    if steps == (("relu", (h,), ()),) and outputs == (0,):
+        return None, True
+    if len(steps) == 1 and outputs == (0,) and residual(steps[0]) is not None:
+        return residual(steps[0]), False
+    if (len(steps) == 2 and outputs == (1,) and residual(steps[0]) is not None
+            and steps[1] == ("relu", (("t", 0),), ())):
+        return residual(steps[0]), True
+    return None
+
+
 def head_parts(attrs: dict) -> tuple[str, dict, int]:
     return attrs["head"], dict(attrs["head_attrs"]), attrs["head_inputs"]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from ..ir.graph import Graph, Node, Value
 from ..backend.registry import KERNELS
 from ..ops.base import get_op
-from ..ops.fused import EPILOGUE_HEADS, POOL_PREFIX, make_step
+from ..ops.fused import EPILOGUE_HEADS, POOL_PREFIX, make_step, store_program
 from .context import PassContext
 from .rewrite import kept_ids
 
@@ -205,24 +205,6 @@ def _can_head(node: Node) -> bool:
     return True
 
 
-def _applied_in_store(program, outputs, inputs, views, head_value) -> bool:
-    """The programs a blocked convolution's tiles apply as they store (codegen/blocked.py): a
-    ReLU, a residual of the head's type added, or both; its kernel takes no other."""
-    h = ("h",)
-
-    def residual(step) -> bool:
-        op, args, attrs = step
-        if op != "add" or attrs or len(args) != 2 or h not in args:
-            return False
-        other = args[1] if args[0] == h else args[0]
-        return other[0] == "x" and not views[other[1]] and inputs[other[1]].type == head_value.type
-    steps, outputs = tuple(program), tuple(outputs)
-    return ((steps == (("relu", (h,), ()),) and outputs == (0,))
-            or (len(steps) == 1 and outputs == (0,) and residual(steps[0]))
-            or (len(steps) == 2 and outputs == (1,) and residual(steps[0])
-                and steps[1] == ("relu", (("t", 0),), ())))
-
-
 def fuse_epilogue(graph: Graph, ctx: PassContext) -> bool:
     """A GEMM or convolution whose result only an elementwise op or group reads becomes one
     fused_epilogue op: the program runs on the head's output while it is still in cache (bias,
@@ -261,7 +243,9 @@ def fuse_epilogue(graph: Graph, ctx: PassContext) -> bool:
                 new_views.append(view)
         remapped = tuple((op, tuple(old_to_new[r[1]] if r[0] == "x" else r for r in args), attrs)
                          for op, args, attrs in program)
-        if head.op == "conv2d_blocked" and not _applied_in_store(remapped, outputs, inputs, new_views, head_value):
+        # the blocked convolutions' kernels apply only what a tile applies as it stores
+        if head.op == "conv2d_blocked" and store_program(
+                remapped, outputs, lambda i: not new_views[i] and inputs[i].type == head_value.type) is None:
             continue
         attrs = {"head": head.op, "head_attrs": tuple(sorted(head.attrs.items())), "head_inputs": len(head.inputs),
                  "program": remapped, "outputs": outputs}

@@ -24,7 +24,7 @@ from ...codegen.loops import (Buf, Extern, For, Gemm, If, Kernel, Let, Names, Pa
                               maximum, select)
 from ...codegen.native import NativeCall
 from ...ops.conv import conv_out_size
-from ...ops.fused import head_parts, split_attrs
+from ...ops.fused import head_parts, split_attrs, store_program
 from ...backend.registry import register_native
 from . import depthwise, winograd
 from .conv_parts import ConvShape, epilogue_buffers, i64, epilogue_statements, valid_span
@@ -129,34 +129,13 @@ def col2im(names: Names, s: ConvShape, cols: Buf, dx: Buf, n, g, cols_base) -> l
 
 def store_epilogue(program, ctx, out_shape) -> tuple[int | None, bool] | None:
     """(the input position of a residual added, or None; whether a ReLU follows) where the
-    fused program is one the packed GEMM applies as it stores: nothing, relu(h), h + r, or
-    relu(h + r), with r a plain array of the output's shape; None for any other program."""
+    fused program is one the GEMM tile applies as it stores (ops/fused.py's ``store_program``,
+    the residual a plain array of the output's shape); (None, False) without a program."""
     if program is None:
         return None, False
-    steps, outputs = program
-    steps = tuple(steps)
-    h = ("h",)
-
-    def residual(step):
-        op, args, attrs = step
-        if op != "add" or attrs or len(args) != 2 or h not in args:
-            return None
-        other = args[1] if args[0] == h else args[0]
-        if other[0] != "x":
-            return None
-        i = other[1]
-        views = ctx.attrs.get("views", ())
-        if tuple(ctx.in_shapes[i]) != tuple(out_shape) or (i < len(views) and views[i]):
-            return None
-        return i
-    if steps == (("relu", (h,), ()),) and tuple(outputs) == (0,):
-        return None, True
-    if len(steps) == 1 and tuple(outputs) == (0,) and residual(steps[0]) is not None:
-        return residual(steps[0]), False
-    if (len(steps) == 2 and tuple(outputs) == (1,) and residual(steps[0]) is not None
-            and steps[1] == ("relu", (("t", 0),), ())):
-        return residual(steps[0]), True
-    return None
+    views = ctx.attrs.get("views", ())
+    return store_program(*program, lambda i: tuple(ctx.in_shapes[i]) == tuple(out_shape)
+                         and not (i < len(views) and views[i]))
 
 
 def packed_weight(ctx, names: Names, s: ConvShape, w: Buf):
