@@ -152,7 +152,7 @@ def test_explain_says_what_the_layout_pass_chose_and_disable_keeps_nchw(tmp_path
     assert result.status == 0, result.err
     assert ("choose_layout: 2 of 3 convolutions in NCHW16c (1 dense, 1 depthwise), 2 op(s) follow the layout; "
             "reorders: 1 to NCHW16c, 0 back to NCHW") in result.out
-    assert "choose_layout: kept NCHW: stem (3 -> 32 channels, not multiples of 16)" in result.out
+    assert "choose_layout: kept NCHW: stem (3 -> 32 channels: padded to blocks of 16, 5.3x the work)" in result.out
     assert "conv2d_blocked" in json.dumps(compile_json(net))
     off = compile_json(net, "--disable", "choose_layout")
     assert "blocked" not in json.dumps(off["ops"]) + json.dumps(off.get("fused", {}))

@@ -465,24 +465,27 @@ for cid, xs, ws, stride, pad, dil, group in CONV:
 # numpy kernel; the native one, which takes frozen weights, is tests/runtime/test_blocked_layout.py's)
 def _nchw_to_blocked(x, block=16):
     n, c, h, w = x.shape
-    out = np.empty((n, c // block, h, w, block), x.dtype)
+    out = np.zeros((n, -(-c // block), h, w, block), x.dtype)       # a padded last block's lanes: 0
     for ch in range(c):
         out[:, ch // block, :, :, ch % block] = x[:, ch]
     return out
 
 
-def _blocked_to_nchw(y):
+def _blocked_to_nchw(y, channels=None):
     n, cb, h, w, block = y.shape
-    out = np.empty((n, cb * block, h, w), y.dtype)
-    for ch in range(cb * block):
+    channels = cb * block if channels is None else channels
+    out = np.empty((n, channels, h, w), y.dtype)
+    for ch in range(channels):
         out[:, ch] = y[:, ch // block, :, :, ch % block]
     return out
 
 
-for bid, xs in [("one-block", (2, 16, 3, 4)), ("three-blocks", (1, 48, 2, 5))]:
+for bid, xs in [("one-block", (2, 16, 3, 4)), ("three-blocks", (1, 48, 2, 5)), ("padded-24", (2, 24, 3, 2)),
+                ("padded-3", (1, 3, 2, 2))]:
     case("to_blocked", bid, lambda r, xs=xs: [uni(r, xs)], _nchw_to_blocked, attrs=dict(block=16))
-    bs = (xs[0], xs[1] // 16, xs[2], xs[3], 16)
-    case("from_blocked", bid, lambda r, bs=bs: [uni(r, bs)], _blocked_to_nchw, attrs=dict(block=16))
+    bs = (xs[0], -(-xs[1] // 16), xs[2], xs[3], 16)
+    case("from_blocked", bid, lambda r, bs=bs: [uni(r, bs)],
+         lambda y, c=xs[1]: _blocked_to_nchw(y, c), attrs=dict(block=16, channels=xs[1]))
 BLOCKED_CONV = [
     # id, x shape (NCHW), w shape, stride, pad, group
     ("1x1", (2, 32, 3, 5), (48, 32, 1, 1), (1, 1), (0, 0), 1),

@@ -95,6 +95,8 @@ def run_against_torch(net, out, want, threads=1):
     (1, 32, 32, (11, 9), 3, 2, 1, 1, 2),     # batch 1 on two threads: position ranges split
     (1, 16, 32, (10, 10), 3, 1, 2, 2, 1),    # dilated
     (1, 32, 16, (8, 12), 5, 1, 2, 1, 1),     # 5x5
+    (2, 24, 48, (7, 9), 1, 1, 0, 1, 1),      # padded blocks: 24 in (2 blocks, the second half empty)
+    (1, 48, 40, (6, 6), 3, 1, 1, 1, 2),      # 40 out: the last block 8 lanes
 ])
 def test_dense_blocked_convolution_equals_torch(every_candidate, rng, n, c, o, hw, k, stride, pad, dilation, threads):
     net = Net(rng, (n, c, *hw))
@@ -113,6 +115,7 @@ def test_dense_blocked_convolution_equals_torch(every_candidate, rng, n, c, o, h
     (2, 16, (57, 40), 3, 2, 1, 1),      # stride 2, rows whose inside run is not a multiple of 8
     (1, 16, (40, 64), 5, 1, 2, 1),
     (1, 16, (12, 13), 3, 1, 2, 1),      # padding 2 > what a 3x3 window needs: all-padding taps
+    (2, 24, (10, 9), 3, 1, 1, 1),       # 24 channels: a padded second block
 ])
 def test_depthwise_blocked_convolution_equals_torch(every_candidate, rng, n, c, hw, k, stride, pad, threads):
     net = Net(rng, (n, c, *hw))
@@ -166,8 +169,8 @@ def test_a_mobilenet_chain_is_blocked_with_one_reorder_and_says_so(rng):
     # the six ReLUs and the pooling follow
     assert notes[0] == ("choose_layout: 6 of 8 convolutions in NCHW16c (3 dense, 3 depthwise), 7 op(s) follow "
                         "the layout; reorders: 1 to NCHW16c, 0 back to NCHW")
-    assert "kept NCHW: net (3 -> 32 channels, not multiples of 16)" in notes[1]
-    assert "(128 -> 1000 channels, not multiples of 16)" in notes[1]
+    assert "kept NCHW: net (3 -> 32 channels: padded to blocks of 16, 5.3x the work)" in notes[1]
+    assert "net (one output position: a matrix-vector product)" in notes[1]
     ops = [nd.op for nd in graph.nodes]
     assert ops.count("to_blocked") == 1 and ops.count("from_blocked") == 0
     plan = Plan(graph, {}, {})
@@ -198,6 +201,46 @@ def test_concatenation_pooling_and_per_channel_constants_follow_the_layout(every
     assert plan.impls.count("native") == len(plan.impls)
 
 
+def test_padded_blocks_stay_zero_and_what_would_not_keep_them_zero_reads_nchw(every_candidate, rng):
+    """24 channels are two blocks, the second half empty. A square follows the layout (0 -> 0);
+    a log would turn the empty lanes into -inf, and inf times the next convolution's zero
+    weights is NaN, so it reads the NCHW form and the next convolution a fresh, zero-padded
+    reorder. The 1000-way classifier after global pooling is padded to 1008 and cut back."""
+    net = Net(rng, (2, 32, 6, 6))
+    t = tt(net.feed)
+    v, t = net.conv(net.x, t, 24, 1)
+    v, t = net.b.op("mul", v, v), t * t
+    v, t = net.b.op("log", v), torch.log(t)
+    v, t = net.conv(v, t, 32, 3, pad=1)
+    v = net.b.op("reduce_mean", v, axes=(2, 3), keepdims=False)
+    t = t.mean(dim=(2, 3))
+    w = rng.standard_normal((1000, 32)).astype(np.float32) / 6
+    net.graph.outputs["y"] = net.b.op("add", net.b.op("matmul", v, net.const(np.ascontiguousarray(w.T)), trans_a=False, trans_b=False), net.const(np.float32(0.5)))
+    t = t @ tt(w.T) + 0.5
+    graph, notes = _explain(net.graph)
+    ops = {nd.op for nd in graph.nodes}
+    log, = [nd for nd in graph.nodes if nd.op == "log"]
+    assert log.inputs[0].producer.op == "from_blocked" and log.inputs[0].shape == (2, 24, 6, 6)
+    assert "conv2d_blocked" in ops or "fused_epilogue" in ops
+    got = np.asarray(Plan(graph, {}, {}).run({"x": net.feed})["y"])
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, t.numpy(), rtol=2e-5, atol=2e-5 * float(t.abs().max()))
+
+
+@pytest.mark.parametrize("op, scalar, keeps", [
+    ("relu", None, True), ("sigmoid", None, False), ("add", 0.0, True), ("add", 1.0, False),
+    ("mul", 3.0, True), ("div", 2.0, True), ("maximum", -1.0, True), ("maximum", 1.0, False), ("tanh", None, True),
+])
+def test_which_elementwise_ops_keep_a_padded_blocks_zeros(op, scalar, keeps):
+    g = Graph("infer")
+    x = Value(TensorType((1, 24, 2, 2), "float32"), name="x")
+    g.inputs["x"] = x
+    b = Builder(g, "t")
+    operands = [x] if scalar is None else [x, b.op("constant", value=np.asarray(scalar, np.float32))]
+    y = b.op(op, *operands)
+    assert layout.keeps_padding_zero(y.producer) is keeps
+
+
 def test_a_lone_convolution_goes_blocked_only_where_it_saves_more_than_its_reorders(rng):
     """The cost rule: a 1x1 convolution on a 28x28 map between two NCHW ones (RGB in, 1000 out)
     would save less than its two reorders cost; the same on a 7x7 map of 512 channels saves
@@ -211,9 +254,8 @@ def test_a_lone_convolution_goes_blocked_only_where_it_saves_more_than_its_reord
         net.graph.outputs["y"] = v
         graph, notes = _explain(net.graph)
         assert any(nd.op == "conv2d_blocked" for nd in graph.nodes) == blocked
-        if blocked:
-            assert notes[1] == ("choose_layout: kept NCHW: net (3 -> 512 channels, not multiples of 16), net (512 -> "
-                                "1000 channels, not multiples of 16)")
+        if blocked:      # the 1000-way convolution too, padded to 1008
+            assert notes[1] == "choose_layout: kept NCHW: net (3 -> 512 channels: padded to blocks of 16, 5.3x the work)"
         else:
             assert notes == []        # nothing changed, nothing said
         got = np.asarray(Plan(graph, {}, {}).run({"x": net.feed})["y"])

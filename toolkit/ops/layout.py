@@ -3,9 +3,13 @@ as [N, C/B, H, W, B], B channels of one position side by side, so that a kernel 
 channels (any map size fills its lanes) instead of over positions (a 7x7 map fills 49 of 64).
 
 Four ops, all made by the layout pass (passes/layout.py) after autodiff:
-- ``to_blocked`` / ``from_blocked``: the reorders between NCHW and NCHWc (attribute ``block``; C
-  a multiple of it); each is the other's gradient.
+- ``to_blocked`` / ``from_blocked``: the reorders between NCHW and NCHWc (attribute ``block``);
+  each is the other's gradient. A channel count that is not a multiple of the block is padded:
+  ``to_blocked`` fills the last block's extra lanes with zeros, and ``from_blocked`` takes its
+  attribute ``channels`` (default: every lane) to drop them again. So a 24-channel image is two
+  blocks, as ONNX Runtime's and oneDNN's are; the layout pass keeps the extra lanes zero.
 - ``conv2d_blocked``: conv2d on blocked input and output, the weight still [O, C/group, kH, kW]
+  with O and C multiples of the block (the pass pads a weight with zero rows and columns)
   (the kernel reorders and packs it once, when the plan is built), dense (group 1) or depthwise
   (group = C = O). Attributes: conv2d's, plus ``block``.
 - ``max_pool2d_blocked``: max_pool2d on blocked input and output (its attributes, plus ``block``).
@@ -24,29 +28,36 @@ from .pool import _pool_flops, _pool_infer, max_pool2d_reference
 from .rules import fmt_shape, need_rank
 
 
+def blocks(channels: int, block: int) -> int:
+    """How many blocks hold ``channels`` (the last one padded)."""
+    return -(-channels // block)
+
+
 def blocked_shape(shape, block: int) -> tuple:
     n, c, h, w = shape
-    return (n, c // block, h, w, block)
+    return (n, blocks(c, block), h, w, block)
 
 
 def to_blocked_reference(x, block):
     n, c, h, w = x.shape
-    return np.ascontiguousarray(x.reshape(n, c // block, block, h, w).transpose(0, 1, 3, 4, 2))
+    cb = blocks(c, block)
+    padded = np.zeros((n, cb * block, h, w), x.dtype)
+    padded[:, :c] = x
+    return np.ascontiguousarray(padded.reshape(n, cb, block, h, w).transpose(0, 1, 3, 4, 2))
 
 
-def from_blocked_reference(y, block):
+def from_blocked_reference(y, block, channels=None):
     n, cb, h, w, b = y.shape
-    return np.ascontiguousarray(y.transpose(0, 1, 4, 2, 3).reshape(n, cb * b, h, w))
+    plain = y.transpose(0, 1, 4, 2, 3).reshape(n, cb * b, h, w)
+    return np.ascontiguousarray(plain[:, :cb * b if channels is None else channels])
 
 
 def _to_blocked_infer(types, attrs):
     x, = types
     need_rank(x, 4, "to_blocked input")
-    block = attrs["block"]
-    c = x.shape[1]
-    if not isinstance(c, int) or c % block:
-        raise ShapeError(f"to_blocked: {c} channels are not a multiple of the block {block}")
-    return [TensorType(blocked_shape(x.shape, block), x.dtype)]
+    if not isinstance(x.shape[1], int):
+        raise ShapeError(f"to_blocked: the channel count {x.shape[1]} is not a number")
+    return [TensorType(blocked_shape(x.shape, attrs["block"]), x.dtype)]
 
 
 def _from_blocked_infer(types, attrs):
@@ -55,11 +66,16 @@ def _from_blocked_infer(types, attrs):
     if y.shape[4] != attrs["block"]:
         raise ShapeError(f"from_blocked: the last axis of {fmt_shape(y.shape)} is not the block {attrs['block']}")
     n, cb, h, w, b = y.shape
-    return [TensorType((n, cb * b, h, w), y.dtype)]
+    channels = attrs.get("channels")
+    if channels is None:
+        channels = cb * b
+    if not isinstance(channels, int) or blocks(channels, b) != cb:
+        raise ShapeError(f"from_blocked: {channels} channels are not what {cb} blocks of {b} hold")
+    return [TensorType((n, channels, h, w), y.dtype)]
 
 
 def _to_blocked_grad(b: Builder, node, gouts):
-    return [b.op("from_blocked", gouts[0], block=node.attrs["block"])]
+    return [b.op("from_blocked", gouts[0], block=node.attrs["block"], channels=node.inputs[0].shape[1])]
 
 
 def _from_blocked_grad(b: Builder, node, gouts):

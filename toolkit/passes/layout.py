@@ -17,8 +17,15 @@ alone with its ReLU; the README's real-nets section has the whole nets):
   convolutions save (``saving_ns``, from the rates above) exceeds what the reorders at its
   borders cost. MobileNet's body is one region with one reorder in; a lone 1x1 convolution on
   a 56x56 map between two Winograd 3x3 ones saves nothing and stays NCHW.
-- Never blocked: channel counts that are not a multiple of 16 (an RGB input, a 1000-way
-  classifier), grouped convolutions other than depthwise, a 3x3 convolution the NCHW kernel
+- Channel counts that are not a multiple of 16 are padded, as ONNX Runtime pads them: the
+  weight gets zero rows and columns, the bias zeros, and ``to_blocked`` zeros the last block's
+  extra lanes; the padded work is counted against the saving. The extra lanes stay zero through
+  the convolutions (zero weights, zero bias), ReLU, residual sums and pooling, so an elementwise
+  op follows a padded value only where it maps zeros to zero (``keeps_padding_zero``; ``exp``
+  or ``x + 1`` would not), and a concatenation only of unpadded values (the blocks would not
+  line up).
+- Never blocked: a dense convolution that padding would make 1.5x the work or more (an RGB
+  input's 3 channels are a sixteenth of a block), grouped convolutions other than depthwise, a 3x3 convolution the NCHW kernel
   runs by Winograd (the kernel module says so, through the registry's ``fusion_pays``),
   weights fed at run time (a train step, whose backward kernels read NCHW anyway: the pass
   leaves graphs with gradient ops alone), other dtypes than float32, a processor without
@@ -48,11 +55,46 @@ SMALL_MAP, MEDIUM_MAP, ANY_MAP = 64, 784, float("inf")        # up to 8x8, up to
 POINTWISE_RATES = {SMALL_MAP: (80.0, 102.0), MEDIUM_MAP: (100.0, 106.0), ANY_MAP: (100.0, 103.0)}
 WINDOW_RATES = {ANY_MAP: (75.0, 100.0)}     # dense kxk, k > 1, that Winograd does not take
 DEPTHWISE_RATES = {MEDIUM_MAP: (24.0, 45.0), ANY_MAP: (35.0, 45.0)}
+BLOCKED_RATE = 100.0          # where a kind has no rate of its own
+MAX_PADDING_WASTE = 1.5
+
+
+def keeps_padding_zero(node: Node) -> bool:
+    """Whether an elementwise op maps the zeros in a padded block's extra lanes to zeros: its
+    reference on zeros for the image operands and padded per-channel constants, the value of
+    each scalar constant (a scalar fed at run time could be anything)."""
+    operands = []
+    for v in node.inputs:
+        value = constant_value(v)
+        if v.type.numel == 1 and v.rank <= 1:
+            if value is None:
+                return False
+            operands.append(np.asarray(value).reshape(1))
+        else:
+            operands.append(np.zeros(1, v.dtype))
+    with np.errstate(all="ignore"):
+        result = np.asarray(get_op(node.op).reference(*operands, **node.attrs))
+    return bool(np.all(result == 0))
+
+
+def padded(channels: int) -> int:
+    """``channels`` rounded up to whole blocks."""
+    return -(-channels // BLOCK) * BLOCK
+
+
+def padding_waste(node: Node) -> float:
+    """How many times its real work a convolution does with its channels padded to blocks."""
+    w = node.inputs[1]
+    o, c = w.shape[0], w.shape[1]
+    if node.attrs["group"] != 1:
+        return padded(o) / o
+    return padded(o) * padded(c) / (o * c)
 
 
 def saving_ns(node: Node) -> float:
     """The time one image's convolution saves in the blocked layout, from the measured rates
-    (0 where the two kernels measured alike)."""
+    (0 where the two kernels measured alike; negative where padding costs more than the blocked
+    kernel gains)."""
     out, w = node.outputs[0], node.inputs[1]
     positions = out.shape[2] * out.shape[3]
     flops = 2.0 * out.shape[1] * positions * w.shape[1] * w.shape[2] * w.shape[3]
@@ -62,8 +104,8 @@ def saving_ns(node: Node) -> float:
         rates = POINTWISE_RATES if w.shape[2] * w.shape[3] == 1 else WINDOW_RATES
     for limit, (nchw, blocked) in sorted(rates.items()):
         if positions <= limit:
-            return flops / nchw - flops / blocked
-    return 0.0
+            return flops / nchw - flops * padding_waste(node) / blocked
+    return flops / BLOCKED_RATE - flops * padding_waste(node) / BLOCKED_RATE
 
 
 class _Regions:
@@ -101,6 +143,8 @@ def _could_follow(node: Node) -> list[Value]:
         return []
     opdef = get_op(node.op)
     if opdef.elementwise and opdef.pure:
+        if out.shape[1] % BLOCK and not keeps_padding_zero(node):
+            return []
         return [v for v in node.inputs if tuple(v.shape) == tuple(out.shape)]
     if node.op == "concat" and node.attrs["axis"] % 4 == 1 and all(
             _image(v) and v.shape[1] % BLOCK == 0 for v in node.inputs):
@@ -167,12 +211,16 @@ def why_not_blocked(node: Node) -> str | None:
     if not _image(x):
         return "a symbolic map size"
     c, o, group = x.shape[1], w.shape[0], node.attrs["group"]
-    if c % BLOCK or o % BLOCK:
-        return f"{c} -> {o} channels, not multiples of {BLOCK}"
     if group != 1 and not group == c == o:
         return f"group {group}"
+    if node.outputs[0].shape[2:] == (1, 1):
+        return "one output position: a matrix-vector product"
+    if padding_waste(node) >= MAX_PADDING_WASTE:
+        return f"{c} -> {o} channels: padded to blocks of {BLOCK}, {padding_waste(node):.1f}x the work"
     if constant_value(w) is None:
         return "weights fed at run time"
+    if o % BLOCK and len(node.inputs) > 2 and constant_value(node.inputs[2]) is None:
+        return "a bias fed at run time"
     return None
 
 
@@ -209,10 +257,10 @@ class _Rewriter:
             return v
         if v.id not in self.plain:
             b = self.blocked[v.id]
-            if v.shape[2:] == (1, 1):               # [N, C/16, 1, 1, 16] is [N, C, 1, 1] in memory
+            if v.shape[2:] == (1, 1) and v.shape[1] % BLOCK == 0:   # [N, C/16, 1, 1, 16] is [N, C, 1, 1]
                 p = self.emit(b.producer.scope, "reshape", b, shape=tuple(v.shape))
             else:
-                p = self.emit(b.producer.scope, "from_blocked", b, block=BLOCK)
+                p = self.emit(b.producer.scope, "from_blocked", b, block=BLOCK, channels=v.shape[1])
             self.plain[v.id] = p
             self.blocked[p.id] = b                # wanted blocked again: the source, no reorder
             self.subst.replace(v, p)
@@ -227,8 +275,27 @@ class _Rewriter:
         x, w = node.inputs[0], node.inputs[1]
         xb = self.blocked.get(x.id) or self.to_blocked(x, node.scope)
         attrs = {k: node.attrs[k] for k in ("stride", "pad", "dilation", "group")}
-        y = self.emit(node.scope, "conv2d_blocked", xb, *node.inputs[1:], block=BLOCK, **attrs)
+        params = list(node.inputs[1:])
+        o, c = w.shape[0], w.shape[1]
+        if o % BLOCK or (attrs["group"] == 1 and c % BLOCK):
+            # zero rows (outputs) and columns (inputs) up to whole blocks: the extra output lanes
+            # come out zero, and the extra input lanes, zero too, meet zero weights
+            if attrs["group"] != 1:
+                attrs["group"] = padded(o)
+            weight = constant_value(w)
+            grown = np.zeros((padded(o), c if attrs["group"] != 1 else padded(c), *weight.shape[2:]), weight.dtype)
+            grown[:o, :c] = weight
+            params[0] = self.constant(w, grown)
+            if len(params) > 1:
+                bias = np.zeros(padded(o), weight.dtype)
+                bias[:o] = constant_value(params[1])
+                params[1] = self.constant(params[1], bias)
+        y = self.emit(node.scope, "conv2d_blocked", xb, *params, block=BLOCK, **attrs)
         self.produce_blocked(node.outputs[0], y)
+
+    def constant(self, like: Value, value: np.ndarray) -> Value:
+        value.flags.writeable = False
+        return self.emit(like.producer.scope, "constant", value=value)
 
     def operand(self, v: Value, image_shape, scope: str) -> Value | None:
         """``v`` as an operand of an op running on blocked [N, C, H, W] values: its blocked form,
@@ -246,9 +313,9 @@ class _Rewriter:
         shape = tuple(value.shape)
         if shape not in ((c, 1, 1), (1, c, 1, 1)):
             return None
-        rearranged = np.ascontiguousarray(value.reshape(1, c // BLOCK, 1, 1, BLOCK))
-        rearranged.flags.writeable = False
-        return self.emit(v.producer.scope, "constant", value=rearranged)
+        grown = np.zeros(padded(c), value.dtype)          # zeros for a padded block's extra lanes
+        grown[:c] = value.reshape(c)
+        return self.constant(v, grown.reshape(1, padded(c) // BLOCK, 1, 1, BLOCK))
 
     def follow(self, node: Node) -> bool:
         """Emit ``node`` on blocked operands when one of its inputs exists only blocked and the
@@ -258,6 +325,8 @@ class _Rewriter:
         opdef = get_op(node.op)
         out = node.outputs[0]
         if opdef.elementwise and opdef.pure and _image(out):
+            if out.shape[1] % BLOCK and not keeps_padding_zero(node):
+                return False
             operands = [self.operand(v, out.shape, node.scope) for v in node.inputs]
             if any(o is None for o in operands):
                 return False
@@ -270,8 +339,16 @@ class _Rewriter:
             y = self.emit(node.scope, "max_pool2d_blocked", self.blocked[node.inputs[0].id], block=BLOCK,
                           **node.attrs)
         elif _over_the_map(node) and node.inputs[0].id in self.blocked:
-            r = self.emit(node.scope, node.op, self.blocked[node.inputs[0].id], axes=(2, 3),
-                          keepdims=node.attrs["keepdims"])
+            c = node.inputs[0].shape[1]
+            keep = node.attrs["keepdims"] or c % BLOCK
+            r = self.emit(node.scope, node.op, self.blocked[node.inputs[0].id], axes=(2, 3), keepdims=bool(keep))
+            if c % BLOCK:                          # the padded lanes dropped: [N, C, 1, 1]
+                p = self.emit(node.scope, "from_blocked", r, block=BLOCK, channels=c)
+                if not node.attrs["keepdims"]:
+                    p = self.emit(node.scope, "reshape", p, shape=tuple(out.shape))
+                self.subst.replace(out, p)
+                self.followers += 1
+                return True
             if not node.attrs["keepdims"]:         # [N, C/16, 16] is [N, C]: no reorder at all
                 self.subst.replace(out, self.emit(node.scope, "reshape", r, shape=tuple(out.shape)))
                 self.followers += 1
@@ -312,11 +389,12 @@ def choose_layout(graph: Graph, ctx: PassContext) -> bool:
     if not chosen:
         return False                 # notes are changes (context.py): what stayed NCHW rides on one
     rw = _Rewriter(graph)
-    dense = depthwise = 0
+    dense = depthwise = grown = 0
     for node in graph.nodes:
         node.inputs = [rw.subst.resolve(v) for v in node.inputs]
         if id(node) in chosen:
             rw.convolution(node)
+            grown += padding_waste(node) > 1
             if node.attrs["group"] == 1:
                 dense += 1
             else:
@@ -330,7 +408,7 @@ def choose_layout(graph: Graph, ctx: PassContext) -> bool:
     graph.nodes = rw.nodes
     rw.subst.apply(graph)
     ctx.note(f"choose_layout: {dense + depthwise} of {len(convs)} convolutions in NCHW{BLOCK}c ({dense} dense, "
-             f"{depthwise} depthwise), {rw.followers} op(s) follow the layout; reorders: "
+             f"{depthwise} depthwise{f', {grown} with padded blocks' if grown else ''}), {rw.followers} op(s) follow the layout; reorders: "
              f"{rw.reorders['to_blocked']} to NCHW{BLOCK}c, {rw.reorders['from_blocked']} back to NCHW")
     if kept:
         ctx.note(kept_note)

@@ -41,7 +41,13 @@ def to_blocked(ctx, xp=np):
 
     def run(ins, outs):
         n, c, h, w = ins[0].shape
-        xp.copyto(outs[0], ins[0].reshape(n, c // block, block, h, w).transpose(0, 1, 3, 4, 2))
+        whole, extra = divmod(c, block)
+        xp.copyto(outs[0][:, :whole], ins[0][:, :whole * block].reshape(n, whole, block, h, w)
+                  .transpose(0, 1, 3, 4, 2))
+        if extra:                              # the last block: the channels left, then zeros
+            last = outs[0][:, whole]
+            last[..., extra:] = 0
+            xp.copyto(last[..., :extra], ins[0][:, whole * block:].transpose(0, 2, 3, 1))
     return run
 
 
@@ -49,7 +55,11 @@ def from_blocked(ctx, xp=np):
     def run(ins, outs):
         n, c, h, w = outs[0].shape
         cb, block = ins[0].shape[1], ins[0].shape[4]
-        xp.copyto(outs[0].reshape(n, cb, block, h, w), ins[0].transpose(0, 1, 4, 2, 3))
+        whole, extra = divmod(c, block)
+        xp.copyto(outs[0][:, :whole * block].reshape(n, whole, block, h, w),
+                  ins[0][:, :whole].transpose(0, 1, 4, 2, 3))
+        if extra:
+            xp.copyto(outs[0][:, whole * block:], ins[0][:, whole, ..., :extra].transpose(0, 3, 1, 2))
     return run
 
 

@@ -31,19 +31,35 @@ def _reorder(ctx, ins, outs, to_blocked: bool):
     plain = ctx.in_shapes[0] if to_blocked else ctx.out_shapes[0]
     n, c, h, w = (int(d) for d in plain)
     block = int(ctx.attrs["block"])
-    cb, hw = c // block, h * w
+    cb, hw = -(-c // block), h * w
     names = Names()
-    x = Buf("x", ctx.dtype, n * c * hw)
-    y = Buf("y", ctx.dtype, n * c * hw, const=False)
+    x = Buf("x", ctx.dtype, n * (c if to_blocked else cb * block) * hw)
+    y = Buf("y", ctx.dtype, n * (cb * block if to_blocked else c) * hw, const=False)
     i, q, lane = names.var("i"), names.var("q"), names.var("lane")
-    # i: (image, channel block); the NCHW side's index of (lane, q) is (i * block + lane) * hw + q
-    nchw = (i * block + lane) * hw + q
-    nchwc = (i * hw + q) * block + lane
-    src, dst = (nchw, nchwc) if to_blocked else (nchwc, nchw)
-    inner = For(lane, i64(0), i64(block), [Store(y, dst, x[src])], vector=to_blocked)
-    outer = For(q, i64(0), i64(hw), [inner], vector=not to_blocked) if to_blocked else \
-        For(lane, i64(0), i64(block), [For(q, i64(0), i64(hw), [Store(y, dst, x[src])], vector=True)])
-    body = [For(i, i64(0), i64(n * cb), [outer], parallel=ctx.threads > 1 and n * c * hw >= 1 << 15)]
+    parallel = ctx.threads > 1 and n * c * hw >= 1 << 15
+    if c % block == 0:
+        # i: (image, channel block); the NCHW side's index of (lane, q) is (i * block + lane) * hw + q
+        nchw = (i * block + lane) * hw + q
+        nchwc = (i * hw + q) * block + lane
+        src, dst = (nchw, nchwc) if to_blocked else (nchwc, nchw)
+        inner = For(lane, i64(0), i64(block), [Store(y, dst, x[src])], vector=to_blocked)
+        outer = For(q, i64(0), i64(hw), [inner], vector=not to_blocked) if to_blocked else \
+            For(lane, i64(0), i64(block), [For(q, i64(0), i64(hw), [Store(y, dst, x[src])], vector=True)])
+        body = [For(i, i64(0), i64(n * cb), [outer], parallel=parallel)]
+    else:
+        # a padded last block: channel ch = blk * block + lane of image img exists while ch < c
+        img, ch = names.var("img"), names.var("ch")
+        if to_blocked:
+            real = select(ch.lt(c), ch, i64(c - 1))         # an index inside x for the lanes past c
+            take = select(ch.lt(c), x[(img * c + real) * hw + q], lift(0.0, ctx.dtype))
+            body = [For(i, i64(0), i64(n * cb), [Let(img, i // cb), For(q, i64(0), i64(hw), [
+                For(lane, i64(0), i64(block), [Let(ch, (i % cb) * block + lane),
+                                               Store(y, (i * hw + q) * block + lane, take)])])],
+                parallel=parallel)]
+        else:
+            body = [For(i, i64(0), i64(n * c), [Let(img, i // c), Let(ch, i % c), For(q, i64(0), i64(hw), [
+                Store(y, i * hw + q, x[((img * cb + ch // block) * hw + q) * block + ch % block])],
+                vector=True)], parallel=parallel)]
     return NativeCall(Kernel("to_blocked" if to_blocked else "from_blocked", [x, y], body, ctx.threads),
                       [ins[0], outs[0]])
 
