@@ -115,9 +115,10 @@ def long_job(out: Path, snapshot: int, written) -> tuple[subprocess.Popen, list[
     with the list its stderr lines arrive in."""
     cmd = [str(MPIEXEC), "-n", "2", *TOOLKIT, "train", "zoo/lenet/net.yaml", "--out", str(out),
            "--set", "train.data.batch_size=32", "--set", "train.max_iter=100000", "--set", f"train.snapshot={snapshot}"]
-    job = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    job = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           start_new_session=True)     # its own process group, for the kill below
     lines: list[str] = []
-    threading.Thread(target=lambda: lines.extend(job.stderr), daemon=True).start()
+    threading.Thread(target=lambda: lines.extend(job.stdout), daemon=True).start()
     deadline = time.monotonic() + 120
     while not written(out) and time.monotonic() < deadline and job.poll() is None:
         time.sleep(0.2)
@@ -125,15 +126,16 @@ def long_job(out: Path, snapshot: int, written) -> tuple[subprocess.Popen, list[
 
 
 def finish(job: subprocess.Popen, lines: list[str]) -> str:
-    """The job's stdout and stderr once it has ended (killed if it has not within 60 s)."""
+    """The job's output once it has ended (killed, and the test failed, if it has not within
+    60 s: a job whose ranks disagree about stopping hangs in a collective)."""
     try:
-        said = job.stdout.read()
         job.wait(timeout=60)
-    finally:
-        if job.poll() is None:
-            job.kill()
-    time.sleep(0.2)                        # the stderr reader's last lines
-    return said + "".join(lines)
+    except subprocess.TimeoutExpired:
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait()
+        pytest.fail("the job did not end within 60 s of the signal:\n" + "".join(lines)[-2000:])
+    time.sleep(0.2)                        # the reader's last lines
+    return "".join(lines)
 
 
 def _running(pid: int) -> bool:

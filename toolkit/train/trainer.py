@@ -474,21 +474,27 @@ class Trainer:
                         log.write(entry)
                         if board is not None:
                             board.write(entry)
+                # the decision to stop is read once an iteration, and with several ranks after they
+                # agree: a signal landing between the agreement and a second read would stop one
+                # rank while the others go on into the next step's collectives, and hang the job
+                stop = self._stop
                 if self.comm:                 # a signal seen by any rank stops all at this iteration
-                    stop = self.comm.any_true(self._stop is not None)
-                    if stop and self._stop is None:
-                        self._stop = signal.SIGTERM
-                if snapshot or self._stop is not None or done == self.max_iter:
+                    if self.comm.any_true(stop is not None):
+                        stop = stop if stop is not None else signal.SIGTERM
+                    else:
+                        stop = None           # arrived after the agreement: the next iteration's
+                    self._stop = stop if stop is not None else self._stop
+                if snapshot or stop is not None or done == self.max_iter:
                     self._check_finite(i, last_good, progress)   # never checkpoint a nan/inf state
                 if snapshot and writer:
                     last_good = self.checkpoint(done)
-                if self._stop is not None:
+                if stop is not None:
                     if writer:
                         last_good = self.checkpoint(done)
                         save_weights(str(self.out / "model.safetensors"), self.model_weights())
-                    progress.message(f"stopped by signal {self._stop} after iteration {done}; "
+                    progress.message(f"stopped by signal {stop} after iteration {done}; "
                                      f"checkpoint {last_good} (continue with --resume {self.out})")
-                    return 128 + self._stop
+                    return 128 + stop
             final = self.test()
             test_keys |= set(final)
             if final:

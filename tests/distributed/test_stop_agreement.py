@@ -1,0 +1,39 @@
+"""The ranks of a data-parallel run agree on stopping after a signal: a signal that lands after
+an iteration's agreement is acted on at the next iteration's, by every rank together (acting on
+it at once, one rank would leave while the others went into the next step's collectives and
+hang the job). Driven here through a stand-in communicator, so the signal's moment is exact."""
+from __future__ import annotations
+
+import signal
+
+from toolkit.distributed.comm import Solo
+from toolkit.frontend import Net
+from toolkit.train.checkpoint import find_resume_point, read_checkpoint
+from toolkit.train.trainer import Trainer
+
+
+class TwoRanks(Solo):
+    """Rank 0 of two whose collectives are the identity; the signal arrives during the
+    agreement of iteration ``late_at`` (after the vote is cast), as a real one can."""
+    size = 2
+
+    def __init__(self, late_at: int):
+        super().__init__()
+        self.late_at, self.votes, self.trainer = late_at, [], None
+
+    def any_true(self, flag: bool) -> bool:
+        self.votes.append(flag)
+        if len(self.votes) - 1 == self.late_at:
+            self.trainer._stop = signal.SIGINT
+        return flag
+
+
+def test_a_signal_after_the_agreement_stops_every_rank_at_the_next_iteration(tmp_path):
+    net = Net.load("zoo/lenet/net.yaml", overrides=[(("train", "max_iter"), 50), (("train", "display"), 1)])
+    comm = TwoRanks(late_at=3)
+    trainer = Trainer(net, tmp_path / "run", comm=comm)
+    comm.trainer = trainer
+    assert trainer.run() == 128 + signal.SIGINT
+    # voted "go on" four times, the signal landed during the fourth vote; the fifth says stop
+    assert comm.votes == [False, False, False, False, True]
+    assert read_checkpoint(find_resume_point(str(tmp_path / "run"))).iteration == 5
