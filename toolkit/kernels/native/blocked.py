@@ -196,10 +196,12 @@ def conv2d_blocked_native(ctx, ins, outs):
 
 @register_native("max_pool2d_blocked", "cpu")
 def max_pool2d_blocked_native(ctx, ins, outs):
-    """Each (image, channel block) plane: the output rows start at -inf, then every tap of the
-    window that lies inside the input is taken in with numpy's maximum (NaN kept), 16 channels
-    a vector; a window's taps outside the input (padding, the ceil-mode edge) are skipped, as
-    the NCHW kernel counts padding -inf."""
+    """Each (image, channel block) plane, an output row at a time: the row starts at -inf, then
+    for each of the window's input rows, every output position takes in its taps on that row
+    with numpy's maximum (NaN kept), 16 channels a vector; a window's taps outside the input
+    (padding, the ceil-mode edge) are skipped, as the NCHW kernel counts padding -inf. Input
+    row by input row rather than window by window: SqueezeNet's pool3 (8 x 128 x 55 x 55, 3x3
+    stride 2) 0.57-0.83 ms against 1.48-1.52, one thread."""
     if ctx.dtype not in ("float32", "float64"):
         return None
     dtype = ctx.dtype
@@ -220,10 +222,12 @@ def max_pool2d_blocked_native(ctx, ins, outs):
     take = Store(y, out_at + lane, maximum(y[out_at + lane], x[((item * h + y0 + ky) * w + x0 + kx) * block + lane]))
     body = [For(item, i64(0), i64(n * cb), [
         For(oy, i64(0), i64(oh), [Let(y0, oy * sh - ph)] + span(ky_lo, ky_hi, y0, h, kh) + [
-            For(ox, i64(0), i64(ow), [
-                Let(x0, ox * sw - pw), Let(out_at, ((item * oh + oy) * ow + ox) * block)]
-                + span(kx_lo, kx_hi, x0, w, kw) + [
-                For(lane, i64(0), i64(block), [Store(y, out_at + lane, lift(float("-inf"), dtype))], vector=True),
-                For(ky, ky_lo, ky_hi, [For(kx, kx_lo, kx_hi, [For(lane, i64(0), i64(block), [take], vector=True)])])])])],
+            For(ox, i64(0), i64(ow), [Let(out_at, ((item * oh + oy) * ow + ox) * block),
+                For(lane, i64(0), i64(block), [Store(y, out_at + lane, lift(float("-inf"), dtype))], vector=True)]),
+            For(ky, ky_lo, ky_hi, [
+                For(ox, i64(0), i64(ow), [
+                    Let(x0, ox * sw - pw), Let(out_at, ((item * oh + oy) * ow + ox) * block)]
+                    + span(kx_lo, kx_hi, x0, w, kw) + [
+                    For(kx, kx_lo, kx_hi, [For(lane, i64(0), i64(block), [take], vector=True)])])])])],
         parallel=ctx.threads > 1 and n * cb * oh * ow * block >= 1 << 15)]
     return NativeCall(Kernel("max_pool_blocked", [x, y], body, ctx.threads), [ins[0], outs[0]])
