@@ -131,9 +131,9 @@ def test_net_file_optimize_key_is_validated(tmp_path, value, words):
 LAYOUT_NET = """
 name: blocks
 inputs:
-  data: {shape: [N, 3, 14, 14]}
+  data: {shape: [N, 4, 14, 14]}
 layers:
-  - {name: stem, type: Convolution, bottom: data, top: stem, num_output: 32, kernel_size: 3, pad: 1}
+  - {name: stem, type: Convolution, bottom: data, top: stem, num_output: 32, kernel_size: 3, pad: 1, group: 2}
   - {name: dw, type: Convolution, bottom: stem, top: dw, num_output: 32, group: 32, kernel_size: 3, pad: 1}
   - {name: relu, type: ReLU, bottom: dw, top: dw}
   - {name: pw, type: Convolution, bottom: dw, top: pw, num_output: 512, kernel_size: 1}
@@ -152,7 +152,7 @@ def test_explain_says_what_the_layout_pass_chose_and_disable_keeps_nchw(tmp_path
     assert result.status == 0, result.err
     assert ("choose_layout: 2 of 3 convolutions in NCHW16c (1 dense, 1 depthwise), 2 op(s) follow the layout; "
             "reorders: 1 to NCHW16c, 0 back to NCHW") in result.out
-    assert "choose_layout: kept NCHW: stem (3 -> 32 channels: padded to blocks of 16, 5.3x the work)" in result.out
+    assert "choose_layout: kept NCHW: stem (group 2)" in result.out
     assert "conv2d_blocked" in json.dumps(compile_json(net))
     off = compile_json(net, "--disable", "choose_layout")
     assert "blocked" not in json.dumps(off["ops"]) + json.dumps(off.get("fused", {}))

@@ -503,6 +503,14 @@ for bid, xs, ws, stride, pad, group in BLOCKED_CONV:
          _blocked_conv, attrs=battrs)
 
 
+def _nchw_into_blocked_conv(x, w, bias):       # an RGB image read as NCHW, written blocked
+    return _nchw_to_blocked(tn(F.conv2d(tt(x), tt(w), tt(bias), stride=2, padding=1)))
+
+
+case("conv2d_blocked", "nchw-input", lambda r: [uni(r, (2, 3, 7, 6)), uni(r, (32, 3, 3, 3)), uni(r, (32,))],
+     _nchw_into_blocked_conv, attrs=dict(stride=(2, 2), pad=(1, 1), dilation=(1, 1), group=1, block=16))
+
+
 for bid, xs, kernel, stride, pad, ceil in [("k3s2-ceil", (2, 32, 7, 7), (3, 3), (2, 2), (0, 0), True),
                                           ("k3s1p1", (1, 16, 5, 6), (3, 3), (1, 1), (1, 1), False)]:
     bxs = (xs[0], xs[1] // 16, xs[2], xs[3], 16)

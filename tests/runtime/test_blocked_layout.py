@@ -106,6 +106,25 @@ def test_dense_blocked_convolution_equals_torch(every_candidate, rng, n, c, o, h
     assert [nd.op for nd in graph.nodes if nd.op in ("to_blocked", "from_blocked")] == ["to_blocked", "from_blocked"]
 
 
+@pytest.mark.parametrize("n, c, o, hw, k, stride, pad, threads", [
+    (2, 3, 32, (15, 17), 3, 2, 1, 1),      # MobileNet's first layer: an RGB image, 3 channels
+    (1, 3, 64, (23, 21), 7, 2, 3, 2),      # ResNet's and GoogLeNet's 7x7 stride 2, two threads
+    (1, 3, 40, (27, 27), 11, 4, 0, 1),     # AlexNet's 11x11 stride 4; 40 out: a padded block
+    (1, 5, 16, (6, 6), 1, 1, 0, 1),        # 1x1, no padded copy
+])
+def test_an_rgb_image_is_read_as_nchw_and_written_blocked(every_candidate, rng, n, c, o, hw, k, stride, pad, threads):
+    """Fewer input channels than a block: the convolution reads the NCHW planes (blocks of one
+    channel) and writes the blocked layout, so no reorder comes before it."""
+    net = Net(rng, (n, c, *hw))
+    y, want = net.conv(net.x, tt(net.feed), o, k, stride, pad)
+    y = net.b.op("relu", y)
+    plan, graph = run_against_torch(net, net.b.op("max_pool2d", y, kernel=(2, 2), stride=(2, 2), pad=(0, 0),
+                                                  ceil_mode=False), F.max_pool2d(F.relu(want), 2, 2), threads)
+    ops = [nd.op for nd in graph.nodes]
+    assert "to_blocked" not in ops and "max_pool2d_blocked" in ops, ops
+    assert "tk_bconv(" in plan.native_source
+
+
 @pytest.mark.parametrize("n, c, hw, k, stride, pad, threads", [
     (1, 48, (14, 14), 3, 1, 1, 2),      # 8 inside positions a tile, the border's one at a time
     (2, 32, (15, 15), 3, 2, 1, 1),      # stride 2 over an odd map
@@ -148,10 +167,11 @@ def _explain(graph_builder, disable=()):
     return graph, [n for n in ctx.notes if n.startswith("choose_layout")]
 
 
-def test_a_mobilenet_chain_is_blocked_with_one_reorder_and_says_so(rng):
-    """conv (3 input channels: NCHW) -> depthwise / pointwise pairs -> global pooling -> a
-    1000-way classifier (NCHW): one reorder in, none out (the pooled [N, C, 1, 1] is the same
-    memory in both layouts), and the notes name what stayed NCHW and why."""
+def test_a_mobilenet_chain_is_blocked_with_no_reorder_and_says_so(rng):
+    """conv (3 input channels, read as NCHW, written blocked) -> depthwise / pointwise pairs ->
+    global pooling -> a 1000-way classifier over one position (NCHW): no reorder in, none out
+    (the pooled [N, C, 1, 1] is the same memory in both layouts), and the notes name what
+    stayed NCHW and why."""
     net = Net(rng, (2, 3, 16, 16))
     t = tt(net.feed)
     v, t = net.conv(net.x, t, 32, 3, stride=2, pad=1)
@@ -167,12 +187,11 @@ def test_a_mobilenet_chain_is_blocked_with_one_reorder_and_says_so(rng):
     net.graph.outputs["y"] = v
     graph, notes = _explain(net.graph)
     # the six ReLUs and the pooling follow
-    assert notes[0] == ("choose_layout: 6 of 8 convolutions in NCHW16c (3 dense, 3 depthwise), 7 op(s) follow "
-                        "the layout; reorders: 1 to NCHW16c, 0 back to NCHW")
-    assert "kept NCHW: net (3 -> 32 channels: padded to blocks of 16, 5.3x the work)" in notes[1]
-    assert "net (one output position: a matrix-vector product)" in notes[1]
+    assert notes[0] == ("choose_layout: 7 of 8 convolutions in NCHW16c (4 dense, 3 depthwise), 8 op(s) follow "
+                        "the layout; reorders: 0 to NCHW16c, 0 back to NCHW")
+    assert notes[1] == "choose_layout: kept NCHW: net (one output position: a matrix-vector product)"
     ops = [nd.op for nd in graph.nodes]
-    assert ops.count("to_blocked") == 1 and ops.count("from_blocked") == 0
+    assert ops.count("to_blocked") == 0 and ops.count("from_blocked") == 0
     plan = Plan(graph, {}, {})
     np.testing.assert_allclose(np.asarray(plan.run({"x": net.feed})["y"]), t.detach().numpy(), rtol=0, atol=2e-5)
 
@@ -242,20 +261,21 @@ def test_which_elementwise_ops_keep_a_padded_blocks_zeros(op, scalar, keeps):
 
 
 def test_a_lone_convolution_goes_blocked_only_where_it_saves_more_than_its_reorders(rng):
-    """The cost rule: a 1x1 convolution on a 28x28 map between two NCHW ones (RGB in, 1000 out)
-    would save less than its two reorders cost; the same on a 7x7 map of 512 channels saves
-    about a fifth of its 0.25 ms, far more than reordering 25k values twice."""
+    """The cost rule: a 1x1 convolution on a 28x28 map between two NCHW ones (grouped, which
+    the blocked kernels do not run) would save less than its two reorders cost; the same on a
+    7x7 map of 512 channels saves about a fifth of its 0.25 ms, far more than reordering 25k
+    values twice."""
     for hw, c, blocked in [((28, 28), 32, False), ((7, 7), 512, True)]:
-        net = Net(rng, (1, 3, *hw))
+        net = Net(rng, (1, c, *hw))
         t = tt(net.feed)
-        v, t = net.conv(net.x, t, c, 3, pad=1)
+        v, t = net.conv(net.x, t, c, 3, pad=1, group=2)
         v, t = net.conv(v, t, c, 1)
-        v, t = net.conv(v, t, 1000, 1)
+        v, t = net.conv(v, t, c, 3, pad=1, group=2)
         net.graph.outputs["y"] = v
         graph, notes = _explain(net.graph)
         assert any(nd.op == "conv2d_blocked" for nd in graph.nodes) == blocked
-        if blocked:      # the 1000-way convolution too, padded to 1008
-            assert notes[1] == "choose_layout: kept NCHW: net (3 -> 512 channels: padded to blocks of 16, 5.3x the work)"
+        if blocked:
+            assert notes[1] == "choose_layout: kept NCHW: net (group 2), net (group 2)"
         else:
             assert notes == []        # nothing changed, nothing said
         got = np.asarray(Plan(graph, {}, {}).run({"x": net.feed})["y"])
@@ -385,10 +405,11 @@ def test_a_compiler_without_avx512_compiles_the_plain_form(every_candidate, rng,
     """A compiler told not to target AVX-512 compiles the plain C form of both tiles, equal to
     PyTorch (bias, residual and ReLU included), rather than failing the unit."""
     monkeypatch.setattr(toolchain, "FLAGS", toolchain.FLAGS + ("-mno-avx512f",))
-    net = Net(rng, (2, 32, 7, 6))
+    net = Net(rng, (2, 3, 7, 6))
     t = tt(net.feed)
-    a, ta = net.conv(net.x, t, 32, 3, stride=1, pad=1, group=32)
+    x, t = net.conv(net.x, t, 32, 3, pad=1)                # an RGB image read as NCHW
+    a, ta = net.conv(x, t, 32, 3, stride=1, pad=1, group=32)
     a, ta = net.b.op("relu", a), F.relu(ta)
     y, ty = net.conv(a, ta, 32, 1)
-    plan, _ = run_against_torch(net, net.b.op("relu", net.b.op("add", y, net.x)), F.relu(ty + t))
+    plan, _ = run_against_torch(net, net.b.op("relu", net.b.op("add", y, x)), F.relu(ty + t))
     assert "tk_bconv(" in plan.native_source and "tk_bdw_direct(" in plan.native_source

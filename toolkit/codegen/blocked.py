@@ -8,7 +8,9 @@ position and loads one 16-wide weight row per output block: the vector lanes run
 channels, so a 7x7 map keeps every lane busy where a kernel vectorised over positions fills 49
 of 64. Positions are found through a table of window origins (``pos_off``), so any stride,
 and padding (on a padded copy of the input), share the one tile. The weight is packed once,
-when the plan is built: block ob's rows [C/16][taps][16 in][16 out], contiguous.
+when the plan is built: block ob's rows [C/16][taps][16 in][16 out], contiguous. An NCHW
+input (an RGB image: 3 channels, a sixteenth of a block) runs through the same tile with blocks
+of one channel, [C][taps][1 in][16 out]: its output comes out blocked with no reorder.
 
 Depthwise (``tk_bdw_direct``): one block of 16 channels, 8 positions a tile: per tap one weight
 vector and one input vector per position, read straight from the unpadded plane; the positions
@@ -36,8 +38,8 @@ static inline __m512 tk_b_finish(__m512 v, const float *bias, const float *res, 
 /* 6 positions (xr: their window origins; ``rows`` of them stored) x NO output blocks; w: the
    first block's packed rows, the next blocks ``wstride`` floats apart; y and res: the tile's
    first output, blocks ``ystride`` apart, positions 16 apart */
-#define TK_BCONV_TILE(NO)                                                                          \
-static inline void tk_bconv_tile##NO(const float *const *xr, int64_t cbs, int64_t cb_stride,      \
+#define TK_BCONV_TILE(NO, LANES)                                                                   \
+static inline void tk_bconv_tile##NO##_##LANES(const float *const *xr, int64_t cbs, int64_t cb_stride,      \
         int64_t taps, const int64_t *tap_off, const float *w, int64_t wstride, float *y,         \
         int64_t ystride, int rows, const float *bias, const float *res, int relu) {              \
     __m512 acc[6][NO];                                                                            \
@@ -48,7 +50,7 @@ static inline void tk_bconv_tile##NO(const float *const *xr, int64_t cbs, int64_
             const int64_t off = cb * cb_stride + tap_off[t];                                      \
             const float *x0 = xr[0] + off, *x1 = xr[1] + off, *x2 = xr[2] + off;                  \
             const float *x3 = xr[3] + off, *x4 = xr[4] + off, *x5 = xr[5] + off;                  \
-            for (int ci = 0; ci < 16; ci++, w += 16) {                                            \
+            for (int ci = 0; ci < LANES; ci++, w += 16) {                                         \
                 __m512 wv[NO];                                                                    \
                 _Pragma("GCC unroll 4") for (int j = 0; j < NO; j++) wv[j] = _mm512_loadu_ps(w + j * wstride); \
                 __m512 a;                                                                         \
@@ -76,19 +78,26 @@ static inline void tk_bconv_tile##NO(const float *const *xr, int64_t cbs, int64_
         }                                                                                         \
     }                                                                                             \
 }
-TK_BCONV_TILE(1)
-TK_BCONV_TILE(2)
-TK_BCONV_TILE(3)
-TK_BCONV_TILE(4)
+TK_BCONV_TILE(1, 16)
+TK_BCONV_TILE(2, 16)
+TK_BCONV_TILE(3, 16)
+TK_BCONV_TILE(4, 16)
+TK_BCONV_TILE(1, 1)
+TK_BCONV_TILE(2, 1)
+TK_BCONV_TILE(3, 1)
+TK_BCONV_TILE(4, 1)
 
 /* positions [p_lo, p_hi) x output blocks [ob_lo, ob_hi) of one image. x: the image (or its padded
-   copy), channel blocks cb_stride floats apart; pos_off[p]: position p's window origin in it;
-   tap_off[t]: tap t's offset from the origin; wp: the packed weight (every block); y, res: the
-   image's output and residual, blocks ystride floats apart; bias: [O] or NULL */
+   copy), channel blocks cb_stride floats apart, each of ``lanes`` channels side by side (16; 1
+   for an NCHW input, whose channels are planes: an RGB image into the blocked layout);
+   pos_off[p]: position p's window origin in it; tap_off[t]: tap t's offset from the origin; wp:
+   the packed weight (every block); y, res: the image's output and residual, blocks ystride
+   floats apart; bias: [O] or NULL */
 static void tk_bconv(const float *x, const int64_t *pos_off, int64_t p_lo, int64_t p_hi, int64_t cbs,
-                     int64_t cb_stride, int64_t taps, const int64_t *tap_off, const float *wp, int64_t ob_lo,
-                     int64_t ob_hi, float *y, int64_t ystride, const float *bias, const float *res, int relu) {
-    const int64_t wstride = cbs * taps * 256;
+                     int64_t cb_stride, int64_t lanes, int64_t taps, const int64_t *tap_off, const float *wp,
+                     int64_t ob_lo, int64_t ob_hi, float *y, int64_t ystride, const float *bias, const float *res,
+                     int relu) {
+    const int64_t wstride = cbs * taps * 16 * lanes;
     for (int64_t ob = ob_lo; ob < ob_hi; ob += 4) {
         int no = ob_hi - ob < 4 ? (int)(ob_hi - ob) : 4;
         const float *w = wp + ob * wstride;
@@ -99,10 +108,15 @@ static void tk_bconv(const float *x, const int64_t *pos_off, int64_t p_lo, int64
             for (int r = 0; r < 6; r++) xr[r] = x + pos_off[p + (r < rows ? r : rows - 1)];
             float *yt = y + ob * ystride + p * 16;
             const float *rt = res ? res + ob * ystride + p * 16 : NULL;
-            if (no == 4) tk_bconv_tile4(xr, cbs, cb_stride, taps, tap_off, w, wstride, yt, ystride, rows, b, rt, relu);
-            else if (no == 3) tk_bconv_tile3(xr, cbs, cb_stride, taps, tap_off, w, wstride, yt, ystride, rows, b, rt, relu);
-            else if (no == 2) tk_bconv_tile2(xr, cbs, cb_stride, taps, tap_off, w, wstride, yt, ystride, rows, b, rt, relu);
-            else tk_bconv_tile1(xr, cbs, cb_stride, taps, tap_off, w, wstride, yt, ystride, rows, b, rt, relu);
+#define TK_BCONV_CALL(NO, LANES) \
+    tk_bconv_tile##NO##_##LANES(xr, cbs, cb_stride, taps, tap_off, w, wstride, yt, ystride, rows, b, rt, relu)
+            if (lanes == 16) {
+                if (no == 4) TK_BCONV_CALL(4, 16); else if (no == 3) TK_BCONV_CALL(3, 16);
+                else if (no == 2) TK_BCONV_CALL(2, 16); else TK_BCONV_CALL(1, 16);
+            } else {
+                if (no == 4) TK_BCONV_CALL(4, 1); else if (no == 3) TK_BCONV_CALL(3, 1);
+                else if (no == 2) TK_BCONV_CALL(2, 1); else TK_BCONV_CALL(1, 1);
+            }
         }
     }
 }
@@ -170,9 +184,10 @@ static inline float tk_b_finish1(float v, const float *bias, const float *res, i
     return v;
 }
 static void tk_bconv(const float *x, const int64_t *pos_off, int64_t p_lo, int64_t p_hi, int64_t cbs,
-                     int64_t cb_stride, int64_t taps, const int64_t *tap_off, const float *wp, int64_t ob_lo,
-                     int64_t ob_hi, float *y, int64_t ystride, const float *bias, const float *res, int relu) {
-    const int64_t wstride = cbs * taps * 256;
+                     int64_t cb_stride, int64_t lanes, int64_t taps, const int64_t *tap_off, const float *wp,
+                     int64_t ob_lo, int64_t ob_hi, float *y, int64_t ystride, const float *bias, const float *res,
+                     int relu) {
+    const int64_t wstride = cbs * taps * 16 * lanes;
     for (int64_t ob = ob_lo; ob < ob_hi; ob++)
         for (int64_t p = p_lo; p < p_hi; p++)
             for (int l = 0; l < 16; l++) {
@@ -180,7 +195,7 @@ static void tk_bconv(const float *x, const int64_t *pos_off, int64_t p_lo, int64
                 const float *w = wp + ob * wstride + l;
                 for (int64_t cb = 0; cb < cbs; cb++)
                     for (int64_t t = 0; t < taps; t++)
-                        for (int ci = 0; ci < 16; ci++, w += 16)
+                        for (int ci = 0; ci < lanes; ci++, w += 16)
                             acc += x[pos_off[p] + cb * cb_stride + tap_off[t] + ci] * *w;
                 y[ob * ystride + p * 16 + l] = tk_b_finish1(acc, bias ? bias + ob * 16 : NULL,
                                                             res ? res + ob * ystride + p * 16 : NULL, l, relu);

@@ -9,7 +9,8 @@ Four ops, all made by the layout pass (passes/layout.py) after autodiff:
   attribute ``channels`` (default: every lane) to drop them again. So a 24-channel image is two
   blocks, as ONNX Runtime's and oneDNN's are; the layout pass keeps the extra lanes zero.
 - ``conv2d_blocked``: conv2d on blocked input and output, the weight still [O, C/group, kH, kW]
-  with O and C multiples of the block (the pass pads a weight with zero rows and columns)
+  with O and C multiples of the block (the pass pads a weight with zero rows and columns); or,
+  dense only, on an NCHW input (rank 4, any C: an RGB image) into blocked output
   (the kernel reorders and packs it once, when the plan is built), dense (group 1) or depthwise
   (group = C = O). Attributes: conv2d's, plus ``block``.
 - ``max_pool2d_blocked``: max_pool2d on blocked input and output (its attributes, plus ``block``).
@@ -85,23 +86,28 @@ def _from_blocked_grad(b: Builder, node, gouts):
 def _conv_blocked_infer(types, attrs):
     block = attrs["block"]
     x = types[0]
-    need_rank(x, 5, "conv2d_blocked input")
-    if x.shape[4] != block:
-        raise ShapeError(f"conv2d_blocked: the input's last axis is not the block {block}")
-    n, cb, h, w, _ = x.shape
-    plain = [TensorType((n, cb * block, h, w), x.dtype)] + list(types[1:])
+    if x.rank == 4:                  # an NCHW input, into the blocked layout
+        if attrs["group"] != 1:
+            raise ShapeError("conv2d_blocked: an NCHW input takes a dense convolution (group 1)")
+        plain = list(types)
+    else:
+        need_rank(x, 5, "conv2d_blocked input")
+        if x.shape[4] != block:
+            raise ShapeError(f"conv2d_blocked: the input's last axis is not the block {block}")
+        n, cb, h, w, _ = x.shape
+        plain = [TensorType((n, cb * block, h, w), x.dtype)] + list(types[1:])
     out, = _conv_infer(plain, attrs)
     o = out.shape[1]
     group = attrs["group"]
     if o % block:
         raise ShapeError(f"conv2d_blocked: {o} output channels are not a multiple of the block {block}")
-    if group != 1 and not (group == cb * block == o):
+    if group != 1 and not (group == plain[0].shape[1] == o):
         raise ShapeError(f"conv2d_blocked: group {group} is neither 1 nor depthwise")
     return [TensorType(blocked_shape(out.shape, block), out.dtype)]
 
 
 def conv2d_blocked_reference(x, w, *bias, stride, pad, dilation, group, block):
-    plain = from_blocked_reference(x, block)
+    plain = x if x.ndim == 4 else from_blocked_reference(x, block)
     return to_blocked_reference(conv2d_reference(plain, w, *bias, stride=stride, pad=pad, dilation=dilation,
                                                  group=group), block)
 

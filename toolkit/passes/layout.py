@@ -24,8 +24,10 @@ alone with its ReLU; the README's real-nets section has the whole nets):
   op follows a padded value only where it maps zeros to zero (``keeps_padding_zero``; ``exp``
   or ``x + 1`` would not), and a concatenation only of unpadded values (the blocks would not
   line up).
-- Never blocked: a dense convolution that padding would make 1.5x the work or more (an RGB
-  input's 3 channels are a sixteenth of a block), grouped convolutions other than depthwise, a 3x3 convolution the NCHW kernel
+- A dense convolution of fewer input channels than a block (an RGB image's 3) reads its input
+  as NCHW and writes blocked (``reads_nchw``): no input reorder, no padded input channels.
+- Never blocked: a dense convolution that padding would make 1.5x the work or more (17
+  channels are two blocks), grouped convolutions other than depthwise, a 3x3 convolution the NCHW kernel
   runs by Winograd (the kernel module says so, through the registry's ``fusion_pays``),
   weights fed at run time (a train step, whose backward kernels read NCHW anyway: the pass
   leaves graphs with gradient ops alone), other dtypes than float32, a processor without
@@ -82,11 +84,18 @@ def padded(channels: int) -> int:
     return -(-channels // BLOCK) * BLOCK
 
 
+def reads_nchw(node: Node) -> bool:
+    """A dense convolution of fewer input channels than a block (an RGB image) reads its input
+    as NCHW, each channel a block of one lane, and writes blocked: padding 3 channels to 16
+    would make 5.3x the work, and a reorder of the input would buy nothing."""
+    return node.attrs["group"] == 1 and node.inputs[1].shape[1] < BLOCK
+
+
 def padding_waste(node: Node) -> float:
     """How many times its real work a convolution does with its channels padded to blocks."""
     w = node.inputs[1]
     o, c = w.shape[0], w.shape[1]
-    if node.attrs["group"] != 1:
+    if node.attrs["group"] != 1 or reads_nchw(node):
         return padded(o) / o
     return padded(o) * padded(c) / (o * c)
 
@@ -167,7 +176,8 @@ def worthwhile(graph: Graph, candidates: list[Node], followers: set[int]) -> tup
                     regions.union(v.id, node.outputs[0].id)
     cand_ids = {id(n) for n in candidates}
     for node in candidates:
-        regions.union(node.inputs[0].id, node.outputs[0].id)
+        if not reads_nchw(node):
+            regions.union(node.inputs[0].id, node.outputs[0].id)
     members = cand_ids | set(follow_inputs)
     produced_inside = {node.outputs[0].id for node in graph.nodes if id(node) in members}
     saving: dict[int, float] = {}
@@ -181,7 +191,10 @@ def worthwhile(graph: Graph, candidates: list[Node], followers: set[int]) -> tup
     for node in graph.nodes:
         if id(node) not in members:
             continue
-        values = ([node.inputs[0]] if id(node) in cand_ids else follow_inputs[id(node)]) + [node.outputs[0]]
+        if id(node) in cand_ids:
+            values = ([] if reads_nchw(node) else [node.inputs[0]]) + [node.outputs[0]]
+        else:
+            values = follow_inputs[id(node)] + [node.outputs[0]]
         for v in values:
             if v.id in seen:
                 continue
@@ -273,17 +286,21 @@ class _Rewriter:
     # -- per node -----------------------------------------------------------------------------
     def convolution(self, node: Node) -> None:
         x, w = node.inputs[0], node.inputs[1]
-        xb = self.blocked.get(x.id) or self.to_blocked(x, node.scope)
+        if reads_nchw(node):
+            xb = self.to_plain(x)
+        else:
+            xb = self.blocked.get(x.id) or self.to_blocked(x, node.scope)
         attrs = {k: node.attrs[k] for k in ("stride", "pad", "dilation", "group")}
         params = list(node.inputs[1:])
         o, c = w.shape[0], w.shape[1]
-        if o % BLOCK or (attrs["group"] == 1 and c % BLOCK):
+        if o % BLOCK or (attrs["group"] == 1 and c % BLOCK and not reads_nchw(node)):
             # zero rows (outputs) and columns (inputs) up to whole blocks: the extra output lanes
             # come out zero, and the extra input lanes, zero too, meet zero weights
             if attrs["group"] != 1:
                 attrs["group"] = padded(o)
             weight = constant_value(w)
-            grown = np.zeros((padded(o), c if attrs["group"] != 1 else padded(c), *weight.shape[2:]), weight.dtype)
+            columns = c if attrs["group"] != 1 or reads_nchw(node) else padded(c)
+            grown = np.zeros((padded(o), columns, *weight.shape[2:]), weight.dtype)
             grown[:o, :c] = weight
             params[0] = self.constant(w, grown)
             if len(params) > 1:

@@ -67,18 +67,27 @@ def _between_reorders(plain_builder, ctx, xp):
     """The NCHW kernel ``plain_builder`` makes, run between a reorder of input 0 from blocked and
     one of its output back to blocked."""
     block = ctx.attrs["block"]
-    n, cb, h, w, _ = ctx.in_shapes[0]
+    nchw_input = len(ctx.in_shapes[0]) == 4          # an NCHW input: only the output is reordered
+    if nchw_input:
+        n, c, h, w = ctx.in_shapes[0]
+        plain_in = (n, c, h, w)
+    else:
+        n, cb, h, w, _ = ctx.in_shapes[0]
+        plain_in = (n, cb * block, h, w)
     _, ob, oh, ow, _ = ctx.out_shapes[0]
-    plain_in, plain_out = (n, cb * block, h, w), (n, ob * block, oh, ow)
+    plain_out = (n, ob * block, oh, ow)
     attrs = {k: v for k, v in ctx.attrs.items() if k != "block"}
     inner = plain_builder(replace(ctx, attrs=attrs, in_shapes=[plain_in] + list(ctx.in_shapes[1:]),
                                   out_shapes=[plain_out]), xp)
-    x = xp.empty(plain_in, ctx.dtype)
+    x = None if nchw_input else xp.empty(plain_in, ctx.dtype)
     y = xp.empty(plain_out, ctx.dtype)
 
     def run(ins, outs):
-        xp.copyto(x.reshape(n, cb, block, h, w), ins[0].transpose(0, 1, 4, 2, 3))
-        inner([x] + list(ins[1:]), [y])
+        if nchw_input:
+            inner(list(ins), [y])
+        else:
+            xp.copyto(x.reshape(n, cb, block, h, w), ins[0].transpose(0, 1, 4, 2, 3))
+            inner([x] + list(ins[1:]), [y])
         xp.copyto(outs[0], y.reshape(n, ob, block, oh, ow).transpose(0, 1, 3, 4, 2))
     return run
 

@@ -74,10 +74,11 @@ def from_blocked_native(ctx, ins, outs):
     return _reorder(ctx, ins, outs, False)
 
 
-def pack_dense(weight: np.ndarray) -> np.ndarray:
-    """[O, C, kH, kW] as [O/16][C/16][taps][16 in][16 out]: block ob's rows contiguous."""
+def pack_dense(weight: np.ndarray, lanes: int = BLOCK) -> np.ndarray:
+    """[O, C, kH, kW] as [O/16][C/lanes][taps][lanes in][16 out]: block ob's rows contiguous
+    (lanes: the input's channels side by side, 16 blocked, 1 for an NCHW input)."""
     o, c, kh, kw = weight.shape
-    w = weight.astype(np.float32).reshape(o // BLOCK, BLOCK, c // BLOCK, BLOCK, kh * kw)
+    w = weight.astype(np.float32).reshape(o // BLOCK, BLOCK, c // lanes, lanes, kh * kw)
     return np.ascontiguousarray(w.transpose(0, 2, 4, 3, 1)).reshape(-1)
 
 
@@ -102,15 +103,20 @@ def blocked_convolution(ctx, ins, outs, program=None):
     if in_store is None:
         return None
     res_at, relu = in_store
-    n, cb, h, w_, _ = (int(d) for d in ctx.in_shapes[0])
+    if len(ctx.in_shapes[0]) == 4:          # an NCHW input: blocks of one channel, its planes
+        n, cb, h, w_ = (int(d) for d in ctx.in_shapes[0])
+        lanes = 1
+    else:
+        n, cb, h, w_, _ = (int(d) for d in ctx.in_shapes[0])
+        lanes = BLOCK
     _, ob, oh, ow, _ = out_shape
-    s = ConvShape((n, cb * BLOCK, h, w_), weight.shape, (oh, ow), attrs)
+    s = ConvShape((n, cb * lanes, h, w_), weight.shape, (oh, ow), attrs)
     depthwise = s.g > 1
     hp, wp = h + 2 * s.ph, w_ + 2 * s.pw
-    plane_in, plane_pad, plane_out = h * w_ * BLOCK, hp * wp * BLOCK, s.p * BLOCK
+    plane_in, plane_pad, plane_out = h * w_ * lanes, hp * wp * lanes, s.p * BLOCK
     row = w_ if depthwise else wp           # the depthwise kernel reads the unpadded plane
-    taps = np.array([((i * s.dh) * row + j * s.dw) * BLOCK for i in range(s.kh) for j in range(s.kw)], np.int64)
-    packed = pack_depthwise(weight) if depthwise else pack_dense(weight)
+    taps = np.array([((i * s.dh) * row + j * s.dw) * lanes for i in range(s.kh) for j in range(s.kw)], np.int64)
+    packed = pack_depthwise(weight) if depthwise else pack_dense(weight, lanes)
     names = Names()
     x = Buf("x", "float32", n * cb * plane_in)
     y = Buf("y", "float32", n * ob * plane_out, const=False)
@@ -118,7 +124,7 @@ def blocked_convolution(ctx, ins, outs, program=None):
     taps_b = Buf("taps", "int64", taps.size)
     params, arrays = [x, y, wpk, taps_b], [ins[0], outs[0], packed, taps]
     if not depthwise:                       # each output position's window origin
-        pos = np.array([((oy_ * s.sh) * wp + ox_ * s.sw) * BLOCK for oy_ in range(oh) for ox_ in range(ow)],
+        pos = np.array([((oy_ * s.sh) * wp + ox_ * s.sw) * lanes for oy_ in range(oh) for ox_ in range(ow)],
                        np.int64)
         pos_b = Buf("pos", "int64", pos.size)
         params.append(pos_b)
@@ -139,8 +145,8 @@ def blocked_convolution(ctx, ins, outs, program=None):
 
     def copy_interior(dst: Buf, dst_plane, src_plane) -> For:
         """Rows of one block's plane into the interior of its zero-bordered padded copy."""
-        return For(r, i64(0), i64(h), [For(q, i64(0), i64(w_ * BLOCK), [
-            Store(dst, dst_plane + ((r + s.ph) * wp + s.pw) * BLOCK + q, x[src_plane + r * w_ * BLOCK + q])],
+        return For(r, i64(0), i64(h), [For(q, i64(0), i64(w_ * lanes), [
+            Store(dst, dst_plane + ((r + s.ph) * wp + s.pw) * lanes + q, x[src_plane + r * w_ * lanes + q])],
             vector=True)])
     if s.padded and not depthwise:          # dense: the image's padded copy, read by every tap
         src = Buf("xpad", "float32", n * cb * plane_pad, const=False)
@@ -176,7 +182,7 @@ def blocked_convolution(ctx, ins, outs, program=None):
         img, grp, chunk = names.var("img"), names.var("grp"), names.var("chunk")
         p_lo, p_hi, ob_lo, ob_hi = names.var("p_lo"), names.var("p_hi"), names.var("ob_lo"), names.var("ob_hi")
         call = Extern("tk_bconv", ((src, img * (cb * plane)), (pos_b, i64(0)), p_lo, p_hi, i64(cb), i64(plane),
-                                   i64(taps.size), (taps_b, i64(0)), (wpk, i64(0)), ob_lo, ob_hi,
+                                   i64(lanes), i64(taps.size), (taps_b, i64(0)), (wpk, i64(0)), ob_lo, ob_hi,
                                    (y, img * (ob * plane_out)), i64(plane_out), (bias, i64(0)) if bias else None,
                                    (res, img * (ob * plane_out)) if res else None, i64(int(relu))), blocked.C_SOURCE)
         body.append(For(item, i64(0), i64(n * groups * chunks), [
