@@ -283,9 +283,11 @@ for sa, sb, ta, tb in [((3, 4), (4, 5), False, False), ((4, 3), (4, 5), True, Fa
     case("matmul", f"{sa}{'T' if ta else ''}x{sb}{'T' if tb else ''}",
          lambda r, sa=sa, sb=sb: [uni(r, sa), uni(r, sb)], _mm_ref, attrs=dict(trans_a=ta, trans_b=tb))
 
-# reductions: axis sets incl. negative, keepdims, all axes, the empty axis set
+# reductions: axis sets incl. negative, keepdims, all axes, the empty axis set, and reduced axes
+# between kept ones (global pooling in the blocked layout: [N, C/16, H, W, 16] over H and W)
 for s, axes, keep in [((3, 4), (1,), False), ((3, 4), (0,), True), ((2, 3, 5), (0, 2), False),
-                      ((2, 3, 5), (-1,), True), ((2, 3, 4), (0, 1, 2), False), ((4, 3), (), False)]:
+                      ((2, 3, 5), (-1,), True), ((2, 3, 4), (0, 1, 2), False), ((4, 3), (), False),
+                      ((3, 7, 5), (1,), False), ((2, 3, 4, 5, 16), (2, 3), True)]:
     def _sum_ref(x, axes=axes, keep=keep):
         return tn(torch.sum(tt(x), dim=axes, keepdim=keep)) if axes else x
 
