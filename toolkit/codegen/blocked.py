@@ -12,7 +12,7 @@ when the plan is built: block ob's rows [C/16][taps][16 in][16 out], contiguous.
 input (an RGB image: 3 channels, a sixteenth of a block) runs through the same tile with blocks
 of one channel, [C][taps][1 in][16 out]: its output comes out blocked with no reorder.
 
-Depthwise (``tk_bdw_direct``): one block of 16 channels, 8 positions a tile: per tap one weight
+Depthwise (``tk_bdw_direct``): one block of 16 channels, 8 (or 4) positions a tile: per tap one weight
 vector and one input vector per position, read straight from the unpadded plane; the positions
 whose window crosses the border take one at a time, skipping the taps in the padding.
 
@@ -121,10 +121,31 @@ static void tk_bconv(const float *x, const int64_t *pos_off, int64_t p_lo, int64
     }
 }
 
+/* R positions of a depthwise row whose windows lie inside the plane, from window origin xr[r]
+   (tap_off[t]: each tap's offset from it), into yo and its residual ro, 16 floats apart */
+#define TK_BDW_TILE(R)                                                                              \
+static inline void tk_bdw_tile##R(const float *const *xr, int64_t taps, const int64_t *tap_off,     \
+                                  const float *w, float *yo, const float *ro, const float *bias,    \
+                                  int relu) {                                                      \
+    __m512 acc[R];                                                                                  \
+    _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();              \
+    for (int64_t t = 0; t < taps; t++) {                                                            \
+        __m512 wv = _mm512_loadu_ps(w + t * 16);                                                    \
+        const int64_t off = tap_off[t];                                                             \
+        _Pragma("GCC unroll 8") for (int r = 0; r < R; r++)                                        \
+            acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(xr[r] + off), wv, acc[r]);                     \
+    }                                                                                               \
+    _Pragma("GCC unroll 8") for (int r = 0; r < R; r++)                                            \
+        _mm512_storeu_ps(yo + r * 16, tk_b_finish(acc[r], bias, ro ? ro + r * 16 : NULL, relu));   \
+}
+TK_BDW_TILE(8)
+TK_BDW_TILE(4)
+
 /* depthwise, one block of 16 channels, straight from the unpadded plane x [H][W][16] into y
-   [OH][OW][16]: the positions whose window lies inside the plane take 8 at a time without a test
-   (tap_off: each tap's offset from the window's origin), the border's one at a time, skipping
-   the taps that fall in the padding */
+   [OH][OW][16]: the positions whose window lies inside the plane take 8 (then 4) at a time
+   without a test (tap_off: each tap's offset from the window's origin; 4 at a time for the
+   inside run's rest, which on a 14x14 map is a third of it), the border's one at a time,
+   skipping the taps that fall in the padding */
 static void tk_bdw_direct(const float *x, int64_t H, int64_t W, int64_t OH, int64_t OW, int64_t sh, int64_t sw,
                           int64_t ph, int64_t pw, int64_t kh, int64_t kw, int64_t dh, int64_t dw,
                           const int64_t *tap_off, const float *w, float *y, const float *bias, const float *res,
@@ -140,22 +161,16 @@ static void tk_bdw_direct(const float *x, int64_t H, int64_t W, int64_t OH, int6
         const int inside = iy0 >= 0 && iy0 + (kh - 1) * dh < H;
         int64_t ox = 0;
         while (ox < OW) {
-            if (inside && ox >= ox_lo && ox + 8 <= ox_hi) {
+            const int64_t run = inside && ox >= ox_lo ? ox_hi - ox : 0;
+            if (run >= 4) {
+                const int tile = run >= 8 ? 8 : 4;
                 const float *xr[8];
-                for (int r = 0; r < 8; r++) xr[r] = x + (iy0 * W + (ox + r) * sw - pw) * 16;
-                __m512 acc[8];
-                _Pragma("GCC unroll 8") for (int r = 0; r < 8; r++) acc[r] = _mm512_setzero_ps();
-                for (int64_t t = 0; t < taps; t++) {
-                    __m512 wv = _mm512_loadu_ps(w + t * 16);
-                    const int64_t off = tap_off[t];
-                    _Pragma("GCC unroll 8") for (int r = 0; r < 8; r++)
-                        acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(xr[r] + off), wv, acc[r]);
-                }
+                for (int r = 0; r < tile; r++) xr[r] = x + (iy0 * W + (ox + r) * sw - pw) * 16;
                 float *yo = y + (oy * OW + ox) * 16;
                 const float *ro = res ? res + (oy * OW + ox) * 16 : NULL;
-                _Pragma("GCC unroll 8") for (int r = 0; r < 8; r++)
-                    _mm512_storeu_ps(yo + r * 16, tk_b_finish(acc[r], bias, ro ? ro + r * 16 : NULL, relu));
-                ox += 8;
+                if (tile == 8) tk_bdw_tile8(xr, taps, tap_off, w, yo, ro, bias, relu);
+                else tk_bdw_tile4(xr, taps, tap_off, w, yo, ro, bias, relu);
+                ox += tile;
                 continue;
             }
             __m512 acc = _mm512_setzero_ps();
