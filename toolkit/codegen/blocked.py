@@ -35,41 +35,35 @@ static inline __m512 tk_b_finish(__m512 v, const float *bias, const float *res, 
     if (relu) v = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_max_ps(v, _mm512_setzero_ps()), v);
     return v;
 }
-/* 6 positions (xr: their window origins; ``rows`` of them stored) x NO output blocks; w: the
+/* R positions (xr: their window origins; ``rows`` of them stored) x NO output blocks; w: the
    first block's packed rows, the next blocks ``wstride`` floats apart; y and res: the tile's
-   first output, blocks ``ystride`` apart, positions 16 apart */
-#define TK_BCONV_TILE(NO, LANES)                                                                   \
-static inline void tk_bconv_tile##NO##_##LANES(const float *const *xr, int64_t cbs, int64_t cb_stride,      \
-        int64_t taps, const int64_t *tap_off, const float *w, int64_t wstride, float *y,         \
-        int64_t ystride, int rows, const float *bias, const float *res, int relu) {              \
-    __m512 acc[6][NO];                                                                            \
-    _Pragma("GCC unroll 6") for (int r = 0; r < 6; r++)                                          \
+   first output, blocks ``ystride`` apart, positions 16 apart. R is 6, or 2 for the last
+   positions of a map (a 7x7 map is 8 tiles of 6 and one position, which a 6-tile computes
+   six times over) */
+#define TK_BCONV_TILE(NO, LANES, R)                                                                \
+static inline void tk_bconv_tile##NO##_##LANES##_##R(const float *const *xr, int64_t cbs,         \
+        int64_t cb_stride, int64_t taps, const int64_t *tap_off, const float *w, int64_t wstride, \
+        float *y, int64_t ystride, int rows, const float *bias, const float *res, int relu) {    \
+    __m512 acc[R][NO];                                                                            \
+    _Pragma("GCC unroll 6") for (int r = 0; r < R; r++)                                          \
         _Pragma("GCC unroll 4") for (int j = 0; j < NO; j++) acc[r][j] = _mm512_setzero_ps();     \
     for (int64_t cb = 0; cb < cbs; cb++) {                                                        \
         for (int64_t t = 0; t < taps; t++) {                                                      \
             const int64_t off = cb * cb_stride + tap_off[t];                                      \
-            const float *x0 = xr[0] + off, *x1 = xr[1] + off, *x2 = xr[2] + off;                  \
-            const float *x3 = xr[3] + off, *x4 = xr[4] + off, *x5 = xr[5] + off;                  \
+            const float *xp[R];                                                                   \
+            _Pragma("GCC unroll 6") for (int r = 0; r < R; r++) xp[r] = xr[r] + off;             \
             for (int ci = 0; ci < LANES; ci++, w += 16) {                                         \
                 __m512 wv[NO];                                                                    \
                 _Pragma("GCC unroll 4") for (int j = 0; j < NO; j++) wv[j] = _mm512_loadu_ps(w + j * wstride); \
-                __m512 a;                                                                         \
-                a = _mm512_set1_ps(x0[ci]);                                                       \
-                _Pragma("GCC unroll 4") for (int j = 0; j < NO; j++) acc[0][j] = _mm512_fmadd_ps(a, wv[j], acc[0][j]); \
-                a = _mm512_set1_ps(x1[ci]);                                                       \
-                _Pragma("GCC unroll 4") for (int j = 0; j < NO; j++) acc[1][j] = _mm512_fmadd_ps(a, wv[j], acc[1][j]); \
-                a = _mm512_set1_ps(x2[ci]);                                                       \
-                _Pragma("GCC unroll 4") for (int j = 0; j < NO; j++) acc[2][j] = _mm512_fmadd_ps(a, wv[j], acc[2][j]); \
-                a = _mm512_set1_ps(x3[ci]);                                                       \
-                _Pragma("GCC unroll 4") for (int j = 0; j < NO; j++) acc[3][j] = _mm512_fmadd_ps(a, wv[j], acc[3][j]); \
-                a = _mm512_set1_ps(x4[ci]);                                                       \
-                _Pragma("GCC unroll 4") for (int j = 0; j < NO; j++) acc[4][j] = _mm512_fmadd_ps(a, wv[j], acc[4][j]); \
-                a = _mm512_set1_ps(x5[ci]);                                                       \
-                _Pragma("GCC unroll 4") for (int j = 0; j < NO; j++) acc[5][j] = _mm512_fmadd_ps(a, wv[j], acc[5][j]); \
+                _Pragma("GCC unroll 6") for (int r = 0; r < R; r++) {                            \
+                    __m512 a = _mm512_set1_ps(xp[r][ci]);                                         \
+                    _Pragma("GCC unroll 4") for (int j = 0; j < NO; j++)                          \
+                        acc[r][j] = _mm512_fmadd_ps(a, wv[j], acc[r][j]);                         \
+                }                                                                                 \
             }                                                                                     \
         }                                                                                         \
     }                                                                                             \
-    _Pragma("GCC unroll 6") for (int r = 0; r < 6; r++) {                                        \
+    _Pragma("GCC unroll 6") for (int r = 0; r < R; r++) {                                        \
         if (r < rows) {                                                                           \
             _Pragma("GCC unroll 4") for (int j = 0; j < NO; j++)                                  \
                 _mm512_storeu_ps(y + j * ystride + r * 16,                                        \
@@ -78,14 +72,18 @@ static inline void tk_bconv_tile##NO##_##LANES(const float *const *xr, int64_t c
         }                                                                                         \
     }                                                                                             \
 }
-TK_BCONV_TILE(1, 16)
-TK_BCONV_TILE(2, 16)
-TK_BCONV_TILE(3, 16)
-TK_BCONV_TILE(4, 16)
-TK_BCONV_TILE(1, 1)
-TK_BCONV_TILE(2, 1)
-TK_BCONV_TILE(3, 1)
-TK_BCONV_TILE(4, 1)
+TK_BCONV_TILE(1, 16, 6)
+TK_BCONV_TILE(2, 16, 6)
+TK_BCONV_TILE(3, 16, 6)
+TK_BCONV_TILE(4, 16, 6)
+TK_BCONV_TILE(1, 16, 2)
+TK_BCONV_TILE(2, 16, 2)
+TK_BCONV_TILE(3, 16, 2)
+TK_BCONV_TILE(4, 16, 2)
+TK_BCONV_TILE(1, 1, 6)
+TK_BCONV_TILE(2, 1, 6)
+TK_BCONV_TILE(3, 1, 6)
+TK_BCONV_TILE(4, 1, 6)
 
 /* positions [p_lo, p_hi) x output blocks [ob_lo, ob_hi) of one image. x: the image (or its padded
    copy), channel blocks cb_stride floats apart, each of ``lanes`` channels side by side (16; 1
@@ -108,15 +106,14 @@ static void tk_bconv(const float *x, const int64_t *pos_off, int64_t p_lo, int64
             for (int r = 0; r < 6; r++) xr[r] = x + pos_off[p + (r < rows ? r : rows - 1)];
             float *yt = y + ob * ystride + p * 16;
             const float *rt = res ? res + ob * ystride + p * 16 : NULL;
-#define TK_BCONV_CALL(NO, LANES) \
-    tk_bconv_tile##NO##_##LANES(xr, cbs, cb_stride, taps, tap_off, w, wstride, yt, ystride, rows, b, rt, relu)
-            if (lanes == 16) {
-                if (no == 4) TK_BCONV_CALL(4, 16); else if (no == 3) TK_BCONV_CALL(3, 16);
-                else if (no == 2) TK_BCONV_CALL(2, 16); else TK_BCONV_CALL(1, 16);
-            } else {
-                if (no == 4) TK_BCONV_CALL(4, 1); else if (no == 3) TK_BCONV_CALL(3, 1);
-                else if (no == 2) TK_BCONV_CALL(2, 1); else TK_BCONV_CALL(1, 1);
-            }
+#define TK_BCONV_CALL(NO, LANES, R) \
+    tk_bconv_tile##NO##_##LANES##_##R(xr, cbs, cb_stride, taps, tap_off, w, wstride, yt, ystride, rows, b, rt, relu)
+#define TK_BCONV_BLOCKS(LANES, R) \
+    if (no == 4) TK_BCONV_CALL(4, LANES, R); else if (no == 3) TK_BCONV_CALL(3, LANES, R); \
+    else if (no == 2) TK_BCONV_CALL(2, LANES, R); else TK_BCONV_CALL(1, LANES, R);
+            if (lanes != 16) { TK_BCONV_BLOCKS(1, 6) }
+            else if (rows <= 2) { TK_BCONV_BLOCKS(16, 2) }
+            else { TK_BCONV_BLOCKS(16, 6) }
         }
     }
 }
