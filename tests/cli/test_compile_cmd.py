@@ -152,7 +152,7 @@ def test_explain_says_what_the_layout_pass_chose_and_disable_keeps_nchw(tmp_path
     assert result.status == 0, result.err
     assert ("choose_layout: 2 of 3 convolutions in NCHW16c (1 dense, 1 depthwise), 2 op(s) follow the layout; "
             "reorders: 1 to NCHW16c, 0 back to NCHW") in result.out
-    assert "choose_layout: kept NCHW: stem (group 2)" in result.out
+    assert "choose_layout: kept NCHW: stem (group 2, 2 -> 16 channels a group: not whole blocks)" in result.out
     assert "conv2d_blocked" in json.dumps(compile_json(net))
     off = compile_json(net, "--disable", "choose_layout")
     assert "blocked" not in json.dumps(off["ops"]) + json.dumps(off.get("fused", {}))

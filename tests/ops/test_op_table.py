@@ -493,6 +493,7 @@ BLOCKED_CONV = [
     ("1x1", (2, 32, 3, 5), (48, 32, 1, 1), (1, 1), (0, 0), 1),
     ("3x3-s2-p1", (1, 16, 7, 6), (32, 16, 3, 3), (2, 2), (1, 1), 1),
     ("depthwise-p1", (2, 32, 5, 5), (32, 1, 3, 3), (1, 1), (1, 1), 32),
+    ("grouped-2", (1, 64, 4, 5), (32, 32, 3, 3), (1, 1), (1, 1), 2),
 ]
 for bid, xs, ws, stride, pad, group in BLOCKED_CONV:
     battrs = dict(stride=stride, pad=pad, dilation=(1, 1), group=group, block=16)

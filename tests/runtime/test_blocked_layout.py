@@ -106,6 +106,22 @@ def test_dense_blocked_convolution_equals_torch(every_candidate, rng, n, c, o, h
     assert [nd.op for nd in graph.nodes if nd.op in ("to_blocked", "from_blocked")] == ["to_blocked", "from_blocked"]
 
 
+@pytest.mark.parametrize("n, c, o, hw, k, group, threads", [
+    (1, 96, 256, (13, 13), 5, 2, 2),     # AlexNet's conv2 on a smaller map: 48 -> 128 a group
+    (2, 64, 128, (9, 8), 3, 4, 1),       # four groups of 16 -> 32
+    (1, 32, 96, (7, 7), 1, 2, 2),        # 16 -> 48 a group: three blocks, a tile of 3 in each group
+])
+def test_grouped_blocked_convolution_equals_torch(every_candidate, rng, n, c, o, hw, k, group, threads):
+    """Grouped with whole blocks per group (AlexNet's conv2, conv4, conv5): each group's output
+    blocks read the group's input blocks only; a tile of output blocks never crosses groups."""
+    net = Net(rng, (n, c, *hw))
+    y, want = net.conv(net.x, tt(net.feed), o, k, pad=k // 2, group=group)
+    plan, graph = run_against_torch(net, net.b.op("relu", y), F.relu(want), threads)
+    assert "tk_bconv(" in plan.native_source
+    assert [dict(nd.attrs).get("group", dict(dict(nd.attrs).get("head_attrs", ())).get("group"))
+            for nd in graph.nodes if "conv2d_blocked" in (nd.op, dict(nd.attrs).get("head"))] == [group]
+
+
 @pytest.mark.parametrize("n, c, o, hw, k, stride, pad, threads", [
     (2, 3, 32, (15, 17), 3, 2, 1, 1),      # MobileNet's first layer: an RGB image, 3 channels
     (1, 3, 64, (23, 21), 7, 2, 3, 2),      # ResNet's and GoogLeNet's 7x7 stride 2, two threads
@@ -246,6 +262,21 @@ def test_padded_blocks_stay_zero_and_what_would_not_keep_them_zero_reads_nchw(ev
     np.testing.assert_allclose(got, t.numpy(), rtol=2e-5, atol=2e-5 * float(t.abs().max()))
 
 
+def test_a_concatenation_with_a_padded_block_reads_nchw(every_candidate, rng):
+    """24 channels blocked are two blocks of which the second is half padding: concatenated as
+    blocks, the next input's channels would land 8 lanes late, so the join reads NCHW."""
+    net = Net(rng, (1, 32, 5, 5))
+    t = tt(net.feed)
+    a, ta = net.conv(net.x, t, 24, 1)
+    b, tb = net.conv(net.x, t, 16, 1)
+    net.graph.outputs["y"] = net.b.op("concat", a, b, axis=1)
+    graph, _ = _explain(net.graph)
+    cat, = [nd for nd in graph.nodes if nd.op == "concat"]
+    assert [v.rank for v in cat.inputs] == [4, 4]
+    got = np.asarray(Plan(graph, {}, {}).run({"x": net.feed})["y"])
+    np.testing.assert_allclose(got, torch.cat([ta, tb], 1).detach().numpy(), rtol=0, atol=1e-5)
+
+
 @pytest.mark.parametrize("op, scalar, keeps", [
     ("relu", None, True), ("sigmoid", None, False), ("add", 0.0, True), ("add", 1.0, False),
     ("mul", 3.0, True), ("div", 2.0, True), ("maximum", -1.0, True), ("maximum", 1.0, False), ("tanh", None, True),
@@ -261,21 +292,22 @@ def test_which_elementwise_ops_keep_a_padded_blocks_zeros(op, scalar, keeps):
 
 
 def test_a_lone_convolution_goes_blocked_only_where_it_saves_more_than_its_reorders(rng):
-    """The cost rule: a 1x1 convolution on a 28x28 map between two NCHW ones (grouped, which
-    the blocked kernels do not run) would save less than its two reorders cost; the same on a
+    """The cost rule: a 1x1 convolution on a 28x28 map between two NCHW ones (groups of 8
+    channels, which the blocked kernels do not run) would save less than its two reorders cost; the same on a
     7x7 map of 512 channels saves about a fifth of its 0.25 ms, far more than reordering 25k
     values twice."""
     for hw, c, blocked in [((28, 28), 32, False), ((7, 7), 512, True)]:
         net = Net(rng, (1, c, *hw))
         t = tt(net.feed)
-        v, t = net.conv(net.x, t, c, 3, pad=1, group=2)
+        v, t = net.conv(net.x, t, c, 3, pad=1, group=c // 8)
         v, t = net.conv(v, t, c, 1)
-        v, t = net.conv(v, t, c, 3, pad=1, group=2)
+        v, t = net.conv(v, t, c, 3, pad=1, group=c // 8)
         net.graph.outputs["y"] = v
         graph, notes = _explain(net.graph)
         assert any(nd.op == "conv2d_blocked" for nd in graph.nodes) == blocked
         if blocked:
-            assert notes[1] == "choose_layout: kept NCHW: net (group 2), net (group 2)"
+            assert notes[1] == ("choose_layout: kept NCHW: net (group 64, 8 -> 8 channels a group: not whole blocks), "
+                                "net (group 64, 8 -> 8 channels a group: not whole blocks)")
         else:
             assert notes == []        # nothing changed, nothing said
         got = np.asarray(Plan(graph, {}, {}).run({"x": net.feed})["y"])
@@ -332,8 +364,8 @@ def test_fed_weights_and_graphs_with_a_backward_pass_stay_nchw():
 
 # -- random nets, with and without the pass -------------------------------------------------
 def random_net(seed: int):
-    """A random chain of what real nets put between convolutions: dense and depthwise convs of
-    channel counts with and without whole blocks, strides, ReLU / sigmoid, residual adds,
+    """A random chain of what real nets put between convolutions: dense, depthwise and grouped
+    convs of channel counts with and without whole blocks, strides, ReLU / sigmoid, residual adds,
     concatenations, per-channel scales, max pooling, global pooling."""
     rng = np.random.default_rng(seed)
     n = int(rng.integers(1, 3))
@@ -341,7 +373,7 @@ def random_net(seed: int):
     v = net.x
     for _ in range(int(rng.integers(3, 8))):
         c, h, w = v.shape[1], v.shape[2], v.shape[3]
-        kind = rng.choice(["dense", "dense3", "depthwise", "act", "residual", "concat", "scale", "pool"])
+        kind = rng.choice(["dense", "dense3", "depthwise", "act", "residual", "concat", "scale", "pool", "grouped"])
         if kind == "dense":
             o = int(rng.choice([16, 32, 48, 24]))
             v = net.b.op("conv2d", v, net.const(rng.standard_normal((o, c, 1, 1)) / np.sqrt(c)),
@@ -352,6 +384,9 @@ def random_net(seed: int):
             v = net.b.op("conv2d", v, net.const(rng.standard_normal((o, c, 3, 3)) / np.sqrt(9 * c)),
                          net.const(rng.standard_normal(o)), stride=(stride, stride), pad=(1, 1), dilation=(1, 1),
                          group=1)
+        elif kind == "grouped" and c % 32 == 0 and min(h, w) >= 3:       # two groups of whole blocks
+            v = net.b.op("conv2d", v, net.const(rng.standard_normal((32, c // 2, 3, 3)) / np.sqrt(4.5 * c)),
+                         stride=(1, 1), pad=(1, 1), dilation=(1, 1), group=2)
         elif kind == "depthwise" and min(h, w) >= 3:
             v = net.b.op("conv2d", v, net.const(rng.standard_normal((c, 1, 3, 3)) / 3), stride=(1, 1), pad=(1, 1),
                          dilation=(1, 1), group=c)

@@ -9,7 +9,8 @@ Four ops, all made by the layout pass (passes/layout.py) after autodiff:
   attribute ``channels`` (default: every lane) to drop them again. So a 24-channel image is two
   blocks, as ONNX Runtime's and oneDNN's are; the layout pass keeps the extra lanes zero.
 - ``conv2d_blocked``: conv2d on blocked input and output, the weight still [O, C/group, kH, kW]
-  with O and C multiples of the block (the pass pads a weight with zero rows and columns); or,
+  with O and C multiples of the block (the pass pads a weight with zero rows and columns), dense,
+  depthwise, or grouped with whole blocks per group (AlexNet's); or,
   dense only, on an NCHW input (rank 4, any C: an RGB image) into blocked output
   (the kernel reorders and packs it once, when the plan is built), dense (group 1) or depthwise
   (group = C = O). Attributes: conv2d's, plus ``block``.
@@ -101,8 +102,9 @@ def _conv_blocked_infer(types, attrs):
     group = attrs["group"]
     if o % block:
         raise ShapeError(f"conv2d_blocked: {o} output channels are not a multiple of the block {block}")
-    if group != 1 and not (group == plain[0].shape[1] == o):
-        raise ShapeError(f"conv2d_blocked: group {group} is neither 1 nor depthwise")
+    c = plain[0].shape[1]
+    if group != 1 and not (group == c == o) and ((c // group) % block or (o // group) % block):
+        raise ShapeError(f"conv2d_blocked: group {group} is neither depthwise nor of whole blocks per group")
     return [TensorType(blocked_shape(out.shape, block), out.dtype)]
 
 

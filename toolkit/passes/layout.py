@@ -84,6 +84,10 @@ def padded(channels: int) -> int:
     return -(-channels // BLOCK) * BLOCK
 
 
+def depthwise(node: Node) -> bool:
+    return node.attrs["group"] != 1 and node.attrs["group"] == node.inputs[0].shape[1] == node.outputs[0].shape[1]
+
+
 def reads_nchw(node: Node) -> bool:
     """A dense convolution of fewer input channels than a block (an RGB image) reads its input
     as NCHW, each channel a block of one lane, and writes blocked: padding 3 channels to 16
@@ -95,7 +99,7 @@ def padding_waste(node: Node) -> float:
     """How many times its real work a convolution does with its channels padded to blocks."""
     w = node.inputs[1]
     o, c = w.shape[0], w.shape[1]
-    if node.attrs["group"] != 1 or reads_nchw(node):
+    if depthwise(node) or reads_nchw(node):
         return padded(o) / o
     return padded(o) * padded(c) / (o * c)
 
@@ -112,7 +116,7 @@ def saving_ns(node: Node) -> float:
         # MobileNet's 3x3 stride 2 0.21 ms NCHW, 0.24 blocked; AlexNet's 11x11 stride 4 2.09
         # and 2.00; ResNet's 7x7 stride 2 2.38 and 2.18; so only the padded outputs count
         return -flops * (padding_waste(node) - 1) / BLOCKED_RATE
-    if node.attrs["group"] != 1:
+    if depthwise(node):
         rates = DEPTHWISE_RATES
     else:
         rates = POINTWISE_RATES if w.shape[2] * w.shape[3] == 1 else WINDOW_RATES
@@ -229,8 +233,8 @@ def why_not_blocked(node: Node) -> str | None:
     if not _image(x):
         return "a symbolic map size"
     c, o, group = x.shape[1], w.shape[0], node.attrs["group"]
-    if group != 1 and not group == c == o:
-        return f"group {group}"
+    if group != 1 and not depthwise(node) and ((c // group) % BLOCK or (o // group) % BLOCK):
+        return f"group {group}, {c // group} -> {o // group} channels a group: not whole blocks"
     if node.outputs[0].shape[2:] == (1, 1):
         return "one output position: a matrix-vector product"
     if padding_waste(node) >= MAX_PADDING_WASTE:
@@ -299,12 +303,13 @@ class _Rewriter:
         params = list(node.inputs[1:])
         o, c = w.shape[0], w.shape[1]
         if o % BLOCK or (attrs["group"] == 1 and c % BLOCK and not reads_nchw(node)):
+            # (a grouped convolution other than depthwise has whole blocks per group already)
             # zero rows (outputs) and columns (inputs) up to whole blocks: the extra output lanes
             # come out zero, and the extra input lanes, zero too, meet zero weights
-            if attrs["group"] != 1:
+            if depthwise(node):
                 attrs["group"] = padded(o)
             weight = constant_value(w)
-            columns = c if attrs["group"] != 1 or reads_nchw(node) else padded(c)
+            columns = c if depthwise(node) or reads_nchw(node) else padded(c)
             grown = np.zeros((padded(o), columns, *weight.shape[2:]), weight.dtype)
             grown[:o, :c] = weight
             params[0] = self.constant(w, grown)
@@ -354,7 +359,7 @@ class _Rewriter:
                 return False
             y = self.emit(node.scope, node.op, *operands, **node.attrs)
         elif node.op == "concat" and _image(out) and node.attrs["axis"] % 4 == 1 and all(
-                v.id in self.blocked or (_image(v) and v.shape[1] % BLOCK == 0) for v in node.inputs):
+                _image(v) and v.shape[1] % BLOCK == 0 for v in node.inputs):    # padded blocks would not line up
             y = self.emit(node.scope, "concat", *[self.blocked.get(v.id) or self.to_blocked(v, node.scope)
                                                   for v in node.inputs], axis=1)
         elif node.op == "max_pool2d" and node.inputs[0].id in self.blocked and _image(out):
@@ -411,16 +416,14 @@ def choose_layout(graph: Graph, ctx: PassContext) -> bool:
     if not chosen:
         return False                 # notes are changes (context.py): what stayed NCHW rides on one
     rw = _Rewriter(graph)
-    dense = depthwise = grown = 0
+    kinds = {"dense": 0, "depthwise": 0, "grouped": 0}
+    grown = 0
     for node in graph.nodes:
         node.inputs = [rw.subst.resolve(v) for v in node.inputs]
         if id(node) in chosen:
             rw.convolution(node)
             grown += padding_waste(node) > 1
-            if node.attrs["group"] == 1:
-                dense += 1
-            else:
-                depthwise += 1
+            kinds["dense" if node.attrs["group"] == 1 else "depthwise" if depthwise(node) else "grouped"] += 1
         elif not (id(node) in on_host and rw.follow(node)):
             rw.keep(node)
     for name, v in list(graph.outputs.items()):
@@ -429,8 +432,10 @@ def choose_layout(graph: Graph, ctx: PassContext) -> bool:
         graph.updates[name] = rw.to_plain(rw.subst.resolve(v))
     graph.nodes = rw.nodes
     rw.subst.apply(graph)
-    ctx.note(f"choose_layout: {dense + depthwise} of {len(convs)} convolutions in NCHW{BLOCK}c ({dense} dense, "
-             f"{depthwise} depthwise{f', {grown} with padded blocks' if grown else ''}), {rw.followers} op(s) follow the layout; reorders: "
+    grouped = f", {kinds['grouped']} grouped" if kinds["grouped"] else ""
+    padded_note = f", {grown} with padded blocks" if grown else ""
+    ctx.note(f"choose_layout: {sum(kinds.values())} of {len(convs)} convolutions in NCHW{BLOCK}c ({kinds['dense']} dense, "
+             f"{kinds['depthwise']} depthwise{grouped}{padded_note}), {rw.followers} op(s) follow the layout; reorders: "
              f"{rw.reorders['to_blocked']} to NCHW{BLOCK}c, {rw.reorders['from_blocked']} back to NCHW")
     if kept:
         ctx.note(kept_note)

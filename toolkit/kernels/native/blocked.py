@@ -111,7 +111,10 @@ def blocked_convolution(ctx, ins, outs, program=None):
         lanes = BLOCK
     _, ob, oh, ow, _ = out_shape
     s = ConvShape((n, cb * lanes, h, w_), weight.shape, (oh, ow), attrs)
-    depthwise = s.g > 1
+    depthwise = s.g > 1 and s.cg == 1 and s.og == 1
+    # a grouped dense convolution (AlexNet's): each group's input and output blocks are its own,
+    # the packed weight's rows per output block span the group's input blocks only
+    cbg, obg = (cb // s.g, ob // s.g) if not depthwise else (cb, ob)
     hp, wp = h + 2 * s.ph, w_ + 2 * s.pw
     plane_in, plane_pad, plane_out = h * w_ * lanes, hp * wp * lanes, s.p * BLOCK
     row = w_ if depthwise else wp           # the depthwise kernel reads the unpadded plane
@@ -173,7 +176,8 @@ def blocked_convolution(ctx, ins, outs, program=None):
             (res, plane_at * plane_out) if res else None, i64(int(relu))), blocked.C_SOURCE))
         body.append(For(item, i64(0), i64(n * cb), steps, parallel=threads > 1))
     else:
-        groups = -(-ob // blocked.TILE_BLOCKS)
+        per_group = -(-obg // blocked.TILE_BLOCKS)      # tiles of output blocks in a group
+        groups = s.g * per_group
         tiles = -(-s.p // blocked.TILE_POSITIONS)
         # enough items for every thread, each a whole number of position tiles
         chunks = 1 if n * groups >= 2 * threads or threads == 1 else min(tiles, -(-2 * threads // (n * groups)))
@@ -181,7 +185,10 @@ def blocked_convolution(ctx, ins, outs, program=None):
         chunks = -(-s.p // per_chunk)
         img, grp, chunk = names.var("img"), names.var("grp"), names.var("chunk")
         p_lo, p_hi, ob_lo, ob_hi = names.var("p_lo"), names.var("p_hi"), names.var("ob_lo"), names.var("ob_hi")
-        call = Extern("tk_bconv", ((src, img * (cb * plane)), (pos_b, i64(0)), p_lo, p_hi, i64(cb), i64(plane),
+        g, g_end = names.var("g"), names.var("g_end")
+        # the group's input blocks: the tile reads blocks [0, cbg) from there
+        call = Extern("tk_bconv", ((src, img * (cb * plane) + g * (cbg * plane)), (pos_b, i64(0)), p_lo, p_hi,
+                                   i64(cbg), i64(plane),
                                    i64(lanes), i64(taps.size), (taps_b, i64(0)), (wpk, i64(0)), ob_lo, ob_hi,
                                    (y, img * (ob * plane_out)), i64(plane_out), (bias, i64(0)) if bias else None,
                                    (res, img * (ob * plane_out)) if res else None, i64(int(relu))), blocked.C_SOURCE)
@@ -189,8 +196,9 @@ def blocked_convolution(ctx, ins, outs, program=None):
             Let(img, item // (groups * chunks)), Let(grp, (item // chunks) % groups), Let(chunk, item % chunks),
             Let(p_lo, chunk * per_chunk),
             Let(p_hi, select((p_lo + per_chunk).gt(s.p), i64(s.p), p_lo + per_chunk)),
-            Let(ob_lo, grp * blocked.TILE_BLOCKS),
-            Let(ob_hi, select((ob_lo + blocked.TILE_BLOCKS).gt(ob), i64(ob), ob_lo + blocked.TILE_BLOCKS)),
+            Let(g, grp // per_group), Let(g_end, (g + 1) * obg),
+            Let(ob_lo, g * obg + (grp % per_group) * blocked.TILE_BLOCKS),
+            Let(ob_hi, select((ob_lo + blocked.TILE_BLOCKS).gt(g_end), g_end, ob_lo + blocked.TILE_BLOCKS)),
             call], parallel=threads > 1))
     return NativeCall(Kernel("conv_blocked", params, body, threads), arrays)
 
