@@ -151,6 +151,8 @@ def test_an_rgb_image_is_read_as_nchw_and_written_blocked(every_candidate, rng, 
     (1, 16, (40, 64), 5, 1, 2, 1),
     (1, 16, (12, 13), 3, 1, 2, 1),      # padding 2 > what a 3x3 window needs: all-padding taps
     (2, 24, (10, 9), 3, 1, 1, 1),       # 24 channels: a padded second block
+    (1, 32, (6, 28), 3, 1, 1, 2),       # a row's inside run of 26: tiles of 8, 8, 8 and 2
+    (1, 16, (7, 15), 3, 1, 1, 1),       # 13: 8, 4 and one alone
 ])
 def test_depthwise_blocked_convolution_equals_torch(every_candidate, rng, n, c, hw, k, stride, pad, threads):
     net = Net(rng, (n, c, *hw))

@@ -12,7 +12,7 @@ when the plan is built: block ob's rows [C/16][taps][16 in][16 out], contiguous.
 input (an RGB image: 3 channels, a sixteenth of a block) runs through the same tile with blocks
 of one channel, [C][taps][1 in][16 out]: its output comes out blocked with no reorder.
 
-Depthwise (``tk_bdw_direct``): one block of 16 channels, 8 (or 4) positions a tile: per tap one weight
+Depthwise (``tk_bdw_direct``): one block of 16 channels, 8 (or 4 or 2) positions a tile: per tap one weight
 vector and one input vector per position, read straight from the unpadded plane; the positions
 whose window crosses the border take one at a time, skipping the taps in the padding.
 
@@ -137,11 +137,12 @@ static inline void tk_bdw_tile##R(const float *const *xr, int64_t taps, const in
 }
 TK_BDW_TILE(8)
 TK_BDW_TILE(4)
+TK_BDW_TILE(2)
 
 /* depthwise, one block of 16 channels, straight from the unpadded plane x [H][W][16] into y
-   [OH][OW][16]: the positions whose window lies inside the plane take 8 (then 4) at a time
-   without a test (tap_off: each tap's offset from the window's origin; 4 at a time for the
-   inside run's rest, which on a 14x14 map is a third of it), the border's one at a time,
+   [OH][OW][16]: the positions whose window lies inside the plane take 8 (then 4, then 2) at a
+   time without a test (tap_off: each tap's offset from the window's origin; the smaller tiles
+   for the inside run's rest, which on a 14x14 map is a third of it), the border's one at a time,
    skipping the taps that fall in the padding */
 static void tk_bdw_direct(const float *x, int64_t H, int64_t W, int64_t OH, int64_t OW, int64_t sh, int64_t sw,
                           int64_t ph, int64_t pw, int64_t kh, int64_t kw, int64_t dh, int64_t dw,
@@ -159,14 +160,15 @@ static void tk_bdw_direct(const float *x, int64_t H, int64_t W, int64_t OH, int6
         int64_t ox = 0;
         while (ox < OW) {
             const int64_t run = inside && ox >= ox_lo ? ox_hi - ox : 0;
-            if (run >= 4) {
-                const int tile = run >= 8 ? 8 : 4;
+            if (run >= 2) {
+                const int tile = run >= 8 ? 8 : run >= 4 ? 4 : 2;
                 const float *xr[8];
                 for (int r = 0; r < tile; r++) xr[r] = x + (iy0 * W + (ox + r) * sw - pw) * 16;
                 float *yo = y + (oy * OW + ox) * 16;
                 const float *ro = res ? res + (oy * OW + ox) * 16 : NULL;
                 if (tile == 8) tk_bdw_tile8(xr, taps, tap_off, w, yo, ro, bias, relu);
-                else tk_bdw_tile4(xr, taps, tap_off, w, yo, ro, bias, relu);
+                else if (tile == 4) tk_bdw_tile4(xr, taps, tap_off, w, yo, ro, bias, relu);
+                else tk_bdw_tile2(xr, taps, tap_off, w, yo, ro, bias, relu);
                 ox += tile;
                 continue;
             }
