@@ -68,6 +68,11 @@ def _plan(rng, n, c, o, hw, k, stride, pad, group, frozen, threads):
     (1, 8, 20, (40, 33), 3, 2, 1, 1, 2),       # strided
     (2, 12, 18, (10, 10), 3, 1, 1, 3, 1),      # groups: each group's panels after the other's
     (1, 32, 64, (16, 16), 1, 1, 0, 1, 1),      # 256 columns: whole tiles only
+    # grouped at batch 1 on two threads (AlexNet's conv2 and conv5): the groups side by side, or
+    # the blocks of output rows where an image's columns are blocked
+    (1, 96, 256, (27, 27), 5, 1, 2, 2, 2),
+    (1, 384, 256, (13, 13), 3, 1, 1, 2, 2),
+    (1, 12, 18, (9, 9), 3, 1, 1, 3, 2),        # three groups on two threads
 ])
 @pytest.mark.parametrize("frozen", [True, False], ids=["frozen", "fed"])
 def test_packed_gemm_convolution_equals_torch(rng, monkeypatch, n, c, o, hw, k, stride, pad, group, threads,
