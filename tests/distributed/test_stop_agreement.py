@@ -16,16 +16,22 @@ class TwoRanks(Solo):
     """Rank 0 of two whose collectives are the identity; the signal arrives during the
     agreement of iteration ``late_at`` (after the vote is cast), as a real one can."""
     size = 2
+    other = 0                      # the other rank's vote: no signal
 
     def __init__(self, late_at: int):
         super().__init__()
         self.late_at, self.votes, self.trainer = late_at, [], None
 
-    def any_true(self, flag: bool) -> bool:
-        self.votes.append(flag)
+    def largest(self, value: int) -> int:
+        self.votes.append(value)
         if len(self.votes) - 1 == self.late_at:
             self.trainer._stop = signal.SIGINT
-        return flag
+        return max(value, self.other)
+
+
+class OtherRankSignalled(TwoRanks):
+    """The other rank got SIGINT first (a launcher forwards a Ctrl-C to each rank in turn)."""
+    other = int(signal.SIGINT)
 
 
 def test_a_signal_after_the_agreement_stops_every_rank_at_the_next_iteration(tmp_path):
@@ -35,5 +41,16 @@ def test_a_signal_after_the_agreement_stops_every_rank_at_the_next_iteration(tmp
     comm.trainer = trainer
     assert trainer.run() == 128 + signal.SIGINT
     # voted "go on" four times, the signal landed during the fourth vote; the fifth says stop
-    assert comm.votes == [False, False, False, False, True]
+    assert comm.votes == [0, 0, 0, 0, signal.SIGINT]
     assert read_checkpoint(find_resume_point(str(tmp_path / "run"))).iteration == 5
+
+
+def test_a_rank_stopped_by_the_others_signal_exits_as_they_do(tmp_path):
+    """The job's exit status is 130 whichever rank the Ctrl-C reached first: a rank that
+    stops because another was signalled stops by that signal, not by a SIGTERM of its own."""
+    net = Net.load("zoo/lenet/net.yaml", overrides=[(("train", "max_iter"), 50)])
+    comm = OtherRankSignalled(late_at=-1)
+    trainer = Trainer(net, tmp_path / "run", comm=comm)
+    comm.trainer = trainer
+    assert trainer.run() == 128 + signal.SIGINT
+    assert comm.votes == [0]

@@ -43,8 +43,9 @@ class Solo:
     def sum_floats(self, values: list[float]) -> list[float]:
         return list(values)
 
-    def any_true(self, flag: bool) -> bool:
-        return flag
+    def largest(self, value: int) -> int:
+        """The largest of the ranks' ``value`` (every rank gets the same answer)."""
+        return value
 
     def broadcast(self, array: np.ndarray) -> None:
         pass
@@ -97,8 +98,8 @@ class MpiCommunicator(Solo):
     def sum_floats(self, values: list[float]) -> list[float]:
         return [float(v) for v in self.allreduce(np.asarray(values, dtype=np.float64))]
 
-    def any_true(self, flag: bool) -> bool:
-        return bool(self._blocked(lambda: self.comm.allreduce(int(flag), op=self.MPI.MAX)))
+    def largest(self, value: int) -> int:
+        return int(self._blocked(lambda: self.comm.allreduce(int(value), op=self.MPI.MAX)))
 
     def broadcast(self, array: np.ndarray) -> None:
         self._blocked(lambda: self.comm.Bcast(array, root=0))

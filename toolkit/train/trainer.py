@@ -478,12 +478,11 @@ class Trainer:
                 # agree: a signal landing between the agreement and a second read would stop one
                 # rank while the others go on into the next step's collectives, and hang the job
                 stop = self._stop
-                if self.comm:                 # a signal seen by any rank stops all at this iteration
-                    if self.comm.any_true(stop is not None):
-                        stop = stop if stop is not None else signal.SIGTERM
-                    else:
-                        stop = None           # arrived after the agreement: the next iteration's
-                    self._stop = stop if stop is not None else self._stop
+                if self.comm:                 # a signal seen by any rank stops all at this iteration,
+                    agreed = self.comm.largest(int(stop or 0))     # and all by the same signal
+                    stop = signal.Signals(agreed) if agreed else None
+                    if stop is not None:      # (else a signal after the vote: the next iteration's)
+                        self._stop = stop
                 if snapshot or stop is not None or done == self.max_iter:
                     self._check_finite(i, last_good, progress)   # never checkpoint a nan/inf state
                 if snapshot and writer:
