@@ -26,9 +26,13 @@ alone with its ReLU; the README's real-nets section has the whole nets):
   line up).
 - A dense convolution of fewer input channels than a block (an RGB image's 3) reads its input
   as NCHW and writes blocked (``reads_nchw``): no input reorder, no padded input channels.
+- Grouped convolutions with whole blocks per group (AlexNet's) run blocked, each group's output
+  blocks reading its own input blocks.
 - Never blocked: a dense convolution that padding would make 1.5x the work or more (17
-  channels are two blocks), grouped convolutions other than depthwise, a 3x3 convolution the NCHW kernel
-  runs by Winograd (the kernel module says so, through the registry's ``fusion_pays``),
+  channels are two blocks), groups that are not whole blocks, a convolution over one output
+  position (a classifier: the NCHW kernel's dot products over the weight's rows), a 3x3
+  convolution the NCHW kernel runs by Winograd (the kernel module says so, through the
+  registry's ``fusion_pays``),
   weights fed at run time (a train step, whose backward kernels read NCHW anyway: the pass
   leaves graphs with gradient ops alone), other dtypes than float32, a processor without
   16-float vectors, a device other than the host.
