@@ -159,7 +159,7 @@ def _ops_text(row: Row, groups: dict[str, list[str]]) -> str:
     where = groups.get(row.layer)
     if where:
         text = (f"{text}; also in " if text else "in ") + ", ".join(where)
-    return text or "no kernels of its own (fused or folded away)"
+    return text or "no kernels of its own (fused, folded away, or done in place by the memory plan)"
 
 
 def _ms(value: float | None) -> str:

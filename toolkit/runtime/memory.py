@@ -4,7 +4,11 @@ values are dead, and all storages are placed at offsets of one arena.
 Step one decides which values share a storage: a view (a reshape, or a slice that is one
 contiguous run of its input) shares its input's, at an offset; a kernel that may run in place
 takes the storage (and offset) of an input of its own size that dies at this step (a weight's
-storage only when the output is that weight's update, after the weight's last read).
+storage only when the output is that weight's update, after the weight's last read). A
+concatenation whose inputs are each one contiguous run of its output (batch 1 along channels:
+SqueezeNet's fire modules, GoogLeNet's inception blocks) is gathered: its producers write their
+outputs straight into its storage, at their offsets, and the concatenation has nothing left to
+do (it becomes a view, as a reshape does).
 Step two places the storages: each lives from the step that first writes it to the step that
 last reads it, and two storages whose lifetimes meet may not overlap in the arena. Placement is
 greedy by size (largest first, each at the lowest offset that fits between the storages already
@@ -71,7 +75,8 @@ def _aligned(n: int) -> int:
 
 def plan_memory(steps, shapes, dtypes, fixed: dict[int, Storage], kept: set[int],
                 inplace_pairs: Callable, view_offset: Callable, reuse: bool = True,
-                allocate: bool | Callable = True, device_of: Callable | None = None) -> MemoryPlan:
+                allocate: bool | Callable = True, device_of: Callable | None = None,
+                gather_offsets: Callable | None = None) -> MemoryPlan:
     """steps: nodes in run order; shapes/dtypes: concrete per value id; fixed: storages of graph
     inputs, weights and constants; kept: value ids that must survive the whole run;
     inplace_pairs(node) -> {output position: input positions it may overwrite};
@@ -79,7 +84,9 @@ def plan_memory(steps, shapes, dtypes, fixed: dict[int, Storage], kept: set[int]
     ``reuse=False`` gives every value its own memory; ``allocate=False`` only computes the
     figures, a callable ``allocate(device, nbytes)`` makes each device's arena (default: numpy).
     ``device_of(node)`` says where a node runs: its outputs live there, and storages of
-    different devices are placed in different arenas (inputs' storages say their own)."""
+    different devices are placed in different arenas (inputs' storages say their own).
+    ``gather_offsets(node)`` -> bytes into output 0 where each input starts, for a node whose
+    inputs are contiguous runs of its output (a concatenation that may be gathered), or None."""
     alias_at = {id(n): view_offset(n) for n in steps}
 
     def alias_ok(node) -> bool:
@@ -104,6 +111,10 @@ def plan_memory(steps, shapes, dtypes, fixed: dict[int, Storage], kept: set[int]
         last_read[r] = max(last_read.get(r, -1), idx)
 
     plan = MemoryPlan(dict(fixed))
+    gathered, placed_in = (_gathered_concats(steps, shapes, dtypes, fixed, kept, gather_offsets, alias_ok, device_of,
+                                             last_use)
+                           if reuse and gather_offsets is not None else ({}, {}))
+    plan.storages += list(gathered.values())
     live_values: list[tuple[int, int, int]] = []     # (first, last, nbytes) of every owning value
     for vid, st in fixed.items():
         if st.external is None:
@@ -120,7 +131,13 @@ def plan_memory(steps, shapes, dtypes, fixed: dict[int, Storage], kept: set[int]
             last = last_use.get(v.id, idx)
             st = None
             offset = 0
-            if pos == 0 and alias_ok(node):
+            if v.id in placed_in:               # written into a gathered concatenation's storage
+                st, offset = placed_in[v.id]
+            elif id(node) in gathered:          # the concatenation itself: its inputs are in place
+                st = gathered[id(node)]
+                plan.views.add(id(node))
+                live_values.append((st.first, last, need))
+            elif pos == 0 and alias_ok(node):
                 st = plan.storage_of[node.inputs[0].id]
                 offset = plan.offset_of.get(node.inputs[0].id, 0) + alias_at[id(node)]
                 plan.views.add(id(node))
@@ -172,6 +189,40 @@ def plan_memory(steps, shapes, dtypes, fixed: dict[int, Storage], kept: set[int]
                 st.arena = arena
     plan.peak_bytes = sum(plan.peak_by_device.values())
     return plan
+
+
+def _gathered_concats(steps, shapes, dtypes, fixed, kept, gather_offsets, alias_ok, device_of, last_use):
+    """The concatenations whose producers can write into their output: ({id(node): its storage},
+    {input value id: (that storage, byte offset)}). Every input must be the output of an earlier
+    step that owns its memory (not a view, a graph input, a constant, or a value kept after the
+    run), appear once, feed no other gathered concatenation, and live on the same device; else
+    the concatenation copies as before."""
+    producer = {v.id: node for node in steps for v in node.outputs}
+    step_of = {id(node): idx for idx, node in enumerate(steps)}
+    gathered: dict[int, Storage] = {}
+    placed_in: dict[int, tuple[Storage, int]] = {}
+    for idx, node in enumerate(steps):
+        offsets = gather_offsets(node)
+        if offsets is None or len(node.outputs) != 1 or node.outputs[0].id in placed_in:
+            continue
+        ids = [v.id for v in node.inputs]
+        where = device_of(node) if device_of else None
+
+        def movable(vid) -> bool:
+            src = producer.get(vid)
+            return (src is not None and vid not in fixed and vid not in kept and vid not in placed_in
+                    and id(src) not in gathered and not alias_ok(src)
+                    and (device_of is None or device_of(src) == where))
+        if len(set(ids)) != len(ids) or not all(movable(vid) for vid in ids):
+            continue
+        out = node.outputs[0]
+        first = min(step_of[id(producer[vid])] for vid in ids)
+        st = Storage(nbytes_of(shapes[out.id], dtypes[out.id]), first=first, device=where)
+        st.last = max([last_use.get(out.id, idx)] + [last_use.get(vid, idx) for vid in ids])
+        gathered[id(node)] = st
+        for vid, offset in zip(ids, offsets):
+            placed_in[vid] = (st, offset)
+    return gathered, placed_in
 
 
 def _most_live(values: list[tuple[int, int, int]], n_steps: int) -> int:

@@ -75,6 +75,25 @@ def view_offset(node: Node, shapes, dtypes, bindings) -> int | None:
     return None
 
 
+def gather_offsets(node: Node, shapes, dtypes) -> list[int] | None:
+    """For a concatenation whose inputs are each one contiguous run of its output (every axis
+    before the joined one has length 1: batch 1 along channels), where each input starts in
+    the output, in bytes; else None (memory.py gathers such a concatenation in place)."""
+    if node.op != "concat":
+        return None
+    out = node.outputs[0]
+    shape = shapes[out.id]
+    axis = node.attrs["axis"] % len(shape)
+    if any(d != 1 for d in shape[:axis]) or any(dtypes[v.id] != dtypes[out.id] for v in node.inputs):
+        return None
+    inner = int(np.prod(shape[axis + 1:], dtype=np.int64)) * np.dtype(dtypes[out.id]).itemsize
+    offsets, at = [], 0
+    for v in node.inputs:
+        offsets.append(at * inner)
+        at += shapes[v.id][axis]
+    return offsets
+
+
 def kernel_dtype(node: Node) -> str:
     for v in list(node.inputs) + node.outputs:
         if v.dtype in FLOAT_DTYPES:
@@ -149,7 +168,8 @@ def memory_figures(graph: Graph, bindings: Mapping[str, int], device: Device | s
     memory = plan_memory(steps, shapes, dtypes, fixed, kept_values(graph, list(graph.outputs)),
                          inplace_pairs=lambda n: entries[id(n)].inplace_pairs(n),
                          view_offset=lambda n: view_offset(n, shapes, dtypes, bindings),
-                         reuse=reuse_memory, allocate=False, device_of=placement.node)
+                         reuse=reuse_memory, allocate=False, device_of=placement.node,
+                         gather_offsets=lambda n: gather_offsets(n, shapes, dtypes))
     return memory.summary()
 
 
@@ -272,7 +292,8 @@ class Plan:
             # one branch to another would order them (concurrency.py)
             reuse=self.reuse_memory and not self.concurrent,
             allocate=lambda where, nbytes: self._arena(allocate or _new_arena, where or self.device, nbytes, steps),
-            device_of=self.placement.node)
+            device_of=self.placement.node,
+            gather_offsets=lambda n: gather_offsets(n, self.shapes, self.dtypes))
 
     def _arena(self, allocate: Callable, where: Device, nbytes: int, steps: list[Node]):
         """A device's arena of ``nbytes``, after checking the host can hold it (a GPU's own
