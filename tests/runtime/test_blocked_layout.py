@@ -161,16 +161,22 @@ def test_depthwise_blocked_convolution_equals_torch(every_candidate, rng, n, c, 
     assert "tk_bdw_direct(" in plan.native_source
 
 
-def test_residual_and_relu_are_applied_in_the_store_with_nan_kept(every_candidate, rng):
+@pytest.mark.parametrize("c, k, hw", [
+    (32, 3, 7),        # the 3x3 conv's positions through the origin table (rows of 7 on the padded copy)
+    (16, 1, 9),        # 1x1 convs of 1, 2 and 3 output blocks: the wide tiles over positions
+    (32, 1, 9),        # side by side (81 = 6 x 12 + 9, 5 x 14 + 11, 10 x 8 + 1: each with a tail)
+    (48, 1, 9),
+])
+def test_residual_and_relu_are_applied_in_the_store_with_nan_kept(every_candidate, rng, c, k, hw):
     """A ResNet bottleneck's end: conv + bias + shortcut, then ReLU, as one blocked kernel; a NaN
     in the input stays NaN through the ReLU (numpy's maximum), as PyTorch's does."""
-    net = Net(rng, (1, 32, 7, 7))
+    net = Net(rng, (1, c, hw, hw))
     net.feed[0, 3, 2, 2] = np.nan
     t = tt(net.feed)
-    a, ta = net.conv(net.x, t, 32, 1)
+    a, ta = net.conv(net.x, t, c, 1)
     a = net.b.op("relu", a)
     ta = F.relu(ta)
-    y, ty = net.conv(a, ta, 32, 3, pad=1)
+    y, ty = net.conv(a, ta, c, k, pad=k // 2)
     out = net.b.op("relu", net.b.op("add", y, net.x))
     plan, graph = run_against_torch(net, out, F.relu(ty + t))
     assert np.isnan(np.asarray(plan.run({"x": net.feed})["y"])).any()
