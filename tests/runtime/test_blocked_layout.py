@@ -185,6 +185,36 @@ def test_residual_and_relu_are_applied_in_the_store_with_nan_kept(every_candidat
     assert len(fused[1].attrs["program"]) == 2                   # add then relu, in the store
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("hw, k, stride, pad, ceil", [
+    ((11, 11), 3, 2, 0, False),      # SqueezeNet's pools: windows inside
+    ((7, 8), 3, 2, 1, True),         # padding and the ceil-mode edge: taps outside skipped
+    ((6, 5), 3, 1, 1, False),        # GoogLeNet's inception pools: stride 1, padded
+    ((8, 8), 2, 2, 0, False),
+])
+def test_blocked_max_pooling_equals_torch_with_nan_kept(rng, dtype, hw, k, stride, pad, ceil):
+    """max_pool2d_blocked on its own against PyTorch's max pooling of the NCHW form, with a NaN
+    planted: the windows that hold it give NaN (numpy's maximum, PyTorch's rule), the others are
+    unchanged, and the plan runs it natively."""
+    n, c = 2, 32
+    x = rng.standard_normal((n, c, *hw)).astype(dtype)
+    x[1, 17, 2, 3] = np.nan
+    g = Graph("infer")
+    xb = Value(TensorType((n, c // 16, *hw, 16), dtype), name="x")
+    g.inputs["x"] = xb
+    attrs = dict(kernel=(k, k), stride=(stride, stride), pad=(pad, pad), ceil_mode=ceil)
+    g.outputs["y"] = Builder(g, "t").op("max_pool2d_blocked", xb, block=16, **attrs)
+    plan = Plan(g, {}, {})
+    blocked_x = np.ascontiguousarray(x.reshape(n, c // 16, 16, *hw).transpose(0, 1, 3, 4, 2))
+    got = np.asarray(plan.run({"x": blocked_x})["y"])
+    got = got.transpose(0, 1, 4, 2, 3).reshape(n, c, *got.shape[2:4])
+    want = F.max_pool2d(torch.from_numpy(x), k, stride, pad, ceil_mode=ceil).numpy()
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    assert np.isnan(want).sum() >= 1
+    np.testing.assert_array_equal(np.nan_to_num(got), np.nan_to_num(want))
+    assert plan.impls == ["native"]
+
+
 def _explain(graph_builder, disable=()):
     ctx = PassContext(disabled=frozenset(disable))
     graph = run_pipeline(graph_builder, ctx)
