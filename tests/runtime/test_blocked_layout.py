@@ -215,6 +215,57 @@ def test_blocked_max_pooling_equals_torch_with_nan_kept(rng, dtype, hw, k, strid
     assert plan.impls == ["native"]
 
 
+def fire_module(net, squeeze=16, expand=32):
+    """SqueezeNet's fire module: a 1x1 squeeze, 1x1 and 3x3 expands side by side, concatenated."""
+    t = tt(net.feed)
+    s, ts = net.conv(net.x, t, squeeze, 1)
+    s, ts = net.b.op("relu", s), F.relu(ts)
+    e1, te1 = net.conv(s, ts, expand, 1)
+    e3, te3 = net.conv(s, ts, expand, 3, pad=1)
+    cat = net.b.op("concat", net.b.op("relu", e1), net.b.op("relu", e3), axis=1)
+    return cat, torch.cat([F.relu(te1), F.relu(te3)], 1)
+
+
+@pytest.mark.parametrize("n, threads", [(1, 1), (3, 1), (3, 2)])
+def test_a_fire_modules_concatenation_is_gathered_at_any_batch(every_candidate, rng, n, threads):
+    """The two blocked expands write their halves of each image of the concatenation straight
+    into its output (at batch n > 1 through a strided view: the images lie a whole output image
+    apart): no concatenation step runs, and the result is PyTorch's."""
+    net = Net(rng, (n, 32, 9, 9))
+    cat, want = fire_module(net)
+    plan, graph = run_against_torch(net, cat, want, threads)
+    assert [nd.op for nd in plan.steps].count("concat") == 0
+    assert sum(1 for nd in graph.nodes if nd.op == "concat") == 1
+    assert len(plan.memory.image_stride_of) == (2 if n > 1 else 0)
+
+
+def test_a_strided_part_read_by_another_op_is_not_gathered(every_candidate, rng):
+    """At batch 2 a part that something else reads too would hand that reader a strided view:
+    the concatenation copies instead."""
+    net = Net(rng, (2, 32, 7, 7))
+    cat, want = fire_module(net)
+    e1 = cat.producer.inputs[0]
+    net.graph.outputs["e1_sum"] = net.b.op("reduce_sum", e1, axes=(1, 2, 3), keepdims=False)
+    plan, _ = run_against_torch(net, cat, want)
+    assert [nd.op for nd in plan.steps].count("concat") == 1
+    np.testing.assert_allclose(np.asarray(plan.run({"x": net.feed})["e1_sum"]),
+                               want[:, :32].sum(dim=(1, 2, 3)).detach().numpy(), rtol=1e-5)
+
+
+def test_a_strided_part_made_by_the_numpy_kernel_is_copied_into_its_view(every_candidate, rng, monkeypatch):
+    """Where the blocked convolution's native kernel is not built (here: every native kernel
+    declines), its numpy kernel writes a contiguous array that the plan copies into the view."""
+    net = Net(rng, (2, 32, 7, 7))
+    cat, want = fire_module(net)
+    net.graph.outputs["y"] = cat
+    graph = optimize(net.graph, ())
+    plan = Plan(graph, {}, {}, native=False)
+    assert plan.impls.count("native") == 0
+    assert [nd.op for nd in plan.steps].count("concat") == 0 and len(plan.memory.image_stride_of) == 2
+    got = np.asarray(plan.run({"x": net.feed})["y"])
+    np.testing.assert_allclose(got, want.detach().numpy(), rtol=0, atol=3e-6 * float(want.abs().max()))
+
+
 def _explain(graph_builder, disable=()):
     ctx = PassContext(disabled=frozenset(disable))
     graph = run_pipeline(graph_builder, ctx)

@@ -5,10 +5,12 @@ Step one decides which values share a storage: a view (a reshape, or a slice tha
 contiguous run of its input) shares its input's, at an offset; a kernel that may run in place
 takes the storage (and offset) of an input of its own size that dies at this step (a weight's
 storage only when the output is that weight's update, after the weight's last read). A
-concatenation whose inputs are each one contiguous run of its output (batch 1 along channels:
-SqueezeNet's fire modules, GoogLeNet's inception blocks) is gathered: its producers write their
-outputs straight into its storage, at their offsets, and the concatenation has nothing left to
-do (it becomes a view, as a reshape does).
+concatenation along channels is gathered where it can be: its producers write their outputs
+straight into its storage, at their offsets, and the concatenation has nothing left to do (it
+becomes a view, as a reshape does). At batch 1 each part is one contiguous run of the output
+(SqueezeNet's fire modules, GoogLeNet's inception blocks); at a larger batch a part's images lie
+an output image apart, so only producers whose kernels write such a strided view may take part
+(the blocked convolutions), and only for parts nothing else reads.
 Step two places the storages: each lives from the step that first writes it to the step that
 last reads it, and two storages whose lifetimes meet may not overlap in the arena. Placement is
 greedy by size (largest first, each at the lowest offset that fits between the storages already
@@ -37,8 +39,18 @@ class Storage:
     arena: np.ndarray | None = None
     device: object = None          # whose memory (a backend Device); None: the plan's one device
 
-    def view(self, shape, dtype, offset: int = 0) -> np.ndarray:
-        """The array of a value living in this storage ``offset`` bytes from its start."""
+    def view(self, shape, dtype, offset: int = 0, image_stride: int | None = None) -> np.ndarray:
+        """The array of a value living in this storage ``offset`` bytes from its start; with
+        ``image_stride``, its images (axis 0) that many bytes apart, each contiguous (a part of
+        a gathered concatenation at a batch over 1)."""
+        if image_stride is not None:
+            item = np.dtype(dtype).itemsize
+            image = int(np.prod(shape[1:], dtype=np.int64)) * item
+            span = (shape[0] - 1) * image_stride + image
+            start = self.offset + offset
+            flat = self.arena[start: start + span].view(dtype)
+            inner = tuple(int(np.prod(shape[k + 1:], dtype=np.int64)) * item for k in range(1, len(shape)))
+            return np.lib.stride_tricks.as_strided(flat, shape=tuple(shape), strides=(image_stride, *inner))
         n = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
         if self.external is not None:
             if offset == 0 and self.external.size * self.external.itemsize == n:
@@ -54,6 +66,7 @@ class MemoryPlan:
     storage_of: dict[int, Storage] = field(default_factory=dict)
     offset_of: dict[int, int] = field(default_factory=dict)   # bytes into its storage (views)
     views: set[int] = field(default_factory=set)               # id(node) of steps that are views
+    image_stride_of: dict[int, int] = field(default_factory=dict)  # bytes between images of a strided part
     storages: list[Storage] = field(default_factory=list)     # the planned (non-external) ones
     peak_bytes: int = 0            # the arenas' size (all devices together)
     peak_by_device: dict = field(default_factory=dict)
@@ -76,7 +89,7 @@ def _aligned(n: int) -> int:
 def plan_memory(steps, shapes, dtypes, fixed: dict[int, Storage], kept: set[int],
                 inplace_pairs: Callable, view_offset: Callable, reuse: bool = True,
                 allocate: bool | Callable = True, device_of: Callable | None = None,
-                gather_offsets: Callable | None = None) -> MemoryPlan:
+                gather_offsets: Callable | None = None, writes_strided: Callable | None = None) -> MemoryPlan:
     """steps: nodes in run order; shapes/dtypes: concrete per value id; fixed: storages of graph
     inputs, weights and constants; kept: value ids that must survive the whole run;
     inplace_pairs(node) -> {output position: input positions it may overwrite};
@@ -85,8 +98,10 @@ def plan_memory(steps, shapes, dtypes, fixed: dict[int, Storage], kept: set[int]
     figures, a callable ``allocate(device, nbytes)`` makes each device's arena (default: numpy).
     ``device_of(node)`` says where a node runs: its outputs live there, and storages of
     different devices are placed in different arenas (inputs' storages say their own).
-    ``gather_offsets(node)`` -> bytes into output 0 where each input starts, for a node whose
-    inputs are contiguous runs of its output (a concatenation that may be gathered), or None."""
+    ``gather_offsets(node)`` -> (bytes into output 0 where each input's first image starts, the
+    bytes from one image of the output to the next where the inputs' images are strided in it,
+    else None) for a concatenation that may be gathered, or None; ``writes_strided(node)``: the
+    node's kernel writes an output whose images are strided (default: none does)."""
     alias_at = {id(n): view_offset(n) for n in steps}
 
     def alias_ok(node) -> bool:
@@ -112,7 +127,7 @@ def plan_memory(steps, shapes, dtypes, fixed: dict[int, Storage], kept: set[int]
 
     plan = MemoryPlan(dict(fixed))
     gathered, placed_in = (_gathered_concats(steps, shapes, dtypes, fixed, kept, gather_offsets, alias_ok, device_of,
-                                             last_use)
+                                             last_use, writes_strided or (lambda node: False))
                            if reuse and gather_offsets is not None else ({}, {}))
     plan.storages += list(gathered.values())
     live_values: list[tuple[int, int, int]] = []     # (first, last, nbytes) of every owning value
@@ -132,7 +147,9 @@ def plan_memory(steps, shapes, dtypes, fixed: dict[int, Storage], kept: set[int]
             st = None
             offset = 0
             if v.id in placed_in:               # written into a gathered concatenation's storage
-                st, offset = placed_in[v.id]
+                st, offset, image_stride = placed_in[v.id]
+                if image_stride is not None:
+                    plan.image_stride_of[v.id] = image_stride
             elif id(node) in gathered:          # the concatenation itself: its inputs are in place
                 st = gathered[id(node)]
                 plan.views.add(id(node))
@@ -191,25 +208,35 @@ def plan_memory(steps, shapes, dtypes, fixed: dict[int, Storage], kept: set[int]
     return plan
 
 
-def _gathered_concats(steps, shapes, dtypes, fixed, kept, gather_offsets, alias_ok, device_of, last_use):
+def _gathered_concats(steps, shapes, dtypes, fixed, kept, gather_offsets, alias_ok, device_of, last_use,
+                      writes_strided):
     """The concatenations whose producers can write into their output: ({id(node): its storage},
-    {input value id: (that storage, byte offset)}). Every input must be the output of an earlier
-    step that owns its memory (not a view, a graph input, a constant, or a value kept after the
-    run), appear once, feed no other gathered concatenation, and live on the same device; else
-    the concatenation copies as before."""
+    {input value id: (that storage, byte offset, image stride in bytes or None)}). Every input
+    must be the output of an earlier step that owns its memory (not a view, a graph input, a
+    constant, or a value kept after the run), appear once, feed no other gathered concatenation,
+    and live on the same device; where the parts' images are strided in the output, each must
+    also be read by the concatenation alone and made by a kernel that writes strided images.
+    Else the concatenation copies as before."""
     producer = {v.id: node for node in steps for v in node.outputs}
     step_of = {id(node): idx for idx, node in enumerate(steps)}
+    readers: dict[int, int] = {}
+    for node in steps:
+        for v in node.inputs:
+            readers[v.id] = readers.get(v.id, 0) + 1
     gathered: dict[int, Storage] = {}
-    placed_in: dict[int, tuple[Storage, int]] = {}
+    placed_in: dict[int, tuple[Storage, int, int | None]] = {}
     for idx, node in enumerate(steps):
-        offsets = gather_offsets(node)
-        if offsets is None or len(node.outputs) != 1 or node.outputs[0].id in placed_in:
+        layout = gather_offsets(node)
+        if layout is None or len(node.outputs) != 1 or node.outputs[0].id in placed_in:
             continue
+        offsets, image_stride = layout
         ids = [v.id for v in node.inputs]
         where = device_of(node) if device_of else None
 
         def movable(vid) -> bool:
             src = producer.get(vid)
+            if image_stride is not None and (readers.get(vid) != 1 or src is None or not writes_strided(src)):
+                return False
             return (src is not None and vid not in fixed and vid not in kept and vid not in placed_in
                     and id(src) not in gathered and not alias_ok(src)
                     and (device_of is None or device_of(src) == where))
@@ -221,7 +248,7 @@ def _gathered_concats(steps, shapes, dtypes, fixed, kept, gather_offsets, alias_
         st.last = max([last_use.get(out.id, idx)] + [last_use.get(vid, idx) for vid in ids])
         gathered[id(node)] = st
         for vid, offset in zip(ids, offsets):
-            placed_in[vid] = (st, offset)
+            placed_in[vid] = (st, offset, image_stride)
     return gathered, placed_in
 
 

@@ -75,23 +75,53 @@ def view_offset(node: Node, shapes, dtypes, bindings) -> int | None:
     return None
 
 
-def gather_offsets(node: Node, shapes, dtypes) -> list[int] | None:
-    """For a concatenation whose inputs are each one contiguous run of its output (every axis
-    before the joined one has length 1: batch 1 along channels), where each input starts in
-    the output, in bytes; else None (memory.py gathers such a concatenation in place)."""
+def gather_offsets(node: Node, shapes, dtypes) -> tuple[list[int], int | None] | None:
+    """For a concatenation that memory.py may gather in place: where each input's first image
+    starts in the output, in bytes, and None where every axis before the joined one has length 1
+    (each input one contiguous run: batch 1 along channels), else the bytes from one image of
+    the output to the next (only the batch axis before the joined one: each input's images lie
+    that far apart). None for anything else."""
     if node.op != "concat":
         return None
     out = node.outputs[0]
     shape = shapes[out.id]
     axis = node.attrs["axis"] % len(shape)
-    if any(d != 1 for d in shape[:axis]) or any(dtypes[v.id] != dtypes[out.id] for v in node.inputs):
+    if axis == 0 or any(dtypes[v.id] != dtypes[out.id] for v in node.inputs):
         return None
-    inner = int(np.prod(shape[axis + 1:], dtype=np.int64)) * np.dtype(dtypes[out.id]).itemsize
+    item = np.dtype(dtypes[out.id]).itemsize
+    inner = int(np.prod(shape[axis + 1:], dtype=np.int64)) * item
     offsets, at = [], 0
     for v in node.inputs:
         offsets.append(at * inner)
         at += shapes[v.id][axis]
-    return offsets
+    if all(d == 1 for d in shape[:axis]):
+        return offsets, None
+    if all(d == 1 for d in shape[1:axis]):
+        return offsets, int(np.prod(shape[1:], dtype=np.int64)) * item
+    return None
+
+
+# ops whose native kernels write an output whose images are strided (blocked.output_image_stride)
+STRIDED_WRITERS = ("conv2d_blocked",)
+
+
+def writes_strided(node: Node, placement: Placement) -> bool:
+    """Whether ``node``'s kernel writes a strided view of images (a gathered concatenation's part
+    at a batch over 1): the blocked convolutions on the host, alone or with their store's
+    epilogue. Should the native kernel not be built, the plan's numpy call writes a contiguous
+    copy and copies it into the view (Plan._python_call)."""
+    head = node.attrs.get("head") if node.op == "fused_epilogue" else node.op
+    return head in STRIDED_WRITERS and placement.node(node).host_memory
+
+
+def _into_strided(fn, ins, outs, strided):
+    """Run ``fn`` with contiguous stand-ins for the strided outputs, then copy them in."""
+    temps = list(outs)
+    for k in strided:
+        temps[k] = np.empty(outs[k].shape, outs[k].dtype)
+    fn(ins, temps)
+    for k in strided:
+        np.copyto(outs[k], temps[k])
 
 
 def kernel_dtype(node: Node) -> str:
@@ -169,7 +199,8 @@ def memory_figures(graph: Graph, bindings: Mapping[str, int], device: Device | s
                          inplace_pairs=lambda n: entries[id(n)].inplace_pairs(n),
                          view_offset=lambda n: view_offset(n, shapes, dtypes, bindings),
                          reuse=reuse_memory, allocate=False, device_of=placement.node,
-                         gather_offsets=lambda n: gather_offsets(n, shapes, dtypes))
+                         gather_offsets=lambda n: gather_offsets(n, shapes, dtypes),
+                         writes_strided=lambda n: writes_strided(n, placement))
     return memory.summary()
 
 
@@ -293,7 +324,8 @@ class Plan:
             reuse=self.reuse_memory and not self.concurrent,
             allocate=lambda where, nbytes: self._arena(allocate or _new_arena, where or self.device, nbytes, steps),
             device_of=self.placement.node,
-            gather_offsets=lambda n: gather_offsets(n, self.shapes, self.dtypes))
+            gather_offsets=lambda n: gather_offsets(n, self.shapes, self.dtypes),
+            writes_strided=lambda n: writes_strided(n, self.placement))
 
     def _arena(self, allocate: Callable, where: Device, nbytes: int, steps: list[Node]):
         """A device's arena of ``nbytes``, after checking the host can hold it (a GPU's own
@@ -323,7 +355,8 @@ class Plan:
         """v's array; a host constant read on another device is copied there once."""
         memory = self.memory
         st = memory.storage_of[v.id]
-        arr = st.view(self.shapes[v.id], self.dtypes[v.id], memory.offset_of.get(v.id, 0))
+        arr = st.view(self.shapes[v.id], self.dtypes[v.id], memory.offset_of.get(v.id, 0),
+                      memory.image_stride_of.get(v.id))
         where = self.placement.node(reader) if reader is not None else None
         if where is not None and not where.host_memory and isinstance(arr, np.ndarray):
             key = (v.id, where)
@@ -435,8 +468,9 @@ class Plan:
         return reads, writes, ordered
 
     def _python_call(self, node, ins, outs, workers):
+        strided = [k for k, o in enumerate(outs) if isinstance(o, np.ndarray) and not o.flags.c_contiguous]
         with self._building(node):
-            split = self._split(node, ins, outs) if workers else None
+            split = self._split(node, ins, outs) if workers and not strided else None
             if split:
                 self.split_steps += 1
                 return functools.partial(workers.run, *split)
@@ -448,6 +482,10 @@ class Plan:
         if hook is not None:
             self.before_run.append(hook)
         self._call_blockers.append((node, getattr(fn, "host_sync", None)))
+        if strided:
+            # a gathered concatenation's part whose native kernel was not built: the numpy
+            # kernel writes contiguous arrays, copied into the strided view after each call
+            return functools.partial(_into_strided, fn, ins, outs, strided)
         return functools.partial(fn, ins, outs)
 
     @contextlib.contextmanager

@@ -89,6 +89,17 @@ def pack_depthwise(weight: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(w.transpose(0, 2, 1)).reshape(-1)
 
 
+def output_image_stride(out, image_size: int) -> int:
+    """Floats from one image of ``out`` to the next: its own size for a contiguous array, more
+    for a strided view whose images are otherwise contiguous (a gathered concatenation's part,
+    passed to the kernel as the one flat run from its first image's start to its last's end)."""
+    if not isinstance(out, np.ndarray) or out.ndim < 2 or out.flags.c_contiguous:
+        return image_size
+    if not out[0].flags.c_contiguous or out.strides[0] % out.itemsize:
+        raise ValueError("an output view must keep each image contiguous")
+    return out.strides[0] // out.itemsize
+
+
 def blocked_convolution(ctx, ins, outs, program=None):
     """conv2d_blocked [+ an epilogue the tiles apply as they store]; None where unsupported."""
     attrs = ctx.attrs if program is None else dict(ctx.attrs["head_attrs"])
@@ -121,11 +132,17 @@ def blocked_convolution(ctx, ins, outs, program=None):
     taps = np.array([((i * s.dh) * row + j * s.dw) * lanes for i in range(s.kh) for j in range(s.kw)], np.int64)
     packed = pack_depthwise(weight) if depthwise else pack_dense(weight, lanes)
     names = Names()
+    # the output's images may lie further apart than its own size: a part of a concatenation
+    # that the memory plan gathers in place (runtime/memory.py), written into its slot of each
+    # image of the concatenation's output
+    image_out = output_image_stride(outs[0], ob * plane_out)
     x = Buf("x", "float32", n * cb * plane_in)
-    y = Buf("y", "float32", n * ob * plane_out, const=False)
+    y = Buf("y", "float32", (n - 1) * image_out + ob * plane_out, const=False)
     wpk = Buf("wp", "float32", packed.size)
     taps_b = Buf("taps", "int64", taps.size)
-    params, arrays = [x, y, wpk, taps_b], [ins[0], outs[0], packed, taps]
+    y_array = outs[0] if image_out == ob * plane_out else \
+        np.lib.stride_tricks.as_strided(outs[0], shape=(y.size,), strides=(outs[0].itemsize,))
+    params, arrays = [x, y, wpk, taps_b], [ins[0], y_array, packed, taps]
     if not depthwise:                       # each output position's window origin
         pos = np.array([((oy_ * s.sh) * wp + ox_ * s.sw) * lanes for oy_ in range(oh) for ox_ in range(ow)],
                        np.int64)
@@ -172,7 +189,8 @@ def blocked_convolution(ctx, ins, outs, program=None):
         steps.append(Extern("tk_bdw_direct", (
             (x, plane_at * plane_in), i64(h), i64(w_), i64(oh), i64(ow), i64(s.sh), i64(s.sw), i64(s.ph),
             i64(s.pw), i64(s.kh), i64(s.kw), i64(s.dh), i64(s.dw), (taps_b, i64(0)),
-            (wpk, blk * (taps.size * BLOCK)), (y, plane_at * plane_out), (bias, blk * BLOCK) if bias else None,
+            (wpk, blk * (taps.size * BLOCK)), (y, img * image_out + blk * plane_out),
+            (bias, blk * BLOCK) if bias else None,
             (res, plane_at * plane_out) if res else None, i64(int(relu))), blocked.C_SOURCE))
         body.append(For(item, i64(0), i64(n * cb), steps, parallel=threads > 1))
     else:
@@ -190,7 +208,7 @@ def blocked_convolution(ctx, ins, outs, program=None):
         call = Extern("tk_bconv", ((src, img * (cb * plane) + g * (cbg * plane)), (pos_b, i64(0)), p_lo, p_hi,
                                    i64(cbg), i64(plane),
                                    i64(lanes), i64(taps.size), (taps_b, i64(0)), (wpk, i64(0)), ob_lo, ob_hi,
-                                   (y, img * (ob * plane_out)), i64(plane_out), (bias, i64(0)) if bias else None,
+                                   (y, img * image_out), i64(plane_out), (bias, i64(0)) if bias else None,
                                    (res, img * (ob * plane_out)) if res else None, i64(int(relu))), blocked.C_SOURCE)
         body.append(For(item, i64(0), i64(n * groups * chunks), [
             Let(img, item // (groups * chunks)), Let(grp, (item // chunks) % groups), Let(chunk, item % chunks),
