@@ -209,7 +209,9 @@ def _elements(node, ins: list) -> int:
 def _check_size(node, ins: list) -> None:
     from toolkit.hostmem import human_bytes, too_big
     nbytes = _elements(node, ins) * 8
-    why = too_big(nbytes) or (f"over the {human_bytes(MAX_FOLDED_BYTES)} a constant computed at import may hold"
-                              if nbytes > MAX_FOLDED_BYTES else None)
+    # the fixed cap first: the memory free at the moment moves between the net's phases (each
+    # imports the model), and two texts of one problem would be reported as two
+    why = (f"over the {human_bytes(MAX_FOLDED_BYTES)} a constant computed at import may hold"
+           if nbytes > MAX_FOLDED_BYTES else None) or too_big(nbytes)
     if why:
         raise NodeError(f"folding it at import would make a constant of up to {human_bytes(nbytes)}, {why}")

@@ -243,6 +243,27 @@ def test_import_writes_the_catalogs_layers_where_every_node_maps_to_one(tmp_path
         np.testing.assert_allclose(again.infer(**feeds)[key], want, rtol=1e-4, atol=1e-5)
 
 
+def test_a_constant_too_big_to_fold_is_one_error_however_free_memory_moves(tmp_path, monkeypatch):
+    """Each of the net's three phases imports the model; with the free memory shrinking between
+    them (another process allocating), the problem is still reported once: the fixed cap is the
+    reason given, not the moving figure."""
+    from onnx import TensorProto, helper
+
+    import toolkit.hostmem as hostmem
+    free = iter(range(40 << 30, 0, -(100 << 20)))
+    monkeypatch.setattr(hostmem, "available_memory", lambda: next(free))
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    nodes = [helper.make_node("ConstantOfShape", ["s"], ["c"]), helper.make_node("Add", ["c", "x"], ["y"])]
+    inits = [helper.make_tensor("s", TensorProto.INT64, [2], [100000, 100000])]
+    path = tmp_path / "fill.onnx"
+    path.write_bytes(helper.make_model(helper.make_graph(nodes, "fill", [x], [y], inits),
+                                       opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
+    r = cli("check", path)
+    assert r.status == 2 and len(r.errors) == 1, r.err
+    assert "over the 1.0 GiB a constant computed at import may hold" in r.errors[0]
+
+
 def test_a_hostile_model_cannot_make_the_importer_allocate_without_bound(tmp_path):
     """A few bytes asking for a huge constant at import (ConstantOfShape of 10^10 elements, a
     constant outer product) are one line each, before anything is allocated; an .onnx given as a
