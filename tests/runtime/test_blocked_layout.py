@@ -239,6 +239,20 @@ def test_a_fire_modules_concatenation_is_gathered_at_any_batch(every_candidate, 
     assert len(plan.memory.image_stride_of) == (2 if n > 1 else 0)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_part_reordered_into_the_blocked_layout_is_written_into_its_slot(every_candidate, rng, threads):
+    """An NCHW part (GoogLeNet's 3x3 branch, whose Winograd kernel stays NCHW) reaches the
+    blocked concatenation through to_blocked, which writes its images straight into their
+    slots of the output, as the blocked convolution beside it does."""
+    net = Net(rng, (3, 32, 7, 7))
+    t = tt(net.feed)
+    a, ta = net.conv(net.x, t, 48, 1)
+    cat = net.b.op("concat", a, net.b.op("sigmoid", net.x), axis=1)
+    plan, graph = run_against_torch(net, net.b.op("relu", cat), F.relu(torch.cat([ta, torch.sigmoid(t)], 1)), threads)
+    assert "to_blocked" in [nd.op for nd in plan.steps]
+    assert [nd.op for nd in plan.steps].count("concat") == 0 and len(plan.memory.image_stride_of) == 2
+
+
 def test_a_strided_part_read_by_another_op_is_not_gathered(every_candidate, rng):
     """At batch 2 a part that something else reads too would hand that reader a strided view:
     the concatenation copies instead."""

@@ -102,13 +102,13 @@ def gather_offsets(node: Node, shapes, dtypes) -> tuple[list[int], int | None] |
 
 
 # ops whose native kernels write an output whose images are strided (blocked.output_image_stride)
-STRIDED_WRITERS = ("conv2d_blocked",)
+STRIDED_WRITERS = ("conv2d_blocked", "to_blocked")
 
 
 def writes_strided(node: Node, placement: Placement) -> bool:
     """Whether ``node``'s kernel writes a strided view of images (a gathered concatenation's part
     at a batch over 1): the blocked convolutions on the host, alone or with their store's
-    epilogue. Should the native kernel not be built, the plan's numpy call writes a contiguous
+    epilogue, and the reorder into the blocked layout. Should the native kernel not be built, the plan's numpy call writes a contiguous
     copy and copies it into the view (Plan._python_call)."""
     head = node.attrs.get("head") if node.op == "fused_epilogue" else node.op
     return head in STRIDED_WRITERS and placement.node(node).host_memory

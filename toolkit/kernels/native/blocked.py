@@ -33,14 +33,21 @@ def _reorder(ctx, ins, outs, to_blocked: bool):
     block = int(ctx.attrs["block"])
     cb, hw = -(-c // block), h * w
     names = Names()
+    # to_blocked may write a gathered concatenation's part: its images an output image apart
+    image_out = output_image_stride(outs[0], cb * block * hw) if to_blocked else c * hw
     x = Buf("x", ctx.dtype, n * (c if to_blocked else cb * block) * hw)
-    y = Buf("y", ctx.dtype, n * (cb * block if to_blocked else c) * hw, const=False)
+    y_size = (n - 1) * image_out + (cb * block if to_blocked else c) * hw
+    y = Buf("y", ctx.dtype, y_size, const=False)
+    y_array = outs[0] if outs[0].flags.c_contiguous else \
+        np.lib.stride_tricks.as_strided(outs[0], shape=(y_size,), strides=(outs[0].itemsize,))
     i, q, lane = names.var("i"), names.var("q"), names.var("lane")
     parallel = ctx.threads > 1 and n * c * hw >= 1 << 15
+    # block i (image i // cb, channel block i % cb) of the blocked side starts here
+    blocked_at = (i // cb) * image_out + (i % cb) * (hw * block) if to_blocked else i * (hw * block)
     if c % block == 0:
         # i: (image, channel block); the NCHW side's index of (lane, q) is (i * block + lane) * hw + q
         nchw = (i * block + lane) * hw + q
-        nchwc = (i * hw + q) * block + lane
+        nchwc = blocked_at + q * block + lane
         src, dst = (nchw, nchwc) if to_blocked else (nchwc, nchw)
         inner = For(lane, i64(0), i64(block), [Store(y, dst, x[src])], vector=to_blocked)
         outer = For(q, i64(0), i64(hw), [inner], vector=not to_blocked) if to_blocked else \
@@ -54,14 +61,14 @@ def _reorder(ctx, ins, outs, to_blocked: bool):
             take = select(ch.lt(c), x[(img * c + real) * hw + q], lift(0.0, ctx.dtype))
             body = [For(i, i64(0), i64(n * cb), [Let(img, i // cb), For(q, i64(0), i64(hw), [
                 For(lane, i64(0), i64(block), [Let(ch, (i % cb) * block + lane),
-                                               Store(y, (i * hw + q) * block + lane, take)])])],
+                                               Store(y, blocked_at + q * block + lane, take)])])],
                 parallel=parallel)]
         else:
             body = [For(i, i64(0), i64(n * c), [Let(img, i // c), Let(ch, i % c), For(q, i64(0), i64(hw), [
                 Store(y, i * hw + q, x[((img * cb + ch // block) * hw + q) * block + ch % block])],
                 vector=True)], parallel=parallel)]
     return NativeCall(Kernel("to_blocked" if to_blocked else "from_blocked", [x, y], body, ctx.threads),
-                      [ins[0], outs[0]])
+                      [ins[0], y_array])
 
 
 @register_native("to_blocked", "cpu")
