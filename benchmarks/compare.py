@@ -14,7 +14,12 @@ Before timing it checks that the frameworks compute the same thing (infer output
 relative, the train step's loss and updated weights likewise) and prints that check; a mismatch
 stops the run (exit 1) unless --force. Timing rounds are interleaved (A B C, B C A, C A B, ...)
 so that load from elsewhere on the machine falls on every framework alike; the statistics are
-taken over every timed iteration of every round.
+taken over every timed iteration of every round. Each framework's turn starts after a pause
+(--turn-gap, 0.1 s): the thread pools of the framework before it spin for a while after its
+last call, and a turn started into them measured that contention, not the framework (the
+toolkit's threads, seeing the cores taken, ran 56-69 of 240 of SqueezeNet's batch-1 calls on
+one thread after ONNX Runtime's turns; with the pause, none in three runs of four, 8 in the
+fourth).
 
 Needs the ``bench`` extra (torch, onnx, onnxruntime): ``pip install -e '.[bench]'``.
 The PyTorch and ONNX models are built here from the net's YAML spec, independently of the
@@ -65,6 +70,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--quiet-wait", type=float, default=0.0, metavar="SECONDS",
                    help="on a shared machine: before each round, wait until other processes use under "
                         "10%% of the CPU, up to SECONDS in all (default: %(default)s, no waiting)")
+    p.add_argument("--turn-gap", type=float, default=0.1, metavar="SECONDS",
+                   help="pause before each framework's turn, while the last one's threads stop spinning "
+                        "(default: %(default)s)")
     p.add_argument("--force", action="store_true", help="time even if the outputs disagree")
     p.add_argument("--no-optimize", action="store_true",
                    help="time the toolkit without its optional graph passes (as `toolkit bench --no-optimize`)")
@@ -75,8 +83,8 @@ def parse_args(argv=None) -> argparse.Namespace:
             p.error(f"--{name} must be at least 1")
     if args.threads < 0:
         p.error("--threads must be at least 0 (0: each framework's default)")
-    if args.warmup < 0 or args.quiet_wait < 0:
-        p.error("--warmup and --quiet-wait must not be negative")
+    if args.warmup < 0 or args.quiet_wait < 0 or args.turn_gap < 0:
+        p.error("--warmup, --quiet-wait and --turn-gap must not be negative")
     args.rounds = min(args.rounds, args.iters)
     from toolkit.passes.pipeline import no_optimize
     args.disable = no_optimize() if args.no_optimize else ()
@@ -158,12 +166,14 @@ def rel_err(a, b) -> float:
     return float(np.abs(a - b).max(initial=0.0)) / scale
 
 
-def time_interleaved(fns: dict, iters: int, rounds: int, warmup: int, before_round=lambda: None):
+def time_interleaved(fns: dict, iters: int, rounds: int, warmup: int, before_round=lambda: None,
+                     turn_gap: float = 0.0):
     """Times each callable call by call; returns ({name: [seconds, ...] per round}, the share
     of the CPU that other processes used during the rounds).
 
-    Rounds rotate the order (A B C, B C A, C A B, ...). Each framework's turn starts with one
-    untimed call, which wakes its thread pool after the other frameworks' turns."""
+    Rounds rotate the order (A B C, B C A, C A B, ...). Each framework's turn starts after
+    ``turn_gap`` seconds (the previous framework's pool stops spinning) with one untimed call,
+    which wakes its own pool after the other frameworks' turns."""
     names = list(fns)
     for name in names:
         for _ in range(warmup):
@@ -175,6 +185,8 @@ def time_interleaved(fns: dict, iters: int, rounds: int, warmup: int, before_rou
         before_round()
         for name in names[r % len(names):] + names[: r % len(names)]:
             gc.collect()
+            if turn_gap:
+                time.sleep(turn_gap)
             before = cpu_counters()
             f = fns[name]
             f()
@@ -544,7 +556,7 @@ def main(argv=None) -> int:
     waiter = QuietWaiter(args.quiet_wait)
     for mode, fns in runs.items():
         waited = waiter.waited
-        times, others = time_interleaved(fns, args.iters, args.rounds, args.warmup, waiter)
+        times, others = time_interleaved(fns, args.iters, args.rounds, args.warmup, waiter, args.turn_gap)
         report.setdefault("others_cpu", {})[mode] = others
         report.setdefault("quiet_waited_s", {})[mode] = round(waiter.waited - waited, 1)
         res = {fw: stats(t, args.batch) for fw, t in times.items()}
