@@ -185,3 +185,15 @@ def test_gathered_parts_never_share_memory_with_values_alive_beside_them():
     unplanned = Plan(g, {}, {}, reuse_memory=False)
     xv = np.random.default_rng(5).normal(size=(1, 4, 3))
     np.testing.assert_array_equal(plan.run({"x": xv})["y"], unplanned.run({"x": xv})["y"])
+
+
+def test_a_concatenation_along_the_batch_axis_is_gathered_at_any_batch():
+    """Along axis 0 every part is one contiguous run of the output, whatever the batch."""
+    g = Graph("infer")
+    x = add_input(g, "x", (3, 4))
+    b = Builder(g, "t")
+    g.outputs["y"] = b.op("concat", b.op("exp", x), b.op("tanh", x), axis=0)
+    plan = Plan(g, {}, {})
+    assert concat_steps(plan) == 0 and not plan.memory.image_stride_of
+    xv = np.random.default_rng(6).normal(size=(3, 4))
+    np.testing.assert_array_equal(plan.run({"x": xv})["y"], np.concatenate([np.exp(xv), np.tanh(xv)], 0))

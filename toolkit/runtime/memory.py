@@ -10,7 +10,8 @@ straight into its storage, at their offsets, and the concatenation has nothing l
 becomes a view, as a reshape does). At batch 1 each part is one contiguous run of the output
 (SqueezeNet's fire modules, GoogLeNet's inception blocks); at a larger batch a part's images lie
 an output image apart, so only producers whose kernels write such a strided view may take part
-(the blocked convolutions), and only for parts nothing else reads.
+(the blocked convolutions and the reorder into the blocked layout), and only for parts nothing
+else reads.
 Step two places the storages: each lives from the step that first writes it to the step that
 last reads it, and two storages whose lifetimes meet may not overlap in the arena. Placement is
 greedy by size (largest first, each at the lowest offset that fits between the storages already

@@ -86,7 +86,7 @@ def gather_offsets(node: Node, shapes, dtypes) -> tuple[list[int], int | None] |
     out = node.outputs[0]
     shape = shapes[out.id]
     axis = node.attrs["axis"] % len(shape)
-    if axis == 0 or any(dtypes[v.id] != dtypes[out.id] for v in node.inputs):
+    if any(dtypes[v.id] != dtypes[out.id] for v in node.inputs):
         return None
     item = np.dtype(dtypes[out.id]).itemsize
     inner = int(np.prod(shape[axis + 1:], dtype=np.int64)) * item
@@ -108,8 +108,9 @@ STRIDED_WRITERS = ("conv2d_blocked", "to_blocked")
 def writes_strided(node: Node, placement: Placement) -> bool:
     """Whether ``node``'s kernel writes a strided view of images (a gathered concatenation's part
     at a batch over 1): the blocked convolutions on the host, alone or with their store's
-    epilogue, and the reorder into the blocked layout. Should the native kernel not be built, the plan's numpy call writes a contiguous
-    copy and copies it into the view (Plan._python_call)."""
+    epilogue, and the reorder into the blocked layout. Should the native kernel not be built,
+    the plan's numpy call writes a contiguous copy and copies it into the view
+    (Plan._python_call)."""
     head = node.attrs.get("head") if node.op == "fused_epilogue" else node.op
     return head in STRIDED_WRITERS and placement.node(node).host_memory
 
