@@ -4,6 +4,7 @@ list the passes) and ``optimize: {disable: [...]}`` in the net file (located err
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -46,6 +47,18 @@ def test_json_has_the_spec_keys(phase):
     memory = report["memory"]
     assert memory["batch"] == 8
     assert 0 < memory["lower_bound_bytes"] <= memory["naive_bytes"] and 0 < memory["peak_bytes"] <= memory["naive_bytes"]
+
+
+@pytest.mark.parametrize("batch, gathered", [(1, 1), (64, 0)])
+def test_json_and_explain_count_the_concatenations_gathered_in_place(batch, gathered):
+    """branchnet's four branches meet in a concatenation: at batch 1 each branch is one run of
+    its output and is written there in place; at 64 the branches' rows are strided in it and
+    their elementwise kernels write contiguous arrays, so it copies."""
+    net = str(Path(__file__).resolve().parents[2] / "zoo" / "branchnet" / "net.yaml")
+    report = compile_json(net, "--phase", "infer", "--batch", str(batch))
+    assert report["memory"]["gathered_concats"] == gathered
+    explain = run_cli("compile", net, "--phase", "infer", "--batch", str(batch), "--explain")
+    assert ("1 concatenation(s) gathered in place" in explain.out) == bool(gathered), explain.out
 
 
 def test_batch_norm_leaves_no_arithmetic_in_infer(tmp_path):

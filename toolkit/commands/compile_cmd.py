@@ -133,7 +133,9 @@ def _print_explain(report: dict, args, symbol: str | None, disable) -> None:
           f"{_mib(report['memory']['peak_bytes']):>9s} {report['plan_ms']:8.2f}   (kernel calls)")
     mem = report["memory"]
     print(f"memory at {size}: planned {_mib(mem['peak_bytes'])} MiB, naive {_mib(mem['naive_bytes'])} MiB "
-          f"(one buffer per value), lower bound {_mib(mem['lower_bound_bytes'])} MiB (most bytes live at one step)")
+          f"(one buffer per value), lower bound {_mib(mem['lower_bound_bytes'])} MiB (most bytes live at one step)"
+          + (f"; {mem['gathered_concats']} concatenation(s) gathered in place (their parts written into the output)"
+             if mem.get("gathered_concats") else ""))
     print("ops: " + ", ".join(f"{k} {v}" for k, v in report["ops"].items()))
     graph_run = report.get("cuda_graph")
     if graph_run is not None:

@@ -73,10 +73,11 @@ class MemoryPlan:
     peak_by_device: dict = field(default_factory=dict)
     naive_bytes: int = 0           # one buffer per value (views excluded: they never own memory)
     lower_bound_bytes: int = 0     # the most bytes of values live at any one step
+    gathered_concats: int = 0      # concatenations whose parts are written into their output
 
     def summary(self) -> dict[str, int]:
         return {"peak_bytes": self.peak_bytes, "naive_bytes": self.naive_bytes,
-                "lower_bound_bytes": self.lower_bound_bytes}
+                "lower_bound_bytes": self.lower_bound_bytes, "gathered_concats": self.gathered_concats}
 
 
 def nbytes_of(shape, dtype) -> int:
@@ -131,6 +132,7 @@ def plan_memory(steps, shapes, dtypes, fixed: dict[int, Storage], kept: set[int]
                                              last_use, writes_strided or (lambda node: False))
                            if reuse and gather_offsets is not None else ({}, {}))
     plan.storages += list(gathered.values())
+    plan.gathered_concats = len(gathered)
     live_values: list[tuple[int, int, int]] = []     # (first, last, nbytes) of every owning value
     for vid, st in fixed.items():
         if st.external is None:
