@@ -115,11 +115,9 @@ def writes_strided(node: Node, placement: Placement) -> bool:
     return head in STRIDED_WRITERS and placement.node(node).host_memory
 
 
-def _into_strided(fn, ins, outs, strided):
-    """Run ``fn`` with contiguous stand-ins for the strided outputs, then copy them in."""
-    temps = list(outs)
-    for k in strided:
-        temps[k] = np.empty(outs[k].shape, outs[k].dtype)
+def _into_strided(fn, ins, outs, temps, strided):
+    """Run ``fn`` on ``temps`` (``outs`` with contiguous stand-ins, made once, for the strided
+    outputs at positions ``strided``), then copy the stand-ins into their views."""
     fn(ins, temps)
     for k in strided:
         np.copyto(outs[k], temps[k])
@@ -486,7 +484,8 @@ class Plan:
         if strided:
             # a gathered concatenation's part whose native kernel was not built: the numpy
             # kernel writes contiguous arrays, copied into the strided view after each call
-            return functools.partial(_into_strided, fn, ins, outs, strided)
+            temps = [np.empty(o.shape, o.dtype) if k in strided else o for k, o in enumerate(outs)]
+            return functools.partial(_into_strided, fn, ins, outs, temps, strided)
         return functools.partial(fn, ins, outs)
 
     @contextlib.contextmanager
