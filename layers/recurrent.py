@@ -167,7 +167,11 @@ def _lower(kind: str, p, ctx, bottoms):
     if p.return_sequence:
         y = b.op("transpose", seq, perm=(1, 0, 2))
     else:
-        y = b.reshape(b.op("slice", seq, axis=0, start=steps - 1, stop=steps), (n, hidden * dirs))
+        # PyTorch's h_n of the last layer, directions side by side: the reverse direction's final
+        # state is its step over the first token, after it has read the whole sequence (the
+        # sequence output's last step would give that direction's output after one token)
+        last = [b.reshape(h_t, (n, hidden)) for h_t in finals_h[-dirs:]]
+        y = b.op("concat", *last, axis=1) if dirs > 1 else last[0]
     tops = [y]
     extra = len(ctx.layer.tops) - 1
     if extra >= 1:

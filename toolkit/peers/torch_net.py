@@ -391,8 +391,9 @@ def _classes() -> SimpleNamespace:
             return a.out_proj(out)
 
     class Recurrent(nn.Module):
-        """nn.RNN / nn.LSTM / nn.GRU (batch-first) with the layer's tops: the sequence (or its
-        last step), then h_n, then c_n."""
+        """nn.RNN / nn.LSTM / nn.GRU (batch-first) with the layer's tops: the sequence (or the
+        last layer's final state of each direction, as Keras's Bidirectional gives it), then h_n,
+        then c_n."""
 
         def __init__(self, rnn, return_sequence: bool, tops: int):
             super().__init__()
@@ -405,7 +406,8 @@ def _classes() -> SimpleNamespace:
             given = (tuple(states) if lstm else states[0]) if states else None
             out, final = self.rnn(x, given)
             h_n, c_n = final if lstm else (final, None)
-            y = out if self.return_sequence else out[:, -1]
+            # without the sequence: each direction's final state of the last layer, side by side
+            y = out if self.return_sequence else h_n[-(2 if self.rnn.bidirectional else 1):].transpose(0, 1).flatten(1)
             return (y, h_n, c_n)[:self.tops]
 
     class NetModule(nn.Module):
