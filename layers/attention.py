@@ -4,7 +4,8 @@ select, softmax and dropout_mask (so its gradients come from those ops' rules).
 
 Bottoms: [x] (self-attention) or [q, k, v], batch-first [N, T, E] / [N, S, E], and optionally a
 last bool bottom key_padding_mask [N, S] (true: that key is ignored). ``causal: true`` adds the
-mask of torch.nn.Transformer.generate_square_subsequent_mask (query i sees keys j <= i).
+mask of torch.nn.Transformer.generate_square_subsequent_mask (query i sees keys j <= i), made
+from positions (``iota``), so the length may be symbolic: a GPT-style decoder over any T.
 Weights by PyTorch's state_dict names: in_proj_weight [3E, E], in_proj_bias [3E],
 out_proj.weight [E, E], out_proj.bias [E].
 """
@@ -13,7 +14,6 @@ from __future__ import annotations
 import math
 from typing import Annotated, ClassVar, Literal
 
-import numpy as np
 from pydantic import Field
 
 from schemas.base import Bool, ParamLayerBase, PositiveInt
@@ -83,11 +83,9 @@ def lower_multi_head_attention(p: MultiHeadAttentionParams, ctx, bottoms):
     if mask is not None and (mask.rank != 2 or not _same(mask.shape[0], batch) or not _same(mask.shape[1], ts)):
         raise LayerError(f"key_padding_mask {ctx.fmt(mask)} must be [N, S] = [{format_dim(batch)}, "
                          f"{format_dim(ts)}]: one entry per key of each example", "bottom")
-    if p.causal:
-        t_len = static_dim(tq, f"with causal, the query length of {ctx.fmt(q)}", "causal")
-        s_len = static_dim(ts, f"with causal, the key length of {ctx.fmt(k)}", "causal")
-        if t_len != s_len:
-            raise LayerError(f"causal needs as many queries as keys, got {t_len} and {s_len}", "causal")
+    if p.causal and not _same(tq, ts):
+        raise LayerError(f"causal needs as many queries as keys: the query length of {ctx.fmt(q)} is "
+                         f"{format_dim(tq)}, the key length of {ctx.fmt(k)} {format_dim(ts)}", "causal")
 
     b = ctx.b
     dtype = q.dtype
@@ -136,8 +134,11 @@ def lower_multi_head_attention(p: MultiHeadAttentionParams, ctx, bottoms):
     if mask is not None:
         cond = b.reshape(b.op("cast", mask, dtype=dtype), (batch, 1, 1, ts))
     if p.causal:
-        n = static_dim(tq, "the query length", "causal")
-        upper = b.op("constant", value=np.triu(np.ones((n, n), dtype=dtype), k=1))   # 1 where key j > query i
+        # 1 where key j > query i, from the positions themselves: T may be a symbol, bound when a
+        # plan is built (the mask is then computed once, or folded now where T is a number)
+        query = b.op("iota", shape=(tq, 1), axis=0, dtype=dtype)
+        key = b.op("iota", shape=(1, ts), axis=1, dtype=dtype)
+        upper = b.op("ge_mask", key, b.add(query, b.scalar(1.0, dtype)))
         cond = upper if cond is None else b.op("maximum", cond, upper)
     if cond is not None:
         scores = b.op("select", cond, b.scalar(float("-inf"), dtype), scores)

@@ -265,6 +265,15 @@ for ratio, s in [(0.5, (200, 50)), (0.2, (7, 301)), (0.0, (10, 10))]:
 # constants
 case("scalar", "float", lambda r: [], lambda: np.array(2.5), attrs=lambda dt: dict(value=2.5, dtype=dt))
 case("scalar", "int32", lambda r: [], lambda: np.array(-3, dtype=np.int32), attrs=dict(value=-3.0, dtype="int32"))
+# iota: each element's index along one axis (torch.arange, broadcast over the other axes)
+for shape, axis, kind in [((4, 3), 0, None), ((2, 5), -1, "int64"), ((3,), 0, None), ((2, 3, 4), 1, "int32")]:
+    def _iota_ref(shape=shape, axis=axis, kind=kind):
+        along = torch.arange(shape[axis]).view([-1 if k == axis % len(shape) else 1 for k in range(len(shape))])
+        out = tn(along.expand(*shape))
+        return out if kind is None else out.astype(kind)
+    case("iota", f"{shape}-{axis}-{kind or 'float'}", lambda r: [], _iota_ref,
+         attrs=(lambda dt, shape=shape, axis=axis: dict(shape=shape, axis=axis, dtype=dt)) if kind is None
+         else dict(shape=shape, axis=axis, dtype=kind))
 case("constant", "matrix", lambda r: [], lambda: np.arange(6.0).reshape(2, 3) / 4,
      attrs=lambda dt: dict(value=(np.arange(6).reshape(2, 3) / 4).astype(dt)))
 case("constant", "int", lambda r: [], lambda: np.array([[1, -2, 3]], dtype=np.int64),
@@ -854,6 +863,7 @@ TABLE_EXCLUSIONS: dict[str, str] = {
 
 # Ops (not named *_grad, not constants, not random) that legitimately have no gradient rule.
 NO_GRAD_RULE = {
+    "iota": "it reads no input: positions of the bound sizes, like a constant",
     "all_finite": "a flag on the gradients themselves (mixed precision), never on a loss path",
     "round_precision": "made after the backward pass exists, where a CPU stores float16 as float32",
     "accuracy": "a metric: piecewise constant in the scores, never on a loss path",

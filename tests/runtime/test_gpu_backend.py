@@ -395,3 +395,45 @@ def test_half_conversions_of_the_cuda_dialect_equal_numpy(tmp_path):
     nan = np.isnan(values)
     assert np.array_equal(out[~nan], expected.view(np.uint16)[~nan])
     assert np.isnan(out[nan].view(np.float16)).all()
+
+
+# causal attention over a symbolic length on the GPU path: the mask's positions (iota) are computed
+# when the plan binds T, on the host, and copied to the device once; infer and a train step
+CAUSAL_SCRIPT = STAND_IN + RAW_MODULE + textwrap.dedent("""
+    import sys
+    import numpy as np
+    from toolkit.frontend import Net
+    from toolkit.commands.bench import bench_plan
+    net = Net.load(sys.argv[1])
+    for train in (False, True):
+        for steps in (3, 6):
+            runs = {}
+            for device in ("cpu", "gpu"):
+                plan, inputs = bench_plan(net, 2, train, device=device, dims={"T": steps})
+                runs[device] = {k: np.array(v) for k, v in plan.run(inputs).items()}
+            for k, want in runs["cpu"].items():
+                np.testing.assert_allclose(runs["gpu"][k], want, rtol=2e-5, atol=1e-6, err_msg=f"{train} T={steps} {k}")
+    print("ok")
+""")
+
+CAUSAL_NET = """\
+name: decoder
+inputs:
+  data: {shape: [N, T, 8], dtype: float32}
+  label: {shape: [N], dtype: int64}
+layers:
+  - {name: attn, type: MultiHeadAttention, bottom: data, top: att, num_heads: 2, causal: true}
+  - {name: feat, type: Permute, bottom: att, top: feat, order: [0, 2, 1]}
+  - {name: pool, type: Reduction, bottom: feat, top: pooled, operation: mean, axis: 2}
+  - {name: fc, type: InnerProduct, bottom: pooled, top: fc, num_output: 3}
+  - {name: loss, type: SoftmaxWithLoss, bottom: [fc, label], top: loss, phase: train}
+  - {name: prob, type: Softmax, bottom: fc, top: prob, phase: infer}
+outputs: [prob]
+"""
+
+
+@pytest.mark.skipif(CXX is None, reason="emulating CUDA kernels needs a C++ compiler (g++ or c++)")
+def test_causal_attention_over_a_symbolic_length_on_the_gpu_path(tmp_path):
+    (tmp_path / "decoder.yaml").write_text(CAUSAL_NET)
+    result = _run_stand_in(CAUSAL_SCRIPT, tmp_path, tmp_path / "decoder.yaml")
+    assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-3000:]

@@ -97,6 +97,29 @@ def test_digits_feed_images_or_vectors_split_and_scaled(tmp_path, shape):
         np.bincount(y).tolist()
 
 
+def write_sequence_net(folder: Path, width: int) -> Path:
+    """[N, T, width] read token by token, pooled over T."""
+    path = write_net(folder, "builtin:digits", f"[N, T, {width}]")
+    path.write_text(path.read_text().replace(
+        "top: ip1, num_output: 3}", "top: tok, num_output: 3, axis: 2}\n"
+        "  - {name: perm, type: Permute, bottom: tok, top: tp, order: [0, 2, 1]}\n"
+        "  - {name: pool, type: Reduction, bottom: tp, top: ip1, operation: mean, axis: 2}"))
+    return path
+
+
+def test_digits_feed_a_sequence_of_symbolic_length_as_rows(tmp_path):
+    """[N, T, 8]: each example's 64 values are T=8 tokens of 8, as a fixed [N, 8, 8] takes them."""
+    train, _ = data_of(write_sequence_net(tmp_path, 8), "train.data.test_fraction=0.2")
+    assert train.arrays["data"].shape == (1438, 8, 8)
+    x, _ = load_digits()
+    assert set(map(bytes, train.arrays["data"].reshape(1438, 64))) <= set(map(bytes, x.reshape(1797, 64)))
+
+
+def test_a_sequence_the_examples_cannot_fill_is_one_error(tmp_path):
+    line = train_error(write_sequence_net(tmp_path, 7), tmp_path)
+    assert "array 'data' has examples of shape [1, 8, 8], which no Tx7 holds" in line
+
+
 # ---------------------------------------------------------------------------------------------
 # files: .npz, a folder of .npy, CSV, an image folder
 # ---------------------------------------------------------------------------------------------

@@ -1,10 +1,11 @@
-"""Data-movement primitives: reshape (a view), transpose, concat, slice and its gradient pad_axis."""
+"""Data-movement primitives: reshape (a view), transpose, concat, slice and its gradient pad_axis;
+and iota, each element's index along an axis, for masks made from the sizes bound at run time."""
 from __future__ import annotations
 
 import numpy as np
 
 from ..ir.dims import product
-from ..ir.graph import TensorType
+from ..ir.graph import DTYPES, TensorType
 from .base import Builder, OpDef, ShapeError, register
 from .rules import fmt_shape, norm_axis, same_dtype
 
@@ -130,3 +131,29 @@ def _pad_grad(b: Builder, node, gouts):
 
 register(OpDef("pad_axis", _pad_infer, _pad_ref, _pad_grad, _no_flops,
                doc="zero padding along one axis (the gradient of slice)"))
+
+
+def _iota_infer(types, attrs):
+    shape, axis, dtype = tuple(attrs["shape"]), attrs["axis"], attrs["dtype"]
+    if types:
+        raise ShapeError("iota takes no inputs")
+    if not -len(shape) <= axis < len(shape):
+        raise ShapeError(f"axis {axis} is outside the shape {fmt_shape(shape)}")
+    if dtype not in DTYPES:
+        raise ShapeError(f"unknown dtype {dtype!r}")
+    return [TensorType(shape, dtype)]
+
+
+def _iota_ref(shape, axis, dtype):
+    shape = tuple(int(d) for d in shape)
+    axis %= len(shape)
+    ramp = np.arange(shape[axis], dtype=dtype).reshape([-1 if k == axis else 1 for k in range(len(shape))])
+    return np.ascontiguousarray(np.broadcast_to(ramp, shape))
+
+
+# No inputs: folded at compile time where the shape is numbers, else computed once when a plan
+# binds the sizes (runtime/plan.py evaluates pure nodes on constants at build time), so a mask
+# built from it costs nothing per run either way.
+register(OpDef("iota", _iota_infer, _iota_ref, None, _no_flops,
+               doc="each element's index along `axis` (0, 1, 2, ...) in a tensor of `shape`, which may hold "
+                   "symbols: the positions a causal or length mask compares"))

@@ -198,6 +198,14 @@ def fit_to_inputs(arrays: dict[str, np.ndarray], inputs: dict, source: str, crop
             else:
                 raise UserError(f"data source {source}: array '{name}' has examples of shape {list(arr.shape[1:])}, "
                                 f"the net's input '{name}' needs {list(want)}")
+        elif not fixed and arr.ndim != 1 + len(want) and sum(not isinstance(d, int) for d in want) == 1:
+            # one symbolic dim (a sequence length T): the examples' size gives it, as a fixed
+            # input's does its shape (8x8 digits feed [N, T, 8] as 8 rows of 8)
+            known = int(np.prod([d for d in want if isinstance(d, int)]))
+            if int(np.prod(arr.shape[1:])) % known:
+                raise UserError(f"data source {source}: array '{name}' has examples of shape {list(arr.shape[1:])}, "
+                                f"which no {'x'.join(str(d) for d in want)} holds")
+            arr = arr.reshape((arr.shape[0],) + tuple(d if isinstance(d, int) else -1 for d in want))
         if arr.dtype.kind not in "fiub":
             raise UserError(f"data source {source}: array '{name}' has dtype {arr.dtype}, not numbers")
         if spec.dtype not in FLOAT_DTYPES:

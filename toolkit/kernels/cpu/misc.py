@@ -26,6 +26,15 @@ for _op in ("scalar", "constant", "nll_loss", "nll_loss_grad", "accuracy"):
     register_kernel(_op, "cpu")(_reference_kernel)
 
 
+@register_kernel("iota", "cpu")
+def iota_cpu(ctx):
+    value = get_op("iota").reference(ctx.out_shapes[0], ctx.attrs["axis"], ctx.dtype)
+
+    def run(ins, outs):
+        np.copyto(outs[0], value)
+    return run
+
+
 @register_kernel("all_finite", "cpu")
 def all_finite_kernel(ctx):
     def run(ins, outs):
