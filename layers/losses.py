@@ -48,12 +48,19 @@ def lower_softmax_with_loss(p: SoftmaxWithLossParams, ctx, bottoms):
     label = _label_like(label, logits, axis, ctx)
     b = ctx.b
     logp = b.op("log_softmax", logits, axis=axis)
-    loss = b.op("nll_loss", logp, label, axis=axis, ignore_index=p.ignore_label)
-    if p.normalization == "valid" or (p.normalization == "full" and p.ignore_label is None):
+    real = _real_labels(label, ctx)
+    ignore = p.ignore_label
+    if real is not None:
+        # a padded T (gears): the padding's labels are ignored, so the loss is over real
+        # positions only (PyTorch's loss over a packed sequence's tokens)
+        ignore = -1 if ignore is None else ignore
+        label = b.op("select", real, label, b.scalar(float(ignore), label.dtype))
+    loss = b.op("nll_loss", logp, label, axis=axis, ignore_index=ignore)
+    if p.normalization == "valid" or (p.normalization == "full" and ignore is None):
         return [loss]
     # the mean over valid labels times their count is the sum; then Caffe's normaliser
-    ones = _ones_like(label, logits.dtype, ctx)
-    valid = ones if p.ignore_label is None else b.mul(ones, _not_equal(label, p.ignore_label, logits.dtype, ctx))
+    ones = _ones_like(label, logits.dtype, ctx) if real is None else real
+    valid = ones if ignore is None else b.mul(ones, _not_equal(label, ignore, logits.dtype, ctx))
     total = b.mul(loss, b.op("reduce_sum", valid, axes=tuple(range(valid.rank)), keepdims=False))
     if p.normalization == "none":
         return [total]
@@ -65,6 +72,23 @@ def lower_softmax_with_loss(p: SoftmaxWithLossParams, ctx, bottoms):
                              f"{ctx.fmt(label)}", "normalization")
         count = b.mul(count, b.scalar(1.0 / inner, logits.dtype))
     return [b.div(total, count)]
+
+
+def _real_labels(label, ctx):
+    """1 at the label's real positions along gear dimensions (a padded T), as a float mask of the
+    label's shape; None where the label has no gear dimension."""
+    mask = None
+    for a, d in enumerate(label.shape):
+        symbol = ctx.gear_of(d)
+        if symbol is None:
+            continue
+        if a == 0 or label.shape[0] != ctx.gears.batch:
+            raise LayerError(f"a label padded along {symbol} needs the batch first: {ctx.fmt(label)}", "bottom")
+        one = ctx.valid_positions(symbol, label.rank, a, 0)
+        mask = one if mask is None else ctx.b.mul(mask, one)
+    if mask is not None:
+        mask = ctx.b.op("broadcast_to", mask, shape=tuple(label.shape))
+    return mask
 
 
 def _ones_like(label, dtype, ctx):

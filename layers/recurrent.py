@@ -79,8 +79,21 @@ def _cell(kind: str, p, b, xw, h, c, w_hh, b_hh):
     return b.add(n, b.mul(z, b.sub(h, n))), None          # (1 - z) * n + z * h
 
 
-def _direction(kind, p, ctx, proj, h, c, weights, reverse: bool, unroll: bool):
-    """Run one layer in one direction over ``proj`` [T, N, G*H]; returns (outputs [T, N, H], h_T, c_T)."""
+def _masked_step(kind, p, b, xw, h, c, w_hh, b_hh, real):
+    """One step; with ``real`` ([N, 1], 1 where this step lies within the example's length), a
+    padded step leaves the state as it was and outputs zeros (PyTorch's packed sequences): a
+    reverse pass then starts each example from h0 at its own last token."""
+    h_new, c_new = _cell(kind, p, b, xw, h, c, w_hh, b_hh)
+    if real is None:
+        return h_new, c_new, h_new
+    zero = b.scalar(0.0, h_new.dtype)
+    kept_c = b.op("select", real, c_new, c) if c_new is not None else None
+    return b.op("select", real, h_new, h), kept_c, b.op("select", real, h_new, zero)
+
+
+def _direction(kind, p, ctx, proj, h, c, weights, reverse: bool, unroll: bool, real=None):
+    """Run one layer in one direction over ``proj`` [T, N, G*H] (``real``: [T, N, 1], 1 at each
+    example's real steps, for a padded T); returns (outputs [T, N, H], h_T, c_T)."""
     b = ctx.b
     w_hh, b_hh = weights
     has_c = kind == "LSTM"
@@ -89,15 +102,17 @@ def _direction(kind, p, ctx, proj, h, c, weights, reverse: bool, unroll: bool):
         outs = [None] * steps
         for t in (range(steps - 1, -1, -1) if reverse else range(steps)):
             xw = b.reshape(b.op("slice", proj, axis=0, start=t, stop=t + 1), proj.shape[1:])
-            h, c = _cell(kind, p, b, xw, h, c, w_hh, b_hh)
-            outs[t] = b.reshape(h, (1,) + tuple(h.shape))
+            real_t = None if real is None else b.reshape(b.op("slice", real, axis=0, start=t, stop=t + 1),
+                                                         real.shape[1:])
+            h, c, y = _masked_step(kind, p, b, xw, h, c, w_hh, b_hh, real_t)
+            outs[t] = b.reshape(y, (1,) + tuple(y.shape))
         return b.op("concat", *outs, axis=0) if steps > 1 else outs[0], h, c
 
     def step(bb, carries, xs):
         h_t, c_t = carries[0], carries[1] if has_c else None
-        h_new, c_new = _cell(kind, p, bb, xs[0], h_t, c_t, w_hh, b_hh)
-        return ([h_new, c_new] if has_c else [h_new]), [h_new]
-    outs = loop(b, [h, c] if has_c else [h], [proj], step, reverse=reverse)
+        h_new, c_new, y = _masked_step(kind, p, bb, xs[0], h_t, c_t, w_hh, b_hh, xs[1] if real is not None else None)
+        return ([h_new, c_new] if has_c else [h_new]), [y]
+    outs = loop(b, [h, c] if has_c else [h], [proj] + ([real] if real is not None else []), step, reverse=reverse)
     return outs[-1], outs[0], (outs[1] if has_c else None)
 
 
@@ -137,6 +152,8 @@ def _lower(kind: str, p, ctx, bottoms):
     h0 = states[0] if states else None
     c0 = states[1] if len(states) > 1 else None
     seq = b.op("transpose", x, perm=(1, 0, 2))                   # time-major [T, N, C]
+    gear = ctx.gear_of(steps)                # a padded T: each example stops at its length
+    real = ctx.valid_positions(gear, 3, 0, 1) if gear is not None else None      # [T, N, 1]
     finals_h, finals_c = [], []
     for layer_index in range(layers):
         width = features if layer_index == 0 else hidden * dirs
@@ -156,7 +173,8 @@ def _lower(kind: str, p, ctx, bottoms):
             if unroll and h0 is None:     # the first step's h is zeros: broadcast it to [N, H]
                 h = b.op("broadcast_to", h, shape=(n, hidden))
                 c = b.op("broadcast_to", c, shape=(n, hidden)) if c is not None else None
-            ys, h_t, c_t = _direction(kind, p, ctx, proj, h, c, (w_hh, b_hh), reverse=d == 1, unroll=unroll)
+            ys, h_t, c_t = _direction(kind, p, ctx, proj, h, c, (w_hh, b_hh), reverse=d == 1, unroll=unroll,
+                                      real=real)
             outs.append(ys)
             finals_h.append(b.reshape(h_t, (1, n, hidden)))
             if c_t is not None:

@@ -6,7 +6,7 @@ from typing import Annotated, Any, Optional, Union
 
 from pydantic import AfterValidator, BaseModel, Field
 
-from .base import InputSpec, LayerBase, Name, Strict
+from .base import InputSpec, LayerBase, Name, PositiveInt, Strict
 from .train import TrainSpec
 
 
@@ -35,6 +35,10 @@ def build_net_model(layer_models: list[type[LayerBase]]) -> type[BaseModel]:
         outputs: Optional[list[Name]] = None
         train: Optional[TrainSpec] = None
         optimize: Optional[OptimizeSpec] = None
+        # an extension: sizes per symbolic dimension that infer and serve compile plans for
+        # (the batch's buckets, a sequence length's gears), unless --buckets says otherwise
+        gears: Optional[dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")],
+                             Annotated[list[PositiveInt], Field(min_length=1)]]] = None
 
     return NetSpec
 

@@ -51,7 +51,9 @@ class Model:
         """{output name: numpy array} for inputs given by name (``infer(data=x)``) or as a dict;
         any batch size (cut into the buckets). Safe to call from several threads at once."""
         given = {**(arrays or {}), **named}
-        unknown = sorted(set(given) - {t.name for t in self.inputs})
+        # besides the net's inputs: each example's real length along a gear dimension, for a batch
+        # of sequences padded to one length ("@lengths:T"; default: every example is whole)
+        unknown = sorted(set(given) - {t.name for t in self.inputs} - set(self.session.lengths_inputs.values()))
         if unknown:
             names = ", ".join(t.name for t in self.inputs)
             raise UserError(f"net '{self.name}' has no input {', '.join(map(repr, unknown))} (its inputs: {names})")
@@ -174,12 +176,13 @@ def _dtype_arg(dtype, choices=DTYPES) -> str | None:
 
 
 def load(net, weights: str | None = None, device: str = "cpu", dtype: str | None = None,
-         buckets: Sequence[int] | None = None, warm: bool = False, disable: Sequence[str] | str = (),
+         buckets: Sequence[int] | Mapping[str, Sequence[int]] | None = None, warm: bool = False, disable: Sequence[str] | str = (),
          optimize_graph: bool = True, allow_missing: bool = False, transform: bool = True) -> Model:
     """A net (a file, ``zoo:NAME``, a YAML string, a dict or ``toolkit.Net(...)``) with its weights
     (default for a zoo model: its published weights; ``zoo:NAME`` names another model's) compiled
     for ``device`` ("cpu", "gpu", "cpu:N", "gpu:N"). ``buckets``: the batch sizes compiled
-    (default 1, 2, 4, ..., 64); ``warm``: compile them all now; ``disable``: a pass name or a
+    (default: the net file's ``gears``, else 1, 2, 4, ..., 64), or sizes per symbolic dimension
+    ({"N": [1, 8], "T": [16, 64]}: a sequence is padded up to its gear); ``warm``: compile them all now; ``disable``: a pass name or a
     list of them; ``allow_missing``: copy the weights whose name and shape match and start the
     others from their fillers; ``transform``: apply the input transform the net was trained with
     (its train.data scale and mean) to every input of ``infer`` (False: inputs go in as given)."""
@@ -189,16 +192,20 @@ def load(net, weights: str | None = None, device: str = "cpu", dtype: str | None
     device = _device_arg(device)
     dtype = _dtype_arg(dtype)
     passes = _pass_names(disable)
-    sizes = tuple(DEFAULT_BUCKETS if buckets is None else buckets)
-    if not sizes or any(not isinstance(b, (int, np.integer)) or isinstance(b, bool) or b < 1 for b in sizes):
-        raise UserError(f"buckets must be positive integers, got {list(sizes)}")
+    per_dim = buckets if isinstance(buckets, Mapping) else {"": buckets if buckets is not None else DEFAULT_BUCKETS}
+    for dim, sizes in per_dim.items():
+        sizes = tuple(sizes)
+        if not sizes or any(not isinstance(b, (int, np.integer)) or isinstance(b, bool) or b < 1 for b in sizes):
+            raise UserError(f"buckets{' ' + dim if dim else ''} must be positive integers, got {list(sizes)}")
     phase = infer_phase(Net(net), device, dtype, passes, not optimize_graph)
     loaded = phase.load_weights(weights, allow_missing=allow_missing, flag="weights")
     inputs, outputs = tensor_infos(phase.graph.inputs), tensor_infos(phase.graph.outputs)
     from .train.data import InputTransform
     if not isinstance(transform, bool):
         raise TypeError(f"transform: expected True or False, not {type(transform).__name__}")
-    model = Model(phase.net, phase.session(loaded, (int(b) for b in sizes)), inputs, outputs,
+    spec = None if buckets is None else \
+        {k: [int(b) for b in v] for k, v in buckets.items()} if isinstance(buckets, Mapping) else [int(b) for b in buckets]
+    model = Model(phase.net, phase.session(loaded, spec), inputs, outputs,
                   InputTransform.of(phase.net) if transform else None)
     if warm:
         model.warm()

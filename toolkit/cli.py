@@ -40,14 +40,30 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _buckets(text: str) -> tuple[int, ...]:
+def _sizes(text: str, whole: str) -> tuple[int, ...]:
     try:
         sizes = tuple(int(t) for t in text.split(",") if t.strip())
     except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a comma-separated list of sizes") from None
+        raise argparse.ArgumentTypeError(f"'{whole}' is not a comma-separated list of sizes") from None
     if not sizes or min(sizes) < 1:
-        raise argparse.ArgumentTypeError(f"'{text}': bucket sizes must be positive")
+        raise argparse.ArgumentTypeError(f"'{whole}': bucket sizes must be positive")
     return sizes
+
+
+def _buckets(text: str) -> "tuple[int, ...] | dict[str, tuple[int, ...]]":
+    """``1,2,4,8`` (the batch's buckets) or gears per symbolic dimension, ``N=1,8,32 T=16,64,256``
+    (space- or semicolon-separated)."""
+    if "=" not in text:
+        return _sizes(text, text)
+    gears: dict[str, tuple[int, ...]] = {}
+    for part in text.replace(";", " ").split():
+        name, eq, sizes = part.partition("=")
+        if not eq or not name.isidentifier():
+            raise argparse.ArgumentTypeError(f"'{part}' is not NAME=SIZE,SIZE,... (e.g. T=16,64,256)")
+        if name in gears:
+            raise argparse.ArgumentTypeError(f"'{text}' gives {name} twice")
+        gears[name] = _sizes(sizes, part)
+    return gears
 
 
 def _optimize_flags(p: argparse.ArgumentParser) -> None:
@@ -96,7 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", type=_device, default="cpu", help=device_help())
     p.add_argument("--dtype", choices=DTYPES, default=None,
                    help="float16 and bfloat16 accumulate in float32; on cpu they run as float32")
-    p.add_argument("--buckets", type=_buckets, default=None, help="batch bucket sizes, e.g. 1,2,4,8")
+    p.add_argument("--buckets", type=_buckets, default=None,
+                   help="batch bucket sizes, e.g. 1,2,4,8; or gears per symbolic dimension, e.g. "
+                        "'N=1,8,32 T=16,64,256' (a sequence is padded up to its gear; default: the net file's gears)")
     p.add_argument("--chunk-rows", type=_positive_int, default=None, metavar="N",
                    help="rows read and run at a time (default: 4 x the largest bucket); memory stays flat")
     p.add_argument("--warm", action="store_true", help="build and run every bucket's plan before the first chunk")
@@ -118,7 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=DTYPES, default=None,
                    help="float16 and bfloat16 accumulate in float32; on cpu they run as float32")
     p.add_argument("--buckets", type=_buckets, default=None,
-                   help="batch bucket sizes, e.g. 1,2,4,8 (default 1,2,4,...,64); the largest is the batcher's limit")
+                   help="batch bucket sizes, e.g. 1,2,4,8 (default 1,2,4,...,64); the largest is the batcher's limit; "
+                        "or gears per symbolic dimension, e.g. 'N=1,8,32 T=16,64,256' (default: the net file's gears)")
     p.add_argument("--max-delay-ms", type=float, default=2.0,
                    help="how long a request may wait for others to batch with (default: %(default)s)")
     p.add_argument("--max-queue", type=_positive_int, default=256,

@@ -17,7 +17,7 @@ from .compile import disabled_passes, optimize
 from .frontend import Net
 from .ir.graph import Graph
 from .passes.pipeline import memory_reuse
-from .runtime.session import DEFAULT_BUCKETS, InferSession
+from .runtime.session import InferSession, split_gears
 from .zoo.resolve import load_net
 
 
@@ -39,11 +39,21 @@ class InferPhase:
         return self.net.load_weights(self.net.default_weights(given, flag=flag), allow_missing=allow_missing,
                                      dtype=self.dtype, say=_to_stderr)
 
-    def session(self, weights: dict[str, np.ndarray], buckets: Iterable[int] = DEFAULT_BUCKETS) -> InferSession:
-        """The graph optimised with ``weights`` frozen in, run by a session over ``buckets``. The
-        frozen arrays are taken out of ``weights``: the graph owns them from now on."""
-        graph = optimize(self.graph, self.disable, weights, self.device, consume_weights=True)
-        return InferSession(graph, weights, self.device, tuple(buckets), reuse_memory=memory_reuse(self.disable))
+    def session(self, weights: dict[str, np.ndarray],
+                buckets: "Iterable[int] | Mapping[str, Iterable[int]] | None" = None) -> InferSession:
+        """The graph optimised with ``weights`` frozen in, run by a session over ``buckets``: the
+        batch's sizes, or sizes per symbolic dimension (gears over a sequence length lower the
+        graph with the lengths its layers mask the padding by); None: the net file's ``gears``,
+        else the default buckets. The frozen arrays are taken out of ``weights``: the graph owns
+        them from now on."""
+        spec = buckets if buckets is not None else self.net.spec.gears
+        if isinstance(spec, Mapping) or spec is None:
+            batch, gears = split_gears(self.graph, spec)
+        else:
+            batch, gears = tuple(spec), {}
+        graph = self.net.graph("infer", self.dtype, gears=frozenset(gears)) if gears else self.graph
+        graph = optimize(graph, self.disable, weights, self.device, consume_weights=True)
+        return InferSession(graph, weights, self.device, batch, reuse_memory=memory_reuse(self.disable), gears=gears)
 
 
 def infer_phase(net: "str | Net", device: Device | str, dtype: str | None = None, disable: Iterable[str] = (),

@@ -11,7 +11,7 @@ import numpy as np
 
 from ..inference import infer_phase
 from ..ir.binding import bind_symbols
-from ..runtime.session import DEFAULT_BUCKETS, InferSession, check_input_arrays
+from ..runtime.session import InferSession, check_input_arrays
 from ..train.data import InputTransform, recorded_input
 from ..train.progress import StatusLine, bar, format_time
 from .io import InputStream, check_output_path, open_inputs, write_csv_outputs, write_outputs
@@ -37,14 +37,15 @@ def run_infer(args) -> int:
     with open_inputs(args.input, list(graph.inputs), list(phase.net.spec.inputs), shapes,
                      drop_columns=unused) as stream:
         row_names = stream.row_names()
-        session = phase.session(weights, args.buckets or DEFAULT_BUCKETS)     # the weights frozen in
+        session = phase.session(weights, args.buckets)     # the weights frozen in
         chunk_rows = _chunk_rows(session, args.chunk_rows)
         if chunk_rows is not None:
             stream.check_rows()
         transform = None if args.no_transform else InputTransform.of(phase.net)
         # the whole inputs' types and shapes, checked before a row is read, in a run's own words
-        check_input_arrays(session.graph, {k: np.empty(0, dt) for k, dt in stream.dtypes().items()})
-        bind_symbols(session.graph, transform.shapes(stream.shapes()) if transform else stream.shapes())
+        filled = session.lengths_inputs.values()           # the session fills in the real lengths
+        check_input_arrays(session.graph, {k: np.empty(0, dt) for k, dt in stream.dtypes().items()}, filled)
+        bind_symbols(session.graph, transform.shapes(stream.shapes()) if transform else stream.shapes(), filled)
         if transform is not None:
             print(f"inputs are transformed as in training: {transform.describe()} "
                   "(--no-transform feeds them as given)", file=sys.stderr)

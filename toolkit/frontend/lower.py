@@ -12,7 +12,8 @@ from typing import Any
 from schemas.base import weight_owner
 
 from ..errors import Location, Problem, did_you_mean
-from ..ir.dims import as_dim, format_dim
+from ..ir.binding import lengths_input
+from ..ir.dims import Sym, as_dim, format_dim
 from ..ir.graph import FLOAT_DTYPES, Graph, TensorType, Value, Weight
 from ..ops.base import Builder, ShapeError
 from .blocks import BlockFailed, lower_block
@@ -25,7 +26,8 @@ class LowerContext:
     """What a layer lowering may use: the builder, the phase, weight and state declarations."""
 
     def __init__(self, graph: Graph, layer, phase: str, float_dtype: str, declared: dict[str, tuple],
-                 root: Graph | None = None, sync_batchnorm: bool = False, base_dir: str = "."):
+                 root: Graph | None = None, sync_batchnorm: bool = False, base_dir: str = ".",
+                 gears: "Gears | None" = None):
         # weights and state updates belong to the net's graph (``root``); the nodes go to
         # ``graph``, which is a block's body inside an If or Loop
         self.graph = root if root is not None else graph
@@ -40,6 +42,32 @@ class LowerContext:
         self._declared = declared         # every weight key -> (shape, layer) across phases
         self.param_count = 0
         self.param_names: list[str] = []        # the parameters the layer asked for, in order
+        self.gears = gears or Gears(frozenset(), None)
+
+    # -- gears over a sequence length (layers/gears.py) ----------------------------------------
+    def gear_of(self, dim) -> str | None:
+        """The gear symbol ``dim`` is (padded up to a gear, real lengths in ``lengths``), or None."""
+        from layers.gears import gear_symbol
+        return gear_symbol(dim, self.gears.symbols)
+
+    def lengths(self, symbol: str) -> Value:
+        """Each example's real length along the gear dimension ``symbol``: [N] in the net's float
+        dtype (exact below 2^24), from the graph input ``lengths_input(symbol)``."""
+        return self.gears.lengths(symbol, self.graph, self.float_dtype, self.b)
+
+    def valid_positions(self, symbol: str, rank: int, position_axis: int, batch_axis: int) -> Value:
+        """1 at the real positions along ``symbol``, 0 in the padding: a float mask of rank
+        ``rank`` with N on ``batch_axis``, the positions on ``position_axis`` and 1 elsewhere."""
+        b = self.b
+        dim = Sym.named(symbol)
+        shape = [1] * rank
+        shape[position_axis] = dim
+        position = b.op("iota", shape=tuple(shape), axis=position_axis, dtype=self.float_dtype)
+        lengths = self.lengths(symbol)
+        at = [1] * rank
+        at[batch_axis] = lengths.shape[0]
+        # real where length >= position + 1
+        return b.op("ge_mask", b.reshape(lengths, tuple(at)), b.add(position, b.scalar(1.0, self.float_dtype)))
 
     @staticmethod
     def fmt(v: Value) -> str:
@@ -112,6 +140,31 @@ class LowerContext:
         self.graph.updates[key] = value
 
 
+class Gears:
+    """The gear dimensions of a lowering (symbols other than the batch whose inputs are padded)
+    and the one lengths value per symbol that every layer reads."""
+
+    def __init__(self, symbols: frozenset[str], batch: Sym | None):
+        self.symbols = symbols
+        self.batch = batch
+        self._lengths: dict[str, Value] = {}
+
+    def lengths(self, symbol: str, root: Graph, float_dtype: str, b: Builder) -> Value:
+        if symbol not in self._lengths:
+            name = lengths_input(symbol)
+            if name not in root.inputs:
+                root.inputs[name] = Value(TensorType((self.batch,), "int64"), name=name)
+            self._lengths[symbol] = Builder(root, "lengths").op("cast", root.inputs[name], dtype=float_dtype)
+        return self._lengths[symbol]
+
+
+def _batch_of(spec) -> Sym | None:
+    """The symbol leading every input's shape (the batch), if one does."""
+    leads = {as_dim(i.shape[0]) for i in spec.inputs.values() if i.shape}
+    lead = leads.pop() if len(leads) == 1 else None
+    return lead if isinstance(lead, Sym) and len(lead.symbols) == 1 else None
+
+
 def _count_problem(what: str, n: int, bounds: tuple) -> str | None:
     lo, hi = bounds
     if n < lo or (hi is not None and n > hi):
@@ -137,9 +190,11 @@ class Lowered:
 
 def lower_phase(spec, positions: Positions, phase: str, float_dtype: str | None,
                 declared: dict[str, tuple], loss_layers: set[str] | None = None,
-                sync_batchnorm: bool = False) -> Lowered:
+                sync_batchnorm: bool = False, gears: frozenset[str] = frozenset()) -> Lowered:
     """The graph of ``phase`` (default outputs: tops nothing consumes) and the problems found.
-    ``loss_layers``: names of the objective's layers (None: every layer whose type ends in Loss)."""
+    ``loss_layers``: names of the objective's layers (None: every layer whose type ends in Loss).
+    ``gears``: symbolic dimensions (not the batch) whose inputs come padded, each example's real
+    length in the input ``lengths_input(symbol)`` (layers/gears.py)."""
     graph = Graph(phase)
     blobs: dict[str, Value] = {}
     for name, inp in spec.inputs.items():
@@ -151,7 +206,17 @@ def lower_phase(spec, positions: Positions, phase: str, float_dtype: str | None,
         blobs[name] = v
     declared_floats = [i.dtype for i in spec.inputs.values() if i.dtype in FLOAT_DTYPES]
     net_float = float_dtype or (declared_floats[0] if declared_floats else "float32")
-    lowering = Lowering(graph, positions, phase, net_float, declared, loss_layers, sync_batchnorm)
+    batch = _batch_of(spec)
+    gear_set = frozenset(gears)
+    problems: list[Problem] = []
+    if gear_set and batch is None:
+        problems.append(Problem(f"gears over {', '.join(sorted(gear_set))} need a batch dimension leading every "
+                                "input (each example has its own length)", positions.locate(("inputs",))))
+    if batch is not None and batch.symbols & gear_set:
+        gear_set -= batch.symbols                   # the batch's gears are buckets: no lengths
+    lowering = Lowering(graph, positions, phase, net_float, declared, loss_layers, sync_batchnorm,
+                        Gears(gear_set, batch))
+    lowering.problems += problems
     lowering.lower_layers(spec.layers, ("layers",), graph, blobs)
     # one name per value, the latest top; a top that only renames an input (Dropout outside
     # train, a phase-skipped layer) is an output too, as Caffe's would be
@@ -166,8 +231,10 @@ class Lowering:
     of If and Loop layers into body graphs. Problems are collected with their locations."""
 
     def __init__(self, root: Graph, positions: Positions, phase: str, float_dtype: str,
-                 declared: dict[str, tuple], loss_layers: set[str] | None, sync_batchnorm: bool = False):
+                 declared: dict[str, tuple], loss_layers: set[str] | None, sync_batchnorm: bool = False,
+                 gears: Gears | None = None):
         self.root = root
+        self.gears = gears or Gears(frozenset(), None)
         self.sync_batchnorm = sync_batchnorm
         self.positions = positions
         self.phase = phase
@@ -236,8 +303,16 @@ class Lowering:
                 broken.update(layer.tops)
                 clean = False
                 continue
+            if self.gears.symbols:
+                from layers.gears import gear_problem
+                why = gear_problem(layer, bottoms, self.gears.symbols, phase)
+                if why:
+                    problems.append(Problem(f"{label}: {why}", where(i)))
+                    broken.update(layer.tops)
+                    clean = False
+                    continue
             ctx = LowerContext(graph, layer, phase, self.float_dtype, self.declared, self.root, self.sync_batchnorm,
-                               os.path.dirname(self.positions.file or "") or ".")
+                               os.path.dirname(self.positions.file or "") or ".", self.gears)
             try:
                 if layer.type in BLOCK_TYPES:
                     tops = lower_block(self, layer, prefix + (i,), graph, blobs, bottoms)

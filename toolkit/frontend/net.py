@@ -132,11 +132,13 @@ class Net:
             return set(self.spec.train.losses)
         return None
 
-    def lower(self, phase: str, dtype: str | None = None, sync_batchnorm: bool = False) -> Lowered:
-        """A fresh lowering of one phase (graphs are mutated by passes, so never shared)."""
+    def lower(self, phase: str, dtype: str | None = None, sync_batchnorm: bool = False,
+              gears: frozenset[str] = frozenset()) -> Lowered:
+        """A fresh lowering of one phase (graphs are mutated by passes, so never shared).
+        ``gears``: symbolic dimensions whose inputs come padded, with lengths (frontend/lower.py)."""
         # the net's declared weights: a layer may share those of a layer of another phase
         return lower_phase(self.spec, self.positions, phase, dtype, dict(self.declared), self._loss_layers(),
-                           sync_batchnorm)
+                           sync_batchnorm, frozenset(gears))
 
     def _check_outputs(self, infer: Lowered) -> list[Problem]:
         if not self.spec.outputs:
@@ -155,11 +157,13 @@ class Net:
 
     # -- graphs ------------------------------------------------------------------------------
     def graph(self, phase: str, dtype: str | None = None, outputs: list[str] | None = None,
-              sync_batchnorm: bool = False) -> Graph:
+              sync_batchnorm: bool = False, gears: frozenset[str] = frozenset()) -> Graph:
         """The pruned forward graph of ``phase``. Train graphs output each loss top and the
         loss_weight-weighted objective under OBJECTIVE. ``sync_batchnorm``: BatchNorm's batch
-        statistics are sums over the ranks of a data-parallel job (optim/data_parallel.py)."""
-        lowered = self.lower(phase, dtype, sync_batchnorm)
+        statistics are sums over the ranks of a data-parallel job (optim/data_parallel.py).
+        ``gears``: symbolic dimensions (a sequence length T) whose inputs come padded up to a
+        gear, each example's real length in the input ``lengths_input(T)``."""
+        lowered = self.lower(phase, dtype, sync_batchnorm, gears)
         if lowered.problems:
             raise SpecError(*lowered.problems)
         graph, blobs = lowered.graph, lowered.blobs

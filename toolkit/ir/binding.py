@@ -7,11 +7,23 @@ from ..errors import UserError
 from .dims import Sym, format_dim
 from .graph import Graph
 
+LENGTHS = "@lengths:{}"    # the input of each example's real length along a gear dimension (T)
 
-def bind_symbols(graph: Graph, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, int]:
-    """Solve every input's symbolic dims from concrete shapes; a mismatch is a UserError."""
+
+def lengths_input(symbol: str) -> str:
+    """The graph input holding each example's real length along the gear dimension ``symbol``:
+    [N] int64, filled by whoever pads the inputs up to the gear (runtime/session.py, the trainer);
+    '@' keeps it apart from the net's own inputs, whose names cannot hold one."""
+    return LENGTHS.format(symbol)
+
+
+def bind_symbols(graph: Graph, shapes: Mapping[str, tuple[int, ...]], optional=()) -> dict[str, int]:
+    """Solve every input's symbolic dims from concrete shapes; a mismatch is a UserError.
+    ``optional``: inputs that may be left out (the lengths a session fills in itself)."""
     bindings: dict[str, int] = {}
     for name, value in graph.inputs.items():
+        if name not in shapes and name in optional:
+            continue
         if name not in shapes:
             raise UserError(f"input '{name}' is missing (the net's inputs: {', '.join(graph.inputs)})")
         shape = tuple(shapes[name])

@@ -5,6 +5,12 @@ plans, one per bucket size: n rows run on the smallest bucket that holds them, p
 back; more rows than the largest bucket are cut into chunks. Plans are built on first use (or
 ahead with ``warm``) and reused. Inputs without a symbolic leading dimension use one plan per
 distinct shape.
+
+Gears do the same over another symbolic dimension, a sequence length T: the inputs are padded
+with zeros along T up to the smallest gear that holds them, each example's real length goes to
+the graph's lengths input (the graph was lowered with that gear, so its layers keep the padding
+out: layers/gears.py), and the outputs are cut back along T. A T longer than the largest gear is
+an error: there is no exact way to cut a sequence. Without gears, each T gets a plan of its own.
 """
 from __future__ import annotations
 
@@ -18,7 +24,7 @@ from ..backend.devices import CPU, Device, parse_device, to_host
 from ..errors import UserError
 from ..ir.dims import Sym
 from ..ir.graph import FLOAT_DTYPES, Graph
-from ..ir.binding import bind_symbols
+from ..ir.binding import bind_symbols, lengths_input
 from .plan import Plan, RuntimeState
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
@@ -53,10 +59,30 @@ def batch_bindings(graph: Graph, batch: int, extra: dict[str, int] | None = None
     return bindings
 
 
-def check_input_arrays(graph: Graph, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The arrays a graph needs, cast to its dtypes; a missing or wrongly typed array is a UserError."""
+def split_gears(graph: Graph, spec) -> tuple[tuple[int, ...], dict[str, tuple[int, ...]]]:
+    """(the batch's buckets, gears over the other symbolic dimensions) from a list of sizes (the
+    batch's) or a mapping of symbol to sizes (``--buckets 'N=1,8 T=16,64'``, the net file's
+    ``gears``); None: the default buckets. A symbol the net does not have is a UserError."""
+    if spec is None:
+        return DEFAULT_BUCKETS, {}
+    if not isinstance(spec, Mapping):
+        return tuple(int(b) for b in spec), {}
+    batch = batch_symbol(graph)
+    unknown = sorted(set(spec) - graph.symbols())
+    if unknown:
+        have = ", ".join(sorted(graph.symbols())) or "none"
+        raise UserError(f"gears over {', '.join(unknown)}: the net has no such symbolic dimension (it has: {have})")
+    buckets = tuple(int(b) for b in spec.get(batch, DEFAULT_BUCKETS)) if batch else DEFAULT_BUCKETS
+    return buckets, {k: tuple(int(b) for b in v) for k, v in spec.items() if k != batch}
+
+
+def check_input_arrays(graph: Graph, arrays: Mapping[str, np.ndarray], optional=()) -> dict[str, np.ndarray]:
+    """The arrays a graph needs, cast to its dtypes; a missing or wrongly typed array is a UserError.
+    ``optional``: inputs that may be left out."""
     out = {}
     for name, v in graph.inputs.items():
+        if name not in arrays and name in optional:
+            continue
         if name not in arrays:
             raise UserError(f"input '{name}' is missing (the net needs: {', '.join(graph.inputs)})")
         arr = np.asarray(arrays[name])
@@ -75,20 +101,26 @@ class InferSession:
     device, sized by the largest bucket, so memory does not grow with the buckets used."""
 
     def __init__(self, graph: Graph, weights: Mapping[str, np.ndarray], device: Device | str = CPU,
-                 buckets: tuple[int, ...] = DEFAULT_BUCKETS, reuse_memory: bool = True):
+                 buckets: tuple[int, ...] = DEFAULT_BUCKETS, reuse_memory: bool = True,
+                 gears: Mapping[str, tuple[int, ...]] | None = None):
         self.graph = graph
         self.weights = {k: weights[k] for k in graph.weights}
         self.device = parse_device(device)
         self.reuse_memory = reuse_memory
         self.buckets = tuple(sorted(set(buckets)))
         self.batch_symbol = batch_symbol(graph)
+        # gears over symbols other than the batch (a sequence length): sizes, smallest first
+        self.gears = {k: tuple(sorted(set(v))) for k, v in (gears or {}).items()}
+        self.lengths_inputs = {k: lengths_input(k) for k in self.gears if lengths_input(k) in graph.inputs}
         self.runtime = RuntimeState(np.random.default_rng(0))
         # least recently used first; bounded so that memory does not grow with every new shape
         self.plans: OrderedDict[tuple, Plan] = OrderedDict()
-        self.max_plans = max(len(self.buckets), MAX_PLANS)
+        self.gear_shapes = int(np.prod([len(v) for v in self.gears.values()])) if self.gears else 1
+        self.max_plans = max(len(self.buckets) * self.gear_shapes, MAX_PLANS)
         self.arenas: OrderedDict[tuple, dict] = OrderedDict()   # shape but the batch -> {device: buffer}
         self.lock = threading.RLock()
         self.bucket_runs: Counter = Counter()       # bucket size -> runs (for --verbose)
+        self.plans_built = 0                        # plans compiled so far (serve's metrics)
 
     def _shape_key(self, bindings: dict[str, int]) -> tuple:
         return tuple(sorted((k, v) for k, v in bindings.items() if k != self.batch_symbol))
@@ -96,7 +128,7 @@ class InferSession:
     def _allocator(self, shape_key: tuple) -> Callable:
         arenas = self.arenas.setdefault(shape_key, {})
         self.arenas.move_to_end(shape_key)
-        while len(self.arenas) > MAX_PLANS:
+        while len(self.arenas) > max(MAX_PLANS, self.gear_shapes):
             self.arenas.popitem(last=False)          # plans still holding one keep it alive
 
         def allocate(device, nbytes: int):
@@ -119,6 +151,7 @@ class InferSession:
                     self.plan_for(largest)          # first: its arena is the one the others share
             plan = Plan(self.graph, bindings, self.weights, self.device, self.runtime,
                         allocate=self._allocator(shape_key), reuse_memory=self.reuse_memory)
+            self.plans_built += 1
             self.plans[key] = plan
             if len(self.plans) > self.max_plans:
                 self.plans.popitem(last=False)
@@ -129,29 +162,95 @@ class InferSession:
         graph is captured on the second run), so that no request pays for compiling, loading
         native code, first-touching memory or capturing. Returns the plans built.
         ``example``: arrays giving the sizes of symbolic dimensions other than the batch."""
-        base = {} if example is None else bind_symbols(self.graph, {k: np.shape(v) for k, v in example.items()})
+        base = {} if example is None else bind_symbols(self.graph, {k: np.shape(v) for k, v in example.items()},
+                                                          optional=self.lengths_inputs.values())
+        gear_sets = [{**base, **dict(zip(self.gears, combo))} for combo in _combinations(list(self.gears.values()))]
         if self.batch_symbol is None:
-            if self.graph.symbols() - set(base):
+            if self.graph.symbols() - set(gear_sets[0]):
                 return 0                              # no shape to build for until a request comes
-            sizes = [None]
+            sizes = [(g, None) for g in gear_sets]
         else:
-            missing = self.graph.symbols() - set(base) - {self.batch_symbol}
+            missing = self.graph.symbols() - set(gear_sets[0]) - {self.batch_symbol}
             if missing:
                 raise UserError(f"to warm the buckets, give the size of {', '.join(sorted(missing))}")
-            sizes = list(reversed(self.buckets))      # the largest first: its arena is shared
+            # per shape, the largest bucket first: its arena is the one the others share
+            sizes = [(g, size) for g in gear_sets for size in reversed(self.buckets)]
         with self.lock:
-            for size in sizes:
-                bindings = dict(base) if size is None else {**base, self.batch_symbol: size}
+            for fixed, size in sizes:
+                bindings = dict(fixed) if size is None else {**fixed, self.batch_symbol: size}
                 plan = self.plan_for(bindings)
                 zeros = {name: np.zeros(v.type.concrete(bindings), v.dtype) for name, v in self.graph.inputs.items()}
+                for name in self.lengths_inputs.values():
+                    zeros[name] += 1                  # a length of 1: no example is empty
                 for _ in range(2 if plan.graph_run is not None else 1):   # a GPU plan's second run captures it
                     plan.run(zeros)
                 plan.synchronize()
         return len(sizes)
 
+    def _geared(self, arrays: dict[str, np.ndarray], bindings: dict[str, int]) -> dict[str, int]:
+        """Pads ``arrays`` along each gear dimension up to its gear and fills the lengths inputs
+        (given ones are checked); returns the real sizes, to cut the outputs back to."""
+        real = {}
+        for symbol, sizes in self.gears.items():
+            if symbol not in bindings:
+                continue
+            t = real[symbol] = bindings[symbol]
+            gear = next((g for g in sizes if g >= t), None)
+            if gear is None:
+                raise UserError(f"{symbol}={t} is longer than the largest gear {sizes[-1]}; add a gear that holds "
+                                f"it (--buckets {symbol}={','.join(map(str, sizes + (t,)))})")
+            for name, v in self.graph.inputs.items():
+                axes = [a for a, d in enumerate(v.shape) if isinstance(d, Sym) and d == Sym.named(symbol)]
+                if name in arrays and axes and gear != t:
+                    arrays[name] = _pad_axes(arrays[name], axes, gear)
+            bindings[symbol] = gear
+            name = self.lengths_inputs.get(symbol)
+            if name is None:
+                continue
+            rows = bindings.get(self.batch_symbol, 1)
+            given = arrays.get(name)
+            if given is None:
+                arrays[name] = np.full(rows, t, np.int64)
+            elif given.shape != (rows,) or given.min(initial=1) < 1 or given.max(initial=1) > t:
+                raise UserError(f"input '{name}' must give each of the {rows} examples a length from 1 to {t}, "
+                                f"got shape {list(given.shape)} with values {given.min()}..{given.max()}")
+        return real
+
+    def _cut(self, name: str, value: np.ndarray, real: dict[str, int]) -> np.ndarray:
+        """An output cut back along the gear dimensions to the request's real sizes."""
+        shape = self.graph.outputs[name].shape
+        index = []
+        for d in shape:
+            hits = [s for s in real if isinstance(d, Sym) and s in d.symbols]
+            if hits and d != Sym.named(hits[0]):
+                raise UserError(f"output '{name}' has the dimension {d}, which mixes the gear dimension "
+                                f"{hits[0]} with another: it cannot be cut back to the real length")
+            index.append(slice(0, real[hits[0]]) if hits else slice(None))
+        return value[tuple(index)] if any(i.stop is not None for i in index) else value
+
+    def _prepared(self, arrays: Mapping[str, np.ndarray]) -> tuple[dict, dict[str, int], dict[str, int]]:
+        """The arrays checked and cast, padded up to their gears with the lengths filled in; the
+        bindings they run at; the real sizes to cut the outputs back to."""
+        optional = self.lengths_inputs.values()
+        arrays = check_input_arrays(self.graph, arrays, optional)
+        bindings = bind_symbols(self.graph, {k: a.shape for k, a in arrays.items()}, optional)
+        real = self._geared(arrays, bindings) if self.gears else {}
+        return arrays, bindings, real
+
+    def pad_request(self, arrays: Mapping[str, np.ndarray]) -> tuple[dict, Callable[[dict], dict]]:
+        """A request padded up to its gears (with its lengths), so that requests of different
+        lengths run together in one batch; and what cuts its share of the outputs back."""
+        padded, _, real = self._prepared(arrays)
+        return padded, lambda outputs: {k: self._cut(k, v, real) for k, v in outputs.items()}
+
     def run(self, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        arrays = check_input_arrays(self.graph, arrays)
-        bindings = bind_symbols(self.graph, {k: a.shape for k, a in arrays.items()})
+        arrays, bindings, real = self._prepared(arrays)
+        if real:
+            return {k: self._cut(k, v, real) for k, v in self._run_batch(arrays, bindings).items()}
+        return self._run_batch(arrays, bindings)
+
+    def _run_batch(self, arrays: dict[str, np.ndarray], bindings: dict[str, int]) -> dict[str, np.ndarray]:
+        optional = set(self.lengths_inputs.values())
         with self.lock:
             if self.batch_symbol is None:
                 outs = self.plan_for(bindings).run(arrays)
@@ -163,7 +262,8 @@ class InferSession:
             while start < n:                      # n >= 1: bind_symbols refuses an empty batch
                 rows = min(n - start, self.buckets[-1])
                 size = next(b for b in self.buckets if b >= rows)
-                chunk = {k: _pad_rows(a[start: start + rows], size) for k, a in arrays.items()}
+                chunk = {k: _pad_rows(a[start: start + rows], size, 1 if k in optional else 0)
+                         for k, a in arrays.items()}
                 outs = self.plan_for({**bindings, self.batch_symbol: size}).run(chunk)
                 self.bucket_runs[size] += 1
                 pieces.append({k: self._slice_back(k, v, rows, size, n) for k, v in outs.items()})
@@ -187,11 +287,26 @@ class InferSession:
         return _host_copy(value[:rows])
 
 
-def _pad_rows(a: np.ndarray, size: int) -> np.ndarray:
+def _pad_rows(a: np.ndarray, size: int, fill: int = 0) -> np.ndarray:
+    """Rows of ``fill`` up to ``size`` (a padded row's length is 1: no example is empty)."""
     if a.shape[0] == size:
         return a
-    pad = np.zeros((size - a.shape[0],) + a.shape[1:], dtype=a.dtype)
+    pad = np.full((size - a.shape[0],) + a.shape[1:], fill, dtype=a.dtype)
     return np.concatenate([a, pad])
+
+
+def _pad_axes(a: np.ndarray, axes: list[int], size: int) -> np.ndarray:
+    """Zeros after the end of ``axes`` up to ``size``."""
+    widths = [(0, size - a.shape[k]) if k in axes else (0, 0) for k in range(a.ndim)]
+    return np.pad(a, widths)
+
+
+def _combinations(sizes: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
+    """Every choice of one size from each list, the largest first."""
+    out = [()]
+    for options in sizes:
+        out = [c + (s,) for c in out for s in sorted(options, reverse=True)]
+    return out
 
 
 def _host_copy(value) -> np.ndarray:

@@ -87,13 +87,17 @@ class InferenceServer:
         # infer requests by outcome, and the connection events server.py counts, for the shutdown line
         self.tally: Counter[str] = Counter()
         self.metrics = ServerMetrics(model.buckets)
+        self.metrics.plans_built.set_function(lambda: model.session.plans_built)
         self.inputs = {t.name: t for t in model.inputs}
         self.outputs = {t.name: t for t in model.outputs}
         self.ready = False
         # requests are stacked along the batch axis only where the net has one
         self.batched = model.session.batch_symbol is not None
         max_rows = model.buckets[-1] if self.batched else 1
-        self.batcher = DynamicBatcher(model.infer, max_rows, max_delay_ms / 1000.0, max_queue, self.metrics)
+        # gears over a sequence length: requests of different lengths batch together, padded
+        prepare = model.session.pad_request if self.batched and model.session.gears else None
+        self.batcher = DynamicBatcher(model.infer, max_rows, max_delay_ms / 1000.0, max_queue, self.metrics,
+                                      prepare=prepare)
 
     # -- request checks -------------------------------------------------------------------------
     def check_inputs(self, arrays: dict[str, np.ndarray]) -> int:

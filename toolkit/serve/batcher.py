@@ -9,6 +9,10 @@ bucket that holds it (the session pads and slices back). One batch runs at a tim
 thread, so the event loop keeps accepting; what arrives meanwhile forms the next batch. A
 request of more rows than ``max_rows`` runs alone (the session cuts it into chunks). More than
 ``max_queue`` waiting requests: the next one is refused at once (QueueFull, HTTP 503).
+
+With gears over a sequence length (``prepare``), a request is first padded up to its gear, with
+its lengths: requests of different lengths in one gear then share a batch, and each one's
+outputs are cut back to its own length.
 """
 from __future__ import annotations
 
@@ -33,6 +37,7 @@ class _Waiting:
     signature: tuple
     future: asyncio.Future
     arrived: float = field(default_factory=time.monotonic)
+    cut: Callable[[dict], dict] | None = None     # its outputs back to its own lengths
 
 
 def signature(arrays: dict[str, np.ndarray]) -> tuple:
@@ -42,8 +47,9 @@ def signature(arrays: dict[str, np.ndarray]) -> tuple:
 
 class DynamicBatcher:
     def __init__(self, run_batch: Callable[[dict], dict], max_rows: int, max_delay_s: float, max_queue: int,
-                 metrics=None):
+                 metrics=None, prepare: Callable[[dict], tuple[dict, Callable]] | None = None):
         self.run_batch = run_batch
+        self.prepare = prepare
         self.max_rows = max_rows
         self.max_delay_s = max_delay_s
         self.max_queue = max_queue
@@ -74,7 +80,10 @@ class DynamicBatcher:
     async def submit(self, arrays: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
         if len(self.waiting) >= self.max_queue:
             raise QueueFull(f"the queue is full ({self.max_queue} requests waiting); retry later")
-        item = _Waiting(arrays, rows, signature(arrays), asyncio.get_running_loop().create_future())
+        cut = None
+        if self.prepare is not None:
+            arrays, cut = self.prepare(arrays)
+        item = _Waiting(arrays, rows, signature(arrays), asyncio.get_running_loop().create_future(), cut=cut)
         self.waiting.append(item)
         self._depth()
         self._wake.set()
@@ -148,6 +157,6 @@ class DynamicBatcher:
         start = 0
         for item in batch:
             if not item.future.done():
-                item.future.set_result({k: v[start: start + item.rows] for k, v in outputs.items()}
-                                       if len(batch) > 1 else outputs)
+                mine = {k: v[start: start + item.rows] for k, v in outputs.items()} if len(batch) > 1 else outputs
+                item.future.set_result(item.cut(mine) if item.cut is not None else mine)
             start += item.rows

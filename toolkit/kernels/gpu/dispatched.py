@@ -50,6 +50,17 @@ def _reduction_factory(name: str):
     return factory
 
 
+@register_kernel("iota", "gpu")
+def iota_gpu(ctx):
+    """Positions, made once on the device (a plan computes an iota when it is built, on the
+    host; this runs where a graph still holds one on the device)."""
+    value = cp.asarray(get_op("iota").reference(ctx.out_shapes[0], ctx.attrs["axis"], ctx.dtype))
+
+    def run(ins, outs):
+        outs[0][...] = value
+    return run
+
+
 register_kernel("reduce_sum", "gpu")(_reduction_factory("sum"))
 register_kernel("reduce_mean", "gpu")(_reduction_factory("mean"))
 
