@@ -26,12 +26,18 @@ class DataSpec(Strict):
     root_folder: Optional[str] = None                  # an image list's paths are relative to it
     new_height: Optional[PositiveInt] = None           # an image list's images, resized before a crop
     new_width: Optional[PositiveInt] = None
+    # sequences of different lengths, padded to one length T in the source: the array of each
+    # example's length, or the value a step of padding holds in every feature (an extension)
+    lengths: Optional[str] = None
+    padding_value: Optional[Number] = None
 
     @model_validator(mode="after")
     def _one_mean(self):
         given = [k for k in ("mean", "mean_value", "mean_file") if getattr(self, k) is not None]
         if len(given) > 1:
             raise ValueError(f"give one of mean, mean_value and mean_file, not {' and '.join(given)}")
+        if self.lengths is not None and self.padding_value is not None:
+            raise ValueError("give one of lengths and padding_value, not both")
         return self
 
 

@@ -88,14 +88,17 @@ def solver_config(net: Net) -> SolverConfig:
 
 
 def train_graph(net: Net, solver: SolverConfig | None = None, dtype: str | None = None,
-                data_parallel: DataParallel | None = None) -> Graph:
+                data_parallel: DataParallel | None = None, gears: frozenset[str] = frozenset()) -> Graph:
     """Forward, generated backward and the solver's updates, before any pass. With
     ``data_parallel`` the gradients are summed over the ranks before the updates
-    (optim/data_parallel.py)."""
+    (optim/data_parallel.py); ``gears``: a sequence dimension whose batches come padded, with
+    their lengths (train/sequences.py)."""
+    options = {}
     if data_parallel is not None and data_parallel.sync_batchnorm:
-        graph = net.graph("train", dtype, sync_batchnorm=True)
-    else:
-        graph = net.graph("train", dtype)
+        options["sync_batchnorm"] = True
+    if gears:
+        options["gears"] = gears
+    graph = net.graph("train", dtype, **options)
     solver = solver or solver_config(net)
     mp = solver.mixed_precision
     if mp is not None:

@@ -308,7 +308,7 @@ def transform(arrays: dict[str, np.ndarray], inputs: dict, data_spec, dtype: str
     crop and mirror come after, per batch: ``augment``)."""
     out = {}
     for name, arr in arrays.items():
-        if inputs[name].dtype in FLOAT_DTYPES:
+        if name in inputs and inputs[name].dtype in FLOAT_DTYPES:      # not the lengths
             arr = arr.astype(dtype if dtype else inputs[name].dtype)
             mean = mean_of(data_spec, base, arr.ndim)
             if mean is not None:

@@ -35,6 +35,7 @@ from .progress import MetricsLog, Progress, plot
 from .sources import Mapped, kind_of as lazy_kind, open_lazy
 from .watch import TensorBoard, trackers
 from .scalars import StepScalars
+from .sequences import GearedBatches, attach_lengths, train_gear_sizes, training_gears, uses_lengths
 from .schedule import check_policy, learning_rate
 
 RESERVED = {"iter", "loss", "lr"}
@@ -90,6 +91,10 @@ def load_data(net: Net, spec, transformed: bool = True) -> tuple[Dataset, Datase
         test_set = _open_data(net, "test_source", data_spec.test_source, data_spec, crop)
     else:
         train_set, test_set = split(full, data_spec.test_fraction, spec.seed)
+    if uses_lengths(data_spec):               # each batch cut to its gear along T
+        sizes = train_gear_sizes(net)
+        train_set = GearedBatches(train_set, inputs, sizes)
+        test_set = GearedBatches(test_set, inputs, sizes) if test_set is not None else None
     if not transformed:
         return train_set, test_set
     dtype = net_dtype(net)
@@ -121,7 +126,14 @@ def _open_data(net: Net, key: str, source: str, data_spec, crop):
         path = folder / path
     kind = None if source.startswith("builtin:") else lazy_kind(path)
     if kind is None:
-        return fit_to_inputs(load_source(source, inputs, folder), inputs, source, crop)
+        raw = load_source(source, inputs, folder)
+        fitted = fit_to_inputs(raw, inputs, source, crop)
+        if uses_lengths(data_spec):
+            fitted = Dataset(attach_lengths(fitted.arrays, raw, data_spec, inputs, source))
+        return fitted
+    if uses_lengths(data_spec):
+        raise UserError(f"train.data.lengths and padding_value need a source read whole (.npz, a folder of "
+                        f".npy, CSV), not {source}")
     lazy = open_lazy(kind, path, inputs, data_spec)
     fit_to_inputs(lazy.take([0]), inputs, source, crop)          # the shapes and kinds, said up front
     return Mapped(lazy, lambda arrays: fit_to_inputs(arrays, inputs, source, crop).arrays)
@@ -179,10 +191,11 @@ def evaluate_shared(cache: PlanCache, dataset: Dataset, batch: int, comm) -> dic
 
 
 def test_graph(net: Net, disable: tuple[str, ...] = (), weights: dict[str, np.ndarray] | None = None,
-               device: Device | str = CPU) -> Graph | None:
+               device: Device | str = CPU, gears: frozenset[str] = frozenset()) -> Graph | None:
     """The test phase's scalar outputs, optimised; ``weights`` (when they stay fixed, as in
-    ``toolkit test``) are frozen into it. A training run's test graph reads the live weights."""
-    graph = net.graph("test")
+    ``toolkit test``) are frozen into it. A training run's test graph reads the live weights.
+    ``gears``: a sequence dimension whose batches come padded, with their lengths."""
+    graph = net.graph("test", gears=gears) if gears else net.graph("test")
     graph.outputs = {k: v for k, v in graph.outputs.items() if v.shape == ()}
     if not graph.outputs:
         return None
@@ -229,7 +242,9 @@ class Trainer:
                 raise UserError("data-parallel training runs on the CPU for now (--device cpu)")
             d = spec.distributed
             data_parallel = DataParallel(d.bucket_mb, d.overlap, d.sync_batchnorm)
-        self.graph = optimize(train_graph(net, self.cfg, data_parallel=data_parallel), self.disable, device=device)
+        gears = training_gears(net)           # sequences of different lengths: the graphs read theirs
+        self.graph = optimize(train_graph(net, self.cfg, data_parallel=data_parallel, gears=gears), self.disable,
+                              device=device)
         self.dtype = net_dtype(net)
         self.store = self._initial_weights(weights, allow_missing)
         self.runtime = RuntimeState(np.random.default_rng(spec.seed))
@@ -244,7 +259,7 @@ class Trainer:
             self.store = {k: device.to_device(v) for k, v in self.store.items()}
         reuse = memory_reuse(self.disable)
         self.train_plans = PlanCache(self.graph, self.store, self.runtime, device, reuse)
-        tg = test_graph(net, self.disable, device=device) if self.test_set is not None else None
+        tg = test_graph(net, self.disable, device=device, gears=gears) if self.test_set is not None else None
         self.test_plans = PlanCache(tg, self.store, RuntimeState(np.random.default_rng(0)), device, reuse) if tg else None
         self.loss_tops = [t for t in self.graph.losses if t not in RESERVED]
         measured = [self._metric_key(k) for k, v in tg.outputs.items() if v.shape == ()] if tg else []

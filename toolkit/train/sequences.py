@@ -1,0 +1,136 @@
+"""Training on sequences of different lengths: a source of examples padded to one length T, each
+with its real length (``train.data.lengths``: the source's array of lengths; or
+``train.data.padding_value``: where an example's padding begins), fed a batch at a time padded
+only up to the batch's gear (the net file's ``gears`` for T, else the batch's longest example),
+with the lengths in the graph's lengths input: the layers then keep the padding out of attention,
+recurrent states, reductions and the loss (layers/gears.py), as PyTorch's packed sequences do.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import UserError
+from ..ir.binding import lengths_input
+
+
+def sequence_symbol(inputs: dict) -> str:
+    """The one symbolic dimension of the net's inputs besides the batch (their T)."""
+    batch = {str(s.shape[0]) for s in inputs.values() if s.shape and isinstance(s.shape[0], str)}
+    others = sorted({d for s in inputs.values() for d in s.shape[1:] if isinstance(d, str)} - batch)
+    if len(batch) != 1 or len(others) != 1:
+        found = ", ".join(others) or "none"
+        raise UserError("train.data.lengths and padding_value are for inputs [N, T, ...] with one symbolic "
+                        f"length besides the batch; the net's inputs have: {found}")
+    return others[0]
+
+
+def uses_lengths(data_spec) -> bool:
+    return data_spec.lengths is not None or data_spec.padding_value is not None
+
+
+def training_gears(net) -> frozenset[str]:
+    """The gear dimension the train and test graphs are lowered with: T where the data has lengths."""
+    spec = net.spec.train
+    if spec is None or not uses_lengths(spec.data):
+        return frozenset()
+    return frozenset({sequence_symbol(net.spec.inputs)})
+
+
+def _axes(inputs: dict, symbol: str) -> dict[str, list[int]]:
+    return {name: [a for a, d in enumerate(s.shape) if d == symbol] for name, s in inputs.items()}
+
+
+def attach_lengths(arrays: dict[str, np.ndarray], raw: dict[str, np.ndarray], data_spec, inputs: dict,
+                   source: str) -> dict[str, np.ndarray]:
+    """``arrays`` (fitted to the inputs) with each example's length under the lengths input,
+    read from the source's array ``data_spec.lengths`` or found from ``padding_value``."""
+    symbol = sequence_symbol(inputs)
+    axes = _axes(inputs, symbol)
+    padded = {name: arr.shape[axes[name][0]] for name, arr in arrays.items() if axes.get(name)}
+    if not padded:
+        raise UserError(f"data source {source}: no input has the dimension {symbol}")
+    if len(set(padded.values())) != 1:
+        raise UserError(f"data source {source}: the arrays along {symbol} differ in length: "
+                        + ", ".join(f"{k} {v}" for k, v in padded.items()))
+    longest = next(iter(padded.values()))
+    rows = len(next(iter(arrays.values())))
+    if data_spec.lengths is not None:
+        if data_spec.lengths not in raw:
+            raise UserError(f"data source {source}: no array '{data_spec.lengths}' of lengths (train.data.lengths; "
+                            f"it has: {', '.join(raw)})")
+        lengths = np.asarray(raw[data_spec.lengths])
+        if lengths.shape != (rows,) or lengths.dtype.kind not in "iu" and not (
+                lengths.dtype.kind == "f" and np.all(lengths == np.round(lengths))):
+            raise UserError(f"data source {source}: '{data_spec.lengths}' must hold one whole number per example "
+                            f"({rows}), got shape {list(lengths.shape)} {lengths.dtype}")
+    else:
+        lengths = _lengths_from_padding(arrays, axes, data_spec.padding_value)
+    lengths = lengths.astype(np.int64)
+    bad = np.flatnonzero((lengths < 1) | (lengths > longest))
+    if bad.size:
+        raise UserError(f"data source {source}: example {int(bad[0])} has length {int(lengths[bad[0]])}; lengths "
+                        f"must be from 1 to the arrays' {symbol}={longest}")
+    return {**arrays, lengths_input(symbol): lengths}
+
+
+def _lengths_from_padding(arrays: dict, axes: dict, value) -> np.ndarray:
+    """Each example's length: one past its last step where some float input differs from
+    ``value`` (a step of padding is ``value`` in every feature); at least 1."""
+    lengths = None
+    for name, arr in arrays.items():
+        if not axes.get(name) or arr.dtype.kind != "f":
+            continue
+        a = axes[name][0]
+        steps = np.moveaxis(arr, a, 1).reshape(arr.shape[0], arr.shape[a], -1)
+        real = np.any(steps != value, axis=2)
+        last = np.where(real.any(axis=1), real.shape[1] - np.argmax(real[:, ::-1], axis=1), 1)
+        lengths = last if lengths is None else np.maximum(lengths, last)
+    if lengths is None:
+        raise UserError("train.data.padding_value needs a float input with the sequence dimension")
+    return lengths
+
+
+class GearedBatches:
+    """A dataset whose batches come cut (or padded with zeros) along T to the smallest gear that
+    holds the batch's longest example, or to that example's length without gears."""
+
+    def __init__(self, base, inputs: dict, gears: tuple[int, ...]):
+        self.base = base
+        self.symbol = sequence_symbol(inputs)
+        self.axes = _axes(inputs, self.symbol)
+        self.gears = tuple(sorted(gears))
+        self.key = lengths_input(self.symbol)
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def size_for(self, longest: int) -> int:
+        return next((g for g in self.gears if g >= longest), longest)
+
+    def take(self, rows) -> dict[str, np.ndarray]:
+        batch = self.base.take(rows)
+        size = self.size_for(int(batch[self.key].max()))
+        out = {}
+        for name, arr in batch.items():
+            for a in self.axes.get(name, []):
+                have = arr.shape[a]
+                if have > size:
+                    arr = np.take(arr, np.arange(size), axis=a)
+                elif have < size:
+                    widths = [(0, 0)] * arr.ndim
+                    widths[a] = (0, size - have)
+                    arr = np.pad(arr, widths)
+            out[name] = arr
+        return out
+
+    @property
+    def arrays(self) -> dict[str, np.ndarray]:
+        return self.take(np.arange(len(self)))
+
+
+def train_gear_sizes(net) -> tuple[int, ...]:
+    """The net file's gears for the sequence dimension (``gears: {T: [...]}``), or none."""
+    gears = net.spec.gears or {}
+    symbol = sequence_symbol(net.spec.inputs)
+    return tuple(gears.get(symbol, ()))
+
