@@ -125,3 +125,27 @@ def test_user_mistakes_are_one_line_and_status_2(tmp_path):
     assert r.status == 2 and "a folder; give the model file's name" in r.err and "Traceback" not in r.err
     r = cli("export", "onnx", "zoo:lenet", "-o", tmp_path / "m.onnx", "--weights", tmp_path / "none.safetensors")
     assert r.status == 2 and "Traceback" not in r.err and not (tmp_path / "m.onnx").exists()
+
+
+def test_causal_attention_over_a_symbolic_length_exports_with_a_dynamic_t(tmp_path):
+    """The causal mask's positions (iota) become Range over T's run-time size: one ONNX model
+    runs every length, equal to the toolkit's interpreter."""
+    path = tmp_path / "decoder.yaml"
+    path.write_text("""name: decoder
+inputs:
+  x: {shape: [N, T, 8]}
+layers:
+  - {name: attn, type: MultiHeadAttention, bottom: x, top: y, num_heads: 2, causal: true}
+outputs: [y]
+""")
+    from toolkit.frontend import Net
+    net = Net.load(str(path))
+    weights = net.init_weights(seed=1)
+    graph = net.graph("infer", "float32")
+    model = export_graph(graph, weights, net.name)
+    assert "Range" in {n.op_type for n in model.graph.node}
+    rng = np.random.default_rng(2)
+    for batch, steps in ((2, 3), (1, 7)):
+        feeds = {"x": rng.standard_normal((batch, steps, 8)).astype(np.float32)}
+        want, _ = interpret(graph, feeds, weights)
+        assert_equal_outputs(ort_run(model, feeds), {"y": want["y"]}, f"T={steps}")

@@ -21,6 +21,7 @@ import numpy as np
 
 from ..errors import UserError
 from ..ir.dims import Sym, format_dim
+from ..ops.base import get_op
 from ..ir.graph import Graph, Node, Value
 
 DEFAULT_OPSET = 17
@@ -254,6 +255,21 @@ def _constant(s, node, ins):
 @converts("reshape")
 def _reshape(s, node, ins):
     return [s.one("Reshape", [ins[0], s.model.shape(node.attrs["shape"])])]
+
+
+@converts("iota")
+def _iota(s, node, ins):
+    """Positions: a constant for a fixed shape; else Range over the dimension's run-time size,
+    reshaped onto its axis and expanded to the shape (a causal mask over a dynamic T)."""
+    shape, dtype = tuple(node.attrs["shape"]), node.attrs["dtype"]
+    axis = node.attrs["axis"] % len(shape)
+    if all(isinstance(d, int) for d in shape):
+        return [s.model.initializer(get_op("iota").reference(shape, axis, dtype), "iota")]
+    limit = s.one("Reshape", [s.model.dim(shape[axis]), s.model.const_i64([], "scalar_shape")])
+    ramp = s.one("Range", [s.scalar(0, "int64"), limit, s.scalar(1, "int64")])
+    ramp = s.one("Cast", [ramp], to=ONNX_TYPES[dtype])
+    along = [-1 if k == axis else 1 for k in range(len(shape))]
+    return [s.one("Expand", [s.one("Reshape", [ramp, s.model.const_i64(along)]), s.model.shape(shape)])]
 
 
 @converts("broadcast_to")
