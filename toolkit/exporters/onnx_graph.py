@@ -21,7 +21,6 @@ import numpy as np
 
 from ..errors import UserError
 from ..ir.dims import Sym, format_dim
-from ..ops.base import get_op
 from ..ir.graph import Graph, Node, Value
 
 DEFAULT_OPSET = 17
@@ -263,12 +262,13 @@ def _iota(s, node, ins):
     reshaped onto its axis and expanded to the shape (a causal mask over a dynamic T)."""
     shape, dtype = tuple(node.attrs["shape"]), node.attrs["dtype"]
     axis = node.attrs["axis"] % len(shape)
+    along = [-1 if k == axis else 1 for k in range(len(shape))]
     if all(isinstance(d, int) for d in shape):
-        return [s.model.initializer(get_op("iota").reference(shape, axis, dtype), "iota")]
+        value = np.broadcast_to(np.arange(shape[axis]).reshape(along), shape).astype(dtype)
+        return [s.model.initializer(value, "iota")]
     limit = s.one("Reshape", [s.model.dim(shape[axis]), s.model.const_i64([], "scalar_shape")])
     ramp = s.one("Range", [s.scalar(0, "int64"), limit, s.scalar(1, "int64")])
     ramp = s.one("Cast", [ramp], to=ONNX_TYPES[dtype])
-    along = [-1 if k == axis else 1 for k in range(len(shape))]
     return [s.one("Expand", [s.one("Reshape", [ramp, s.model.const_i64(along)]), s.model.shape(shape)])]
 
 
