@@ -87,10 +87,15 @@ class TorchTagger(nn.Module):
 
 
 @pytest.mark.parametrize("kind", ["classifier", "tagger"])
-@pytest.mark.parametrize("source", ["lengths", "padding_value", "lengths+gears"])
+@pytest.mark.parametrize("source", ["lengths", "padding_value", "lengths+gears", "back to back"])
 def test_sequence_batches_train_as_pytorch_packed_sequences(tmp_path, kind, source):
     pad = -7.0 if source == "padding_value" else 0.0
     data, lengths = write_data(tmp_path, pad)
+    if source == "back to back":                # each example's steps one after another: no padding stored
+        arrays = dict(np.load(tmp_path / "seqs.npz"))
+        arrays["data"] = np.concatenate([data[i, :n] for i, n in enumerate(lengths)])
+        arrays["tags"] = np.concatenate([arrays["tags"][i, :n] for i, n in enumerate(lengths)])
+        np.savez(tmp_path / "seqs.npz", **arrays)
     spec = "padding_value: -7.0" if source == "padding_value" else "lengths: lengths"
     gears = "gears: {T: [4, 8, 16]}\n" if "gears" in source else ""
     text = (CLASSIFIER if kind == "classifier" else TAGGER).format(data=spec, gears=gears)
@@ -104,6 +109,9 @@ def test_sequence_batches_train_as_pytorch_packed_sequences(tmp_path, kind, sour
     model.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()})
     optimizer = torch.optim.SGD(model.parameters(), lr=0.2)
     labels = np.load(tmp_path / "seqs.npz")["label" if kind == "classifier" else "tags"]
+    if labels.ndim == 1 and kind == "tagger":   # back to back: padded again for PyTorch
+        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+        labels = np.stack([np.pad(labels[a: a + n], (0, LONGEST - n)) for a, n in zip(starts, lengths)])
     seen = set()
     for i in range(STEPS):
         rows = trainer.order.rows(i)

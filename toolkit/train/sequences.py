@@ -1,6 +1,6 @@
-"""Training on sequences of different lengths: a source of examples padded to one length T, each
-with its real length (``train.data.lengths``: the source's array of lengths; or
-``train.data.padding_value``: where an example's padding begins), fed a batch at a time padded
+"""Training on sequences of different lengths: a source of examples padded to one length T, or
+stored back to back, each with its real length (``train.data.lengths``: the source's array of
+lengths; or ``train.data.padding_value``: where an example's padding begins), fed a batch at a time padded
 only up to the batch's gear (the net file's ``gears`` for T, else the batch's longest example),
 with the lengths in the graph's lengths input: the layers then keep the padding out of attention,
 recurrent states, reductions and the loss (layers/gears.py), as PyTorch's packed sequences do.
@@ -38,6 +38,30 @@ def training_gears(net) -> frozenset[str]:
 
 def _axes(inputs: dict, symbol: str) -> dict[str, list[int]]:
     return {name: [a for a, d in enumerate(s.shape) if d == symbol] for name, s in inputs.items()}
+
+
+def unpack_ragged(raw: dict[str, np.ndarray], data_spec, inputs: dict, source: str) -> dict[str, np.ndarray]:
+    """Sequences stored back to back (npz holds no ragged arrays without pickled objects): an
+    input's array of sum(lengths) steps, [sum, ...] for an input [N, T, ...], is padded with
+    zeros into [M, max(lengths), ...], example i its lengths[i] steps in order."""
+    if data_spec.lengths is None or data_spec.lengths not in raw:
+        return raw
+    symbol = sequence_symbol(inputs)
+    lengths = np.asarray(raw[data_spec.lengths])
+    if lengths.ndim != 1 or lengths.dtype.kind not in "iu" or lengths.size == 0 or lengths.min() < 1:
+        return raw                                   # attach_lengths says what is wrong
+    out = dict(raw)
+    for name, spec in inputs.items():
+        arr = raw.get(name)
+        if arr is None or list(spec.shape[:2]) != [spec.shape[0], symbol] or arr.ndim != len(spec.shape) - 1 \
+                or arr.shape[0] != int(lengths.sum()) or arr.shape[0] == lengths.size:
+            continue
+        padded = np.zeros((lengths.size, int(lengths.max())) + arr.shape[1:], arr.dtype)
+        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+        for i, (start, n) in enumerate(zip(starts, lengths)):
+            padded[i, :n] = arr[start: start + n]
+        out[name] = padded
+    return out
 
 
 def attach_lengths(arrays: dict[str, np.ndarray], raw: dict[str, np.ndarray], data_spec, inputs: dict,

@@ -35,7 +35,8 @@ from .progress import MetricsLog, Progress, plot
 from .sources import Mapped, kind_of as lazy_kind, open_lazy
 from .watch import TensorBoard, trackers
 from .scalars import StepScalars
-from .sequences import GearedBatches, attach_lengths, train_gear_sizes, training_gears, uses_lengths
+from .sequences import (GearedBatches, attach_lengths, train_gear_sizes, training_gears, unpack_ragged,
+                        uses_lengths)
 from .schedule import check_policy, learning_rate
 
 RESERVED = {"iter", "loss", "lr"}
@@ -127,6 +128,8 @@ def _open_data(net: Net, key: str, source: str, data_spec, crop):
     kind = None if source.startswith("builtin:") else lazy_kind(path)
     if kind is None:
         raw = load_source(source, inputs, folder)
+        if uses_lengths(data_spec):
+            raw = unpack_ragged(raw, data_spec, inputs, source)
         fitted = fit_to_inputs(raw, inputs, source, crop)
         if uses_lengths(data_spec):
             fitted = Dataset(attach_lengths(fitted.arrays, raw, data_spec, inputs, source))
