@@ -168,3 +168,15 @@ def test_infer_takes_gears_per_dimension_from_the_flag_or_the_net_file(tmp_path)
                                "--input", f"x={tmp_path / 'x.npy'}", *flags)
         assert status == 2 and message in err and "Traceback" not in err, err
         assert len([line for line in err.splitlines() if "error" in line]) == 1, err
+
+
+def test_the_net_files_gears_are_checked_when_it_loads(tmp_path):
+    text = ("name: g\ninputs:\n  x: {shape: [N, T, 6]}\nlayers:\n"
+            "  - {name: sm, type: Softmax, bottom: x, top: p, axis: 1}\noutputs: [p]\n")
+    with pytest.raises(SpecError) as e:
+        net_of(tmp_path, text + "gears: {N: [1, 8], T: [4, 8], S: [2]}\n")
+    assert "net.yaml:7:31: error: gears: the inputs have no symbolic dimension 'S' (they have: N, T)" in str(e.value)
+    with pytest.raises(SpecError, match=re.escape("net.yaml:5:5: error: layer 'sm' (Softmax): it works along the "
+                                                  "gear dimension T (axis 1)")):
+        net_of(tmp_path, text + "gears: {T: [4, 8]}\n")
+    assert net_of(tmp_path, text + "gears: {N: [1, 8]}\n").spec.gears == {"N": [1, 8]}   # the batch: buckets

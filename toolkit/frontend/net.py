@@ -43,6 +43,7 @@ class Net:
             checked[phase] = lower_phase(spec, positions, phase, None, self.declared, self._loss_layers())
             problems += checked[phase].problems
         problems += self._check_outputs(checked["infer"])
+        problems += self._check_gears()
         unique = list({(str(p.location), p.message): p for p in problems}.values())
         if unique:
             unique.sort(key=lambda p: (p.location.line, p.location.col) if p.location else (0, 0))
@@ -126,6 +127,23 @@ class Net:
                         f"(the passes are: {', '.join(known)})",
                         self.positions.locate(("optimize", "disable", j), prefer_key=False))
                 for j, name in enumerate(self.spec.optimize.disable) if name not in known]
+
+    def _check_gears(self) -> list[Problem]:
+        """The net file's ``gears`` name symbolic dimensions of its inputs, and the layers reading
+        a padded one can keep the padding out (lowered with those gears: layers/gears.py)."""
+        gears = self.spec.gears or {}
+        symbols = {d for i in self.spec.inputs.values() for d in i.shape if isinstance(d, str)}
+        problems = [Problem(f"gears: the inputs have no symbolic dimension '{name}'{did_you_mean(name, symbols)} "
+                            f"(they have: {', '.join(sorted(symbols)) or 'none'})",
+                            self.positions.locate(("gears", name)))
+                    for name in gears if name not in symbols]
+        padded = frozenset(name for name in gears if name in symbols)
+        if padded and not problems:
+            for phase in ("infer", "train"):
+                if any(phase in layer.phases for layer in self.spec.layers):
+                    problems += lower_phase(self.spec, self.positions, phase, None, dict(self.declared),
+                                            self._loss_layers(), gears=padded).problems
+        return problems
 
     def _loss_layers(self) -> set[str] | None:
         if self.spec.train and self.spec.train.losses:
