@@ -40,6 +40,7 @@ def test_requests_of_different_lengths_share_a_gear_and_get_their_own_lengths_ba
                "--max-delay-ms", "1000", "--warm", net=str(tmp_path / "tagger.yaml"))
     try:
         assert "warmed 8 bucket plan(s)" in s.log, s.log          # 4 batch buckets x 2 gears
+        assert "buckets 1,2,4,8; gears T=4,8," in s.log, s.log
         rng = np.random.default_rng(1)
         lengths = [3, 8, 1, 6, 4, 7]                    # gears 4 and 8: two batches of three
         xs = [rng.standard_normal((1, t, 6)).astype(np.float32) for t in lengths]
