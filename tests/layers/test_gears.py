@@ -180,3 +180,23 @@ def test_the_net_files_gears_are_checked_when_it_loads(tmp_path):
                                                   "gear dimension T (axis 1)")):
         net_of(tmp_path, text + "gears: {T: [4, 8]}\n")
     assert net_of(tmp_path, text + "gears: {N: [1, 8]}\n").spec.gears == {"N": [1, 8]}   # the batch: buckets
+
+
+def test_the_python_api_takes_gears_per_dimension(tmp_path):
+    import toolkit
+    from toolkit.weights import save_weights
+    net = net_of(tmp_path)
+    save_weights(str(tmp_path / "w.safetensors"), net.init_weights(seed=6))
+    exact = toolkit.load(str(tmp_path / "net.yaml"), weights=str(tmp_path / "w.safetensors"))
+    geared = toolkit.load(str(tmp_path / "net.yaml"), weights=str(tmp_path / "w.safetensors"),
+                          buckets={"N": [1, 4], "T": [4, 8]})
+    assert geared.warm() == 4
+    x = np.random.default_rng(7).normal(size=(2, 6, 6)).astype(np.float32)
+    for name, value in exact.infer(x=x).items():
+        np.testing.assert_allclose(geared.infer(x=x)[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
+    # a batch padded to one length, each row's own length given: row 1 is its first 3 steps
+    short = exact.infer(x=x[1:, :3])
+    got = geared.infer(x=x, **{lengths_input("T"): np.array([6, 3])})
+    np.testing.assert_allclose(got["last"][1:], short["last"], rtol=1e-5, atol=1e-6)
+    with pytest.raises(UserError, match="buckets T must be positive integers"):
+        toolkit.load(str(tmp_path / "net.yaml"), weights=str(tmp_path / "w.safetensors"), buckets={"T": [0]})
