@@ -213,7 +213,8 @@ class InferSession:
                 arrays[name] = np.full(rows, t, np.int64)
             elif given.shape != (rows,) or given.min(initial=1) < 1 or given.max(initial=1) > t:
                 raise UserError(f"input '{name}' must give each of the {rows} examples a length from 1 to {t}, "
-                                f"got shape {list(given.shape)} with values {given.min()}..{given.max()}")
+                                f"got shape {list(given.shape)} with values {given.min(initial=0)}.."
+                                f"{given.max(initial=0)}")
         return real
 
     def _cut(self, name: str, value: np.ndarray, real: dict[str, int]) -> np.ndarray:
