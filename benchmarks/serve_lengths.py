@@ -23,10 +23,8 @@ import argparse
 import asyncio
 import json
 import re
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -35,19 +33,10 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from serve_load import http_header, start_server  # noqa: E402  (the loopback server and raw client's pieces)
+
 NETS = {"gru": ROOT / "benchmarks" / "nets" / "gru_lengths.yaml",
         "decoder": ROOT / "benchmarks" / "nets" / "decoder_lengths.yaml"}
-
-
-def start_server(net: Path, flags: list[str]) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen([sys.executable, "-m", "toolkit.cli", "serve", str(net), "--port", "0", *flags],
-                            cwd=ROOT, stderr=subprocess.PIPE, text=True)
-    for line in proc.stderr:
-        m = re.search(r"http://127\.0\.0\.1:(\d+)", line)
-        if m:
-            threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()
-            return proc, f"127.0.0.1:{m.group(1)}"
-    raise SystemExit("the server did not start")
 
 
 def plans_built(url: str) -> int:
@@ -74,12 +63,7 @@ def load(url: str, model: str, pool: list[np.ndarray], want: list[np.ndarray], c
     wrong = [0]
     left = [requests]
 
-    def header(head: bytes, name: bytes) -> int:
-        for line in head.split(b"\r\n")[1:]:
-            key, _, value = line.partition(b":")
-            if key.strip().lower() == name:
-                return int(value)
-        raise ValueError(f"no {name.decode()} header")
+    header = http_header
 
     async def client(seed: int):
         rng = np.random.default_rng(seed)
@@ -141,7 +125,7 @@ def main(argv=None) -> int:
         for mode, flags in (("gears", ["--buckets", f"N=1,2,4,8 T={args.gears}", "--warm"]),
                             ("per length", ["--buckets", "1,2,4,8"])):
             for concurrency in (int(c) for c in args.concurrency.split(",")):
-                proc, url = start_server(net_file, ["--weights", str(weights), *flags])
+                proc, url = start_server(net_file, ["--weights", str(weights), *flags], warm=False)
                 try:
                     before = plans_built(url)
                     row = {"net": net.spec.name, "mode": mode, "concurrency": concurrency,

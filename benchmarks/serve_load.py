@@ -37,15 +37,25 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-def start_server(net: str, flags: list[str]) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen([sys.executable, "-m", "toolkit.cli", "serve", net, "--port", "0", "--warm", *flags],
-                            cwd=ROOT, stderr=subprocess.PIPE, text=True)
+def start_server(net: str, flags: list[str], warm: bool = True) -> tuple[subprocess.Popen, str]:
+    """`toolkit serve NET` on a free loopback port; returns it and its address once it listens."""
+    proc = subprocess.Popen([sys.executable, "-m", "toolkit.cli", "serve", str(net), "--port", "0",
+                             *(["--warm"] if warm else []), *flags], cwd=ROOT, stderr=subprocess.PIPE, text=True)
     for line in proc.stderr:
         m = re.search(r"http://127\.0\.0\.1:(\d+)", line)
         if m:
             threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()
             return proc, f"127.0.0.1:{m.group(1)}"
     raise SystemExit("the server did not start")
+
+
+def http_header(head: bytes, name: bytes) -> int:
+    """An integer header of a raw HTTP response head (``name`` in lower case)."""
+    for line in head.split(b"\r\n")[1:]:
+        key, _, value = line.partition(b":")
+        if key.strip().lower() == name:
+            return int(value)
+    raise ValueError(f"no {name.decode()} header")
 
 
 def rss_kib(pid: int) -> int:
@@ -87,12 +97,7 @@ def run_load_raw(url: str, model_name: str, input_name: str, output_name: str, p
     left = [requests]
     deadline = time.monotonic() + seconds
 
-    def header(head: bytes, name: bytes) -> int:
-        for line in head.split(b"\r\n")[1:]:
-            key, _, value = line.partition(b":")
-            if key.strip().lower() == name:
-                return int(value)
-        raise ValueError(f"no {name.decode()} header")
+    header = http_header
 
     async def client(seed: int):
         rng = np.random.default_rng(seed)
