@@ -48,7 +48,9 @@ def lower_softmax_with_loss(p: SoftmaxWithLossParams, ctx, bottoms):
     label = _label_like(label, logits, axis, ctx)
     b = ctx.b
     logp = b.op("log_softmax", logits, axis=axis)
-    real = _real_labels(label, ctx)
+    real = ctx.real_mask(label)
+    if real is not None:
+        real = b.op("broadcast_to", real, shape=tuple(label.shape))
     ignore = p.ignore_label
     if real is not None:
         # a padded T (gears): the padding's labels are ignored, so the loss is over real
@@ -72,23 +74,6 @@ def lower_softmax_with_loss(p: SoftmaxWithLossParams, ctx, bottoms):
                              f"{ctx.fmt(label)}", "normalization")
         count = b.mul(count, b.scalar(1.0 / inner, logits.dtype))
     return [b.div(total, count)]
-
-
-def _real_labels(label, ctx):
-    """1 at the label's real positions along gear dimensions (a padded T), as a float mask of the
-    label's shape; None where the label has no gear dimension."""
-    mask = None
-    for a, d in enumerate(label.shape):
-        symbol = ctx.gear_of(d)
-        if symbol is None:
-            continue
-        if a == 0 or label.shape[0] != ctx.gears.batch:
-            raise LayerError(f"a label padded along {symbol} needs the batch first: {ctx.fmt(label)}", "bottom")
-        one = ctx.valid_positions(symbol, label.rank, a, 0)
-        mask = one if mask is None else ctx.b.mul(mask, one)
-    if mask is not None:
-        mask = ctx.b.op("broadcast_to", mask, shape=tuple(label.shape))
-    return mask
 
 
 def _ones_like(label, dtype, ctx):

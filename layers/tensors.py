@@ -159,7 +159,7 @@ def lower_reduction(p: ReductionParams, ctx, bottoms):
     axis = layer_axis(p.axis, x, ctx) if x.rank else 0
     axes = tuple(range(axis, x.rank))
     b = ctx.b
-    valid = _real_positions(ctx, x, axes)
+    valid = ctx.real_mask(x, axes)
     if valid is not None:
         # a padded dimension (gears over T): the padding adds nothing, and a mean divides by the
         # number of real positions
@@ -174,20 +174,6 @@ def lower_reduction(p: ReductionParams, ctx, bottoms):
         source = {"sum": x, "asum": b.op("abs", x), "sumsq": b.op("square", x)}[p.operation]
         out = b.reduce_sum(source, axes)
     return [out if p.coeff == 1.0 else b.scale(out, p.coeff)]
-
-
-def _real_positions(ctx, x, axes):
-    """A float mask, 1 at x's real positions along the gear dimensions among ``axes``, or None."""
-    mask = None
-    for a in axes:
-        symbol = ctx.gear_of(x.shape[a])
-        if symbol is None:
-            continue
-        if a == 0 or ctx.gears.batch is None or x.shape[0] != ctx.gears.batch:
-            raise LayerError(f"reducing the gear dimension {symbol} needs the batch first: {ctx.fmt(x)}", "axis")
-        one = ctx.valid_positions(symbol, x.rank, a, 0)
-        mask = one if mask is None else ctx.b.mul(mask, one)
-    return mask
 
 
 class ArgMaxParams(LayerBase):

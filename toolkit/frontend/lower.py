@@ -69,6 +69,23 @@ class LowerContext:
         # real where length >= position + 1
         return b.op("ge_mask", b.reshape(lengths, tuple(at)), b.add(position, b.scalar(1.0, self.float_dtype)))
 
+    def real_mask(self, v: Value, axes=None) -> Value | None:
+        """1 at ``v``'s real positions along its gear dimensions (among ``axes``; default all), 0
+        in the padding, broadcastable to ``v``; None where none of them is a gear dimension. The
+        batch must lead ``v``: each example has its own length."""
+        from layers.registry import LayerError
+        mask = None
+        for a in range(v.rank) if axes is None else axes:
+            symbol = self.gear_of(v.shape[a])
+            if symbol is None:
+                continue
+            if a == 0 or self.gears.batch is None or v.shape[0] != self.gears.batch:
+                raise LayerError(f"a value padded along the gear dimension {symbol} needs the batch first, got "
+                                 f"{self.fmt(v)}", "bottom")
+            one = self.valid_positions(symbol, v.rank, a, 0)
+            mask = one if mask is None else self.b.mul(mask, one)
+        return mask
+
     @staticmethod
     def fmt(v: Value) -> str:
         return "[" + ", ".join(format_dim(d) for d in v.shape) + "]"
