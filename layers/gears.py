@@ -40,12 +40,11 @@ def _merged(dim, gears) -> bool:
 
 def gear_problem(layer, bottoms, gears, phase: str) -> str | None:
     """Why ``layer`` cannot read its bottoms padded along the gear dimensions, or None."""
-    axes = sorted({a for v in bottoms for a, d in enumerate(v.shape) if gear_symbol(d, gears)})
-    names = sorted({gear_symbol(d, gears) for v in bottoms for d in v.shape if gear_symbol(d, gears)})
+    names = sorted({gear_symbol(d, gears) for v in bottoms for d in v.shape} - {None})
     if any(_merged(d, gears) for v in bottoms for d in v.shape):
         return (f"a bottom's shape merges the gear dimension {', '.join(sorted(gears))} with another, so its "
                 "padded positions can no longer be told apart")
-    if not axes:
+    if not names:
         return None
     kind = layer.type
     if kind in POSITION_WISE or kind in LENGTH_AWARE:

@@ -139,7 +139,7 @@ class GearedBatches:
             for a in self.axes.get(name, []):
                 have = arr.shape[a]
                 if have > size:
-                    arr = np.take(arr, np.arange(size), axis=a)
+                    arr = arr[(slice(None),) * a + (slice(0, size),)]      # a view: no copy per batch
                 elif have < size:
                     widths = [(0, 0)] * arr.ndim
                     widths[a] = (0, size - have)
