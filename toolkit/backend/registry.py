@@ -69,14 +69,23 @@ class KernelRegistry:
     # generated-code builders, tried before the entry's factory: (op, device) -> builder(ctx)
     # returning a codegen.native.NativeCall, or None where it declines (that dtype, those attrs)
     natives: dict[tuple[str, str], Callable] = field(default_factory=dict)
+    sized_natives: set[tuple[str, str]] = field(default_factory=set)     # register_native(run_time_sizes=)
 
-    def register_native(self, op: str, device: str):
+    def register_native(self, op: str, device: str, run_time_sizes: bool = False):
+        """``run_time_sizes``: the builder is given shapes whose symbolic dimensions are
+        ``codegen.loops.SizeInt`` numbers, so its kernels take them when they run (one compiled
+        library for every sequence length); for builders measured to lose no speed by it."""
         def wrap(builder):
             if (op, device) in self.natives:
                 raise RuntimeError(f"native kernel {(op, device)} registered twice")
             self.natives[(op, device)] = builder
+            if run_time_sizes:
+                self.sized_natives.add((op, device))
             return builder
         return wrap
+
+    def native_takes_sizes(self, op: str, device: Device | str) -> bool:
+        return (op, _kind(device)) in self.sized_natives
 
     def native(self, op: str, device: Device | str) -> Callable | None:
         kind = _kind(device)

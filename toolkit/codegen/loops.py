@@ -10,12 +10,22 @@ constant the C compiler can vectorise and unroll against.
 Nothing here knows C or CUDA: ``render.py`` holds the dialects. Expressions overload Python's
 arithmetic operators so that kernel definitions read like the loops they describe; comparisons
 are methods (``a.lt(b)``), since ``==`` must stay identity for hashing.
+
+Sizes that vary: a plan bound to a symbolic dimension (a sequence length T) may hand a builder
+``SizeInt`` numbers instead of plain ints. A ``SizeInt`` is the bound number and also the
+expression that computes it from the plan's run-time sizes (``Size("T") * 64``): arithmetic on
+it keeps both, comparisons and ``range`` use the number. Where it reaches a kernel (through
+``lift`` or a ``Const``), the dialect writes the expression, so the kernel's text is the same for
+every T and one compiled library serves them all. A builder that turns one into a plain number
+(``int()``, numpy) writes that number: its text differs per T, it is compiled per T, and it is
+still right, because every text is run with the sizes of the plan that generated it.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Union
 
+SIZES_PARAM = "tk_sizes"            # the kernel parameter that holds its run-time sizes (sizes_used's order)
 SCALAR_TYPES = ("float32", "float64", "int64", "int32", "bool")
 INT_TYPES = ("int64", "int32")
 
@@ -68,6 +78,78 @@ class Const(Expr):
 class Var(Expr):
     name: str
     dtype: str
+
+
+@dataclass(eq=False)
+class Size(Expr):
+    """A symbolic dimension's value, read from the kernel's sizes argument when it runs."""
+    name: str
+    dtype: str = "int64"
+
+
+class SizeInt(int):
+    """An int that also carries how to compute it from run-time sizes (module docstring)."""
+
+    # (no __slots__: int subclasses cannot have them)
+
+    def __new__(cls, value: int, expr: Expr):
+        out = super().__new__(cls, value)
+        out.expr = expr
+        return out
+
+    @staticmethod
+    def of(name: str, value: int) -> "SizeInt":
+        return SizeInt(value, Size(name))
+
+    def _combine(self, op: str, other: int, value: int, swap: bool = False):
+        """``self op other`` (``other op self`` when ``swap``) whose number is ``value``."""
+        if not isinstance(other, SizeInt):
+            o = int(other)
+            # identities keep the text short: x*1, x+0, x-0
+            if (op == "+" and o == 0) or (op == "*" and o == 1) or (op == "-" and o == 0 and not swap):
+                return SizeInt(value, self.expr)
+            if op == "*" and o == 0:
+                return 0
+            b = Const(o, "int64")
+        else:
+            b = other.expr
+        return SizeInt(value, Bin(op, b, self.expr) if swap else Bin(op, self.expr, b))
+
+    # C's / and % truncate toward zero, Python's // and % floor: the same where the numerator is
+    # not negative; a negative one (the ceiling idiom -(-m // t)) gets the floor written out.
+    # Either way the text is right for the size it was built with, and for every other size
+    # whose build chose the same text
+    def _divide(self, op: str, other: int, value: int, swap: bool):
+        num, den = (other, self) if swap else (self, other)
+        if int(den) <= 0:
+            return value
+        if not swap and op == "/" and int(den) == 1:
+            return SizeInt(value, self.expr)
+        a = num.expr if isinstance(num, SizeInt) else Const(int(num), "int64")
+        b = den.expr if isinstance(den, SizeInt) else Const(int(den), "int64")
+        if int(num) >= 0:
+            return SizeInt(value, Bin(op, a, b))
+        if op == "/":                            # floor(a / b), b > 0, a < 0: -((-a + b - 1) / b)
+            return SizeInt(value, Un("-", Bin("/", Bin("-", Bin("+", Un("-", a), b), Const(1, "int64")), b)))
+        return SizeInt(value, Bin("%", Bin("+", Bin("%", a, b), b), b))     # ((a % b) + b) % b
+
+    def __add__(self, o): return self._combine("+", o, int(self) + o) if isinstance(o, int) else NotImplemented
+    def __radd__(self, o): return self._combine("+", o, o + int(self), True) if isinstance(o, int) else NotImplemented
+    def __sub__(self, o): return self._combine("-", o, int(self) - o) if isinstance(o, int) else NotImplemented
+    def __rsub__(self, o): return self._combine("-", o, o - int(self), True) if isinstance(o, int) else NotImplemented
+    def __mul__(self, o): return self._combine("*", o, int(self) * o) if isinstance(o, int) else NotImplemented
+    def __rmul__(self, o): return self._combine("*", o, o * int(self), True) if isinstance(o, int) else NotImplemented
+    def __floordiv__(self, o): return self._divide("/", o, int(self) // o, False) if isinstance(o, int) else NotImplemented
+    def __rfloordiv__(self, o): return self._divide("/", o, o // int(self), True) if isinstance(o, int) else NotImplemented
+    def __mod__(self, o): return self._divide("%", o, int(self) % o, False) if isinstance(o, int) else NotImplemented
+    def __rmod__(self, o): return self._divide("%", o, o % int(self), True) if isinstance(o, int) else NotImplemented
+    def __neg__(self): return SizeInt(-int(self), Un("-", self.expr))
+    def __pos__(self): return self
+    def __abs__(self): return self if int(self) >= 0 else -self
+    def __index__(self): return int(self)
+    def __reduce__(self): return (int, (int(self),))         # a copy or a pickle is the number
+    def __repr__(self): return f"SizeInt({int(self)}, {self.expr!r})"
+    __str__ = int.__repr__
 
 
 @dataclass(eq=False)
@@ -280,10 +362,82 @@ def walk(body):
             yield from walk(s.orelse)
 
 
+def as_size(d):
+    """A shape's dimension as a size: a ``SizeInt`` kept, anything else (numpy ints) an int."""
+    return d if isinstance(d, SizeInt) else int(d)
+
+
+def size_product(dims):
+    """The product of sizes, a ``SizeInt`` where one of them is (np.prod would drop it)."""
+    out = 1
+    for d in dims:
+        out = out * as_size(d)
+    return out
+
+
+def unsized(value):
+    """``value`` with every ``SizeInt`` inside (tuples, lists, dicts) made a plain int: for a
+    builder whose kernels keep every size compiled in."""
+    if isinstance(value, SizeInt):
+        return int(value)
+    if isinstance(value, tuple):
+        return tuple(unsized(v) for v in value)
+    if isinstance(value, list):
+        return [unsized(v) for v in value]
+    if isinstance(value, dict):
+        return {k: unsized(v) for k, v in value.items()}
+    return value
+
+
+def exprs_of(stmt):
+    """The expressions a statement holds directly (not those of its nested statements)."""
+    if isinstance(stmt, For):
+        return [stmt.start, stmt.stop]
+    if isinstance(stmt, (Let, Set)):
+        return [stmt.value]
+    if isinstance(stmt, Store):
+        return [stmt.index, stmt.value]
+    if isinstance(stmt, If):
+        return [stmt.cond]
+    if isinstance(stmt, (Gemm, PackedGemm)):
+        return [getattr(stmt, f) for f in ("m", "n", "k", "a_off", "b_off", "c_off", "beta", "bias_off", "res_off")
+                if isinstance(getattr(stmt, f, None), Expr)]
+    if isinstance(stmt, Extern):
+        return [a[1] if isinstance(a, tuple) else a for a in stmt.args if a is not None]
+    return []
+
+
+def sizes_used(kernel: Kernel) -> list[str]:
+    """The names of the run-time sizes a kernel reads, sorted: its sizes argument's order."""
+    names: set[str] = set()
+    stack = [e for s in walk(kernel.body) for e in exprs_of(s)]
+    while stack:
+        e = stack.pop()
+        if isinstance(e, Size):
+            names.add(e.name)
+        elif isinstance(e, Const) and isinstance(e.value, SizeInt):
+            stack.append(e.value.expr)
+        elif isinstance(e, (Bin, Cmp)):
+            stack += [e.a, e.b]
+        elif isinstance(e, (Un, Cast)):
+            stack.append(e.a)
+        elif isinstance(e, Load):
+            stack.append(e.index)
+        elif isinstance(e, Call):
+            stack += list(e.args)
+        elif isinstance(e, Select):
+            stack += [e.cond, e.a, e.b]
+    return sorted(names)
+
+
 # -- helpers -----------------------------------------------------------------------------------
 def lift(value, dtype: str) -> Expr:
     if isinstance(value, Expr):
         return value
+    if isinstance(value, SizeInt):
+        if dtype in INT_TYPES or dtype == "bool":
+            return value.expr
+        return Cast(dtype if dtype in ("float32", "float64") else "float64", value.expr)
     if isinstance(value, bool):
         return Const(int(value), "int64")
     if isinstance(value, int):

@@ -8,7 +8,9 @@ made only of native steps is one call from Python per run, and the interpreter's
 (about a microsecond per ctypes call, several per numpy call) is paid once.
 
 Each call's arguments are a pointer array built once, when the plan is built: a plan's buffers
-never move.
+never move. A kernel that reads run-time sizes (loops.py's ``SizeInt``) gets one more argument,
+the plan's values of those sizes (``with_sizes``): its text holds no bound size, so the plans of
+every sequence length share one compiled library.
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ import numpy as np
 
 from . import toolchain
 from .blas import numpy_blas
-from .loops import Kernel
+from .loops import SIZES_PARAM, Buf, Kernel, sizes_used
 from .render import CDialect
 
 
@@ -36,6 +38,20 @@ class NativeCall:
             if not (isinstance(a, np.ndarray) and a.flags.c_contiguous):
                 raise ValueError("a native call needs C-contiguous arrays")
         self.pointers = np.array([a.ctypes.data for a in self.arrays], dtype=np.uintp)
+
+
+def with_sizes(call: NativeCall, bindings) -> NativeCall:
+    """``call`` with the sizes argument its kernel reads (none: ``call`` itself), valued from
+    ``bindings``, the plan's numbers for its symbols."""
+    names = sizes_used(call.kernel)
+    if not names:
+        return call
+    missing = [n for n in names if n not in bindings]
+    if missing:
+        raise ValueError(f"a kernel reads the run-time size of {', '.join(missing)}, which the plan does not bind")
+    values = np.array([int(bindings[n]) for n in names], dtype=np.int64)
+    kernel = dataclasses.replace(call.kernel, params=[*call.kernel.params, Buf(SIZES_PARAM, "int64", len(names))])
+    return NativeCall(kernel, [*call.arrays, values], call.label)
 
 
 # The most C one translation unit holds: the compiler's time and memory grow faster than the

@@ -15,8 +15,8 @@ from __future__ import annotations
 import math
 
 from . import microkernel
-from .loops import (Bin, Buf, Call, Cast, Cmp, Const, Extern, For, Gemm, If, Kernel, Let, Load, PackedGemm, Select,
-                    Set, Store, ThreadIndex, Un, Var, walk)
+from .loops import (SIZES_PARAM, Bin, Buf, Call, Cast, Cmp, Const, Extern, For, Gemm, If, Kernel, Let, Load,
+                    PackedGemm, Select, Set, Size, SizeInt, Store, ThreadIndex, Un, Var, sizes_used, walk)
 
 C_TYPES = {"float32": "float", "float64": "double", "int64": "int64_t", "int32": "int32_t", "bool": "int"}
 FLOAT_SUFFIX = {"float32": "f", "float64": ""}
@@ -100,6 +100,9 @@ class CDialect:
 
     # -- expressions -------------------------------------------------------------------------
     def const(self, c: Const) -> str:
+        if isinstance(c.value, SizeInt):           # a number that is a run-time size's expression
+            text = self.expr(c.value.expr)
+            return text if c.dtype == "int64" else f"(({self.types[c.dtype]}){text})"
         if c.dtype in ("float32", "float64"):
             v = float(c.value)
             if math.isnan(v):
@@ -137,6 +140,8 @@ class CDialect:
             return f"(({self.types[e.dtype]}){self.expr(e.a)})"
         if isinstance(e, ThreadIndex):
             return "((int64_t)TK_THREAD())"
+        if isinstance(e, Size):
+            return size_variable(e.name)
         raise TypeError(f"cannot render {e!r}")
 
     # -- statements --------------------------------------------------------------------------
@@ -213,6 +218,11 @@ class CDialect:
             const = "const " if p.const else ""
             ctype = C_TYPES[p.dtype]
             lines.append(f"    {const}{ctype} *{p.name} = ({const}{ctype} *)args[{i}];")
+        if any(p.name == SIZES_PARAM for p in k.params):
+            # read once: a loop bound read through a pointer each iteration would be reloaded
+            # after every store the compiler cannot prove apart from it
+            for j, name in enumerate(sizes_used(k)):
+                lines.append(f"    const int64_t {size_variable(name)} = {SIZES_PARAM}[{j}];")
         lines += self.stmts(k.body, 1, k, False)
         lines.append("}")
         return "\n".join(lines)
@@ -225,6 +235,11 @@ class CDialect:
         for source in dict.fromkeys(s.source for k in kernels for s in walk(k.body) if isinstance(s, Extern)):
             head += source
         return head + "\n\n" + "\n\n".join(self.kernel(k) for k in kernels) + ("\n\n" + extra if extra else "") + "\n"
+
+
+def size_variable(name: str) -> str:
+    """The C variable holding a run-time size (a symbol's name made an identifier)."""
+    return "tk_size_" + "".join(ch if ch.isalnum() and ch.isascii() or ch == "_" else f"_{ord(ch):x}_" for ch in name)
 
 
 def _uses_packed_gemm(body) -> bool:
@@ -271,6 +286,8 @@ class CudaDialect(CDialect):
     def expr(self, e) -> str:
         if isinstance(e, ThreadIndex):
             return "((long long)(blockIdx.x * blockDim.x + threadIdx.x))"
+        if isinstance(e, Size) or isinstance(e, Const) and isinstance(e.value, SizeInt):
+            raise TypeError("a CUDA kernel takes its sizes as numbers: run-time sizes are the C dialect's")
         if isinstance(e, Load) and e.buf.dtype == "float16":
             return f"tk_h2f({e.buf.name}[{self.expr(e.index)}])"
         return super().expr(e)

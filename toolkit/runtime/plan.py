@@ -18,7 +18,8 @@ from ..backend.devices import CPU, Device
 from ..backend.placement import Placement, layer_of_scope
 from ..backend.registry import KERNELS, KernelContext, KernelMissing, load_device
 from ..codegen import toolchain
-from ..codegen.native import Linked, NativeCall, units as native_units
+from ..codegen.loops import SizeInt
+from ..codegen.native import Linked, NativeCall, units as native_units, with_sizes
 from ..errors import UserError, notice
 from ..hostmem import human_bytes, too_big
 from ..ir.binding import bind_attrs
@@ -242,7 +243,7 @@ class Plan:
                  device: Device | str = CPU, runtime: RuntimeState | None = None, outputs: list[str] | None = None,
                  threads: int | None = None, native: bool | None = None, concurrent: bool | None = None,
                  keep_inputs: bool = False, allocate: Callable | None = None, reuse_memory: bool = True,
-                 capture: bool | None = None):
+                 capture: bool | None = None, run_time_sizes: bool = True):
         """``device``: where the nodes run that no layer places elsewhere. ``keep_inputs``: no
         kernel overwrites an input buffer, so a caller may fill some inputs once and run many
         times (a loop body's invariants). ``allocate(device, nbytes)``: where each device's arena
@@ -250,9 +251,13 @@ class Plan:
         (InferSession's buckets). ``reuse_memory``: the memory planner's buffer reuse
         (``--disable plan_memory`` turns it off). ``capture``: record a GPU plan's run as a CUDA
         graph after its first run (capture.py; default on where it can be, False for a body
-        that runs inside another plan)."""
+        that runs inside another plan). ``run_time_sizes``: the kernels of builders registered for it
+        read the symbolic dimensions when they run rather than as compiled-in numbers, so the
+        plans of other lengths reuse the compiled library (False: every size compiled in)."""
         self.graph = graph
         self.bindings = dict(bindings)
+        self.run_time_sizes = run_time_sizes and bool(self.bindings)
+        self._sized_shapes = self._sized_bindings = None
         self.placement = Placement.of(graph, device)
         self.device = self.placement.default
         self.devices = self.placement.devices(graph)
@@ -391,7 +396,12 @@ class Plan:
             ins, outs = [self._view(v, node) for v in node.inputs], [self._view(v) for v in node.outputs]
             builder = KERNELS.native(node.op, self.placement.node(node)) if native_on else None
             with self._building(node):
-                native_call = builder(self._context(node), ins, outs) if builder else None
+                native_call = None
+                if builder is not None:
+                    sized = self.run_time_sizes and KERNELS.native_takes_sizes(node.op, self.placement.node(node))
+                    native_call = builder(self._context(node, sized=sized), ins, outs)
+                    if native_call is not None and sized:
+                        native_call = with_sizes(native_call, self.bindings)
             if self.concurrent:                   # its own scratch: steps of a wave run at once
                 self._share_of[id(node)] = len(self.calls) + 1
             if native_call is not None:
@@ -599,10 +609,17 @@ class Plan:
                 np.add(total, part, out=total)
         return shares, add_shares
 
-    def _context(self, node: Node, device: Device | None = None) -> KernelContext:
+    def _context(self, node: Node, device: Device | None = None, sized: bool = False) -> KernelContext:
+        """``sized``: symbolic dimensions as ``SizeInt`` numbers, for a builder whose kernels take
+        them at run time (codegen/loops.py)."""
         device = device or self.placement.node(node)
-        shapes = self.shapes
-        return KernelContext(node, bind_attrs(node.attrs, self.bindings),
+        shapes, bindings = self.shapes, self.bindings
+        if sized:
+            if self._sized_shapes is None:
+                self._sized_bindings = {k: SizeInt.of(k, v) for k, v in self.bindings.items()}
+                self._sized_shapes = concrete_types(self.graph, self._sized_bindings)[0]
+            shapes, bindings = self._sized_shapes, self._sized_bindings
+        return KernelContext(node, bind_attrs(node.attrs, bindings),
                              [shapes[v.id] for v in node.inputs], [shapes[v.id] for v in node.outputs],
                              kernel_dtype(node), device, self.runtime, device.xp,
                              share=self._share_of.get(id(node), 0), threads=1 if self.concurrent else self.threads,

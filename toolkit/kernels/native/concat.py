@@ -5,9 +5,7 @@ or fire module's join (channels of NCHW or of the blocked layout) and LRN's chan
 a handful of contiguous copies per image that numpy's kernels ran on one thread."""
 from __future__ import annotations
 
-import numpy as np
-
-from ...codegen.loops import Buf, For, Kernel, Names, Store, lift
+from ...codegen.loops import Buf, For, Kernel, Names, Store, as_size, lift, size_product
 from ...codegen.native import NativeCall
 from ...ops.rules import norm_axis
 from ...backend.registry import register_native
@@ -17,18 +15,18 @@ DTYPES = ("float32", "float64", "int64", "int32")
 
 
 def _i(v):
-    return lift(int(v), "int64")
+    return lift(as_size(v), "int64")
 
 
-@register_native("concat", "cpu")
+@register_native("concat", "cpu", run_time_sizes=True)
 def concat_native(ctx, ins, outs):
     if ctx.dtype not in DTYPES:
         return None
-    out_shape = [int(d) for d in ctx.out_shapes[0]]
+    out_shape = [as_size(d) for d in ctx.out_shapes[0]]
     axis = norm_axis(ctx.attrs["axis"], len(out_shape))
-    outer = int(np.prod(out_shape[:axis]))
-    row = int(np.prod(out_shape[axis:]))                 # one outer index's run in the output
-    runs = [int(np.prod([int(d) for d in shape[axis:]])) for shape in ctx.in_shapes]
+    outer = size_product(out_shape[:axis])
+    row = size_product(out_shape[axis:])                 # one outer index's run in the output
+    runs = [size_product(shape[axis:]) for shape in ctx.in_shapes]
     names = Names()
     y = Buf("y", ctx.dtype, outer * row, const=False)
     xs = [Buf(f"x{i}", ctx.dtype, outer * run) for i, run in enumerate(runs)]
@@ -42,16 +40,16 @@ def concat_native(ctx, ins, outs):
     return NativeCall(Kernel("concat", xs + [y], [loop], ctx.threads), list(ins) + [outs[0]])
 
 
-@register_native("pad_axis", "cpu")
+@register_native("pad_axis", "cpu", run_time_sizes=True)
 def pad_axis_native(ctx, ins, outs):
     if ctx.dtype not in DTYPES:
         return None
-    in_shape = [int(d) for d in ctx.in_shapes[0]]
+    in_shape = [as_size(d) for d in ctx.in_shapes[0]]
     axis = norm_axis(ctx.attrs["axis"], len(in_shape))
-    before, length = int(ctx.attrs["before"]), in_shape[axis]
-    outer = int(np.prod(in_shape[:axis]))
-    inner = int(np.prod(in_shape[axis + 1:]))
-    row = int(np.prod([int(d) for d in ctx.out_shapes[0][axis:]]))
+    before, length = as_size(ctx.attrs["before"]), in_shape[axis]
+    outer = size_product(in_shape[:axis])
+    inner = size_product(in_shape[axis + 1:])
+    row = size_product(ctx.out_shapes[0][axis:])
     run = length * inner
     names = Names()
     x = Buf("x", ctx.dtype, outer * run)

@@ -13,7 +13,8 @@ import numpy as np
 
 from ...codegen import microkernel
 from ...codegen import rowdot as rowdot_source
-from ...codegen.loops import Buf, Const, Extern, For, Gemm, Kernel, Let, Names, Set, Store, lift, select
+from ...codegen.loops import (Buf, Cast, Const, Expr, Extern, For, Gemm, Kernel, Let, Names, Set, Store, as_size, lift, select,
+                              size_product)
 from ...codegen.native import NativeCall
 from ...ops.base import get_op
 from ...ops.elementwise import ELEMENTWISE_IMPL
@@ -31,7 +32,8 @@ def step_expr(op: str, a: list, attrs: dict, dtype: str):
     """The scalar expression of one program step, with numpy's semantics (the op's own, from its
     OpDef); None where the op has none."""
     if op == "scale":                  # not a graph op: a native builder's multiply by a constant
-        return a[0] * Const(float(attrs["factor"]), dtype)
+        factor = attrs["factor"]       # a float, or a double expression of run-time sizes
+        return a[0] * (Cast(dtype, factor) if isinstance(factor, Expr) else Const(float(factor), dtype))
     scalar = get_op(op).scalar_expr
     return None if scalar is None else scalar(*a, dtype=dtype, **attrs)
 
@@ -65,7 +67,7 @@ def operand_layout(in_shape, group_shape, view=None) -> tuple[list[int], int]:
 
 def merge_dims(shape, layouts: list[list[int]]) -> tuple[list[int], list[list[int]]]:
     """Merge neighbouring dimensions along which every operand steps uniformly."""
-    dims = [int(d) for d in shape] or [1]
+    dims = [as_size(d) for d in shape] or [1]
     layouts = [list(s) or [0] for s in layouts] if shape else [[0] for _ in layouts]
     d = len(dims) - 2
     while d >= 0:
@@ -117,7 +119,7 @@ def elementwise_kernel(name: str, program, outputs, in_shapes, group_shape, dtyp
     outermost loop is spread over threads (a [2, 64, 28, 28] group would otherwise get 2)."""
     used = sorted({r[1] for _op, args, _a in program for r in args if r[0] == "x"})
     keys = [("x", i) for i in used] + [("o", k) for k in range(len(outputs))] + ([("h",)] if head else [])
-    size = int(np.prod(group_shape, dtype=np.int64)) if group_shape else 1
+    size = size_product(group_shape)
     layouts, offsets = [], []
     for key in keys:
         if key[0] == "x":
@@ -177,7 +179,7 @@ def _arrays_for(keys, ins, outs, head=None):
     return out
 
 
-@register_native("fused_elementwise", "cpu")
+@register_native("fused_elementwise", "cpu", run_time_sizes=True)
 def fused_elementwise_native(ctx, ins, outs):
     if ctx.dtype not in FLOATS:
         return None
@@ -211,7 +213,7 @@ def _single_op(op):
 
 for _op in ELEMENTWISE_IMPL:
     if get_op(_op).scalar_expr is not None:
-        register_native(_op, "cpu")(_single_op(_op))
+        register_native(_op, "cpu", run_time_sizes=True)(_single_op(_op))
 
 
 # -- matmul and its epilogue -------------------------------------------------------------------
@@ -296,7 +298,7 @@ def _imin(x, y):
     return select(x.lt(y), x, y)
 
 
-@register_native("matmul", "cpu")
+@register_native("matmul", "cpu", run_time_sizes=True)
 def matmul_native(ctx, ins, outs):
     if ctx.dtype not in FLOATS or len(ctx.in_shapes[0]) != 2 or len(ctx.in_shapes[1]) != 2:
         return None

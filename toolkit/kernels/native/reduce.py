@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...codegen.loops import Buf, Cast, For, Kernel, Let, Names, Set, Store, ThreadIndex, lift
+from ...codegen.loops import (Bin, Buf, Cast, Const, Expr, For, Kernel, Let, Names, Set, SizeInt, Store, ThreadIndex, as_size,
+                              lift, size_product)
 from ...codegen.native import NativeCall
 from ...ops.reduce import bessel_factor, reduced_count
 from ...ops.rules import norm_axis
@@ -21,18 +22,17 @@ from .elementwise import FLOATS, PARALLEL_MIN_ELEMENTS, one_step_call
 
 
 def _i(v):
-    return lift(int(v), "int64")
+    return lift(as_size(v), "int64")
 
 
 def _blocks(shape, axes) -> tuple[int, int, int] | None:
     """(outer, kept, inner) sizes when the kept axes are one run, else None."""
     kept = [d for d in range(len(shape)) if d not in axes]
     if not kept:
-        return 1, 1, int(np.prod(shape))
+        return 1, 1, size_product(shape)
     if kept != list(range(kept[0], kept[-1] + 1)):
         return None
-    return (int(np.prod(shape[:kept[0]])), int(np.prod(shape[kept[0]:kept[-1] + 1])),
-            int(np.prod(shape[kept[-1] + 1:])))
+    return size_product(shape[:kept[0]]), size_product(shape[kept[0]:kept[-1] + 1]), size_product(shape[kept[-1] + 1:])
 
 
 def reduction_call(name: str, ins, outs, shape, axes, dtype: str, scale: float, threads: int) -> NativeCall | None:
@@ -57,7 +57,7 @@ def reduction_kernel(name: str, shape, axes, dtype: str, scale: float, threads: 
     y = Buf("y", dtype, mid, const=False)
     acc = names.var("acc", "float64")
     ch, a, b = names.var("ch"), names.var("a"), names.var("b")
-    total = Cast(dtype, acc * lift(float(scale), "float64")) if scale != 1 else Cast(dtype, acc)
+    total = Cast(dtype, acc * _scale(scale)) if scale is not None else Cast(dtype, acc)
     if outer == 1:                     # each kept position sums one contiguous run
         inner_loop = For(b, _i(0), _i(inner), [Set(acc, acc + Cast("float64", x[ch * inner + b]))], reduction=acc)
     else:
@@ -75,15 +75,15 @@ def _middle_reduction(name: str, shape, axes, dtype: str, scale: float, threads:
     lane strides over the input: MobileNet's pool6 at batch 8 took 0.28 ms)."""
     if axes != list(range(axes[0], axes[-1] + 1)) or axes[0] == 0 or axes[-1] == len(shape) - 1:
         return None
-    outer, red, lanes = (int(np.prod(shape[:axes[0]])), int(np.prod(shape[axes[0]:axes[-1] + 1])),
-                         int(np.prod(shape[axes[-1] + 1:])))
+    outer, red, lanes = size_product(shape[:axes[0]]), size_product(shape[axes[0]:axes[-1] + 1]), \
+        size_product(shape[axes[-1] + 1:])
     names = Names()
     x = Buf("x", dtype, outer * red * lanes)
     y = Buf("y", dtype, outer * lanes, const=False)
     rows = Buf("sums", "float64", max(threads, 1) * lanes, const=False)
     o, lane, r, slot = names.var("o"), names.var("lane"), names.var("r"), names.var("slot")
     at = slot * lanes + lane
-    total = rows[at] * lift(float(scale), "float64") if scale != 1 else rows[at]
+    total = rows[at] * _scale(scale) if scale is not None else rows[at]
     body = For(o, _i(0), _i(outer), [
         Let(slot, ThreadIndex()),
         For(lane, _i(0), _i(lanes), [Store(rows, at, lift(0.0, "float64"))], vector=True),
@@ -94,34 +94,49 @@ def _middle_reduction(name: str, shape, axes, dtype: str, scale: float, threads:
     return Kernel(name, [x, y, rows], [body], threads), [np.zeros(rows.size, np.float64)]
 
 
-@register_native("reduce_sum", "cpu")
+def _scale(scale):
+    """The factor a sum is multiplied by: a float, or the count of a mean, one over which is
+    computed in double precision when the kernel runs (the same number Python's 1.0 / count is)."""
+    if isinstance(scale, SizeInt):
+        return Bin("/", Const(1.0, "float64"), Cast("float64", scale.expr))
+    return lift(float(scale), "float64")
+
+
+@register_native("reduce_sum", "cpu", run_time_sizes=True)
 def reduce_sum_native(ctx, ins, outs):
     if ctx.dtype not in FLOATS:
         return None
-    return reduction_call("sum_axes", ins, outs, [int(d) for d in ctx.in_shapes[0]], ctx.attrs["axes"], ctx.dtype, 1,
-                          ctx.threads)
+    return reduction_call("sum_axes", ins, outs, [as_size(d) for d in ctx.in_shapes[0]], ctx.attrs["axes"], ctx.dtype,
+                          None, ctx.threads)
 
 
-@register_native("reduce_mean", "cpu")
+@register_native("reduce_mean", "cpu", run_time_sizes=True)
 def reduce_mean_native(ctx, ins, outs):
     if ctx.dtype not in FLOATS:
         return None
-    shape = [int(d) for d in ctx.in_shapes[0]]
-    count = int(np.prod(shape)) // max(int(np.prod(ctx.out_shapes[0])), 1) if shape else 1
+    shape = [as_size(d) for d in ctx.in_shapes[0]]
+    kept = size_product(ctx.out_shapes[0])
+    count = size_product(shape) // kept if shape and kept else 1
     if count == 0:
         return None                    # a mean of nothing is NaN: the numpy kernel says so
-    return reduction_call("mean_axes", ins, outs, shape, ctx.attrs["axes"], ctx.dtype, 1.0 / count, ctx.threads)
+    # the mean's factor: one over the count, worked out when the kernel runs if the count varies
+    scale = count if isinstance(count, SizeInt) else (1.0 / count if count != 1 else None)
+    return reduction_call("mean_axes", ins, outs, shape, ctx.attrs["axes"], ctx.dtype, scale, ctx.threads)
 
 
-def _scaled(name: str, ctx, ins, outs, factor: float):
-    """out = in * factor, the input broadcast over the output's shape."""
-    return one_step_call(name, ("scale", (("x", 0),), (("factor", float(factor)),)), ctx, ins, outs)
+def _scaled(name: str, ctx, ins, outs, factor):
+    """out = in * factor, the input broadcast over the output's shape; ``factor`` a float, or an
+    expression of run-time sizes."""
+    return one_step_call(name, ("scale", (("x", 0),), (("factor", factor if isinstance(factor, Expr) else float(factor)),)),
+                         ctx, ins, outs)
 
 
-@register_native("reduce_mean_grad", "cpu")
+@register_native("reduce_mean_grad", "cpu", run_time_sizes=True)
 def reduce_mean_grad_native(ctx, ins, outs):
-    count = int(reduced_count(ctx.attrs["shape"], ctx.attrs["axes"]))
-    return _scaled("mean_grad", ctx, ins, outs, 1.0 / count) if count else None
+    count = reduced_count(ctx.attrs["shape"], ctx.attrs["axes"])
+    if not count:
+        return None
+    return _scaled("mean_grad", ctx, ins, outs, _scale(count) if isinstance(count, SizeInt) else 1.0 / int(count))
 
 
 @register_native("bessel_correct", "cpu")

@@ -8,21 +8,19 @@ Threads share the rows.
 """
 from __future__ import annotations
 
-import numpy as np
-
-from ...codegen.loops import Buf, Cast, For, Kernel, Let, Names, Set, Store, call, lift, maximum
+from ...codegen.loops import Buf, Cast, For, Kernel, Let, Names, Set, Store, as_size, call, lift, maximum, size_product
 from ...codegen.native import NativeCall
 from ...backend.registry import register_native
 from .elementwise import FLOATS, PARALLEL_MIN_ELEMENTS
 
 
 def _i(v):
-    return lift(int(v), "int64")
+    return lift(as_size(v), "int64")
 
 
 def softmax_kernel(name: str, shape, axis: int, dtype: str, log: bool, threads: int) -> Kernel:
     axis %= len(shape)
-    outer, classes, inner = int(np.prod(shape[:axis])), int(shape[axis]), int(np.prod(shape[axis + 1:]))
+    outer, classes, inner = size_product(shape[:axis]), as_size(shape[axis]), size_product(shape[axis + 1:])
     names = Names()
     size = outer * classes * inner
     x = Buf("x", dtype, size)
@@ -61,11 +59,11 @@ def _builder(log: bool):
     def build(ctx, ins, outs):
         if ctx.dtype not in FLOATS or not ctx.in_shapes[0]:
             return None
-        kernel = softmax_kernel("log_softmax" if log else "softmax", [int(d) for d in ctx.in_shapes[0]],
+        kernel = softmax_kernel("log_softmax" if log else "softmax", [as_size(d) for d in ctx.in_shapes[0]],
                                 ctx.attrs["axis"], ctx.dtype, log, ctx.threads)
         return NativeCall(kernel, [ins[0], outs[0]])
     return build
 
 
-register_native("softmax", "cpu")(_builder(False))
-register_native("log_softmax", "cpu")(_builder(True))
+register_native("softmax", "cpu", run_time_sizes=True)(_builder(False))
+register_native("log_softmax", "cpu", run_time_sizes=True)(_builder(True))
