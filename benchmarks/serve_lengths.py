@@ -5,12 +5,17 @@
                                        [--max-length 128] [--gears 16,32,64,128]
 
 Each net (benchmarks/nets/gru_lengths.yaml, decoder_lengths.yaml: a stacked bidirectional GRU and
-a two-block causal transformer, both over [N, T, 16]) is served twice, with random weights:
+a two-block causal transformer, both over [N, T, 16]) is served three times, with random weights,
+each server starting from an empty kernel cache (a server meeting these lengths for the first
+time):
 
 - gears: `--buckets 'N=1,2,4,8 T=16,32,64,128' --warm`: every request is padded up to its gear,
   requests of different lengths in one gear share a batch, and no plan is built after the warm-up;
-- per length: `--buckets 1,2,4,8`: each new length T compiles plans of its own on the request
-  path (the session keeps the 16 most recent), and only requests of the same length batch.
+- per length: `--buckets 1,2,4,8`: each new length T builds plans of its own on the request path
+  (the session keeps the 16 most recent), and only requests of the same length batch. Its kernels
+  take the sizes when they run, so most new lengths load a library already compiled;
+- per length, sizes compiled in: the same with `TOOLKIT_RUN_TIME_SIZES=0`, every new length's
+  kernels compiled for it (the toolkit before run-time sizes).
 
 Clients send single-row requests of lengths drawn uniformly from 1..--max-length, back to back
 over keep-alive connections (binary tensors, pre-encoded). Every answer is checked against a
@@ -122,10 +127,14 @@ def main(argv=None) -> int:
                 for t in rng.integers(1, args.max_length + 1, 256)]
         exact = toolkit.load(str(net_file), weights=str(weights), buckets=[1])
         want = [exact.infer(data=x)["prob"] for x in pool]
-        for mode, flags in (("gears", ["--buckets", f"N=1,2,4,8 T={args.gears}", "--warm"]),
-                            ("per length", ["--buckets", "1,2,4,8"])):
+        modes = (("gears", ["--buckets", f"N=1,2,4,8 T={args.gears}", "--warm"], {}),
+                 ("per length", ["--buckets", "1,2,4,8"], {}),
+                 ("per length, sizes compiled in", ["--buckets", "1,2,4,8"], {"TOOLKIT_RUN_TIME_SIZES": "0"}))
+        for mode, flags, env in modes:
             for concurrency in (int(c) for c in args.concurrency.split(",")):
-                proc, url = start_server(net_file, ["--weights", str(weights), *flags], warm=False)
+                cache = tempfile.mkdtemp(prefix="kernels_", dir=folder)
+                proc, url = start_server(net_file, ["--weights", str(weights), *flags], warm=False,
+                                         env={**env, "TOOLKIT_CACHE": cache})
                 try:
                     before = plans_built(url)
                     row = {"net": net.spec.name, "mode": mode, "concurrency": concurrency,

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import os
 import re
 import signal
 import statistics
@@ -37,10 +38,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-def start_server(net: str, flags: list[str], warm: bool = True) -> tuple[subprocess.Popen, str]:
-    """`toolkit serve NET` on a free loopback port; returns it and its address once it listens."""
+def start_server(net: str, flags: list[str], warm: bool = True, env: dict | None = None) -> tuple[subprocess.Popen, str]:
+    """`toolkit serve NET` on a free loopback port; returns it and its address once it listens.
+    ``env``: variables set for the server, over this process's."""
     proc = subprocess.Popen([sys.executable, "-m", "toolkit.cli", "serve", str(net), "--port", "0",
-                             *(["--warm"] if warm else []), *flags], cwd=ROOT, stderr=subprocess.PIPE, text=True)
+                             *(["--warm"] if warm else []), *flags], cwd=ROOT, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **(env or {})})
     for line in proc.stderr:
         m = re.search(r"http://127\.0\.0\.1:(\d+)", line)
         if m:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
@@ -234,6 +235,11 @@ def _new_arena(device, nbytes: int):
     return device.empty(nbytes)
 
 
+# "0" compiles every size into the kernels, as before run-time sizes (a plan per length then
+# compiles its own library): for measuring what they cost, and a way back should one misbehave
+RUN_TIME_SIZES_ENV = "TOOLKIT_RUN_TIME_SIZES"
+
+
 def _sizes(bindings: Mapping[str, int]) -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted(bindings.items())) or "these shapes"
 
@@ -243,7 +249,7 @@ class Plan:
                  device: Device | str = CPU, runtime: RuntimeState | None = None, outputs: list[str] | None = None,
                  threads: int | None = None, native: bool | None = None, concurrent: bool | None = None,
                  keep_inputs: bool = False, allocate: Callable | None = None, reuse_memory: bool = True,
-                 capture: bool | None = None, run_time_sizes: bool = True):
+                 capture: bool | None = None, run_time_sizes: bool | None = None):
         """``device``: where the nodes run that no layer places elsewhere. ``keep_inputs``: no
         kernel overwrites an input buffer, so a caller may fill some inputs once and run many
         times (a loop body's invariants). ``allocate(device, nbytes)``: where each device's arena
@@ -253,9 +259,12 @@ class Plan:
         graph after its first run (capture.py; default on where it can be, False for a body
         that runs inside another plan). ``run_time_sizes``: the kernels of builders registered for it
         read the symbolic dimensions when they run rather than as compiled-in numbers, so the
-        plans of other lengths reuse the compiled library (False: every size compiled in)."""
+        plans of other lengths reuse the compiled library (False: every size compiled in; default:
+        on unless ``TOOLKIT_RUN_TIME_SIZES=0``)."""
         self.graph = graph
         self.bindings = dict(bindings)
+        if run_time_sizes is None:
+            run_time_sizes = os.environ.get(RUN_TIME_SIZES_ENV, "1").strip().lower() not in ("0", "off", "no", "false")
         self.run_time_sizes = run_time_sizes and bool(self.bindings)
         self._sized_shapes = self._sized_bindings = None
         self.placement = Placement.of(graph, device)
