@@ -246,7 +246,9 @@ class For:
     start: Expr
     stop: Expr
     body: list
-    parallel: bool = False             # iterations are independent: a dialect may run them at once
+    # iterations are independent: a dialect may run them at once. An expression: only when it
+    # holds as the kernel runs (a loop over a run-time size; ``parallel_from``)
+    parallel: "bool | Expr" = False
     step: int = 1
     reduction: "Var | None" = None     # a sum into this variable that may be reordered (vectorised)
     # iterations touch only their own elements (outputs alias inputs, if at all, element for
@@ -347,6 +349,7 @@ class Kernel:
     params: list
     body: list
     threads: int = 1                   # threads a parallel loop may use
+    sizes: "tuple[str, ...] | None" = None   # sizes_used, once known (codegen.native.with_sizes)
 
     def uses_gemm(self) -> bool:
         return any(isinstance(s, Gemm) for s in walk(self.body))
@@ -360,6 +363,17 @@ def walk(body):
         elif isinstance(s, If):
             yield from walk(s.then)
             yield from walk(s.orelse)
+
+
+def parallel_from(threads: int, work, minimum: int) -> "bool | Expr":
+    """Whether a loop doing ``work`` (elements) runs on ``threads``: from ``minimum`` on. Where
+    ``work`` is a run-time size the kernel decides as it runs, so the one text serves lengths on
+    both sides of the threshold."""
+    if threads <= 1:
+        return False
+    if isinstance(work, SizeInt):
+        return work.expr.ge(minimum)
+    return work >= minimum
 
 
 def as_size(d):
@@ -409,6 +423,8 @@ def exprs_of(stmt):
 
 def sizes_used(kernel: Kernel) -> list[str]:
     """The names of the run-time sizes a kernel reads, sorted: its sizes argument's order."""
+    if kernel.sizes is not None:
+        return list(kernel.sizes)
     names: set[str] = set()
     stack = [e for s in walk(kernel.body) for e in exprs_of(s)]
     while stack:

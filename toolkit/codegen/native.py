@@ -50,7 +50,8 @@ def with_sizes(call: NativeCall, bindings) -> NativeCall:
     if missing:
         raise ValueError(f"a kernel reads the run-time size of {', '.join(missing)}, which the plan does not bind")
     values = np.array([int(bindings[n]) for n in names], dtype=np.int64)
-    kernel = dataclasses.replace(call.kernel, params=[*call.kernel.params, Buf(SIZES_PARAM, "int64", len(names))])
+    kernel = dataclasses.replace(call.kernel, params=[*call.kernel.params, Buf(SIZES_PARAM, "int64", len(names))],
+                                 sizes=tuple(names))
     return NativeCall(kernel, [*call.arrays, values], call.label)
 
 
@@ -105,12 +106,13 @@ class Linked:
         if numpy_blas() is None and any(call.kernel.uses_gemm() for call in calls):
             # the GEMM pointer would stay null: refuse here, and the plan runs the numpy kernels
             raise toolchain.NativeUnavailable("numpy's BLAS library has no cblas_sgemm the generated kernels can call")
-        kernels = [dataclasses.replace(call.kernel, name=f"tk_k{i}_{call.kernel.name}") for i, call in enumerate(calls)]
+        kernels = [call.kernel for call in calls]
+        names = [f"tk_k{i}_{k.name}" for i, k in enumerate(kernels)]
         extra = []
         for j, seg in enumerate(segments):
-            body = "".join(f"    {kernels[i].name}((void *const *)argv[{n}]);\n" for n, i in enumerate(seg))
+            body = "".join(f"    {names[i]}((void *const *)argv[{n}]);\n" for n, i in enumerate(seg))
             extra.append(f"void tk_segment{j}(void *const *argv) {{\n{body}}}")
-        self.source = dialect().unit(kernels, "\n\n".join(extra))
+        self.source = dialect().unit(kernels, "\n\n".join(extra), names)
         self.lib = toolchain.load(self.source)
         self.lib.tk_set_team.argtypes, self.lib.tk_set_team.restype = [ctypes.c_int], None
         if not hasattr(self.lib, "tk_team"):       # the size the library's loops use now (set_team)
@@ -119,8 +121,8 @@ class Linked:
         if blas is not None:
             self.lib.tk_set_blas(ctypes.c_void_p(blas.sgemm), ctypes.c_void_p(blas.dgemm))
         self.functions = []
-        for kernel in kernels:
-            fn = getattr(self.lib, kernel.name)
+        for name in names:
+            fn = getattr(self.lib, name)
             fn.argtypes, fn.restype = [ctypes.c_void_p], None
             self.functions.append(fn)
         self.segments = []

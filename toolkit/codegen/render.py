@@ -12,10 +12,11 @@ fast-math reassociation is asked for, so results equal the numpy kernels' to rou
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from . import microkernel
-from .loops import (SIZES_PARAM, Bin, Buf, Call, Cast, Cmp, Const, Extern, For, Gemm, If, Kernel, Let, Load,
+from .loops import (SIZES_PARAM, Bin, Buf, Call, Cast, Cmp, Const, Expr, Extern, For, Gemm, If, Kernel, Let, Load,
                     PackedGemm, Select, Set, Size, SizeInt, Store, ThreadIndex, Un, Var, sizes_used, walk)
 
 C_TYPES = {"float32": "float", "float64": "double", "int64": "int64_t", "int32": "int32_t", "bool": "int"}
@@ -149,8 +150,15 @@ class CDialect:
         lines = []
         pad = "    " * depth
         for s in body:
-            if isinstance(s, For):
-                parallel = s.parallel and not in_parallel and kernel.threads > 1
+            if isinstance(s, For) and isinstance(s.parallel, Expr) and not in_parallel and kernel.threads > 1:
+                # parallel from a run-time size on: both forms, chosen as the kernel runs
+                lines.append(f"{pad}if ({self.expr(s.parallel)}) {{")
+                lines += self.stmts([dataclasses.replace(s, parallel=True)], depth + 1, kernel, in_parallel)
+                lines.append(f"{pad}}} else {{")
+                lines += self.stmts([dataclasses.replace(s, parallel=False)], depth + 1, kernel, in_parallel)
+                lines.append(f"{pad}}}")
+            elif isinstance(s, For):
+                parallel = s.parallel is True and not in_parallel and kernel.threads > 1
                 simd = " simd" if s.vector else ""
                 if parallel:
                     lines.append(f"{pad}#pragma omp parallel for{simd} schedule(static) num_threads(TK_TEAM({kernel.threads}))")
@@ -211,8 +219,17 @@ class CDialect:
     def scalar(self, value) -> str:
         return repr(float(value)) if isinstance(value, (int, float)) else self.expr(value)
 
-    def kernel(self, k: Kernel) -> str:
-        lines = [f"void {k.name}(void *const *args) {{"]
+    def kernel(self, k: Kernel, name: str | None = None) -> str:
+        """The C function of ``k``, called ``name`` (default: the kernel's own). A plan renders
+        each kernel twice (to size its unit, then in it): the body is kept on the kernel, whose
+        statements do not change once it is built."""
+        body = k.__dict__.get("_c_body")
+        if body is None:
+            body = k._c_body = self._kernel_body(k)
+        return f"void {name or k.name}(void *const *args) {{\n{body}\n}}"
+
+    def _kernel_body(self, k: Kernel) -> str:
+        lines = []
         for i, p in enumerate(k.params):
             assert isinstance(p, Buf)
             const = "const " if p.const else ""
@@ -224,17 +241,19 @@ class CDialect:
             for j, name in enumerate(sizes_used(k)):
                 lines.append(f"    const int64_t {size_variable(name)} = {SIZES_PARAM}[{j}];")
         lines += self.stmts(k.body, 1, k, False)
-        lines.append("}")
         return "\n".join(lines)
 
-    def unit(self, kernels: list[Kernel], extra: str = "") -> str:
-        """One translation unit: the prelude, every kernel, then ``extra`` (a plan function)."""
+    def unit(self, kernels: list[Kernel], extra: str = "", names: list[str] | None = None) -> str:
+        """One translation unit: the prelude, every kernel (called ``names``, default their own),
+        then ``extra`` (a plan function)."""
         head = f"#define TK_BLAS_INT {self.blas_int}\n" + PRELUDE
         if any(_uses_packed_gemm(k.body) for k in kernels):
             head += microkernel.C_SOURCE
         for source in dict.fromkeys(s.source for k in kernels for s in walk(k.body) if isinstance(s, Extern)):
             head += source
-        return head + "\n\n" + "\n\n".join(self.kernel(k) for k in kernels) + ("\n\n" + extra if extra else "") + "\n"
+        names = names or [k.name for k in kernels]
+        return (head + "\n\n" + "\n\n".join(self.kernel(k, n) for k, n in zip(kernels, names))
+                + ("\n\n" + extra if extra else "") + "\n")
 
 
 def size_variable(name: str) -> str:

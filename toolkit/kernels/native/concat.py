@@ -5,7 +5,7 @@ or fire module's join (channels of NCHW or of the blocked layout) and LRN's chan
 a handful of contiguous copies per image that numpy's kernels ran on one thread."""
 from __future__ import annotations
 
-from ...codegen.loops import Buf, For, Kernel, Names, Store, as_size, lift, size_product
+from ...codegen.loops import Buf, For, Kernel, Names, Store, as_size, lift, parallel_from, size_product
 from ...codegen.native import NativeCall
 from ...ops.rules import norm_axis
 from ...backend.registry import register_native
@@ -36,7 +36,8 @@ def concat_native(ctx, ins, outs):
         if run:
             body.append(For(q, _i(0), _i(run), [Store(y, o * row + start + q, x[o * run + q])], vector=True))
         start += run
-    loop = For(o, _i(0), _i(outer), body, parallel=ctx.threads > 1 and outer > 1 and outer * row >= PARALLEL_MIN_ELEMENTS)
+    parallel = parallel_from(ctx.threads, outer * row, PARALLEL_MIN_ELEMENTS) if outer > 1 else False
+    loop = For(o, _i(0), _i(outer), body, parallel=parallel)
     return NativeCall(Kernel("concat", xs + [y], [loop], ctx.threads), list(ins) + [outs[0]])
 
 
@@ -60,5 +61,6 @@ def pad_axis_native(ctx, ins, outs):
     body = [For(q, _i(0), _i(start), [Store(y, o * row + q, zero)], vector=True),
             For(q, _i(0), _i(run), [Store(y, o * row + start + q, x[o * run + q])], vector=True),
             For(q, _i(start + run), _i(row), [Store(y, o * row + q, zero)], vector=True)]
-    loop = For(o, _i(0), _i(outer), body, parallel=ctx.threads > 1 and outer > 1 and outer * row >= PARALLEL_MIN_ELEMENTS)
+    parallel = parallel_from(ctx.threads, outer * row, PARALLEL_MIN_ELEMENTS) if outer > 1 else False
+    loop = For(o, _i(0), _i(outer), body, parallel=parallel)
     return NativeCall(Kernel("pad_axis", [x, y], [loop], ctx.threads), [ins[0], outs[0]])

@@ -13,8 +13,8 @@ import numpy as np
 
 from ...codegen import microkernel
 from ...codegen import rowdot as rowdot_source
-from ...codegen.loops import (Buf, Cast, Const, Expr, Extern, For, Gemm, Kernel, Let, Names, Set, Store, as_size, lift, select,
-                              size_product)
+from ...codegen.loops import (Buf, Cast, Const, Expr, Extern, For, Gemm, Kernel, Let, Names, Set, Store, as_size, lift,
+                              parallel_from, select, size_product)
 from ...codegen.native import NativeCall
 from ...ops.base import get_op
 from ...ops.elementwise import ELEMENTWISE_IMPL
@@ -165,10 +165,10 @@ def elementwise_kernel(name: str, program, outputs, in_shapes, group_shape, dtyp
             inner *= dims[depth]
         return Kernel(name, [bufs[k] for k in keys],
                       [For(element, lift(0, "int64"), lift(size, "int64"), lets + body, parallel=True)], threads), keys
-    parallel = threads > 1 and size >= min_parallel
+    parallel = parallel_from(threads, size, min_parallel)
     for depth in range(len(dims) - 1, -1, -1):
         body = [For(loop_vars[depth], lift(0, "int64"), lift(dims[depth], "int64"), body,
-                    parallel=parallel and depth == 0, vector=depth == len(dims) - 1)]
+                    parallel=parallel if depth == 0 else False, vector=depth == len(dims) - 1)]
     return Kernel(name, [bufs[k] for k in keys], body, threads), keys
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...codegen.loops import (Bin, Buf, Cast, Const, Expr, For, Kernel, Let, Names, Set, SizeInt, Store, ThreadIndex, as_size,
-                              lift, size_product)
+                              lift, parallel_from, size_product)
 from ...codegen.native import NativeCall
 from ...ops.reduce import bessel_factor, reduced_count
 from ...ops.rules import norm_axis
@@ -64,7 +64,7 @@ def reduction_kernel(name: str, shape, axes, dtype: str, scale: float, threads: 
         inner_loop = For(a, _i(0), _i(outer), [For(b, _i(0), _i(inner), [
             Set(acc, acc + Cast("float64", x[(a * mid + ch) * inner + b]))], reduction=acc)])
     body = For(ch, _i(0), _i(mid), [Let(acc, lift(0.0, "float64")), inner_loop, Store(y, ch, total)],
-               parallel=threads > 1 and mid > 1 and outer * mid * inner >= PARALLEL_MIN_ELEMENTS)
+               parallel=parallel_from(threads, outer * mid * inner, PARALLEL_MIN_ELEMENTS) if mid > 1 else False)
     return Kernel(name, [x, y], [body], threads), []
 
 
@@ -90,7 +90,7 @@ def _middle_reduction(name: str, shape, axes, dtype: str, scale: float, threads:
         For(r, _i(0), _i(red), [For(lane, _i(0), _i(lanes), [
             Store(rows, at, Cast("float64", x[(o * red + r) * lanes + lane]), accumulate=True)], vector=True)]),
         For(lane, _i(0), _i(lanes), [Store(y, o * lanes + lane, Cast(dtype, total))], vector=True)],
-        parallel=threads > 1 and outer > 1 and outer * red * lanes >= PARALLEL_MIN_ELEMENTS)
+        parallel=parallel_from(threads, outer * red * lanes, PARALLEL_MIN_ELEMENTS) if outer > 1 else False)
     return Kernel(name, [x, y, rows], [body], threads), [np.zeros(rows.size, np.float64)]
 
 

@@ -8,7 +8,8 @@ Threads share the rows.
 """
 from __future__ import annotations
 
-from ...codegen.loops import Buf, Cast, For, Kernel, Let, Names, Set, Store, as_size, call, lift, maximum, size_product
+from ...codegen.loops import (Buf, Cast, For, Kernel, Let, Names, Set, Store, as_size, call, lift, maximum,
+                              parallel_from, size_product)
 from ...codegen.native import NativeCall
 from ...backend.registry import register_native
 from .elementwise import FLOATS, PARALLEL_MIN_ELEMENTS
@@ -51,7 +52,7 @@ def softmax_kernel(name: str, shape, axis: int, dtype: str, log: bool, threads: 
                                Set(total, total + Cast("float64", e))], reduction=total),
                  Let(rounded, Cast(dtype, total)),
                  over_classes([Store(y, at(c), y[at(c)] / rounded)])]
-    loop = For(row, _i(0), _i(outer * inner), body, parallel=threads > 1 and size >= PARALLEL_MIN_ELEMENTS // 4)
+    loop = For(row, _i(0), _i(outer * inner), body, parallel=parallel_from(threads, size, PARALLEL_MIN_ELEMENTS // 4))
     return Kernel(name, [x, y], [loop], threads)
 
 
