@@ -12,11 +12,10 @@ fast-math reassociation is asked for, so results equal the numpy kernels' to rou
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 
 from . import microkernel
-from .loops import (SIZES_PARAM, Bin, Buf, Call, Cast, Cmp, Const, Expr, Extern, For, Gemm, If, Kernel, Let, Load,
+from .loops import (SIZES_PARAM, Bin, Buf, Call, Cast, Cmp, Const, Extern, For, Gemm, If, Kernel, Let, Load,
                     PackedGemm, Select, Set, Size, SizeInt, Store, ThreadIndex, Un, Var, sizes_used, walk)
 
 C_TYPES = {"float32": "float", "float64": "double", "int64": "int64_t", "int32": "int32_t", "bool": "int"}
@@ -150,15 +149,8 @@ class CDialect:
         lines = []
         pad = "    " * depth
         for s in body:
-            if isinstance(s, For) and isinstance(s.parallel, Expr) and not in_parallel and kernel.threads > 1:
-                # parallel from a run-time size on: both forms, chosen as the kernel runs
-                lines.append(f"{pad}if ({self.expr(s.parallel)}) {{")
-                lines += self.stmts([dataclasses.replace(s, parallel=True)], depth + 1, kernel, in_parallel)
-                lines.append(f"{pad}}} else {{")
-                lines += self.stmts([dataclasses.replace(s, parallel=False)], depth + 1, kernel, in_parallel)
-                lines.append(f"{pad}}}")
-            elif isinstance(s, For):
-                parallel = s.parallel is True and not in_parallel and kernel.threads > 1
+            if isinstance(s, For):
+                parallel = s.parallel and not in_parallel and kernel.threads > 1
                 simd = " simd" if s.vector else ""
                 if parallel:
                     lines.append(f"{pad}#pragma omp parallel for{simd} schedule(static) num_threads(TK_TEAM({kernel.threads}))")
