@@ -38,7 +38,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-def start_server(net: str, flags: list[str], warm: bool = True, env: dict | None = None) -> tuple[subprocess.Popen, str]:
+def start_server(net: str, flags: list[str], warm: bool = True,
+                 env: dict | None = None) -> tuple[subprocess.Popen, str]:
     """`toolkit serve NET` on a free loopback port; returns it and its address once it listens.
     ``env``: variables set for the server, over this process's."""
     proc = subprocess.Popen([sys.executable, "-m", "toolkit.cli", "serve", str(net), "--port", "0",

@@ -134,16 +134,36 @@ class SizeInt(int):
             return SizeInt(value, Un("-", Bin("/", Bin("-", Bin("+", Un("-", a), b), Const(1, "int64")), b)))
         return SizeInt(value, Bin("%", Bin("+", Bin("%", a, b), b), b))     # ((a % b) + b) % b
 
-    def __add__(self, o): return self._combine("+", o, int(self) + o) if isinstance(o, int) else NotImplemented
-    def __radd__(self, o): return self._combine("+", o, o + int(self), True) if isinstance(o, int) else NotImplemented
-    def __sub__(self, o): return self._combine("-", o, int(self) - o) if isinstance(o, int) else NotImplemented
-    def __rsub__(self, o): return self._combine("-", o, o - int(self), True) if isinstance(o, int) else NotImplemented
-    def __mul__(self, o): return self._combine("*", o, int(self) * o) if isinstance(o, int) else NotImplemented
-    def __rmul__(self, o): return self._combine("*", o, o * int(self), True) if isinstance(o, int) else NotImplemented
-    def __floordiv__(self, o): return self._divide("/", o, int(self) // o, False) if isinstance(o, int) else NotImplemented
-    def __rfloordiv__(self, o): return self._divide("/", o, o // int(self), True) if isinstance(o, int) else NotImplemented
-    def __mod__(self, o): return self._divide("%", o, int(self) % o, False) if isinstance(o, int) else NotImplemented
-    def __rmod__(self, o): return self._divide("%", o, o % int(self), True) if isinstance(o, int) else NotImplemented
+    def __add__(self, o):
+        return self._combine("+", o, int(self) + o) if isinstance(o, int) else NotImplemented
+
+    def __radd__(self, o):
+        return self._combine("+", o, o + int(self), True) if isinstance(o, int) else NotImplemented
+
+    def __sub__(self, o):
+        return self._combine("-", o, int(self) - o) if isinstance(o, int) else NotImplemented
+
+    def __rsub__(self, o):
+        return self._combine("-", o, o - int(self), True) if isinstance(o, int) else NotImplemented
+
+    def __mul__(self, o):
+        return self._combine("*", o, int(self) * o) if isinstance(o, int) else NotImplemented
+
+    def __rmul__(self, o):
+        return self._combine("*", o, o * int(self), True) if isinstance(o, int) else NotImplemented
+
+    def __floordiv__(self, o):
+        return self._divide("/", o, int(self) // o, False) if isinstance(o, int) else NotImplemented
+
+    def __rfloordiv__(self, o):
+        return self._divide("/", o, o // int(self), True) if isinstance(o, int) else NotImplemented
+
+    def __mod__(self, o):
+        return self._divide("%", o, int(self) % o, False) if isinstance(o, int) else NotImplemented
+
+    def __rmod__(self, o):
+        return self._divide("%", o, o % int(self), True) if isinstance(o, int) else NotImplemented
+
     def __neg__(self): return SizeInt(-int(self), Un("-", self.expr))
     def __pos__(self): return self
     def __abs__(self): return self if int(self) >= 0 else -self

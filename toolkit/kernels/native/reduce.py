@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...codegen.loops import (Bin, Buf, Cast, Const, Expr, For, Kernel, Let, Names, Set, SizeInt, Store, ThreadIndex, as_size,
-                              lift, parallel_from, size_product)
+from ...codegen.loops import (Bin, Buf, Cast, Const, Expr, For, Kernel, Let, Names, Set, SizeInt, Store, ThreadIndex,
+                              as_size, lift, parallel_from, size_product)
 from ...codegen.native import NativeCall
 from ...ops.reduce import bessel_factor, reduced_count
 from ...ops.rules import norm_axis
@@ -35,7 +35,7 @@ def _blocks(shape, axes) -> tuple[int, int, int] | None:
     return size_product(shape[:kept[0]]), size_product(shape[kept[0]:kept[-1] + 1]), size_product(shape[kept[-1] + 1:])
 
 
-def reduction_call(name: str, ins, outs, shape, axes, dtype: str, scale: float, threads: int) -> NativeCall | None:
+def reduction_call(name: str, ins, outs, shape, axes, dtype: str, scale, threads: int) -> NativeCall | None:
     """The call of ``reduction_kernel``'s kernel on x, y and the scratch it may need."""
     built = reduction_kernel(name, shape, axes, dtype, scale, threads)
     if built is None:
@@ -44,9 +44,10 @@ def reduction_call(name: str, ins, outs, shape, axes, dtype: str, scale: float, 
     return NativeCall(kernel, [ins[0], outs[0]] + scratch)
 
 
-def reduction_kernel(name: str, shape, axes, dtype: str, scale: float, threads: int):
+def reduction_kernel(name: str, shape, axes, dtype: str, scale, threads: int):
     """y[k] = scale * sum of x over the reduced axes, for each kept position k: (the kernel, the
-    scratch arrays that follow x and y among its parameters), or None."""
+    scratch arrays that follow x and y among its parameters), or None. ``scale``: a float, a
+    mean's count as a ``SizeInt`` (one over it worked out as the kernel runs), or None for none."""
     axes = sorted({norm_axis(a, len(shape)) for a in axes})
     blocks = _blocks(shape, axes) if shape else (1, 1, 1)
     if blocks is None:
@@ -68,7 +69,7 @@ def reduction_kernel(name: str, shape, axes, dtype: str, scale: float, threads: 
     return Kernel(name, [x, y], [body], threads), []
 
 
-def _middle_reduction(name: str, shape, axes, dtype: str, scale: float, threads: int):
+def _middle_reduction(name: str, shape, axes, dtype: str, scale, threads: int):
     """The reduced axes one run between kept ones on both sides: y[o, l] = scale * sum over r of
     x[o, r, l] (global pooling in the blocked layout, [N, C/16, H, W, 16] -> [N, C/16, 16]). The
     lanes are summed side by side, in a double-precision row of the thread's (a scalar sum per
@@ -127,8 +128,8 @@ def reduce_mean_native(ctx, ins, outs):
 def _scaled(name: str, ctx, ins, outs, factor):
     """out = in * factor, the input broadcast over the output's shape; ``factor`` a float, or an
     expression of run-time sizes."""
-    return one_step_call(name, ("scale", (("x", 0),), (("factor", factor if isinstance(factor, Expr) else float(factor)),)),
-                         ctx, ins, outs)
+    factor = factor if isinstance(factor, Expr) else float(factor)
+    return one_step_call(name, ("scale", (("x", 0),), (("factor", factor),)), ctx, ins, outs)
 
 
 @register_native("reduce_mean_grad", "cpu", run_time_sizes=True)
