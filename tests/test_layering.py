@@ -13,13 +13,15 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # unit -> the units it may import (its own files aside). A unit is a package of toolkit/, a
 # top-level module of toolkit/, or layers/ and schemas/. Keep in step with docs/architecture.md.
-GROUND = {"toolkit/errors", "toolkit/fileio", "toolkit/cachedir", "toolkit/hostmem", "toolkit/hostcpu"}
+GROUND = {"toolkit/errors", "toolkit/fileio", "toolkit/cachedir", "toolkit/hostmem", "toolkit/hostcpu",
+          "toolkit/envswitch"}
 ALLOWED: dict[str, set[str]] = {
     "toolkit/errors": set(),
     "toolkit/fileio": {"toolkit/errors"},
     "toolkit/cachedir": set(),
     "toolkit/hostmem": set(),
     "toolkit/hostcpu": set(),
+    "toolkit/envswitch": set(),
     "schemas": set(),
     "toolkit/distributed": GROUND,
     "toolkit/ir": GROUND,

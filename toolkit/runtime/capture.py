@@ -28,11 +28,11 @@ CUDA's through CuPy), so that tests can put a simulator in its place.
 """
 from __future__ import annotations
 
-import os
 from typing import Callable
 
 from ..backend.devices import CaptureUnsafe, Device, capture_guard
 from ..backend.placement import layer_of_scope
+from ..envswitch import switch
 from ..errors import notice
 
 ENV = "TOOLKIT_CUDA_GRAPHS"
@@ -40,7 +40,7 @@ ENV = "TOOLKIT_CUDA_GRAPHS"
 
 def graphs_enabled() -> bool:
     """Whether GPU plans are captured (on unless ``TOOLKIT_CUDA_GRAPHS=0``)."""
-    return os.environ.get(ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+    return switch(ENV)
 
 
 def _device_graphs(device: Device):

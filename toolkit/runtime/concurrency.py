@@ -13,8 +13,9 @@ one or the other. Which is faster depends on the net and the batch: see ``DEFAUL
 """
 from __future__ import annotations
 
-import os
 from typing import Callable
+
+from ..envswitch import switch
 
 # Chosen by measurement (README, "Concurrent branches"): on a 2-core EPYC, splitting each op's
 # batch across the cores beat running the branches of an Inception-style block side by side at
@@ -24,12 +25,7 @@ ENV_SWITCH = "TOOLKIT_CONCURRENT"
 
 
 def concurrent_default() -> bool:
-    value = os.environ.get(ENV_SWITCH, "").strip().lower()
-    if value in ("1", "on", "yes", "true"):
-        return True
-    if value in ("0", "off", "no", "false"):
-        return False
-    return DEFAULT_CONCURRENT
+    return switch(ENV_SWITCH, DEFAULT_CONCURRENT)
 
 
 Region = tuple[int, int, int]          # (memory block id, first byte, end byte)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
@@ -21,6 +20,7 @@ from ..backend.registry import KERNELS, KernelContext, KernelMissing, load_devic
 from ..codegen import toolchain
 from ..codegen.loops import SizeInt
 from ..codegen.native import Linked, NativeCall, units as native_units, with_sizes
+from ..envswitch import switch
 from ..errors import UserError, notice
 from ..hostmem import human_bytes, too_big
 from ..ir.binding import bind_attrs
@@ -264,7 +264,7 @@ class Plan:
         self.graph = graph
         self.bindings = dict(bindings)
         if run_time_sizes is None:
-            run_time_sizes = os.environ.get(RUN_TIME_SIZES_ENV, "1").strip().lower() not in ("0", "off", "no", "false")
+            run_time_sizes = switch(RUN_TIME_SIZES_ENV)
         self.run_time_sizes = run_time_sizes and bool(self.bindings)
         self._sized_shapes = self._sized_bindings = None
         self.placement = Placement.of(graph, device)

@@ -23,13 +23,13 @@ want it fixed).
 """
 from __future__ import annotations
 
-import os
 import statistics
 import threading
 import time
 from collections import deque
 from typing import Callable
 
+from ..envswitch import switch
 from ..hostcpu import own_run_delay_ns, runnable_tasks
 
 SAMPLE_INTERVAL_S = 0.01
@@ -44,7 +44,7 @@ ENV_SWITCH = "TOOLKIT_ADAPTIVE_THREADS"
 
 
 def adaptive() -> bool:
-    return os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "off", "no", "false")
+    return switch(ENV_SWITCH)
 
 
 class Team:
