@@ -50,6 +50,10 @@ class Solo:
     def broadcast(self, array: np.ndarray) -> None:
         pass
 
+    def share(self, value):
+        """Rank 0's ``value`` (any picklable object), on every rank: what rank 0 alone decides."""
+        return value
+
     def pids(self) -> list[int]:
         """Each rank's process id, by rank."""
         return [os.getpid()]
@@ -103,6 +107,9 @@ class MpiCommunicator(Solo):
 
     def broadcast(self, array: np.ndarray) -> None:
         self._blocked(lambda: self.comm.Bcast(array, root=0))
+
+    def share(self, value):
+        return self._blocked(lambda: self.comm.bcast(value, root=0))
 
     def pids(self) -> list[int]:
         return self.comm.allgather(os.getpid())

@@ -27,6 +27,25 @@ class RunResult:
     best: dict[str, Any] | None = None
 
 
+def choose_run_folder(net_name: str, out: str | None, comm) -> tuple[Path, str | None]:
+    """Where a new run writes, decided once: with several ranks, rank 0 looks at the disk and
+    tells the others. Ranks that looked for themselves could find the folder rank 0 has just
+    begun to write, and refuse it as another run's (or move on to the next ``runs/NAME-K``)."""
+    if comm is None or comm.size <= 1:
+        return runs.new_run_folder(net_name, out)
+    decided = None
+    if comm.rank == 0:
+        try:
+            folder, notice = runs.new_run_folder(net_name, out)
+            decided = (str(folder), notice, [])
+        except UserError as e:
+            decided = (None, None, e.problems)
+    folder, notice, problems = comm.share(decided)
+    if problems:                      # every rank stops with rank 0's reason
+        raise UserError(*problems)
+    return Path(folder), notice
+
+
 def train_net(net: Net, device: Device, *, out: str | None = None, resume: str | None = None,
               weights: str | None = None, allow_missing: bool = False, overrides: list[tuple[tuple, Any]] = (),
               set_texts: list[str] = (), disable: tuple[str, ...] | None = None, comm=None,
@@ -48,7 +67,7 @@ def train_net(net: Net, device: Device, *, out: str | None = None, resume: str |
             from ..frontend.render import render_net
             changed = runs.check_resume_changes(run, render_net(net, folder=run), list(overrides))
     else:
-        folder, notice = runs.new_run_folder(net.name, out)
+        folder, notice = choose_run_folder(net.name, out, comm)
     trainer = Trainer(net, folder, weights=weights, resume=resume, device=device, disable=disable, comm=comm,
                       allow_missing=allow_missing, stream=stream)
     if trainer.rank == 0:
