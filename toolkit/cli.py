@@ -192,6 +192,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-missing", action="store_true",
                    help="with --weights: copy the weights whose name and shape match, start new, renamed or "
                         "reshaped layers from their fillers, ignore the file's other weights (a table says which)")
+    p.add_argument("--new-head", type=_positive_int, metavar="NUM_CLASSES",
+                   help="with --weights: fine-tune to NUM_CLASSES classes: the classifier (the last layer with "
+                        "weights before the output) replaced by a new one of that width from its fillers, the "
+                        "label input, a SoftmaxWithLoss and an Accuracy added where the net has none")
     p.add_argument("--resume", metavar="DIR", help="continue exactly from a run folder or checkpoint, with the net "
                                                    "and settings the run recorded (a change must be named by --set)")
     p.add_argument("--device", type=_device, default="cpu", help=device_help())

@@ -8,7 +8,7 @@ import contextlib
 import math
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
@@ -105,11 +105,13 @@ _SAFETENSORS_DTYPES = {"F16": "f2", "BF16": "f2", "F32": "f4", "F64": "f8", "I8"
 
 
 def load_weights(path: str, declared: Mapping[str, tuple] | None = None,
-                 allow_missing: bool = False, report: list | None = None) -> dict[str, np.ndarray]:
+                 allow_missing: bool = False, report: list | None = None,
+                 fresh: frozenset[str] = frozenset()) -> dict[str, np.ndarray]:
     """The arrays of a weights file; with ``declared`` (the net's key -> (shape, layer)) every
     key, shape and dtype is checked first, from the file's headers, and nothing is read unless
     all of them pass (with ``allow_missing``, only the arrays that will be copied are read).
-    ``report``: a list the CopyReport is appended to."""
+    ``report``: a list the CopyReport is appended to. ``fresh``: declared keys that start from
+    their fillers, whatever the file holds under them (check_weights)."""
     if Path(path).suffix not in FORMATS:
         raise unsupported_format(path, "weights", ".safetensors or .npz")
     check_file(path)
@@ -120,12 +122,12 @@ def load_weights(path: str, declared: Mapping[str, tuple] | None = None,
                       for k, rows in members.items()}
             keys = list(members)
             if declared is not None:
-                keys = _keep(check_weights(path, claims, declared, allow_missing), keys, report)
+                keys = _keep(check_weights(path, claims, declared, allow_missing, fresh), keys, report)
             return {k: members[k].read_all() for k in keys}
         finally:
             for rows in members.values():
                 rows.close()
-    return _load_safetensors(path, declared, allow_missing, report)
+    return _load_safetensors(path, declared, allow_missing, report, fresh)
 
 
 def _keep(checked: "CopyReport", keys: list[str], report: list | None) -> list[str]:
@@ -136,7 +138,7 @@ def _keep(checked: "CopyReport", keys: list[str], report: list | None) -> list[s
 
 
 def _load_safetensors(path: str, declared: Mapping[str, tuple] | None, allow_missing: bool,
-                      report: list | None = None) -> dict[str, np.ndarray]:
+                      report: list | None = None, fresh: frozenset[str] = frozenset()) -> dict[str, np.ndarray]:
     from safetensors import safe_open
     with _reading_safetensors(path), safe_open(path, framework="numpy") as f:
         keys = list(f.keys())
@@ -145,7 +147,7 @@ def _load_safetensors(path: str, declared: Mapping[str, tuple] | None, allow_mis
             for key in keys:
                 part = f.get_slice(key)
                 claims[key] = Claim(tuple(part.get_shape()), np.dtype(_SAFETENSORS_DTYPES.get(part.get_dtype(), "V1")))
-            keys = _keep(check_weights(path, claims, declared, allow_missing), keys, report)
+            keys = _keep(check_weights(path, claims, declared, allow_missing, fresh), keys, report)
         return {key: f.get_tensor(key) for key in keys}
 
 
@@ -168,20 +170,25 @@ class CopyReport:
     new: list[tuple[str, str, tuple]]                 # (key, layer, the net's shape): not in the file
     reshaped: list[tuple[str, str, tuple, tuple]]     # (key, layer, file's shape, net's shape)
     unexpected: list[tuple[str, tuple]]               # (key, file's shape): the net has no such weight
+    # (key, layer, the file's shape or None, the net's shape): a new layer's, left to its filler
+    fresh: list[tuple[str, str, tuple | None, tuple]] = field(default_factory=list)
 
     @property
     def complete(self) -> bool:
-        return not (self.new or self.reshaped or self.unexpected)
+        return not (self.new or self.reshaped or self.unexpected or self.fresh)
 
     def lines(self, path: str) -> list[str]:
         """A table of what was not copied, after one line of counts."""
-        total = len(self.copied) + len(self.new) + len(self.reshaped)
+        total = len(self.copied) + len(self.new) + len(self.reshaped) + len(self.fresh)
         out = [f"weights from {path}: copied {len(self.copied)} of the net's {total} arrays"
                + (f"; {len(self.unexpected)} in the file ignored" if self.unexpected else "")]
         rows = ([(layer, key, "-", _shape(net), "new: starts from its filler") for key, layer, net in self.new]
                 + [(layer, key, _shape(old), _shape(net), "reshaped: starts from its filler")
                    for key, layer, old, net in self.reshaped]
-                + [("-", key, _shape(old), "-", "not in the net: ignored") for key, old in self.unexpected])
+                + [("-", key, _shape(old), "-", "not in the net: ignored") for key, old in self.unexpected]
+                + [(layer, key, "-" if old is None else _shape(old), _shape(net),
+                    "new layer: starts from its filler" + ("" if old is None else ", the file's array left out"))
+                   for key, layer, old, net in self.fresh])
         if rows:
             rows.insert(0, ("layer", "weight", "file", "net", ""))
             widths = [max(len(r[i]) for r in rows) for i in range(4)]
@@ -197,14 +204,19 @@ PARTIAL_HINT = "pass --allow-missing to copy what matches and start the rest fro
 
 
 def check_weights(path: str, loaded: Mapping[str, "np.ndarray | Claim"], declared: Mapping[str, tuple],
-                  allow_missing: bool = False) -> CopyReport:
+                  allow_missing: bool = False, fresh: frozenset[str] = frozenset()) -> CopyReport:
     """Every declared key present with its shape and a float dtype, and no key left over (arrays,
     or what a file claims of them). ``allow_missing``: a weight that is absent or has another
     shape is left to its filler and a key the net lacks is ignored, all of it in the report; a
-    non-float array is an error either way. Raises with every problem, each naming the layer."""
+    non-float array is an error either way. ``fresh``: keys of new layers, left to their fillers
+    whatever the file holds (in the report, never an error). Raises with every problem, each
+    naming the layer."""
     problems = []
     report = CopyReport([], [], [], [])
     for key, (shape, layer) in declared.items():
+        if key in fresh:
+            report.fresh.append((key, layer, tuple(loaded[key].shape) if key in loaded else None, tuple(shape)))
+            continue
         if key not in loaded:
             report.new.append((key, layer, tuple(shape)))
             if not allow_missing:

@@ -56,6 +56,8 @@ def _train(args, comm) -> int:
     if args.net is None and run is None:
         raise UserError("train needs a net file, or --resume RUN_DIR to continue a run as it was recorded")
     net = load_net(args.net if args.net is not None else str(runs.recorded_net(run)), overrides)
+    if getattr(args, "new_head", None) is not None:
+        net = _with_new_head(net, args, comm)
     result = train_net(net, args.device, out=args.out, resume=args.resume, weights=args.weights,
                        allow_missing=args.allow_missing, overrides=overrides, set_texts=args.overrides,
                        disable=disabled_passes(net, args.disable, args.no_optimize), comm=comm)
@@ -67,6 +69,25 @@ def _train(args, comm) -> int:
         print(f"trained {net.name} for {result.iterations} iterations; {metrics or 'no test data'}; "
               f"weights in {result.folder / 'model.safetensors'}{kept}")
     return result.status
+
+
+def _with_new_head(net, args, comm):
+    """The net with a new head of ``args.new_head`` classes (frontend/heads.py), after checking
+    that it is a fine-tuning: weights to start from, data to train on, a new run."""
+    from ..frontend.heads import has_training_data, with_new_head
+    if args.resume:
+        raise UserError("--new-head starts a fine-tuning; --resume continues a run with the net it recorded "
+                        "(which has the new head already): leave --new-head out")
+    if not args.weights:
+        raise UserError("--new-head goes with --weights FILE|zoo:NAME (the trained weights of the other layers)")
+    if not has_training_data(net):
+        raise UserError(f"--new-head: {net.name} says nothing of its training data; give it in the net file's "
+                        "train.data or with --set train.data.source=PATH (an image folder, .npz, CSV, ...)")
+    new, notes = with_new_head(net, args.new_head)
+    if comm is None or comm.rank == 0:
+        for line in notes:
+            print(line, file=sys.stderr)
+    return new
 
 
 def run_test(args) -> int:

@@ -6,7 +6,8 @@ and the result is flattened back into plain data plus Positions. Because locatio
 the values, a problem in the merged net is reported in whichever file wrote the offending key.
 
 Merge rules: layers merge by name, in the bases' order (``after``/``before`` place a layer,
-``delete: true`` removes one); mappings merge key by key, except that a mapping whose ``type``
+``delete: true`` removes one, and a layer of that name written after the delete, in the same file
+or a later one, is a new layer in its place); mappings merge key by key, except that a mapping whose ``type``
 changes (a layer, a filler, the solver, the lr policy) is replaced whole, because its keys belong
 to another kind of thing (a sgd ``momentum`` means nothing to adam); every other list replaces.
 """
@@ -67,6 +68,9 @@ class Composed:
     files: list[str] = field(default_factory=list)
     deleted: dict[str, tuple[str, Location]] = field(default_factory=dict)
     bases: list[str] = field(default_factory=list)     # the root file's bases, as written
+    # layers deleted and written anew: new layers, whose weights start from their fillers even
+    # where a weights file holds some of that name (a fine-tuned net's new head)
+    replaced: set[str] = field(default_factory=set)
 
     def explain(self, problem: Problem) -> Problem:
         """A wiring problem about a top that a deleted layer used to produce says so."""
@@ -96,7 +100,7 @@ def compose(path: str, resolve: Resolver | None = None, text: str | None = None)
     out = Positions(path)
     merged = _flatten(tree, (), out)
     bases = data["base"] if isinstance(data["base"], list) else [data["base"]]
-    return Composed(merged, out, state.files, state.deleted, [str(b) for b in bases])
+    return Composed(merged, out, state.files, state.deleted, [str(b) for b in bases], state.replaced)
 
 
 @dataclass
@@ -104,6 +108,10 @@ class _State:
     problems: list[Problem] = field(default_factory=list)
     files: list[str] = field(default_factory=list)
     deleted: dict[str, tuple[str, Location]] = field(default_factory=dict)
+    # a deleted layer's name -> the layer that stood above it (None: it was first), where a new
+    # layer of that name goes unless it says otherwise
+    gaps: dict[str, str | None] = field(default_factory=dict)
+    replaced: set[str] = field(default_factory=set)
     resolve: Resolver | None = None
     # each base file composed once, by real path: a base named twice, or reached through several
     # others, is merged from the same tree (merges build new trees and never change one), so a
@@ -260,16 +268,18 @@ def _merge_layers(under: Seq | None, over: Node, state: _State, has_base: bool) 
         return over       # not a list: the schema says so, at this file's line
     layers: list[Node] = list(under.items) if under is not None else []
     seen_here: dict[str, Location] = {}
+    deleted_here: set[str] = set()        # deleted in this file and not yet written anew
     for entry in over.items:
         name = entry.scalar("name") if isinstance(entry, Map) else None
         if not isinstance(name, str):
             layers.append(entry)     # the schema reports a missing or odd name
             continue
         name_loc = entry.get("name").loc
-        if name in seen_here:
+        if name in seen_here and name not in deleted_here:
             state.problems.append(Problem(f"layer name '{name}' is already used (line {seen_here[name].line})",
                                           name_loc))
             continue
+        deleted_here.discard(name)
         seen_here[name] = name_loc
         controls = _placement(entry, name, state)
         if controls is None:
@@ -277,8 +287,19 @@ def _merge_layers(under: Seq | None, over: Node, state: _State, has_base: bool) 
         body = Map({k: v for k, v in entry.entries.items() if k not in PLACEMENT_KEYS}, entry.loc)
         index = _index_of(layers, name)
         if controls.get("delete"):
-            _delete(layers, index, name, entry, state, has_base)
+            if _delete(layers, index, name, entry, state, has_base):
+                deleted_here.add(name)
             continue
+        if index is None and name in state.gaps and "type" in body.entries:
+            # a deleted layer written anew: a new layer (fresh weights), where the old one stood
+            # unless it is placed
+            state.replaced.add(name)
+            above = state.gaps.pop(name)
+            if not ("after" in controls or "before" in controls):
+                at = 0 if above is None else _index_of(layers, above)
+                if at is not None:
+                    layers.insert(at if above is None else at + 1, body)
+                    continue
         if index is not None:
             merged = _merge_value(layers[index], body)
             if "after" in controls or "before" in controls:
@@ -327,19 +348,22 @@ def _placement(entry: Map, name: str, state: _State) -> dict | None:
     return controls
 
 
-def _delete(layers: list[Node], index: int | None, name: str, entry: Map, state: _State, has_base: bool) -> None:
+def _delete(layers: list[Node], index: int | None, name: str, entry: Map, state: _State, has_base: bool) -> bool:
+    """Removes the layer; False (with the problem reported) where there is none to remove."""
     where = entry.key_loc("delete")
     if index is None:
         names = [n for n in (_layer_name(l) for l in layers) if n]
         state.problems.append(Problem(f"delete: no layer '{name}' in the base{'s' if has_base else ''} to delete"
                                       f"{did_you_mean(name, names)}", entry.get("name").loc))
-        return
+        return False
+    state.gaps[name] = _layer_name(layers[index - 1]) if index > 0 else None
     removed = layers.pop(index)
     top = removed.get("top") if isinstance(removed, Map) else None
     tops = [t.value for t in top.items] if isinstance(top, Seq) else [top.value] if isinstance(top, Scalar) else []
     for t in tops:
         if isinstance(t, str):
             state.deleted[t] = (name, where)
+    return True
 
 
 def _place(layers: list[Node], layer: Map, controls: dict, name: str, state: _State) -> None:

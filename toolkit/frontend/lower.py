@@ -314,7 +314,7 @@ class Lowering:
                     continue
                 loc = positions.locate(prefix + (i, "bottom") + ((j,) if isinstance(layer.bottom, list) else ()),
                                        prefer_key=False)
-                problems.append(Problem(f"{label}: {_dangling(bname, i, phase, all_tops, blobs, positions, prefix)}",
+                problems.append(Problem(f"{label}: {_dangling(bname, i, phase, all_tops, blobs, positions, prefix, layers)}",
                                         loc))
             if missing:
                 broken.update(layer.tops)
@@ -385,15 +385,28 @@ def _keys(layer) -> set[str]:
 
 
 def _dangling(bname: str, index: int, phase: str, all_tops, blobs, positions: Positions,
-              prefix: tuple = ("layers",)) -> str:
+              prefix: tuple = ("layers",), layers=()) -> str:
     producers = all_tops.get(bname, [])
     below = [(j, l) for j, l in producers if j > index]
     if below:
         j, other = below[0]
         where = positions.locate(prefix + (j,))
+        here = positions.locate(prefix + (index,))
         line = where.line if where.file == positions.file else where   # a base file's layer: FILE:LINE:COL
-        return (f"bottom '{bname}' is produced only below, by layer '{other.name}' (line {line}); "
-                "a bottom must be produced above the layer that uses it")
+        # the hint: the producer placed right after the layer above this one (or before this one)
+        above = layers[index - 1].name if index > 0 and len(layers) >= index else None
+        place = f"after: {above}" if above is not None and above != other.name else None
+        hint = (f"add `{place}` to layer '{other.name}'" if place else f"add `before: {layers[index].name}` to "
+                f"layer '{other.name}'") if len(layers) > index else f"move layer '{other.name}' up"
+        if where.file == here.file and where.line > here.line:
+            return (f"bottom '{bname}' is produced only below, by layer '{other.name}' (line {line}); "
+                    f"a bottom must be produced above the layer that uses it ({hint})")
+        # written above (or in another file) yet later in the merged order: a layer merged into
+        # a base keeps the base's place, and a new one goes at the end
+        return (f"bottom '{bname}' is produced by layer '{other.name}' (line {line}), which comes after this "
+                f"layer in the merged net (layer {j + 1} against {index + 1}: a layer merged into a base keeps "
+                f"its place there, a new one goes at the end); a bottom must be produced before the layer that "
+                f"uses it: {hint}")
     other_phase = [(j, l) for j, l in producers if j < index and phase not in l.phases]
     if other_phase:
         j, other = other_phase[0]

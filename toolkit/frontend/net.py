@@ -35,6 +35,9 @@ class Net:
         self.bases: list[str] = []                # its bases as written in it
         self.zoo = None                           # the zoo model when loaded as zoo:NAME
         self.resolve: Resolver | None = None      # what found it (and finds its weights)
+        # layers whose weights start from their fillers whatever a weights file holds under their
+        # names: a new head (`toolkit train --new-head`), a layer a derived net deletes and writes anew
+        self.fresh_layers: frozenset[str] = frozenset()
         problems = duplicate_layer_names({"layers": [l.model_dump() for l in spec.layers]}, positions)
         problems += self._check_losses()
         problems += self._check_passes()
@@ -79,6 +82,7 @@ class Net:
         net.raw = raw
         net.files = composed.files
         net.bases = composed.bases
+        net.fresh_layers = frozenset(composed.replaced)
         net.zoo = model
         net.resolve = resolve
         return net
@@ -235,7 +239,8 @@ class Net:
         key and shape. ``allow_missing`` (Caffe's copy_from, PyTorch's strict=False): copy the
         weights whose key and shape match, start the others from their fillers, ignore the
         file's extra keys; ``say`` (a callable taking one line) is then given a table of what was
-        not copied. ``path`` None: a net without weights (see ``default_weights``)."""
+        not copied. ``path`` None: a net without weights (see ``default_weights``). The weights of
+        ``fresh_layers`` start from their fillers, the file's arrays of theirs left out (in the table)."""
         from ..weights import load_weights
         if path is None and not self.declared:
             return {}
@@ -243,8 +248,9 @@ class Net:
         if path.endswith(".onnx"):
             return self._onnx_weights(path, seed, dtype, allow_missing)
         reports: list = []
-        loaded = load_weights(path, self.declared, allow_missing, report=reports)
-        out = self.init_weights(seed, dtype) if allow_missing else {}
+        fresh = frozenset(key for key, (_shape, layer) in self.declared.items() if layer in self.fresh_layers)
+        loaded = load_weights(path, self.declared, allow_missing, report=reports, fresh=fresh)
+        out = self.init_weights(seed, dtype) if allow_missing or fresh else {}
         for key, (shape, _layer) in self.declared.items():
             if key in loaded:
                 out[key] = np.asarray(loaded[key], dtype=dtype or "float32", order="C")
