@@ -109,7 +109,8 @@ def test_new_head_says_why_a_net_has_no_classifier(tmp_path):
                                        "train: {data: {source: x.npz}}\n")
     r = cli("train", tmp_path / "net.yaml", "--weights", tmp_path / "w.safetensors", "--new-head", "3")
     assert r.status == 2 and len(r.errors) == 1
-    assert r.errors[0].startswith("error: output 'e' comes from layer 'e' (Eltwise), which is not a classifier's last step")
+    assert r.errors[0].startswith("error: output 'e' comes from layer 'e' (Eltwise), which is not a "
+                                  "classifier's last step")
 
 
 # -- the same in a derived net -----------------------------------------------------------------
@@ -170,4 +171,4 @@ def test_a_bottom_written_above_but_merged_below_says_the_real_order(tmp_path):
     # the new layer goes fifth
     assert "bottom 'feat' is produced by layer 'feat' (line 4), which comes after this layer in the merged net " \
            "(layer 5 against 3" in message, message
-    assert "add `after: relu1` to layer 'feat'" in message and "produced only below" not in message
+    assert "place it with `after: relu1` on layer 'feat'" in message and "produced only below" not in message

@@ -97,7 +97,7 @@ def compose(path: str, resolve: Resolver | None = None, text: str | None = None)
         problems = sorted(state.problems, key=lambda p: (p.location.file != path, p.location.file,
                                                          p.location.line, p.location.col))
         raise SpecError(*problems)
-    out = Positions(path)
+    out = Positions(path, merged=True)
     merged = _flatten(tree, (), out)
     bases = data["base"] if isinstance(data["base"], list) else [data["base"]]
     return Composed(merged, out, state.files, state.deleted, [str(b) for b in bases], state.replaced)

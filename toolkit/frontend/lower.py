@@ -314,8 +314,8 @@ class Lowering:
                     continue
                 loc = positions.locate(prefix + (i, "bottom") + ((j,) if isinstance(layer.bottom, list) else ()),
                                        prefer_key=False)
-                problems.append(Problem(f"{label}: {_dangling(bname, i, phase, all_tops, blobs, positions, prefix, layers)}",
-                                        loc))
+                why = _dangling(bname, i, phase, all_tops, blobs, positions, prefix, layers)
+                problems.append(Problem(f"{label}: {why}", loc))
             if missing:
                 broken.update(layer.tops)
                 clean = False
@@ -391,22 +391,18 @@ def _dangling(bname: str, index: int, phase: str, all_tops, blobs, positions: Po
     if below:
         j, other = below[0]
         where = positions.locate(prefix + (j,))
-        here = positions.locate(prefix + (index,))
         line = where.line if where.file == positions.file else where   # a base file's layer: FILE:LINE:COL
-        # the hint: the producer placed right after the layer above this one (or before this one)
-        above = layers[index - 1].name if index > 0 and len(layers) >= index else None
-        place = f"after: {above}" if above is not None and above != other.name else None
-        hint = (f"add `{place}` to layer '{other.name}'" if place else f"add `before: {layers[index].name}` to "
-                f"layer '{other.name}'") if len(layers) > index else f"move layer '{other.name}' up"
-        if where.file == here.file and where.line > here.line:
+        if not positions.merged:
             return (f"bottom '{bname}' is produced only below, by layer '{other.name}' (line {line}); "
-                    f"a bottom must be produced above the layer that uses it ({hint})")
-        # written above (or in another file) yet later in the merged order: a layer merged into
-        # a base keeps the base's place, and a new one goes at the end
-        return (f"bottom '{bname}' is produced by layer '{other.name}' (line {line}), which comes after this "
-                f"layer in the merged net (layer {j + 1} against {index + 1}: a layer merged into a base keeps "
-                f"its place there, a new one goes at the end); a bottom must be produced before the layer that "
-                f"uses it: {hint}")
+                    "a bottom must be produced above the layer that uses it")
+        # a net built on bases: a layer merged into a base keeps the base's place and a new one goes
+        # at the end, whatever the lines say; `after:` places the producer just above this layer
+        place = (f"after: {layers[index - 1].name}" if index > 0 else f"before: {layers[index].name}") \
+            if len(layers) > index else None
+        hint = f"; place it with `{place}` on layer '{other.name}'" if place else ""
+        return (f"bottom '{bname}' is produced by layer '{other.name}' ({'line ' if isinstance(line, int) else ''}"
+                f"{line}), which comes after this layer in the merged net (layer {j + 1} against {index + 1}: a layer "
+                f"merged into a base keeps its place there, a new one goes at the end){hint}")
     other_phase = [(j, l) for j, l in producers if j < index and phase not in l.phases]
     if other_phase:
         j, other = other_phase[0]

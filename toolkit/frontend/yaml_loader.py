@@ -25,6 +25,7 @@ class Positions:
     file: str
     keys: dict[Path, Location] = field(default_factory=dict)
     values: dict[Path, Location] = field(default_factory=dict)
+    merged: bool = False        # a net built on bases: its layers' order is the merge's, not the lines'
 
     def locate(self, path: Path, prefer_key: bool = True) -> Location:
         """The location of ``path``, or of its nearest ancestor that has one."""
