@@ -117,10 +117,24 @@ def bench_plan(net: Net, batch: int, train: bool, dtype: str | None = None, disa
     return plan, inputs
 
 
+def _with_objective(net: Net) -> Net:
+    """A net without a loss (a deploy net) with the objective `caffe time`'s backward amounts to,
+    said on stderr (frontend/heads.py)."""
+    import sys
+
+    from ..frontend.heads import with_objective
+    net, note = with_objective(net)
+    if note:
+        print(note, file=sys.stderr)
+    return net
+
+
 def run_bench(args) -> int:
     args.device = check_device(args.device)
     args.dtype = resolve_train_dtype(args.dtype, args.device) if args.train else resolve_dtype(args.dtype, args.device)
     net = load_net(args.net)
+    if args.train:
+        net = _with_objective(net)
     disable = disabled_passes(net, args.disable, args.no_optimize)
     solver = solver_config(net)
     weights_file = net.weights_or_published(args.weights)

@@ -116,16 +116,18 @@ def has_training_data(net: Net) -> bool:
 
 
 def has_loss(net: Net) -> bool:
-    """Whether the train phase has a loss (a type ending in Loss, or ``train.losses``)."""
+    """Whether the net has a loss in any phase (a type ending in Loss, or ``train.losses``): a
+    deploy net has none. (One whose losses all sit outside the train phase is a mistake that the
+    train graph reports, not a deploy net.)"""
     if net.spec.train and net.spec.train.losses:
         return True
-    return any(layer.type.endswith("Loss") for layer in net.spec.layers if "train" in layer.phases)
+    return any(layer.type.endswith("Loss") for layer in net.spec.layers)
 
 
 def with_objective(net: Net) -> tuple[Net, str | None]:
-    """``net`` itself when it has a loss; else the net with the sum of its float outputs as its
-    training objective (each output's gradient 1 everywhere: the backward pass from the top that
-    ``caffe time`` runs through any net), and the line that says so."""
+    """``net`` itself when it has a loss; else (a deploy net) the net with the sum of its float
+    outputs as its training objective (each output's gradient 1 everywhere: the backward pass
+    from the top that ``caffe time`` runs through any net), and the line that says so."""
     if has_loss(net):
         return net, None
     outputs = [name for name, v in net.graph("infer").outputs.items() if v.dtype in FLOAT_DTYPES]
