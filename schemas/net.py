@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Optional, Union
 
-from pydantic import AfterValidator, BaseModel, Field
+from pydantic import AfterValidator, BaseModel, Field, model_validator
 
 from .base import InputSpec, LayerBase, Name, PositiveInt, Strict
 from .train import TrainSpec
+from .transform import TransformSpec
 
 
 class OptimizeSpec(Strict):
@@ -34,13 +35,28 @@ def build_net_model(layer_models: list[type[LayerBase]]) -> type[BaseModel]:
         layers: Annotated[list[Layer], Field(min_length=1)]
         outputs: Optional[list[Name]] = None
         train: Optional[TrainSpec] = None
+        # how images and arrays become the inputs, for a net whose train.data declares no transform
+        transform: Optional[TransformSpec] = None
         optimize: Optional[OptimizeSpec] = None
         # an extension: sizes per symbolic dimension that infer and serve compile plans for
         # (the batch's buckets, a sequence length's gears), unless --buckets says otherwise
         gears: Optional[dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")],
                              Annotated[list[PositiveInt], Field(min_length=1)]]] = None
 
+        @model_validator(mode="after")
+        def _one_transform(self):
+            data = self.train.data if self.train is not None else None
+            given = [k for k in DATA_TRANSFORM_KEYS if data is not None and getattr(data, k) is not None]
+            if self.transform is not None and given:
+                raise ValueError(f"the input transform is declared twice: in transform and in train.data "
+                                 f"({', '.join(given)}); keep one")
+            return self
+
     return NetSpec
+
+
+# train.data's keys that make an input transform (Caffe's transform_param)
+DATA_TRANSFORM_KEYS = ("scale", "mean", "mean_value", "mean_file", "crop_size")
 
 
 def json_schema(net_model: type[BaseModel]) -> dict[str, Any]:

@@ -256,6 +256,10 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--input-shape", action="append", default=[], metavar="NAME=C,H,W",
                    help="the example shape of what a data layer reads (its database holds it)")
     q.add_argument("--out", required=True, metavar="DIR", help="where net.yaml (and model.safetensors) go")
+    q.add_argument("--transform", metavar="PRESET", choices=["caffe-imagenet", "torchvision-imagenet"],
+                   help="how images become the input, written as the net's transform: caffe-imagenet (BGR, "
+                        "warped to 256 x 256, the centre crop of the input's size, minus ILSVRC 2012's mean per "
+                        "channel) or torchvision-imagenet")
     q.add_argument("--force", action="store_true", help="replace net.yaml and model.safetensors in DIR")
     q = formats.add_parser("onnx", help="an ONNX model (opset 13 and up; older ones are converted)")
     q.add_argument("model", metavar="MODEL.onnx")
@@ -273,6 +277,9 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--phase", choices=["infer", "test"], default="infer")
     q.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
                    help="override any key of the net file, as for train")
+    q.add_argument("--no-transform", action="store_true",
+                   help="leave the net's input transform out of the graph (it stays in the metadata): the model "
+                        "takes its inputs transformed already")
 
     p = sub.add_parser("zoo", help="the model zoo: list, show, get, verify and publish models with checksummed weights")
     zoo = p.add_subparsers(dest="zoo_command", metavar="ACTION", parser_class=_Parser)

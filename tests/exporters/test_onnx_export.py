@@ -1,11 +1,13 @@
 """``toolkit export onnx``: every layer test net and every zoo net, exported, passes onnx.checker's
 full check and runs in ONNX Runtime equal to the toolkit, at two batch sizes (the batch stays
-dynamic); opsets 13 to the newest; the input transform in the metadata; the errors.
+dynamic); opsets 13 to the newest; the input transform as nodes in front (ONNX Runtime on raw
+inputs equals `toolkit infer` on them) and in the metadata; the errors.
 
 Tolerance: 1e-4 relative to the largest expected magnitude (float32 on both sides)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -51,24 +53,69 @@ def test_every_layer_test_net_exports_and_runs_equal_in_onnx_runtime(tmp_path, c
         assert_equal_outputs(ort_run(model, inputs), {k: want[k] for k in graph.outputs}, f"{case.id} batch {batch}")
 
 
-@pytest.mark.parametrize("name", ["lenet", "mlp", "resnet", "branchnet", "gru_digits", "transformer_digits"])
-def test_every_zoo_net_exports_and_runs_equal_to_toolkit_infer(tmp_path, name):
+ZOO = sorted(p.name for p in (Path(__file__).resolve().parents[2] / "zoo").iterdir() if (p / "net.yaml").is_file())
+
+
+@pytest.mark.parametrize("name", ZOO)
+def test_every_zoo_net_exports_and_runs_equal_to_toolkit_infer_on_raw_inputs(tmp_path, name):
+    """The transform is nodes in front: ONNX Runtime on raw inputs equals `toolkit infer` (which
+    applies the net's transform) on the same raw inputs; with --no-transform, equal to `toolkit
+    infer --no-transform`."""
     import toolkit
-    out = tmp_path / f"{name}.onnx"
+    out, plain = tmp_path / f"{name}.onnx", tmp_path / f"{name}_plain.onnx"
     r = cli("export", "onnx", f"zoo:{name}", "-o", out)
     assert r.status == 0, r.err
     assert f"wrote {out}" in r.out and "dynamic: N" in r.out
-    model = onnx.load(str(out))
+    r = cli("export", "onnx", f"zoo:{name}", "-o", plain, "--no-transform")
+    assert r.status == 0, r.err
+    model, plain_model = onnx.load(str(out)), onnx.load(str(plain))
     onnx.checker.check_model(model, full_check=True)
-    ours = toolkit.load(f"zoo:{name}", transform=False)
+    transformed, raw = toolkit.load(f"zoo:{name}"), toolkit.load(f"zoo:{name}", transform=False)
+    assert ("the input transform is left out" in r.err) == (transformed.transform is not None)
     rng = np.random.default_rng(0)
     for batch in (1, 4):
         feeds = {}
-        for info in ours.inputs:
+        for info in raw.inputs:
             shape = [batch if d is None else d for d in info.shape]
             feeds[info.name] = (rng.integers(0, 8, size=shape) if info.dtype.startswith("int")
-                                else rng.random(shape)).astype(info.dtype)
-        assert_equal_outputs(ort_run(model, feeds), ours.infer(**feeds), f"zoo:{name} batch {batch}")
+                                else rng.random(shape) * 16).astype(info.dtype)       # raw: digits' pixels
+        for got, want in ((ort_run(model, feeds), transformed.infer(**feeds)),
+                          (ort_run(plain_model, feeds), raw.infer(**feeds))):
+            assert set(got) == set(want)
+            for key in want:
+                np.testing.assert_allclose(got[key], want[key], rtol=0, atol=1e-5, err_msg=f"zoo:{name} {key}")
+
+
+def test_a_preset_transform_exports_as_nodes_with_a_dynamic_image_size(tmp_path):
+    """Channel order, a centre crop from the run-time shape (torchvision's half-to-even offsets
+    and Caffe's floor ones), raw scale, mean and std: ONNX Runtime on raw images of several sizes
+    equals `toolkit infer` on them."""
+    import toolkit
+    for preset, mean in (("caffe-imagenet", {}), ("torchvision-imagenet", {}), ("caffe-imagenet", {"mean": 3.5})):
+        path = tmp_path / "net.yaml"
+        path.write_text(json.dumps({
+            "name": "tiny", "inputs": {"data": {"shape": ["N", 3, 5, 4]}},
+            "layers": [{"name": "conv", "type": "Convolution", "bottom": "data", "top": "conv", "num_output": 2,
+                        "kernel_size": 3}],
+            "transform": {"preset": preset, "crop_size": [5, 4], **mean}}))
+        out = tmp_path / "tiny.onnx"
+        r = cli("export", "onnx", path, "-o", out, "--weights", _tiny_weights(tmp_path, path))
+        assert r.status == 0, r.err
+        model = onnx.load(str(out))
+        dims = [d.dim_param or d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+        assert dims == ["N", 3, "data_height", "data_width"]
+        ours = toolkit.load(str(path), weights=str(tmp_path / "w.safetensors"))
+        rng = np.random.default_rng(3)
+        for size in ((5, 4), (8, 7), (10, 13)):
+            x = (rng.random((2, 3) + size) * 255).astype(np.float32)
+            assert_equal_outputs(ort_run(model, {"data": x}), ours.infer(data=x), f"{preset} {size}")
+
+
+def _tiny_weights(folder, path):
+    from toolkit.weights import save_weights
+    from toolkit.zoo.resolve import load_net
+    save_weights(str(folder / "w.safetensors"), load_net(str(path)).init_weights(seed=1))
+    return folder / "w.safetensors"
 
 
 @pytest.mark.parametrize("opset", [13, 17, 18, onnx.defs.onnx_opset_version()])
@@ -93,7 +140,9 @@ def test_the_input_transform_travels_in_the_metadata(tmp_path):
     meta = {p.key: p.value for p in onnx.load(str(out)).metadata_props}
     assert meta["toolkit.net"] == "lenet" and meta["toolkit.phase"] == "infer"
     record = json.loads(meta["toolkit.input_transform"])
-    assert record["inputs"] == ["data"] and record["scale"] == 0.0625 and record["formula"] == "(x - mean) * scale"
+    assert record["inputs"] == ["data"] and record["in_graph"] is True
+    assert record["steps"]["data"]["scale"] == 0.0625 and record["steps"]["data"]["formula"] == \
+        "((x * raw_scale) - mean) / std * scale"
 
 
 def test_the_test_phase_exports_its_loss_and_accuracy(tmp_path):

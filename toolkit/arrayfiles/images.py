@@ -56,6 +56,16 @@ def _decoding(path: str):
 def read_image(path: str, layout: tuple[int, int, int]) -> np.ndarray:
     """One image converted to grey (C 1) or RGB (C 3) and resized to H x W, as [C, H, W]."""
     c, h, w = layout
+
+    def warp(img) -> np.ndarray:
+        arr = np.asarray(img.convert("L" if c == 1 else "RGB").resize((w, h)), dtype=np.float32)
+        return arr[None] if c == 1 else arr.transpose(2, 0, 1)
+    return read_decoded(path, warp)
+
+
+def read_decoded(path: str, prepare):
+    """``prepare`` (a decoded PIL image -> an array) of the image file at ``path``, its size held
+    to the pixel limit first."""
     from PIL import Image
     limit = max_pixels()
     # the check below replaces PIL's own (which would refuse twice its default in its own words,
@@ -67,18 +77,19 @@ def read_image(path: str, layout: tuple[int, int, int]) -> np.ndarray:
         if width * height > limit:
             raise UserError(f"{path}: an image of {width} x {height} pixels ({width * height:,}), over the limit "
                             f"of {limit:,} (set {ENV_MAX_PIXELS} to raise it)")
-        arr = np.asarray(img.convert("L" if c == 1 else "RGB").resize((w, h)), dtype=np.float32)
-    return arr[None] if c == 1 else arr.transpose(2, 0, 1)
+        return prepare(img)
 
 
 class ImageRows(Rows):
     """Image files, one row each, read only when their rows are."""
 
-    def __init__(self, paths: list[str], layout: tuple[int, int, int]):
+    def __init__(self, paths: list[str], layout: tuple[int, int, int], read=None):
+        # ``read``: path -> [C, H, W] of ``layout`` (an input transform's resize and crop), else warped
         self.paths, self.layout = paths, layout
+        self.read_one = read or (lambda path: read_image(path, layout))
         self.rows, self.row_shape, self.dtype = len(paths), tuple(layout), np.dtype(np.float32)
 
     def read(self, start: int, stop: int) -> np.ndarray:
         if stop <= start:
             return np.empty((0,) + self.row_shape, np.float32)
-        return np.stack([read_image(p, self.layout) for p in self.paths[start:stop]])
+        return np.stack([self.read_one(p) for p in self.paths[start:stop]])

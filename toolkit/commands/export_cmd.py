@@ -1,11 +1,11 @@
 """``toolkit export onnx``: a net's infer (or test) phase as an ONNX model, its weights as
-initializers, its symbolic dimensions kept dynamic and its input transform in the metadata."""
+initializers, its symbolic dimensions kept dynamic, its input transform as nodes in front (and in
+the metadata, for readers) unless --no-transform."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
-
-import numpy as np
 
 from ..errors import UserError
 
@@ -16,20 +16,11 @@ def run_export(args) -> int:
     return {"onnx": _onnx}[args.format](args)
 
 
-def transform_metadata(net) -> str | None:
-    """The net's input transform as JSON, for the model's metadata: which inputs, (x - mean) * scale,
-    the mean a number, a value per channel or an image, and the centre crop."""
-    from ..train.data import InputTransform, mean_of
+def transform_record(net) -> dict | None:
+    """The net's input transform as plain data (which inputs, each one's steps), or None."""
+    from ..train.data import InputTransform
     transform = InputTransform.of(net)
-    if transform is None:
-        return None
-    data = transform.data_spec
-    mean = mean_of(data, transform.base)
-    record = {"inputs": transform.applies_to, "formula": "(x - mean) * scale",
-              "scale": data.scale, "mean": None if mean is None else np.squeeze(mean, 0).tolist()
-              if mean.ndim == 4 else np.asarray(mean).reshape(-1).tolist(),
-              "crop_size": data.crop_size}
-    return json.dumps(record)
+    return None if transform is None else transform.record()
 
 
 def _onnx(args) -> int:
@@ -45,10 +36,16 @@ def _onnx(args) -> int:
     weights = net.load_weights(net.default_weights(args.weights), dtype="float32")
     graph = net.graph(args.phase, "float32")
     metadata = {"toolkit.net": net.name, "toolkit.phase": args.phase}
-    transform = transform_metadata(net)
-    if transform is not None:
-        metadata[TRANSFORM_KEY] = transform
-    model = export_graph(graph, weights, net.name, args.opset or DEFAULT_OPSET, metadata)
+    record = transform_record(net)
+    in_graph = record is not None and not args.no_transform
+    if record is not None:
+        # the metadata says, for readers, what the transform is and whether the nodes in front do it
+        metadata[TRANSFORM_KEY] = json.dumps({**record, "in_graph": in_graph})
+        if args.no_transform:
+            print("the input transform is left out (--no-transform): the model takes the inputs as the transform "
+                  f"leaves them; it stays in the metadata '{TRANSFORM_KEY}'", file=sys.stderr)
+    model = export_graph(graph, weights, net.name, args.opset or DEFAULT_OPSET, metadata,
+                         input_transforms=record["steps"] if in_graph else None)
     out = Path(args.output)
     if out.is_dir():
         raise UserError(f"-o {out}: a folder; give the model file's name, e.g. {out / (net.name + '.onnx')}")

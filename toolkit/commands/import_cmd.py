@@ -149,6 +149,7 @@ def _input_shapes(items: list[str]) -> dict[str, list[int]]:
 def _caffe(args) -> int:
     from ..importers.caffe.net import import_net, import_weights, read_prototxt, to_yaml
     from ..importers.caffe.solver import import_solver
+    from schemas.net import DATA_TRANSFORM_KEYS
     from ..zoo.resolve import load_net
     out = Path(args.out)
     taken = [f for f in ("net.yaml", "model.safetensors") if (out / f).exists()]
@@ -156,6 +157,13 @@ def _caffe(args) -> int:
         raise UserError(f"--out {out}: holds {' and '.join(taken)} already; choose another --out, or pass --force "
                         "to replace them")
     net, ctx, weighted, notes = import_net(args.prototxt, tuple(args.stage), _input_shapes(args.input_shape))
+    preset = getattr(args, "transform", None)
+    if preset:
+        given = sorted(k for k in net.get("train", {}).get("data", {}) if k in DATA_TRANSFORM_KEYS)
+        if given:
+            raise UserError(f"--transform {preset}: the prototxt's transform_param gives the input transform already "
+                            f"({', '.join(given)}, in train.data); leave --transform out")
+        net["transform"] = {"preset": preset}
     if args.solver:
         train = import_solver(read_prototxt(args.solver), ctx, notes)
         net["train"] = {**net.get("train", {}), **train}

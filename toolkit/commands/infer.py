@@ -34,14 +34,14 @@ def run_infer(args) -> int:
     # or by the name of an input the infer phase does not use
     unused = ({about["label_column"]} if about.get("label_column") else set()) | \
         (set(phase.net.spec.inputs) - set(graph.inputs))
+    transform = None if args.no_transform else InputTransform.of(phase.net)
     with open_inputs(args.input, list(graph.inputs), list(phase.net.spec.inputs), shapes,
-                     drop_columns=unused) as stream:
+                     drop_columns=unused, image_reader=transform.image_reader if transform else None) as stream:
         row_names = stream.row_names()
         session = phase.session(weights, args.buckets)     # the weights frozen in
         chunk_rows = _chunk_rows(session, args.chunk_rows)
         if chunk_rows is not None:
             stream.check_rows()
-        transform = None if args.no_transform else InputTransform.of(phase.net)
         # the whole inputs' types and shapes, checked before a row is read, in a run's own words
         filled = session.lengths_inputs.values()           # the session fills in the real lengths
         check_input_arrays(session.graph, {k: np.empty(0, dt) for k, dt in stream.dtypes().items()}, filled)

@@ -156,14 +156,17 @@ class InputStream:
 
 
 def open_inputs(specs: list[str], needed: list[str], all_inputs: list[str],
-                shapes: dict[str, tuple] | None = None, drop_columns: set[str] = frozenset()) -> InputStream:
+                shapes: dict[str, tuple] | None = None, drop_columns: set[str] = frozenset(),
+                image_reader=None) -> InputStream:
     """``[NAME=]FILE`` items -> an InputStream of the needed inputs. An unnamed file goes to the
     only needed input; an .npz gives arrays by name (arrays for inputs this phase does not use are
     ignored); a folder gives its images in the order of their names. Images and CSV rows are
     stacked along the batch when the same input is given several times; their examples take the
     input's shape when the sizes agree (a 64-column row feeds [N, 1, 8, 8]). Headers and names are
     checked here; rows are read when asked for. A CSV column whose header names one of
-    ``drop_columns`` (the label column of training data) is left out."""
+    ``drop_columns`` (the label column of training data) is left out. ``image_reader`` (an
+    InputTransform's: (name, layout) -> (the layout read, path -> array)) reads image files as the
+    input transform resizes and crops them; without it they are warped to the input's size."""
     shapes = shapes or {}
     arrays: dict[str, _InputRows] = {}
     stacked: dict[str, list[tuple[Rows, str]]] = {}
@@ -204,7 +207,7 @@ def open_inputs(specs: list[str], needed: list[str], all_inputs: list[str],
             stacks = folder or Path(path).suffix.lower() in (".csv",) + IMAGE_SUFFIXES
             if name in arrays or (name in stacked and not stacks):
                 raise UserError(f"--input {spec}: input '{name}' is given twice")
-            piece = _open_file(path, name, shapes.get(name, ()), folder, drop_columns)
+            piece = _open_file(path, name, shapes.get(name, ()), folder, drop_columns, image_reader)
             opened.append(piece)
             if not stacks:
                 arrays[name] = _InputRows([(piece, path)])
@@ -226,7 +229,7 @@ def open_inputs(specs: list[str], needed: list[str], all_inputs: list[str],
     return InputStream({n: arrays[n] for n in arrays})
 
 
-def _open_file(path: str, name: str, shape: tuple, folder: bool, drop_columns=frozenset()) -> Rows:
+def _open_file(path: str, name: str, shape: tuple, folder: bool, drop_columns=frozenset(), image_reader=None) -> Rows:
     """The rows for input ``name`` of ``shape`` from a file other than an .npz, or from a folder of images."""
     suffix = Path(path).suffix
     if folder:
@@ -234,7 +237,7 @@ def _open_file(path: str, name: str, shape: tuple, folder: bool, drop_columns=fr
         paths = image_files(path)
         if not paths:
             raise UserError(f"{path}: the folder has no image files ({', '.join(IMAGE_SUFFIXES)})")
-        return ImageRows(paths, layout)
+        return ImageRows(paths, *(image_reader(name, layout) if image_reader else (layout,)))
     if suffix.lower() == ".csv":
         table = CsvRows(path)
         dropped = tuple(i for i, column in enumerate(table.header or ()) if column in drop_columns)
@@ -244,7 +247,8 @@ def _open_file(path: str, name: str, shape: tuple, folder: bool, drop_columns=fr
             table.close()
             raise
     if suffix.lower() in IMAGE_SUFFIXES:
-        return ImageRows([path], image_layout(path, name, shape))
+        layout = image_layout(path, name, shape)
+        return ImageRows([path], *(image_reader(name, layout) if image_reader else (layout,)))
     if suffix != ".npy":
         raise unsupported_format(path, "input", _INPUT_FORMATS)
     return open_npy(path)

@@ -570,9 +570,12 @@ def _live(graph: Graph) -> list[Node]:
 
 
 def export_graph(graph: Graph, weights: Mapping[str, np.ndarray], name: str, opset: int = DEFAULT_OPSET,
-                 metadata: Mapping[str, str] | None = None):
+                 metadata: Mapping[str, str] | None = None, input_transforms: Mapping[str, dict] | None = None):
     """The ONNX ModelProto of ``graph`` with ``weights`` (by key) as initializers, checked by
-    ``onnx.checker`` (full check: with shape inference)."""
+    ``onnx.checker`` (full check: with shape inference). ``input_transforms``: per graph input, the
+    record of its transform's steps (onnx_transform.py), written as nodes in front of the graph:
+    the model then takes the raw input."""
+    from .onnx_transform import raw_dims, transform_nodes
     import onnx
     from onnx import helper
     if not MIN_OPSET <= opset <= onnx.defs.onnx_opset_version():
@@ -581,10 +584,14 @@ def export_graph(graph: Graph, weights: Mapping[str, np.ndarray], name: str, ops
     model = _Model(opset, names)
     value_names: dict[int, str] = {}
     graph_inputs = []
+    transforms = {k: r for k, r in (input_transforms or {}).items() if k in graph.inputs}
     for input_name, v in graph.inputs.items():
         names.taken.add(input_name)
         value_names[v.id] = input_name
-        graph_inputs.append(_value_info(input_name, v))
+        dims = [_dim_param(d) for d in v.shape]
+        if input_name in transforms:
+            dims = raw_dims(input_name, dims, transforms[input_name])
+        graph_inputs.append(helper.make_tensor_value_info(input_name, ONNX_TYPES[v.dtype], dims))
         for axis, d in enumerate(v.shape):
             if isinstance(d, Sym) and len(d.terms) == 1 and list(d.terms.items())[0][1] == 1 \
                     and len(list(d.terms)[0]) == 1:
@@ -601,13 +608,19 @@ def export_graph(graph: Graph, weights: Mapping[str, np.ndarray], name: str, ops
         arr = np.asarray(weights[key]).astype(w.value.dtype, copy=False)
         model.initializer(arr, key, name=key)
         value_names[w.value.id] = key
+    front = []
+    for input_name, record in transforms.items():
+        v = graph.inputs[input_name]
+        added, out = transform_nodes(input_name, record, v.dtype, model.initializer, names.fresh)
+        front += added
+        value_names[v.id] = out
     scope = _Scope(model, value_names, [])
     _convert_nodes(scope, nodes)
     graph_outputs = []
     for out_name, v in graph.outputs.items():
         scope.nodes.append(helper.make_node("Identity", [scope.name(v)], [out_name], name=f"{out_name}/output"))
         graph_outputs.append(_value_info(out_name, v))
-    g = helper.make_graph(model.top_nodes + scope.nodes, name, graph_inputs, graph_outputs,
+    g = helper.make_graph(front + model.top_nodes + scope.nodes, name, graph_inputs, graph_outputs,
                           list(model.inits.values()))
     proto = helper.make_model(g, producer_name="toolkit", opset_imports=[helper.make_opsetid("", opset)])
     proto.ir_version = min(proto.ir_version, 10)

@@ -9,13 +9,16 @@ examples it sees: resuming needs no data-loader state.
 from __future__ import annotations
 
 import gzip
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
 from ..arrayfiles import (IMAGE_SUFFIXES, CsvRows, image_files, image_layout, list_folder, load_npy, load_npz,
                           read_image, unsupported_format)
+from ..arrayfiles.images import read_decoded
+from ..arrayfiles.transform import Steps
 from ..errors import UserError
 from ..ir.graph import FLOAT_DTYPES
 
@@ -224,58 +227,123 @@ def fit_to_inputs(arrays: dict[str, np.ndarray], inputs: dict, source: str, crop
 
 @dataclass
 class InputTransform:
-    """The input transform a net was trained with (its ``train.data``: Caffe's transform_param),
-    which deployment applies to the same inputs: ``(x - mean) * scale`` on each float input."""
+    """The net's input transform, declared once: its top-level ``transform`` (a preset and keys)
+    or its ``train.data``'s (Caffe's transform_param), as ``Steps`` per float input (docs/spec.md
+    section 3). ``toolkit infer``, ``toolkit serve``, ``toolkit.load`` and training's test passes
+    apply it through this one entry point: ``__call__`` on arrays, ``image_reader`` for image
+    files, ``prepare_image`` for an image already decoded."""
     inputs: dict                 # the net's input specs
-    data_spec: object            # its train.data
-    dtype: str | None = None
-
-    base: Path | None = None     # where a mean_file is found: the net file's folder
+    steps: dict                  # input name -> Steps
+    source: str                  # where it is declared, in words
 
     @classmethod
     def of(cls, net) -> "InputTransform | None":
-        """The net's transform, or None where its train.data has none."""
-        data = net.spec.train.data if net.spec.train else None
-        if data is None or all(getattr(data, k) is None for k in ("scale", "mean", "mean_value", "mean_file",
-                                                                    "crop_size")):
-            return None
-        return cls(net.spec.inputs, data, base=Path(net.file).parent)
+        """The net's transform, or None where it declares none."""
+        spec = net.spec
+        base = Path(net.file).parent
+        declared = getattr(spec, "transform", None)
+        if declared is not None:
+            values, source = declared.resolved(), "the net's transform"
+            where = "transform"
+        else:
+            data = spec.train.data if spec.train else None
+            if data is None or all(getattr(data, k) is None for k in ("scale", "mean", "mean_value", "mean_file",
+                                                                        "crop_size")):
+                return None
+            values = {"scale": data.scale, "mean": data.mean if data.mean is not None else data.mean_value,
+                      "mean_file": data.mean_file, "crop_size": data.crop_size}
+            if data.new_height and data.new_width:     # an image list's images are resized so before the crop
+                values["resize"] = [data.new_height, data.new_width]
+            values, source, where = {k: v for k, v in values.items() if v is not None}, "the net's train.data", \
+                "train.data"
+        floats = [n for n, s in spec.inputs.items() if s.dtype in FLOAT_DTYPES]
+        names = values.pop("inputs", None) or floats
+        for name in names:
+            if name not in floats:
+                raise UserError(f"{net.file}: {where}.inputs names '{name}', which is not one of the net's float "
+                                f"inputs ({', '.join(floats) or 'none'})")
+        mean = values.get("mean")
+        if values.get("mean_file") is not None:
+            mean = np.squeeze(mean_of(SimpleNamespace(mean_file=values["mean_file"]), base), 0)
+        steps = {}
+        for name in names:
+            shape = spec.inputs[name].shape
+            crop = values.get("crop_size")
+            if crop is None and values.get("resize") is not None and len(shape) == 4 \
+                    and all(isinstance(d, int) for d in shape[2:]):
+                crop = [shape[2], shape[3]]          # after a resize, the centre crop of the input's size
+            steps[name] = Steps(channel_order=values.get("channel_order", "rgb"), resize=_size(values.get("resize")),
+                                interpolation=values.get("interpolation", "bilinear"), crop=_size(crop, pair=True),
+                                crop_offset=values.get("crop_offset", "floor"), raw_scale=values.get("raw_scale"),
+                                mean=mean, std=values.get("std"), scale=values.get("scale"))
+        return cls(spec.inputs, steps, source)
 
     @property
     def applies_to(self) -> list[str]:
-        return [name for name, spec in self.inputs.items() if spec.dtype in FLOAT_DTYPES]
+        return list(self.steps)
 
-    def __call__(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def __call__(self, arrays: dict[str, np.ndarray], dtype: str | None = None, crop: bool = True
+                 ) -> dict[str, np.ndarray]:
+        """The tensor steps on each transformed input (RGB, raw values) -> the net's inputs, in
+        ``dtype`` (default: a float array's own, else the input's). ``crop`` False leaves the
+        centre crop out (training crops at random)."""
         out = dict(arrays)
-        for name, arr in arrays.items():
-            if name in self.inputs and self.inputs[name].dtype in FLOAT_DTYPES:
-                arr = np.asarray(arr)
-                kind = arr.dtype if arr.dtype.kind == "f" else np.dtype(self.inputs[name].dtype)
-                out[name] = transform({name: arr}, self.inputs, self.data_spec, str(kind), self.base)[name]
-                size = self.data_spec.crop_size
-                if size and name in image_inputs(self.inputs) and out[name].ndim == 4 \
-                        and min(out[name].shape[2:]) >= size:
-                    out[name] = center_crop(out[name], size)
+        for name, steps in self.steps.items():
+            if name in arrays:
+                arr = np.asarray(arrays[name])
+                kind = dtype or (str(arr.dtype) if arr.dtype.kind == "f" else self.inputs[name].dtype)
+                out[name] = (steps if crop else replace(steps, crop=None))(arr, kind, name)
         return out
 
     def shapes(self, shapes: dict[str, tuple]) -> dict[str, tuple]:
-        """Input shapes as the transform leaves them (an image larger than the crop, cropped)."""
-        size = self.data_spec.crop_size
-        if not size:
-            return shapes
-        return {name: (tuple(shape[:2]) + (size, size)
-                       if name in image_inputs(self.inputs) and len(shape) == 4 and min(shape[2:]) >= size
-                       else shape)
-                for name, shape in shapes.items()}
+        """Input shapes as the transform leaves them (an array larger than the crop, cropped)."""
+        out = dict(shapes)
+        for name, steps in self.steps.items():
+            shape = shapes.get(name)
+            if steps.crop and shape is not None and len(shape) == 4 and all(isinstance(d, int) for d in shape[2:]) \
+                    and shape[2] >= steps.crop[0] and shape[3] >= steps.crop[1]:
+                out[name] = tuple(shape[:2]) + steps.crop
+        return out
+
+    def image_reader(self, name: str, layout: tuple[int, int, int]):
+        """(the [C, H, W] an image file for input ``name`` of ``layout`` is read as, the reader:
+        path -> that array: decoded, resized and centre-cropped), or (layout, None) to warp it."""
+        steps = self.steps.get(name)
+        if steps is None:
+            return layout, None
+        c, h, w = layout
+
+        def read(path: str) -> np.ndarray:
+            return read_decoded(path, lambda img: steps.prepare_image(img, c, (h, w), path))
+        return (c,) + tuple(steps.image_size((h, w))), read
+
+    def prepare_image(self, name: str, img, where: str) -> np.ndarray:
+        """A decoded PIL image for input ``name`` -> [C, H, W] as an image file is read (before
+        the tensor steps, which ``__call__`` applies to the stacked batch)."""
+        c, h, w = self.inputs[name].shape[1:]
+        steps = self.steps.get(name, Steps())
+        return steps.prepare_image(img, c, (h, w), where)
+
+    def record(self) -> dict:
+        """The transform as plain data: the ONNX export's nodes and metadata."""
+        return {"inputs": list(self.steps), "steps": {name: s.record() for name, s in self.steps.items()},
+                "source": self.source}
 
     def describe(self) -> str:
-        data = self.data_spec
-        mean = data.mean if data.mean is not None else data.mean_value if data.mean_value is not None \
-            else data.mean_file
-        steps = ([f"- mean {mean}"] if mean is not None else []) + \
-                ([f"* {data.scale}"] if data.scale is not None else []) + \
-                ([f", centre crop {data.crop_size}"] if data.crop_size else [])
-        return f"{', '.join(self.applies_to)}: x {' '.join(steps)} (the net's train.data)"
+        texts = {name: s.describe() for name, s in self.steps.items()}
+        if len(set(texts.values())) == 1:
+            return f"{', '.join(texts)}: {next(iter(texts.values()))} ({self.source})"
+        return "; ".join(f"{name}: {text}" for name, text in texts.items()) + f" ({self.source})"
+
+
+def _size(value, pair: bool = False):
+    """A size from a net file (a number or [H, W]) as Steps takes it: a pair, or the number for a
+    shorter-side resize."""
+    if value is None:
+        return None
+    if isinstance(value, int):
+        return (value, value) if pair else value
+    return (int(value[0]), int(value[1]))
 
 
 def mean_of(data_spec, base: Path | None = None, ndim: int = 4):

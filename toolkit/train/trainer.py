@@ -29,8 +29,8 @@ from ..passes.pipeline import memory_reuse
 from ..runtime.plan import Plan, RuntimeState
 from ..weights import save_weights
 from .checkpoint import Checkpoint, find_resume_point, read_checkpoint, write_checkpoint
-from .data import (INPUT_FILE, BatchOrder, Dataset, augment, center_crop, describe_source, fit_to_inputs, image_inputs,
-                   load_source, split, transform)
+from .data import (INPUT_FILE, BatchOrder, Dataset, InputTransform, augment, center_crop, describe_source, fit_to_inputs,
+                   image_inputs, load_source, split, transform)
 from .progress import MetricsLog, Progress, plot
 from .sources import Mapped, kind_of as lazy_kind, open_lazy
 from .watch import TensorBoard, trackers
@@ -101,8 +101,14 @@ def load_data(net: Net, spec, transformed: bool = True) -> tuple[Dataset, Datase
     dtype = net_dtype(net)
     base = Path(net.file).parent
 
+    # a top-level transform (train.data then declares none): its tensor steps on every batch, its
+    # centre crop in test passes only (a training batch is cropped at random, if at all, by augment)
+    declared = InputTransform.of(net) if getattr(net.spec, "transform", None) is not None else None
+
     def transformed_batch(arrays: dict, test: bool) -> dict:
         arrays = transform(arrays, inputs, data_spec, dtype, base)
+        if declared is not None:
+            arrays = declared(arrays, dtype, crop=test)
         if test and crop is not None:           # test: the centre, as Caffe's TEST phase crops
             arrays = {k: center_crop(v, crop) if k in image_inputs(inputs) else v for k, v in arrays.items()}
         return arrays

@@ -334,7 +334,7 @@ def to_yaml(net: dict, source: str) -> str:
              yaml.safe_dump({"inputs": net["inputs"]}, sort_keys=False, default_flow_style=None, width=10**6),
              "layers:\n" + "".join("  - " + yaml.safe_dump(layer, sort_keys=False, default_flow_style=True,
                                                             width=10**6).strip() + "\n" for layer in net["layers"])]
-    for key in ("outputs", "train"):
+    for key in ("outputs", "transform", "train"):
         if key in net:
             parts.append(yaml.safe_dump({key: net[key]}, sort_keys=False, default_flow_style=None, width=10**6))
     return head + "".join(parts)

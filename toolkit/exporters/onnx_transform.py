@@ -1,0 +1,95 @@
+"""An input transform's tensor steps as ONNX nodes at the front of an exported model.
+
+The steps come as plain data, one record per input (``toolkit.arrayfiles.transform.Steps.record``:
+channel order, centre crop, raw scale, mean, std, scale); the image-file steps (decode, resize)
+have no tensor counterpart and stay with whoever reads the files. The nodes compute what
+``Steps.__call__`` computes, in the same order and dtype: the channel order as a Gather on axis 1,
+the centre crop as a Slice whose start is computed from the input's run-time Shape (so the batch
+and the image's height and width stay dynamic), then Mul, Sub, Div, Mul by constants.
+
+Every node is named under ``PREFIX`` + the input's name, so that an import can tell them from the
+net's own nodes and read them back as the net's transform (``toolkit.importers.onnx``).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+PREFIX = "toolkit.input_transform/"
+METADATA_KEY = "toolkit.input_transform"
+
+
+def crop_shape(record: dict) -> tuple[int, int] | None:
+    crop = record.get("crop")
+    return (int(crop[0]), int(crop[1])) if crop else None
+
+
+def raw_dims(input_name: str, shape: list, record: dict) -> list:
+    """The model input's dims where the transform crops: height and width dynamic, named after the input."""
+    if crop_shape(record) is None or len(shape) != 4:
+        return shape
+    return list(shape[:2]) + [f"{input_name}_height", f"{input_name}_width"]
+
+
+def transform_nodes(input_name: str, record: dict, dtype: str, initializer, fresh) -> tuple[list, str]:
+    """(the nodes, the name of the transformed value) of ``record``'s steps on the graph input
+    ``input_name``. ``initializer(array, hint) -> name`` adds a constant; ``fresh(hint) -> name``
+    gives an unused value name."""
+    from onnx import helper
+    nodes: list = []
+    base = PREFIX + input_name
+
+    def node(op: str, inputs: list[str], hint: str, **attrs) -> str:
+        out = fresh(f"{base}/{hint}")
+        nodes.append(helper.make_node(op, inputs, [out], name=out, **attrs))
+        return out
+
+    def const(value, hint: str, kind=None) -> str:
+        return initializer(np.asarray(value, dtype=kind or dtype), f"{base}/{hint}")
+
+    x = input_name
+    if record.get("channel_order") == "bgr":
+        x = node("Gather", [x, const([2, 1, 0], "bgr_order", np.int64)], "bgr", axis=1)
+    crop = crop_shape(record)
+    if crop is not None:
+        x = _center_crop(node, const, x, crop, record.get("crop_offset", "floor"))
+    if record.get("raw_scale") is not None:
+        x = node("Mul", [x, const(record["raw_scale"], "raw_scale")], "raw_scale")
+    if record.get("mean") is not None:
+        x = node("Sub", [x, const(_per_channel(record["mean"], crop, record.get("crop_offset", "floor")), "mean")],
+                 "mean")
+    if record.get("std") is not None:
+        x = node("Div", [x, const(_per_channel(record["std"], None, "floor"), "std")], "std")
+    if record.get("scale") is not None:
+        x = node("Mul", [x, const(record["scale"], "scale")], "scale")
+    return nodes, x
+
+
+def _center_crop(node, const, x: str, crop: tuple[int, int], rule: str) -> str:
+    """Slice [H, W] -> crop at the centre: start (size - crop) // 2 (floor) or round((size - crop)
+    / 2) half to even (ONNX's Round is half to even, as Python's round), from the run-time shape."""
+    shape = node("Shape", [x], "shape")
+    sizes = node("Slice", [shape, const([2], "axis_h", np.int64), const([4], "axis_end", np.int64)], "hw")
+    spare = node("Sub", [sizes, const(list(crop), "crop", np.int64)], "spare")
+    if rule == "round":
+        half = node("Div", [node("Cast", [spare], "spare_f", to=11), const([2.0, 2.0], "two", np.float64)], "half")
+        start = node("Cast", [node("Round", [half], "rounded")], "start", to=7)
+    else:
+        start = node("Div", [spare, const([2, 2], "two_i", np.int64)], "start")    # spare >= 0: floor
+    end = node("Add", [start, const(list(crop), "crop_size", np.int64)], "end")
+    return node("Slice", [x, start, end, const([2, 3], "axes", np.int64)], "crop")
+
+
+def _per_channel(values, crop, rule: str) -> np.ndarray:
+    """A number as it is, one value per channel as [1, C, 1, 1], an image [C, H, W] as [1, C, H, W]
+    centre-cropped to the crop (as ``Steps`` crops a mean image to what it is subtracted from)."""
+    arr = np.asarray(values, dtype=np.float64)
+    if arr.ndim == 1:
+        return arr.reshape(1, -1, 1, 1)
+    if arr.ndim == 3:
+        if crop is not None and arr.shape[1:] != tuple(crop):
+            (h, w), (ch, cw) = arr.shape[1:], crop
+            top = int(round((h - ch) / 2.0)) if rule == "round" else (h - ch) // 2
+            left = int(round((w - cw) / 2.0)) if rule == "round" else (w - cw) // 2
+            arr = arr[:, top:top + ch, left:left + cw]
+        return arr[None]
+    return arr
