@@ -48,6 +48,9 @@ class ModelCard(Strict):
     toolkit_version: Text
     # what the inputs were (an image folder's class names, a CSV's columns): input.json
     input: Optional[CardFile] = None
+    # how many class names input.json carries (a labels file given at import, or an image
+    # folder's subfolders), one per class score in index order
+    classes: Optional[Annotated[StrictInt, Field(ge=1)]] = None
     # the training data, bundled so that others can reproduce and verify the metric
     data_files: list[CardFile] = []
 
@@ -60,6 +63,8 @@ class ModelCard(Strict):
                              "distinct files)")
         if "README.md" in names:
             raise ValueError("README.md is the card itself, not a config or weights file")
+        if self.classes is not None and self.input is None:
+            raise ValueError("'classes' counts the class names of the input description: the card needs 'input'")
         return self
 
     @property

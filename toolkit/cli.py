@@ -74,6 +74,10 @@ def _optimize_flags(p: argparse.ArgumentParser) -> None:
                    help="switch off one graph pass by name (repeatable; `toolkit compile --explain` lists them)")
 
 
+LABELS_HELP = ("class names, one per line in index order (Caffe's synset_words.txt); default: the names the "
+               "model recorded (its input.json)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .backend.devices import device_help
     parser = _Parser(prog="toolkit", description="Caffe-style YAML nets, compiled and run.")
@@ -107,6 +111,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", help=".npz (keyed by output name), .npy (one output), or .csv (one row per "
                                     "example: its row number or file name, then each output, a class score "
                                     "output as its class and class name); default: print")
+    p.add_argument("--top", type=_positive_int, default=None, metavar="K",
+                   help="print each example's K best classes (score, index, name where known), and write "
+                        "them to a .csv --output")
+    p.add_argument("--labels", metavar="FILE", help=LABELS_HELP)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
                    help="override any key of the net file, as for train")
     p.add_argument("--device", type=_device, default="cpu", help=device_help())
@@ -256,6 +264,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--input-shape", action="append", default=[], metavar="NAME=C,H,W",
                    help="the example shape of what a data layer reads (its database holds it)")
     q.add_argument("--out", required=True, metavar="DIR", help="where net.yaml (and model.safetensors) go")
+    q.add_argument("--labels", metavar="FILE", help="the class names, one per line in index order (Caffe's "
+                                                    "synset_words.txt), recorded in DIR/input.json")
     q.add_argument("--transform", metavar="PRESET", choices=["caffe-imagenet", "torchvision-imagenet"],
                    help="how images become the input, written as the net's transform: caffe-imagenet (BGR, "
                         "warped to 256 x 256, the centre crop of the input's size, minus ILSVRC 2012's mean per "
@@ -264,6 +274,8 @@ def build_parser() -> argparse.ArgumentParser:
     q = formats.add_parser("onnx", help="an ONNX model (opset 13 and up; older ones are converted)")
     q.add_argument("model", metavar="MODEL.onnx")
     q.add_argument("--out", required=True, metavar="DIR", help="where net.yaml, the model and model.safetensors go")
+    q.add_argument("--labels", metavar="FILE", help="the class names, one per line in index order, recorded in "
+                                                    "DIR/input.json")
     q.add_argument("--force", action="store_true", help="replace the files in DIR")
 
     p = sub.add_parser("export", help="a net in another toolkit's format (ONNX)")

@@ -11,7 +11,40 @@ from ..errors import SpecError, UserError
 
 
 def run_import(args) -> int:
-    return {"caffe": _caffe, "onnx": _onnx}[args.format](args)
+    # the labels file is read and checked before anything is imported: a bad one wastes no work
+    labels = getattr(args, "labels", None)
+    names = None
+    if labels is not None:
+        from ..arrayfiles.labels import read_labels
+        names = read_labels(labels)
+    status = {"caffe": _caffe, "onnx": _onnx}[args.format](args)
+    if names is not None:
+        _record_labels(Path(args.out), names, labels)
+    return status
+
+
+def _record_labels(out: Path, names: list[str], labels: str) -> None:
+    """The class names in DIR/input.json (beside what it held), where ``toolkit infer``, ``serve``
+    and a published model's card find them; refused unless they fit a class score output."""
+    import json
+
+    from ..arrayfiles.labels import fit_labels
+    from ..fileio import atomic_write
+    from ..train.data import INPUT_FILE, MAX_INPUT_FILE_BYTES, recorded_input
+    from ..zoo.resolve import load_net
+    from .classes import score_widths
+    net_file = out / "net.yaml"
+    graph = load_net(str(net_file)).graph("infer", "float32")
+    widths = score_widths({name: tuple(v.shape) for name, v in graph.outputs.items()})
+    fit_labels(names, widths, f"--labels {labels} (not recorded; the net was imported)")
+    about = recorded_input(str(net_file)) if (out / INPUT_FILE).is_file() else {}
+    about["classes"] = names
+    text = json.dumps(about, ensure_ascii=False, separators=(",", ":")) + "\n"
+    if len(text.encode("utf-8")) > MAX_INPUT_FILE_BYTES:
+        raise UserError(f"--labels {labels}: its names take more than the {MAX_INPUT_FILE_BYTES:,} bytes an "
+                        "input description may hold")
+    atomic_write(out / INPUT_FILE, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+    print(f"wrote {out / INPUT_FILE}: {len(names)} class names from {labels}")
 
 
 def _onnx(args) -> int:

@@ -14,6 +14,7 @@ from ..ir.binding import bind_symbols
 from ..runtime.session import InferSession, check_input_arrays
 from ..train.data import InputTransform, recorded_input
 from ..train.progress import StatusLine, bar, format_time
+from .classes import check_top, class_names, score_widths, top_lines
 from .io import InputStream, check_output_path, open_inputs, write_csv_outputs, write_outputs
 
 CHUNK_BUCKETS = 4      # the default chunk: this many times the largest bucket's rows
@@ -27,9 +28,12 @@ def run_infer(args) -> int:
     graph = phase.graph
     if args.output:   # before loading weights and running: a bad name wastes no work
         check_output_path(args.output, list(graph.outputs))
+    about = recorded_input(phase.net.file)
+    widths = score_widths({name: tuple(v.shape) for name, v in graph.outputs.items()})
+    check_top(args.top, widths)
+    names = class_names(args.labels, about, widths)
     weights = phase.load_weights(args.weights, allow_missing=args.allow_missing)
     shapes = {name: tuple(v.shape) for name, v in graph.inputs.items()}
-    about = recorded_input(phase.net.file)
     # columns a CSV of training data has that no input here reads: the label, by the recorded name
     # or by the name of an input the infer phase does not use
     unused = ({about["label_column"]} if about.get("label_column") else set()) | \
@@ -51,16 +55,20 @@ def run_infer(args) -> int:
                   "(--no-transform feeds them as given)", file=sys.stderr)
         outputs, stats = _run_chunks(session, stream, chunk_rows, args.warm, verbose, transform)
     if args.output and args.output.endswith(".csv"):
-        write_csv_outputs(args.output, outputs, row_names, about.get("classes"))
+        write_csv_outputs(args.output, outputs, row_names, names, args.top or 1)
         print(f"wrote {args.output}: {len(next(iter(outputs.values())))} rows of {', '.join(outputs)}")
     elif args.output:
         write_outputs(args.output, outputs)
         shapes = ", ".join(f"{k} {list(v.shape)}" for k, v in outputs.items())
         print(f"wrote {args.output}: {shapes}")
-    else:
+    if args.top:
+        print("\n".join(top_lines(outputs, row_names, names, args.top)))
+    if not args.output:
+        ranked = set(widths) if args.top else set()          # shown as their top classes above
         with np.printoptions(precision=5, suppress=True, threshold=200):
             for name, value in outputs.items():
-                print(f"{name} {list(value.shape)} {value.dtype}:\n{value}")
+                if name not in ranked:
+                    print(f"{name} {list(value.shape)} {value.dtype}:\n{value}")
     if verbose:
         _report(session, stats)
     return 0

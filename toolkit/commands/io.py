@@ -291,13 +291,16 @@ def write_outputs(path: str, outputs: Mapping[str, np.ndarray]) -> None:
 
 
 def write_csv_outputs(path: str, outputs: Mapping[str, np.ndarray], row_names: list[str] | None,
-                      classes: list[str] | None) -> None:
+                      classes: list[str] | None, top: int = 1) -> None:
     """One row per example: ``file`` (the image it came from) or ``row`` (its number), then each
-    output: a value per example as one column, a row of class scores as the best class, its
-    name where the training data named the classes (an image folder's subfolders), and its
-    score; any other shape is refused (write .npz)."""
+    output: a value per example as one column; a row of class scores ([N, C], or [N, C, 1, 1] of
+    a net that ends in global pooling) as its best class, the class's name where names are known
+    (a labels file, or an image folder's subfolders) and its score, or with ``top`` K > 1 as K
+    such triples, best first (``prob_top1_class``, ...); any other shape is refused (write .npz)."""
     import csv
     import io
+
+    from ..arrayfiles.labels import score_width, top_k
     rows = {len(v) for v in outputs.values() if np.ndim(v) >= 1}
     if len(rows) != 1 or any(np.ndim(v) == 0 for v in outputs.values()):
         raise UserError(f"--output {path}: a CSV holds one row per example, and the outputs do not share their "
@@ -307,16 +310,18 @@ def write_csv_outputs(path: str, outputs: Mapping[str, np.ndarray], row_names: l
     columns = [row_names if row_names else list(range(n))]
     for name, value in outputs.items():
         value = np.asarray(value)
-        if value.ndim == 1 or (value.ndim == 2 and value.shape[1] == 1):
+        width = score_width(value.shape) if value.dtype.kind == "f" else None
+        if value.ndim >= 1 and value.size == n:
             header.append(name)
             columns.append(value.reshape(n).tolist())
-        elif value.ndim == 2 and value.dtype.kind == "f":
-            best = value.argmax(axis=1)
-            header += [f"{name}_class", f"{name}_score"]
-            columns += [best.tolist(), value[np.arange(n), best].tolist()]
-            if classes and len(classes) == value.shape[1]:
-                header.insert(len(header) - 1, f"{name}_name")
-                columns.insert(len(columns) - 1, [classes[i] for i in best])
+        elif width is not None:
+            best, scores = top_k(value, top)
+            names = classes if classes and len(classes) == width else None
+            for rank in range(best.shape[1]):
+                prefix = name if top == 1 else f"{name}_top{rank + 1}"
+                header += [f"{prefix}_class"] + ([f"{prefix}_name"] if names else []) + [f"{prefix}_score"]
+                columns += [best[:, rank].tolist()] + ([[names[i] for i in best[:, rank]]] if names else []) + \
+                    [scores[:, rank].tolist()]
         else:
             raise UserError(f"--output {path}: output '{name}' has shape {list(value.shape)}, which is not one value "
                             "or one row of class scores per example; use .npz")
@@ -325,4 +330,3 @@ def write_csv_outputs(path: str, outputs: Mapping[str, np.ndarray], row_names: l
     writer.writerow(header)
     writer.writerows(zip(*columns))
     atomic_write(Path(path), lambda tmp: Path(tmp).write_text(text.getvalue()))
-

@@ -119,6 +119,7 @@ def _show(args) -> int:
               ("licence", card.licence), ("config", _file_line(card.config)),
               *[("weights", _file_line(w) + ("  (default)" if i == 0 and len(card.weights) > 1 else ""))
                 for i, w in enumerate(card.weights)],
+              *([("classes", f"{card.classes} names, in {card.input.file}")] if card.classes else []),
               ("reproduce", card.reproduce), ("toolkit", card.toolkit_version), ("files", where)]
     for key, value in fields:
         print(f"  {key + ':':<13}{value}")

@@ -25,7 +25,7 @@ from ..ir.graph import FLOAT_DTYPES
 DATASETS = Path(__file__).parent / "datasets"
 # beside a run's (and a published model's) net.yaml: describe_source's findings, for deployment
 INPUT_FILE = "input.json"
-MAX_INPUT_FILE_BYTES = 1 << 20
+MAX_INPUT_FILE_BYTES = 4 << 20        # room for a labels file's names (arrayfiles.labels bounds them)
 
 
 @dataclass
@@ -171,6 +171,9 @@ def recorded_input(net_file: str) -> dict:
             raise UserError(f"{path}: '{key}' is not a list of names")
     if about.get("label_column") is not None and not isinstance(about["label_column"], str):
         raise UserError(f"{path}: 'label_column' is not a name")
+    if about.get("classes") is not None:
+        from ..arrayfiles.labels import check_names
+        check_names(about["classes"], f"{path}: 'classes'")
     return about
 
 

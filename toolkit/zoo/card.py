@@ -138,7 +138,7 @@ def render_front_matter(fields: dict) -> str:
 
 def render_card(card: ModelCard, body: str) -> str:
     fields = card.model_dump(mode="json")
-    for key, empty in (("input", None), ("data_files", [])):    # optional keys: left out when unused
+    for key, empty in (("input", None), ("classes", None), ("data_files", [])):   # optional keys: left out when unused
         if fields.get(key) == empty:
             del fields[key]
     return render_front_matter(fields) + body

@@ -188,8 +188,9 @@ def publish(dir: Path | str, to_folder: Path | str, name: str | None = None, lic
         net_bytes = render_net(pointed, folder=to / name).encode("utf-8")
     else:
         net_bytes = net_text_for_publishing(net, net_path, to / name).encode("utf-8")
-    from ..train.data import INPUT_FILE
+    from ..train.data import INPUT_FILE, recorded_input
     input_bytes = (src / INPUT_FILE).read_bytes() if (src / INPUT_FILE).is_file() else None
+    classes = recorded_input(str(net_path)).get("classes") if input_bytes is not None else None
     if weights_path.suffix == ".safetensors":
         weights_bytes = weights_path.read_bytes()             # as given, metadata and all
     else:
@@ -203,6 +204,7 @@ def publish(dir: Path | str, to_folder: Path | str, name: str | None = None, lic
                    "reproduce": fields.get("reproduce") or f"toolkit train zoo:{name}",
                    "toolkit_version": __version__,
                    "input": _entry(INPUT_FILE, input_bytes) if input_bytes is not None else None,
+                   "classes": len(classes) if classes else None,
                    "data_files": [_entry(DATA_FILES[k], b) for k, b in data.items()]}
     try:
         card = ModelCard.model_validate(card_fields)
@@ -323,12 +325,36 @@ def verify(dir: Path | str, no_test: bool = False) -> list[Check]:
         except UserError as e:
             checks.append(Check("FAIL", f"{entry.file} matches the net"))
             problems += e.problems
+    if card.classes is not None:
+        checks.append(_check_classes(folder, card, net, problems))
     checks.append(_check_metric(folder, card, net, loaded, no_test, problems))
     if problems:
         error = UserError(*problems)
         error.checks = checks
         raise error
     return checks
+
+
+def _check_classes(folder: Path, card: ModelCard, net, problems: list) -> Check:
+    """The card's count of class names is input.json's, and a class score output of the net has
+    that many scores per example ([N, C] or [N, C, 1, 1])."""
+    from ..train.data import recorded_input
+    what = f"{card.input.file} names {card.classes} classes, one per class score"
+    try:
+        names = recorded_input(str(folder / card.config.file)).get("classes") or []
+    except UserError as e:
+        problems += e.problems
+        return Check("FAIL", what)
+    found = []
+    if len(names) != card.classes:
+        found.append(f"{folder / card.input.file}: {len(names)} class names, the card says {card.classes}")
+    elif net is not None:
+        shapes = [tuple(v.shape) for v in net.graph("infer", "float32").outputs.values()]
+        if not any(len(s) >= 2 and s[1] == card.classes and all(d == 1 for d in s[2:]) for s in shapes):
+            found.append(f"{folder / card.input.file}: {card.classes} class names, but no output of the net has "
+                         f"{card.classes} class scores per example")
+    problems += found
+    return Check("FAIL" if found else "ok", what)
 
 
 def _check_metric(folder: Path, card: ModelCard, net, loaded: list[CardFile], no_test: bool,
