@@ -1,14 +1,17 @@
 """Files read and written safely: only regular files are read (a folder, FIFO or device named as
 a file is refused before anything waits on it), reads are bounded, and a write either completes
-or leaves the previous file as it was, its failure naming the file."""
+or leaves the previous file as it was, its failure naming the file; a set of files (an import's)
+is written into a staged folder and moved into place only when all of it is written."""
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+import shutil
 import stat
 import tempfile
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from .errors import UserError
 
@@ -65,9 +68,7 @@ def read_regular(path, limit: int, what: str = "file") -> bytes:
 
 def _default_mode() -> int:
     """What a plain open() would give a new file under the process's umask."""
-    mask = os.umask(0)
-    os.umask(mask)
-    return 0o666 & ~mask
+    return 0o666 & ~_umask()
 
 
 def atomic_write(target: Path, write: Callable[[str], None]) -> None:
@@ -93,6 +94,47 @@ def atomic_write(target: Path, write: Callable[[str], None]) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+@contextlib.contextmanager
+def staged_folder(target: Path) -> Iterator[Path]:
+    """A new empty folder to write a set of files into, moved into ``target`` only when the block
+    completes: renamed to ``target`` where that does not exist yet, else each file renamed into
+    it (replacing a file of the same name). On any failure the folder and what it holds go, and
+    ``target`` is as it was (not even created). The folder sits in the nearest existing folder
+    above ``target``, so that the renames stay on one file system."""
+    target = Path(target)
+    anchor = target.parent
+    while not anchor.exists() and anchor != anchor.parent:
+        anchor = anchor.parent
+    try:
+        stage = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=anchor))
+    except OSError as e:
+        raise OSError(e.errno, e.strerror, str(target)) from None
+    try:
+        yield stage
+        _move_in(stage, target)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+def _move_in(stage: Path, target: Path) -> None:
+    try:
+        if target.exists() or target.is_symlink():
+            for item in sorted(stage.iterdir()):
+                os.replace(item, target / item.name)
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.chmod(stage, 0o777 & ~_umask())      # mkdtemp's folder is private; a plain mkdir's is not
+            os.rename(stage, target)
+    except OSError as e:
+        raise OSError(e.errno, e.strerror or os.strerror(e.errno or errno.EIO), str(target)) from None
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def append_line(path: Path, line: str) -> None:

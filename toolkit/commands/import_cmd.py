@@ -218,28 +218,35 @@ def _caffe(args) -> int:
     except UserError as e:
         raise UserError(f"the imported net does not load (a gap in the importer; please report it): "
                         + "; ".join(str(p) for p in e.problems)) from None
-    out.mkdir(parents=True, exist_ok=True)
-    from ..fileio import atomic_write
-    atomic_write(target, lambda tmp: Path(tmp).write_text(text))
-    if "mean_image" in ctx.extra:
-        def write_mean(tmp: str) -> None:
-            with open(tmp, "wb") as f:
-                np.save(f, ctx.extra["mean_image"].astype(np.float32))
-        atomic_write(out / "mean.npy", write_mean)
-        print(f"wrote {out / 'mean.npy'}: the mean image {list(ctx.extra['mean_image'].shape)}")
-    params = sum(math.prod(shape) for key, (shape, _layer) in loaded.declared.items()
-                 if not key.endswith(("running_mean", "running_var")))
-    print(f"imported {net['name']}: {len(net['layers'])} layers, {params:,} parameters; wrote {target}")
-    if weights is not None or ctx.fixed:
-        _write_weights(args.weights, weights or {}, ctx.fixed, loaded, out / "model.safetensors")
+    from ..fileio import atomic_write, staged_folder
+    said = []
+    # written into a staged folder and moved into --out at the end: an import that fails (weights
+    # that do not fit the prototxt) leaves nothing behind, and its rerun needs no --force
+    with staged_folder(out) as stage:
+        atomic_write(stage / "net.yaml", lambda tmp: Path(tmp).write_text(text))
+        if "mean_image" in ctx.extra:
+            def write_mean(tmp: str) -> None:
+                with open(tmp, "wb") as f:
+                    np.save(f, ctx.extra["mean_image"].astype(np.float32))
+            atomic_write(stage / "mean.npy", write_mean)
+            said.append(f"wrote {out / 'mean.npy'}: the mean image {list(ctx.extra['mean_image'].shape)}")
+        params = sum(math.prod(shape) for key, (shape, _layer) in loaded.declared.items()
+                     if not key.endswith(("running_mean", "running_var")))
+        said.append(f"imported {net['name']}: {len(net['layers'])} layers, {params:,} parameters; wrote {target}")
+        if weights is not None or ctx.fixed:
+            said += _write_weights(args.weights, weights or {}, ctx.fixed, loaded, stage / "model.safetensors",
+                                   out / "model.safetensors")
+    for line in said:
+        print(line)
     for note in notes:
         print(f"note: {note}")
     return 0
 
 
-def _write_weights(caffemodel: str | None, weights: dict, fixed: dict, loaded, target: Path) -> None:
+def _write_weights(caffemodel: str | None, weights: dict, fixed: dict, loaded, target: Path, shown: Path) -> list[str]:
     """The caffemodel's arrays and the matrices read from the prototxt's own files (``fixed``)
-    over the fillers' values, checked against the net's declared shapes."""
+    over the fillers' values, checked against the net's declared shapes, written to ``target``;
+    the lines that say so, naming the file ``shown`` (where it will be)."""
     from ..weights import check_weights, save_weights
     source = caffemodel or "the prototxt's files"
     report = check_weights(source, {**weights, **fixed}, loaded.declared, allow_missing=True)
@@ -258,6 +265,7 @@ def _write_weights(caffemodel: str | None, weights: dict, fixed: dict, loaded, t
         parts.append(f"{', '.join(sorted(fixed))} from the prototxt's files")
     if started:
         parts.append(f"{len(started)} from their fillers ({', '.join(started[:6])}{' ...' if len(started) > 6 else ''})")
-    print(f"wrote {target}: " + ", ".join(parts))
+    said = [f"wrote {shown}: " + ", ".join(parts)]
     if not caffemodel:
-        print(f"note: train from these with --weights {target}, or the fixed matrices start as their fillers")
+        said.append(f"note: train from these with --weights {shown}, or the fixed matrices start as their fillers")
+    return said

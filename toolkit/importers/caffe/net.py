@@ -43,7 +43,8 @@ def read_prototxt(path: str) -> Message:
 
 
 def _net_name(msg: Message, path: str) -> str:
-    name = str(msg.value("name", "") or Path(path).parent.name or Path(path).stem)
+    """The prototxt's name, else its file's (``lenet.prototxt`` is the model ``lenet``)."""
+    name = str(msg.value("name", "") or Path(path).stem)
     name = re.sub(r"[^A-Za-z0-9_.\-]", "_", name).strip("._") or "imported"
     return name
 
@@ -139,6 +140,9 @@ def import_net(prototxt: str, stages: tuple[str, ...] = (), input_shapes: dict[s
     out_layers: list[dict] = []
     weighted: list[tuple[str, str]] = []
     seen: dict[str, Location] = {}
+    # every name of the file and every name given: a new name must clash with none of them
+    used = {_layer_name(str(e.value("name", _type_of(e, v1, ctx)))) for e in entries}
+    named: dict[str, list] = {}            # a Caffe name -> the phases of each layer renamed from it
     for layer in entries:
         kind = _type_of(layer, v1, ctx)
         raw_name = str(layer.value("name", kind))
@@ -157,6 +161,8 @@ def import_net(prototxt: str, stages: tuple[str, ...] = (), input_shapes: dict[s
                 given = in_shapes[i] if i < len(in_shapes) else (in_shapes[0] if in_shapes else [])
                 inputs[top] = {"shape": _shape(given, layer.loc, ctx, top), "dtype": "float32"}
             continue
+        if kind == "Python" and not _python_data_layer(layer, raw_name, bottoms, tops, input_shapes, ctx):
+            continue
         if kind in DATA_TYPES:
             _data_layer(layer, kind, tops, phases, inputs, input_shapes, data, ctx, notes)
             continue
@@ -164,15 +170,26 @@ def import_net(prototxt: str, stages: tuple[str, ...] = (), input_shapes: dict[s
         if name in seen:
             first_loc, first_phases = seen[name]
             if set(first_phases) & set(phases):
-                ctx.error(f"layer name '{raw_name}' is already used (line {first_loc.line}) in the same phase",
-                          layer.loc)
-                continue
-            # Caffe builds one net per phase and gives the test net the trained layers of the same
-            # name: here the second layer gets a name of its own and shares the first's weights
-            share = name if kind in WEIGHTS else None
-            name = f"{name}_{phases[0].lower()}"
+                # Caffe wires layers by their blobs and lets two share a name (BVLC's
+                # mnist_autoencoder has two 'loss' layers): the second gets a name of its own
+                renamed = _free_name(name, used)
+                notes.append(f"layer '{raw_name}' at line {layer.loc.line} has the name of the layer at line "
+                             f"{first_loc.line} in the same phase: renamed '{renamed}' (its blobs wire it as before)")
+                # its weights: the caffemodel's layer of that name in the same turn (Caffe saves them
+                # in the net's order)
+                turn = sum(1 for earlier in named.get(name, []) if set(earlier) & set(phases))
+                ctx.extra.setdefault("renamed", {})[renamed] = (name, turn)
+                named.setdefault(name, []).append(phases)
+                name = renamed
+            else:
+                # Caffe builds one net per phase and gives the test net the trained layers of the same
+                # name: here the second layer gets a name of its own and shares the first's weights
+                share = name if kind in WEIGHTS else None
+                name = _free_name(f"{name}_{phases[0].lower()}", used)
         else:
             seen[name] = (layer.loc, phases)
+            named[name] = [phases]
+        used.add(name)
         converted = caffe_layers.convert(_v1_params(layer) if v1 else layer, kind, name, bottoms, tops, ctx)
         if share is not None:
             for entry in converted:
@@ -215,6 +232,32 @@ def import_net(prototxt: str, stages: tuple[str, ...] = (), input_shapes: dict[s
     if data:
         net["train"] = {"data": data}
     return net, ctx, weighted, notes + ctx.notes
+
+
+def _free_name(name: str, used: set[str]) -> str:
+    """``name``, or ``name_2``, ``name_3``, ... where it is taken."""
+    k, candidate = 2, name
+    while candidate in used:
+        candidate, k = f"{name}_{k}", k + 1
+    return candidate
+
+
+def _python_data_layer(layer: Message, raw_name: str, bottoms: list[str], tops: list[str], input_shapes: dict,
+                       ctx: Context) -> bool:
+    """Whether a Python layer is read as a data layer: one that takes no bottom and whose first top's
+    shape is given (--input-shape). Any other is refused as what it is: code outside the file."""
+    p = _sub(layer, "python_param")
+    what = f"{p.value('module', '?')}.{p.value('layer', '?')}"
+    if not bottoms and tops and tops[0] in input_shapes:
+        return True
+    if not bottoms:
+        ctx.error(f"layer '{raw_name}' is a Python layer ({what}): its code is not part of the model file; as it "
+                  f"reads no bottom it feeds data: give the shape of what it yields with --input-shape "
+                  f"{tops[0] if tops else 'data'}=C,H,W and the data itself as train.data", layer.loc)
+    else:
+        ctx.error(f"layer '{raw_name}' is a Python layer ({what}): its code is not part of the model file; write "
+                  "what it computes with the catalog's layers, or import the deploy prototxt without it", layer.loc)
+    return False
 
 
 def _data_layer(layer: Message, kind: str, tops: list[str], phases: list[str], inputs: dict,
@@ -310,8 +353,19 @@ def import_weights(path: str, weighted: list[tuple[str, str]], ctx: Context, not
     where = Location(path, 0, 0)
     out: dict[str, np.ndarray] = {}
     wanted = {name for name, _ in weighted}
+    # layers of a name the prototxt uses twice in a phase (the second renamed) take the
+    # caffemodel's layers of that name in turn
+    renamed = ctx.extra.get("renamed", {})
+    twice = {original for original, _turn in renamed.values()}
+    nth: dict[str, list] = {}
+    for layer in list(model.layer) + list(model.layers):
+        nth.setdefault(_layer_name(layer.name), []).append(layer)
     for name, kind in weighted:
-        layer = by_name.get(name)
+        original, turn = renamed.get(name, (name, 0))
+        if original in twice:
+            layer = nth[original][turn] if turn < len(nth.get(original, [])) else None
+        else:
+            layer = by_name.get(name)
         if layer is None or not layer.blobs:
             notes.append(f"layer '{name}' has no weights in {path}: it starts from its fillers")
             continue
