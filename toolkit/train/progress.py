@@ -6,6 +6,7 @@ import json
 import math
 import sys
 import time
+from collections import deque
 from pathlib import Path
 
 from ..fileio import append_line, atomic_write
@@ -59,24 +60,76 @@ class StatusLine:
             self.drawn = False
 
 
-class Progress:
-    """Iteration, loss, lr, speed and ETA: a redrawn bar on a TTY, a line every ``display`` iterations otherwise."""
+# it/s is measured over the recent past, so that a slow start (data loading, caches warming) or a
+# test pass stops weighing on the ETA after a few lines: the shortest window that spans at least
+# this many iterations or seconds
+WINDOW_ITERATIONS = 20
+WINDOW_S = 10.0
 
-    def __init__(self, total: int, start: int, display: int, stream=None):
+
+class Speed:
+    """Iterations per second over a recent window, not counting the time given to ``exclude``
+    (kernel compiles, which happen once and say nothing of the steps to come)."""
+
+    def __init__(self, done: int, now: float | None = None):
+        self.excluded = 0.0
+        self.samples: deque[tuple[int, float]] = deque([(done, time.perf_counter() if now is None else now)])
+
+    def exclude(self, seconds: float) -> None:
+        self.excluded += seconds
+
+    def mark(self, done: int, now: float | None = None) -> None:
+        """``done`` iterations are complete at ``now`` (default: the clock)."""
+        t = (time.perf_counter() if now is None else now) - self.excluded
+        self.samples.append((done, t))
+        while len(self.samples) > 2:
+            d1, t1 = self.samples[1]            # would the window starting there still be wide enough?
+            if (done - d1 >= WINDOW_ITERATIONS and t > t1) or t - t1 >= WINDOW_S:
+                self.samples.popleft()
+            else:
+                break
+
+    def rate(self) -> float | None:
+        """Iterations per second, or None before any time has passed."""
+        (d0, t0), (d1, t1) = self.samples[0], self.samples[-1]
+        if d1 <= d0 or t1 <= t0:
+            return None
+        return (d1 - d0) / (t1 - t0)
+
+
+class Progress:
+    """Iteration, epoch, loss, lr, speed and ETA: a redrawn bar on a TTY, a line every
+    ``display`` iterations otherwise; a kernel compile on a line of its own, its time left out of
+    the speed. ``per_epoch``: iterations per pass over the training data."""
+
+    def __init__(self, total: int, start: int, display: int, stream=None, per_epoch: int | None = None):
         self.total, self.start, self.display = total, start, display
+        self.per_epoch = per_epoch
         self.line = StatusLine(stream)
-        self.t0 = time.perf_counter()
+        self.speed = Speed(start)
+
+    def epoch(self, it: int) -> str:
+        """`` epoch E/TOTAL`` for iteration ``it`` (counted from 1), or nothing without epochs."""
+        if not self.per_epoch:
+            return ""
+        return f" epoch {it // self.per_epoch + 1}/{-(-self.total // self.per_epoch)}"
+
+    def compiled(self, what: str, seconds: float, show: bool = True) -> None:
+        """A compile that took ``seconds``: left out of the iterations' speed, and (``show``) said."""
+        self.speed.exclude(seconds)
+        if show:
+            self.line.message(f"compiling kernels {what} ... {seconds:.1f} s")
 
     def update(self, it: int, loss: float, lr: float) -> None:
-        done = it + 1 - self.start
-        elapsed = time.perf_counter() - self.t0
-        speed = done / elapsed if elapsed > 0 else float("inf")
-        eta = (self.total - it - 1) / speed if speed > 0 else float("inf")
+        self.speed.mark(it + 1)
+        rate = self.speed.rate()
+        shown = "? it/s ETA ?" if rate is None else \
+            f"{rate:.1f} it/s ETA {format_time((self.total - it - 1) / rate)}"
         if self.line.tty:
-            self.line.draw(f"{bar(it + 1, self.total)} {it + 1}/{self.total} loss {loss:.4f} lr {lr:.3g} "
-                           f"{speed:.1f} it/s ETA {format_time(eta)} ", last=it + 1 >= self.total)
+            self.line.draw(f"{bar(it + 1, self.total)} {it + 1}/{self.total}{self.epoch(it)} loss {loss:.4f} "
+                           f"lr {lr:.3g} {shown} ", last=it + 1 >= self.total)
         elif it % self.display == 0 or it + 1 == self.total:
-            self.line.print(f"iter {it} loss {loss:.6f} lr {lr:.6g} {speed:.1f} it/s ETA {format_time(eta)}")
+            self.line.print(f"iter {it}{self.epoch(it)} loss {loss:.6f} lr {lr:.6g} {shown}")
 
     def message(self, text: str) -> None:
         self.line.message(text)

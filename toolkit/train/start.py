@@ -52,7 +52,7 @@ def train_net(net: Net, device: Device, *, out: str | None = None, resume: str |
               stream=None) -> RunResult:
     """Train ``net`` (already loaded with ``overrides``, which ``set_texts`` spell as given) into
     a new run folder, or continue the run ``resume`` names."""
-    from .trainer import Trainer
+    from .trainer import FinishedRun, Trainer
     say = stream or sys.stderr
     mixed = net.spec.train.solver.mixed_precision if net.spec.train else None
     if mixed is not None:
@@ -68,8 +68,13 @@ def train_net(net: Net, device: Device, *, out: str | None = None, resume: str |
             changed = runs.check_resume_changes(run, render_net(net, folder=run), list(overrides))
     else:
         folder, notice = choose_run_folder(net.name, out, comm)
-    trainer = Trainer(net, folder, weights=weights, resume=resume, device=device, disable=disable, comm=comm,
-                      allow_missing=allow_missing, stream=stream)
+    try:
+        trainer = Trainer(net, folder, weights=weights, resume=resume, device=device, disable=disable, comm=comm,
+                          allow_missing=allow_missing, stream=stream)
+    except FinishedRun as finished:
+        if comm is None or comm.rank == 0:
+            print(finished, file=say)
+        return finished_result(folder, finished.iteration)
     if trainer.rank == 0:
         if notice:
             print(notice, file=say)
@@ -84,3 +89,31 @@ def train_net(net: Net, device: Device, *, out: str | None = None, resume: str |
         kept = {"metric": best.metric, "value": best.best, "iteration": best.best_iter,
                 "file": folder / "best.safetensors"}
     return RunResult(folder, status, trainer.iterations_done, dict(getattr(trainer, "final_metrics", {}) or {}), kept)
+
+
+def finished_result(folder: Path, iteration: int) -> RunResult:
+    """The RunResult of a run that had finished before this start: its last test metrics (the
+    last line of metrics.jsonl without a training loss) and its best weights, as recorded."""
+    import json
+    metrics: dict[str, float] = {}
+    log = folder / "metrics.jsonl"
+    if log.is_file():
+        for line in log.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(record, dict) and "loss" not in record:
+                metrics = {k: v for k, v in record.items() if k not in ("iter", "lr") and isinstance(v, (int, float))}
+    best = None
+    kept = folder / "best.safetensors"
+    if kept.is_file():
+        from safetensors import safe_open
+        try:
+            with safe_open(str(kept), framework="numpy") as f:
+                about = dict(f.metadata() or {})
+            (metric, value), = [(k, v) for k, v in about.items() if k != "iteration"]
+            best = {"metric": metric, "value": float(value), "iteration": int(about["iteration"]), "file": kept}
+        except Exception:            # weights without the run's note: the result just has no best
+            best = None
+    return RunResult(folder, 0, iteration, metrics, best)

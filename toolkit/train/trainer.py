@@ -10,8 +10,10 @@ from __future__ import annotations
 import math
 import signal
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -40,6 +42,16 @@ from .sequences import (GearedBatches, attach_lengths, train_gear_sizes, trainin
 from .schedule import check_policy, learning_rate
 
 RESERVED = {"iter", "loss", "lr"}
+
+
+class FinishedRun(Exception):
+    """``--resume`` of a run that has nothing left to train: it reached its last iteration, or
+    stopped early and would stop again at its next test. Carries the line that says so and the
+    iteration the run ended at."""
+
+    def __init__(self, line: str, iteration: int):
+        super().__init__(line)
+        self.iteration = iteration
 
 
 class _NoLog:
@@ -164,14 +176,19 @@ class PlanCache:
     device: Device = CPU
     reuse_memory: bool = True
     plans: dict = field(default_factory=dict)
+    # told of each plan built: the input shapes and the seconds its build (the kernel compile) took
+    on_build: Callable[[dict, float], None] | None = None
 
     def run(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         shapes = {k: np.shape(v) for k, v in arrays.items()}
         key = tuple(sorted(shapes.items()))
         if key not in self.plans:
+            started = time.perf_counter()
             bindings = bind_symbols(self.graph, shapes)
             self.plans[key] = Plan(self.graph, bindings, {k: self.weights[k] for k in self.graph.weights},
                                    self.device, self.runtime, reuse_memory=self.reuse_memory)
+            if self.on_build is not None:
+                self.on_build(shapes, time.perf_counter() - started)
         return self.plans[key].run(arrays)
 
 
@@ -295,6 +312,22 @@ class Trainer:
                 store[name] = initial_state(w)
         return store
 
+    def _check_not_finished(self, target: str) -> None:
+        """Raises FinishedRun where the run resumed (its checkpoint read and found to match the
+        net) has nothing left to train; before any kernel is compiled."""
+        limit = "train.max_iter" if self.spec.max_iter else "train.epochs"
+        if self.start == self.max_iter:
+            raise FinishedRun(f"{target}: the run is finished: it reached iteration {self.start}, its last "
+                              f"({limit} {self.spec.max_iter or self.spec.epochs}); nothing to train. To train on, "
+                              f"raise it (--set {limit}=N)", self.start)
+        stopped = self.resumed_watch.get("early_stop") or {}
+        rule = self.spec.early_stop
+        if rule is not None and stopped.get("since", 0) >= rule.patience:
+            raise FinishedRun(f"{target}: the run is finished: it stopped early at iteration {self.start} "
+                              f"({rule.metric} had not improved for {stopped['since']} tests); nothing to train. "
+                              f"To train on, raise train.early_stop.patience (--set train.early_stop.patience=N)",
+                              self.start)
+
     def _resume(self, target: str) -> None:
         path = find_resume_point(target)
         ckpt = read_checkpoint(path)
@@ -323,6 +356,7 @@ class Trainer:
             raise UserError(f"{path}: the run is at iteration {self.start} already and train.max_iter is "
                             f"{self.max_iter}; to train on, raise it (--set train.max_iter=N)")
         self.resumed_from = path
+        self._check_not_finished(target)
 
     def checkpoint(self, iteration: int) -> Path:
         meta = {"net": self.net.name, "solver": self.cfg.type, "rng": self.runtime.rng.bit_generator.state,
@@ -464,7 +498,11 @@ class Trainer:
         log = MetricsLog(self.out / "metrics.jsonl", self.start if self.start else None) if writer else _NoLog()
         board = TensorBoard(self.out / "tensorboard") if writer and self.spec.tensorboard else None
         spec = self.spec
-        progress = Progress(self.max_iter, self.start, spec.display, self.stream if writer else _Silent())
+        progress = Progress(self.max_iter, self.start, spec.display, self.stream if writer else _Silent(),
+                            per_epoch=self.order.per_epoch)
+        self.train_plans.on_build = _compile_reporter(progress, "of the train step")
+        if self.test_plans is not None:
+            self.test_plans.on_build = _compile_reporter(progress, "of the test pass")
         test_every = spec.test_interval
         test_keys: set[str] = set()
         scalars = StepScalars([OBJECTIVE] + self.loss_tops + self.extra_scalars, self.device, spec.display or 1)
@@ -560,3 +598,24 @@ class Trainer:
             plot(log.records(), self.out / "loss.png", self.net.name, keys)
         self.iterations_done, self.final_metrics = i, metrics
         return 0
+
+
+# a plan built after the first of its kind (another batch size: an epoch's short last batch) is
+# shown only when its compile took this long; with run-time sizes most take a few milliseconds
+SHOWN_COMPILE_S = 0.5
+
+
+def _compile_reporter(progress: Progress, what: str) -> Callable[[dict, float], None]:
+    """What a PlanCache calls after building a plan: the first build on a line of its own, later
+    ones when they took a while, each left out of the iterations' speed."""
+    built = []
+
+    def report(shapes: dict, seconds: float) -> None:
+        if not built:
+            progress.compiled(what, seconds)
+        else:
+            rows = next((s[0] for s in shapes.values() if len(s)), None)
+            progress.compiled(f"{what} for a batch of {rows}" if rows is not None else what, seconds,
+                              show=seconds >= SHOWN_COMPILE_S)
+        built.append(seconds)
+    return report
