@@ -172,3 +172,47 @@ def test_a_bottom_written_above_but_merged_below_says_the_real_order(tmp_path):
     assert "bottom 'feat' is produced by layer 'feat' (line 4), which comes after this layer in the merged net " \
            "(layer 5 against 3" in message, message
     assert "place it with `after: relu1` on layer 'feat'" in message and "produced only below" not in message
+
+
+# SqueezeNet's deploy head: a 1x1 convolution, ReLU and global pooling give [N, C, 1, 1] scores
+SQUEEZE = """\
+name: squeeze-like
+inputs:
+  data: {shape: [N, 3, 6, 6]}
+layers:
+  - {name: conv1, type: Convolution, bottom: data, top: conv1, num_output: 8, kernel_size: 3, pad: 1}
+  - {name: relu1, type: ReLU, bottom: conv1, top: conv1}
+  - {name: conv10, type: Convolution, bottom: conv1, top: conv10, num_output: 10, kernel_size: 1}
+  - {name: relu10, type: ReLU, bottom: conv10, top: conv10}
+  - {name: pool10, type: Pooling, bottom: conv10, top: pool10, pool: ave, global_pooling: true}
+  - {name: prob, type: Softmax, bottom: pool10, top: prob}
+"""
+
+
+def test_new_head_of_a_convolutional_classifier_with_global_pooling(tmp_path):
+    (tmp_path / "squeeze.yaml").write_text(SQUEEZE)
+    rng = np.random.default_rng(4)
+    start = load_net(str(tmp_path / "squeeze.yaml")).init_weights(seed=1)
+    save_weights(str(tmp_path / "squeeze.safetensors"), start)
+    label = rng.integers(0, 3, 180)
+    data = rng.standard_normal((180, 3, 6, 6)).astype(np.float32) * 0.5
+    data[np.arange(180), label] += 1.5                  # the class is the brightest channel
+    np.savez(tmp_path / "images.npz", data=data, label=label.astype(np.int64))
+    r = cli("train", tmp_path / "squeeze.yaml", "--weights", tmp_path / "squeeze.safetensors", "--new-head", "3",
+            "--set", f"train.data.source={tmp_path / 'images.npz'}", *TRAIN, "--out", tmp_path / "run")
+    assert r.status == 0, r.err
+    assert "new head: layer 'conv10' (Convolution, 10 outputs before 'prob') replaced by one of 3 outputs" in r.err
+    assert "added 'loss' (SoftmaxWithLoss of 'pool10' and 'label', phase train)" in r.err
+    assert float(r.out.split("accuracy ")[1].split(";")[0]) > 0.6, r.out  # chance is 1/3
+    trained = load_file(str(tmp_path / "run" / "model.safetensors"))
+    assert trained["conv10.weight"].shape == (3, 8, 1, 1)
+
+
+def test_training_a_deploy_net_without_a_new_head_says_how(tmp_path):
+    _pretrained(tmp_path)
+    r = cli("train", tmp_path / "deploy.yaml", "--set", f"train.data.source={tmp_path / 'three.npz'}",
+            "--set", "train.max_iter=5", "--out", tmp_path / "run")
+    assert r.status == 2 and len(r.errors) == 1
+    assert r.errors[0].endswith("the train phase has no loss layer (a type ending in 'Loss', or train.losses); to "
+                                "fine-tune a deploy net's classifier, `toolkit train NET --weights W --new-head "
+                                "NUM_CLASSES` adds one")

@@ -199,8 +199,11 @@ class Net:
             graph.outputs = {o: blobs[o] for o in outputs}
         if phase == "train":
             if not graph.losses:
+                deploy = not any(layer.type.endswith("Loss") for layer in self.spec.layers)
                 raise UserError(f"{self.file}: the train phase has no loss layer (a type ending in 'Loss', "
-                                "or train.losses)")
+                                "or train.losses)" + ("; to fine-tune a deploy net's classifier, `toolkit train "
+                                                      "NET --weights W --new-head NUM_CLASSES` adds one"
+                                                      if deploy else ""))
             b = Builder(graph, "objective")
             terms = [b.scale(blobs[t], w) for t, w in graph.losses.items()]
             graph.outputs.update({t: blobs[t] for t in graph.losses})
