@@ -161,6 +161,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="connections open at once; the next closes the longest idle one, or is answered 503 "
                         "(default: the descriptor limit, ulimit -n, less headroom)")
     p.add_argument("--warm", action="store_true", help="compile and run every bucket before accepting requests")
+    p.add_argument("--labels", metavar="FILE", help=LABELS_HELP + "; answer KServe's classification parameter "
+                                                                 "with these names")
     p.add_argument("--allow-missing", action="store_true",
                    help="copy the weights whose name and shape match; start the others from their fillers")
     p.add_argument("--no-transform", action="store_true",

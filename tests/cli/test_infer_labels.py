@@ -152,27 +152,32 @@ def test_top_on_a_net_without_class_scores_is_refused(tmp_path):
 
 @pytest.mark.skipif(not (REAL / "synset_words.txt").is_file(), reason="the real models folder is absent")
 def test_import_records_the_labels_and_infer_names_the_classes(tmp_path):
-    """`toolkit import caffe --labels synset_words.txt` records the names; `toolkit infer IMAGE
-    --top 5` of the real SqueezeNet prints them, ranked as numpy ranks the scores."""
+    """`toolkit import caffe --transform caffe-imagenet --labels synset_words.txt` records the
+    names; `toolkit infer cat.jpg --top 5` of the real SqueezeNet prints them, ranked and scored as
+    Caffe's preprocessing written here with PIL and numpy (warp to 256 x 256, centre crop 227,
+    BGR, minus the ILSVRC mean) and the net run without a transform rank and score them."""
     import toolkit
+    from PIL import Image
     out = tmp_path / "sq"
     r = run_cli("import", "caffe", REAL / "squeezenet_v1.0_deploy.prototxt", "--weights",
                 REAL / "squeezenet_v1.0_deep_compression.caffemodel", "--out", out,
-                "--labels", REAL / "synset_words.txt")
+                "--transform", "caffe-imagenet", "--labels", REAL / "synset_words.txt")
     assert r.status == 0, r.err
     synsets = (REAL / "synset_words.txt").read_text().splitlines()
     assert json.loads((out / "input.json").read_text())["classes"] == synsets
     r = run_cli("infer", out / "net.yaml", "--weights", out / "model.safetensors", "--input", REAL / "cat.jpg",
                 "--top", "5")
     assert r.status == 0, r.err
-    from toolkit.arrayfiles import image_layout, read_image
-    model = toolkit.load(str(out / "net.yaml"), weights=str(out / "model.safetensors"), buckets=[1])
-    shape = (1,) + tuple(model.inputs[0].shape[1:])
-    image = read_image(str(REAL / "cat.jpg"), image_layout("cat.jpg", "data", shape))[None]
-    scores = next(iter(model.infer(data=image).values()))
-    order, _ = _reference_top(scores, 5)
-    printed = re.findall(r"class (\d+)  (.*)$", r.out, re.M)
-    assert printed == [(str(i), synsets[i]) for i in order[0]]
+    model = toolkit.load(str(out / "net.yaml"), weights=str(out / "model.safetensors"), buckets=[1], transform=False)
+    img = Image.open(REAL / "cat.jpg").convert("RGB").resize((256, 256), Image.BILINEAR)
+    bgr = np.asarray(img, np.float32).transpose(2, 0, 1)[::-1, 14:241, 14:241]
+    x = bgr - np.array([104.007, 116.6688, 122.6789], np.float32)[:, None, None]
+    scores = next(iter(model.infer(data=np.ascontiguousarray(x[None])).values()))
+    order, best = _reference_top(scores, 5)
+    printed = re.findall(r"\d\. (\S+)  class (\d+)  (.*)$", r.out, re.M)
+    assert [(i, name) for _, i, name in printed] == [(str(i), synsets[i]) for i in order[0]]
+    assert synsets[order[0, 0]] == "n02119789 kit fox, Vulpes macrotis"
+    np.testing.assert_allclose([float(v) for v, _, _ in printed], best[0], atol=1e-4)
     # names that fit no output: refused, the net imported but the names not recorded
     (tmp_path / "ten.txt").write_text("\n".join(NAMES) + "\n")
     r = run_cli("import", "caffe", REAL / "squeezenet_v1.0_deploy.prototxt", "--out", tmp_path / "sq2",

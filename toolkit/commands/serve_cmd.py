@@ -6,6 +6,9 @@ import time
 
 from ..api import load
 from ..errors import UserError
+from ..train.data import recorded_input
+from .classes import class_names, score_widths
+from .request_images import image_decoder
 
 
 def run_serve(args) -> int:
@@ -30,9 +33,14 @@ def run_serve(args) -> int:
     if model.transform is not None:
         print(f"inputs are transformed as in training: {model.transform.describe()} "
               "(--no-transform serves them as given)", file=sys.stderr, flush=True)
+    widths = score_widths({t.name: t.shape for t in model.outputs})
+    names = class_names(args.labels, recorded_input(model.net.file), widths)
+    if names is not None:
+        print(f"class names: {len(names)}{' from ' + args.labels if args.labels else ' (recorded with the model)'}; "
+              "the classification parameter answers with them", file=sys.stderr, flush=True)
     if args.warm:
         start = time.perf_counter()
         built = model.warm()
         print(f"warmed {built} bucket plan(s) in {time.perf_counter() - start:.2f} s", file=sys.stderr, flush=True)
     return serve(model, args.host, args.port, args.max_delay_ms, args.max_queue, int(args.max_body_mb * 2**20),
-                 args.shutdown_timeout, args.timeout_s, max_connections)
+                 args.shutdown_timeout, args.timeout_s, max_connections, names, image_decoder(model))

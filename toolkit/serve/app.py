@@ -9,8 +9,14 @@
     GET  /v2/models[/NAME[/versions/1]]/stats       Triton's statistics (get_inference_statistics)
     GET  /metrics                                   Prometheus text
 
-Errors answer ``{"error": MESSAGE}``: 400 for a malformed request or a tensor of the wrong name,
-dtype or shape, 404 for an unknown model or version, 408 for a body that did not arrive in time,
+An image input ([N, 1 or 3, H, W]) also takes a BYTES tensor of shape [N] whose elements are
+encoded image files (Triton's binary tensor extension): decoded here, in a thread, by the
+``decode_images`` the server is given (the net's input transform's image steps), then batched
+as pixels. An output asked for with the classification parameter is answered with its top
+classes as strings (protocol.classify), named by the server's ``labels`` where they fit it.
+
+Errors answer ``{"error": MESSAGE}``: 400 for a malformed request, an image that does not decode,
+or a tensor of the wrong name, dtype or shape, 404 for an unknown model or version, 408 for a body that did not arrive in time,
 413 for a body over the limit, 503 when the queue is full or the server is stopping.
 """
 from __future__ import annotations
@@ -32,9 +38,10 @@ from ..errors import UserError
 from .batcher import DynamicBatcher, QueueFull
 from .metrics import ServerMetrics
 from .offload import INLINE_JSON_BYTES, INLINE_JSON_VALUES, Offload, WorkerDied
-from .protocol import HEADER_LENGTH, BadRequest, datatype_of, decode_request, encode_response, json_value_count
+from .protocol import (BYTES, HEADER_LENGTH, BadRequest, classify, datatype_of, decode_request, encode_response,
+                       json_value_count)
 
-EXTENSIONS = ["binary_tensor_data", "model_configuration", "statistics"]
+EXTENSIONS = ["binary_tensor_data", "classification", "model_configuration", "statistics"]
 # KServe datatype -> Triton's config type name (TYPE_ + this), where the two differ
 TRITON_TYPES = {"BYTES": "STRING"}
 
@@ -49,6 +56,12 @@ class TooSlow(Exception):
 
 def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
+
+
+def _per_example(info, batched: bool) -> int | None:
+    """The values per example of an output (all of them without a batch axis); None if symbolic."""
+    dims = info.shape[1:] if batched and info.shape else info.shape
+    return None if any(d is None for d in dims) else int(np.prod(dims, dtype=np.int64))
 
 
 def _shape_for_metadata(info) -> list[int]:
@@ -78,8 +91,15 @@ class InferenceServer:
     """The state behind the routes: the model, its batcher and the figures."""
 
     def __init__(self, model, max_delay_ms: float, max_queue: int, max_body_bytes: int, timeout_s: float,
-                 offload_workers: int):
+                 offload_workers: int, labels: list[str] | None = None, decode_images=None):
         self.model = model
+        # class names, by the outputs whose values per example they fit one to one
+        self.labels = {t.name: labels for t in model.outputs
+                       if labels is not None and _per_example(t, model.session.batch_symbol is not None) == len(labels)}
+        # (input name, [encoded image, ...]) -> [N, C, H, W] pixels, for the image inputs; None: none taken
+        self.decode_images = decode_images
+        self.image_inputs = {t.name for t in model.inputs if len(t.shape) == 4 and t.shape[1] in (1, 3)
+                             and t.dtype.startswith(("float", "bfloat"))} if decode_images else set()
         self.name = model.name
         self.max_body_bytes = max_body_bytes
         self.timeout_s = timeout_s
@@ -100,6 +120,33 @@ class InferenceServer:
                                       prepare=prepare)
 
     # -- request checks -------------------------------------------------------------------------
+    async def decoded_images(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The BYTES inputs of encoded images as pixels (decoded in a thread: PIL lets the GIL go)."""
+        out = dict(arrays)
+        for name, arr in arrays.items():
+            if arr.dtype != object:
+                continue
+            if name not in self.image_inputs:
+                if name in self.inputs:
+                    raise BadRequest(f"input '{name}': datatype {BYTES}, the model takes "
+                                     f"{datatype_of(self.inputs[name].dtype)} (encoded images are taken only by "
+                                     "image inputs, [N, 1 or 3, H, W])")
+                continue                      # an unknown name: check_inputs names it
+            if arr.ndim != 1 or (not self.batched and arr.shape[0] != 1):
+                raise BadRequest(f"input '{name}': encoded images come as BYTES of shape [N] (one image each), "
+                                 f"not {list(arr.shape)}")
+            if not arr.size:
+                raise BadRequest(f"input '{name}': no images")
+            # each image decodes to the input's C x H x W floats, however few bytes it was sent as
+            if arr.shape[0] > self.batcher.max_rows:
+                raise BadRequest(f"input '{name}': {arr.shape[0]} images, at most {self.batcher.max_rows} (the "
+                                 "largest bucket) are decoded per request")
+            try:
+                out[name] = await asyncio.to_thread(self.decode_images, name, list(arr))
+            except UserError as e:
+                raise BadRequest(str(e).removeprefix("error: ").splitlines()[0]) from None
+        return out
+
     def check_inputs(self, arrays: dict[str, np.ndarray]) -> int:
         """The rows of the request (its batch), after checking names, datatypes and shapes."""
         for name in arrays:
@@ -252,6 +299,7 @@ class InferenceServer:
         try:
             body = await self.read_body(request)
             req = await self.decode(body, request.headers.get(HEADER_LENGTH))
+            req.inputs = await self.decoded_images(req.inputs)
             rows = self.check_inputs(req.inputs)
             if req.outputs is not None:
                 unknown = [n for n in req.outputs if n not in self.outputs]
@@ -277,6 +325,8 @@ class InferenceServer:
             outputs = await self.batcher.submit(req.inputs, rows if self.batched else 1)
             if req.outputs is not None:
                 outputs = {n: outputs[n] for n in req.outputs}
+            for name, count in req.classification.items():
+                outputs[name] = classify(outputs[name], count, self.labels.get(name), self.batched)
             body, headers = await self.encode(req, outputs)
         except QueueFull as e:
             self.metrics.errors.labels(reason="queue_full").inc()

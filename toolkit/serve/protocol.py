@@ -2,6 +2,13 @@
 flat lists, and the binary tensor data extension (a JSON header of ``Inference-Header-Content-
 Length`` bytes followed by the raw tensors in the order the header lists them).
 
+BYTES tensors (Triton's strings) come in as numpy object arrays of ``bytes``: in binary, each
+element is a 4-byte little-endian length and that many bytes; in JSON, a string. Encoded image
+files travel this way. An output asked for with ``"parameters": {"classification": K}`` is
+answered as Triton's classification extension answers it: per example, the K highest values as
+BYTES strings ``"VALUE:INDEX:LABEL"`` (``":LABEL"`` only where the class has a name), VALUE
+written with nine decimals as Triton writes it, shape [N, min(K, C)].
+
 Every malformed request raises BadRequest with a message naming what is wrong (HTTP 400). JSON
 outputs write NaN and the infinities as the strings "NaN", "Infinity" and "-Infinity".
 """
@@ -21,6 +28,8 @@ DATATYPES = {"BOOL": np.bool_, "UINT8": np.uint8, "UINT16": np.uint16, "UINT32":
              "INT64": np.int64, "FP16": np.float16, "FP32": np.float32, "FP64": np.float64}
 NAME_OF = {np.dtype(t): name for name, t in DATATYPES.items()}
 MAX_DIMS = 32                     # numpy 1.x's limit (2.x takes 64); no net takes more
+BYTES = "BYTES"
+MAX_BYTES_ELEMENTS = 1 << 16      # BYTES elements of one input: each is a Python object to make
 
 
 class BadRequest(Exception):
@@ -28,6 +37,8 @@ class BadRequest(Exception):
 
 
 def datatype_of(dtype) -> str:
+    if np.dtype(dtype) == np.dtype(object):
+        return BYTES
     try:
         return NAME_OF[np.dtype(dtype)]
     except KeyError:
@@ -40,6 +51,7 @@ class InferRequest:
     inputs: dict[str, np.ndarray]
     outputs: list[str] | None                     # None: every output
     binary_outputs: set[str] | None = field(default_factory=set)   # None: every output in binary
+    classification: dict[str, int] = field(default_factory=dict)   # output -> K, its top K as strings
 
 
 def _json_header(body: bytes, header_length: str | None) -> tuple[dict, bytes]:
@@ -76,6 +88,49 @@ def _tensor_from_json(name: str, shape: list[int], dtype, data) -> np.ndarray:
     return arr.reshape(shape)
 
 
+def _bytes_from_binary(name: str, shape: list[int], raw: memoryview) -> np.ndarray:
+    """BYTES elements of the binary extension: each a 4-byte little-endian length, then its bytes."""
+    count = math.prod(shape)
+    if count > MAX_BYTES_ELEMENTS:
+        raise BadRequest(f"input '{name}': {count} BYTES elements, at most {MAX_BYTES_ELEMENTS} are taken")
+    if count * 4 > len(raw):                  # before allocating: each element takes 4 bytes at least
+        raise BadRequest(f"input '{name}': {len(raw)} bytes cannot hold the {count} BYTES elements of shape {shape}")
+    out = np.empty(count, dtype=object)
+    at = 0
+    for i in range(count):
+        if at + 4 > len(raw):
+            raise BadRequest(f"input '{name}': its binary data ends inside element {i}'s length")
+        size = int.from_bytes(raw[at:at + 4], "little")
+        if at + 4 + size > len(raw):
+            raise BadRequest(f"input '{name}': element {i} says {size} bytes, {len(raw) - at - 4} are left")
+        out[i] = bytes(raw[at + 4:at + 4 + size])
+        at += 4 + size
+    if at != len(raw):
+        raise BadRequest(f"input '{name}': {len(raw) - at} bytes of binary data after its {count} BYTES elements")
+    return out.reshape(shape)
+
+
+def _bytes_from_json(name: str, shape: list[int], data) -> np.ndarray:
+    """BYTES elements given as JSON: a flat list of strings (as Triton's clients send them)."""
+    count = math.prod(shape)
+    if count > MAX_BYTES_ELEMENTS:
+        raise BadRequest(f"input '{name}': {count} BYTES elements, at most {MAX_BYTES_ELEMENTS} are taken")
+    if not isinstance(data, list) or not all(isinstance(v, str) for v in data):
+        raise BadRequest(f"input '{name}': \"data\" of a BYTES input is a flat list of strings")
+    if len(data) != count:
+        raise BadRequest(f"input '{name}': \"data\" has {len(data)} values, shape {shape} needs {count}")
+    out = np.empty(count, dtype=object)
+    out[:] = [v.encode("utf-8") for v in data]
+    return out.reshape(shape)
+
+
+def _class_count(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise BadRequest(f"output '{name}': \"classification\" must be a non-negative integer (how many classes), "
+                         f"not {json.dumps(value)[:40]}")
+    return value
+
+
 def decode_request(body: bytes, header_length: str | None) -> InferRequest:
     """The request's tensors as numpy arrays of their declared shape and datatype."""
     doc, binary = _json_header(body, header_length)
@@ -99,12 +154,26 @@ def decode_request(body: bytes, header_length: str | None) -> InferRequest:
         if len(shape) > MAX_DIMS:
             raise BadRequest(f"input '{name}': \"shape\" has {len(shape)} dimensions, at most {MAX_DIMS} are taken")
         datatype = item.get("datatype")
-        if not isinstance(datatype, str) or datatype not in DATATYPES:
-            known = ", ".join(DATATYPES)
+        if not isinstance(datatype, str) or (datatype not in DATATYPES and datatype != BYTES):
+            known = ", ".join([*DATATYPES, BYTES])
             raise BadRequest(f"input '{name}': datatype {datatype!r} is not one this server takes ({known})")
-        dtype = np.dtype(DATATYPES[datatype])
         iparams = item.get("parameters") or {}
         size = iparams.get("binary_data_size") if isinstance(iparams, dict) else None
+        if datatype == BYTES:
+            if size is not None:
+                if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+                    raise BadRequest(f"input '{name}': binary_data_size must be a non-negative integer")
+                if offset + size > len(binary):
+                    raise BadRequest(f"input '{name}': the body holds {len(binary) - offset} bytes of binary data, "
+                                     f"binary_data_size says {size}")
+                inputs[name] = _bytes_from_binary(name, shape, memoryview(binary)[offset:offset + size])
+                offset += size
+            elif "data" in item:
+                inputs[name] = _bytes_from_json(name, shape, item["data"])
+            else:
+                raise BadRequest(f"input '{name}' has neither \"data\" nor binary_data_size")
+            continue
+        dtype = np.dtype(DATATYPES[datatype])
         if size is not None:
             if not isinstance(size, int) or size < 0:
                 raise BadRequest(f"input '{name}': binary_data_size must be a non-negative integer")
@@ -126,6 +195,7 @@ def decode_request(body: bytes, header_length: str | None) -> InferRequest:
         raise BadRequest(f"the body has {len(binary) - offset} bytes of binary data that no input claims")
     all_binary = bool(params.get("binary_data_output", False))
     outputs, binary_outputs = None, (None if all_binary else set())
+    classification: dict[str, int] = {}
     wanted = doc.get("outputs")
     if wanted is not None:
         if not isinstance(wanted, list):
@@ -135,13 +205,45 @@ def decode_request(body: bytes, header_length: str | None) -> InferRequest:
             if not isinstance(out, dict) or not isinstance(out.get("name"), str):
                 raise BadRequest("each requested output needs a \"name\"")
             oparams = out.get("parameters") or {}
-            if isinstance(oparams, dict) and oparams.get("classification"):
-                raise BadRequest(f"output '{out['name']}': the classification extension is not supported")
+            if isinstance(oparams, dict) and oparams.get("classification") is not None:
+                count = _class_count(out["name"], oparams["classification"])
+                if count:
+                    classification[out["name"]] = count
             outputs.append(out["name"])
             if (oparams.get("binary_data", all_binary) if isinstance(oparams, dict) else all_binary):
                 binary_outputs.add(out["name"])
     rid = doc.get("id")
-    return InferRequest(str(rid) if rid is not None else None, inputs, outputs, binary_outputs)
+    return InferRequest(str(rid) if rid is not None else None, inputs, outputs, binary_outputs, classification)
+
+
+def classify(scores: np.ndarray, count: int, labels: list[str] | None, batched: bool) -> np.ndarray:
+    """Triton's classification of an output: per example (each row of the batch axis, or the
+    whole tensor without one) the ``count`` highest values, highest first (equal values in index
+    order, NaN last), as BYTES "VALUE:INDEX[:LABEL]"; shape [N, min(count, C)] or [min(count, C)]."""
+    arr = np.asarray(scores)
+    rows = arr.reshape(len(arr) if batched and arr.ndim else 1, -1)
+    k = min(count, rows.shape[1])
+    keys = rows.astype(np.float64) if rows.dtype.kind in "biuf" else rows
+    if keys.dtype.kind == "f":
+        keys = np.where(np.isnan(keys), -np.inf, keys)
+    order = np.argsort(-keys, axis=1, kind="stable")[:, :k]
+    out = np.empty(order.shape, dtype=object)
+    for r in range(rows.shape[0]):
+        for j, index in enumerate(order[r]):
+            value = rows[r, index]
+            text = f"{value:.9f}" if rows.dtype.kind == "f" else str(value)
+            label = labels[index] if labels is not None and index < len(labels) else None
+            out[r, j] = f"{text}:{index}{':' + label if label is not None else ''}".encode("utf-8")
+    return out if batched and arr.ndim else out[0]
+
+
+def _bytes_payload(arr: np.ndarray) -> bytes:
+    """BYTES elements in the binary extension's layout: a 4-byte little-endian length, the bytes."""
+    parts = []
+    for item in arr.reshape(-1):
+        raw = item if isinstance(item, bytes) else str(item).encode("utf-8")
+        parts += [len(raw).to_bytes(4, "little"), raw]
+    return b"".join(parts)
 
 
 def _binary_names(request: InferRequest, outputs: dict[str, np.ndarray]) -> set[str]:
@@ -158,6 +260,8 @@ def _json_values(arr: np.ndarray) -> list:
     """The values as a JSON list, NaN and the infinities as the strings proto3's JSON form uses
     for them (bare NaN is not JSON); numpy, and so Triton's clients, read those strings back."""
     flat = arr.reshape(-1)
+    if flat.dtype == object:                  # BYTES: strings
+        return [v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v) for v in flat]
     if flat.dtype.kind != "f" or np.isfinite(flat).all():
         return flat.tolist()
     values = flat.astype(object)
@@ -175,7 +279,7 @@ def encode_response(model: str, request: InferRequest, outputs: dict[str, np.nda
         arr = np.ascontiguousarray(arr)
         entry = {"name": name, "datatype": datatype_of(arr.dtype), "shape": list(arr.shape)}
         if name in binary_names:
-            raw = arr.tobytes()
+            raw = _bytes_payload(arr) if arr.dtype == object else arr.tobytes()
             entry["parameters"] = {"binary_data_size": len(raw)}
             chunks.append(raw)
         else:

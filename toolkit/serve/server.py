@@ -195,14 +195,16 @@ def http_protocol(max_connections: int, timeout_s: float, tally: Counter):
 
 
 def serve(model, host: str, port: int, max_delay_ms: float, max_queue: int, max_body_bytes: int,
-          shutdown_timeout_s: float | None = 30.0, timeout_s: float = 30.0, max_connections: int | None = None) -> int:
+          shutdown_timeout_s: float | None = 30.0, timeout_s: float = 30.0, max_connections: int | None = None,
+          labels: list[str] | None = None, decode_images=None) -> int:
     import uvicorn
 
     from .app import InferenceServer
     from .offload import worker_count
 
     max_connections = connection_limit(max_connections)
-    server_state = InferenceServer(model, max_delay_ms, max_queue, max_body_bytes, timeout_s, worker_count())
+    server_state = InferenceServer(model, max_delay_ms, max_queue, max_body_bytes, timeout_s, worker_count(),
+                                   labels, decode_images)
     sock = bind(host, port)
     bound = sock.getsockname()[1]
     config = uvicorn.Config(server_state.app(), log_level="warning", access_log=False, lifespan="on",
