@@ -15,6 +15,11 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'toolkit' has no attribute {name!r}")
 
 
+def __dir__() -> list[str]:
+    # the API is loaded on first use (above), so dir() names it rather than what is loaded so far
+    return sorted(set(__all__) | {k for k in globals() if not k.startswith("_") or k.startswith("__")})
+
+
 # ``toolkit.train(net, ...)`` is the Python API's training call, but ``toolkit.train`` is also the
 # training package, which the import system sets as this package's attribute whenever one of its
 # modules is imported. So the package itself is made callable: calling it calls api.train.

@@ -13,6 +13,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from .errors import UserError
+from .frontend.net import Net as LoadedNet
 from .runtime.session import DEFAULT_BUCKETS, InferSession
 
 
@@ -47,10 +48,16 @@ class Model:
     def buckets(self) -> tuple[int, ...]:
         return self.session.buckets
 
-    def infer(self, arrays: Mapping[str, np.ndarray] | None = None, /, **named: np.ndarray) -> dict[str, np.ndarray]:
-        """{output name: numpy array} for inputs given by name (``infer(data=x)``) or as a dict;
-        any batch size (cut into the buckets). Safe to call from several threads at once."""
-        given = {**(arrays or {}), **named}
+    def infer(self, arrays: Mapping[str, np.ndarray] | np.ndarray | None = None, /,
+              **named: np.ndarray) -> dict[str, np.ndarray]:
+        """{output name: numpy array} for inputs given by name (``infer(data=x)``), as a dict, or,
+        for a net of one input, as one array (``infer(x)``); any batch size (cut into the
+        buckets). Safe to call from several threads at once."""
+        positional = self._positional(arrays)
+        twice = sorted(set(positional) & set(named))
+        if twice:
+            raise TypeError(f"infer: {', '.join(map(repr, twice))} given twice (positionally and by name)")
+        given = {**positional, **named}
         # besides the net's inputs: each example's real length along a gear dimension, for a batch
         # of sequences padded to one length ("@lengths:T"; default: every example is whole)
         unknown = sorted(set(given) - {t.name for t in self.inputs} - set(self.session.lengths_inputs.values()))
@@ -60,6 +67,24 @@ class Model:
         if self.transform is not None:
             given = self.transform(given)
         return self.session.run(given)
+
+    def _positional(self, arrays) -> dict:
+        """The inputs given without a name: a dict of them, or the one input's array."""
+        if arrays is None:
+            return {}
+        if isinstance(arrays, Mapping):
+            if not all(isinstance(k, str) for k in arrays):
+                raise TypeError(f"infer: the dict's keys are input names ({self._input_names()})")
+            return dict(arrays)
+        if isinstance(arrays, (str, bytes)) or not hasattr(arrays, "__len__") and not hasattr(arrays, "__array__"):
+            raise TypeError(f"infer: expected an array or a dict {{input name: array}}, not {type(arrays).__name__}")
+        if len(self.inputs) != 1:
+            raise TypeError(f"infer: net '{self.name}' has {len(self.inputs)} inputs ({self._input_names()}); "
+                            f"pass them by name, infer({', '.join(f'{t.name}=...' for t in self.inputs)}), or as a dict")
+        return {self.inputs[0].name: arrays}
+
+    def _input_names(self) -> str:
+        return ", ".join(t.name for t in self.inputs)
 
     def warm(self, **example: np.ndarray) -> int:
         """Compile every bucket now (and run it once), so that no call waits for a compile.
@@ -86,18 +111,52 @@ NET_KINDS = "a file path, 'zoo:NAME', a YAML string, a dict or a net from toolki
 DTYPES = ("float32", "float64", "float16", "bfloat16")
 
 
-def Net(source, set: Mapping[str, object] | Sequence[str] | None = None):  # noqa: A002  (the CLI's name)
+class Net(LoadedNet):
     """A checked net from a file path, ``zoo:NAME``, a YAML string (any text with a line break,
-    or a flow mapping ``{...}``), or a dict of the net file's contents. ``set``: overrides applied
-    after the file and its bases, as ``--set`` (``{"train.max_iter": 100}`` or
-    ``["train.max_iter=100"]``). Raises ``toolkit.UserError`` with every problem, located in the
-    file or the string, or ``TypeError`` for a source of another type."""
-    from .frontend.net import Net as LoadedNet
+    or a flow mapping ``{...}``), or a dict of the net file's contents; or a Net again, with more
+    overrides. ``set``: overrides applied after the file and its bases, as ``--set``
+    (``{"train.max_iter": 100}`` or ``["train.max_iter=100"]``).
+
+    Raises ``toolkit.UserError`` with every problem, located in the file or the string, or
+    ``TypeError`` for a source of another type. ``toolkit.load`` and ``toolkit.train`` take a Net
+    wherever they take a source; its ``name``, ``spec`` (the checked contents) and ``file`` say
+    what it is."""
+
+    def __new__(cls, source, set: Mapping[str, object] | Sequence[str] | None = None):  # noqa: A002  (the CLI's name)
+        return _net(source, _overrides(set))
+
+    def __init__(self, source, set: Mapping[str, object] | Sequence[str] | None = None):  # noqa: A002
+        """Loaded and checked by ``__new__``, once."""
+
+    def __reduce__(self):                      # a copy or a pickle loads it again from its source
+        source, overrides = self._loaded_from
+        return _net, (source, overrides)
+
+
+def _net(source, overrides: list[tuple[tuple, object]]) -> Net:
+    """``source`` loaded with ``overrides`` as a Net; a Net already loaded takes them on top of
+    its own (loaded again from its source)."""
     if isinstance(source, LoadedNet):
-        if set:
-            raise UserError("set: a net already loaded takes no overrides (give them with its source)")
-        return source
-    return _load_source(source, _overrides(set))
+        if not overrides and isinstance(source, Net):
+            return source
+        recorded = getattr(source, "_loaded_from", None)
+        if recorded is None:
+            if not overrides:
+                return _adopt(source, None)
+            raise UserError("set: this net was not made by toolkit.Net; give the overrides with its source")
+        source, earlier = recorded
+        overrides = list(earlier) + list(overrides)
+    elif isinstance(source, Mapping):
+        import copy
+        source = copy.deepcopy(dict(source))    # the net is the dict as it is now, whatever happens to it
+    return _adopt(_load_source(source, overrides), (source, list(overrides)))
+
+
+def _adopt(loaded: LoadedNet, loaded_from) -> Net:
+    net = object.__new__(Net)
+    net.__dict__.update(loaded.__dict__)
+    net._loaded_from = loaded_from
+    return net
 
 
 def _overrides(given) -> list[tuple[tuple, object]]:
@@ -169,6 +228,32 @@ def _pass_names(disable) -> tuple[str, ...]:
     return tuple(disable)
 
 
+def _flag(name: str, value) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name}: expected True or False, not {type(value).__name__}")
+    return bool(value)
+
+
+def _bucket_sizes(buckets) -> dict[str, tuple]:
+    """The batch sizes per symbolic dimension ("" for the batch's), checked."""
+    if buckets is None:
+        return {"": DEFAULT_BUCKETS}
+    per_dim = buckets if isinstance(buckets, Mapping) else {"": buckets}
+    checked = {}
+    for dim, sizes in per_dim.items():
+        where = f"buckets{' ' + str(dim) if dim else ''}"
+        if not isinstance(dim, str):
+            raise TypeError(f"buckets: the dict's keys are dimension names such as 'N', not {type(dim).__name__}")
+        if isinstance(sizes, (str, bytes)) or not hasattr(sizes, "__iter__"):
+            raise TypeError(f"{where}: expected a list of batch sizes"
+                            f"{' or a dict {dimension: sizes}' if not dim else ''}, not {type(sizes).__name__}")
+        sizes = tuple(sizes)
+        if not sizes or any(not isinstance(b, (int, np.integer)) or isinstance(b, bool) or b < 1 for b in sizes):
+            raise UserError(f"{where} must be positive integers, got {list(sizes)}")
+        checked[dim] = sizes
+    return checked
+
+
 def _dtype_arg(dtype, choices=DTYPES) -> str | None:
     if dtype is not None and dtype not in choices:
         raise UserError(f"dtype: '{dtype}' is not one of {', '.join(choices)}")
@@ -192,19 +277,15 @@ def load(net, weights: str | None = None, device: str = "cpu", dtype: str | None
     device = _device_arg(device)
     dtype = _dtype_arg(dtype)
     passes = _pass_names(disable)
-    per_dim = buckets if isinstance(buckets, Mapping) else {"": buckets if buckets is not None else DEFAULT_BUCKETS}
-    for dim, sizes in per_dim.items():
-        sizes = tuple(sizes)
-        if not sizes or any(not isinstance(b, (int, np.integer)) or isinstance(b, bool) or b < 1 for b in sizes):
-            raise UserError(f"buckets{' ' + dim if dim else ''} must be positive integers, got {list(sizes)}")
+    sizes = _bucket_sizes(buckets)
+    warm, optimize_graph, allow_missing, transform = (_flag(n, v) for n, v in (
+        ("warm", warm), ("optimize_graph", optimize_graph), ("allow_missing", allow_missing), ("transform", transform)))
     phase = infer_phase(Net(net), device, dtype, passes, not optimize_graph)
     loaded = phase.load_weights(weights, allow_missing=allow_missing, flag="weights")
     inputs, outputs = tensor_infos(phase.graph.inputs), tensor_infos(phase.graph.outputs)
     from .train.data import InputTransform
-    if not isinstance(transform, bool):
-        raise TypeError(f"transform: expected True or False, not {type(transform).__name__}")
     spec = None if buckets is None else \
-        {k: [int(b) for b in v] for k, v in buckets.items()} if isinstance(buckets, Mapping) else [int(b) for b in buckets]
+        {k: [int(b) for b in v] for k, v in sizes.items()} if isinstance(buckets, Mapping) else [int(b) for b in sizes[""]]
     model = Model(phase.net, phase.session(loaded, spec), inputs, outputs,
                   InputTransform.of(phase.net) if transform else None)
     if warm:
@@ -231,6 +312,7 @@ def train(net=None, *, out: str | None = None, resume: str | None = None, weight
     from .train.start import train_net
 
     out, resume, weights = (_text_arg(n, v) for n, v in (("out", out), ("resume", resume), ("weights", weights)))
+    allow_missing, quiet = _flag("allow_missing", allow_missing), _flag("quiet", quiet)
     device = check_device(_device_arg(device))
     dtype = _dtype_arg(dtype, ("float32", "float16", "bfloat16"))
     overrides = _overrides(set)
@@ -244,8 +326,7 @@ def train(net=None, *, out: str | None = None, resume: str | None = None, weight
             raise UserError("train: give a net, or resume= a run folder to continue it as recorded")
         loaded = _load_source(str(runs.recorded_net(runs.run_of(resume))), overrides)
     else:
-        from .frontend.net import Net as LoadedNet
-        loaded = net if isinstance(net, LoadedNet) and not overrides else _load_source(net, overrides)
+        loaded = _net(net, overrides)
     stream = io.StringIO() if quiet else sys.stderr
     return train_net(loaded, device, out=out, resume=resume, weights=weights, allow_missing=allow_missing,
                      overrides=overrides, set_texts=texts,
