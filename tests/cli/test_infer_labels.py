@@ -184,3 +184,19 @@ def test_import_records_the_labels_and_infer_names_the_classes(tmp_path):
                 "--labels", tmp_path / "ten.txt")
     assert r.status == 2 and "10 class names, but the net's class scores have" in r.err, r.err
     assert not (tmp_path / "sq2" / "input.json").exists()
+
+
+def test_import_onnx_records_the_labels(digits):
+    """`toolkit import onnx --labels` records the names beside the imported net, and `toolkit
+    infer --top` of it names the classes LeNet's own scores rank first."""
+    pytest.importorskip("onnx")
+    tmp, x = digits
+    assert run_cli("export", "onnx", "zoo:lenet", "-o", tmp / "lenet.onnx").status == 0
+    r = run_cli("import", "onnx", tmp / "lenet.onnx", "--out", tmp / "imported", "--labels", tmp / "labels.txt")
+    assert r.status == 0, r.err
+    assert json.loads((tmp / "imported" / "input.json").read_text()) == {"classes": NAMES}
+    r = run_cli("infer", tmp / "imported" / "net.yaml", "--weights", tmp / "imported" / "model.safetensors",
+                "--input", tmp / "x.npy", "--top", "1")
+    assert r.status == 0, r.err
+    best = _lenet_scores(x).argmax(axis=1)
+    assert re.findall(r"class (\d+)  (.*)$", r.out, re.M) == [(str(i), NAMES[i]) for i in best]
