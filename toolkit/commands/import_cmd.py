@@ -82,6 +82,9 @@ def _onnx(args) -> int:
     copy = out / source.name
     if source.resolve() != copy.resolve():
         atomic_write(copy, lambda tmp: shutil.copyfile(source, tmp))
+        for data in loaded.data_files:        # where the copy's tensors keep their data, checked when read
+            (out / data.location).parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(out / data.location, lambda tmp, f=source.parent / data.location: shutil.copyfile(f, tmp))
     _write(out, net_text(loaded.model, source.name, name), graph_weights,
            f"# imported from {source.name} by `toolkit import onnx`: its graph runs as the ONNX layer\n")
     ops = sorted({n.op_type for n in loaded.model.graph.node})

@@ -1,7 +1,8 @@
 """ONNX model files read within bounds: the ModelProto (older opsets brought to 13 by ONNX's
-version converter), its initializers as arrays, kept while the file is unchanged. Nothing here
-knows the graph: layers/onnx converts the nodes; this is what the weights loader, the net-file
-writer and the converter share."""
+version converter) with the tensors it keeps in data files beside it read in (external.py), its
+initializers as arrays, kept while the model and its data files are unchanged. Nothing here knows
+the graph: layers/onnx converts the nodes; this is what the weights loader, the net-file writer
+and the converter share."""
 from __future__ import annotations
 
 import re
@@ -11,6 +12,7 @@ import numpy as np
 
 from ...errors import UserError
 from ...fileio import check_regular, read_regular
+from .external import DataFile, inline_external_data
 
 MAX_MODEL_BYTES = (2 << 30) - 1          # protobuf's own limit on one message
 MIN_OPSET = 13
@@ -32,7 +34,14 @@ def symbol_name(raw: str) -> str:
 
 
 def read_model(path: str):
-    """The ModelProto at ``path``, read whole within protobuf's limit; external data refused."""
+    """The ModelProto at ``path``, read whole within protobuf's limit, every tensor's data in it."""
+    return read_model_and_data(path)[0]
+
+
+def read_model_and_data(path: str) -> tuple[object, tuple[DataFile, ...]]:
+    """The ModelProto at ``path`` with the tensors it keeps in other files read in (each file
+    checked to be a regular file in the model's folder, each size before it is read), and those
+    files."""
     try:
         import onnx
     except ImportError:
@@ -45,11 +54,7 @@ def read_model(path: str):
         raise UserError(f"{path}: not a readable ONNX model ({e})") from None
     if not model.HasField("graph") or not model.graph.output:
         raise UserError(f"{path}: not an ONNX model (no graph, or a graph with no output)")
-    for init in model.graph.initializer:
-        if init.data_location == 1:           # EXTERNAL
-            raise UserError(f"{path}: initializer '{init.name}' keeps its data in another file; load and save "
-                            "the model with onnx.save(..., save_as_external_data=False) first")
-    return model
+    return model, inline_external_data(model, path)
 
 
 def _upgraded(model, path: str, opset: int):
@@ -71,26 +76,43 @@ def default_opset(model) -> int:
 
 @dataclass
 class Loaded:
-    """A model file read once: the ModelProto (at opset 13 or later), its opset, its initializers."""
+    """A model file read once: the ModelProto (at opset 13 or later), its opset, its initializers,
+    and the data files beside it that its tensors were read from (locations relative to its folder)."""
     model: object
     opset: int
     arrays: dict[str, np.ndarray]
+    data_files: tuple[DataFile, ...] = ()
 
 
 _LOADED: dict[tuple, Loaded] = {}
 
 
 def loaded_model(path: str) -> Loaded:
-    """The model at ``path``, kept while the file is unchanged (a net lowers its ONNX layer once
-    per phase, and its weights are read from the same file)."""
+    """The model at ``path``, kept while the file and its data files are unchanged (a net lowers
+    its ONNX layer once per phase, and its weights are read from the same file)."""
     import os
     stat = check_regular(path)
     key = (os.path.realpath(path), stat.st_mtime_ns, stat.st_size)
-    if key not in _LOADED:
-        loaded = opened(read_model(path), path)
+    if key not in _LOADED or not _unchanged(_LOADED[key].data_files, path):
+        model, data_files = read_model_and_data(path)
+        loaded = opened(model, path)
+        loaded.data_files = data_files
         _LOADED.clear()                # one model at a time: they can be large
         _LOADED[key] = loaded
     return _LOADED[key]
+
+
+def _unchanged(data_files: tuple[DataFile, ...], path: str) -> bool:
+    import os
+    folder = os.path.dirname(os.path.abspath(path))
+    for f in data_files:
+        try:
+            st = os.stat(os.path.join(folder, f.location), follow_symlinks=False)
+        except OSError:
+            return False
+        if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) != (f.device, f.inode, f.size, f.mtime_ns):
+            return False
+    return True
 
 
 def opened(model, path: str) -> Loaded:
