@@ -150,25 +150,16 @@ def _variadic(imp, node):
     like = next(v for v in values if v is not None)
     values = [v if v is not None else imp.materialize(imp.env[n], like) for v, n in zip(values, node.input)]
     b = imp.b
+    integer = like.dtype if like.dtype in ("int32", "int64") and node.op_type in ("Max", "Min") else None
+    if integer:                 # compared as float64: exact for every int32, and int64 below 2^53
+        values = [b.op("cast", v, dtype="float64") for v in values]
     out = values[0]
     for v in values[1:]:
         out = {"Max": lambda p, q: b.op("maximum", p, q), "Min": lambda p, q: _minimum(b, p, q),
                "Sum": b.add, "Mean": b.add}[node.op_type](out, v)
+    if integer:
+        return [b.op("cast", out, dtype=integer)]
     return [b.scale(out, 1 / len(values)) if node.op_type == "Mean" else out]
-
-
-@converts("Pow")
-def _pow(imp, node):
-    x = _float(imp, node.input[0])
-    e = imp.env[node.input[1]]
-    if not is_const(e) or np.size(e) != 1:
-        imp.fail("the exponent must be one number known at import")
-    exponent = float(np.asarray(e).reshape(-1)[0])
-    if exponent == 2.0:
-        return [imp.b.op("square", x)]
-    if exponent == 0.5:
-        return [imp.b.op("sqrt", x)]
-    return [imp.b.op("power", x, exponent=exponent)]
 
 
 def _as_mask(imp, x: Value) -> Value:
@@ -271,11 +262,12 @@ def _spatial_pads(imp, node, x: Value, kernel, strides, dilations) -> tuple[list
     """(begin, end) padding of the two image axes, auto_pad resolved against the input's size."""
     auto = imp.attr(node, "auto_pad", "NOTSET")
     auto = auto.decode() if isinstance(auto, bytes) else auto
+    rank = len(kernel)
     if auto in ("NOTSET", ""):
-        pads = list(imp.attr(node, "pads", [0] * 4))
-        return pads[:2], pads[2:]
+        pads = list(imp.attr(node, "pads", [0] * 2 * rank))
+        return pads[:rank], pads[rank:]
     if auto == "VALID":
-        return [0, 0], [0, 0]
+        return [0] * rank, [0] * rank
     begin, end = [], []
     for size, k, s, d in zip(x.shape[2:], kernel, strides, dilations):
         if not isinstance(size, int):
@@ -380,21 +372,47 @@ def _conv_transpose(imp, node):
     return [y]
 
 
+class _Unequal(Exception):
+    """Padding the pooling primitives cannot express: the windows are written out instead."""
+
+
 @converts("MaxPool", "AveragePool")
 def _pool(imp, node):
     if node.op_type == "MaxPool" and len(node.output) > 1 and node.output[1]:
         imp.fail("the indices output of MaxPool has no counterpart here")
+    x = _float(imp, node.input[0])
+    spatial = x.rank - 2
+    if spatial < 1:
+        imp.fail(f"{node.op_type} of a rank-{x.rank} input has no counterpart here")
+    dilations = [int(d) for d in imp.attr(node, "dilations", [1] * spatial)]
+    if x.rank in (3, 4) and all(d == 1 for d in dilations):
+        try:
+            return _pool_primitive(imp, node)
+        except _Unequal:
+            pass
+    from .windows import window_pool
+    kernel = [int(k) for k in imp.attr(node, "kernel_shape")]
+    strides = [int(s) for s in imp.attr(node, "strides", [1] * spatial)]
+    begin, end = _spatial_pads(imp, node, x, kernel, strides, dilations)
+    include = bool(imp.attr(node, "count_include_pad", 0)) and node.op_type == "AveragePool"
+    return [window_pool(imp, node, x, kernel, strides, dilations, begin, end, bool(imp.attr(node, "ceil_mode", 0)),
+                        include)]
+
+
+def _pool_primitive(imp, node):
+    """Pooling of 1-d and 2-d images without dilation onto max_pool2d/avg_pool2d; padding they
+    cannot express raises _Unequal."""
     x, one_d = _image_input(imp, node, node.input[0])
     kernel = _two(imp.attr(node, "kernel_shape"), one_d, 1)
     strides = _two(imp.attr(node, "strides", [1] * (2 - one_d)), one_d, 1)
-    dilations = _two(imp.attr(node, "dilations", [1] * (2 - one_d)), one_d, 1)
-    if any(d != 1 for d in dilations):
-        imp.fail("dilated pooling has no counterpart here")
+    dilations = [1, 1]
     if one_d and imp.attr(node, "pads") is not None:
         p = list(imp.attr(node, "pads"))
         begin, end = [0, p[0]], [0, p[1]]
     else:
         begin, end = _spatial_pads(imp, node, x, kernel, strides, dilations)
+    if any(max(lo, hi) > k // 2 for lo, hi, k in zip(begin, end, kernel)):
+        raise _Unequal                 # the primitives pad at most half a kernel
     ceil = bool(imp.attr(node, "ceil_mode", 0))
     include = bool(imp.attr(node, "count_include_pad", 0)) and node.op_type == "AveragePool"
     wanted = None
@@ -403,7 +421,7 @@ def _pool(imp, node):
             x = _pad_explicit(imp, x, begin, end)          # the padding's zeros counted: make them real
             begin = end = [0, 0]
         elif include:
-            imp.fail("AveragePool counting unequal padding, with ceil_mode, has no counterpart here")
+            raise _Unequal
         else:
             # padding that no window counts: windows start at i*stride - begin either way, so pool
             # with the begin padding on both sides (ceil_mode where the end needs more windows)
@@ -421,7 +439,7 @@ def _pool(imp, node):
                 # larger amount and skip the windows that start earlier (whole strides only)
                 bigger = [max(lo, hi) for lo, hi in zip(begin, end)]
                 if any((p - lo) % s for p, lo, s in zip(bigger, begin, strides)):
-                    imp.fail(f"{node.op_type} with this unequal padding has no counterpart here")
+                    raise _Unequal
                 skip = [(p - lo) // s for p, lo, s in zip(bigger, begin, strides)]
                 begin, ceil = bigger, False
     attrs = dict(kernel=tuple(kernel), stride=tuple(strides), pad=tuple(begin), ceil_mode=ceil)
@@ -432,7 +450,7 @@ def _pool(imp, node):
     for axis, w in enumerate(wanted or [], start=2):
         first = skip[axis - 2]
         if y.shape[axis] < first + w:
-            imp.fail(f"{node.op_type} with this unequal padding has no counterpart here")
+            raise _Unequal
         if y.shape[axis] != w:
             y = imp.b.op("slice", y, axis=axis, start=first, stop=first + w)
     return [imp.b.reshape(y, (y.shape[0], y.shape[1], y.shape[3])) if one_d else y]
@@ -658,8 +676,12 @@ def _slice(imp, node):
     steps = [int(v) for v in imp.const(steps_name, "the steps").reshape(-1)] if steps_name else [1] * len(starts)
     y = x
     for s, e, axis, step in zip(starts, ends, axes, steps):
+        if step == 0:
+            imp.fail("a step of 0")
         if step != 1:
-            imp.fail("a step other than 1 has no counterpart here")
+            from .windows import stepped_slice
+            y = stepped_slice(imp, y, axis, s, e, step)
+            continue
         size = y.shape[axis]
         start, stop = _clamp(s, size, "start", imp), _clamp(e, size, "end", imp)
         if start == 0 and stop == size:
@@ -742,9 +764,19 @@ def _pad(imp, node):
     x = imp.value(node.input[0])
     mode = imp.attr(node, "mode", "constant")
     mode = mode.decode() if isinstance(mode, bytes) else mode
-    if mode != "constant":
-        imp.fail(f"mode {mode} has no counterpart here (constant only)")
+    if mode not in ("constant", "edge", "reflect", "wrap"):
+        imp.fail(f"mode {mode} has no counterpart here")
     pads = [int(p) for p in imp.const(node.input[1], "the pads").reshape(-1)]
+    if mode != "constant":
+        from .windows import pad_mode
+        axes = _axes(imp, node, 3, x.rank) or list(range(x.rank))
+        half = len(pads) // 2
+        for axis, lo, hi in zip(axes, pads[:half], pads[half:]):
+            if lo < 0 or hi < 0:
+                imp.fail(f"mode {mode} with a negative padding has no counterpart here")
+            if lo or hi:
+                x = pad_mode(imp, x, axis, lo, hi, mode)
+        return [x]
     value = imp.optional(node, 2)
     fill = float(np.asarray(imp.const(value, "the value")).reshape(-1)[0]) if value is not None else 0.0
     if fill and x.dtype not in FLOAT_DTYPES:
@@ -766,7 +798,14 @@ def _pad(imp, node):
 @converts("ReduceMean", "ReduceSum", "ReduceSumSquare", "ReduceL2", "ReduceL1", "ReduceMax", "ReduceMin",
           "ReduceLogSumExp")
 def _reduce(imp, node):
-    x = _float(imp, node.input[0])
+    given = imp.value(node.input[0])
+    if given.dtype == "bool" and node.op_type in ("ReduceMax", "ReduceMin"):     # any / all, on a 0/1 mask
+        y = _reduce_floats(imp, node, imp.b.op("cast", given, dtype="float32"))
+        return [imp.b.op("cast", y, dtype="bool")]
+    return [_reduce_floats(imp, node, _float(imp, node.input[0]))]
+
+
+def _reduce_floats(imp, node, x: Value) -> Value:
     op = node.op_type
     takes_input = op == "ReduceSum" or imp.opset >= 18
     axes = _axes(imp, node, 1, x.rank) if takes_input else \
@@ -774,31 +813,33 @@ def _reduce(imp, node):
     keep = bool(imp.attr(node, "keepdims", 1))
     if not axes:
         if imp.attr(node, "noop_with_empty_axes", 0):
-            return [x]
+            return x
         axes = list(range(x.rank))
     axes = tuple(sorted(set(axes)))
     b = imp.b
     if op == "ReduceMax":
-        return [_reduce_max(imp, x, axes, keep)]
+        return _reduce_max(imp, x, axes, keep)
     if op == "ReduceMin":
-        return [b.op("neg", _reduce_max(imp, b.op("neg", x), axes, keep))]
+        return b.op("neg", _reduce_max(imp, b.op("neg", x), axes, keep))
     if op == "ReduceMean":
-        return [b.op("reduce_mean", x, axes=axes, keepdims=keep)]
+        return b.op("reduce_mean", x, axes=axes, keepdims=keep)
     if op == "ReduceLogSumExp":
         top = _reduce_max(imp, x, axes, True)
         total = b.reduce_sum(b.op("exp", b.sub(x, top)), axes, keepdims=True)
         y = b.add(b.op("log", total), top)
-        return [y if keep else b.reshape(y, tuple(d for i, d in enumerate(x.shape) if i not in axes))]
+        return y if keep else b.reshape(y, tuple(d for i, d in enumerate(x.shape) if i not in axes))
     source = {"ReduceSum": x, "ReduceSumSquare": b.op("square", x) if op == "ReduceSumSquare" else None,
               "ReduceL2": b.op("square", x) if op == "ReduceL2" else None,
               "ReduceL1": b.op("abs", x) if op == "ReduceL1" else None}[op]
     y = b.reduce_sum(source, axes, keepdims=keep)
-    return [b.op("sqrt", y) if op == "ReduceL2" else y]
+    return b.op("sqrt", y) if op == "ReduceL2" else y
 
 
 @converts("TopK")
 def _topk(imp, node):
-    x = _float(imp, node.input[0])
+    given = imp.value(node.input[0])
+    # integers ranked as float64: exact for every int32, and int64 below 2^53
+    x = imp.b.op("cast", given, dtype="float64") if given.dtype in ("int32", "int64") else _float(imp, node.input[0])
     k = int(np.asarray(imp.const(node.input[1], "k")).reshape(-1)[0])
     axis = imp.attr(node, "axis", -1) % x.rank
     largest = imp.attr(node, "largest", 1)
@@ -806,18 +847,21 @@ def _topk(imp, node):
     src = x if largest else b.op("neg", x)
     values = b.op("topk", src, axis=axis, k=k, values=True)
     indices = b.op("cast", b.op("topk", src, axis=axis, k=k, values=False), dtype="int64")
-    return [values if largest else b.op("neg", values), indices]
+    values = values if largest else b.op("neg", values)
+    return [values if values.dtype == given.dtype else b.op("cast", values, dtype=given.dtype), indices]
 
 
 @converts("ArgMax", "ArgMin")
 def _argmax(imp, node):
     x = _float(imp, node.input[0])
-    if imp.attr(node, "select_last_index", 0):
-        imp.fail("select_last_index 1 has no counterpart here")
     axis = imp.attr(node, "axis", 0) % x.rank
     b = imp.b
-    src = x if node.op_type == "ArgMax" else b.op("neg", x)
-    y = b.op("cast", b.op("topk", src, axis=axis, k=1, values=False), dtype="int64")
+    if imp.attr(node, "select_last_index", 0):
+        from .windows import last_index_arg
+        y = last_index_arg(imp, x, axis, node.op_type == "ArgMax")
+    else:
+        src = x if node.op_type == "ArgMax" else b.op("neg", x)
+        y = b.op("cast", b.op("topk", src, axis=axis, k=1, values=False), dtype="int64")
     if not imp.attr(node, "keepdims", 1):
         y = b.reshape(y, tuple(d for i, d in enumerate(x.shape) if i != axis))
     return [y]

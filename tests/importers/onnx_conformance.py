@@ -1,7 +1,9 @@
-"""The ONNX project's node test cases (``onnx.backend.test.case.node``) run through the importer:
-each case's model imported, each of its data sets run by the reference interpreter and compared
-with the case's expected outputs at the case's own tolerances. Used by test_onnx_import.py and by
-benchmarks/onnx_node_table.py, which prints the README's table."""
+"""The ONNX project's own test cases run through the importer: its node test cases
+(``onnx.backend.test.case.node``), its pytorch-converted and pytorch-operator model tests and its
+light real models. Each case's model is imported as ``toolkit infer model.onnx`` imports it (the
+same converters, layers/onnx) and each of its data sets run by the reference interpreter
+(toolkit/ops/interpreter.py), compared with the case's expected outputs at the case's own
+tolerances. Used by test_onnx_import.py and by benchmarks/onnx_node_table.py, which counts them."""
 from __future__ import annotations
 
 from collections import defaultdict
@@ -44,8 +46,8 @@ def nodes_summary(case) -> str:
 
 
 def _frozen(case, inputs, named: set = frozenset()) -> object:
-    """The case's model with its integer inputs (axes, shapes, repeats, k), and the input the
-    importer named, made initializers, as a model file carries them."""
+    """The case's model with the inputs the importer asked to know (axes, shapes, repeats, k) made
+    initializers, as a model file carries them; every other input stays an input."""
     from onnx import numpy_helper
     model = type(case.model)()
     model.CopyFrom(case.model)
@@ -54,7 +56,7 @@ def _frozen(case, inputs, named: set = frozenset()) -> object:
     keep = []
     for info, arr in zip([i for i in model.graph.input if i.name not in init], inputs):
         arr = _array(arr)
-        if arr.dtype.kind in "iu" or info.name in named:
+        if info.name in named:
             model.graph.initializer.append(numpy_helper.from_array(arr, info.name))
         else:
             keep.append(info)
@@ -166,3 +168,81 @@ def model_cases(kind: str) -> list:
             sets.append((read("input"), read("output")))
         out.append(SimpleNamespace(name=os.path.basename(folder), model=model, data_sets=sets, rtol=1e-3, atol=1e-7))
     return out
+
+
+def light_cases() -> list:
+    """The light real models (``light/light_*.onnx``): each fed what onnx's own backend runner
+    feeds it (``Runner.generate_dummy_data``, not random) and compared with the output stored
+    beside it, at the tolerance test_onnx_import.py holds them to."""
+    import glob
+    import os
+    from types import SimpleNamespace
+
+    import onnx
+    from onnx import numpy_helper
+    from onnx.backend.test.runner import Runner
+    out = []
+    for path in sorted(glob.glob(os.path.join(data_dir(), "light", "light_*.onnx"))):
+        name = os.path.basename(path)[len("light_"):-len(".onnx")]
+        model = onnx.load(path)
+        init = {i.name for i in model.graph.initializer}
+        feeds = [Runner.generate_dummy_data(i, seed=0, name=name, random=False)
+                 for i in model.graph.input if i.name not in init]
+        expected = []
+        for k in range(len(model.graph.output)):
+            t = onnx.TensorProto()
+            with open(path[:-len(".onnx")] + f"_output_{k}.pb", "rb") as fh:
+                t.ParseFromString(fh.read())
+            expected.append(numpy_helper.to_array(t))
+        out.append(SimpleNamespace(name=name, model=model, data_sets=[(feeds, expected)],
+                                   rtol=2e-3 if name == "densenet121" else 1e-3, atol=1e-7))
+    return out
+
+
+# The ops that have a counterpart here, fixed so that a count before and after a change divides by
+# the same cases: every op with a converter (ops.py, control.py, recurrent.py) or a fold rule for
+# computed values (Constant, Shape, Size) when the count was first taken, and the boolean ops and
+# ReduceProd, which the catalog's primitives express.
+COUNTERPARTS = frozenset("""
+Abs Add ArgMax ArgMin AveragePool BatchNormalization Cast CastLike Clip Concat ConstantOfShape Conv
+ConvTranspose Div Dropout Einsum Elu Equal Erf Exp Expand Flatten GRU Gather Gelu Gemm
+GlobalAveragePool GlobalMaxPool Greater GreaterOrEqual HardSigmoid HardSwish Identity If
+InstanceNormalization LRN LSTM LayerNormalization LeakyRelu Less LessOrEqual Log LogSoftmax Loop
+MatMul Max MaxPool Mean Min Mul Neg PRelu Pad Pow RNN Reciprocal ReduceL1 ReduceL2 ReduceLogSumExp
+ReduceMax ReduceMean ReduceMin ReduceSum ReduceSumSquare Relu Reshape Scan Selu Sigmoid Sign Slice
+Softmax Softplus Softsign Split Sqrt Squeeze Sub Sum Tanh Tile TopK Transpose Unsqueeze Where
+Constant Shape Size
+And Or Xor Not ReduceProd
+""".split())
+
+# the element types the graph has (toolkit/importers/onnx/files.py DTYPES)
+CATALOG_TYPES = frozenset({1, 11, 10, 16, 6, 7, 9})
+
+
+def _graph_parts(graph):
+    """Every node and every typed value of a graph and of the subgraphs its nodes hold."""
+    from onnx import AttributeProto
+    nodes, values = [], list(graph.input) + list(graph.output)
+    for node in graph.node:
+        nodes.append(node)
+        for a in node.attribute:
+            inner = [a.g] if a.type == AttributeProto.GRAPH else list(a.graphs) if a.type == AttributeProto.GRAPHS \
+                else []
+            for g in inner:
+                n, v = _graph_parts(g)
+                nodes += n
+                values += v
+    return nodes, values
+
+
+def in_scope(case) -> bool:
+    """Whether every op of the case (its subgraphs' too) has a counterpart here (COUNTERPARTS, the
+    default domain) and every tensor it takes and gives is of a type the graph has."""
+    nodes, values = _graph_parts(case.model.graph)
+    if any(n.domain not in ("", "ai.onnx") or n.op_type not in COUNTERPARTS for n in nodes):
+        return False
+    for v in values:
+        t = v.type
+        if not t.HasField("tensor_type") or t.tensor_type.elem_type not in CATALOG_TYPES:
+            return False
+    return True

@@ -1,0 +1,111 @@
+"""ONNX ops written in several primitives (layers/onnx/logic.py, windows.py) run as
+``toolkit infer model.onnx`` runs them (the model loaded as a net and compiled for the CPU) and
+equal ONNX Runtime on the same model: the boolean ops, Pow with a computed or integer exponent,
+ReduceProd, pooling with dilations, ceil_mode, unequal padding and three image axes, Slice with
+negative and larger steps, Pad's reflect/edge/wrap, ArgMax's select_last_index, Max/Min/TopK of
+integers and ReduceMax of booleans. What they cannot express is one line naming it."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx", reason="the onnx extra reads the models")
+ort = pytest.importorskip("onnxruntime", reason="the onnx extra's runtime is the reference")
+
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+from toolkit.errors import UserError  # noqa: E402
+
+F, I64, B = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL
+
+
+def _ints(name, values):
+    return numpy_helper.from_array(np.array(values, dtype=np.int64), name)
+
+
+def _model(nodes, inputs, outputs, inits=(), opset=20):
+    graph = helper.make_graph(nodes, "written", inputs, outputs, initializer=list(inits))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    return model
+
+
+def _through_toolkit_and_runtime(tmp_path, model, feeds):
+    import toolkit
+    path = tmp_path / "m.onnx"
+    path.write_bytes(model.SerializeToString())
+    names = [o.name for o in model.graph.output]
+    want = dict(zip(names, ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)))
+    got = toolkit.load(str(path)).infer(**feeds)
+    return got, want
+
+
+def test_the_written_ops_equal_onnx_runtime_through_the_compiled_net(tmp_path):
+    v = helper.make_tensor_value_info
+    nodes = [
+        helper.make_node("Greater", ["x", "zero"], ["pos"]),
+        helper.make_node("Less", ["y", "zero"], ["neg"]),
+        helper.make_node("And", ["pos", "neg"], ["and"]),
+        helper.make_node("Or", ["pos", "neg"], ["or"]),
+        helper.make_node("Xor", ["pos", "neg"], ["xor"]),
+        helper.make_node("Not", ["pos"], ["not"]),
+        helper.make_node("ReduceMax", ["pos", "axis3"], ["any"], keepdims=0),
+        helper.make_node("Pow", ["x", "y"], ["pow"]),                      # exponent computed at run time
+        helper.make_node("Pow", ["k", "e"], ["ipow"]),                     # integers
+        helper.make_node("ReduceProd", ["x", "axis3"], ["prod"], keepdims=1),
+        helper.make_node("MaxPool", ["x"], ["mp"], kernel_shape=[3, 2], dilations=[2, 2], strides=[2, 1],
+                         pads=[1, 0, 2, 1], ceil_mode=1),
+        helper.make_node("AveragePool", ["x"], ["ap"], kernel_shape=[3, 3], strides=[2, 2], pads=[0, 1, 2, 2],
+                         ceil_mode=1, count_include_pad=1),
+        helper.make_node("Reshape", ["x", "shape5"], ["x5"]),
+        helper.make_node("AveragePool", ["x5"], ["ap3"], kernel_shape=[2, 2, 2], strides=[1, 2, 2],
+                         pads=[1, 0, 1, 0, 1, 1]),
+        helper.make_node("Slice", ["x", "starts", "ends", "axes", "steps"], ["sl"]),
+        helper.make_node("Pad", ["x", "pads", "", "axes23"], ["refl"], mode="reflect"),
+        helper.make_node("Pad", ["x", "pads", "", "axes23"], ["edge"], mode="edge"),
+        helper.make_node("Pad", ["x", "pads", "", "axes23"], ["wrap"], mode="wrap"),
+        helper.make_node("ArgMax", ["r"], ["last"], axis=2, select_last_index=1, keepdims=0),
+        helper.make_node("ArgMin", ["r"], ["lastmin"], axis=3, select_last_index=1),
+        helper.make_node("Min", ["k", "e"], ["imin"]),
+        helper.make_node("TopK", ["k", "two"], ["topv", "topi"], axis=1),
+    ]
+    inits = [numpy_helper.from_array(np.array(0.0, np.float32), "zero"), _ints("axis3", [3]),
+             _ints("shape5", [2, 1, 3, 6, 6]), _ints("starts", [-1, 5, 0]), _ints("ends", [-100, 0, 100]),
+             _ints("axes", [1, 2, 3]), _ints("steps", [-2, -2, 4]), _ints("pads", [2, 1, 3, 2]),
+             _ints("axes23", [2, 3]), _ints("two", [2])]
+    outs = [v(n, B, None) for n in ("and", "or", "xor", "not", "any")] + \
+        [v(n, F, None) for n in ("pow", "prod", "mp", "ap", "ap3", "sl", "refl", "edge", "wrap")] + \
+        [v(n, I64, None) for n in ("ipow", "last", "lastmin", "imin", "topv", "topi")]
+    model = _model(nodes, [v("x", F, [2, 3, 6, 6]), v("y", F, [2, 3, 6, 6]), v("k", I64, [2, 5]),
+                           v("e", I64, [2, 5]), v("r", F, [2, 3, 4, 5])], outs, inits)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 3, 6, 6)).astype(np.float32)
+    y = np.round(rng.standard_normal((2, 3, 6, 6)) * 2).astype(np.float32)     # integers: a negative x's power is real
+    r = rng.integers(0, 3, (2, 3, 4, 5)).astype(np.float32)                    # ties, so the last index differs
+    feeds = {"x": x, "y": y, "k": rng.integers(-6, 7, (2, 5)).astype(np.int64),
+             "e": rng.integers(0, 5, (2, 5)).astype(np.int64), "r": r}
+    got, want = _through_toolkit_and_runtime(tmp_path, model, feeds)
+    for name, expected in want.items():
+        assert got[name].shape == expected.shape, name
+        if expected.dtype.kind in "biu":
+            np.testing.assert_array_equal(got[name], expected, err_msg=name)
+        else:
+            np.testing.assert_allclose(got[name], expected, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+@pytest.mark.parametrize("node, inits, why", [
+    (helper.make_node("Pad", ["x", "p"], ["z"], mode="reflect"), [_ints("p", [0, 3, 0, 0, 0, 0, 0, 0])],
+     "Pad mode reflect of 3 elements along an axis of 3: more than the axis holds"),
+    (helper.make_node("Slice", ["x", "s", "e", "a", "t"], ["z"]),
+     [_ints("s", [0]), _ints("e", [3]), _ints("a", [1]), _ints("t", [-1])],
+     "the slice of axis 1 is empty; an empty tensor has no counterpart here"),
+])
+def test_what_the_written_ops_cannot_express_is_one_line(tmp_path, node, inits, why):
+    from layers.onnx import import_model
+    v = helper.make_tensor_value_info
+    model = _model([node], [v("x", F, [2, 3, 4, 5])], [v("z", F, None)], inits)
+    path = tmp_path / "m.onnx"
+    path.write_bytes(model.SerializeToString())
+    with pytest.raises(UserError) as e:
+        import_model(str(path))
+    assert str(e.value).endswith(why) and "\n" not in str(e.value)
