@@ -234,8 +234,10 @@ def test_import_writes_the_catalogs_layers_where_every_node_maps_to_one(tmp_path
     types = {layer["type"] for layer in net["layers"]}
     assert ("ONNX" not in types) == layered, (types, r.out)
     assert ("not a net of the catalog's layers, because of node" in r.out) == (not layered)
-    ours = toolkit.load(f"zoo:{name}", transform=False)
+    # the exported transform reads back as the imported net's: both apply it
+    ours = toolkit.load(f"zoo:{name}")
     again = toolkit.load(str(tmp_path / "imp" / "net.yaml"), weights=str(tmp_path / "imp" / "model.safetensors"))
+    assert again.transform is not None and again.transform.steps == ours.transform.steps
     rng = np.random.default_rng(3)
     feeds = {i.name: (rng.integers(0, 8, [3 if d is None else d for d in i.shape]) if i.dtype.startswith("int")
                       else rng.random([3 if d is None else d for d in i.shape])).astype(i.dtype) for i in ours.inputs}

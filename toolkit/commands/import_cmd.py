@@ -144,6 +144,8 @@ def _as_layers(source: Path, loaded, base: dict, graph_net, graph_weights):
     if problems:
         return None, problems
     doc = {"name": base["name"], "inputs": base["inputs"], "layers": layers}
+    if "transform" in base:                 # the input transform toolkit export wrote into the model
+        doc["transform"] = base["transform"]
     text = yaml.safe_dump(doc, sort_keys=False)
     try:
         net = load_net(str(source.with_suffix(".yaml")), text=text)

@@ -44,7 +44,7 @@ def transform_nodes(input_name: str, record: dict, dtype: str, initializer, fres
         return out
 
     def const(value, hint: str, kind=None) -> str:
-        return initializer(np.asarray(value, dtype=kind or dtype), f"{base}/{hint}")
+        return initializer(np.asarray(value, dtype=kind or dtype), f"{base}/const_{hint}")
 
     x = input_name
     if record.get("channel_order") == "bgr":

@@ -127,6 +127,9 @@ def opened(model, path: str) -> Loaded:
             arrays[init.name] = numpy_helper.to_array(init)
         except Exception as e:         # numpy_helper's complaint about the tensor
             raise UserError(f"{path}: initializer '{init.name}' cannot be read ({e})") from None
+    # a transform that toolkit export wrote as nodes in front becomes the net's (netfile.net_dict)
+    from .transform import strip_input_transform
+    strip_input_transform(model, arrays)
     return Loaded(model, opset, arrays)
 
 

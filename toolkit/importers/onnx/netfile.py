@@ -44,7 +44,12 @@ def net_dict(model, file: str, name: str) -> dict:
     tops = [blob_name(o.name) for o in model.graph.output]
     layer = {"name": blob_name(name), "type": "ONNX", "file": file,
              "bottom": bottoms[0] if len(bottoms) == 1 else bottoms, "top": tops[0] if len(tops) == 1 else tops}
-    return {"name": blob_name(name), "inputs": inputs, "layers": [layer]}
+    net = {"name": blob_name(name), "inputs": inputs, "layers": [layer]}
+    from .transform import declared_transform
+    transform = declared_transform(model)       # the transform toolkit export described
+    if transform is not None and all(n in inputs for n in transform["inputs"]):
+        net["transform"] = transform
+    return net
 
 
 def net_text(model, file: str, name: str) -> str:
