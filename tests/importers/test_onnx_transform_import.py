@@ -113,3 +113,26 @@ def test_a_model_exported_without_its_transform_declares_it_from_the_metadata(tm
     np.testing.assert_allclose(got, _ort(model, {"data": x * np.float32(0.0625)})["prob"], rtol=0, atol=1e-5)
     plain, _ = _infer(tmp_path, model, "--input", f"data={tmp_path / 'x.npy'}", "--no-transform")
     np.testing.assert_allclose(plain, _ort(model, {"data": x})["prob"], rtol=0, atol=1e-5)
+
+
+def test_a_mean_image_exports_with_a_fixed_input_size_and_runs_as_nodes(tmp_path):
+    """A mean image fixes the size of what it is subtracted from: the model's input takes it, the
+    crop is a Slice of constants, and the nodes (a mean image is no net file's key) run as nodes."""
+    path, weights = _tiny(tmp_path)
+    mean = np.random.default_rng(7).random((3, 9, 8)) * 100
+    np.save(tmp_path / "mean.npy", mean)
+    path.write_text(yaml.safe_dump({**TINY, "transform": {"mean_file": "mean.npy", "crop_size": [5, 4],
+                                                          "channel_order": "bgr"}}, sort_keys=False))
+    model = tmp_path / "tiny.onnx"
+    r = cli("export", "onnx", path, "--weights", weights, "-o", model)
+    assert r.status == 0, r.err
+    dims = [d.dim_param or d.dim_value for d in onnx.load(str(model)).graph.input[0].type.tensor_type.shape.dim]
+    assert dims == ["N", 3, 9, 8]
+    x = (np.random.default_rng(8).random((2, 3, 9, 8)) * 255).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    want = _ort(model, {"data": x})["conv"]
+    original, _ = _infer(tmp_path, path, "--weights", weights, "--input", f"data={tmp_path / 'x.npy'}")
+    np.testing.assert_allclose(want, original, rtol=0, atol=1e-4)
+    got, err = _infer(tmp_path, model, "--input", f"data={tmp_path / 'x.npy'}")
+    assert "inputs are transformed" not in err
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-4)

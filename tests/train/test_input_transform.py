@@ -76,6 +76,21 @@ def test_caffe_preset_warps_an_image_file_then_crops_the_centre(tmp_path):
     np.testing.assert_allclose(_fed(tmp_path, net, image).reshape(3, 5, 5), want, rtol=0, atol=1e-4)
 
 
+def test_a_mean_image_is_cropped_with_the_input(tmp_path):
+    """Caffe's mean_file: the mean image of the uncropped size, subtracted at the crop's place."""
+    import toolkit
+    mean = np.random.default_rng(5).random((3, 10, 10)) * 100
+    np.save(tmp_path / "mean.npy", mean)
+    net = _flatten_net(tmp_path, [3, 7, 7], transform={"mean_file": "mean.npy", "crop_size": 7,
+                                                      "channel_order": "bgr", "scale": 0.5})
+    x = np.random.default_rng(6).integers(0, 256, (2, 3, 10, 10)).astype(np.float32)
+    want = (x[:, ::-1, 1:8, 1:8] - mean[None, :, 1:8, 1:8]) * 0.5
+    np.save(tmp_path / "x.npy", x)
+    np.testing.assert_allclose(_fed(tmp_path, net, tmp_path / "x.npy").reshape(2, 3, 7, 7), want, atol=1e-4)
+    got = toolkit.load(str(net)).infer(data=x)["flat"]                   # the Python API, the same transform
+    np.testing.assert_allclose(got.reshape(2, 3, 7, 7), want, rtol=0, atol=1e-4)
+
+
 def test_train_data_crop_size_takes_effect_on_an_image_file(tmp_path):
     # Caffe's transform_param on an image read at its own size: the centre crop_size square
     net = _flatten_net(tmp_path, [3, 4, 4], train={"data": {"crop_size": 4, "scale": 0.5}})
@@ -144,3 +159,23 @@ def test_squeezenet_on_caffe_photos_answers_as_caffes_pipeline(tmp_path):
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
     names = (REAL / "synset_words.txt").read_text().splitlines()
     assert "kit fox" in names[int(got[0].argmax())]
+
+
+def test_training_and_its_test_passes_apply_a_top_level_transform(tmp_path):
+    """A net's ``transform`` (mean 8, std 16) trains and tests as train.data's mean 8, scale 1/16
+    does: the same losses and test metrics, iteration by iteration (x / 16 == x * 0.0625 exactly)."""
+    from tests.train.test_loop import records, train
+    base = {"name": "mlp", "inputs": {"data": {"shape": ["N", 64]}, "label": {"shape": ["N"], "dtype": "int64"}},
+            "layers": [{"name": "ip1", "type": "InnerProduct", "bottom": "data", "top": "ip1", "num_output": 10},
+                       {"name": "loss", "type": "SoftmaxWithLoss", "bottom": ["ip1", "label"], "top": "loss"},
+                       {"name": "accuracy", "type": "Accuracy", "bottom": ["ip1", "label"], "top": "accuracy",
+                        "phase": "test"}]}
+    train_section = {"solver": {"base_lr": 0.1}, "max_iter": 20, "test_interval": 10, "display": 5}
+    runs = []
+    for name, extra, data in (("declared", {"transform": {"mean": 8, "std": 16}}, {}),
+                              ("caffe", {}, {"mean": 8, "scale": 0.0625})):
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump({**base, **extra, "train": {**train_section, "data": data}}))
+        train(path, tmp_path / name)
+        runs.append(records(tmp_path / name))
+    assert runs[0] == runs[1] and any("accuracy" in r for r in runs[0])

@@ -23,11 +23,19 @@ def crop_shape(record: dict) -> tuple[int, int] | None:
     return (int(crop[0]), int(crop[1])) if crop else None
 
 
+def mean_image_size(record: dict) -> tuple[int, int] | None:
+    """(H, W) of a mean image [C, H, W], which fixes the size of what it is subtracted from."""
+    mean = record.get("mean")
+    arr = np.asarray(mean, dtype=np.float64) if mean is not None else None
+    return tuple(int(d) for d in arr.shape[1:]) if arr is not None and arr.ndim == 3 else None
+
+
 def raw_dims(input_name: str, shape: list, record: dict) -> list:
-    """The model input's dims where the transform crops: height and width dynamic, named after the input."""
+    """The model input's dims where the transform crops: height and width dynamic, named after the
+    input; a mean image's size where there is one."""
     if crop_shape(record) is None or len(shape) != 4:
         return shape
-    return list(shape[:2]) + [f"{input_name}_height", f"{input_name}_width"]
+    return list(shape[:2]) + list(mean_image_size(record) or (f"{input_name}_height", f"{input_name}_width"))
 
 
 def transform_nodes(input_name: str, record: dict, dtype: str, initializer, fresh) -> tuple[list, str]:
@@ -51,7 +59,7 @@ def transform_nodes(input_name: str, record: dict, dtype: str, initializer, fres
         x = node("Gather", [x, const([2, 1, 0], "bgr_order", np.int64)], "bgr", axis=1)
     crop = crop_shape(record)
     if crop is not None:
-        x = _center_crop(node, const, x, crop, record.get("crop_offset", "floor"))
+        x = _center_crop(node, const, x, crop, record.get("crop_offset", "floor"), mean_image_size(record))
     if record.get("raw_scale") is not None:
         x = node("Mul", [x, const(record["raw_scale"], "raw_scale")], "raw_scale")
     if record.get("mean") is not None:
@@ -64,9 +72,15 @@ def transform_nodes(input_name: str, record: dict, dtype: str, initializer, fres
     return nodes, x
 
 
-def _center_crop(node, const, x: str, crop: tuple[int, int], rule: str) -> str:
+def _center_crop(node, const, x: str, crop: tuple[int, int], rule: str, static: tuple[int, int] | None) -> str:
     """Slice [H, W] -> crop at the centre: start (size - crop) // 2 (floor) or round((size - crop)
-    / 2) half to even (ONNX's Round is half to even, as Python's round), from the run-time shape."""
+    / 2) half to even (ONNX's Round is half to even, as Python's round), from the run-time shape,
+    or from ``static``, the input's fixed size."""
+    if static is not None:
+        start = [_offset(size, c, rule) for size, c in zip(static, crop)]
+        return node("Slice", [x, const(start, "start", np.int64), const([s + c for s, c in zip(start, crop)], "end",
+                                                                          np.int64), const([2, 3], "axes", np.int64)],
+                    "crop")
     shape = node("Shape", [x], "shape")
     sizes = node("Slice", [shape, const([2], "axis_h", np.int64), const([4], "axis_end", np.int64)], "hw")
     spare = node("Sub", [sizes, const(list(crop), "crop", np.int64)], "spare")
@@ -88,8 +102,11 @@ def _per_channel(values, crop, rule: str) -> np.ndarray:
     if arr.ndim == 3:
         if crop is not None and arr.shape[1:] != tuple(crop):
             (h, w), (ch, cw) = arr.shape[1:], crop
-            top = int(round((h - ch) / 2.0)) if rule == "round" else (h - ch) // 2
-            left = int(round((w - cw) / 2.0)) if rule == "round" else (w - cw) // 2
+            top, left = _offset(h, ch, rule), _offset(w, cw, rule)
             arr = arr[:, top:top + ch, left:left + cw]
         return arr[None]
     return arr
+
+
+def _offset(total: int, size: int, rule: str) -> int:
+    return int(round((total - size) / 2.0)) if rule == "round" else (total - size) // 2
