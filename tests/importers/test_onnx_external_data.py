@@ -114,6 +114,18 @@ def test_a_model_and_its_data_moved_together_still_load(tmp_path):
     np.testing.assert_allclose(before, expected(x), rtol=1e-6)
 
 
+def test_a_data_file_changed_since_the_model_was_read_is_read_again(tmp_path):
+    """A model is kept while it is unchanged (a net reads it once per phase): its data file counts."""
+    from toolkit.importers.onnx.files import loaded_model
+    path = write_model(tmp_path / "model")
+    np.testing.assert_array_equal(loaded_model(path).arrays["w"], W)
+    data = tmp_path / "model" / "m.onnx.data"
+    st = os.stat(data)
+    data.write_bytes((2 * W).tobytes() + data.read_bytes()[W.nbytes:])
+    os.utime(data, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    np.testing.assert_array_equal(loaded_model(path).arrays["w"], 2 * W)
+
+
 def test_import_of_a_one_layer_model_copies_its_data_beside_the_copy(tmp_path):
     """An LSTM model stays one ONNX layer reading DIR/MODEL.onnx: its data file travels with it."""
     torch = pytest.importorskip("torch")
