@@ -51,7 +51,7 @@ def run_infer(args) -> int:
         check_input_arrays(session.graph, {k: np.empty(0, dt) for k, dt in stream.dtypes().items()}, filled)
         bind_symbols(session.graph, transform.shapes(stream.shapes()) if transform else stream.shapes(), filled)
         if transform is not None:
-            print(f"inputs are transformed as in training: {transform.describe()} "
+            print(f"inputs are transformed {transform.heading}: {transform.describe()} "
                   "(--no-transform feeds them as given)", file=sys.stderr)
         outputs, stats = _run_chunks(session, stream, chunk_rows, args.warm, verbose, transform)
     if args.output and args.output.endswith(".csv"):

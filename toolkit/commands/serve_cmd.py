@@ -31,7 +31,7 @@ def run_serve(args) -> int:
                  disable=tuple(args.disable or ()), optimize_graph=not args.no_optimize,
                  allow_missing=args.allow_missing, transform=not args.no_transform)
     if model.transform is not None:
-        print(f"inputs are transformed as in training: {model.transform.describe()} "
+        print(f"inputs are transformed {model.transform.heading}: {model.transform.describe()} "
               "(--no-transform serves them as given)", file=sys.stderr, flush=True)
     widths = score_widths({t.name: t.shape for t in model.outputs})
     names = class_names(args.labels, recorded_input(model.net.file), widths)

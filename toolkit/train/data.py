@@ -285,6 +285,11 @@ class InputTransform:
     def applies_to(self) -> list[str]:
         return list(self.steps)
 
+    @property
+    def heading(self) -> str:
+        """How the commands introduce it: training's transform, or a deploy net's own."""
+        return "as in training" if self.source == "the net's train.data" else "as the net declares"
+
     def __call__(self, arrays: dict[str, np.ndarray], dtype: str | None = None, crop: bool = True
                  ) -> dict[str, np.ndarray]:
         """The tensor steps on each transformed input (RGB, raw values) -> the net's inputs, in
