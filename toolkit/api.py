@@ -129,6 +129,8 @@ class Net(LoadedNet):
         """Loaded and checked by ``__new__``, once."""
 
     def __reduce__(self):                      # a copy or a pickle loads it again from its source
+        if self._loaded_from is None:
+            raise TypeError("a Net made from a net loaded elsewhere cannot be copied; make it from its source")
         source, overrides = self._loaded_from
         return _net, (source, overrides)
 
