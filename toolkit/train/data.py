@@ -261,6 +261,8 @@ class InputTransform:
                 "train.data"
         floats = [n for n, s in spec.inputs.items() if s.dtype in FLOAT_DTYPES]
         names = values.pop("inputs", None) or floats
+        if not names:
+            return None                  # no float input: nothing to transform
         for name in names:
             if name not in floats:
                 raise UserError(f"{net.file}: {where}.inputs names '{name}', which is not one of the net's float "
