@@ -179,3 +179,12 @@ def test_training_and_its_test_passes_apply_a_top_level_transform(tmp_path):
         train(path, tmp_path / name)
         runs.append(records(tmp_path / name))
     assert runs[0] == runs[1] and any("accuracy" in r for r in runs[0])
+
+
+def test_import_caffe_transform_is_refused_where_the_prototxt_gives_one(tmp_path):
+    pytest.importorskip("google.protobuf", reason="the caffe extra (protobuf) reads caffemodels")
+    prototxt = Path(__file__).resolve().parents[1] / "data" / "caffe" / "examples_mnist_lenet_train_test.prototxt"
+    r = cli("import", "caffe", prototxt, "--input-shape", "data=1,28,28", "--transform", "caffe-imagenet",
+            "--out", tmp_path / "out")
+    assert r.status == 2 and "the prototxt's transform_param gives the input transform already (scale" in r.err, r.err
+    assert not (tmp_path / "out" / "net.yaml").exists()
