@@ -304,6 +304,9 @@ def _two(values, one_d: bool, fill: int) -> list[int]:
 
 @converts("Conv")
 def _conv(imp, node):
+    if _float(imp, node.input[0]).rank == 5:
+        from .windows import conv3d
+        return [conv3d(imp, node, imp.value(node.input[0]))]
     x, one_d = _image_input(imp, node, node.input[0])
     w = imp.value(node.input[1], x)
     if one_d:

@@ -162,3 +162,42 @@ def last_index_arg(imp, x: Value, axis: int, largest: bool) -> Value:
     flipped = reverse(imp, x if largest else b.op("neg", x), axis)
     first = b.op("cast", b.op("topk", flipped, axis=axis, k=1, values=False), dtype="int64")
     return b.sub(imp.materialize(np.array(size - 1, dtype=np.int64)), first)
+
+
+def conv3d(imp, node, x: Value) -> Value:
+    """Conv of [N, C, D, H, W]: the depth padded, then for each kernel depth offset the strided
+    depth slices as a batch of 2-d images through conv2d with that depth's kernel, summed."""
+    from .ops import _pad_explicit, _spatial_pads
+    b = imp.b
+    w = imp.value(node.input[1], x)
+    kernel = [int(k) for k in w.shape[2:]]
+    strides = [int(s) for s in imp.attr(node, "strides", [1, 1, 1])]
+    dilations = [int(d) for d in imp.attr(node, "dilations", [1, 1, 1])]
+    begin, end = _spatial_pads(imp, node, x, kernel, strides, dilations)
+    group = int(imp.attr(node, "group", 1))
+    depth = _known(imp, x, 2, "a 3-d convolution")
+    if begin[0] or end[0]:
+        x = b.op("pad_axis", x, axis=2, before=begin[0], after=end[0])
+    reach = (kernel[0] - 1) * dilations[0] + 1
+    out_depth = (depth + begin[0] + end[0] - reach) // strides[0] + 1
+    if out_depth < 1:
+        imp.fail("the kernel is deeper than the padded input")
+    symmetric = [lo if lo == hi else 0 for lo, hi in zip(begin[1:], end[1:])]
+    x = _pad_explicit(imp, x, [0] + [lo - s for lo, s in zip(begin[1:], symmetric)],
+                      [0] + [hi - s for hi, s in zip(end[1:], symmetric)])
+    n, c = x.shape[0], x.shape[1]
+    total = None
+    for k in range(kernel[0]):
+        planes = strided(imp, x, 2, k * dilations[0], out_depth, strides[0])         # [N, C, Do, H, W]
+        planes = b.op("transpose", planes, perm=(0, 2, 1, 3, 4))
+        planes = b.reshape(planes, (n * out_depth, c) + tuple(planes.shape[3:]))
+        wk = b.reshape(b.op("slice", w, axis=2, start=k, stop=k + 1), (w.shape[0], w.shape[1]) + tuple(w.shape[3:]))
+        y = b.op("conv2d", planes, wk, stride=tuple(strides[1:]), pad=tuple(symmetric), dilation=tuple(dilations[1:]),
+                 group=group)
+        total = y if total is None else b.add(total, y)
+    bias = imp.optional(node, 2)
+    if bias is not None:
+        bv = imp.value(bias, total)
+        total = b.add(total, b.reshape(bv, (bv.shape[0], 1, 1)))
+    total = b.reshape(total, (n, out_depth) + tuple(total.shape[1:]))
+    return b.op("transpose", total, perm=(0, 2, 1, 3, 4))

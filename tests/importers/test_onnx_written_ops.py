@@ -1,7 +1,8 @@
 """ONNX ops written in several primitives (layers/onnx/logic.py, windows.py) run as
 ``toolkit infer model.onnx`` runs them (the model loaded as a net and compiled for the CPU) and
 equal ONNX Runtime on the same model: the boolean ops, Pow with a computed or integer exponent,
-ReduceProd, pooling with dilations, ceil_mode, unequal padding and three image axes, Slice with
+ReduceProd, pooling with dilations, ceil_mode, unequal padding and three image axes, 3-d
+convolution, Slice with
 negative and larger steps, Pad's reflect/edge/wrap, ArgMax's select_last_index, Max/Min/TopK of
 integers and ReduceMax of booleans. What they cannot express is one line naming it."""
 from __future__ import annotations
@@ -60,6 +61,8 @@ def test_the_written_ops_equal_onnx_runtime_through_the_compiled_net(tmp_path):
         helper.make_node("Reshape", ["x", "shape5"], ["x5"]),
         helper.make_node("AveragePool", ["x5"], ["ap3"], kernel_shape=[2, 2, 2], strides=[1, 2, 2],
                          pads=[1, 0, 1, 0, 1, 1]),
+        helper.make_node("Conv", ["x5", "w5", "b5"], ["conv3"], strides=[1, 2, 1], pads=[1, 1, 0, 0, 1, 1],
+                         dilations=[2, 1, 2]),
         helper.make_node("Slice", ["x", "starts", "ends", "axes", "steps"], ["sl"]),
         helper.make_node("Pad", ["x", "pads", "", "axes23"], ["refl"], mode="reflect"),
         helper.make_node("Pad", ["x", "pads", "", "axes23"], ["edge"], mode="edge"),
@@ -72,9 +75,11 @@ def test_the_written_ops_equal_onnx_runtime_through_the_compiled_net(tmp_path):
     inits = [numpy_helper.from_array(np.array(0.0, np.float32), "zero"), _ints("axis3", [3]),
              _ints("shape5", [2, 1, 3, 6, 6]), _ints("starts", [-1, 5, 0]), _ints("ends", [-100, 0, 100]),
              _ints("axes", [1, 2, 3]), _ints("steps", [-2, -2, 4]), _ints("pads", [2, 1, 3, 2]),
-             _ints("axes23", [2, 3]), _ints("two", [2])]
+             _ints("axes23", [2, 3]), _ints("two", [2]),
+             numpy_helper.from_array(np.random.default_rng(1).standard_normal((4, 1, 2, 3, 2)).astype(np.float32), "w5"),
+             numpy_helper.from_array(np.array([0.5, -1.0, 0.0, 2.0], np.float32), "b5")]
     outs = [v(n, B, None) for n in ("and", "or", "xor", "not", "any")] + \
-        [v(n, F, None) for n in ("pow", "prod", "mp", "ap", "ap3", "sl", "refl", "edge", "wrap")] + \
+        [v(n, F, None) for n in ("pow", "prod", "mp", "ap", "ap3", "conv3", "sl", "refl", "edge", "wrap")] + \
         [v(n, I64, None) for n in ("ipow", "last", "lastmin", "imin", "topv", "topi")]
     model = _model(nodes, [v("x", F, [2, 3, 6, 6]), v("y", F, [2, 3, 6, 6]), v("k", I64, [2, 5]),
                            v("e", I64, [2, 5]), v("r", F, [2, 3, 4, 5])], outs, inits)
