@@ -151,7 +151,20 @@ def _net(source, overrides: list[tuple[tuple, object]]) -> Net:
     elif isinstance(source, Mapping):
         import copy
         source = copy.deepcopy(dict(source))    # the net is the dict as it is now, whatever happens to it
-    return _adopt(_load_source(source, overrides), (source, list(overrides)))
+    loaded = _load_source(source, overrides)
+    return _adopt(loaded, (_where_again(source), list(overrides)))
+
+
+def _where_again(source):
+    """The source to load a net from again: a file's path made absolute, so that a change of the
+    working folder in between does not change the file."""
+    import os
+    if isinstance(source, (str, os.PathLike)):
+        text = os.fspath(source)
+        if "\n" not in text and not text.lstrip().startswith("{") and not text.startswith("zoo:") \
+                and os.path.isfile(text):
+            return os.path.abspath(text)
+    return source
 
 
 def _adopt(loaded: LoadedNet, loaded_from) -> Net:
