@@ -104,6 +104,29 @@ def test_the_epoch_stands_beside_the_iteration(net, tmp_path, capsys):
     assert shown == {i: f"{i // 4 + 1}/3" for i in range(10)}
 
 
+def test_the_bar_on_a_terminal_shows_the_epoch_and_a_speed_without_the_compile(monkeypatch):
+    import types
+
+    import toolkit.train.progress as progress_module
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+    clock = types.SimpleNamespace(now=0.0)
+    monkeypatch.setattr(progress_module, "time", types.SimpleNamespace(perf_counter=lambda: clock.now))
+    screen = Terminal()
+    bar = progress_module.Progress(8, 0, 1, screen, per_epoch=3)
+    clock.now = 2.0
+    bar.compiled("of the train step", 2.0)          # the first 2 s were the compile
+    for i in range(3):
+        clock.now += 0.25                           # then 4 steps a second
+        bar.update(i, 0.5, 0.1)
+    drawn = screen.getvalue()
+    assert drawn.startswith("compiling kernels of the train step ... 2.0 s\n")
+    assert "] 1/8 epoch 1/3 loss 0.5000 lr 0.1 4.0 it/s ETA 00:01 " in drawn, drawn
+    assert "] 3/8 epoch 1/3 loss 0.5000 lr 0.1 4.0 it/s ETA 00:01 " in drawn, drawn
+
+
 def _history(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "history.jsonl").read_text().splitlines()]
 
