@@ -178,12 +178,12 @@ def test_import_records_the_labels_and_infer_names_the_classes(tmp_path):
     assert [(i, name) for _, i, name in printed] == [(str(i), synsets[i]) for i in order[0]]
     assert synsets[order[0, 0]] == "n02119789 kit fox, Vulpes macrotis"
     np.testing.assert_allclose([float(v) for v, _, _ in printed], best[0], atol=1e-4)
-    # names that fit no output: refused, the net imported but the names not recorded
+    # names that fit no output: refused, and the import leaves nothing behind (its rerun needs no --force)
     (tmp_path / "ten.txt").write_text("\n".join(NAMES) + "\n")
     r = run_cli("import", "caffe", REAL / "squeezenet_v1.0_deploy.prototxt", "--out", tmp_path / "sq2",
                 "--labels", tmp_path / "ten.txt")
     assert r.status == 2 and "10 class names, but the net's class scores have" in r.err, r.err
-    assert not (tmp_path / "sq2" / "input.json").exists()
+    assert not (tmp_path / "sq2").exists()
 
 
 def test_import_onnx_records_the_labels(digits):
@@ -200,3 +200,18 @@ def test_import_onnx_records_the_labels(digits):
     assert r.status == 0, r.err
     best = _lenet_scores(x).argmax(axis=1)
     assert re.findall(r"class (\d+)  (.*)$", r.out, re.M) == [(str(i), NAMES[i]) for i in best]
+
+
+def test_import_onnx_that_fails_leaves_nothing_behind(digits):
+    """An ONNX import refused at its last step (names that fit no output) writes nothing into
+    --out, so the rerun with the right names needs no --force."""
+    pytest.importorskip("onnx")
+    tmp, _x = digits
+    assert run_cli("export", "onnx", "zoo:lenet", "-o", tmp / "lenet.onnx").status == 0
+    (tmp / "three.txt").write_text("a\nb\nc\n")
+    r = run_cli("import", "onnx", tmp / "lenet.onnx", "--out", tmp / "imported", "--labels", tmp / "three.txt")
+    assert r.status == 2 and "3 class names" in r.err and "nothing was imported" in r.err, r.err
+    assert not (tmp / "imported").exists()
+    r = run_cli("import", "onnx", tmp / "lenet.onnx", "--out", tmp / "imported", "--labels", tmp / "labels.txt")
+    assert r.status == 0, r.err
+    assert sorted(p.name for p in (tmp / "imported").iterdir()) == ["input.json", "model.safetensors", "net.yaml"]

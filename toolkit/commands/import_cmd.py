@@ -1,5 +1,7 @@
-"""``toolkit import caffe``: a Caffe prototxt (with its caffemodel and solver) written as a net
-file and a weights file, checked by loading them back before anything is written."""
+"""``toolkit import caffe|onnx``: a Caffe prototxt (with its caffemodel and solver) or an ONNX
+model written as a net file and a weights file (and the class names of ``--labels``), checked by
+loading them back before anything is written, and written into a staged folder that becomes
+--out only when the whole import succeeded."""
 from __future__ import annotations
 
 import math
@@ -17,50 +19,61 @@ def run_import(args) -> int:
     if labels is not None:
         from ..arrayfiles.labels import read_labels
         names = read_labels(labels)
-    status = {"caffe": _caffe, "onnx": _onnx}[args.format](args)
-    if names is not None:
-        _record_labels(Path(args.out), names, labels)
-    return status
+    out = Path(args.out)
+    _check_free(out, args)
+    from ..fileio import staged_folder
+    # everything is written into a staged folder and moved into --out at the end: an import that
+    # fails (weights that do not fit, labels that fit no output) leaves nothing behind, and its
+    # rerun needs no --force
+    with staged_folder(out) as stage:
+        said = {"caffe": _caffe, "onnx": _onnx}[args.format](args, stage)
+        if names is not None:
+            said.append(_record_labels(stage, out, names, labels))
+    for line in said:
+        print(line)
+    return 0
 
 
-def _record_labels(out: Path, names: list[str], labels: str) -> None:
-    """The class names in DIR/input.json (beside what it held), where ``toolkit infer``, ``serve``
-    and a published model's card find them; refused unless they fit a class score output."""
+def _check_free(out: Path, args) -> None:
+    source = Path(args.model).name if args.format == "onnx" else None
+    taken = [f for f in ("net.yaml", "model.safetensors", source) if f and (out / f).exists()]
+    if taken and not args.force:
+        raise UserError(f"--out {out}: holds {' and '.join(taken)} already; choose another --out, or pass --force "
+                        "to replace them")
+
+
+def _record_labels(stage: Path, out: Path, names: list[str], labels: str) -> str:
+    """The class names in input.json, where ``toolkit infer``, ``serve`` and a published model's
+    card find them; refused unless they fit a class score output. Returns the line that says so."""
     import json
 
     from ..arrayfiles.labels import fit_labels
     from ..fileio import atomic_write
-    from ..train.data import INPUT_FILE, MAX_INPUT_FILE_BYTES, recorded_input
+    from ..train.data import INPUT_FILE, MAX_INPUT_FILE_BYTES
     from ..zoo.resolve import load_net
     from .classes import score_widths
-    net_file = out / "net.yaml"
-    graph = load_net(str(net_file)).graph("infer", "float32")
+    graph = load_net(str(stage / "net.yaml")).graph("infer", "float32")
     widths = score_widths({name: tuple(v.shape) for name, v in graph.outputs.items()})
-    fit_labels(names, widths, f"--labels {labels} (not recorded; the net was imported)")
-    about = recorded_input(str(net_file)) if (out / INPUT_FILE).is_file() else {}
-    about["classes"] = names
-    text = json.dumps(about, ensure_ascii=False, separators=(",", ":")) + "\n"
+    fit_labels(names, widths, f"--labels {labels} (nothing was imported)")
+    text = json.dumps({"classes": names}, ensure_ascii=False, separators=(",", ":")) + "\n"
     if len(text.encode("utf-8")) > MAX_INPUT_FILE_BYTES:
         raise UserError(f"--labels {labels}: its names take more than the {MAX_INPUT_FILE_BYTES:,} bytes an "
                         "input description may hold")
-    atomic_write(out / INPUT_FILE, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
-    print(f"wrote {out / INPUT_FILE}: {len(names)} class names from {labels}")
+    atomic_write(stage / INPUT_FILE, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+    return f"wrote {out / INPUT_FILE}: {len(names)} class names from {labels}"
 
 
-def _onnx(args) -> int:
-    """DIR/net.yaml and DIR/model.safetensors: the model's nodes as the catalog's layers where each
-    maps to one (checked to compute what the model does before anything is written), else the
-    model's inputs and one ONNX layer reading DIR/MODEL.onnx, with a note naming the nodes that
-    kept it from being a net of layers."""
+def _onnx(args, stage: Path) -> list[str]:
+    """net.yaml and model.safetensors: the model's nodes as the catalog's layers where each maps to
+    one (checked to compute what the model does before anything is written), else the model's
+    inputs and one ONNX layer reading a copy of MODEL.onnx (and its data files), with a note naming
+    the nodes that kept it from being a net of layers. Written into ``stage``; the lines that say
+    so name the files where they will be (--out)."""
     from ..importers.onnx.files import loaded_model
     from ..importers.onnx.netfile import model_name, net_dict, net_text
     from ..zoo.resolve import load_net
     out = Path(args.out)
     source = Path(args.model)
-    taken = [f for f in ("net.yaml", "model.safetensors", source.name) if (out / f).exists()]
-    if taken and not args.force:
-        raise UserError(f"--out {out}: holds {' and '.join(taken)} already; choose another --out, or pass --force "
-                        "to replace them")
     loaded = loaded_model(str(source))
     name = model_name(loaded.model, str(source))
     # every node lowered and checked before anything is written; the layer named as it will be
@@ -68,39 +81,33 @@ def _onnx(args) -> int:
     graph_weights = graph_net.load_weights(str(source))
     layered, problems = _as_layers(source, loaded, net_dict(loaded.model, source.name, name), graph_net,
                                    graph_weights)
-    out.mkdir(parents=True, exist_ok=True)
     if layered is not None:
         text, weights, net = layered
-        _write(out, text, weights, f"# imported from {source.name} by `toolkit import onnx`\n")
-        print(f"imported {net.name}: {len(loaded.model.graph.node)} ONNX nodes as {len(net.spec.layers)} layers, "
-              f"{_count(weights):,} parameters; wrote {out / 'net.yaml'} and {out / 'model.safetensors'} (the "
-              "layers compute what the model does: checked on random inputs)")
-        return 0
+        _write(stage, text, weights, f"# imported from {source.name} by `toolkit import onnx`\n")
+        return [f"imported {net.name}: {len(loaded.model.graph.node)} ONNX nodes as {len(net.spec.layers)} layers, "
+                f"{_count(weights):,} parameters; wrote {out / 'net.yaml'} and {out / 'model.safetensors'} (the "
+                "layers compute what the model does: checked on random inputs)"]
     import shutil
-
-    from ..fileio import atomic_write
-    copy = out / source.name
-    if source.resolve() != copy.resolve():
-        atomic_write(copy, lambda tmp: shutil.copyfile(source, tmp))
-        for data in loaded.data_files:        # where the copy's tensors keep their data, checked when read
-            (out / data.location).parent.mkdir(parents=True, exist_ok=True)
-            atomic_write(out / data.location, lambda tmp, f=source.parent / data.location: shutil.copyfile(f, tmp))
-    _write(out, net_text(loaded.model, source.name, name), graph_weights,
+    shutil.copyfile(source, stage / source.name)
+    for data in loaded.data_files:        # where the copy's tensors keep their data, checked when read
+        (stage / data.location).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source.parent / data.location, stage / data.location)
+    _write(stage, net_text(loaded.model, source.name, name), graph_weights,
            f"# imported from {source.name} by `toolkit import onnx`: its graph runs as the ONNX layer\n")
     ops = sorted({n.op_type for n in loaded.model.graph.node})
-    print(f"imported {graph_net.name}: {len(loaded.model.graph.node)} ONNX nodes ({len(ops)} op types) as the layer "
-          f"'{graph_net.spec.layers[0].name}', {_count(graph_weights):,} parameters; wrote {out / 'net.yaml'}, {copy} "
-          f"and {out / 'model.safetensors'}")
+    said = [f"imported {graph_net.name}: {len(loaded.model.graph.node)} ONNX nodes ({len(ops)} op types) as the "
+            f"layer '{graph_net.spec.layers[0].name}', {_count(graph_weights):,} parameters; wrote {out / 'net.yaml'}, "
+            f"{out / source.name} and {out / 'model.safetensors'}"]
     shown = problems[:5] + ([f"and {len(problems) - 5} more"] if len(problems) > 5 else [])
-    print("note: not a net of the catalog's layers, because of " + "; ".join(shown))
-    print("note: the graph stays one ONNX layer (its nodes run as the toolkit's primitives); add layers after it, "
-          "or freeze it with lr_mult: 0, to fine-tune")
+    said.append("note: not a net of the catalog's layers, because of " + "; ".join(shown))
+    said.append("note: the graph stays one ONNX layer (its nodes run as the toolkit's primitives); add layers after "
+                "it, or freeze it with lr_mult: 0, to fine-tune")
     cut = _classifier_input(loaded)
     if cut is not None:
         node, value = cut
-        print(f"note: to replace its classifier (the {node.op_type} '{node.name or node.output[0]}') by a new head, "
-              f"cut the layer where it reads: outputs: ['{value}']")
-    return 0
+        said.append(f"note: to replace its classifier (the {node.op_type} '{node.name or node.output[0]}') by a new "
+                    f"head, cut the layer where it reads: outputs: ['{value}']")
+    return said
 
 
 def _classifier_input(loaded):
@@ -184,16 +191,12 @@ def _input_shapes(items: list[str]) -> dict[str, list[int]]:
     return shapes
 
 
-def _caffe(args) -> int:
+def _caffe(args, stage: Path) -> list[str]:
     from ..importers.caffe.net import import_net, import_weights, read_prototxt, to_yaml
     from ..importers.caffe.solver import import_solver
     from schemas.net import DATA_TRANSFORM_KEYS
     from ..zoo.resolve import load_net
     out = Path(args.out)
-    taken = [f for f in ("net.yaml", "model.safetensors") if (out / f).exists()]
-    if taken and not args.force:
-        raise UserError(f"--out {out}: holds {' and '.join(taken)} already; choose another --out, or pass --force "
-                        "to replace them")
     net, ctx, weighted, notes = import_net(args.prototxt, tuple(args.stage), _input_shapes(args.input_shape))
     preset = getattr(args, "transform", None)
     if preset:
@@ -223,29 +226,22 @@ def _caffe(args) -> int:
     except UserError as e:
         raise UserError(f"the imported net does not load (a gap in the importer; please report it): "
                         + "; ".join(str(p) for p in e.problems)) from None
-    from ..fileio import atomic_write, staged_folder
+    from ..fileio import atomic_write
     said = []
-    # written into a staged folder and moved into --out at the end: an import that fails (weights
-    # that do not fit the prototxt) leaves nothing behind, and its rerun needs no --force
-    with staged_folder(out) as stage:
-        atomic_write(stage / "net.yaml", lambda tmp: Path(tmp).write_text(text))
-        if "mean_image" in ctx.extra:
-            def write_mean(tmp: str) -> None:
-                with open(tmp, "wb") as f:
-                    np.save(f, ctx.extra["mean_image"].astype(np.float32))
-            atomic_write(stage / "mean.npy", write_mean)
-            said.append(f"wrote {out / 'mean.npy'}: the mean image {list(ctx.extra['mean_image'].shape)}")
-        params = sum(math.prod(shape) for key, (shape, _layer) in loaded.declared.items()
-                     if not key.endswith(("running_mean", "running_var")))
-        said.append(f"imported {net['name']}: {len(net['layers'])} layers, {params:,} parameters; wrote {target}")
-        if weights is not None or ctx.fixed:
-            said += _write_weights(args.weights, weights or {}, ctx.fixed, loaded, stage / "model.safetensors",
-                                   out / "model.safetensors")
-    for line in said:
-        print(line)
-    for note in notes:
-        print(f"note: {note}")
-    return 0
+    atomic_write(stage / "net.yaml", lambda tmp: Path(tmp).write_text(text))
+    if "mean_image" in ctx.extra:
+        def write_mean(tmp: str) -> None:
+            with open(tmp, "wb") as f:
+                np.save(f, ctx.extra["mean_image"].astype(np.float32))
+        atomic_write(stage / "mean.npy", write_mean)
+        said.append(f"wrote {out / 'mean.npy'}: the mean image {list(ctx.extra['mean_image'].shape)}")
+    params = sum(math.prod(shape) for key, (shape, _layer) in loaded.declared.items()
+                 if not key.endswith(("running_mean", "running_var")))
+    said.append(f"imported {net['name']}: {len(net['layers'])} layers, {params:,} parameters; wrote {target}")
+    if weights is not None or ctx.fixed:
+        said += _write_weights(args.weights, weights or {}, ctx.fixed, loaded, stage / "model.safetensors",
+                               out / "model.safetensors")
+    return said + [f"note: {note}" for note in notes]
 
 
 def _write_weights(caffemodel: str | None, weights: dict, fixed: dict, loaded, target: Path, shown: Path) -> list[str]:
