@@ -73,7 +73,8 @@ def test_streamed_image_folder_and_csv_equal_the_whole_read(lenet, tmp_path):
     whole = read_inputs([str(folder)], ["data"], ["data", "label"], {"data": ("N", 1, 8, 8)})["data"]
     np.testing.assert_array_equal(whole, x.astype(np.float32))
     prob, _ = _infer(lenet, tmp_path, str(folder), extra=["--chunk-rows", "7"])
-    np.testing.assert_allclose(prob, lenet[2].run({"data": whole})["prob"], rtol=0, atol=1e-6)
+    # rounding only: a kernel splits its sums over as many cores as the machine has free then
+    np.testing.assert_allclose(prob, lenet[2].run({"data": whole})["prob"], rtol=1e-5, atol=1e-6)
 
     rows = np.random.default_rng(1).random((1000, 64)).astype(np.float32)
     csv = tmp_path / "rows.csv"

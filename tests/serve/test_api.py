@@ -46,9 +46,12 @@ def test_many_threads_get_their_own_answers(model):
         t.start()
     for t in threads:
         t.join()
+    # each thread's answers are its own inputs' (another input's answer differs by far more than
+    # this); not bit-equal, since how many cores a kernel splits its sums over follows how busy
+    # the machine is when it runs
     for i in range(16):
         for g in got[i]:
-            np.testing.assert_array_equal(g, want[i])
+            np.testing.assert_allclose(g, want[i], rtol=1e-5, atol=1e-7)
 
 
 def test_the_buckets_share_one_arena(model):
