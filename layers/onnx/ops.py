@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from toolkit.ir.graph import FLOAT_DTYPES, Value
-from .convert import CONVERTERS, DTYPES, Importer, NodeError, dims_of, is_const
+from .convert import CONVERTERS, DTYPES, NUMPY, Importer, NodeError, dims_of, is_const
 
 
 def converts(*ops: str):
@@ -47,12 +47,21 @@ def _unary(imp, node):
 
 @converts("Identity", "Dropout")
 def _identity(imp, node):
-    if node.op_type == "Dropout" and len(node.input) > 2 and node.input[2]:
-        mode = imp.env[node.input[2]]
-        if not is_const(mode) or bool(mode):
-            imp.fail("training_mode true: dropout is run at inference here")
     x = imp.env[node.input[0]]
-    return [x, None] if node.op_type == "Dropout" and len(node.output) > 1 else [x]
+    if node.op_type != "Dropout":
+        return [x]
+    if len(node.input) > 2 and node.input[2]:
+        mode = imp.const(node.input[2], "training_mode")
+        ratio = imp.const(node.input[1], "the ratio") if bool(mode) and node.input[1] else np.array(0.5)
+        if bool(mode) and float(np.asarray(ratio).reshape(-1)[0]) != 0.0:
+            imp.fail("training_mode true with a ratio above 0: dropout's random mask has no counterpart here")
+    if len(node.output) < 2 or not node.output[1]:
+        return [x]
+    # nothing dropped: the mask is true everywhere
+    like = x if isinstance(x, Value) else imp.materialize(x)
+    ones = imp.materialize(np.ones([1] * like.rank, dtype=np.float32))
+    mask = imp.b.op("broadcast_to", ones, shape=tuple(like.shape)) if like.rank else ones
+    return [x, imp.b.op("cast", mask, dtype="bool")]
 
 
 @converts("Reciprocal")
@@ -138,9 +147,13 @@ def _binary(imp, node):
         b = other
     else:
         a, b = _pair(imp, node, a, node.input[1])
-    if a.dtype not in FLOAT_DTYPES and (node.op_type == "Div" or a.dtype not in ("int32", "int64")):
-        # integer division truncates in ONNX; the graph's div is a float division
-        imp.fail(f"{node.op_type} of {a.dtype} values is computed for floats here")
+    if a.dtype not in FLOAT_DTYPES and a.dtype not in ("int32", "int64"):
+        imp.fail(f"{node.op_type} of {a.dtype} values has no counterpart here")
+    if node.op_type == "Div" and a.dtype in ("int32", "int64"):
+        # integer division truncates toward zero: divided as float64 (exact quotient's sign and
+        # integer part for every int32, and int64 below 2^53) and cast back, which truncates
+        wide = [imp.b.op("cast", v, dtype="float64") for v in (a, b)]
+        return [imp.b.op("cast", imp.b.op("div", *wide), dtype=a.dtype)]
     return [imp.b.op(BINARY[node.op_type], a, b)]
 
 
@@ -500,7 +513,7 @@ def _channel_shaped(imp, v: Value, rank: int) -> Value:
 @converts("BatchNormalization")
 def _batch_norm(imp, node):
     if imp.attr(node, "training_mode", 0):
-        imp.fail("training_mode 1: batch statistics at inference")
+        return _batch_norm_training(imp, node)
     x = _float(imp, node.input[0])
     eps = float(imp.attr(node, "epsilon", 1e-5))
     consts = [imp.env[n] for n in node.input[1:5]]
@@ -516,6 +529,24 @@ def _batch_norm(imp, node):
     scale, bias, mean, var = (_channel_shaped(imp, imp.value(n, x), x.rank) for n in node.input[1:5])
     inv = b.op("rsqrt", b.add(var, b.scalar(eps, x.dtype)))
     return [b.add(b.mul(b.mul(b.sub(x, mean), inv), scale), bias)]
+
+
+def _batch_norm_training(imp, node):
+    """training_mode 1: normalised by the batch's own mean and (biased) variance over every axis
+    but the channels; the running mean and variance outputs moved toward them by 1 - momentum."""
+    x = _float(imp, node.input[0])
+    b = imp.b
+    eps, momentum = float(imp.attr(node, "epsilon", 1e-5)), float(imp.attr(node, "momentum", 0.9))
+    axes = tuple(i for i in range(x.rank) if i != 1)
+    mean = b.op("reduce_mean", x, axes=axes, keepdims=True)
+    centred = b.sub(x, mean)
+    var = b.op("reduce_mean", b.op("square", centred), axes=axes, keepdims=True)
+    scale, bias = (_channel_shaped(imp, imp.value(n, x), x.rank) for n in node.input[1:3])
+    y = b.add(b.mul(b.mul(centred, b.op("rsqrt", b.add(var, b.scalar(eps, x.dtype)))), scale), bias)
+    channels = (x.shape[1],)
+    running = [b.add(b.scale(imp.value(n, x), momentum), b.scale(b.reshape(stat, channels), 1.0 - momentum))
+               for n, stat in zip(node.input[3:5], (mean, var))]
+    return [y] + running
 
 
 def _normalize(imp, x: Value, axes: tuple, eps: float) -> Value:
@@ -650,6 +681,7 @@ def _unsqueeze(imp, node):
 @converts("Concat")
 def _concat(imp, node):
     values = [imp.env[n] for n in node.input if n]
+    values = [v for v in values if not (is_const(v) and v.size == 0)] or values[:1]
     like = next((v for v in values if isinstance(v, Value)), None)
     values = [v if isinstance(v, Value) else imp.materialize(v, like) for v in values]
     values = [v for v in values if v.shape[imp.attr(node, "axis") % v.rank] != 0] or values[:1]
@@ -709,7 +741,15 @@ def _split(imp, node):
         parts = [min(chunk, size - i * chunk) for i in range(count)]
     outs, start = [], 0
     for p in parts:
-        outs.append(imp.b.op("slice", x, axis=axis, start=start, stop=start + p))
+        # the graph has no empty tensor: an empty part of known shape is an empty constant, which
+        # Concat drops (a rotary embedding's split with nothing left unrotated); else uncomputed,
+        # an error only where read
+        if p:
+            outs.append(imp.b.op("slice", x, axis=axis, start=start, stop=start + p))
+        elif all(isinstance(d, int) for d in x.shape) and x.dtype in NUMPY:
+            outs.append(np.zeros(tuple(0 if i == axis else d for i, d in enumerate(x.shape)), NUMPY[x.dtype]))
+        else:
+            outs.append(None)
         start += p
     return outs
 
@@ -733,9 +773,26 @@ def _gather(imp, node):
         y = pieces[0] if len(pieces) == 1 else b.op("concat", *pieces, axis=axis)
         shape = tuple(x.shape[:axis]) + tuple(idx.shape) + tuple(x.shape[axis + 1:])
         return [b.reshape(y, shape)]
-    if axis % max(1, (x.rank if x is not None else np.ndim(data))) != 0:
-        imp.fail("indices computed at run time are read along axis 0 only")
     table = x if x is not None else imp.materialize(data)
+    axis %= table.rank
+    size = table.shape[axis]
+    if isinstance(size, int) and indices.dtype in ("int32", "int64"):
+        # a negative index counts from the end: size added where it is below 0 (in float64, exact
+        # for any index of a table that fits in memory)
+        wide = b.op("cast", indices, dtype="float64")
+        below = b.sub(b.scalar(1.0, "float64"), b.op("ge_mask", wide, b.scalar(0.0, "float64")))
+        indices = b.op("cast", b.add(wide, b.scale(below, float(size))), dtype=indices.dtype)
+    if axis != 0:
+        # the axis read brought to the front, its rows gathered, the other axes put back around
+        # the indices' own
+        rest = [i for i in range(table.rank) if i != axis]
+        moved = b.op("transpose", table, perm=tuple([axis] + rest))
+        flat = b.reshape(moved, (size, math.prod(table.shape[i] for i in rest)))
+        rows = b.op("embedding", flat, indices, layer=imp.b.scope)
+        r = indices.rank
+        rows = b.reshape(rows, tuple(indices.shape) + tuple(table.shape[i] for i in rest))
+        perm = [r + i for i in range(axis)] + list(range(r)) + [r + i for i in range(axis, table.rank - 1)]
+        return [b.op("transpose", rows, perm=tuple(perm))]
     if table.rank != 2:
         flat = b.reshape(table, (table.shape[0], math.prod(table.shape[1:])))
         rows = b.op("embedding", flat, indices, layer=imp.b.scope)

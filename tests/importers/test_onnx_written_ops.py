@@ -3,8 +3,9 @@
 equal ONNX Runtime on the same model: the boolean ops, Pow with a computed or integer exponent,
 ReduceProd, pooling with dilations, ceil_mode, unequal padding and three image axes, 3-d
 convolution, Slice with
-negative and larger steps, Pad's reflect/edge/wrap, ArgMax's select_last_index, Max/Min/TopK of
-integers and ReduceMax of booleans. What they cannot express is one line naming it."""
+negative and larger steps, Pad's reflect/edge/wrap, ArgMax's select_last_index, Max/Min/TopK and
+Div of integers, ReduceMax of booleans, Gather along any axis with indices given at run time,
+Dropout's mask, BatchNormalization's training mode and a Split's empty part. What they cannot express is one line naming it."""
 from __future__ import annotations
 
 import numpy as np
@@ -71,25 +72,39 @@ def test_the_written_ops_equal_onnx_runtime_through_the_compiled_net(tmp_path):
         helper.make_node("ArgMin", ["r"], ["lastmin"], axis=3, select_last_index=1),
         helper.make_node("Min", ["k", "e"], ["imin"]),
         helper.make_node("TopK", ["k", "two"], ["topv", "topi"], axis=1),
+        helper.make_node("Div", ["k", "dv"], ["idiv"]),                    # truncated toward zero
+        helper.make_node("Gather", ["x", "gi"], ["gat"], axis=3),          # indices at run time, negative too
+        helper.make_node("Dropout", ["x"], ["dx", "dmask"]),
+        helper.make_node("BatchNormalization", ["x", "s3", "b3", "m3", "v3"], ["bn", "rm", "rv"], training_mode=1,
+                         momentum=0.8),
+        helper.make_node("Split", ["x", "parts"], ["whole", "nothing"], axis=3),
+        helper.make_node("Concat", ["nothing", "whole"], ["cat"], axis=3),
     ]
     inits = [numpy_helper.from_array(np.array(0.0, np.float32), "zero"), _ints("axis3", [3]),
              _ints("shape5", [2, 1, 3, 6, 6]), _ints("starts", [-1, 5, 0]), _ints("ends", [-100, 0, 100]),
              _ints("axes", [1, 2, 3]), _ints("steps", [-2, -2, 4]), _ints("pads", [2, 1, 3, 2]),
              _ints("axes23", [2, 3]), _ints("two", [2]),
              numpy_helper.from_array(np.random.default_rng(1).standard_normal((4, 1, 2, 3, 2)).astype(np.float32), "w5"),
-             numpy_helper.from_array(np.array([0.5, -1.0, 0.0, 2.0], np.float32), "b5")]
+             numpy_helper.from_array(np.array([0.5, -1.0, 0.0, 2.0], np.float32), "b5"), _ints("parts", [6, 0])] + \
+        [numpy_helper.from_array(np.array(values, np.float32), name) for name, values in
+         (("s3", [1.0, 2.0, -0.5]), ("b3", [0.0, 0.1, -1.0]), ("m3", [0.3, -0.2, 1.0]), ("v3", [1.0, 2.0, 0.5]))]
     outs = [v(n, B, None) for n in ("and", "or", "xor", "not", "any")] + \
-        [v(n, F, None) for n in ("pow", "prod", "mp", "ap", "ap3", "conv3", "sl", "refl", "edge", "wrap")] + \
-        [v(n, I64, None) for n in ("ipow", "last", "lastmin", "imin", "topv", "topi")]
+        [v(n, F, None) for n in ("pow", "prod", "mp", "ap", "ap3", "conv3", "sl", "refl", "edge", "wrap", "gat",
+                                   "dx", "bn", "rm", "rv", "cat")] + \
+        [v(n, I64, None) for n in ("ipow", "last", "lastmin", "imin", "topv", "topi", "idiv")] + [v("dmask", B, None)]
     model = _model(nodes, [v("x", F, [2, 3, 6, 6]), v("y", F, [2, 3, 6, 6]), v("k", I64, [2, 5]),
-                           v("e", I64, [2, 5]), v("r", F, [2, 3, 4, 5])], outs, inits)
+                           v("e", I64, [2, 5]), v("r", F, [2, 3, 4, 5]), v("dv", I64, [2, 5]), v("gi", I64, [2, 4])],
+                   outs, inits)
     rng = np.random.default_rng(0)
     x = rng.standard_normal((2, 3, 6, 6)).astype(np.float32)
     y = np.round(rng.standard_normal((2, 3, 6, 6)) * 2).astype(np.float32)     # integers: a negative x's power is real
     r = rng.integers(0, 3, (2, 3, 4, 5)).astype(np.float32)                    # ties, so the last index differs
     feeds = {"x": x, "y": y, "k": rng.integers(-6, 7, (2, 5)).astype(np.int64),
-             "e": rng.integers(0, 5, (2, 5)).astype(np.int64), "r": r}
+             "e": rng.integers(0, 5, (2, 5)).astype(np.int64), "r": r,
+             "dv": rng.choice([-3, -2, -1, 1, 2, 3], (2, 5)).astype(np.int64),
+             "gi": rng.integers(-6, 6, (2, 4)).astype(np.int64)}
     got, want = _through_toolkit_and_runtime(tmp_path, model, feeds)
+    assert len(want) == 29 and set(got) >= set(want)
     for name, expected in want.items():
         assert got[name].shape == expected.shape, name
         if expected.dtype.kind in "biu":
