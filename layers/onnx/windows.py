@@ -80,7 +80,10 @@ def window_pool(imp, node, x: Value, kernel, strides, dilations, begin, end, cei
     b = imp.b
     spatial = [_known(imp, x, axis, node.op_type) for axis in range(2, x.rank)]
     offsets = math.prod(kernel)
-    if offsets > MAX_KERNEL_OFFSETS:
+    # a stride that is a multiple of the dilation reads only every dilation-th padded position:
+    # those taken first, the windows are undilated ones the pooling primitive computes
+    on_grid = x.rank == 4 and node.op_type == "MaxPool" and all(s % d == 0 for s, d in zip(strides, dilations))
+    if offsets > MAX_KERNEL_OFFSETS and not on_grid:
         imp.fail(f"{node.op_type} with dilations, unequal padding or three image axes and a kernel of {offsets} "
                  f"elements (more than {MAX_KERNEL_OFFSETS}) has no counterpart here")
     reach = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
@@ -99,6 +102,11 @@ def window_pool(imp, node, x: Value, kernel, strides, dilations, begin, end, cei
     inside = _region(need, begin, spatial, end, with_padding=False)
     if node.op_type == "MaxPool" and inside.min() == 0:
         padded = b.op("select", imp.materialize(inside.astype(x.dtype)), padded, b.scalar(float("-inf"), x.dtype))
+    if on_grid:
+        for axis, (o, s, d, k) in enumerate(zip(outs, strides, dilations, kernel), start=2):
+            padded = strided(imp, padded, axis, 0, (o - 1) * (s // d) + k, d)
+        steps = tuple(s // d for s, d in zip(strides, dilations))
+        return b.op("max_pool2d", padded, kernel=tuple(kernel), stride=steps, pad=(0, 0), ceil_mode=False)
     result = None
     for offset in itertools.product(*[range(k) for k in kernel]):
         view = padded

@@ -5,7 +5,8 @@ ReduceProd, pooling with dilations, ceil_mode, unequal padding and three image a
 convolution, Slice with
 negative and larger steps, Pad's reflect/edge/wrap, ArgMax's select_last_index, Max/Min/TopK and
 Div of integers, ReduceMax of booleans, Gather along any axis with indices given at run time,
-Dropout's mask, BatchNormalization's training mode and a Split's empty part. What they cannot express is one line naming it."""
+Dropout's mask, BatchNormalization's training mode and a Split's empty part. What they cannot
+express is one line naming it."""
 from __future__ import annotations
 
 import numpy as np
@@ -57,6 +58,8 @@ def test_the_written_ops_equal_onnx_runtime_through_the_compiled_net(tmp_path):
         helper.make_node("ReduceProd", ["x", "axis3"], ["prod"], keepdims=1),
         helper.make_node("MaxPool", ["x"], ["mp"], kernel_shape=[3, 2], dilations=[2, 2], strides=[2, 1],
                          pads=[1, 0, 2, 1], ceil_mode=1),
+        helper.make_node("MaxPool", ["x"], ["mpgrid"], kernel_shape=[2, 2], dilations=[2, 2], strides=[2, 4],
+                         pads=[1, 0, 0, 1]),                                # the stride a multiple of the dilation
         helper.make_node("AveragePool", ["x"], ["ap"], kernel_shape=[3, 3], strides=[2, 2], pads=[0, 1, 2, 2],
                          ceil_mode=1, count_include_pad=1),
         helper.make_node("Reshape", ["x", "shape5"], ["x5"]),
@@ -84,13 +87,14 @@ def test_the_written_ops_equal_onnx_runtime_through_the_compiled_net(tmp_path):
              _ints("shape5", [2, 1, 3, 6, 6]), _ints("starts", [-1, 5, 0]), _ints("ends", [-100, 0, 100]),
              _ints("axes", [1, 2, 3]), _ints("steps", [-2, -2, 4]), _ints("pads", [2, 1, 3, 2]),
              _ints("axes23", [2, 3]), _ints("two", [2]),
-             numpy_helper.from_array(np.random.default_rng(1).standard_normal((4, 1, 2, 3, 2)).astype(np.float32), "w5"),
+             numpy_helper.from_array(np.random.default_rng(1).standard_normal((4, 1, 2, 3, 2)).astype(np.float32),
+                                     "w5"),
              numpy_helper.from_array(np.array([0.5, -1.0, 0.0, 2.0], np.float32), "b5"), _ints("parts", [6, 0])] + \
         [numpy_helper.from_array(np.array(values, np.float32), name) for name, values in
          (("s3", [1.0, 2.0, -0.5]), ("b3", [0.0, 0.1, -1.0]), ("m3", [0.3, -0.2, 1.0]), ("v3", [1.0, 2.0, 0.5]))]
     outs = [v(n, B, None) for n in ("and", "or", "xor", "not", "any")] + \
-        [v(n, F, None) for n in ("pow", "prod", "mp", "ap", "ap3", "conv3", "sl", "refl", "edge", "wrap", "gat",
-                                   "dx", "bn", "rm", "rv", "cat")] + \
+        [v(n, F, None) for n in ("pow", "prod", "mp", "mpgrid", "ap", "ap3", "conv3", "sl", "refl", "edge", "wrap",
+                                 "gat", "dx", "bn", "rm", "rv", "cat")] + \
         [v(n, I64, None) for n in ("ipow", "last", "lastmin", "imin", "topv", "topi", "idiv")] + [v("dmask", B, None)]
     model = _model(nodes, [v("x", F, [2, 3, 6, 6]), v("y", F, [2, 3, 6, 6]), v("k", I64, [2, 5]),
                            v("e", I64, [2, 5]), v("r", F, [2, 3, 4, 5]), v("dv", I64, [2, 5]), v("gi", I64, [2, 4])],
@@ -104,7 +108,7 @@ def test_the_written_ops_equal_onnx_runtime_through_the_compiled_net(tmp_path):
              "dv": rng.choice([-3, -2, -1, 1, 2, 3], (2, 5)).astype(np.int64),
              "gi": rng.integers(-6, 6, (2, 4)).astype(np.int64)}
     got, want = _through_toolkit_and_runtime(tmp_path, model, feeds)
-    assert len(want) == 29 and set(got) >= set(want)
+    assert len(want) == 30 and set(got) >= set(want)
     for name, expected in want.items():
         assert got[name].shape == expected.shape, name
         if expected.dtype.kind in "biu":
