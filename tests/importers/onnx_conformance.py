@@ -3,7 +3,8 @@
 light real models. Each case's model is imported as ``toolkit infer model.onnx`` imports it (the
 same converters, layers/onnx) and each of its data sets run by the reference interpreter
 (toolkit/ops/interpreter.py), compared with the case's expected outputs at the case's own
-tolerances. Used by test_onnx_import.py and by benchmarks/onnx_node_table.py, which counts them."""
+tolerances. A case fed an input of a type a net's input cannot have (float16, bfloat16) fails, as
+``toolkit infer`` refuses it. Used by test_onnx_import.py and by benchmarks/onnx_node_table.py, which counts them."""
 from __future__ import annotations
 
 from collections import defaultdict
@@ -115,8 +116,15 @@ def run_case(case) -> tuple[str, str]:
 
 
 def _compare(case, imported, graph_inputs, data_sets, frozen: bool = False) -> tuple[str, str]:
+    from typing import get_args
+
+    from schemas.base import DType
     from toolkit.ops.interpreter import interpret
     graph = imported.graph
+    for name, value in graph.inputs.items():
+        # what a net file declares, and so what `toolkit infer model.onnx` feeds
+        if value.dtype not in get_args(DType):
+            return "fail", f"input '{name}' is {value.dtype}; a net's inputs are {', '.join(get_args(DType))}"
     init = {i.name for i in case.model.graph.initializer}
     names = [i.name for i in case.model.graph.input if i.name not in init]
     for inputs, outputs in data_sets:
