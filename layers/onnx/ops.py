@@ -348,13 +348,13 @@ def _conv(imp, node):
 @converts("ConvTranspose")
 def _conv_transpose(imp, node):
     x, one_d = _image_input(imp, node, node.input[0])
-    if one_d:
-        imp.fail("a 1-d transposed convolution has no counterpart here yet")
     w = imp.value(node.input[1], x)
+    if one_d:                       # a 1-d signal as an image one row high, its attributes so too
+        w = imp.b.reshape(w, (w.shape[0], w.shape[1], 1, w.shape[2]))
     kernel = [int(k) for k in w.shape[2:]]
-    strides = [int(s) for s in imp.attr(node, "strides", [1, 1])]
-    dilations = [int(d) for d in imp.attr(node, "dilations", [1, 1])]
-    extra = [int(p) for p in imp.attr(node, "output_padding", [0, 0])]
+    strides = _two(imp.attr(node, "strides", [1] * (2 - one_d)), one_d, 1)
+    dilations = _two(imp.attr(node, "dilations", [1] * (2 - one_d)), one_d, 1)
+    extra = _two(imp.attr(node, "output_padding", [0] * (2 - one_d)), one_d, 0)
     group = int(imp.attr(node, "group", 1))
     sizes = [d for d in x.shape[2:]]
     if not all(isinstance(d, int) for d in sizes):
@@ -364,28 +364,34 @@ def _conv_transpose(imp, node):
     auto = imp.attr(node, "auto_pad", "NOTSET")
     auto = auto.decode() if isinstance(auto, bytes) else auto
     if wanted is not None or auto in ("SAME_UPPER", "SAME_LOWER"):
-        target = [int(v) for v in wanted[-2:]] if wanted is not None else [n * s for n, s in zip(sizes, strides)]
+        target = _two(list(wanted)[-(2 - one_d):], one_d, 1) if wanted is not None else \
+            [n * s for n, s in zip(sizes, strides)]
         total = [nat - t for nat, t in zip(natural, target)]
-        begin = [t - t // 2 if auto == "SAME_LOWER" else t // 2 for t in total]
+        if auto in ("SAME_UPPER", "SAME_LOWER"):
+            begin = [t - t // 2 if auto == "SAME_LOWER" else t // 2 for t in total]
+        else:                       # output_shape alone: the convolution's output from the start, cut or
+            begin = [0] * len(total)    # zero-filled at the end (ONNX's reference)
         end = [t - b for t, b in zip(total, begin)]
     else:
-        pads = [int(p) for p in imp.attr(node, "pads", [0, 0, 0, 0])]
-        begin, end = pads[:2], pads[2:]
-    if any(b < 0 or e < 0 for b, e in zip(begin, end)):
-        imp.fail("an output_shape larger than the transposed convolution gives")
-    # the toolkit's transposed convolution crops pad on both sides: crop the difference after
-    pad = [min(b, e) for b, e in zip(begin, end)]
+        pads = [int(p) for p in imp.attr(node, "pads", [0] * 2 * (2 - one_d))]
+        begin, end = _two(pads[:len(pads) // 2], one_d, 0), _two(pads[len(pads) // 2:], one_d, 0)
+    # the toolkit's transposed convolution crops pad on both sides: crop the difference after; a
+    # negative padding (an output_shape larger than the convolution gives) is zeros added after
+    pad = [max(0, min(b, e)) for b, e in zip(begin, end)]
     out_hw = tuple(nat - 2 * p for nat, p in zip(natural, pad))
     y = imp.b.op("conv2d_grad_input", x, w, stride=tuple(strides), pad=tuple(pad), dilation=tuple(dilations),
                  group=group, input_hw=out_hw)
     for axis, (b_, e_, p) in enumerate(zip(begin, end, pad), start=2):
-        if b_ != e_:
-            y = imp.b.op("slice", y, axis=axis, start=b_ - p, stop=y.shape[axis] - (e_ - p))
+        crop_lo, crop_hi = max(0, b_ - p), max(0, e_ - p)
+        if crop_lo or crop_hi:
+            y = imp.b.op("slice", y, axis=axis, start=crop_lo, stop=y.shape[axis] - crop_hi)
+        if b_ < 0 or e_ < 0:
+            y = imp.b.op("pad_axis", y, axis=axis, before=max(0, -b_), after=max(0, -e_))
     bias = imp.optional(node, 2)
     if bias is not None:
         bv = imp.value(bias, y)
         y = imp.b.add(y, imp.b.reshape(bv, (bv.shape[0], 1, 1)))
-    return [y]
+    return [imp.b.reshape(y, (y.shape[0], y.shape[1], y.shape[3])) if one_d else y]
 
 
 class _Unequal(Exception):

@@ -2,7 +2,7 @@
 ``toolkit infer model.onnx`` runs them (the model loaded as a net and compiled for the CPU) and
 equal ONNX Runtime on the same model: the boolean ops, Pow with a computed or integer exponent,
 ReduceProd, pooling with dilations, ceil_mode, unequal padding and three image axes, 3-d
-convolution, Slice with
+convolution, 1-d transposed convolution and one given a larger output_shape, Slice with
 negative and larger steps, Pad's reflect/edge/wrap, ArgMax's select_last_index, Max/Min/TopK and
 Div of integers, ReduceMax of booleans, Gather along any axis with indices given at run time,
 Dropout's mask, BatchNormalization's training mode and a Split's empty part. What they cannot
@@ -67,6 +67,9 @@ def test_the_written_ops_equal_onnx_runtime_through_the_compiled_net(tmp_path):
                          pads=[1, 0, 1, 0, 1, 1]),
         helper.make_node("Conv", ["x5", "w5", "b5"], ["conv3"], strides=[1, 2, 1], pads=[1, 1, 0, 0, 1, 1],
                          dilations=[2, 1, 2]),
+        helper.make_node("Reshape", ["x", "shape3"], ["x3"]),
+        helper.make_node("ConvTranspose", ["x3", "wt"], ["ct1"], strides=[2], pads=[1, 0]),
+        helper.make_node("ConvTranspose", ["x", "wt2", "bt2"], ["ct2"], strides=[2, 2], output_shape=[14, 13]),
         helper.make_node("Slice", ["x", "starts", "ends", "axes", "steps"], ["sl"]),
         helper.make_node("Pad", ["x", "pads", "", "axes23"], ["refl"], mode="reflect"),
         helper.make_node("Pad", ["x", "pads", "", "axes23"], ["edge"], mode="edge"),
@@ -91,10 +94,14 @@ def test_the_written_ops_equal_onnx_runtime_through_the_compiled_net(tmp_path):
                                      "w5"),
              numpy_helper.from_array(np.array([0.5, -1.0, 0.0, 2.0], np.float32), "b5"), _ints("parts", [6, 0])] + \
         [numpy_helper.from_array(np.array(values, np.float32), name) for name, values in
-         (("s3", [1.0, 2.0, -0.5]), ("b3", [0.0, 0.1, -1.0]), ("m3", [0.3, -0.2, 1.0]), ("v3", [1.0, 2.0, 0.5]))]
+         (("s3", [1.0, 2.0, -0.5]), ("b3", [0.0, 0.1, -1.0]), ("m3", [0.3, -0.2, 1.0]), ("v3", [1.0, 2.0, 0.5]),
+          ("bt2", [0.5]))] + \
+        [_ints("shape3", [2, 3, 36])] + \
+        [numpy_helper.from_array(np.random.default_rng(k).standard_normal(shape).astype(np.float32), name)
+         for k, (name, shape) in enumerate((("wt", (3, 2, 3)), ("wt2", (3, 1, 3, 3))))]
     outs = [v(n, B, None) for n in ("and", "or", "xor", "not", "any")] + \
-        [v(n, F, None) for n in ("pow", "prod", "mp", "mpgrid", "ap", "ap3", "conv3", "sl", "refl", "edge", "wrap",
-                                 "gat", "dx", "bn", "rm", "rv", "cat")] + \
+        [v(n, F, None) for n in ("pow", "prod", "mp", "mpgrid", "ap", "ap3", "conv3", "ct1", "ct2", "sl", "refl",
+                                 "edge", "wrap", "gat", "dx", "bn", "rm", "rv", "cat")] + \
         [v(n, I64, None) for n in ("ipow", "last", "lastmin", "imin", "topv", "topi", "idiv")] + [v("dmask", B, None)]
     model = _model(nodes, [v("x", F, [2, 3, 6, 6]), v("y", F, [2, 3, 6, 6]), v("k", I64, [2, 5]),
                            v("e", I64, [2, 5]), v("r", F, [2, 3, 4, 5]), v("dv", I64, [2, 5]), v("gi", I64, [2, 4])],
@@ -108,7 +115,7 @@ def test_the_written_ops_equal_onnx_runtime_through_the_compiled_net(tmp_path):
              "dv": rng.choice([-3, -2, -1, 1, 2, 3], (2, 5)).astype(np.int64),
              "gi": rng.integers(-6, 6, (2, 4)).astype(np.int64)}
     got, want = _through_toolkit_and_runtime(tmp_path, model, feeds)
-    assert len(want) == 30 and set(got) >= set(want)
+    assert len(want) == 32 and set(got) >= set(want)
     for name, expected in want.items():
         assert got[name].shape == expected.shape, name
         if expected.dtype.kind in "biu":
