@@ -1,7 +1,8 @@
 """Files read and written safely: only regular files are read (a folder, FIFO or device named as
 a file is refused before anything waits on it), reads are bounded, and a write either completes
 or leaves the previous file as it was, its failure naming the file; a set of files (an import's)
-is written into a staged folder and moved into place only when all of it is written."""
+is written into a staged folder and moved into place only when all of it is written; and no
+command writes over a file it reads (``refuse_own_inputs``)."""
 from __future__ import annotations
 
 import contextlib
@@ -153,3 +154,28 @@ def append_line(path: Path, line: str) -> None:
             raise OSError(e.errno, e.strerror, str(path)) from None
     finally:
         os.close(fd)
+
+
+def same_file(a, b) -> bool:
+    """Whether paths ``a`` and ``b`` name one file: the same real path (links and '..' resolved,
+    so a file not written yet is caught too), or, where both exist, the same inode (a hard link)."""
+    try:
+        if os.path.realpath(a) == os.path.realpath(b):
+            return True
+        return os.path.samefile(a, b)
+    except (OSError, ValueError):
+        return False
+
+
+def refuse_own_inputs(option: str, given, writes, inputs) -> None:
+    """A UserError where a file a command would write (``writes``, the files its ``option``
+    ``given`` leads to) is one of the files it reads (``inputs``: (what it is, path) pairs, a
+    path None where there is none): an output never replaces an input, whatever the names."""
+    for target in writes:
+        for what, path in inputs:
+            if path is None or not same_file(target, path):
+                continue
+            whose = "is" if os.path.normpath(str(target)) == os.path.normpath(str(given)) \
+                else f"would write {target}, which is"
+            raise UserError(f"{option} {given}: {whose} {what} {path}, an input of this command; an output never "
+                            f"replaces an input: choose another {option}")

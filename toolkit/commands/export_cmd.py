@@ -23,17 +23,33 @@ def transform_record(net) -> dict | None:
     return None if transform is None else transform.record()
 
 
+def net_inputs(net, weights: str | None = None) -> list[tuple[str, str]]:
+    """The files a command that loads ``net`` reads: the net file, its bases, the weights, the
+    mean image its transform names (as (what, path) pairs, for ``refuse_own_inputs``)."""
+    files = [("the net file", net.files[0])] + [("a base of the net", f) for f in net.files[1:]]
+    if weights:
+        files.append(("the weights file", weights))
+    from ..train.data import mean_file_of
+    mean = mean_file_of(net)
+    if mean is not None:
+        files.append(("the mean file", mean))
+    return files
+
+
 def _onnx(args) -> int:
     try:
         import onnx  # noqa: F401
     except ImportError:
         raise UserError("toolkit export onnx needs the onnx package: pip install 'toolkit[onnx]'") from None
     from ..exporters.onnx_graph import DEFAULT_OPSET, export_graph
-    from ..fileio import atomic_write
+    from ..fileio import atomic_write, refuse_own_inputs
     from ..zoo.resolve import load_net
     from .train_cmd import parse_overrides
     net = load_net(args.net, parse_overrides(args.overrides))
-    weights = net.load_weights(net.default_weights(args.weights), dtype="float32")
+    weights_path = net.default_weights(args.weights)
+    out = Path(args.output)
+    refuse_own_inputs("-o", out, [out], net_inputs(net, weights_path))
+    weights = net.load_weights(weights_path, dtype="float32")
     graph = net.graph(args.phase, "float32")
     metadata = {"toolkit.net": net.name, "toolkit.phase": args.phase}
     record = transform_record(net)
@@ -46,7 +62,6 @@ def _onnx(args) -> int:
                   f"leaves them; it stays in the metadata '{TRANSFORM_KEY}'", file=sys.stderr)
     model = export_graph(graph, weights, net.name, args.opset or DEFAULT_OPSET, metadata,
                          input_transforms=record["steps"] if in_graph else None)
-    out = Path(args.output)
     if out.is_dir():
         raise UserError(f"-o {out}: a folder; give the model file's name, e.g. {out / (net.name + '.onnx')}")
     data = model.SerializeToString()

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ..compile import disabled_passes, optimize, train_graph
 from ..errors import UserError
-from ..fileio import atomic_write
+from ..fileio import atomic_write, refuse_own_inputs
 from ..zoo.resolve import load_net
 from .dot import to_dot
 
@@ -70,6 +70,8 @@ def run_graph(args) -> int:
             raise UserError(NO_DOT.format(stem=target.stem or "net"))
 
     net = load_net(args.net)
+    from .export_cmd import net_inputs
+    refuse_own_inputs("-o", args.output, [target], net_inputs(net, args.weights))
     if args.phase == "train":
         # a deploy net is drawn with the objective `toolkit bench --train` times (frontend/heads.py)
         from ..frontend.heads import with_objective

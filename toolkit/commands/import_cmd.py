@@ -20,8 +20,13 @@ def run_import(args) -> int:
         from ..arrayfiles.labels import read_labels
         names = read_labels(labels)
     out = Path(args.out)
+    from ..fileio import refuse_own_inputs, staged_folder
+    from ..train.data import INPUT_FILE
+    inputs = _inputs(args)
+    named = ["net.yaml", "model.safetensors"] + ([INPUT_FILE] if names is not None else []) \
+        + ([Path(args.model).name] if args.format == "onnx" else [])
+    refuse_own_inputs("--out", out, [out / f for f in named], inputs)      # before any work
     _check_free(out, args)
-    from ..fileio import staged_folder
     # everything is written into a staged folder and moved into --out at the end: an import that
     # fails (weights that do not fit, labels that fit no output) leaves nothing behind, and its
     # rerun needs no --force
@@ -29,9 +34,32 @@ def run_import(args) -> int:
         said = {"caffe": _caffe, "onnx": _onnx}[args.format](args, stage)
         if names is not None:
             said.append(_record_labels(stage, out, names, labels))
+        # every file the stage moves into --out, against every file the import read (an ONNX
+        # model's data files are known once it is read)
+        refuse_own_inputs("--out", out, [out / p.relative_to(stage) for p in sorted(stage.rglob("*"))
+                                         if not p.is_dir()], inputs + _data_inputs(args))
     for line in said:
         print(line)
     return 0
+
+
+def _inputs(args) -> list[tuple[str, str | None]]:
+    """The files named on the command line, which the import reads."""
+    if args.format == "onnx":
+        found = [("the ONNX model", args.model)]
+    else:
+        found = [("the prototxt", args.prototxt), ("the caffemodel", args.weights), ("the solver", args.solver)]
+    return found + [("the labels file", getattr(args, "labels", None))]
+
+
+def _data_inputs(args) -> list[tuple[str, str]]:
+    """An ONNX model's external data files (read with it, copied beside its copy)."""
+    if args.format != "onnx":
+        return []
+    from ..importers.onnx.files import loaded_model
+    model = Path(args.model)
+    return [("a data file of the ONNX model", str(model.parent / f.location))
+            for f in loaded_model(str(model)).data_files]
 
 
 def _check_free(out: Path, args) -> None:

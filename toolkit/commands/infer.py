@@ -20,6 +20,17 @@ from .io import InputStream, check_output_path, open_inputs, write_csv_outputs, 
 CHUNK_BUCKETS = 4      # the default chunk: this many times the largest bucket's rows
 
 
+def _refuse_inputs(args, net) -> None:
+    """--output names none of the files infer reads: the net's, the weights, an --input, --labels."""
+    from ..fileio import refuse_own_inputs
+    from .export_cmd import net_inputs
+    weights = args.weights or (net.file if net.file.endswith(".onnx") else None)
+    inputs = net_inputs(net, weights) + [("the labels file", args.labels)]
+    for spec in args.input:            # NAME=FILE or FILE: both readings, as a file may hold '='
+        inputs += [("an --input file", spec), ("an --input file", spec.partition("=")[2] or None)]
+    refuse_own_inputs("--output", args.output, [args.output], inputs)
+
+
 def run_infer(args) -> int:
     from ..frontend.spec import parse_overrides
     verbose = args.verbose
@@ -28,6 +39,7 @@ def run_infer(args) -> int:
     graph = phase.graph
     if args.output:   # before loading weights and running: a bad name wastes no work
         check_output_path(args.output, list(graph.outputs))
+        _refuse_inputs(args, phase.net)
     about = recorded_input(phase.net.file)
     widths = score_widths({name: tuple(v.shape) for name, v in graph.outputs.items()})
     check_top(args.top, widths)

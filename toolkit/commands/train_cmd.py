@@ -129,6 +129,10 @@ def run_data(args) -> int:
     if not args.out.endswith(".npz"):
         raise UserError(f"--out {args.out}: use a .npz file name")
     check_output_path(args.out, ["data"])
+    from ..fileio import refuse_own_inputs
+    from ..train.data import data_files
+    from .export_cmd import net_inputs
+    refuse_own_inputs("--out", args.out, [args.out], net_inputs(net) + data_files(net))
     train_set, test_set = load_data(net, train_spec(net), transformed=False)
     chosen = train_set if args.split == "train" else test_set
     if chosen is None:

@@ -356,14 +356,56 @@ def _size(value, pair: bool = False):
     return (int(value[0]), int(value[1]))
 
 
+def data_files(net) -> list[tuple[str, str]]:
+    """The files of the net's train.data sources, where training may read them (as given, and
+    beside the net file that names them), as (what, path) pairs: no output may replace them."""
+    data = net.spec.train.data if net.spec.train is not None else None
+    found = []
+    for key in ("source", "test_source"):
+        named = getattr(data, key, None) if data is not None else None
+        if named and not named.startswith("builtin:"):
+            from .trainer import _folder_of
+            found += [(f"train.data.{key}", named), (f"train.data.{key}", str(_folder_of(net, key) / named))]
+    return found
+
+
+def mean_path(named: str, base: Path | None) -> Path:
+    """Where a net's ``mean_file`` is: beside the net (``base``, its folder) unless absolute;
+    never the current folder first, where another mean of that name would be used silently."""
+    path = Path(named)
+    return path if base is None or path.is_absolute() else Path(base) / path
+
+
+def mean_declared(net) -> tuple[tuple[str, ...], str] | None:
+    """(the key that names the net's mean image file, the name as written), or None."""
+    declared = getattr(net.spec, "transform", None)
+    if declared is not None and declared.mean_file is not None:
+        return ("transform", "mean_file"), declared.mean_file
+    if declared is None and net.spec.train is not None and net.spec.train.data.mean_file is not None:
+        return ("train", "data", "mean_file"), net.spec.train.data.mean_file
+    return None
+
+
+def mean_file_of(net) -> Path | None:
+    """The mean image file the net names (as ``mean_of`` finds it: beside the net), or None."""
+    found = mean_declared(net)
+    return None if found is None else mean_path(found[1], Path(net.file).parent)
+
+
+def carried_name(named: str) -> str:
+    """The plain file name a mean image travels under in a run or a published model folder: its
+    own name where that is one, else "mean.npy"."""
+    import re
+    name = Path(named).name
+    return name if re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*", name) else "mean.npy"
+
+
 def mean_of(data_spec, base: Path | None = None, ndim: int = 4):
     """The mean subtracted from float inputs, shaped to broadcast over [N, C, ...]: a number, one
     value per channel (``mean`` as a list, or ``mean_value``), or a mean image [C, H, W]
     (``mean_file``, an .npy, relative to the net file); None without one."""
     if data_spec.mean_file is not None:
-        path = Path(data_spec.mean_file)
-        if base is not None and not path.is_absolute() and not path.exists():
-            path = base / path
+        path = mean_path(data_spec.mean_file, base)
         if not path.is_file():
             raise UserError(f"train.data.mean_file {data_spec.mean_file}: no such file")
         image = np.asarray(load_npy(str(path)), dtype=np.float64)
