@@ -120,7 +120,12 @@ def _bytes_from_json(name: str, shape: list[int], data) -> np.ndarray:
     if len(data) != count:
         raise BadRequest(f"input '{name}': \"data\" has {len(data)} values, shape {shape} needs {count}")
     out = np.empty(count, dtype=object)
-    out[:] = [v.encode("utf-8") for v in data]
+    for i, v in enumerate(data):
+        try:
+            out[i] = v.encode("utf-8")
+        except UnicodeEncodeError:            # a lone surrogate escaped in the JSON ("\udae9"): no UTF-8
+            raise BadRequest(f"input '{name}': string {i} of \"data\" is not valid Unicode "
+                             "(it holds a lone surrogate)") from None
     return out.reshape(shape)
 
 
