@@ -17,10 +17,14 @@ from .net import Net
 ORDER = ("name", "inputs", "layers", "outputs", "train", "optimize")
 
 
-def render_net(net: Net, header: bool = True, folder: str | Path | None = None) -> str:
+def render_net(net: Net, header: bool = True, folder: str | Path | None = None,
+               replace: dict[tuple, Any] | None = None) -> str:
     """The merged net as YAML; relative data paths are rewritten to hold from ``folder`` (default:
-    the net file's folder), where the text is meant to be saved."""
+    the net file's folder), where the text is meant to be saved; ``replace``: {key path: value}
+    set over it (a file copied beside the saved text, named anew)."""
     data = _with_data_paths_rebased(net, Path(folder) if folder is not None else Path(net.file).parent)
+    for path, value in (replace or {}).items():
+        data = _set(data, path, value)
     lines = _leading_comments(net.file) if header else []
     if header and net.bases:
         lines.append(f"# (rendered: {Path(net.file).name} with its bases merged: {', '.join(net.bases)})")
@@ -56,6 +60,12 @@ def _flow(value: Any) -> str:
     text = yaml.safe_dump(value, default_flow_style=True, sort_keys=False, width=1 << 30, allow_unicode=True)
     text = text.strip()
     return text[:-len("...")].strip() if text.endswith("...") else text   # a bare scalar ends the document
+
+
+def _set(data: dict, path: tuple, value: Any) -> dict:
+    """``data`` with ``path`` set to ``value``, the mappings along it copied (net.raw is left as is)."""
+    inner = data.get(path[0]) if isinstance(data.get(path[0]), dict) else {}
+    return {**data, path[0]: value if len(path) == 1 else _set(inner, path[1:], value)}
 
 
 def _with_data_paths_rebased(net: Net, here: Path) -> dict:

@@ -108,6 +108,28 @@ def record_start(run: Path, iteration: int, overrides: list[str], changed: dict[
     append_line(run / HISTORY, json.dumps(entry, default=str))
 
 
+def carry_mean(net, run: Path) -> dict[tuple, str]:
+    """The mean image the net names, copied into the run folder, so that the run (and a model
+    published from it) holds what its net.yaml names: under its own file name, the net's key
+    pointed at the copy where the net names it otherwise ({key: name} for the rendered net)."""
+    import shutil
+
+    from ..fileio import atomic_write, check_regular, same_file
+    from ..train.data import carried_name, mean_declared, mean_file_of
+    declared = mean_declared(net)
+    if declared is None:
+        return {}
+    key, named = declared
+    source, name = mean_file_of(net), carried_name(named)
+    if name in RUN_FILES + (HISTORY, "input.json"):       # never over the run's own files
+        name = "mean.npy"
+    target = run / name
+    if not same_file(source, target):
+        check_regular(source)                # training has read it: a plain file, copied as a stream
+        atomic_write(target, lambda tmp: shutil.copyfile(source, tmp))
+    return {} if name == named else {key: name}
+
+
 def sweep_stale(run: Path) -> list[Path]:
     """Remove the temporary checkpoint files a killed run left behind."""
     folder = run / "checkpoints"

@@ -396,7 +396,8 @@ class Trainer:
         from ..frontend.render import render_net
         if not self.net.raw:       # a Net built in code, not loaded from a file
             return
-        text = render_net(self.net, folder=self.out)
+        from .runs import carry_mean
+        text = render_net(self.net, folder=self.out, replace=carry_mean(self.net, self.out))
         target = self.out / "net.yaml"
         if target.exists() and target.read_text() == text:
             return

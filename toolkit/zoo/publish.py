@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from schemas.card import CardFile, ModelCard
 
 from ..errors import Problem, SpecError, UserError, did_you_mean
+from ..fileio import refuse_own_inputs, same_file, staged_folder
 from .card import (CARD, check_files, read_card, read_card_text, read_front_matter, render_card, schema_problems,
                    write_bytes, write_text)
 from .sources import INDEX, INDEX_FORMAT, scan_cards
@@ -136,12 +137,20 @@ def bundle_data(net) -> dict[str, bytes]:
 
     import numpy as np
 
+    from ..ir.binding import lengths_input
     from ..train.data import fit_to_inputs, load_source
+    from ..train.sequences import attach_lengths, sequence_symbol, unpack_ragged, uses_lengths
     from ..train.trainer import _folder_of
     out = {}
+    data_spec, inputs = net.spec.train.data if net.spec.train else None, net.spec.inputs
     for key, source in external_data(net).items():
-        arrays = fit_to_inputs(load_source(source, net.spec.inputs, _folder_of(net, key)), net.spec.inputs,
-                               source).arrays
+        raw = load_source(source, inputs, _folder_of(net, key))
+        if uses_lengths(data_spec):
+            raw = unpack_ragged(raw, data_spec, inputs, source)        # padded, one row per example
+        arrays = fit_to_inputs(raw, inputs, source).arrays
+        if data_spec.lengths is not None:          # the lengths travel too, under the name the net gives them
+            found = attach_lengths(arrays, raw, data_spec, inputs, source)
+            arrays = {**arrays, data_spec.lengths: found[lengths_input(sequence_symbol(inputs))]}
         buffer = io.BytesIO()
         np.savez(buffer, **arrays)
         out[key] = buffer.getvalue()
@@ -181,14 +190,20 @@ def publish(dir: Path | str, to_folder: Path | str, name: str | None = None, lic
     metric = _metric(draft_metric, measured, draft_path or src / CARD)
 
     data = bundle_data(net) if outside else {}
+    mean = _mean_to_carry(net)
     pointed = net
-    if data:
+    repoint = [(("train", "data", k), DATA_FILES[k]) for k in data] + \
+        ([(mean[0], mean[1])] if mean is not None and mean[1] != mean[3] else [])
+    if repoint:
         from ..frontend.render import render_net
-        pointed = load_net(str(net_path), [(("train", "data", k), DATA_FILES[k]) for k in data])
+        pointed = load_net(str(net_path), repoint)
         net_bytes = render_net(pointed, folder=to / name).encode("utf-8")
     else:
         net_bytes = net_text_for_publishing(net, net_path, to / name).encode("utf-8")
-    from ..train.data import INPUT_FILE, recorded_input
+    carried = {DATA_FILES[k]: b for k, b in data.items()}
+    if mean is not None:
+        carried[mean[1]] = mean[2]
+    from ..train.data import INPUT_FILE, data_files, mean_file_of, recorded_input
     input_bytes = (src / INPUT_FILE).read_bytes() if (src / INPUT_FILE).is_file() else None
     classes = recorded_input(str(net_path)).get("classes") if input_bytes is not None else None
     if weights_path.suffix == ".safetensors":
@@ -205,7 +220,7 @@ def publish(dir: Path | str, to_folder: Path | str, name: str | None = None, lic
                    "toolkit_version": __version__,
                    "input": _entry(INPUT_FILE, input_bytes) if input_bytes is not None else None,
                    "classes": len(classes) if classes else None,
-                   "data_files": [_entry(DATA_FILES[k], b) for k, b in data.items()]}
+                   "data_files": [_entry(f, b) for f, b in carried.items()]}
     try:
         card = ModelCard.model_validate(card_fields)
     except ValidationError as e:
@@ -214,21 +229,75 @@ def publish(dir: Path | str, to_folder: Path | str, name: str | None = None, lic
     text = render_card(card, body if body.strip() else _default_body(card, measured))
     files = {NET_FILE: net_bytes, WEIGHTS_FILE: weights_bytes,
              **({INPUT_FILE: input_bytes} if input_bytes is not None else {}),
-             **{DATA_FILES[k]: b for k, b in data.items()}, CARD: text.encode("utf-8")}
+             **carried, CARD: text.encode("utf-8")}
+    unlisted = _not_carried(pointed, set(files))
+    if unlisted:
+        raise UserError(f"publish {src}: the net names {', '.join(unlisted)}, which the published model would not "
+                        "carry, so it could not be used or verified elsewhere")
 
     target = to / name
     differing = [f for f, data in files.items() if not (target / f).is_file() or (target / f).read_bytes() != data]
-    in_place = target.resolve() == src.resolve()             # refreshing a model's own card
+    in_place = same_file(target, src)                        # refreshing a model's own card
+    # the files publish writes never replace one it reads (a data source or the net in the target
+    # folder), but for the draft card a model's own card refreshes in place
+    inputs = [("the net file", f) for f in net.files] + [("the weights file", weights_path),
+                                                         ("the input description", src / INPUT_FILE)]
+    inputs += ([("the mean file", mean_file_of(net))] if mean is not None else []) + data_files(net)
+    refuse_own_inputs("--to", to, [to / INDEX] + [target / f for f in differing if not (f == CARD and in_place)],
+                      inputs + ([] if in_place else [("the draft card", draft_path)]))
     if target.exists() and differing and not (force or in_place):
         raise UserError(f"{target} already holds a model whose {', '.join(differing)} "
                         f"{'differs' if len(differing) == 1 else 'differ'} from what publish would write; "
                         "pass --force to replace it")
-    target.mkdir(parents=True, exist_ok=True)
-    for f in files:                                           # the card last: it vouches for the others
-        if f in differing:
-            write_bytes(target / f, files[f])
+    # the files are written into a staged folder moved into place once all are written (a full
+    # disk leaves the model as it was), the card last: it vouches for the others
+    with staged_folder(target) as stage:
+        for f in differing:
+            if f != CARD:
+                write_bytes(stage / f, files[f])
+    if CARD in differing:
+        write_bytes(target / CARD, files[CARD])
     models = write_index(to)
     return Published(target, card, measured, bool(differing), len(models))
+
+
+def _mean_to_carry(net) -> tuple[tuple, str, bytes, str] | None:
+    """(the key naming the net's mean image, the file name it is published under, its bytes, the
+    name as the net writes it), or None: a published model carries its mean as a file of its own."""
+    from ..fileio import read_regular
+    from ..train.data import carried_name, mean_declared, mean_file_of
+    declared = mean_declared(net)
+    if declared is None:
+        return None
+    key, named = declared
+    path = mean_file_of(net)
+    name = carried_name(named)
+    if name in (NET_FILE, WEIGHTS_FILE, CARD, INDEX, *DATA_FILES.values()):
+        name = "mean.npy"
+    return key, name, read_regular(str(path), MAX_MEAN_BYTES, "mean image"), named
+
+
+MAX_MEAN_BYTES = 1 << 30
+
+
+def named_files(net) -> list[tuple[str, str]]:
+    """The files a net names, which a model folder must hold for the net to load, test and run:
+    (where the net names it, the name as written): its data sources, its mean image, the model
+    file of each ONNX layer."""
+    from ..train.data import mean_declared
+    found = [(f"train.data.{k}", v) for k, v in external_data(net).items()]
+    declared = mean_declared(net)
+    if declared is not None:
+        found.append((".".join(declared[0]), declared[1]))
+    for layer in net.spec.layers:
+        if getattr(layer, "type", None) == "ONNX" and getattr(layer, "file", None):
+            found.append((f"layer '{layer.name}' file", layer.file))
+    return found
+
+
+def _not_carried(net, names: set[str]) -> list[str]:
+    """The files the net names that are not among ``names`` (the model folder's), in words."""
+    return [f"{value} ({where})" for where, value in named_files(net) if value not in names]
 
 
 def _entry(file: str, data: bytes) -> dict:
@@ -313,6 +382,11 @@ def verify(dir: Path | str, no_test: bool = False) -> list[Check]:
     except UserError as e:
         checks.append(Check("FAIL", f"{card.config.file} loads"))
         problems += e.problems
+    if net is not None and named_files(net):      # what the net reads beside it (data, a mean, a model) travels with it
+        unlisted = _not_carried(net, {f.file for f in card.files})
+        checks.append(Check("FAIL" if unlisted else "ok", f"the card lists every file {card.config.file} names"))
+        problems += [f"{folder / card.config.file}: names {u}, which the card does not list (the model folder "
+                     "does not carry it)" for u in unlisted]
     loaded = []
     for entry in card.weights:
         if net is None or not (folder / entry.file).is_file():
