@@ -22,6 +22,7 @@ import numpy as np
 
 from ...errors import Location, Problem, SpecError, UserError
 from ...fileio import read_regular
+from ..prototext import undecodable_field
 from . import layers as caffe_layers
 from .layers import DATA_TYPES, V1_NAMES, V1_TYPES, WEIGHTS, Context, _blob_array, _sub, read_blob_file
 from .prototxt import Message, parse
@@ -343,6 +344,9 @@ def read_caffemodel(path: str):
         net.ParseFromString(raw)
     except Exception as e:            # protobuf's DecodeError and its kin
         raise UserError(f"{path}: not a readable caffemodel ({e})") from None
+    undecodable = undecodable_field(net)
+    if undecodable is not None:
+        raise UserError(f"{path}: not a readable caffemodel ({undecodable} is not UTF-8 text)")
     return net
 
 

@@ -12,6 +12,7 @@ import numpy as np
 
 from ...errors import UserError
 from ...fileio import check_regular, read_regular
+from ..prototext import undecodable_field
 from .external import DataFile, inline_external_data
 
 MAX_MODEL_BYTES = (2 << 30) - 1          # protobuf's own limit on one message
@@ -54,6 +55,9 @@ def read_model_and_data(path: str) -> tuple[object, tuple[DataFile, ...]]:
         raise UserError(f"{path}: not a readable ONNX model ({e})") from None
     if not model.HasField("graph") or not model.graph.output:
         raise UserError(f"{path}: not an ONNX model (no graph, or a graph with no output)")
+    undecodable = undecodable_field(model)
+    if undecodable is not None:
+        raise UserError(f"{path}: not a readable ONNX model ({undecodable} is not UTF-8 text)")
     return model, inline_external_data(model, path)
 
 
