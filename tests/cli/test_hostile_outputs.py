@@ -109,3 +109,17 @@ def test_import_onnx_into_its_own_folder_is_refused(tmp_path):
     r = run_toolkit("import", "onnx", model, "--out", tmp_path, "--force", memory_mb=2000, timeout=60)
     refused(r, f"--out {tmp_path}: would write {model}, which is the ONNX model")
     assert model.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
+
+
+def test_a_new_run_never_writes_over_the_weights_it_starts_from(tmp_path):
+    """--out holds an earlier run's best.safetensors only (no run files): training from it there
+    would replace it with this run's best."""
+    out = tmp_path / "out"
+    out.mkdir()
+    shutil.copy(LENET / "model.safetensors", out / "best.safetensors")
+    before = (out / "best.safetensors").read_bytes()
+    r = run_toolkit("train", LENET / "net.yaml", "--weights", out / "best.safetensors", "--out", out,
+                    "--set", "train.max_iter=2", memory_mb=3000, timeout=120)
+    refused(r, f"--out {out}: would write {out / 'best.safetensors'}, which is the weights file")
+    assert (out / "best.safetensors").read_bytes() == before and sorted(p.name for p in out.iterdir()) == \
+        ["best.safetensors"]

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 
 from ..backend.options import check_device
@@ -42,6 +43,22 @@ def _maybe_data_parallel(args, run) -> int:
         return run(args, comm)
 
 
+# what a new run writes into --out besides its checkpoints/ (a mean image aside: train/runs.py)
+RUN_OUTPUTS = ("net.yaml", "model.safetensors", "best.safetensors", "metrics.jsonl", "history.jsonl", "input.json",
+               "loss.png")
+
+
+def _refuse_inputs(net, args) -> None:
+    """A new run's --out holds none of the files it trains from (a --weights best.safetensors of
+    an earlier run, a data source named like a run's file), which the run would replace."""
+    from ..fileio import refuse_own_inputs
+    from ..train.data import data_files
+    from .export_cmd import net_inputs
+    weights = args.weights if args.weights and not args.weights.startswith("zoo:") else None
+    refuse_own_inputs("--out", args.out, [Path(args.out) / f for f in RUN_OUTPUTS],
+                      net_inputs(net, weights) + data_files(net))
+
+
 def _train(args, comm) -> int:
     args.device = check_device(args.device)
     from ..train.start import train_net
@@ -58,6 +75,8 @@ def _train(args, comm) -> int:
     net = load_net(args.net if args.net is not None else str(runs.recorded_net(run)), overrides)
     if getattr(args, "new_head", None) is not None:
         net = _with_new_head(net, args, comm)
+    if args.out is not None and run is None:
+        _refuse_inputs(net, args)
     result = train_net(net, args.device, out=args.out, resume=args.resume, weights=args.weights,
                        allow_missing=args.allow_missing, overrides=overrides, set_texts=args.overrides,
                        disable=disabled_passes(net, args.disable, args.no_optimize), comm=comm)
