@@ -28,8 +28,17 @@ class Problem:
 
     def __str__(self) -> str:
         if self.location is None:
-            return f"error: {self.message}"
-        return f"{self.location}: error: {self.message}"
+            return f"error: {one_line(self.message)}"
+        return f"{one_line(str(self.location))}: error: {one_line(self.message)}"
+
+
+def one_line(text: str) -> str:
+    """``text`` with its line breaks and other unprintable characters written as escapes (``\\n``,
+    ``\\x1b``): a name read from a file may hold any character, and must neither split a problem's
+    line nor drive the terminal."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 class UserError(Exception):

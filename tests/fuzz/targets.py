@@ -1,6 +1,6 @@
 """The parsers the fuzzer drives, each as a function of one input's bytes, and the property every
 input must meet: it ends in a result or in the toolkit's refusal (a UserError whose every problem
-is one line; for the KServe decoder, a BadRequest of one line), never in another exception,
+prints as one line; for the KServe decoder, a BadRequest), never in another exception,
 within ``SECONDS`` of wall time.
 
 - ``prototxt``: ``toolkit import caffe FILE`` (the net read, converted and loaded back), then the
@@ -176,8 +176,10 @@ def _refusals(name: str) -> tuple[type, ...]:
 
 
 def _lines(error: BaseException) -> list[str]:
+    """What the CLI prints of a UserError, one entry per problem (each must be one line); a
+    BadRequest travels as a JSON string, where any character is fine."""
     problems = getattr(error, "problems", None)
-    return [str(p.message) for p in problems] if problems is not None else [str(error)]
+    return [str(p) for p in problems] if problems is not None else ["error"]
 
 
 def _where(tb) -> str:
@@ -208,7 +210,7 @@ def check(name: str, data: bytes, seconds: float = SECONDS) -> Finding | None:
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
     except refusals as e:
-        bad = [line for line in _lines(e) if "\n" in line or not line.strip()]
+        bad = [line for line in _lines(e) if "\n" in line or not line.removeprefix("error:").strip()]
         if bad:
             return Finding("not one line", _where(e.__traceback__), f"{type(e).__name__}: {bad[0]!r}")
         return None
