@@ -28,6 +28,8 @@ def _outputs(imp: Importer, sub: Importer, graph, builder) -> list[Value]:
     for info in graph.output:
         if info.name in sub.absent:
             imp.fail(f"the body's output {info.name}: {sub.absent[info.name]}")
+        if info.name not in sub.env:
+            imp.fail(f"the body's output {info.name!r} is given by no node, input or initializer")
         v = sub.env[info.name]
         outs.append(v if isinstance(v, Value) else sub.materialize(v))
     return outs
@@ -45,6 +47,8 @@ def _if(imp: Importer, node):
         for info in chosen.output:
             if info.name in sub.absent:
                 imp.fail(f"the branch's output {info.name}: {sub.absent[info.name]}")
+            if info.name not in sub.env:
+                imp.fail(f"the branch's output {info.name!r} is given by no node, input or initializer")
             out.append(sub.env[info.name])
         return out
     c = imp.value(node.input[0])
@@ -104,6 +108,10 @@ def _loop(imp: Importer, node):
     carried_names = [n for n in node.input[2:]]
     k = len(carried_names)
     n_scan = len(body.output) - 1 - k
+    if len(body.input) != 2 + k or n_scan < 0:
+        imp.fail(f"the body takes {len(body.input)} inputs and gives {len(body.output)} outputs: a loop carrying "
+                 f"{k} values needs {2 + k} inputs (the iteration, the condition, the values) and {1 + k} outputs "
+                 "at least")
     iter_name, cond_name = body.input[0].name, body.input[1].name
     stops = _stops(imp, body, [imp.value(n) for n in carried_names])
     if stops and n_scan:
@@ -126,6 +134,8 @@ def _loop(imp: Importer, node):
         sub.run_nodes(body.node)
         outs = []
         for info in body.output:
+            if info.name not in sub.env:
+                imp.fail(f"the body's output {info.name!r} is given by no node, input or initializer")
             v = sub.env[info.name]
             outs.append(v if isinstance(v, Value) else sub.materialize(v) if not np.asarray(v).dtype == bool
                         else v)

@@ -14,6 +14,7 @@ ONNX names); other constants become ``constant``/``scalar`` ops where a primitiv
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Callable
 
 import numpy as np
@@ -128,7 +129,7 @@ class Importer:
         fold = FOLDERS[0]
         for node in nodes:
             self.node = node
-            self.b.scope = self.scope + (node.name or node.output[0])
+            self.b.scope = self.scope + (node.name or (node.output[0] if node.output else node.op_type))
             if node.domain not in ("", "ai.onnx"):
                 self._unsupported(node)
             ins = [self.env.get(n) if n else None for n in node.input]
@@ -165,11 +166,32 @@ class Importer:
                            f"{domain}, opset {self.opset}) has no counterpart here")
 
     def attr(self, node, name: str, default=None):
-        from onnx import helper
+        """The node's attribute ``name`` (else ``default``), of the type the op's schema gives it: a
+        model may declare any type for any attribute, or leave out one the op requires."""
+        from onnx import AttributeProto, helper
+        wanted, required = _attribute_schema(node.op_type, node.domain, self.opset).get(name, (None, False))
         for a in node.attribute:
             if a.name == name:
+                if a.type != (wanted or a.type) or a.type == AttributeProto.UNDEFINED:
+                    kind = AttributeProto.AttributeType.Name(a.type) if a.type in AttributeProto.AttributeType.values() \
+                        else f"type {a.type}"
+                    raise NodeError(f"attribute '{name}' is {kind}, where {node.op_type} takes "
+                                    f"{AttributeProto.AttributeType.Name(wanted) if wanted else 'another type'}")
                 return helper.get_attribute_value(a)
+        if required and default is None:
+            raise NodeError(f"attribute '{name}', which {node.op_type} requires, is missing")
         return default
+
+
+@lru_cache(maxsize=None)
+def _attribute_schema(op_type: str, domain: str, opset: int) -> dict[str, tuple[int, bool]]:
+    """The attributes the op's ONNX schema declares at this opset: name -> (type, required)."""
+    from onnx import defs
+    try:
+        schema = defs.get_schema(op_type, opset, domain if domain != "ai.onnx" else "")
+    except Exception:                    # an op ONNX does not know: its converter, if any, decides
+        return {}
+    return {name: (int(a.type), bool(a.required)) for name, a in schema.attributes.items()}
 
 
 def _input_type(info, position: int, names: dict) -> TensorType:

@@ -71,11 +71,16 @@ def _recurrent(imp: Importer, node):
         x = b.op("transpose", x, perm=(1, 0, 2))
     steps, n, _ = x.shape
     _check(imp, node, kind, steps)
-    hidden = int(imp.attr(node, "hidden_size"))
+    hidden = imp.attr(node, "hidden_size")
+    if hidden is None:
+        imp.fail("attribute 'hidden_size' is missing (the size of the state is read from it)")
+    hidden = int(hidden)
     gates = GATES[kind]
     direction = imp.attr(node, "direction", "forward")
-    direction = direction.decode() if isinstance(direction, bytes) else direction
-    runs = {"forward": [False], "reverse": [True], "bidirectional": [False, True]}[direction]
+    direction = direction.decode("utf-8", "replace") if isinstance(direction, bytes) else direction
+    runs = {"forward": [False], "reverse": [True], "bidirectional": [False, True]}.get(direction)
+    if runs is None:
+        imp.fail(f"direction {direction!r} is none of forward, reverse and bidirectional")
     before_reset = bool(imp.attr(node, "linear_before_reset", 0))
     ys, finals_h, finals_c = [], [], []
     for d, reverse in enumerate(runs):
