@@ -144,3 +144,20 @@ def test_a_publish_that_fails_to_write_leaves_the_zoo_folder_as_it_was(tmp_path)
                     file_kb=30, memory_mb=3000, timeout=120)
     assert r.status == 2 and len(r.lines) == 1 and "model.safetensors" in r.lines[0], r.err
     assert sorted(p.name for p in (tmp_path / "zoo").iterdir()) == []
+
+
+def test_publish_refuses_a_net_whose_onnx_model_would_not_travel(tmp_path):
+    """An import that stays one ONNX layer names MODEL.onnx beside its net.yaml: a model published
+    without it would load nowhere else, so publish says so instead of writing it."""
+    pytest.importorskip("onnx")
+    from tests.importers.test_onnx_external_data import write_model
+    write_model(tmp_path / "src")
+    assert run_toolkit("import", "onnx", tmp_path / "src" / "m.onnx", "--out", tmp_path / "imp", memory_mb=3000,
+                       timeout=120).status == 0
+    (tmp_path / "imp" / "README.md").write_text("---\nmetric: {name: accuracy, value: 1.0}\n---\n")
+    r = run_toolkit("zoo", "publish", tmp_path / "imp", "--to", tmp_path / "zoo", *PUBLISH, memory_mb=3000,
+                    timeout=120)
+    assert r.status == 2 and r.lines == [f"error: publish {tmp_path / 'imp'}: the net names m.onnx (layer 'g' file), "
+                                         "which the published model would not carry, so it could not be used or "
+                                         "verified elsewhere"], r.err
+    assert not (tmp_path / "zoo").exists()

@@ -297,7 +297,8 @@ def named_files(net) -> list[tuple[str, str]]:
 
 def _not_carried(net, names: set[str]) -> list[str]:
     """The files the net names that are not among ``names`` (the model folder's), in words."""
-    return [f"{value} ({where})" for where, value in named_files(net) if value not in names]
+    import os
+    return [f"{value} ({where})" for where, value in named_files(net) if os.path.normpath(value) not in names]
 
 
 def _entry(file: str, data: bytes) -> dict:
