@@ -51,6 +51,9 @@ def test_a_run_carries_its_mean_image(tmp_path, named):
     carried = tmp_path / "run" / "mean.npy" if named == "mean.npy" else tmp_path / "run" / "m.npy"
     assert carried.read_bytes() == (folder / named).read_bytes()
     assert f"mean_file: {carried.name}" in (tmp_path / "run" / "net.yaml").read_text()
+    r = run_toolkit("train", folder / "net.yaml", "--resume", tmp_path / "run", "--set", "train.max_iter=3",
+                    cwd=elsewhere, memory_mb=3000, timeout=120)     # the net as given: no change to name
+    assert r.status == 0, r.err
 
 
 @pytest.mark.parametrize("named", ["mean.npy", "../means/m.npy"])

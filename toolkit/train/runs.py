@@ -108,26 +108,40 @@ def record_start(run: Path, iteration: int, overrides: list[str], changed: dict[
     append_line(run / HISTORY, json.dumps(entry, default=str))
 
 
-def carry_mean(net, run: Path) -> dict[tuple, str]:
-    """The mean image the net names, copied into the run folder, so that the run (and a model
-    published from it) holds what its net.yaml names: under its own file name, the net's key
-    pointed at the copy where the net names it otherwise ({key: name} for the rendered net)."""
-    import shutil
-
-    from ..fileio import atomic_write, check_regular, same_file
-    from ..train.data import carried_name, mean_declared, mean_file_of
+def mean_renamed(net) -> dict[tuple, str]:
+    """{the key that names the net's mean image: the name its copy in a run folder has} where
+    that differs from what the net writes (a path); {} otherwise: how the run's net.yaml names it."""
+    from ..train.data import mean_declared
     declared = mean_declared(net)
     if declared is None:
         return {}
     key, named = declared
-    source, name = mean_file_of(net), carried_name(named)
-    if name in RUN_FILES + (HISTORY, "input.json"):       # never over the run's own files
-        name = "mean.npy"
-    target = run / name
+    name = _carried(named)
+    return {} if name == named else {key: name}
+
+
+def _carried(named: str) -> str:
+    from ..train.data import carried_name
+    name = carried_name(named)
+    return "mean.npy" if name in RUN_FILES + (HISTORY, "input.json") else name    # never over the run's own files
+
+
+def carry_mean(net, run: Path) -> dict[tuple, str]:
+    """The mean image the net names, copied into the run folder, so that the run (and a model
+    published from it) holds what its net.yaml names: under its own file name, the net's key
+    pointed at the copy where the net names it otherwise (``mean_renamed``, for the rendered net)."""
+    import shutil
+
+    from ..fileio import atomic_write, check_regular, same_file
+    from ..train.data import mean_declared, mean_file_of
+    declared = mean_declared(net)
+    if declared is None:
+        return {}
+    source, target = mean_file_of(net), run / _carried(declared[1])
     if not same_file(source, target):
         check_regular(source)                # training has read it: a plain file, copied as a stream
         atomic_write(target, lambda tmp: shutil.copyfile(source, tmp))
-    return {} if name == named else {key: name}
+    return mean_renamed(net)
 
 
 def sweep_stale(run: Path) -> list[Path]:

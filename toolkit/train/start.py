@@ -65,7 +65,9 @@ def train_net(net: Net, device: Device, *, out: str | None = None, resume: str |
         folder = Path(out) if out else run
         if (run / "net.yaml").is_file():
             from ..frontend.render import render_net
-            changed = runs.check_resume_changes(run, render_net(net, folder=run), list(overrides))
+            # as the run recorded it: its mean image named as its copy in the run
+            changed = runs.check_resume_changes(run, render_net(net, folder=run, replace=runs.mean_renamed(net)),
+                                                list(overrides))
     else:
         folder, notice = choose_run_folder(net.name, out, comm)
     try:
