@@ -177,7 +177,14 @@ class Importer:
                         else f"type {a.type}"
                     raise NodeError(f"attribute '{name}' is {kind}, where {node.op_type} takes "
                                     f"{AttributeProto.AttributeType.Name(wanted) if wanted else 'another type'}")
-                return helper.get_attribute_value(a)
+                value = helper.get_attribute_value(a)
+                # a string attribute is text to every converter (auto_pad, mode, an equation); bytes
+                # that are not UTF-8 come out with replacement characters, refused as values no op takes
+                if a.type == AttributeProto.STRING:
+                    return value.decode("utf-8", "replace")
+                if a.type == AttributeProto.STRINGS:
+                    return [v.decode("utf-8", "replace") for v in value]
+                return value
         if required and default is None:
             raise NodeError(f"attribute '{name}', which {node.op_type} requires, is missing")
         return default

@@ -276,8 +276,12 @@ def _spatial_pads(imp, node, x: Value, kernel, strides, dilations) -> tuple[list
     auto = imp.attr(node, "auto_pad", "NOTSET")
     auto = auto.decode() if isinstance(auto, bytes) else auto
     rank = len(kernel)
+    if auto not in ("NOTSET", "", "VALID", "SAME_UPPER", "SAME_LOWER"):
+        imp.fail(f"auto_pad {auto!r} is none of NOTSET, VALID, SAME_UPPER and SAME_LOWER")
     if auto in ("NOTSET", ""):
         pads = list(imp.attr(node, "pads", [0] * 2 * rank))
+        if len(pads) != 2 * rank:
+            imp.fail(f"pads has {len(pads)} values, the image's {rank} axes take {2 * rank}")
         return pads[:rank], pads[rank:]
     if auto == "VALID":
         return [0] * rank, [0] * rank
@@ -312,6 +316,8 @@ def _image_input(imp, node, name: str) -> tuple[Value, bool]:
 
 def _two(values, one_d: bool, fill: int) -> list[int]:
     values = [int(v) for v in values]
+    if len(values) != 2 - one_d:
+        raise NodeError(f"{len(values)} values {values[:8]} where the image's {2 - one_d} axes take one each")
     return [fill] + values if one_d else values
 
 
