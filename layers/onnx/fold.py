@@ -82,7 +82,10 @@ def _constant(imp, node) -> np.ndarray:
     from onnx import numpy_helper
     for a in node.attribute:
         if a.name == "value":
-            return numpy_helper.to_array(a.t)
+            try:
+                return numpy_helper.to_array(a.t)
+            except (ValueError, TypeError) as e:       # data that does not fill the tensor's dims
+                raise NodeError(f"its tensor cannot be read: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
         if a.name in ("value_float", "value_int"):
             return np.array(imp.attr(node, a.name), dtype=np.float32 if a.name == "value_float" else np.int64)
         if a.name in ("value_floats", "value_ints"):

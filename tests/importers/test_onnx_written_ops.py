@@ -6,7 +6,7 @@ convolution, 1-d transposed convolution and one given a larger output_shape, Sli
 negative and larger steps, Pad's reflect/edge/wrap, ArgMax's select_last_index, Max/Min/TopK and
 Div of integers, ReduceMax of booleans, Gather along any axis with indices given at run time,
 Dropout's mask, BatchNormalization's training mode and a Split's empty part. What they cannot
-express is one line naming it."""
+express is one line naming it, as is a Constant whose data does not fill its dims."""
 from __future__ import annotations
 
 import numpy as np
@@ -140,3 +140,17 @@ def test_what_the_written_ops_cannot_express_is_one_line(tmp_path, node, inits, 
     with pytest.raises(UserError) as e:
         import_model(str(path))
     assert str(e.value).endswith(why) and "\n" not in str(e.value)
+
+
+def test_a_constant_whose_data_does_not_fill_its_dims_is_one_line(tmp_path):
+    from layers.onnx import import_model
+    tensor = helper.make_tensor("c", F, [4], [1.0, 2.0, 3.0, 4.0])
+    tensor.float_data.append(5.0)                   # five values for four elements
+    model = _model([helper.make_node("Constant", [], ["z"], value=tensor, name="k")], [],
+                   [helper.make_tensor_value_info("z", F, [4])])
+    path = tmp_path / "m.onnx"
+    path.write_bytes(model.SerializeToString())
+    with pytest.raises(UserError) as e:
+        import_model(str(path))
+    assert str(e.value).endswith("node 'k' (Constant): its tensor cannot be read: cannot reshape array of size 5 "
+                                 "into shape (4,)")
