@@ -48,6 +48,8 @@ def _onnx(args) -> int:
     net = load_net(args.net, parse_overrides(args.overrides))
     weights_path = net.default_weights(args.weights)
     out = Path(args.output)
+    if out.is_dir():                           # before the export's work, as the next check
+        raise UserError(f"-o {out}: a folder; give the model file's name, e.g. {out / (net.name + '.onnx')}")
     refuse_own_inputs("-o", out, [out], net_inputs(net, weights_path))
     weights = net.load_weights(weights_path, dtype="float32")
     graph = net.graph(args.phase, "float32")
@@ -62,8 +64,6 @@ def _onnx(args) -> int:
                   f"leaves them; it stays in the metadata '{TRANSFORM_KEY}'", file=sys.stderr)
     model = export_graph(graph, weights, net.name, args.opset or DEFAULT_OPSET, metadata,
                          input_transforms=record["steps"] if in_graph else None)
-    if out.is_dir():
-        raise UserError(f"-o {out}: a folder; give the model file's name, e.g. {out / (net.name + '.onnx')}")
     data = model.SerializeToString()
     atomic_write(out, lambda tmp: Path(tmp).write_bytes(data))
     dynamic = sorted({d.dim_param for v in model.graph.input for d in v.type.tensor_type.shape.dim if d.dim_param})
