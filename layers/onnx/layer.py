@@ -77,7 +77,14 @@ def lower_onnx(p: OnnxParams, ctx, bottoms):
         if name in imp.absent:
             raise LayerError(f"{p.file}: output '{name}': {imp.absent[name]}", "top")
         out = imp.env[name]
-        tops.append(out if isinstance(out, Value) else imp.materialize(out))
+        if isinstance(out, Value):
+            tops.append(out)
+            continue
+        from .convert import NodeError
+        try:                              # an output known at import: a constant, unless it holds symbols
+            tops.append(imp.materialize(out))
+        except NodeError as e:
+            raise LayerError(f"{p.file}: output '{name}': {e}", "top") from None
     return tops
 
 
