@@ -123,3 +123,22 @@ def test_a_new_run_never_writes_over_the_weights_it_starts_from(tmp_path):
     refused(r, f"--out {out}: would write {out / 'best.safetensors'}, which is the weights file")
     assert (out / "best.safetensors").read_bytes() == before and sorted(p.name for p in out.iterdir()) == \
         ["best.safetensors"]
+
+
+def test_import_caffe_never_writes_over_the_mean_image_its_prototxt_names(tmp_path):
+    """The prototxt's transform_param.mean_file is a binaryproto called mean.npy in --out: the
+    import's mean.npy (its conversion) would replace it."""
+    from toolkit.importers.caffe.proto import classes
+    out = tmp_path / "out"
+    out.mkdir()
+    blob = classes()["BlobProto"](num=1, channels=3, height=32, width=32)
+    blob.data.extend([1.0] * 3 * 32 * 32)
+    (out / "mean.npy").write_bytes(blob.SerializeToString())
+    before = (out / "mean.npy").read_bytes()
+    prototxt = tmp_path / "q.prototxt"
+    prototxt.write_text(CAFFE.with_name("examples_cifar10_cifar10_quick_train_test.prototxt").read_text()
+                        .replace("examples/cifar10/mean.binaryproto", str(out / "mean.npy")))
+    r = run_toolkit("import", "caffe", prototxt, "--input-shape", "data=3,32,32", "--out", out, "--force",
+                    memory_mb=4000, timeout=60)
+    refused(r, f"--out {out}: would write {out / 'mean.npy'}, which is a file the prototxt names")
+    assert (out / "mean.npy").read_bytes() == before and sorted(p.name for p in out.iterdir()) == ["mean.npy"]

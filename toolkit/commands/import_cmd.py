@@ -31,13 +31,13 @@ def run_import(args) -> int:
     # fails (weights that do not fit, labels that fit no output) leaves nothing behind, and its
     # rerun needs no --force
     with staged_folder(out) as stage:
-        said = {"caffe": _caffe, "onnx": _onnx}[args.format](args, stage)
+        said, named = {"caffe": _caffe, "onnx": _onnx}[args.format](args, stage)
         if names is not None:
             said.append(_record_labels(stage, out, names, labels))
-        # every file the stage moves into --out, against every file the import read (an ONNX
-        # model's data files are known once it is read)
+        # every file the stage moves into --out, against every file the import read (those the
+        # model names, an ONNX model's data files or a prototxt's mean image, known once it is read)
         refuse_own_inputs("--out", out, [out / p.relative_to(stage) for p in sorted(stage.rglob("*"))
-                                         if not p.is_dir()], inputs + _data_inputs(args))
+                                         if not p.is_dir()], inputs + named)
     for line in said:
         print(line)
     return 0
@@ -50,16 +50,6 @@ def _inputs(args) -> list[tuple[str, str | None]]:
     else:
         found = [("the prototxt", args.prototxt), ("the caffemodel", args.weights), ("the solver", args.solver)]
     return found + [("the labels file", getattr(args, "labels", None))]
-
-
-def _data_inputs(args) -> list[tuple[str, str]]:
-    """An ONNX model's external data files (read with it, copied beside its copy)."""
-    if args.format != "onnx":
-        return []
-    from ..importers.onnx.files import loaded_model
-    model = Path(args.model)
-    return [("a data file of the ONNX model", str(model.parent / f.location))
-            for f in loaded_model(str(model)).data_files]
 
 
 def _check_free(out: Path, args) -> None:
@@ -91,18 +81,19 @@ def _record_labels(stage: Path, out: Path, names: list[str], labels: str) -> str
     return f"wrote {out / INPUT_FILE}: {len(names)} class names from {labels}"
 
 
-def _onnx(args, stage: Path) -> list[str]:
+def _onnx(args, stage: Path) -> tuple[list[str], list[tuple[str, str]]]:
     """net.yaml and model.safetensors: the model's nodes as the catalog's layers where each maps to
     one (checked to compute what the model does before anything is written), else the model's
     inputs and one ONNX layer reading a copy of MODEL.onnx (and its data files), with a note naming
     the nodes that kept it from being a net of layers. Written into ``stage``; the lines that say
-    so name the files where they will be (--out)."""
+    so name the files where they will be (--out), and the model's data files (what it read)."""
     from ..importers.onnx.files import loaded_model
     from ..importers.onnx.netfile import model_name, net_dict, net_text
     from ..zoo.resolve import load_net
     out = Path(args.out)
     source = Path(args.model)
     loaded = loaded_model(str(source))
+    read = [("a data file of the ONNX model", str(source.parent / f.location)) for f in loaded.data_files]
     name = model_name(loaded.model, str(source))
     # every node lowered and checked before anything is written; the layer named as it will be
     graph_net = load_net(str(source), text=net_text(loaded.model, source.name, name))
@@ -114,7 +105,7 @@ def _onnx(args, stage: Path) -> list[str]:
         _write(stage, text, weights, f"# imported from {source.name} by `toolkit import onnx`\n")
         return [f"imported {net.name}: {len(loaded.model.graph.node)} ONNX nodes as {len(net.spec.layers)} layers, "
                 f"{_count(weights):,} parameters; wrote {out / 'net.yaml'} and {out / 'model.safetensors'} (the "
-                "layers compute what the model does: checked on random inputs)"]
+                "layers compute what the model does: checked on random inputs)"], read
     import shutil
     shutil.copyfile(source, stage / source.name)
     for data in loaded.data_files:        # where the copy's tensors keep their data, checked when read
@@ -135,7 +126,7 @@ def _onnx(args, stage: Path) -> list[str]:
         node, value = cut
         said.append(f"note: to replace its classifier (the {node.op_type} '{node.name or node.output[0]}') by a new "
                     f"head, cut the layer where it reads: outputs: ['{value}']")
-    return said
+    return said, read
 
 
 def _classifier_input(loaded):
@@ -219,7 +210,9 @@ def _input_shapes(items: list[str]) -> dict[str, list[int]]:
     return shapes
 
 
-def _caffe(args, stage: Path) -> list[str]:
+def _caffe(args, stage: Path) -> tuple[list[str], list[tuple[str, str]]]:
+    """net.yaml (and mean.npy, model.safetensors) written into ``stage``; the lines that say so,
+    and the files the prototxt names that were read (its mean image)."""
     from ..importers.caffe.net import import_net, import_weights, read_prototxt, to_yaml
     from ..importers.caffe.solver import import_solver
     from schemas.net import DATA_TRANSFORM_KEYS
@@ -269,7 +262,7 @@ def _caffe(args, stage: Path) -> list[str]:
     if weights is not None or ctx.fixed:
         said += _write_weights(args.weights, weights or {}, ctx.fixed, loaded, stage / "model.safetensors",
                                out / "model.safetensors")
-    return said + [f"note: {note}" for note in notes]
+    return said + [f"note: {note}" for note in notes], [("a file the prototxt names", f) for f in ctx.read]
 
 
 def _write_weights(caffemodel: str | None, weights: dict, fixed: dict, loaded, target: Path, shown: Path) -> list[str]:

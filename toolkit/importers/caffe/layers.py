@@ -46,6 +46,7 @@ class Context:
     extra: dict = field(default_factory=dict)      # arrays to write beside the net (a mean image)
     fixed: dict = field(default_factory=dict)      # weights no caffemodel holds (an infogain matrix) by key
     notes: list[str] = field(default_factory=list)
+    read: list[str] = field(default_factory=list)   # the files the prototxt names that were read
 
     def error(self, message: str, loc: Location) -> None:
         self.problems.append(Problem(message, loc))
@@ -160,6 +161,7 @@ def read_blob_file(given: str, loc: Location, ctx: Context, what: str) -> tuple[
     if found is None:
         return None, False
     blob = classes()["BlobProto"]()
+    ctx.read.append(str(found))
     try:
         blob.ParseFromString(read_regular(str(found), MAX_BLOB_FILE_BYTES, "binaryproto"))
     except Exception as e:            # protobuf's DecodeError and its kin
