@@ -19,13 +19,11 @@ COMMANDS = {"onnx": ("model.onnx", ["import", "onnx", "model.onnx", "--out", "ou
 
 CASES = [
     ("onnx", "found-graph-name-not-utf8", "model.onnx: not a readable ONNX model (graph.name is not UTF-8 text)"),
-    ("onnx", "found-op-type-not-utf8", "is not UTF-8 text)"),
     ("caffemodel", "found-layer-name-not-utf8",
      "net.caffemodel: not a readable caffemodel (layer[0].name is not UTF-8 text)"),
     ("onnx", "found-output-name-with-line-breaks", r"has no value '\x08\x07\x12\x08\n\x02\x08\x01\n\x02\x08\x02'"),
     ("onnx", "found-attribute-of-another-type", "attribute 'then_branch' is TYPE_PROTOS, where If takes GRAPH"),
     ("onnx", "found-required-attribute-missing", "attribute 'kernel_shape', which AveragePool requires, is missing"),
-    ("onnx", "found-rnn-without-hidden-size", "attribute 'hidden_size' is missing"),
     ("onnx", "found-branch-output-given-by-no-node", "is given by no node, input or initializer"),
 ]
 
