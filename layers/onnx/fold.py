@@ -56,7 +56,10 @@ def fold(imp, node, ins: list) -> list | None:
     if op in RANDOM or not node.input or any(isinstance(x, Value) for x in ins):
         return None
     if any(is_const(x) and is_symbolic(x) for x in ins):
-        return _symbolic(imp, node, ins)
+        try:
+            return _symbolic(imp, node, ins)
+        except (ValueError, IndexError, TypeError) as e:      # shapes or axes that do not fit
+            raise NodeError(f"folding it at import failed: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
     if op in ("If", "Loop", "Scan"):
         return None
     _check_size(node, ins)

@@ -825,9 +825,22 @@ def _expand(imp, node):
 def _tile(imp, node):
     x = imp.value(node.input[0])
     repeats = [int(r) for r in imp.const(node.input[1], "the repeats").reshape(-1)]
+    if len(repeats) != x.rank or any(r < 1 for r in repeats):
+        imp.fail(f"repeats {repeats} for a rank-{x.rank} input (one repeat of at least 1 per axis)")
+    if all(isinstance(d, int) for d in x.shape):
+        from toolkit.hostmem import human_bytes, too_big
+        nbytes = math.prod(x.shape) * math.prod(repeats) * 8
+        why = too_big(nbytes)
+        if why:
+            imp.fail(f"repeats {repeats} make a tensor of {human_bytes(nbytes)}, {why}")
+    b = imp.b
     for axis, r in enumerate(repeats):
         if r != 1:
-            x = imp.b.op("concat", *([x] * r), axis=axis)
+            # r copies side by side: a new axis of r in front of this one, broadcast, folded in
+            shape = tuple(x.shape)
+            spread = b.op("broadcast_to", b.reshape(x, shape[:axis] + (1,) + shape[axis:]),
+                          shape=shape[:axis] + (r,) + shape[axis:])
+            x = b.reshape(spread, shape[:axis] + (r * shape[axis],) + shape[axis + 1:])
     return [x]
 
 

@@ -154,3 +154,24 @@ def test_a_constant_whose_data_does_not_fill_its_dims_is_one_line(tmp_path):
         import_model(str(path))
     assert str(e.value).endswith("node 'k' (Constant): its tensor cannot be read: cannot reshape array of size 5 "
                                  "into shape (4,)")
+
+
+def test_shape_arithmetic_that_does_not_fit_and_a_huge_tile_are_one_line(tmp_path):
+    from layers.onnx import import_model
+    v = helper.make_tensor_value_info
+    cases = [
+        (_model([helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Add", ["s", "three"], ["t"], name="plus"),
+                 helper.make_node("Reshape", ["x", "t"], ["z"])], [v("x", F, ["N", 3])], [v("z", F, None)],
+                [_ints("three", [1, 2, 3])]),
+         "node 'plus' (Add): folding it at import failed: operands could not be broadcast together with shapes "
+         "(2,) (3,) "),
+        (_model([helper.make_node("Tile", ["x", "r"], ["z"], name="tile")], [v("x", F, [2, 3])], [v("z", F, None)],
+                [_ints("r", [2**40, 2**20])]),
+         "node 'tile' (Tile): repeats [1099511627776, 1048576] make a tensor of "),
+    ]
+    for model, why in cases:
+        path = tmp_path / "m.onnx"
+        path.write_bytes(model.SerializeToString())
+        with pytest.raises(UserError) as e:
+            import_model(str(path))
+        assert why in str(e.value) and "\n" not in str(e.value)
