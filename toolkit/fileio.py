@@ -12,7 +12,7 @@ import shutil
 import stat
 import tempfile
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import BinaryIO, Callable, Iterator
 
 from .errors import UserError
 
@@ -41,10 +41,10 @@ def check_regular(path) -> os.stat_result:
     return st
 
 
-def read_regular(path, limit: int, what: str = "file") -> bytes:
-    """The bytes of the regular file at ``path``: opened without waiting (a FIFO opens and is
-    refused at once), checked on the opened file, and read no further than ``limit`` bytes, which
-    a ``what`` may not exceed (a file that grows as it is read is caught too)."""
+def open_regular(path) -> BinaryIO:
+    """The regular file at ``path`` opened for reading: opened without waiting (a FIFO opens and
+    is refused at once, where a plain open would wait for a writer) and checked on the opened
+    file, so that what is read is what was checked."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
@@ -57,14 +57,41 @@ def read_regular(path, limit: int, what: str = "file") -> bytes:
     if not stat.S_ISREG(mode):
         os.close(fd)
         raise _not_regular(path, mode)
-    with os.fdopen(fd, "rb") as f:
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
+def read_regular(path, limit: int, what: str = "file") -> bytes:
+    """The bytes of the regular file at ``path`` (opened as ``open_regular`` does), read no
+    further than ``limit`` bytes, which a ``what`` may not exceed (a file that grows as it is read
+    is caught too). Only what the file holds is allocated: a read of ``limit`` bytes would ask
+    for all of them up front, so that a small file failed where memory is bounded."""
+    with open_regular(path) as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > limit:
+            raise UserError(f"{path}: a {what} may be at most {limit:,} bytes; this one is larger")
         try:
-            data = f.read(limit + 1)
+            data = f.read(size)
+            total, more = len(data), []
+            while total <= limit:               # it grew since: read on, in pieces
+                piece = f.read(min(_PIECE, limit + 1 - total))
+                if not piece:
+                    break
+                more.append(piece)
+                total += len(piece)
         except OSError as e:
             raise UserError(f"{path}: cannot read: {e.strerror}") from None
+        except MemoryError:
+            raise UserError(f"{path}: a {what} of {size:,} bytes, more than the memory available to read it") \
+                from None
+    if more:
+        data = b"".join([data, *more])
     if len(data) > limit:
         raise UserError(f"{path}: a {what} may be at most {limit:,} bytes; this one is larger")
     return data
+
+
+_PIECE = 1 << 20
 
 
 def _default_mode() -> int:
@@ -140,10 +167,21 @@ def _umask() -> int:
 
 def append_line(path: Path, line: str) -> None:
     """Append ``line`` (and a newline) to ``path`` whole or not at all: a write cut short (a full
-    disk) is undone, so the file keeps only complete lines; the error names the file."""
+    disk) is undone, so the file keeps only complete lines; the error names the file. Only a
+    regular file is appended to (a FIFO or a device is refused, as the readers refuse them)."""
     data = (line + "\n").encode()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, _default_mode())
+    try:        # without waiting: a FIFO with no reader fails at once (ENXIO) instead of blocking
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0),
+                     _default_mode())
+    except OSError as e:
+        if e.errno == errno.ENXIO:
+            raise _not_regular(path, os.stat(path).st_mode) from None
+        raise OSError(e.errno, e.strerror, str(path)) from None
     try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise _not_regular(path, mode)
+        os.set_blocking(fd, True)
         size = os.fstat(fd).st_size
         try:
             written = os.write(fd, data)

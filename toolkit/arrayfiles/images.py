@@ -9,6 +9,7 @@ import os
 import numpy as np
 
 from ..errors import UserError
+from ..fileio import open_regular
 from .files import list_folder
 from .rows import Rows
 
@@ -71,7 +72,8 @@ def read_decoded(path: str, prepare):
     # the check below replaces PIL's own (which would refuse twice its default in its own words,
     # and let a user's raised limit be overruled); this module is PIL's only user in the toolkit
     Image.MAX_IMAGE_PIXELS = None
-    with _decoding(path), Image.open(path) as img:
+    # opened as a regular file first: PIL's own open of a FIFO would wait for a writer
+    with _decoding(path), open_regular(path) as f, Image.open(f) as img:
         # img.size is what the file claims, read from its header before any pixel is decoded
         width, height = img.size
         if width * height > limit:
