@@ -9,7 +9,9 @@
   ``root_folder`` (else the list's folder), images resized to the input (or, with crop_size, to
   new_height x new_width) as the image folder source does;
 - HDF5 (``.h5``/``.hdf5``, or a ``.txt`` listing them: Caffe's ``HDF5Data``), datasets named after
-  the net's inputs, through ``h5py``.
+  the net's inputs, through ``h5py``; each dataset's data held in its own file (``_hdf5_dataset``:
+  external storage, virtual datasets and external links, which read other files, are refused)
+  and every row it claims stored there, so that a small file cannot claim terabytes.
 
 ``lmdb`` and ``h5py`` are the ``caffe`` extra, imported when such a source is opened. A source
 says how many examples it has and reads any rows asked for (sorted, each once); nothing is
@@ -25,6 +27,8 @@ import numpy as np
 
 from ..arrayfiles import read_image
 from ..errors import UserError
+from ..fileio import check_regular
+from ..hostmem import human_bytes, too_big
 from ..ir.graph import FLOAT_DTYPES
 
 MAX_LIST_LINES = 50_000_000
@@ -173,6 +177,7 @@ def _hdf5(path: Path, inputs: dict, data_spec) -> LazyDataset:
          for line in _lines(path) if line.strip()]
     handles, counts = [], []
     for f in files:
+        check_regular(f)                  # HDF5's own open of a FIFO would wait for a writer
         try:
             handle = h5py.File(f, "r")
         except OSError as e:
@@ -181,12 +186,15 @@ def _hdf5(path: Path, inputs: dict, data_spec) -> LazyDataset:
         if missing:
             raise UserError(f"{f}: no dataset {', '.join(map(repr, missing))} for the net's inputs "
                             f"(it has: {', '.join(handle.keys())})")
-        sizes = {n: handle[n].shape[0] if handle[n].shape else 0 for n in inputs}
+        sizes = {n: _hdf5_dataset(h5py, handle, n, f).shape[0] for n in inputs}
         if len(set(sizes.values())) != 1:
             raise UserError(f"{f}: the datasets have different numbers of rows: {sizes}")
         handles.append(handle)
         counts.append(next(iter(sizes.values())))
-    starts = np.cumsum([0] + counts)
+    starts = np.cumsum([0] + counts, dtype=np.int64)
+    why = too_big(int(starts[-1]) * 16)           # the row order and its inverse: 8 bytes a row each
+    if why:
+        raise UserError(f"{path}: {int(starts[-1]):,} rows, whose order alone needs {why}")
 
     def read(rows: np.ndarray) -> dict:
         parts: dict[str, list] = {n: [] for n in inputs}
@@ -197,6 +205,50 @@ def _hdf5(path: Path, inputs: dict, data_spec) -> LazyDataset:
                     parts[n].append(np.asarray(handle[n][mine]))
         return {n: np.concatenate(v) if v else np.empty((0,), np.float32) for n, v in parts.items()}
     return LazyDataset(int(starts[-1]), read)
+
+
+def _hdf5_dataset(h5py, handle, name: str, file: Path):
+    """The dataset ``name`` of an HDF5 file, refused unless its data is numbers held in that file
+    itself, every row of it. HDF5 lets a dataset read its bytes from another file (external
+    storage: any file, a FIFO, /etc/passwd; a virtual dataset; an external link): a training
+    source reads the files it is given, nothing they name. And a dataset claims its shape: rows
+    never written read as the fill value, so a file of 2 kB can claim 10^12 rows; only rows whose
+    bytes the file holds are counted as examples."""
+    where = f"{file}: dataset '{name}'"
+    link = handle.get(name, getlink=True)
+    if isinstance(link, h5py.ExternalLink):
+        raise UserError(f"{where} is a link into another file ({link.filename}); a source's datasets must be "
+                        "held in the file itself")
+    dataset = handle[name]
+    if not isinstance(dataset, h5py.Dataset):
+        raise UserError(f"{where} is a group, not a dataset")
+    if dataset.is_virtual:
+        raise UserError(f"{where} is a virtual dataset, read from other files; a source's datasets must be held "
+                        "in the file itself")
+    if dataset.id.get_create_plist().get_external_count():
+        raise UserError(f"{where} uses external storage: its data would be read from a file it names; a source's "
+                        "datasets must be held in the file itself")
+    if dataset.dtype.kind not in "biuf":
+        raise UserError(f"{where} holds {dataset.dtype}, not numbers")
+    if not dataset.shape:
+        raise UserError(f"{where} is a single value (0-d); a source's datasets hold one row per example")
+    claimed = int(np.prod(dataset.shape, dtype=object)) * dataset.dtype.itemsize
+    row = claimed // dataset.shape[0] if dataset.shape[0] else 0
+    why = too_big(row)
+    if why:
+        raise UserError(f"{where}: one example is {human_bytes(row)}, {why}")
+    if dataset.chunks is not None:
+        why = too_big(int(np.prod(dataset.chunks, dtype=object)) * dataset.dtype.itemsize)
+        if why:
+            raise UserError(f"{where}: its chunks are read whole, and one is {why}")
+        expected = int(np.prod([-(-n // c) for n, c in zip(dataset.shape, dataset.chunks)], dtype=object))
+        held = dataset.id.get_num_chunks() if expected else 0
+    else:
+        expected, held = claimed, dataset.id.get_storage_size()
+    if held < expected:
+        raise UserError(f"{where} claims {dataset.shape[0]:,} rows ({human_bytes(claimed)}) but the file holds "
+                        "the data of only part of them (the rest were never written)")
+    return dataset
 
 
 # Caffe's Datum (caffe.proto): channels 1, height 2, width 3, data 4, label 5, float_data 6, encoded 7
