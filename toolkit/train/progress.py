@@ -147,10 +147,13 @@ class MetricsLog:
         if resume_from is not None and path.exists():
             for line in path.read_text().splitlines():
                 try:
-                    if json.loads(line).get("iter", 0) < resume_from:
-                        kept.append(line)
-                except json.JSONDecodeError:
+                    record = json.loads(line)
+                except (json.JSONDecodeError, RecursionError):
                     continue
+                # a line that is no record of an iteration (edited, or half-written) is dropped too
+                if isinstance(record, dict) and type(record.get("iter", 0)) in (int, float) \
+                        and record.get("iter", 0) < resume_from:
+                    kept.append(line)
         text = "".join(k + "\n" for k in kept)
         atomic_write(path, lambda tmp: Path(tmp).write_text(text))
 

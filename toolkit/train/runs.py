@@ -8,18 +8,24 @@
   with ``--set``; each start is a line of ``history.jsonl`` with what it changed, so the run keeps
   the history of what it trained with.
 - Temporary files a killed run left in ``checkpoints/`` are swept when a run starts there.
+- A run resumed is checked first (``check_run_folder``): its files are regular files and its
+  ``checkpoints/`` a folder, none a symbolic link, so that continuing a run reads, replaces and
+  deletes only inside its own folder (never another run's checkpoints through a link, never a
+  FIFO that would wait for a writer).
 """
 from __future__ import annotations
 
 import json
+import os
 import re
+import stat
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from ..errors import UserError
-from ..fileio import append_line
+from ..fileio import append_line, check_regular
 
 # what makes a folder a run's: any of these written by a training run
 RUN_FILES = ("net.yaml", "metrics.jsonl", "model.safetensors", "checkpoints")
@@ -57,10 +63,52 @@ def run_of(resume: str) -> Path:
 
 
 def recorded_net(run: Path) -> Path:
-    path = run / "net.yaml"
-    if not path.is_file():
+    path = own_file(run, "net.yaml")
+    if path is None:
         raise UserError(f"--resume {run}: the run has no net.yaml; name the net: `toolkit train NET --resume {run}`")
     return path
+
+
+# what a run folder holds besides RUN_FILES: each must be the run's own, if there
+OWN_FILES = ("net.yaml", "metrics.jsonl", "model.safetensors", HISTORY, "best.safetensors")
+
+
+def own_file(run: Path, name: str) -> Path | None:
+    """``run/name`` where it is a regular file of the run's own; None where nothing is there; a
+    UserError where it is a symbolic link (continuing the run would write through it, into a
+    file elsewhere) or not a regular file (a FIFO would wait for a writer)."""
+    path = run / name
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise UserError(f"{path}: cannot read: {e.strerror}") from None
+    if stat.S_ISLNK(st.st_mode):
+        raise UserError(f"{path}: a symbolic link; a run keeps its files in its own folder, so links are refused")
+    check_regular(path)
+    return path
+
+
+def check_run_folder(run: Path) -> None:
+    """The folder a resumed run reads and writes holds only its own files: each of OWN_FILES a
+    regular file (or absent) and ``checkpoints`` a folder, none a symbolic link. A run's own
+    checkpoints are the ones it deletes beyond keep-last-K and sweeps when half-written: through
+    a link those would be another run's."""
+    for name in OWN_FILES:
+        own_file(run, name)
+    folder = run / "checkpoints"
+    try:
+        st = os.lstat(folder)
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise UserError(f"{folder}: cannot read: {e.strerror}") from None
+    if stat.S_ISLNK(st.st_mode):
+        raise UserError(f"{folder}: a symbolic link; a run keeps its checkpoints in its own folder (they are "
+                        "deleted and replaced there), so links are refused")
+    if not stat.S_ISDIR(st.st_mode):
+        raise UserError(f"{folder}: not a folder; a run keeps its checkpoints in the folder checkpoints/")
 
 
 def changes(recorded: Any, now: Any, path: tuple = ()) -> dict[str, tuple[Any, Any]]:
@@ -85,7 +133,7 @@ def changes(recorded: Any, now: Any, path: tuple = ()) -> dict[str, tuple[Any, A
 
 def check_resume_changes(run: Path, rendered: str, overrides: list[tuple[tuple, Any]]) -> dict[str, tuple]:
     """The recorded settings the net now changes; a change that no ``--set`` names is refused."""
-    recorded = yaml.safe_load(recorded_net(run).read_text())
+    recorded = recorded_settings(run)
     diff = changes(recorded, yaml.safe_load(rendered))
     named = [".".join(str(p) for p in key) for key, _value in overrides]
     unnamed = {k: v for k, v in diff.items()
@@ -96,6 +144,15 @@ def check_resume_changes(run: Path, rendered: str, overrides: list[tuple[tuple, 
         raise UserError(f"--resume {run}: the net differs from the one the run trained ({shown}{more}); "
                         f"leave the net out to continue as recorded, or name each change with --set KEY=VALUE")
     return diff
+
+
+def recorded_settings(run: Path) -> Any:
+    """The run's net.yaml as data, read as a net file is (a regular file, within the size and
+    the alias expansion a net file may have: a file planted there is no bomb)."""
+    from ..frontend.spec import read_text
+    from ..frontend.yaml_loader import load_yaml
+    path = recorded_net(run)
+    return load_yaml(read_text(str(path)), str(path))[0]
 
 
 def record_start(run: Path, iteration: int, overrides: list[str], changed: dict[str, tuple], weights: str | None) -> None:

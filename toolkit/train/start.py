@@ -63,7 +63,9 @@ def train_net(net: Net, device: Device, *, out: str | None = None, resume: str |
     if resume is not None:
         run = runs.run_of(resume)
         folder = Path(out) if out else run
-        if (run / "net.yaml").is_file():
+        for checked in {run, folder}:        # what it reads, and where it writes (and deletes)
+            runs.check_run_folder(checked)
+        if runs.own_file(run, "net.yaml") is not None:
             from ..frontend.render import render_net
             # as the run recorded it: its mean image named as its copy in the run
             changed = runs.check_resume_changes(run, render_net(net, folder=run, replace=runs.mean_renamed(net)),
