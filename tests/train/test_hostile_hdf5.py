@@ -130,3 +130,8 @@ def test_an_image_list_entry_that_is_a_fifo_is_refused_at_once(tmp_path):
     # images are read a batch at a time: the progress of the batches before it may come first
     assert r.status == 2 and r.lines[-1] == "error: pipe.png: is not a regular file (it is a FIFO)", r.err
     assert [line for line in r.lines if "error" in line] == r.lines[-1:] and r.seconds < 30
+
+
+def test_a_list_file_that_is_a_fifo_is_refused_at_once(tmp_path):
+    os.mkfifo(tmp_path / "list.txt")
+    refused(train_on(tmp_path, "list.txt"), "list.txt: is not a regular file (it is a FIFO)")

@@ -97,7 +97,8 @@ def kind_of(path: Path) -> str | None:
         return "leveldb"
     if path.suffix.lower() in (".h5", ".hdf5"):
         return "hdf5"
-    if path.suffix.lower() == ".txt" and path.is_file():
+    if path.suffix.lower() == ".txt" and path.exists() and not path.is_dir():
+        check_regular(path)              # a list that is a FIFO is said to be one, not a format
         first = next((line.strip() for line in _lines(path) if line.strip()), "")
         return "hdf5" if first.lower().endswith((".h5", ".hdf5")) else "image_list"
     return None
