@@ -120,8 +120,8 @@ def test_a_checkpoint_whose_metadata_lies_is_refused_naming_the_field(run, chang
 
 
 def test_metrics_lines_that_are_no_records_are_dropped_and_the_run_goes_on(run):
-    with open(run / "metrics.jsonl", "a") as f:
-        f.write('[1, 2]\n7\n{"iter": "abc"}\n')
+    with open(run / "metrics.jsonl", "ab") as f:
+        f.write(b'[1, 2]\n7\n{"iter": "abc"}\n\xff\xfe not UTF-8\n')
     r = resume(run)
     assert r.status == 0, r.err
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]

@@ -145,7 +145,7 @@ class MetricsLog:
         self.path = path
         kept = []
         if resume_from is not None and path.exists():
-            for line in path.read_text().splitlines():
+            for line in path.read_text(encoding="utf-8", errors="replace").splitlines():   # bad bytes: a line dropped
                 try:
                     record = json.loads(line)
                 except (json.JSONDecodeError, RecursionError):

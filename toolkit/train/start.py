@@ -102,7 +102,7 @@ def finished_result(folder: Path, iteration: int) -> RunResult:
     metrics: dict[str, float] = {}
     log = folder / "metrics.jsonl"
     if log.is_file():
-        for line in log.read_text().splitlines():
+        for line in log.read_text(encoding="utf-8", errors="replace").splitlines():
             try:
                 record = json.loads(line)
             except json.JSONDecodeError:
