@@ -125,7 +125,9 @@ class LRNParams(LayerBase):
 def lower_lrn(p: LRNParams, ctx, bottoms):
     """Across channels: x / (k + alpha/n * sum of x^2 over n neighbouring channels)^beta, the
     window centred with local_size//2 channels before and (local_size-1)//2 after (zeros past the
-    ends), as PyTorch's LocalResponseNorm and Caffe's ACROSS_CHANNELS."""
+    ends), as PyTorch's LocalResponseNorm and Caffe's ACROSS_CHANNELS. A window reaching past the
+    ends reads zeros there, so only the C - 1 channels on each side count: the slices summed are
+    bounded by the channels, not by local_size (a local_size of 1e9 is the sum over all channels)."""
     x, = bottoms
     need_float_input(x, "LRN")
     if x.rank < 3:
@@ -135,8 +137,10 @@ def lower_lrn(p: LRNParams, ctx, bottoms):
     channels = static_dim(x.shape[1], "the input's channel dimension", "bottom")
     n = p.local_size
     b = ctx.b
-    padded = b.op("pad_axis", b.op("square", x), axis=1, before=n // 2, after=(n - 1) // 2)
-    window = b.add_all([b.op("slice", padded, axis=1, start=j, stop=j + channels) for j in range(n)])
+    before, after = min(n // 2, channels - 1), min((n - 1) // 2, channels - 1)
+    padded = b.op("pad_axis", b.op("square", x), axis=1, before=before, after=after)
+    window = b.add_all([b.op("slice", padded, axis=1, start=j, stop=j + channels)
+                        for j in range(before + after + 1)])
     base = b.add(b.mul(window, b.scalar(float(p.alpha) / n, x.dtype)), b.scalar(float(p.k), x.dtype))
     return [b.mul(x, b.op("power", base, exponent=-float(p.beta)))]
 
@@ -144,7 +148,8 @@ def lower_lrn(p: LRNParams, ctx, bottoms):
 def _lrn_within_channel(p: LRNParams, ctx, x):
     """Caffe's WITHIN_CHANNEL: x / (k + alpha/n^2 * sum of x^2 over the n x n spatial window
     centred on each position)^beta, zeros past the edges (Caffe's average pooling of x^2 with pad
-    (n-1)/2, which always divides by n^2)."""
+    (n-1)/2, which always divides by n^2). As across channels, the window is cut to what lies
+    within the input: at most H - 1 rows and W - 1 columns on each side."""
     if x.rank != 4:
         raise LayerError(f"LRN within_channel needs an input [N, C, H, W], got {ctx.fmt(x)}", "bottom")
     n = p.local_size
@@ -155,10 +160,11 @@ def _lrn_within_channel(p: LRNParams, ctx, x):
     w = static_dim(x.shape[3], "the input's width", "bottom")
     half = (n - 1) // 2
     padded = b.op("square", x)
+    reach = {2: min(half, h - 1), 3: min(half, w - 1)}
     for axis in (2, 3):
-        padded = b.op("pad_axis", padded, axis=axis, before=half, after=half)
-    rows = b.add_all([b.op("slice", padded, axis=2, start=i, stop=i + h) for i in range(n)])
-    window = b.add_all([b.op("slice", rows, axis=3, start=j, stop=j + w) for j in range(n)])
+        padded = b.op("pad_axis", padded, axis=axis, before=reach[axis], after=reach[axis])
+    rows = b.add_all([b.op("slice", padded, axis=2, start=i, stop=i + h) for i in range(2 * reach[2] + 1)])
+    window = b.add_all([b.op("slice", rows, axis=3, start=j, stop=j + w) for j in range(2 * reach[3] + 1)])
     base = b.add(b.mul(window, b.scalar(float(p.alpha) / (n * n), x.dtype)), b.scalar(float(p.k), x.dtype))
     return b.mul(x, b.op("power", base, exponent=-float(p.beta)))
 
