@@ -140,14 +140,19 @@ def _common_params(layer: Message, out: dict, ctx: Context, slots: list[str]) ->
         out["share"] = owners.pop() if len(owners) == 1 and len(shared) == len(slots) else shared
 
 
-def _blob_array(blob, loc: Location, ctx: Context, name: str) -> np.ndarray | None:
+def _blob_array(blob, loc: Location, ctx: Context, name: str, said: str | None = None) -> np.ndarray | None:
+    """The blob's values in its shape; a shape that is not the values' is a Problem, saying
+    ``said`` (by default, the caffemodel's blob of layer ``name``)."""
+    said = said or f"caffemodel: a weight blob of layer '{name}'"
     dims = [int(d) for d in blob.shape.dim] if blob.HasField("shape") else \
         [d for d in (blob.num, blob.channels, blob.height, blob.width)]
     values = blob.double_data if len(blob.double_data) else blob.data
-    count = math.prod(dims) if dims else 0
+    if any(d < 0 for d in dims):
+        ctx.error(f"{said} says shape {dims}: a dimension is negative", loc)
+        return None
+    count = math.prod(dims)             # Python ints; an empty shape is a scalar: one value (Caffe's)
     if count != len(values):
-        ctx.error(f"caffemodel: a weight blob of layer '{name}' says shape {dims} ({count} values) but holds "
-                  f"{len(values)}", loc)
+        ctx.error(f"{said} says shape {dims} ({count:,} value{'s' * (count != 1)}) but holds {len(values):,}", loc)
         return None
     return np.asarray(values, dtype=np.float32).reshape(dims)
 
@@ -167,7 +172,7 @@ def read_blob_file(given: str, loc: Location, ctx: Context, what: str) -> tuple[
     except Exception as e:            # protobuf's DecodeError and its kin
         ctx.error(f"{what} {given}: not a readable binaryproto ({e})", loc)
         return None, True
-    return _blob_array(blob, loc, ctx, what), True
+    return _blob_array(blob, loc, ctx, what, f"{what} {given}: its blob"), True
 
 
 MAX_BLOB_FILE_BYTES = (2 << 30) - 1            # protobuf's own limit on one message

@@ -25,10 +25,17 @@ from ...fileio import read_regular
 from ..prototext import undecodable_field
 from . import layers as caffe_layers
 from .layers import DATA_TYPES, V1_NAMES, V1_TYPES, WEIGHTS, Context, _blob_array, _sub, read_blob_file
+from .fields import field_problems
 from .prototxt import Message, parse
 
 MAX_PROTOTXT_BYTES = 16 << 20
 MAX_CAFFEMODEL_BYTES = (2 << 30) - 1          # protobuf's own limit on one message
+# far beyond the published nets (a few hundred layers, a few thousand fields: GoogLeNet, ResNet-50,
+# MobileNet v2), and within what a net file may hold (toolkit/frontend/yaml_loader.py's MAX_NODES
+# values); the fields' bound stops the parse of a file too large early, the layers' bound says so
+# at the first layer past it
+MAX_PROTOTXT_FIELDS = 200_000
+MAX_LAYERS = 10_000
 PHASES = ("TRAIN", "TEST")
 LABEL_TOPS = 1                                 # a data layer's tops after the first are labels
 LABEL_READERS = {"SoftmaxWithLoss", "Accuracy", "MultinomialLogisticLoss", "InfogainLoss", "HingeLoss"}
@@ -40,7 +47,11 @@ def read_prototxt(path: str) -> Message:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise UserError(f"{path}: not a UTF-8 text file") from None
-    return parse(text, path)
+    msg = parse(text, path, MAX_PROTOTXT_FIELDS)
+    wrong = field_problems(msg)
+    if wrong:
+        raise SpecError(*[Problem(why, f.loc) for why, f in wrong])
+    return msg
 
 
 def _net_name(msg: Message, path: str) -> str:
@@ -123,6 +134,9 @@ def import_net(prototxt: str, stages: tuple[str, ...] = (), input_shapes: dict[s
     entries = [f.value for f in (msg.all("layers") if v1 else msg.all("layer"))]
     if not entries:
         raise SpecError(Problem("the prototxt has no layer", msg.loc))
+    if len(entries) > MAX_LAYERS:
+        raise SpecError(Problem(f"more than {MAX_LAYERS:,} layers: larger than any net this imports",
+                                (msg.all("layers") if v1 else msg.all("layer"))[MAX_LAYERS].loc))
     inputs: dict[str, dict] = {}
     notes: list[str] = []
     data: dict = {}

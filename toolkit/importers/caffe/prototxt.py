@@ -6,7 +6,8 @@ A message is a list of ``Field``s in file order; ``Message.get``/``all`` read th
 are a ``Message`` (``name { ... }`` or ``name: { ... }``), a string (quoted, with C escapes, and
 adjacent quoted strings joined), a number (int or float, as written), or an identifier (an enum
 value, or true/false). ``name: [a, b]`` is the list form of a repeated field, one Field each.
-The file is bounded in size by the caller; nesting is bounded here.
+The file is bounded in size by the caller; nesting, and the number of fields where the caller
+gives a bound, are bounded here, so that parsing stops at the first field past the bound.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from typing import Any, Iterator
 from ...errors import Location, Problem, SpecError
 
 MAX_DEPTH = 64
+MAX_INT_DIGITS = 20              # 2**64 has 20 digits (and 16 hex digits fit)
 
 _TOKEN = re.compile(r"""
     (?P<space>[ \t\r\n]+|\#[^\n]*)
@@ -115,10 +117,15 @@ def _unquote(token: _Token) -> str:
 
 
 def _number(token: _Token):
-    text = token.text.rstrip("fF") if not token.text.lower().startswith(("0x", "-0x", "+0x")) else token.text
-    low = text.lower().lstrip("+-")
+    text, low = token.text, token.text.lower().lstrip("+-")
     if low in ("inf", "infinity", "nan"):
-        return float(text)
+        return float(text)                     # (their f is no float suffix)
+    if not low.startswith("0x"):
+        text = text.rstrip("fF")
+    digits = len(text.lstrip("+-")) - (2 if low.startswith("0x") else 0)
+    if re.fullmatch(r"[-+]?(0[xX][0-9a-fA-F]+|\d+)", text) and digits > MAX_INT_DIGITS:
+        # no protobuf field holds it (64 bits at most), and Python would refuse to convert it
+        raise SpecError(Problem(f"an integer of {digits:,} digits: no field holds more than 64 bits", token.loc))
     if low.startswith("0x"):
         return int(text, 16)
     if re.fullmatch(r"[-+]?\d+", text):
@@ -127,10 +134,17 @@ def _number(token: _Token):
 
 
 class _Parser:
-    def __init__(self, text: str, file: str):
+    def __init__(self, text: str, file: str, max_fields: int | None = None):
         self.tokens = _tokens(text, file)
         self.file = file
         self.token = next(self.tokens)
+        self.max_fields = max_fields
+        self.fields = 0
+
+    def count(self, loc: Location) -> None:
+        self.fields += 1
+        if self.max_fields is not None and self.fields > self.max_fields:
+            raise SpecError(Problem(f"more than {self.max_fields:,} fields: larger than any net this reads", loc))
 
     def advance(self) -> _Token:
         token, self.token = self.token, next(self.tokens)
@@ -158,6 +172,7 @@ class _Parser:
             if token.kind != "ident":
                 raise SpecError(Problem(f"expected a field name, found {token.text!r}", token.loc))
             name = self.advance().text
+            self.count(token.loc)
             colon = self.token.text == ":"
             if colon:
                 self.advance()
@@ -170,6 +185,7 @@ class _Parser:
             elif self.token.text == "[":
                 self.advance()
                 while self.token.text != "]":
+                    self.count(self.token.loc)
                     msg.fields.append(Field(name, self.scalar_or_message(depth), token.loc))
                     if self.token.text == ",":
                         self.advance()
@@ -203,6 +219,7 @@ class _Parser:
         raise SpecError(Problem(f"expected a value, found {token.text or 'the end of the file'!r}", token.loc))
 
 
-def parse(text: str, file: str) -> Message:
-    """The whole file as one message (SpecError at the first syntax error, with its place)."""
-    return _Parser(text, file).message(None, 0, Location(file, 1, 1))
+def parse(text: str, file: str, max_fields: int | None = None) -> Message:
+    """The whole file as one message (SpecError at the first syntax error, with its place);
+    more than ``max_fields`` fields in all is a SpecError at the first one past the bound."""
+    return _Parser(text, file, max_fields).message(None, 0, Location(file, 1, 1))
