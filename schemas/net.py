@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Optional, Union
 
-from pydantic import AfterValidator, BaseModel, Field, model_validator
+from pydantic import AfterValidator, BaseModel, Field, StrictInt, model_validator
 
-from .base import InputSpec, LayerBase, Name, PositiveInt, Strict
+from .base import InputSpec, LayerBase, Name, Strict
 from .train import TrainSpec
 from .transform import TransformSpec
 
@@ -16,6 +16,12 @@ class OptimizeSpec(Strict):
     against the toolkit's pipeline when the net is loaded)."""
 
     disable: list[Annotated[str, Field(pattern=r"^[a-z_]+$")]] = []
+
+
+# a bucket or a gear: what a 32-bit index holds (toolkit/runtime/session.py's MAX_SIZE, which
+# checks the sizes --buckets and the Python API give)
+MAX_GEAR = (1 << 31) - 1
+GearSize = Annotated[StrictInt, Field(gt=0, le=MAX_GEAR)]
 
 
 def _not_a_path_component(name: str) -> str:
@@ -41,7 +47,7 @@ def build_net_model(layer_models: list[type[LayerBase]]) -> type[BaseModel]:
         # an extension: sizes per symbolic dimension that infer and serve compile plans for
         # (the batch's buckets, a sequence length's gears), unless --buckets says otherwise
         gears: Optional[dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")],
-                             Annotated[list[PositiveInt], Field(min_length=1)]]] = None
+                             Annotated[list[GearSize], Field(min_length=1)]]] = None
 
         @model_validator(mode="after")
         def _one_transform(self):

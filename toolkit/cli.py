@@ -41,6 +41,11 @@ def _positive_int(text: str) -> int:
 
 
 def _sizes(text: str, whole: str) -> tuple[int, ...]:
+    # (the range is the session's to check; a size this long is beyond it, and Python would not
+    # convert one of 4,300 digits)
+    if any(len(t.strip()) > 12 for t in text.split(",")):
+        shown = whole if len(whole) <= 40 else whole[:40] + "..."
+        raise argparse.ArgumentTypeError(f"'{shown}': a bucket or gear size may be at most 2,147,483,647")
     try:
         sizes = tuple(int(t) for t in text.split(",") if t.strip())
     except ValueError:

@@ -11,9 +11,15 @@ with zeros along T up to the smallest gear that holds them, each example's real 
 the graph's lengths input (the graph was lowered with that gear, so its layers keep the padding
 out: layers/gears.py), and the outputs are cut back along T. A T longer than the largest gear is
 an error: there is no exact way to cut a sequence. Without gears, each T gets a plan of its own.
+
+Buckets and gears are sizes a user or a net file gives: each is a whole number from 1 to
+MAX_SIZE, and the inputs at the largest bucket and gears (what the first request's plan, or a
+request padded to the largest gear, holds) must fit the memory this process may use, checked
+when the session is made, so that ``serve`` refuses them at start rather than failing requests.
 """
 from __future__ import annotations
 
+import math
 import threading
 from collections import Counter, OrderedDict
 from typing import Callable, Mapping
@@ -22,12 +28,15 @@ import numpy as np
 
 from ..backend.devices import CPU, Device, parse_device, to_host
 from ..errors import UserError
+from ..hostmem import human_bytes, too_big
 from ..ir.dims import Sym
 from ..ir.graph import FLOAT_DTYPES, Graph
 from ..ir.binding import bind_symbols, lengths_input
+from .memory import nbytes_of
 from .plan import Plan, RuntimeState
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+MAX_SIZE = (1 << 31) - 1        # a bucket or a gear: what a 32-bit index holds (schemas/net.py: MAX_GEAR)
 MAX_PLANS = 16          # plans kept per session beyond the buckets (shapes other than the batch)
 
 
@@ -66,14 +75,35 @@ def split_gears(graph: Graph, spec) -> tuple[tuple[int, ...], dict[str, tuple[in
     if spec is None:
         return DEFAULT_BUCKETS, {}
     if not isinstance(spec, Mapping):
-        return tuple(int(b) for b in spec), {}
+        return checked_sizes("buckets", spec), {}
     batch = batch_symbol(graph)
     unknown = sorted(set(spec) - graph.symbols())
     if unknown:
         have = ", ".join(sorted(graph.symbols())) or "none"
         raise UserError(f"gears over {', '.join(unknown)}: the net has no such symbolic dimension (it has: {have})")
-    buckets = tuple(int(b) for b in spec.get(batch, DEFAULT_BUCKETS)) if batch else DEFAULT_BUCKETS
-    return buckets, {k: tuple(int(b) for b in v) for k, v in spec.items() if k != batch}
+    buckets = checked_sizes(f"buckets {batch}", spec[batch]) if batch in spec else DEFAULT_BUCKETS
+    return buckets, {k: checked_sizes(f"gears {k}", v) for k, v in spec.items() if k != batch}
+
+
+def checked_sizes(what: str, sizes) -> tuple[int, ...]:
+    """``sizes`` (buckets or gears) as whole numbers from 1 to MAX_SIZE, else a UserError."""
+    sizes = tuple(sizes)
+    if not sizes:
+        raise UserError(f"{what}: give at least one size")
+    for size in sizes:
+        if isinstance(size, bool) or not isinstance(size, (int, np.integer)):
+            raise UserError(f"{what}: {size!r} is not a whole number")
+        if not 1 <= size <= MAX_SIZE:
+            raise UserError(f"{what}: each size must be from 1 to {MAX_SIZE:,}, got {_short(size)}")
+    return tuple(int(size) for size in sizes)
+
+
+def _short(n: int) -> str:
+    """A number as written, or how long it is (Python will not print one of 5,000 digits)."""
+    n = int(n)
+    if abs(n) < 10 ** 24:
+        return f"{n:,}"
+    return f"about {float(n):.1e}" if n.bit_length() < 1024 else f"a number of {n.bit_length():,} bits"
 
 
 def check_input_arrays(graph: Graph, arrays: Mapping[str, np.ndarray], optional=()) -> dict[str, np.ndarray]:
@@ -107,10 +137,11 @@ class InferSession:
         self.weights = {k: weights[k] for k in graph.weights}
         self.device = parse_device(device)
         self.reuse_memory = reuse_memory
-        self.buckets = tuple(sorted(set(buckets)))
+        self.buckets = tuple(sorted(set(checked_sizes("buckets", buckets))))
         self.batch_symbol = batch_symbol(graph)
         # gears over symbols other than the batch (a sequence length): sizes, smallest first
-        self.gears = {k: tuple(sorted(set(v))) for k, v in (gears or {}).items()}
+        self.gears = {k: tuple(sorted(set(checked_sizes(f"gears {k}", v)))) for k, v in (gears or {}).items()}
+        self._check_largest_inputs()
         self.lengths_inputs = {k: lengths_input(k) for k in self.gears if lengths_input(k) in graph.inputs}
         self.runtime = RuntimeState(np.random.default_rng(0))
         # least recently used first; bounded so that memory does not grow with every new shape
@@ -121,6 +152,25 @@ class InferSession:
         self.lock = threading.RLock()
         self.bucket_runs: Counter = Counter()       # bucket size -> runs (for --verbose)
         self.plans_built = 0                        # plans compiled so far (serve's metrics)
+
+    def _check_largest_inputs(self) -> None:
+        """The inputs at the largest bucket and gears (other symbols at 1) must fit the memory
+        this process may use: a request is padded up to them before any plan allocates."""
+        largest = {k: v[-1] for k, v in self.gears.items()}
+        if self.batch_symbol is not None:
+            largest[self.batch_symbol] = self.buckets[-1]
+        if not largest:
+            return
+        total = 0
+        for v in self.graph.inputs.values():
+            bound = {**{s: 1 for d in v.shape if isinstance(d, Sym) for s in d.symbols}, **largest}
+            dims = [d.evaluate(bound) if isinstance(d, Sym) else int(d) for d in v.shape]
+            total += math.prod(dims) * nbytes_of((), v.dtype)          # Python ints: no wrap
+        why = too_big(total)
+        if why is not None:
+            sizes = ", ".join(f"{k}={n:,}" for k, n in largest.items())
+            raise UserError(f"the largest buckets and gears ({sizes}) make inputs of {human_bytes(total)}, {why}; "
+                            "give smaller ones (--buckets, or the net file's gears)")
 
     def _shape_key(self, bindings: dict[str, int]) -> tuple:
         return tuple(sorted((k, v) for k, v in bindings.items() if k != self.batch_symbol))
