@@ -2,8 +2,7 @@
 from __future__ import annotations
 
 import json
-
-import numpy as np
+import math
 
 from ..zoo.resolve import load_net
 from ..ir.dims import format_count, format_dim
@@ -25,7 +24,8 @@ def run_check(args) -> int:
         graph, blobs = lowered[phases[0]].graph, lowered[phases[0]].blobs
         tops = [blobs[t] for t in layer.tops if t in blobs]
         shapes = " ".join("[" + ", ".join(format_dim(d) for d in v.shape) + "]" for v in tops)
-        params = sum(int(np.prod(shape)) for key, (shape, owner) in net.declared.items()
+        # Python ints: numpy's product wraps past 2**63 (a layer of 10**24 weights)
+        params = sum(math.prod(shape) for key, (shape, owner) in net.declared.items()
                      if owner == layer.name and not key.endswith(("running_mean", "running_var")))
         total_params += params
         rows.append((layer.name, layer.type, shapes, f"{params:,}", format_count(graph_flops(graph, layer.name)),

@@ -12,7 +12,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from ..errors import Location, Problem, SpecError, UserError, did_you_mean
 from ..fileio import read_regular
-from .yaml_loader import Positions
+from .yaml_loader import Positions, load_value
 
 
 # A net file is a few kilobytes (a ResNet-152 written out is under 100 kB); this much text is
@@ -37,10 +37,13 @@ def parse_overrides(items: list[str]) -> list[tuple[tuple, object]]:
         if not sep or not key.strip():
             raise UserError(f"--set {item}: expected KEY=VALUE, e.g. train.solver.base_lr=0.1")
         try:
-            value = yaml.safe_load(text)
+            value = load_value(text)
         except yaml.YAMLError:
             raise UserError(f"--set {item}: the value is not valid YAML") from None
-        path = tuple(int(p) if p.lstrip("-").isdigit() else p for p in key.strip().split("."))
+        except ValueError as e:                 # an integer beyond 64 bits
+            raise UserError(f"--set {key}: {e}") from None
+        # (an index of 19 digits or more is no list's: left a key, which is then unknown)
+        path = tuple(int(p) if p.lstrip("-").isdigit() and len(p) < 19 else p for p in key.strip().split("."))
         out.append((path, value))
     return out
 

@@ -95,6 +95,44 @@ _COLLECTION_TAGS = {yaml.MappingNode: "tag:yaml.org,2002:map", yaml.SequenceNode
 
 
 MAX_NODES = 200_000   # far beyond any net; stops alias bombs ("billion laughs") early
+INT_RANGE = (-(1 << 63), (1 << 64) - 1)      # no field of a net file holds more than 64 bits
+MAX_INT_CHARS = 72    # 64 binary digits, their prefix, a sign, a few underscores: longer is never in range
+
+
+def int_problem(loader, node) -> str | None:
+    """Why the YAML integer ``node`` is beyond what any field holds (64 bits), or None; a long
+    one is refused unconverted (Python will not convert 4,300 digits or more)."""
+    text = node.value
+    if len(text) > MAX_INT_CHARS:
+        return f"an integer of {len(text):,} digits is more than any field holds (64 bits)"
+    value = SafeConstructor.construct_yaml_int(loader, node)
+    if not INT_RANGE[0] <= value <= INT_RANGE[1]:
+        return f"the integer {text} is more than any field holds (64 bits)"
+    return None
+
+
+class _ValueLoader(yaml.SafeLoader):
+    """yaml.safe_load for one value of the command line (``--set``), its integers bounded as a
+    net file's are: a ValueError says why."""
+
+    def construct_yaml_int(self, node):
+        why = int_problem(self, node)
+        if why is not None:
+            raise ValueError(why)
+        return super().construct_yaml_int(node)
+
+
+_ValueLoader.add_constructor("tag:yaml.org,2002:int", _ValueLoader.construct_yaml_int)
+
+
+def load_value(text: str) -> Any:
+    """A value given on the command line, read as YAML (yaml.YAMLError where it is not YAML,
+    ValueError where an integer is out of range)."""
+    loader = _ValueLoader(text)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
 
 
 class _TooLarge(Exception):
@@ -185,4 +223,9 @@ def _construct(loader, node, path: Path, pos: Positions, problems: list[Problem]
     if constructor is None or node.tag == "tag:yaml.org,2002:timestamp":
         problems.append(Problem(f"unsupported or unsafe YAML tag '{node.tag}'", _loc(pos.file, node.start_mark)))
         return None
+    if node.tag == "tag:yaml.org,2002:int":
+        why = int_problem(loader, node)
+        if why is not None:
+            problems.append(Problem(why, _loc(pos.file, node.start_mark)))
+            return None
     return constructor(loader, node)
