@@ -7,9 +7,12 @@ recurrent states, reductions and the loss (layers/gears.py), as PyTorch's packed
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..errors import UserError
+from ..hostmem import human_bytes, too_big
 from ..ir.binding import lengths_input
 
 
@@ -50,13 +53,22 @@ def unpack_ragged(raw: dict[str, np.ndarray], data_spec, inputs: dict, source: s
     lengths = np.asarray(raw[data_spec.lengths])
     if lengths.ndim != 1 or lengths.dtype.kind not in "iu" or lengths.size == 0 or lengths.min() < 1:
         return raw                                   # attach_lengths says what is wrong
+    total = int(lengths.sum(dtype=object))           # Python ints: an int64 sum can wrap to any value
+    longest = int(lengths.max())
     out = dict(raw)
     for name, spec in inputs.items():
         arr = raw.get(name)
         if arr is None or list(spec.shape[:2]) != [spec.shape[0], symbol] or arr.ndim != len(spec.shape) - 1 \
-                or arr.shape[0] != int(lengths.sum()) or arr.shape[0] == lengths.size:
+                or arr.shape[0] != total or arr.shape[0] == lengths.size:
             continue
-        padded = np.zeros((lengths.size, int(lengths.max())) + arr.shape[1:], arr.dtype)
+        # a few long sequences among many short ones pad every example to the longest: bounded
+        # by the memory this process may use before anything of that size is allocated
+        nbytes = lengths.size * longest * math.prod(arr.shape[1:]) * arr.dtype.itemsize
+        why = too_big(nbytes)
+        if why is not None:
+            raise UserError(f"data source {source}: its {lengths.size:,} sequences of '{name}' padded to the longest "
+                            f"({longest:,} steps) take {human_bytes(nbytes)}, {why}")
+        padded = np.zeros((lengths.size, longest) + arr.shape[1:], arr.dtype)
         starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
         for i, (start, n) in enumerate(zip(starts, lengths)):
             padded[i, :n] = arr[start: start + n]
