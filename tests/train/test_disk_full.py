@@ -29,7 +29,8 @@ def test_a_checkpoint_that_cannot_be_written_stops_training_and_names_it(tmp_pat
     # a checkpoint is 111 kB, the model 55 kB: the resumed run's next checkpoint cannot be written
     r = run_toolkit("train", LENET, "--out", run, "--resume", run, "--set", "train.max_iter=80",
                     "--set", "train.snapshot=20", file_kb=64)
-    assert r.status == 2 and r.lines == [
+    said = [line for line in r.lines if not line.startswith("compiling kernels ")]    # progress, not the error
+    assert r.status == 2 and said == [
         f"error: {run / 'checkpoints' / 'iter_0000060.safetensors'}: File too large; training stopped and the last "
         f"good checkpoint is {run / 'checkpoints' / 'iter_0000040.safetensors'}"], r.err
     assert {p.name: digest(p) for p in [run / "model.safetensors", *sorted((run / "checkpoints").iterdir())]} == kept
