@@ -36,7 +36,7 @@ def test_a_found_input_is_one_line_from_the_command(tmp_path, target, entry, sai
     if target == "caffemodel":
         from tests.fuzz.targets import CAFFE_NET
         (tmp_path / "net.prototxt").write_text(CAFFE_NET)
-    r = run_toolkit(*argv, memory_mb=3072, timeout=60, cwd=tmp_path)
+    r = run_toolkit(*argv, memory_mb=1024, timeout=60, cwd=tmp_path)
     assert r.status == 2 and len(r.lines) == 1 and "error: " in r.lines[0], r.err
     assert said in r.lines[0], r.err
     assert not (tmp_path / "out").exists()

@@ -18,7 +18,7 @@ from tests.fuzz.run import corpus_files
 
 TARGETS = list(targets.TARGETS)
 NEEDS = {"prototxt": "google.protobuf", "caffemodel": "google.protobuf", "onnx": "onnx"}
-MEMORY_MB = 3072
+MEMORY_MB = 1024
 
 
 def _child(*args, timeout: float) -> subprocess.CompletedProcess:
@@ -45,14 +45,18 @@ def test_the_corpus_stays_small():
 
 
 def test_the_check_tells_a_refusal_from_a_bug(monkeypatch):
-    """What the fuzzer counts as a finding: any exception but a one-line UserError, and time."""
+    """What the fuzzer counts as a finding: any exception but a UserError whose problems print as
+    lines that say something, and time."""
     from toolkit.errors import UserError
 
     def refuse(data):
         raise UserError("net.yaml: one line", "net.yaml: another line")
 
-    def two_lines(data):
+    def two_lines(data):                    # printed as one line, the break escaped
         raise UserError("net.yaml: one line\nand a second")
+
+    def empty(data):
+        raise UserError("")
 
     def bug(data):
         return {}[data]
@@ -60,10 +64,11 @@ def test_the_check_tells_a_refusal_from_a_bug(monkeypatch):
     def slow(data):
         while True:
             pass
-    for name, fn in [("refuse", refuse), ("two_lines", two_lines), ("bug", bug), ("slow", slow)]:
+    for name, fn in [("refuse", refuse), ("two_lines", two_lines), ("empty", empty), ("bug", bug), ("slow", slow)]:
         monkeypatch.setitem(targets.TARGETS, name, fn)
     assert targets.check("refuse", b"") is None
-    assert targets.check("two_lines", b"").kind == "not one line"
+    assert targets.check("two_lines", b"") is None
+    assert targets.check("empty", b"").kind == "not one line"
     found = targets.check("bug", b"x")
     assert found.kind == "KeyError" and "test_fuzz.py" in found.where
     assert targets.check("slow", b"", seconds=0.2).kind == "took too long"
