@@ -105,7 +105,7 @@ def test_a_record_whose_size_lies_is_refused(tmp_path, digits):
     net.write_text(LENET.replace('source: "builtin:digits"', "source: bad_lmdb"))
     r = cli("train", net, "--out", tmp_path / "o", *sets(train__max_iter=1))
     assert r.status == 2 and "Traceback" not in r.err
-    assert any("a record says 1 x 8 x 9 but holds 64 bytes" in e for e in r.errors), r.err
+    assert any("says 1 x 8 x 9 but holds 64 bytes" in e for e in r.errors), r.err
 
 
 def test_a_leveldb_of_datums_trains_as_the_same_npz(tmp_path, digits):

@@ -1,6 +1,6 @@
-"""Images as float32 [C, H, W] arrays (grey or RGB, resized), one file or a folder of them. An
-image's size is read from its header and held to a pixel limit before a pixel is decoded (a
-small file can claim a huge image)."""
+"""Images as float32 [C, H, W] arrays (grey or RGB, resized), one file or a folder of them, or
+one encoded in a database record. An image's size is read from its header and held to a pixel
+limit before a pixel is decoded (a small file can claim a huge image)."""
 from __future__ import annotations
 
 import contextlib
@@ -74,12 +74,33 @@ def read_decoded(path: str, prepare):
     Image.MAX_IMAGE_PIXELS = None
     # opened as a regular file first: PIL's own open of a FIFO would wait for a writer
     with _decoding(path), open_regular(path) as f, Image.open(f) as img:
-        # img.size is what the file claims, read from its header before any pixel is decoded
-        width, height = img.size
-        if width * height > limit:
-            raise UserError(f"{path}: an image of {width} x {height} pixels ({width * height:,}), over the limit "
-                            f"of {limit:,} (set {ENV_MAX_PIXELS} to raise it)")
-        return prepare(img)
+        return _within_limit(img, path, limit, prepare)
+
+
+def decode_image(data: bytes, where: str, prepare):
+    """``prepare`` of the image encoded in ``data`` (a database record's PNG or JPEG), held to the
+    same pixel limit as a file; ``where`` names the record in errors."""
+    import io
+
+    from PIL import Image, UnidentifiedImageError
+    limit = max_pixels()
+    Image.MAX_IMAGE_PIXELS = None                 # as read_decoded: the check is ours
+    with _decoding(where):
+        try:
+            img = Image.open(io.BytesIO(data))
+        except UnidentifiedImageError:            # its message names the BytesIO object, not the record
+            raise UserError(f"{where}: not an image in a format Pillow reads (PNG, JPEG, ...)") from None
+        with img:
+            return _within_limit(img, where, limit, prepare)
+
+
+def _within_limit(img, where: str, limit: int, prepare):
+    # img.size is what the file claims, read from its header before any pixel is decoded
+    width, height = img.size
+    if width * height > limit:
+        raise UserError(f"{where}: an image of {width} x {height} pixels ({width * height:,}), over the limit "
+                        f"of {limit:,} (set {ENV_MAX_PIXELS} to raise it)")
+    return prepare(img)
 
 
 class ImageRows(Rows):

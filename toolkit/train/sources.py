@@ -25,13 +25,15 @@ from typing import Callable
 
 import numpy as np
 
-from ..arrayfiles import read_image
+from ..arrayfiles import decode_image, read_image
 from ..errors import UserError
 from ..fileio import check_regular
 from ..hostmem import human_bytes, too_big
 from ..ir.graph import FLOAT_DTYPES
 
 MAX_LIST_LINES = 50_000_000
+# Caffe's labels are int32 (Datum.label, ImageData's int): one past them is refused where it is read
+LABEL_RANGE = (-(1 << 31), (1 << 31) - 1)
 _LEVELDBS: dict = {}
 
 
@@ -148,11 +150,7 @@ def _image_list(path: Path, inputs: dict, data_spec) -> LazyDataset:
         parts = line.split()
         if not parts:
             continue
-        try:
-            labels.append(int(parts[-1]))
-        except ValueError:
-            raise UserError(f"{path}:{number}: expected 'PATH LABEL', the label a whole number: {line.strip()!r}") \
-                from None
+        labels.append(_list_label(parts[-1], f"{path}:{number}", line))
         files.append(str(root / " ".join(parts[:-1])))
     if not files:
         raise UserError(f"{path}: an image list with no images")
@@ -166,6 +164,18 @@ def _image_list(path: Path, inputs: dict, data_spec) -> LazyDataset:
             out[label] = label_array[rows]
         return out
     return LazyDataset(len(files), read)
+
+
+def _list_label(text: str, where: str, line: str) -> int:
+    # the digits are checked before int(): past 4,300 of them int() fails in its own words
+    digits = text[1:] if text[:1] in "+-" else text
+    if not (digits.isascii() and digits.isdigit()):
+        raise UserError(f"{where}: expected 'PATH LABEL', the label a whole number: {line.strip()!r}")
+    value = int(text) if len(digits) <= 20 else None
+    if value is None or not LABEL_RANGE[0] <= value <= LABEL_RANGE[1]:
+        shown = text if len(text) <= 24 else f"{text[:12]}...({len(digits)} digits)"
+        raise UserError(f"{where}: the label {shown} is not a 32-bit integer (Caffe's labels are int32)")
+    return value
 
 
 def _hdf5(path: Path, inputs: dict, data_spec) -> LazyDataset:
@@ -300,28 +310,29 @@ def parse_datum(raw: bytes) -> dict:
             pos += 8
         else:
             raise ValueError(f"wire type {wire}")
-    if out.get("label", 0) >= 1 << 31:                # int32 as a varint: negative labels
+    if out.get("label", 0) >= 1 << 63:                # int32 as a varint: a negative one sign-extended to 64 bits
         out["label"] -= 1 << 64
+    if not LABEL_RANGE[0] <= out.get("label", 0) <= LABEL_RANGE[1]:
+        raise ValueError(f"a label of {out['label']}, past Datum.label's int32")
     return out
 
 
 def _datum_array(datum: dict, where: str) -> np.ndarray:
+    """A record's [C, H, W] floats; ``where`` names the database and the record."""
     c, h, w = (int(datum.get(k, 0)) for k in ("channels", "height", "width"))
     if datum.get("encoded"):
-        import io
-
-        from PIL import Image
-        image = Image.open(io.BytesIO(datum.get("data", b"")))
-        array = np.asarray(image.convert("RGB" if c == 3 else "L"), dtype=np.float32)
-        array = array[None] if array.ndim == 2 else array.transpose(2, 0, 1)[::-1]    # RGB -> Caffe's BGR
-        return np.ascontiguousarray(array)
+        def prepare(image) -> np.ndarray:
+            array = np.asarray(image.convert("RGB" if c == 3 else "L"), dtype=np.float32)
+            array = array[None] if array.ndim == 2 else array.transpose(2, 0, 1)[::-1]    # RGB -> Caffe's BGR
+            return np.ascontiguousarray(array)
+        return decode_image(datum.get("data", b""), where, prepare)
     count = c * h * w
     if datum.get("data"):
         if len(datum["data"]) != count:
-            raise UserError(f"{where}: a record says {c} x {h} x {w} but holds {len(datum['data'])} bytes")
+            raise UserError(f"{where} says {c} x {h} x {w} but holds {len(datum['data'])} bytes")
         return np.frombuffer(datum["data"], np.uint8).astype(np.float32).reshape(c, h, w)
     if len(datum["float_data"]) != count:
-        raise UserError(f"{where}: a record says {c} x {h} x {w} but holds {len(datum['float_data'])} floats")
+        raise UserError(f"{where} says {c} x {h} x {w} but holds {len(datum['float_data'])} floats")
     return np.asarray(datum["float_data"], np.float32).reshape(c, h, w)
 
 
@@ -349,15 +360,27 @@ def _datums(path: Path, inputs: dict, keys: list, get: Callable[[bytes], bytes])
     if not keys:
         raise UserError(f"{path}: a database with no records")
 
+    def record(r: int) -> tuple[np.ndarray, int]:
+        where = f"{path}: record {keys[r]!r}"
+        try:
+            datum = parse_datum(get(keys[r]))
+        except ValueError as e:
+            raise UserError(f"{where} is not a Caffe Datum ({e})") from None
+        return _datum_array(datum, where), datum.get("label", 0)
+    # every record has the first one's shape, as Caffe's Data layer has them (its top is shaped by
+    # the first); checked per record, since batches are stacked and a database is read in parts
+    shape = record(0)[0].shape
+
     def read(rows: np.ndarray) -> dict:
         images, labels = [], []
         for r in rows:
-            try:
-                datum = parse_datum(get(keys[r]))
-            except ValueError as e:
-                raise UserError(f"{path}: record {keys[r]!r} is not a Caffe Datum ({e})") from None
-            images.append(_datum_array(datum, str(path)))
-            labels.append(datum.get("label", 0))
+            image, number = record(r)
+            if image.shape != shape:
+                raise UserError(f"{path}: record {keys[r]!r} is {' x '.join(map(str, image.shape))} but the first "
+                                f"record ({keys[0]!r}) is {' x '.join(map(str, shape))}; a database's records "
+                                "share one shape")
+            images.append(image)
+            labels.append(number)
         out = {features: np.stack(images) if images else np.empty((0,), np.float32)}
         if label:
             out[label] = np.asarray(labels, dtype=np.int64)
