@@ -41,3 +41,15 @@ def run_toolkit(*args, memory_mb: int | None = None, file_kb: int | None = None,
     proc = subprocess.run([sys.executable, "-m", "toolkit.cli", *map(str, args)], capture_output=True, text=True,
                           preexec_fn=limit, env=environment, cwd=cwd or ROOT, timeout=timeout)
     return Bounded(proc.returncode, proc.stdout, proc.stderr, time.perf_counter() - start)
+
+
+def run_python(code: str, memory_mb: int | None = None, timeout: float = 60, cwd=None) -> Bounded:
+    """``python -c CODE`` (the Python API's cases) under the same bounds as ``run_toolkit``."""
+    def limit():
+        if memory_mb is not None:
+            resource.setrlimit(resource.RLIMIT_AS, (memory_mb << 20, memory_mb << 20))
+    environment = dict(os.environ, PYTHONPATH=str(ROOT))
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, preexec_fn=limit,
+                          env=environment, cwd=cwd or ROOT, timeout=timeout)
+    return Bounded(proc.returncode, proc.stdout, proc.stderr, time.perf_counter() - start)

@@ -57,7 +57,7 @@ class Model:
         twice = sorted(set(positional) & set(named))
         if twice:
             raise TypeError(f"infer: {', '.join(map(repr, twice))} given twice (positionally and by name)")
-        given = {**positional, **named}
+        given = {name: _input_array(name, value) for name, value in {**positional, **named}.items()}
         # besides the net's inputs: each example's real length along a gear dimension, for a batch
         # of sequences padded to one length ("@lengths:T"; default: every example is whole)
         unknown = sorted(set(given) - {t.name for t in self.inputs} - set(self.session.lengths_inputs.values()))
@@ -93,6 +93,20 @@ class Model:
 
     def __repr__(self) -> str:
         return f"<toolkit.Model {self.name!r} on {self.device}, buckets {list(self.buckets)}>"
+
+
+def _input_array(name: str, value) -> np.ndarray:
+    """An input given to ``infer`` as an array of numbers, else a TypeError naming it (the input
+    transform would fail on it in numpy's words)."""
+    if isinstance(value, (str, bytes)):
+        raise TypeError(f"infer: input {name!r} is a {type(value).__name__}, not an array of numbers")
+    try:
+        array = np.asarray(value)
+    except (ValueError, TypeError) as e:        # a ragged list, an object numpy cannot take
+        raise TypeError(f"infer: input {name!r} is not an array of numbers ({e})") from None
+    if array.dtype.kind not in "fiub":
+        raise TypeError(f"infer: input {name!r} holds {array.dtype} values, not numbers")
+    return array
 
 
 def tensor_infos(values: Mapping) -> list[TensorInfo]:
@@ -149,10 +163,56 @@ def _net(source, overrides: list[tuple[tuple, object]]) -> Net:
         source, earlier = recorded
         overrides = list(earlier) + list(overrides)
     elif isinstance(source, Mapping):
-        import copy
-        source = copy.deepcopy(dict(source))    # the net is the dict as it is now, whatever happens to it
+        source = _plain_copy(source)            # the net is the dict as it is now, whatever happens to it
     loaded = _load_source(source, overrides)
     return _adopt(loaded, (_where_again(source), list(overrides)))
+
+
+# a net file is a few levels deep; a dict past these is no net (and would exhaust Python's stack
+# in the copy and the YAML writer); the count is the YAML reader's own bound on values
+MAX_DICT_DEPTH = 100
+PLAIN_SCALARS = (str, int, float, bool, type(None))
+
+
+def _plain_copy(source: Mapping) -> dict:
+    """A copy of a net given as a dict, walked without recursion: only what a net file can hold
+    (dicts, lists, strings, numbers, booleans, None; numpy scalars as numbers), at most
+    MAX_DICT_DEPTH levels and MAX_NODES values, else a TypeError or UserError that says where."""
+    from .frontend.yaml_loader import MAX_NODES
+    root: dict = {}
+    stack = [(source, root, "net", 1)]          # (a container given, its copy, where it is, its depth)
+    count = 0
+    while stack:
+        given, copy, where, depth = stack.pop()
+        if depth > MAX_DICT_DEPTH:
+            shown = where if len(where) <= 60 else where[:60] + "..."
+            raise UserError(f"net: the dict is nested more than {MAX_DICT_DEPTH} levels deep (at {shown})")
+        items = given.items() if isinstance(given, Mapping) else enumerate(given)
+        for key, value in items:
+            count += 1
+            if count > MAX_NODES:
+                raise UserError(f"net: the dict holds more than {MAX_NODES:,} values")
+            if isinstance(given, Mapping) and not isinstance(key, PLAIN_SCALARS):
+                raise TypeError(f"net: a key of {where} is of type {type(key).__name__}; a net's keys are strings")
+            here = f"{where}[{key!r}]"
+            if isinstance(value, np.generic) and value.dtype.kind in "fiub":
+                value = value.item()
+            if isinstance(value, Mapping):
+                inner: dict | list = {}
+            elif isinstance(value, (list, tuple)):
+                inner = []
+            elif isinstance(value, PLAIN_SCALARS):
+                inner = value
+            else:
+                raise TypeError(f"net: {here} is of type {type(value).__name__}; a net dict holds only dicts, lists, "
+                                "strings, numbers, booleans and None")
+            if isinstance(copy, dict):
+                copy[key] = inner
+            else:
+                copy.append(inner)
+            if isinstance(inner, (dict, list)):
+                stack.append((value, inner, here, depth + 1))
+    return root
 
 
 def _where_again(source):
