@@ -61,6 +61,15 @@ def test_records_of_two_shapes_are_refused_naming_both(tmp_path):
                                     "a database's records share one shape")
 
 
+def test_a_leveldb_is_held_to_the_same_rules(tmp_path):
+    plyvel = pytest.importorskip("plyvel", reason="the caffe extra (plyvel) reads LevelDB sources")
+    db = plyvel.DB(str(tmp_path / "db"), create_if_missing=True)
+    for i, record in enumerate([datum(DIGIT, 1)] * 20 + [encoded(b"no image at all")] * 20):
+        db.put(b"%03d" % i, record)
+    db.close()
+    refused(train_on(tmp_path, "db"), "db: record b'020': not an image in a format Pillow reads (PNG, JPEG, ...)")
+
+
 def test_a_label_past_int32_is_refused(tmp_path):
     db = lmdb_of(tmp_path, [datum(DIGIT, 1)] * 20 + [datum(DIGIT, 1 << 40)] * 20)
     refused(train_on(tmp_path, db), "db: record b'020' is not a Caffe Datum (a label of 1099511627776, past "
