@@ -27,11 +27,15 @@ GATES = {"RNN": 1, "LSTM": 4, "GRU": 3}
 # fused and planned with the rest of the graph. Above it the loop's one body keeps the graph,
 # compile time and the plan small. Measured on a 2-core EPYC, README "Recurrent layers".
 UNROLL_UP_TO = 64
+# each stacked layer and each unrolled step is a section of the graph, built when the net is
+# read: bounded so that a num_layers or a T of 1e9 is one line, not a graph that never finishes
+MAX_STACKED = 1_000
+MAX_UNROLLED = 4_096
 
 
 class _RecurrentBase(ParamLayerBase):
     num_output: PositiveInt
-    num_layers: PositiveInt = 1
+    num_layers: Annotated[int, Field(strict=True, gt=0, le=MAX_STACKED)] = 1
     bidirectional: Bool = False
     dropout: Annotated[float, Field(ge=0, lt=1)] = 0.0
     return_sequence: Bool = True
@@ -131,6 +135,9 @@ def _lower(kind: str, p, ctx, bottoms):
     unroll = p.unroll if p.unroll is not None else (isinstance(steps, int) and steps <= UNROLL_UP_TO)
     if unroll and not isinstance(steps, int):
         raise LayerError(f"unroll: true needs a fixed sequence length, but T is {steps}", "unroll")
+    if unroll and steps > MAX_UNROLLED:
+        raise LayerError(f"unroll: true over T={steps:,} steps: at most {MAX_UNROLLED:,} unroll; leave unroll out "
+                         "to run the steps as one loop", "unroll")
     state_shape = (layers * dirs, n, hidden)
     for s, what in zip(states, ("h0", "c0")):
         need_float_input(s, kind)

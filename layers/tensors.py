@@ -57,9 +57,17 @@ class TileParams(LayerBase):
 
 @layer(TileParams)
 def lower_tile(p: TileParams, ctx, bottoms):
+    """Caffe's Tile: the block from ``axis`` on, repeated ``tiles`` times along ``axis``: a new
+    axis before it broadcast to ``tiles`` and merged into it, so the graph is three nodes however
+    many the tiles (a concat of ``tiles`` copies built a billion inputs for tiles: 1e9)."""
     x, = bottoms
     axis = layer_axis(p.axis, x, ctx)
-    return [x if p.tiles == 1 else ctx.b.op("concat", *([x] * p.tiles), axis=axis)]
+    if p.tiles == 1:
+        return [x]
+    b, shape = ctx.b, list(x.shape)
+    spread = b.op("broadcast_to", b.reshape(x, shape[:axis] + [1] + shape[axis:]),
+                  shape=tuple(shape[:axis] + [p.tiles] + shape[axis:]))
+    return [b.reshape(spread, shape[:axis] + [shape[axis] * p.tiles] + shape[axis + 1:])]
 
 
 class CropParams(LayerBase):

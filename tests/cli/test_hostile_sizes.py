@@ -161,3 +161,32 @@ def test_ragged_lengths_whose_int64_sum_wraps_are_refused(tmp_path):
     r = train(tmp_path)
     one_line(r, "error: data source seqs.npz: ")
     assert not (tmp_path / "run").exists()
+
+
+LAYER = "name: t\ninputs:\n  data: {{shape: {shape}, dtype: float32}}\nlayers:\n  - {layer}\n"
+
+
+@pytest.mark.parametrize("shape, layer, said", [
+    ("[N, 5, 3]", "{name: r, type: GRU, bottom: data, top: y, num_output: 2, num_layers: 1000000000}",
+     "net.yaml:5:75: error: layer 'r' (GRU): bad 'num_layers': input should be less than or equal to 1000"),
+    ("[N, 1000000000, 3]", "{name: r, type: GRU, bottom: data, top: y, num_output: 2, unroll: true}",
+     "net.yaml:5:63: error: layer 'r' (GRU): unroll: true over T=1,000,000,000 steps: at most 4,096 unroll; "
+     "leave unroll out to run the steps as one loop"),
+], ids=["stacked layers", "unrolled steps"])
+def test_a_layer_parameter_that_sizes_the_graph_is_bounded(tmp_path, shape, layer, said):
+    """Each stacked layer and unrolled step is a section of the graph: a billion of them built
+    for ever."""
+    (tmp_path / "net.yaml").write_text(LAYER.format(shape=shape, layer=layer))
+    one_line(run_toolkit("check", tmp_path / "net.yaml", memory_mb=MEMORY_MB, timeout=60), said)
+
+
+def test_a_tile_of_a_billion_is_three_nodes_and_its_output_is_checked_against_memory(tmp_path):
+    """It was a concat of a billion inputs: MemoryError while the net was read."""
+    (tmp_path / "net.yaml").write_text(LAYER.format(
+        shape="[N, 3, 8, 8]", layer="{name: t, type: Tile, bottom: data, top: y, tiles: 1000000000, axis: 1}"))
+    r = run_toolkit("check", tmp_path / "net.yaml", memory_mb=MEMORY_MB, timeout=60)
+    assert r.status == 0 and "[N, 3000000000, 8, 8]" in r.out, r.err
+    np.save(tmp_path / "x.npy", np.zeros((1, 3, 8, 8), np.float32))
+    r = run_toolkit("infer", tmp_path / "net.yaml", "--input", f"data={tmp_path / 'x.npy'}", memory_mb=MEMORY_MB,
+                    timeout=60)
+    one_line(r, "error: layer 't': its broadcast_to output [64, 1000000000, 3, 8, 8] (float32) is 44.7 TiB")
