@@ -91,7 +91,7 @@ def test_each_example_uses_the_api_as_it_is(where, code):
 @pytest.fixture
 def walkthrough_files(tmp_path, monkeypatch):
     """The README walk-through's mlp.yaml and digits.csv, made as it makes them."""
-    from toolkit.train.data import load_digits
+    from toolkit.training.data import load_digits
     monkeypatch.chdir(tmp_path)
     readme = (ROOT / "README.md").read_text()
     net = re.search(r"cat > mlp.yaml <<'YAML'\n(.*?)\nYAML\n", readme, re.S)

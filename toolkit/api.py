@@ -358,7 +358,7 @@ def load(net, weights: str | None = None, device: str = "cpu", dtype: str | None
     phase = infer_phase(Net(net), device, dtype, passes, not optimize_graph)
     loaded = phase.load_weights(weights, allow_missing=allow_missing, flag="weights")
     inputs, outputs = tensor_infos(phase.graph.inputs), tensor_infos(phase.graph.outputs)
-    from .train.data import InputTransform
+    from .training.data import InputTransform
     spec = None if buckets is None else \
         {k: [int(b) for b in v] for k, v in sizes.items()} if isinstance(buckets, Mapping) else [int(b) for b in sizes[""]]
     model = Model(phase.net, phase.session(loaded, spec), inputs, outputs,
@@ -383,8 +383,8 @@ def train(net=None, *, out: str | None = None, resume: str | None = None, weight
 
     from .backend.options import check_device
     from .compile import disabled_passes
-    from .train import runs
-    from .train.start import train_net
+    from .training import runs
+    from .training.start import train_net
 
     out, resume, weights = (_text_arg(n, v) for n, v in (("out", out), ("resume", resume), ("weights", weights)))
     allow_missing, quiet = _flag("allow_missing", allow_missing), _flag("quiet", quiet)

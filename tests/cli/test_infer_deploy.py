@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tests.train.test_loop import cli, sets
-from toolkit.train.data import load_digits
+from toolkit.training.data import load_digits
 
 ROOT = Path(__file__).resolve().parents[2]
 NAMES = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]

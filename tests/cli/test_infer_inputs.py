@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from toolkit.cli import main
-from toolkit.train.data import load_digits
+from toolkit.training.data import load_digits
 
 ROOT = Path(__file__).resolve().parents[2]
 LENET = str(ROOT / "zoo" / "lenet" / "net.yaml")

@@ -18,7 +18,7 @@ from toolkit.commands.io import read_inputs
 from toolkit.compile import optimize
 from toolkit.frontend import Net
 from toolkit.runtime.session import InferSession
-from toolkit.train.data import load_digits
+from toolkit.training.data import load_digits
 from toolkit.weights import save_weights
 
 from cli_helpers import run_cli, write_net

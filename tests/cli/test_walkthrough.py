@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from tests.train.test_loop import cli
-from toolkit.train.data import load_digits
+from toolkit.training.data import load_digits
 
 ROOT = Path(__file__).resolve().parents[2]
 

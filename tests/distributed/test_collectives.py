@@ -144,7 +144,7 @@ def test_sync_batchnorm_on_a_non_batch_axis_is_an_error_at_the_layer(tmp_path):
 def test_data_parallel_on_a_gpu_is_refused_with_one_line(tmp_path):
     from toolkit.distributed.comm import Solo
     from toolkit.errors import UserError
-    from toolkit.train.trainer import Trainer
+    from toolkit.training.trainer import Trainer
 
     class TwoRanks(Solo):
         size = 2

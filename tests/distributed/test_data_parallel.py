@@ -96,7 +96,7 @@ def test_resume_under_mpiexec_is_bit_exact(tmp_path):
     train(tmp_path / "whole", "zoo/lenet/net.yaml", 32, 2, *sets)
     train(tmp_path / "part", "zoo/lenet/net.yaml", 32, 2, *sets)
     ckpt = tmp_path / "part" / "checkpoints"
-    from toolkit.train.checkpoint import PATTERN
+    from toolkit.training.checkpoint import PATTERN
     for extra in [p for p in ckpt.iterdir() if int(PATTERN.match(p.name).group(1)) != 15]:
         extra.unlink()                       # back to iteration 15
     proc = subprocess.run([str(MPIEXEC), "-n", "2", *TOOLKIT, "train", "zoo/lenet/net.yaml", "--resume",
@@ -161,7 +161,7 @@ def test_a_killed_rank_stops_the_job_naming_it(tmp_path):
     time.sleep(0.5)
     assert not [p for p in pids.groups() if _running(int(p))]
     # the last checkpoint and metrics.jsonl stay whole
-    from toolkit.train.checkpoint import find_resume_point, read_checkpoint
+    from toolkit.training.checkpoint import find_resume_point, read_checkpoint
     assert read_checkpoint(find_resume_point(str(out))).iteration % 50 == 0
     for line in (out / "metrics.jsonl").read_text().splitlines():
         json.loads(line)
@@ -189,7 +189,7 @@ def test_ctrl_c_to_the_launcher_checkpoints_once_and_exits(tmp_path):
     said = finish(job, lines)
     assert job.returncode == 130, said[-2000:]
     assert said.count("stopped by signal 2") == 1                      # rank 0 alone says it
-    from toolkit.train.checkpoint import find_resume_point, read_checkpoint
+    from toolkit.training.checkpoint import find_resume_point, read_checkpoint
     ckpts = list((out / "checkpoints").iterdir())
     assert len(ckpts) == 1 and read_checkpoint(find_resume_point(str(out))).iteration > 0
 

@@ -18,7 +18,7 @@ import pytest
 
 from toolkit.distributed.comm import Solo
 from toolkit.errors import UserError
-from toolkit.train.start import choose_run_folder
+from toolkit.training.start import choose_run_folder
 
 ROOT = Path(__file__).resolve().parents[2]
 MPIEXEC = Path(sys.executable).parent / "mpiexec"
@@ -75,7 +75,7 @@ import json, sys, time
 from pathlib import Path
 from toolkit.distributed.launcher import world
 from toolkit.errors import UserError
-from toolkit.train.start import choose_run_folder
+from toolkit.training.start import choose_run_folder
 comm = world()
 rounds = int(sys.argv[1])
 chosen = []

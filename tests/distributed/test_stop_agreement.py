@@ -8,8 +8,8 @@ import signal
 
 from toolkit.distributed.comm import Solo
 from toolkit.frontend import Net
-from toolkit.train.checkpoint import find_resume_point, read_checkpoint
-from toolkit.train.trainer import Trainer
+from toolkit.training.checkpoint import find_resume_point, read_checkpoint
+from toolkit.training.trainer import Trainer
 
 
 class TwoRanks(Solo):

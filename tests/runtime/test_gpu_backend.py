@@ -325,7 +325,7 @@ TRAIN_SCRIPT = STAND_IN + RAW_MODULE + textwrap.dedent("""
     from pathlib import Path
     from toolkit.frontend import Net
     from toolkit.train import scalars
-    from toolkit.train.trainer import Trainer
+    from toolkit.training.trainer import Trainer
     reads = []
     drain = scalars.StepScalars.drain
     def counted(self):

@@ -30,7 +30,7 @@ def _net_file(tmp_path: Path, zoo_name: str, loop_form: bool) -> Path:
                                                 ("transformer_digits", False)])
 def test_sequence_models_train_on_the_gpu_as_on_the_cpu(tmp_path, zoo_name, loop_form):
     from toolkit.frontend import Net
-    from toolkit.train.trainer import Trainer
+    from toolkit.training.trainer import Trainer
 
     settings = {"max_iter": 12, "display": 3, "test_interval": 6, "snapshot": 100}
     net = Net.load(str(_net_file(tmp_path, zoo_name, loop_form)),

@@ -110,7 +110,7 @@ def test_images_sent_encoded_equal_infer_on_the_files(server, model, tmp_path):
     """PNG and JPEG files of several sizes, grey and colour, sent as BYTES: the scores equal
     `toolkit infer` on the same files; PNGs of the input's size equal its pixels given as FP32."""
     rng = np.random.default_rng(1)
-    from toolkit.train.data import load_digits
+    from toolkit.training.data import load_digits
     digits, _ = load_digits()
     files = []
     for i in range(4):

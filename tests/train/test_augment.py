@@ -12,7 +12,7 @@ from safetensors.numpy import load_file
 
 from schemas.train import DataSpec
 from tests.train.test_loop import cli, sets
-from toolkit.train.data import augment, center_crop, transform
+from toolkit.training.data import augment, center_crop, transform
 
 ROOT = Path(__file__).resolve().parents[2]
 # LeNet on 6x6 crops of the 8x8 digits

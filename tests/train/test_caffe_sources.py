@@ -10,7 +10,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from tests.train.test_loop import cli, sets
-from toolkit.train.data import load_digits
+from toolkit.training.data import load_digits
 
 ROOT = Path(__file__).resolve().parents[2]
 LENET = (ROOT / "zoo" / "lenet" / "net.yaml").read_text()

@@ -13,8 +13,8 @@ import pytest
 from toolkit.cli import main
 from toolkit.commands.train_cmd import parse_overrides
 from toolkit.frontend import Net
-from toolkit.train.data import BatchOrder, Dataset, load_digits, split, transform
-from toolkit.train.trainer import load_data, train_spec
+from toolkit.training.data import BatchOrder, Dataset, load_digits, split, transform
+from toolkit.training.trainer import load_data, train_spec
 
 NET = """\
 name: dnet

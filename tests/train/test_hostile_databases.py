@@ -13,7 +13,7 @@ import pytest
 
 from tests.bounded import ROOT, run_toolkit
 from tests.train.test_caffe_sources import _varint, datum
-from toolkit.train.sources import parse_datum
+from toolkit.training.sources import parse_datum
 
 LENET = (ROOT / "zoo" / "lenet" / "net.yaml").read_text()
 MEMORY_MB = 1000

@@ -26,7 +26,7 @@ from safetensors.numpy import load_file
 
 import safetensors.numpy as st_numpy
 from toolkit.cli import main
-from toolkit.train.checkpoint import (Checkpoint, find_resume_point, list_checkpoints, read_checkpoint,
+from toolkit.training.checkpoint import (Checkpoint, find_resume_point, list_checkpoints, read_checkpoint,
                                       write_checkpoint)
 
 # ---------------------------------------------------------------------------------------------
@@ -189,8 +189,8 @@ def net_data(net_path: Path, *overrides):
     """The net (with overrides), its train/test sets and batch order, as the trainer builds them."""
     from toolkit.commands.train_cmd import parse_overrides
     from toolkit.frontend import Net
-    from toolkit.train.data import BatchOrder
-    from toolkit.train.trainer import load_data, train_spec
+    from toolkit.training.data import BatchOrder
+    from toolkit.training.trainer import load_data, train_spec
     net = Net.load(str(net_path), parse_overrides(list(overrides)))
     spec = train_spec(net)
     train_set, test_set = load_data(net, spec)

@@ -17,7 +17,7 @@ from toolkit.passes import precision
 from toolkit.backend.devices import gpu_available
 from toolkit.optim.loss_scaling import SCALE, STEPS, TRACKER, MixedPrecision
 from toolkit.optim.solvers import SolverConfig, host_values
-from toolkit.train.trainer import Trainer
+from toolkit.training.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import toolkit
-import toolkit.train.trainer as trainer_module
-from toolkit.train.progress import WINDOW_ITERATIONS, Speed
+import toolkit.training.trainer as trainer_module
+from toolkit.training.progress import WINDOW_ITERATIONS, Speed
 
 # 100 training rows at batch 32: epochs of 4 iterations (the fourth short, 4 rows)
 NET = """
@@ -107,7 +107,7 @@ def test_the_epoch_stands_beside_the_iteration(net, tmp_path, capsys):
 def test_the_bar_on_a_terminal_shows_the_epoch_and_a_speed_without_the_compile(monkeypatch):
     import types
 
-    import toolkit.train.progress as progress_module
+    import toolkit.training.progress as progress_module
 
     class Terminal(io.StringIO):
         def isatty(self) -> bool:

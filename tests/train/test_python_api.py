@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import copy
+import importlib
+import inspect
 import pydoc
 from pathlib import Path
 
@@ -100,8 +102,12 @@ def test_train_takes_a_net_from_toolkit_net_with_more_settings(tmp_path):
     assert recorded["train"]["max_iter"] == 5 and recorded["train"]["test_interval"] == 5
 
 
-def test_dir_lists_the_api():
+def test_dir_lists_the_api_and_train_is_a_function_of_its_own():
     assert {"Net", "load", "train", "Model", "UserError", "__version__"} <= set(dir(toolkit))
+    assert inspect.isfunction(toolkit.train) and toolkit.train is toolkit.api.train
+    assert "Train a net as ``toolkit train`` does" in pydoc.render_doc(toolkit.train)
+    importlib.import_module("toolkit.training.trainer")      # the training package, under its own name
+    assert inspect.isfunction(toolkit.train)
 
 
 TWO_INPUTS = """

@@ -13,7 +13,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence  # noqa
 
 from toolkit.frontend import Net  # noqa: E402
 from toolkit.ir.binding import lengths_input  # noqa: E402
-from toolkit.train.trainer import Trainer  # noqa: E402
+from toolkit.training.trainer import Trainer  # noqa: E402
 from toolkit.weights import save_weights  # noqa: E402
 
 ROWS, LONGEST, FEATURES, BATCH, STEPS = 24, 9, 3, 6, 6

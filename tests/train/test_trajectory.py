@@ -27,14 +27,14 @@ from numeric_asserts import assert_close as shared_assert_close
 import pytest
 import yaml
 
-import toolkit.train.trainer as trainer_module
+import toolkit.training.trainer as trainer_module
 
 torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
 from toolkit.frontend import Net  # noqa: E402
-from toolkit.train.trainer import Trainer  # noqa: E402
+from toolkit.training.trainer import Trainer  # noqa: E402
 from toolkit.weights import save_weights  # noqa: E402
 
 TOL = {"float32": 1e-4, "float64": 1e-9}

@@ -14,7 +14,7 @@ from safetensors import safe_open
 from safetensors.numpy import load_file
 
 from tests.train.test_loop import cli, sets
-from toolkit.train.checkpoint import list_checkpoints
+from toolkit.training.checkpoint import list_checkpoints
 
 ROOT = Path(__file__).resolve().parents[2]
 LENET = (ROOT / "zoo" / "lenet" / "net.yaml").read_text()

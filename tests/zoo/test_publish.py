@@ -198,7 +198,7 @@ def test_a_net_trained_on_files_is_refused_unless_its_data_is_bundled(tmp_path):
     """A run whose net reads a CSV outside the run folder (the published net would point home):
     refused with the way out; with --bundle-data the data travels as data.npz, the net points at
     it, input.json goes along, and verify re-measures the metric from the bundled data alone."""
-    from toolkit.train.data import load_digits
+    from toolkit.training.data import load_digits
     x, y = load_digits()
     header = ",".join([f"p{i}" for i in range(64)] + ["label"])
     (tmp_path / "tab.csv").write_text(header + "\n" + "\n".join(

@@ -17,7 +17,7 @@ from ..optim.data_parallel import DataParallel, bucket_summary
 from ..passes.pipeline import PIPELINE, PassRecord, memory_reuse
 from ..runtime.plan import Plan, memory_figures
 from ..runtime.session import batch_symbol
-from ..train.trainer import train_spec
+from ..training.trainer import train_spec
 from ..zoo.resolve import load_net
 
 

@@ -18,7 +18,7 @@ def run_export(args) -> int:
 
 def transform_record(net) -> dict | None:
     """The net's input transform as plain data (which inputs, each one's steps), or None."""
-    from ..train.data import InputTransform
+    from ..training.data import InputTransform
     transform = InputTransform.of(net)
     return None if transform is None else transform.record()
 
@@ -29,7 +29,7 @@ def net_inputs(net, weights: str | None = None) -> list[tuple[str, str]]:
     files = [("the net file", net.files[0])] + [("a base of the net", f) for f in net.files[1:]]
     if weights:
         files.append(("the weights file", weights))
-    from ..train.data import mean_file_of
+    from ..training.data import mean_file_of
     mean = mean_file_of(net)
     if mean is not None:
         files.append(("the mean file", mean))

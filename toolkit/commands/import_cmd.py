@@ -21,7 +21,7 @@ def run_import(args) -> int:
         names = read_labels(labels)
     out = Path(args.out)
     from ..fileio import refuse_own_inputs, staged_folder
-    from ..train.data import INPUT_FILE
+    from ..training.data import INPUT_FILE
     inputs = _inputs(args)
     named = ["net.yaml", "model.safetensors"] + ([INPUT_FILE] if names is not None else []) \
         + ([Path(args.model).name] if args.format == "onnx" else [])
@@ -67,7 +67,7 @@ def _record_labels(stage: Path, out: Path, names: list[str], labels: str) -> str
 
     from ..arrayfiles.labels import fit_labels
     from ..fileio import atomic_write
-    from ..train.data import INPUT_FILE, MAX_INPUT_FILE_BYTES
+    from ..training.data import INPUT_FILE, MAX_INPUT_FILE_BYTES
     from ..zoo.resolve import load_net
     from .classes import score_widths
     graph = load_net(str(stage / "net.yaml")).graph("infer", "float32")

@@ -12,8 +12,8 @@ import numpy as np
 from ..inference import infer_phase
 from ..ir.binding import bind_symbols
 from ..runtime.session import InferSession, check_input_arrays
-from ..train.data import InputTransform, recorded_input
-from ..train.progress import StatusLine, bar, format_time
+from ..training.data import InputTransform, recorded_input
+from ..training.progress import StatusLine, bar, format_time
 from .classes import check_top, class_names, score_widths, top_lines
 from .io import InputStream, check_output_path, open_inputs, write_csv_outputs, write_outputs
 

@@ -6,7 +6,7 @@ import time
 
 from ..api import load
 from ..errors import UserError
-from ..train.data import recorded_input
+from ..training.data import recorded_input
 from .classes import class_names, score_widths
 from .request_images import image_decoder
 

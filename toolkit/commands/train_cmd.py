@@ -11,7 +11,7 @@ from ..compile import disabled_passes
 from ..errors import UserError
 from ..frontend.spec import parse_overrides  # noqa: F401  (the commands' --set, imported from here too)
 from ..ir.graph import LOW_PRECISION
-from ..train import runs
+from ..training import runs
 from ..zoo.resolve import load_net
 
 
@@ -52,7 +52,7 @@ def _refuse_inputs(net, args) -> None:
     """A new run's --out holds none of the files it trains from (a --weights best.safetensors of
     an earlier run, a data source named like a run's file), which the run would replace."""
     from ..fileio import refuse_own_inputs
-    from ..train.data import data_files
+    from ..training.data import data_files
     from .export_cmd import net_inputs
     weights = args.weights if args.weights and not args.weights.startswith("zoo:") else None
     refuse_own_inputs("--out", args.out, [Path(args.out) / f for f in RUN_OUTPUTS],
@@ -61,7 +61,7 @@ def _refuse_inputs(net, args) -> None:
 
 def _train(args, comm) -> int:
     args.device = check_device(args.device)
-    from ..train.start import train_net
+    from ..training.start import train_net
     overrides = parse_overrides(args.overrides)
     # --dtype float16 is mixed_precision.dtype=float16 (the net's other scaler settings kept);
     # float32 switches mixed precision off. Either comes before --set, which has the last word.
@@ -119,7 +119,7 @@ def _test(args, comm) -> int:
 
     from ..passes.pipeline import memory_reuse
     from ..runtime.plan import RuntimeState
-    from ..train.trainer import PlanCache, evaluate, evaluate_shared, load_data, test_graph, train_spec
+    from ..training.trainer import PlanCache, evaluate, evaluate_shared, load_data, test_graph, train_spec
     net = load_net(args.net, parse_overrides(args.overrides))
     disable = disabled_passes(net, args.disable, args.no_optimize)
     spec = train_spec(net)
@@ -142,14 +142,14 @@ def _test(args, comm) -> int:
 
 
 def run_data(args) -> int:
-    from ..train.trainer import load_data, train_spec
+    from ..training.trainer import load_data, train_spec
     from .io import check_output_path, write_outputs
     net = load_net(args.net, parse_overrides(args.overrides))
     if not args.out.endswith(".npz"):
         raise UserError(f"--out {args.out}: use a .npz file name")
     check_output_path(args.out, ["data"])
     from ..fileio import refuse_own_inputs
-    from ..train.data import data_files
+    from ..training.data import data_files
     from .export_cmd import net_inputs
     refuse_own_inputs("--out", args.out, [args.out], net_inputs(net) + data_files(net))
     train_set, test_set = load_data(net, train_spec(net), transformed=False)

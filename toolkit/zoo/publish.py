@@ -42,7 +42,7 @@ def measure(net, weights_path: Path, metric: str | None = None) -> Measured | No
     from ..compile import disabled_passes
     from ..passes.pipeline import memory_reuse
     from ..runtime.plan import RuntimeState
-    from ..train.trainer import PlanCache, evaluate, load_data, test_graph, train_spec
+    from ..training.trainer import PlanCache, evaluate, load_data, test_graph, train_spec
     spec = train_spec(net)
     _train, test_set = load_data(net, spec)
     if test_set is None:
@@ -138,9 +138,9 @@ def bundle_data(net) -> dict[str, bytes]:
     import numpy as np
 
     from ..ir.binding import lengths_input
-    from ..train.data import fit_to_inputs, load_source
-    from ..train.sequences import attach_lengths, sequence_symbol, unpack_ragged, uses_lengths
-    from ..train.trainer import _folder_of
+    from ..training.data import fit_to_inputs, load_source
+    from ..training.sequences import attach_lengths, sequence_symbol, unpack_ragged, uses_lengths
+    from ..training.trainer import _folder_of
     out = {}
     data_spec, inputs = net.spec.train.data if net.spec.train else None, net.spec.inputs
     for key, source in external_data(net).items():
@@ -203,7 +203,7 @@ def publish(dir: Path | str, to_folder: Path | str, name: str | None = None, lic
     carried = {DATA_FILES[k]: b for k, b in data.items()}
     if mean is not None:
         carried[mean[1]] = mean[2]
-    from ..train.data import INPUT_FILE, data_files, mean_file_of, recorded_input
+    from ..training.data import INPUT_FILE, data_files, mean_file_of, recorded_input
     input_bytes = (src / INPUT_FILE).read_bytes() if (src / INPUT_FILE).is_file() else None
     classes = recorded_input(str(net_path)).get("classes") if input_bytes is not None else None
     if weights_path.suffix == ".safetensors":
@@ -265,7 +265,7 @@ def _mean_to_carry(net) -> tuple[tuple, str, bytes, str] | None:
     """(the key naming the net's mean image, the file name it is published under, its bytes, the
     name as the net writes it), or None: a published model carries its mean as a file of its own."""
     from ..fileio import read_regular
-    from ..train.data import carried_name, mean_declared, mean_file_of
+    from ..training.data import carried_name, mean_declared, mean_file_of
     declared = mean_declared(net)
     if declared is None:
         return None
@@ -284,7 +284,7 @@ def named_files(net) -> list[tuple[str, str]]:
     """The files a net names, which a model folder must hold for the net to load, test and run:
     (where the net names it, the name as written): its data sources, its mean image, the model
     file of each ONNX layer."""
-    from ..train.data import mean_declared
+    from ..training.data import mean_declared
     found = [(f"train.data.{k}", v) for k, v in external_data(net).items()]
     declared = mean_declared(net)
     if declared is not None:
@@ -413,7 +413,7 @@ def verify(dir: Path | str, no_test: bool = False) -> list[Check]:
 def _check_classes(folder: Path, card: ModelCard, net, problems: list) -> Check:
     """The card's count of class names is input.json's, and a class score output of the net has
     that many scores per example ([N, C] or [N, C, 1, 1])."""
-    from ..train.data import recorded_input
+    from ..training.data import recorded_input
     what = f"{card.input.file} names {card.classes} classes, one per class score"
     try:
         names = recorded_input(str(folder / card.config.file)).get("classes") or []

@@ -168,7 +168,7 @@ def record_start(run: Path, iteration: int, overrides: list[str], changed: dict[
 def mean_renamed(net) -> dict[tuple, str]:
     """{the key that names the net's mean image: the name its copy in a run folder has} where
     that differs from what the net writes (a path); {} otherwise: how the run's net.yaml names it."""
-    from ..train.data import mean_declared
+    from ..training.data import mean_declared
     declared = mean_declared(net)
     if declared is None:
         return {}
@@ -178,7 +178,7 @@ def mean_renamed(net) -> dict[tuple, str]:
 
 
 def _carried(named: str) -> str:
-    from ..train.data import carried_name
+    from ..training.data import carried_name
     name = carried_name(named)
     return "mean.npy" if name in RUN_FILES + (HISTORY, "input.json") else name    # never over the run's own files
 
@@ -190,7 +190,7 @@ def carry_mean(net, run: Path) -> dict[tuple, str]:
     import shutil
 
     from ..fileio import atomic_write, check_regular, same_file
-    from ..train.data import mean_declared, mean_file_of
+    from ..training.data import mean_declared, mean_file_of
     declared = mean_declared(net)
     if declared is None:
         return {}
