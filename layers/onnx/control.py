@@ -2,7 +2,8 @@
 fresh importer on the body's builder, seeing the outer values by name, as ONNX scoping does; the
 loop and if helpers turn the outer values it reads into the body's inputs.
 
-An If whose condition is known at import is inlined (exporters write such Ifs around shapes).
+An If whose condition is known at import is inlined (exporters write such Ifs around shapes). A
+Loop runs at most ``MAX_LOOP_TRIPS`` trips unless its body can stop it.
 Scan runs every sequence in one direction, its outputs in the same direction (the form loops
 and RNNs export to); other mixes of directions and axes other than 0 are refused."""
 from __future__ import annotations
@@ -92,6 +93,12 @@ def _scan(imp: Importer, node):
     return loop(imp.b, init, sequences, step, reverse=reverse)
 
 
+# the most trips a Loop without an early stop may make: its trip count is a number in the file,
+# and 10^12 trips of even the smallest body would run for days (a loop's per-step outputs are
+# bounded by memory when its plan is built, its carried values are not)
+MAX_LOOP_TRIPS = 1 << 20
+
+
 @converts("Loop")
 def _loop(imp: Importer, node):
     """ONNX's Loop with a trip count known at import: the graph's loop, carrying the iteration
@@ -116,6 +123,8 @@ def _loop(imp: Importer, node):
     stops = _stops(imp, body, [imp.value(n) for n in carried_names])
     if stops and n_scan:
         imp.fail("a loop that can stop early with per-step outputs has no counterpart here")
+    if not stops and count > MAX_LOOP_TRIPS:
+        imp.fail(f"a trip count of {count:,}, over the {MAX_LOOP_TRIPS:,} trips a loop may run here")
     if count == 0:
         if n_scan:
             imp.fail("a loop that runs no step, with per-step outputs (empty tensors)")

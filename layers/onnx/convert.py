@@ -22,7 +22,7 @@ import numpy as np
 from toolkit.errors import UserError
 from toolkit.importers.onnx.files import (DTYPES, MIN_OPSET, opened, read_model,  # noqa: F401
                                           symbol_name, type_name)
-from toolkit.ir.dims import Dim, Sym
+from toolkit.ir.dims import Dim, DimError, Sym
 from toolkit.ir.graph import Graph, TensorType, Value, Weight
 from toolkit.ops.base import Builder, ShapeError
 
@@ -141,6 +141,7 @@ class Importer:
                     raise ImportError_(f"{self.path}: node '{self.b.scope}' ({node.op_type}) reads '{n}', which "
                                        "no node, input or initializer gives")
             try:
+                _check_inputs(node, self.opset)
                 folded = fold(self, node, ins)
                 if folded is None:
                     convert = CONVERTERS.get(node.op_type)
@@ -149,7 +150,9 @@ class Importer:
                     outs = convert(self, node)
                 else:
                     outs = folded
-            except (NodeError, ShapeError) as e:
+            except (NodeError, ShapeError, DimError) as e:
+                # DimError: arithmetic over symbolic dimensions with no integer answer (3*N split
+                # into rows of 10^12), said of the node whose shapes asked for it
                 raise ImportError_(f"{self.path}: node '{self.b.scope}' ({node.op_type}): {e}") from None
             outs = list(outs) + [None] * (len(node.output) - len(outs))
             for name, out in zip(node.output, outs):
@@ -188,6 +191,29 @@ class Importer:
         if required and default is None:
             raise NodeError(f"attribute '{name}', which {node.op_type} requires, is missing")
         return default
+
+
+def _check_inputs(node, opset: int) -> None:
+    """Every input the op's schema requires is given (a name, not left out or empty): the
+    converters read them by position."""
+    for position, (name, required) in enumerate(_input_schema(node.op_type, node.domain, opset)):
+        if required and (len(node.input) <= position or not node.input[position]):
+            raise NodeError(f"input {position} ('{name}'), which {node.op_type} requires, is missing "
+                            f"(the node gives {len([n for n in node.input if n])})")
+
+
+@lru_cache(maxsize=None)
+def _input_schema(op_type: str, domain: str, opset: int) -> tuple[tuple[str, bool], ...]:
+    """The inputs the op's ONNX schema declares at this opset: (name, required) in order."""
+    from onnx import defs
+    try:
+        schema = defs.get_schema(op_type, opset, domain if domain != "ai.onnx" else "")
+    except Exception:                    # an op ONNX does not know: its converter, if any, decides
+        return ()
+    single = defs.OpSchema.FormalParameterOption.Single
+    variadic = defs.OpSchema.FormalParameterOption.Variadic
+    return tuple((i.name, i.option == single or (i.option == variadic and schema.min_input > position))
+                 for position, i in enumerate(schema.inputs))
 
 
 @lru_cache(maxsize=None)
