@@ -153,3 +153,19 @@ def test_weights_of_the_wrong_shape_leave_nothing_in_out(tmp_path):
     r = imported(tmp_path, HEAD + CONV.format(param="", num_output=4), "--weights", tmp_path / "w.caffemodel",
                  memory_mb=BINARY_MB)
     refused(r, tmp_path, "has shape [5, 3, 3, 3] there, the prototxt makes it [4, 3, 3, 3]")
+
+
+def test_layers_that_make_a_net_file_larger_than_any_are_refused_at_the_layer(tmp_path, monkeypatch):
+    """8,500 Convolution layers with their params and fillers fit the prototxt's bound but wrote a
+    net file past the reader's 200,000 values: 'a gap in the importer'. The bound lowered here to
+    what twenty ReLU layers make (each 5 values: the layer, name, type, bottom, top)."""
+    from toolkit.errors import SpecError
+    from toolkit.importers.caffe import net as caffe_net
+    monkeypatch.setattr(caffe_net, "MAX_NET_VALUES", 100)
+    (tmp_path / "net.prototxt").write_text(chain(30))
+    with pytest.raises(SpecError) as e:
+        caffe_net.import_net(str(tmp_path / "net.prototxt"))
+    problem, = e.value.problems
+    assert (problem.location.line, problem.location.col) == (3 + 21, 1)
+    assert problem.message == ("the layers up to this one make a net file of more than 100 values: larger than any "
+                               "net this imports")

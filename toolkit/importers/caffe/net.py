@@ -36,6 +36,9 @@ MAX_CAFFEMODEL_BYTES = (2 << 30) - 1          # protobuf's own limit on one mess
 # at the first layer past it
 MAX_PROTOTXT_FIELDS = 200_000
 MAX_LAYERS = 10_000
+# what the net file written may hold: below a net file's 200,000 values (toolkit/frontend/
+# yaml_loader.py's MAX_NODES), with room for the inputs and the train section
+MAX_NET_VALUES = 150_000
 PHASES = ("TRAIN", "TEST")
 LABEL_TOPS = 1                                 # a data layer's tops after the first are labels
 LABEL_READERS = {"SoftmaxWithLoss", "Accuracy", "MultinomialLogisticLoss", "InfogainLoss", "HingeLoss"}
@@ -153,6 +156,7 @@ def import_net(prototxt: str, stages: tuple[str, ...] = (), input_shapes: dict[s
     has_data = any(_type_of(e, v1, ctx) in DATA_TYPES - {"Input"} for e in entries)
     deploy = not rules and not has_data
     out_layers: list[dict] = []
+    net_values = 0
     weighted: list[tuple[str, str]] = []
     seen: dict[str, Location] = {}
     # every name of the file and every name given: a new name must clash with none of them
@@ -220,6 +224,10 @@ def import_net(prototxt: str, stages: tuple[str, ...] = (), input_shapes: dict[s
             if not deploy and toolkit_phases != ["train", "test", "infer"]:
                 entry["phase"] = toolkit_phases if len(toolkit_phases) > 1 else toolkit_phases[0]
             out_layers.append(entry)
+            net_values += _count_values(entry)
+        if net_values > MAX_NET_VALUES:
+            raise SpecError(Problem(f"the layers up to this one make a net file of more than {MAX_NET_VALUES:,} "
+                                    "values: larger than any net this imports", layer.loc))
         if kind in WEIGHTS and converted and share is None:
             weighted.append((name, kind))
     # a recurrent layer's x and cont are time-major [T, N, ...]: their batch is the second axis
@@ -247,6 +255,15 @@ def import_net(prototxt: str, stages: tuple[str, ...] = (), input_shapes: dict[s
     if data:
         net["train"] = {"data": data}
     return net, ctx, weighted, notes + ctx.notes
+
+
+def _count_values(data) -> int:
+    """The values of a net file's data, as its reader counts them: each mapping, list and scalar."""
+    if isinstance(data, dict):
+        return 1 + sum(_count_values(v) for v in data.values())
+    if isinstance(data, (list, tuple)):
+        return 1 + sum(_count_values(v) for v in data)
+    return 1
 
 
 def _free_name(name: str, used: set[str]) -> str:
