@@ -6,17 +6,10 @@ layers. ``to_layers`` gives the net file's data and its weights, or the nodes th
 being a net of layers, each with the reason."""
 from __future__ import annotations
 
-import re
-
 import numpy as np
 
+from toolkit.importers.onnx.netfile import blob_name, blob_names
 from toolkit.ir.graph import Value
-
-BLOB = re.compile(r"[^A-Za-z0-9_.\-/]")
-
-
-def _blob(raw: str) -> str:
-    return BLOB.sub("_", raw) or "x"
 
 
 class NotALayer(Exception):
@@ -38,6 +31,11 @@ class Writer:
             for n in node.input:
                 self.consumers.setdefault(n, []).append(node)
         self.outputs = {o.name for o in model.graph.output}
+        # value names as blob names, one to one and as the net's inputs and the ONNX layer name them
+        self.blobs = blob_names(model)[0]
+
+    def _blob(self, raw: str) -> str:
+        return self.blobs.get(raw) or blob_name(raw)
 
     def bias_after(self, node, channels: int, rank: int):
         """The bias an Add right after ``node`` adds (a constant of ``channels`` along axis 1 for a
@@ -62,7 +60,7 @@ class Writer:
         return squeezed
 
     def blob(self, name: str) -> str:
-        return _blob(self.alias.get(name, name))
+        return self._blob(self.alias.get(name, name))
 
     def derive(self, nodes) -> None:
         """Values computed from weights and constants only (a transposed weight): evaluated here,
@@ -100,13 +98,13 @@ class Writer:
         return isinstance(x, Value) and x.name not in self.imp.weights
 
     def add(self, node, kind: str, bottoms: list[str], params: dict, weights: dict | None = None) -> None:
-        base = _blob(node.name or node.output[0])
+        base = blob_name(node.name or node.output[0])
         name, i = base, 1
         while name in self.names:
             i += 1
             name = f"{base}_{i}"
         self.names.add(name)
-        tops = [_blob(o) for o in node.output if o][:1]
+        tops = [self._blob(o) for o in node.output if o][:1]
         entry = {"name": name, "type": kind, "bottom": bottoms[0] if len(bottoms) == 1 else bottoms,
                  "top": tops[0], **params}
         self.layers.append(entry)
@@ -418,8 +416,8 @@ def to_layers(imp, model, nodes) -> tuple[list[dict], dict[str, np.ndarray], lis
     renames = {}
     for info in model.graph.output:
         source = w.alias.get(info.name)
-        if source is not None and w.computed(source) and _blob(source) not in renames:
-            renames[_blob(source)] = _blob(info.name)
+        if source is not None and w.computed(source) and w._blob(source) not in renames:
+            renames[w._blob(source)] = w._blob(info.name)
     for layer in w.layers:
         for key in ("bottom", "top"):
             value = layer[key]

@@ -69,6 +69,28 @@ def _layer_name(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.\-/]", "_", name)
 
 
+class _BlobNames:
+    """Caffe blob names as toolkit names, one to one: Caffe's names may hold any character and a
+    toolkit name only letters, digits and _ . - /, so 'x y' and 'x_y' would both be x_y and a layer
+    would read the other's blob. The first name in the file keeps its form; a later one whose form
+    is taken gets NAME_2, NAME_3, ... and a note."""
+
+    def __init__(self, notes: list[str]):
+        self.names: dict[str, str] = {}
+        self.owner: dict[str, str] = {}
+        self.notes = notes
+
+    def __call__(self, raw: str) -> str:
+        name = self.names.get(raw)
+        if name is None:
+            base = _layer_name(raw)
+            name = _free_name(base, self.owner.keys())
+            if name != base:
+                self.notes.append(f"blob '{raw}' is '{name}' here ('{base}' is the blob '{self.owner[base]}')")
+            self.names[raw], self.owner[name] = name, raw
+        return name
+
+
 def _rule_meets(rule: Message, phase: str, stages: set[str]) -> bool:
     """Caffe's NetStateRule against the state (phase, level 0, the stages given)."""
     if rule.get("phase") is not None and str(rule.value("phase")).upper() != phase:
@@ -142,6 +164,7 @@ def import_net(prototxt: str, stages: tuple[str, ...] = (), input_shapes: dict[s
                                 (msg.all("layers") if v1 else msg.all("layer"))[MAX_LAYERS].loc))
     inputs: dict[str, dict] = {}
     notes: list[str] = []
+    blob = _BlobNames(notes)
     data: dict = {}
     # net-level inputs: input + input_shape, or input + 4 input_dim each
     net_inputs = msg.values("input")
@@ -149,7 +172,7 @@ def import_net(prototxt: str, stages: tuple[str, ...] = (), input_shapes: dict[s
     dims = msg.values("input_dim")
     for i, name in enumerate(net_inputs):
         given = shapes[i] if i < len(shapes) else dims[4 * i: 4 * i + 4]
-        inputs[_layer_name(name)] = {"shape": _shape(given, msg.get("input").loc, ctx, _layer_name(name)),
+        inputs[blob(name)] = {"shape": _shape(given, msg.get("input").loc, ctx, blob(name)),
                                      "dtype": "float32"}
 
     rules = any(e.all("include") or e.all("exclude") for e in entries)
@@ -169,10 +192,10 @@ def import_net(prototxt: str, stages: tuple[str, ...] = (), input_shapes: dict[s
         phases = [p for p in PHASES if _in_phase(layer, p, stage_set)]
         if not phases:
             continue
-        tops = [_layer_name(str(t)) for t in layer.values("top")]
+        tops = [blob(str(t)) for t in layer.values("top")]
         if not tops and kind.endswith("Loss"):
             tops = [name]                  # Caffe gives a loss layer without a top one of its own
-        bottoms = [ctx.aliases.get(_layer_name(str(b)), _layer_name(str(b))) for b in layer.values("bottom")]
+        bottoms = [ctx.aliases.get(blob(str(b)), blob(str(b))) for b in layer.values("bottom")]
         if kind == "Input":
             p = _sub(layer, "input_param")
             in_shapes = [f.value.values("dim") for f in p.all("shape")]

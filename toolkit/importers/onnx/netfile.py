@@ -13,8 +13,34 @@ BLOB = re.compile(r"[^A-Za-z0-9_.\-/]")
 
 
 def blob_name(raw: str) -> str:
-    """An ONNX value name as a blob name (letters, digits and _ . - /)."""
+    """An ONNX value name as a blob name (letters, digits and _ . - /); two names may give one
+    (``y:0`` and ``y_0``): a net's blobs are named by ``blob_names``, which keeps them apart."""
     return BLOB.sub("_", raw) or "x"
+
+
+def blob_names(model) -> tuple[dict[str, str], list[str]]:
+    """(ONNX value name -> blob name, one to one; a note for each name changed to keep it so).
+    Names are given in one fixed order (the model's inputs, its outputs, then the nodes' outputs)
+    so that every writer of a net from the model (the ONNX layer's net file, the net of layers)
+    names each value alike; a name whose blob name another value already took gets the first of
+    NAME_2, NAME_3, ... that is free."""
+    order = [i.name for i in model_inputs(model)] + [o.name for o in model.graph.output] + \
+        [o for n in model.graph.node for o in n.output if o]
+    names: dict[str, str] = {}
+    owner: dict[str, str] = {}
+    notes = []
+    for raw in order:
+        if raw in names:
+            continue
+        base = blob_name(raw)
+        name, i = base, 1
+        while name in owner:
+            i += 1
+            name = f"{base}_{i}"
+        if name != base:
+            notes.append(f"note: the ONNX value '{raw}' is the blob '{name}' ('{base}' is '{owner[base]}')")
+        names[raw], owner[name] = name, raw
+    return names, notes
 
 
 def model_name(model, path: str) -> str:
@@ -28,6 +54,7 @@ def net_dict(model, file: str, name: str) -> dict:
     from ...errors import UserError
     inputs = {}
     symbols: dict[str, str] = {}
+    blobs, _notes = blob_names(model)
     for info in model_inputs(model):
         t = info.type.tensor_type
         if t.elem_type not in DTYPES:
@@ -39,9 +66,9 @@ def net_dict(model, file: str, name: str) -> dict:
             else:
                 raw = d.dim_param if d.HasField("dim_param") and d.dim_param else ("N" if axis == 0 else f"D{axis}")
                 dims.append(symbols.setdefault(raw, symbol_name(raw)))
-        inputs[blob_name(info.name)] = {"shape": dims, "dtype": DTYPES[t.elem_type]}
+        inputs[blobs[info.name]] = {"shape": dims, "dtype": DTYPES[t.elem_type]}
     bottoms = list(inputs)
-    tops = [blob_name(o.name) for o in model.graph.output]
+    tops = [blobs[o.name] for o in model.graph.output]
     layer = {"name": blob_name(name), "type": "ONNX", "file": file,
              "bottom": bottoms[0] if len(bottoms) == 1 else bottoms, "top": tops[0] if len(tops) == 1 else tops}
     net = {"name": blob_name(name), "inputs": inputs, "layers": [layer]}
