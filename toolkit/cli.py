@@ -31,6 +31,9 @@ DTYPES = ["float32", "float64", "float16", "bfloat16"]
 
 
 def _positive_int(text: str) -> int:
+    if len(text.strip().lstrip("+")) > 18:      # beyond 64 bits' reach (and Python's 4,300-digit limit)
+        shown = text if len(text) <= 40 else text[:40] + "..."
+        raise argparse.ArgumentTypeError(f"'{shown}' is more than any size this takes")
     try:
         value = int(text)
     except ValueError:

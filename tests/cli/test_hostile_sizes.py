@@ -108,6 +108,10 @@ def test_an_integer_of_5000_digits_is_refused_wherever_it_is_given(tagger):
              f"error: --set layers.embed.num_output: the integer {10 ** 24} is more than any field holds (64 bits)")
     one_line(infer(tagger, "--buckets", f"N={DIGITS}"),
              f"error: argument --buckets: 'N={'9' * 38}...': a bucket or gear size may be at most 2,147,483,647")
+    one_line(run_toolkit("bench", tagger / "tagger.yaml", "--batch", DIGITS, memory_mb=MEMORY_MB),
+             f"error: argument --batch: '{'9' * 40}...' is more than any size this takes")
+    one_line(run_toolkit("bench", tagger / "tagger.yaml", "--batch", 1, "--dim", f"T={DIGITS}", memory_mb=MEMORY_MB),
+             f"error: --dim T={'9' * 58}...: expected NAME=SIZE with a positive size of at most 18 digits")
 
 
 def test_a_count_of_parameters_past_2_64_is_exact(tmp_path):

@@ -29,8 +29,10 @@ def parse_dims(items: list[str]) -> dict[str, int]:
     dims = {}
     for item in items:
         name, sep, value = item.partition("=")
-        if not sep or not value.strip().isdigit() or int(value) < 1:
-            raise UserError(f"--dim {item}: expected NAME=SIZE with a positive size")
+        if not sep or not value.strip().isdigit() or len(value.strip()) > 18 or int(value) < 1:
+            # (18 digits: beyond any memory, and short of Python's limit on converting digits)
+            shown = item if len(item) <= 60 else item[:60] + "..."
+            raise UserError(f"--dim {shown}: expected NAME=SIZE with a positive size of at most 18 digits")
         dims[name.strip()] = int(value)
     return dims
 
