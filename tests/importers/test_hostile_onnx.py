@@ -89,6 +89,26 @@ def test_shapes_computed_at_import_are_bounded_before_allocation(tmp_path, case)
     assert "TiB" in r.lines[0] or "element counts differ" in r.lines[0], r.err
 
 
+def _fill_of_shape(path, times: list[int]):
+    """ConstantOfShape(Shape(x) * times): the output's size comes from x's shape alone."""
+    node = helper.make_node
+    return _save(path, [node("Shape", ["x"], ["s"]), node("Mul", ["s", "k"], ["s2"]),
+                        node("ConstantOfShape", ["s2"], ["y"])], [_x(("N", 3))], [_out()], [_ints("k", times)])
+
+
+def test_a_fill_of_a_symbolic_shape_times_a_million_is_one_line(tmp_path):
+    """x's data is read by no node, only its shape: N takes its value from x all the same, and the
+    plan of 2*10^6 x 3*10^6 values is refused (it was a DimError traceback: N had no value)."""
+    r = _infer(tmp_path, _fill_of_shape(tmp_path / "m.onnx", [10**6]))
+    _one_line(r, "broadcast_to output [64000000, 3000000]", "TiB")
+
+
+def test_a_fill_of_an_input_shape_takes_the_inputs_size(tmp_path):
+    r = _infer(tmp_path, _fill_of_shape(tmp_path / "m.onnx", [1, 2]), (4, 3), "--output", tmp_path / "y.npy")
+    assert r.status == 0, r.err
+    np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), np.zeros((4, 6), np.float32))
+
+
 def _loop_model(path, trips, shape):
     """x + 1, ``trips`` times over: a for-loop (its body passes its condition on unchanged)."""
     info = helper.make_tensor_value_info
