@@ -3,7 +3,8 @@ fresh importer on the body's builder, seeing the outer values by name, as ONNX s
 loop and if helpers turn the outer values it reads into the body's inputs.
 
 An If whose condition is known at import is inlined (exporters write such Ifs around shapes). A
-Loop runs at most ``MAX_LOOP_TRIPS`` trips unless its body can stop it.
+Loop runs at most ``MAX_LOOP_TRIPS`` trips: one whose body cannot stop it is refused at import
+above that, one that can is stopped with an error when it reaches that many.
 Scan runs every sequence in one direction, its outputs in the same direction (the form loops
 and RNNs export to); other mixes of directions and axes other than 0 are refused."""
 from __future__ import annotations
@@ -93,9 +94,9 @@ def _scan(imp: Importer, node):
     return loop(imp.b, init, sequences, step, reverse=reverse)
 
 
-# the most trips a Loop without an early stop may make: its trip count is a number in the file,
-# and 10^12 trips of even the smallest body would run for days (a loop's per-step outputs are
-# bounded by memory when its plan is built, its carried values are not)
+# the most trips a Loop may make: its trip count is a number in the file, and 10^12 trips of even
+# the smallest body would run for days (a loop's per-step outputs are bounded by memory when its
+# plan is built, its carried values are not); a while-loop's count is often 2^63 - 1, "no bound"
 MAX_LOOP_TRIPS = 1 << 20
 
 
@@ -125,6 +126,11 @@ def _loop(imp: Importer, node):
         imp.fail("a loop that can stop early with per-step outputs has no counterpart here")
     if not stops and count > MAX_LOOP_TRIPS:
         imp.fail(f"a trip count of {count:,}, over the {MAX_LOOP_TRIPS:,} trips a loop may run here")
+    unfinished = None
+    if count > MAX_LOOP_TRIPS:         # one that can stop: run to the bound, checked each trip
+        count = MAX_LOOP_TRIPS
+        unfinished = f"{imp.path}: node '{imp.b.scope}' (Loop): its condition still holds after " \
+                     f"{MAX_LOOP_TRIPS:,} trips, the most a loop may run here"
     if count == 0:
         if n_scan:
             imp.fail("a loop that runs no step, with per-step outputs (empty tensors)")
@@ -154,7 +160,7 @@ def _loop(imp: Importer, node):
             flag = outs[0] if isinstance(outs[0], Value) else bb.op("constant", value=np.asarray(outs[0], bool))
             return flag, new
         return new, [v if isinstance(v, Value) else sub.materialize(v) for v in outs[1 + k:]]
-    outs = loop(b, init, [], step, trips=count, condition=stops)
+    outs = loop(b, init, [], step, trips=count, condition=stops, unfinished=unfinished)
     return outs[1:]
 
 

@@ -133,6 +133,49 @@ def test_a_loop_within_the_bound_still_runs(tmp_path):
     np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), np.full((2, 3), 6, np.float32))
 
 
+def _while_model(path, trips, limit):
+    """x + 1 until its largest value reaches ``limit``, at most ``trips`` times: a while-loop."""
+    info = helper.make_tensor_value_info
+    body = helper.make_graph(
+        [helper.make_node("Add", ["v", "one"], ["v2"]), helper.make_node("ReduceMax", ["v2"], ["m"], keepdims=0),
+         helper.make_node("Less", ["m", "limit"], ["cout"])], "body",
+        [info("i", TensorProto.INT64, []), info("c", TensorProto.BOOL, []), info("v", TensorProto.FLOAT, [2, 3])],
+        [info("cout", TensorProto.BOOL, []), info("v2", TensorProto.FLOAT, [2, 3])])
+    return _save(path, [helper.make_node("Loop", ["n", "", "x"], ["y"], body=body)], [_x((2, 3))], [_out()],
+                 [_ints("n", trips), numpy_helper.from_array(np.array(1, np.float32), "one"),
+                  numpy_helper.from_array(np.array(limit, np.float32), "limit")])
+
+
+def test_a_while_loop_with_no_bound_runs_until_it_stops(tmp_path):
+    model = _while_model(tmp_path / "m.onnx", 2**63 - 1, 10)        # exporters' "no bound"
+    r = _infer(tmp_path, model, (2, 3), "--output", tmp_path / "y.npy")
+    assert r.status == 0, r.err
+    np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), np.full((2, 3), 10, np.float32))
+
+
+def test_a_while_loop_that_never_stops_is_stopped_at_the_bound(tmp_path):
+    """Checked each trip: its condition still true at the bound is one line naming the node. The
+    bound is lowered in the child (1,048,576 trips of this body take some 40 s)."""
+    import subprocess
+    import sys
+
+    from tests.bounded import ROOT
+    model = _while_model(tmp_path / "m.onnx", 10**12, 1e30)
+    np.save(tmp_path / "x.npy", np.ones((2, 3), np.float32))
+    code = ("import sys, layers.onnx.control as c; c.MAX_LOOP_TRIPS = 1000; from toolkit.cli import main; "
+            "sys.exit(main(sys.argv[1:]))")
+
+    def limit():
+        import resource
+        resource.setrlimit(resource.RLIMIT_AS, (MEMORY_MB << 20, MEMORY_MB << 20))
+    r = subprocess.run([sys.executable, "-c", code, "infer", str(model), "--input", f"x={tmp_path / 'x.npy'}"],
+                       capture_output=True, text=True, cwd=ROOT, preexec_fn=limit, timeout=60)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1, r.stderr
+    assert lines[0] == f"error: {model}: node 'g/y' (Loop): its condition still holds after 1,000 trips, the most " \
+                       "a loop may run here", r.stderr
+
+
 def test_a_centre_crop_of_a_symbolic_size_is_one_line(tmp_path):
     """(H - 5) / 2 over a symbolic H has no integer polynomial: said of the Div, not a DimError."""
     node = helper.make_node

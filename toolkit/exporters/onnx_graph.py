@@ -513,7 +513,8 @@ def _loop(s, node, ins):
              (_Stub("bool"), s.model.names.fresh(f"{label}/cond_in"))]
     own = [(v, s.model.names.fresh(f"{label}/in")) for v in formals[:k]]
     graph = _body(s, body, stubs + own + closure, label, loop_flag=flag)
-    trips = a.get("trips")
+    # a loop whose trips are a bound it must not reach (an imported while-loop's) is written as one
+    trips = None if a.get("unfinished") else a.get("trips")
     count = "" if trips is None else s.one("Squeeze", [s.model.dim(trips), s.model.const_i64([0])], hint="trips")
     go = s.model.initializer(np.array(True), "go")
     n_out = len(body.outputs) - flag - k

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..backend.devices import to_host
+from ..errors import UserError
 from ..backend.registry import KERNELS, KernelContext
 from ..runtime.plan import Plan, RuntimeState
 
@@ -50,6 +51,7 @@ def loop_kernel(ctx: KernelContext):
     inputs = {v.id for v in body.inputs}
     aliased = any(v.id in inputs for v in body.outputs[flag:flag + k])
     trips = ctx.in_shapes[k][0] if s else int(attrs["trips"])
+    unfinished = attrs.get("unfinished") if flag else None     # the trips are a bound, not a count
     order = range(trips - 1, -1, -1) if attrs.get("reverse") else range(trips)
 
     def run(ins, results):
@@ -69,6 +71,9 @@ def loop_kernel(ctx: KernelContext):
                 xp.copyto(buf, new)
             if done:
                 break
+        else:
+            if unfinished and trips:
+                raise UserError(unfinished)
         for slot, buf in zip(results[:k], carry_in):
             xp.copyto(slot, buf)
     if plan.before_run:

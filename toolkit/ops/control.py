@@ -28,6 +28,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from ..errors import UserError
 from ..ir.dims import Sym
 from ..ir.graph import FLOAT_DTYPES, Graph, Node, TensorType, Value
 from .autodiff import AutodiffError, backprop
@@ -191,7 +192,7 @@ def _loop_infer(types, attrs):
 
 
 def _loop_reference(*arrays, body, carried, scanned, reverse=False, trips=None, condition=False,
-                    dims=(), saved=0, rng=None):
+                    dims=(), saved=0, rng=None, unfinished=None):
     bindings = dict(dims)
     k, s = carried, scanned
     carries = [np.broadcast_to(a, v.type.concrete(bindings)).copy() for a, v in zip(arrays[:k], body.inputs[:k])]
@@ -205,6 +206,9 @@ def _loop_reference(*arrays, body, carried, scanned, reverse=False, trips=None, 
         steps.append(outs[flag + k:])
         if flag and not bool(outs[0]):
             break
+    else:
+        if unfinished and count:
+            raise UserError(unfinished)
     if reverse:
         steps.reverse()
     stacked = [np.stack([step[j] for step in steps]) for j in range(len(body.outputs) - flag - k)]
@@ -213,11 +217,13 @@ def _loop_reference(*arrays, body, carried, scanned, reverse=False, trips=None, 
 
 def loop(b: Builder, init: Sequence[Value], sequences: Sequence[Value],
          step: Callable[[Builder, list[Value], list[Value]], tuple], reverse: bool = False,
-         trips=None, condition: bool = False) -> list[Value]:
+         trips=None, condition: bool = False, unfinished: str | None = None) -> list[Value]:
     """Append a loop node; returns its outputs (final carries, then stacked per-step outputs).
 
     ``step(builder, carries, xs)`` builds one step and returns (new carries, per-step outputs),
-    or (flag, new carries) with ``condition``; it may read any outer value. The carried types
+    or (flag, new carries) with ``condition``; it may read any outer value. ``unfinished``: with
+    a condition, ``trips`` is a bound rather than a count, and a run that reaches it with the
+    condition still true fails with this message. The carried types
     are inferred to a fixpoint: a carry whose step result has another type (an initial [1, H]
     that the step broadcasts to [N, H]) is carried with the step's type, and the body rebuilt,
     until the types settle."""
@@ -252,6 +258,8 @@ def loop(b: Builder, init: Sequence[Value], sequences: Sequence[Value],
                  dims=_symbols(body.graph))
     if trips is not None:
         attrs["trips"] = trips
+    if unfinished:             # trips is a bound, not a count: reaching it is this error
+        attrs["unfinished"] = unfinished
     return b.op_multi("loop", *init, *sequences, *captured, **attrs)
 
 
