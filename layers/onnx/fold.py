@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from toolkit.ir.dims import Sym
+from toolkit.ir.dims import DimError, Sym
 from toolkit.ir.graph import Value
 from .convert import DTYPES, FOLDERS, NUMPY, NodeError, is_const, is_symbolic
 
@@ -58,6 +58,9 @@ def fold(imp, node, ins: list) -> list | None:
     if any(is_const(x) and is_symbolic(x) for x in ins):
         try:
             return _symbolic(imp, node, ins)
+        except DimError as e:       # (H - 5) / 2: no integer polynomial of H; a fixed H has an answer
+            raise NodeError(f"folding it at import failed: {e} (a size computed from the input's symbolic "
+                            "dimensions must be whole for every value of them: give the input fixed sizes)")
         except (ValueError, IndexError, TypeError) as e:      # shapes or axes that do not fit
             raise NodeError(f"folding it at import failed: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
     if op in ("If", "Loop", "Scan"):

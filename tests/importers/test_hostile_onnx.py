@@ -176,14 +176,24 @@ def test_a_while_loop_that_never_stops_is_stopped_at_the_bound(tmp_path):
                        "a loop may run here", r.stderr
 
 
+def _crop(path, shape):
+    """x's centre 5 x 5: starts (size - 5) / 2, computed from Shape(x)."""
+    node = helper.make_node
+    return _save(path,
+                 [node("Shape", ["x"], ["s"]), node("Gather", ["s", "hw"], ["size"]),
+                  node("Sub", ["size", "k"], ["d"]), node("Div", ["d", "two"], ["start"]),
+                  node("Add", ["start", "k"], ["end"]), node("Slice", ["x", "start", "end", "hw"], ["y"])],
+                 [_x(shape)], [_out()], [_ints("hw", [2, 3]), _ints("k", [5]), _ints("two", [2])])
+
+
 def test_a_centre_crop_of_a_symbolic_size_is_one_line(tmp_path):
     """(H - 5) / 2 over a symbolic H has no integer polynomial: said of the Div, not a DimError."""
-    node = helper.make_node
-    model = _save(tmp_path / "m.onnx",
-                  [node("Shape", ["x"], ["s"]), node("Gather", ["s", "hw"], ["size"]),
-                   node("Sub", ["size", "k"], ["d"]), node("Div", ["d", "two"], ["start"]),
-                   node("Add", ["start", "k"], ["end"]),
-                   node("Slice", ["x", "start", "end", "hw"], ["y"])],
-                  [_x(("N", 3, "height", "width"))], [_out()],
-                  [_ints("hw", [2, 3]), _ints("k", [5]), _ints("two", [2])])
-    _one_line(_infer(tmp_path, model, (1, 3, 9, 9)), "node 'g/start' (Div)", "height - 5 is not divisible by 2")
+    model = _crop(tmp_path / "m.onnx", ("N", 3, "height", "width"))
+    _one_line(_infer(tmp_path, model, (1, 3, 9, 9)), "node 'g/start' (Div)", "height - 5 is not divisible by 2",
+              "give the input fixed sizes")
+
+
+def test_a_centre_crop_of_a_fixed_size_runs(tmp_path):
+    r = _infer(tmp_path, _crop(tmp_path / "m.onnx", ("N", 3, 9, 9)), (1, 3, 9, 9), "--output", tmp_path / "y.npy")
+    assert r.status == 0, r.err
+    assert np.load(tmp_path / "y.npy").shape == (1, 3, 5, 5)
