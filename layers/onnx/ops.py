@@ -617,6 +617,9 @@ def _reshape_dims(imp, x: Value, target, allowzero: bool) -> tuple:
     dims = list(dims_of(target))
     for i, d in enumerate(dims):
         if isinstance(d, int) and d == 0 and not allowzero:
+            if i >= x.rank:             # a 0 copies the input's size on that axis: it has none
+                imp.fail(f"a 0 on axis {i} of the shape {list(dims_of(target))}, past the rank-{x.rank} "
+                         "input's axes")
             dims[i] = x.shape[i]
     if sum(1 for d in dims if isinstance(d, int) and d == -1) > 1:
         imp.fail("more than one -1 in the shape")

@@ -61,6 +61,24 @@ def test_a_reshape_of_a_symbolic_size_to_rows_of_a_trillion_is_one_line(tmp_path
     _one_line(_infer(tmp_path, model), "node 'g/y' (Reshape)", "3*N is not divisible by 1000000000000")
 
 
+def test_a_reshape_copying_an_axis_the_input_lacks_is_one_line(tmp_path):
+    model = _save(tmp_path / "m.onnx", [helper.make_node("Reshape", ["x", "s"], ["y"])], [_x(("N", 3))], [_out()],
+                  [_ints("s", [0, 0, 0])])
+    _one_line(_infer(tmp_path, model), "(Reshape)", "a 0 on axis 2 of the shape [0, 0, 0], past the rank-2 input's axes")
+
+
+@pytest.mark.parametrize("case", ["expand", "tile"])
+def test_shapes_past_int64_bytes_are_refused_by_the_plan(tmp_path, case):
+    """2^62 x 2^62 values: numpy's int64 product of the sizes wrapped (an OverflowError, or a
+    plan of a few bytes that failed to reshape); counted in Python's integers, refused."""
+    if case == "expand":
+        nodes, shape, inits = [helper.make_node("Expand", ["x", "s"], ["y"])], (1, 3), [_ints("s", [2**62, 2**62, 3])]
+    else:
+        nodes, shape, inits = [helper.make_node("Tile", ["x", "r"], ["y"])], ("N", 3), [_ints("r", [2**62, 2**62])]
+    model = _save(tmp_path / "m.onnx", nodes, [_x(shape)], [_out()], inits)
+    _one_line(_infer(tmp_path, model, (1, 3)), "its broadcast_to output [", "EiB; the plan needs at least")
+
+
 def _sizes(case):
     """(nodes, input shape, initializers) of a model asking for a tensor far past memory."""
     node = helper.make_node

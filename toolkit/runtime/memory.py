@@ -20,6 +20,7 @@ any one step. With planning off (``--disable plan_memory``) every value gets mem
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -80,8 +81,20 @@ class MemoryPlan:
                 "lower_bound_bytes": self.lower_bound_bytes, "gathered_concats": self.gathered_concats}
 
 
+# a value's size is counted as at most this (64 PiB, more than any machine holds): the plan then
+# refuses it against the memory there is, and its int64 sums of many such sizes cannot wrap
+MAX_COUNTED_BYTES = 1 << 56
+
+
+def exact_nbytes(shape, dtype) -> int:
+    """The bytes of a value, in Python's integers: numpy's int64 product wraps (2^40 x 2^40
+    values were 0 bytes) or cannot hold a dimension of 2^62 at all."""
+    return max(math.prod(int(d) for d in shape) * np.dtype(dtype).itemsize, 1)
+
+
 def nbytes_of(shape, dtype) -> int:
-    return max(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize, 1)
+    """The bytes a plan counts for a value: its size, or ``MAX_COUNTED_BYTES`` above that."""
+    return min(exact_nbytes(shape, dtype), MAX_COUNTED_BYTES)
 
 
 def _aligned(n: int) -> int:

@@ -28,7 +28,7 @@ from ..ir.graph import FLOAT_DTYPES, Graph, Node
 from ..ops.base import get_op
 from .capture import CapturedRun, capture_blocker
 from .concurrency import concurrent_default, conflicts, wave_calls, waves
-from .memory import FOREVER, Storage, nbytes_of, plan_memory
+from .memory import FOREVER, MAX_COUNTED_BYTES, Storage, exact_nbytes, nbytes_of, plan_memory
 from .parallel import Blas, Workers, default_threads, split_kind, worth_splitting
 from .streams import StreamSchedule, assign_streams, stream_calls
 from .team import team_for
@@ -357,11 +357,13 @@ class Plan:
         values = [(f"layer '{layer_of_scope(n.scope)}': its {n.op} output", v) for n in nodes for v in n.outputs]
         if what == "buffers":
             values += [(f"input '{name}'", v) for name, v in self.graph.inputs.items()]
-        largest = f"the plan needs {human_bytes(nbytes)} of {what} at {_sizes(self.bindings)}, {why}"
+        at_least = "at least " if nbytes >= MAX_COUNTED_BYTES else ""     # a value's count is capped there
+        largest = f"the plan needs {at_least}{human_bytes(nbytes)} of {what} at {_sizes(self.bindings)}, {why}"
         if values:
-            name, v = max(values, key=lambda item: nbytes_of(self.shapes[item[1].id], item[1].dtype))
+            name, v = max(values, key=lambda item: exact_nbytes(self.shapes[item[1].id], item[1].dtype))
             shape = ", ".join(map(str, self.shapes[v.id]))
-            largest = f"{name} [{shape}] ({v.dtype}) is {human_bytes(nbytes_of(self.shapes[v.id], v.dtype))}; {largest}"
+            size = human_bytes(exact_nbytes(self.shapes[v.id], v.dtype))
+            largest = f"{name} [{shape}] ({v.dtype}) is {size}; {largest}"
         raise UserError(largest)
 
     def _view(self, v, reader: Node | None = None):
