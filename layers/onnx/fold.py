@@ -191,7 +191,10 @@ def _elements(node, ins: list) -> int:
         return math.prod(max(d, 0) for d in ints(0))
     if op == "Range":
         start, limit, delta = (float(np.asarray(x).reshape(-1)[0]) for x in ins[:3])
-        return max(0, math.ceil((limit - start) / delta)) if delta else 0
+        count = (limit - start) / delta if delta else 0.0
+        if not math.isfinite(count):          # an infinite or NaN bound: no count of elements at all
+            raise NodeError(f"a range from {start:g} to {limit:g} by {delta:g} has no finite length")
+        return max(0, math.ceil(count))
     if op == "Tile":
         return math.prod(d * max(r, 0) for d, r in zip(arrays[0].shape, ints(1)))
     if op == "Expand":

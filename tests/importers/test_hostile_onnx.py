@@ -127,6 +127,14 @@ def test_a_fill_of_an_input_shape_takes_the_inputs_size(tmp_path):
     np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), np.zeros((4, 6), np.float32))
 
 
+@pytest.mark.parametrize("limit", [np.inf, np.nan])
+def test_a_range_without_a_finite_length_is_one_line(tmp_path, limit):
+    bounds = [numpy_helper.from_array(np.array(v, np.float32), n) for n, v in (("a", 0), ("b", limit), ("c", 1))]
+    model = _save(tmp_path / "m.onnx", [helper.make_node("Range", ["a", "b", "c"], ["r"]),
+                                        helper.make_node("Add", ["x", "r"], ["y"])], [_x((1, 1))], [_out()], bounds)
+    _one_line(_infer(tmp_path, model, (1, 1)), "(Range)", "has no finite length")
+
+
 def _loop_model(path, trips, shape):
     """x + 1, ``trips`` times over: a for-loop (its body passes its condition on unchanged)."""
     info = helper.make_tensor_value_info
