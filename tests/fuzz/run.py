@@ -4,7 +4,8 @@
     python -m tests.fuzz.run TARGET --replay [FILE ...]
 
 A fuzzing run starts from the target's corpus (tests/fuzz/corpus/TARGET, read only; what the
-fuzzer adds goes to a scratch folder) with the toolkit's modules instrumented for coverage. Every
+fuzzer adds goes to a scratch folder) and the words of its format (tests/fuzz/dicts/TARGET.dict,
+libFuzzer's dictionary) with the toolkit's modules instrumented for coverage. Every
 input is checked by targets.check; an input that breaks the property is written to the findings
 folder (one file per distinct finding: its kind and the toolkit's frame it came from, with the
 traceback beside it) and the run goes on. Should the engine itself stop (an input past its memory
@@ -114,6 +115,9 @@ def _fuzz(target: str, seconds: float, findings: Path, memory_mb: int, log_to, s
         engine_args = [str(grown), str(CORPUS / target), f"-max_total_time={int(left)}",
                        f"-timeout={int(3 * _targets().SECONDS)}", f"-rss_limit_mb={memory_mb - 512}",
                        f"-max_len={MAX_LEN}", "-print_final_stats=1", f"-artifact_prefix={artifacts}"]
+        words = HERE / "dicts" / f"{target}.dict"      # the format's words: mutations that reach its values
+        if words.exists():
+            engine_args.append(f"-dict={words}")
         cmd = [sys.executable, "-m", "tests.fuzz.run", target, "--engine", "--findings", str(findings), "--",
                *engine_args]
         proc = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT), TOOLKIT_NATIVE="0"),
