@@ -76,3 +76,19 @@ def test_caffe_blobs_whose_names_become_one_name_stay_two_blobs(tmp_path):
     got = _infer(tmp_path, tmp_path / "out" / "net.yaml", np.array([[1, 2, 3]], np.float32))
     np.testing.assert_array_equal(got["out"], np.zeros((1, 3)))
     np.testing.assert_array_equal(got["out2"], [[1, 2, 3]])
+
+
+def test_an_output_that_is_also_the_input_comes_back(tmp_path):
+    """ONNX lets a model give its input back as an output: a blob of its own ('x_2'), as a top
+    cannot be the net's input, where before the output was left out."""
+    onnx = pytest.importorskip("onnx", reason="the onnx extra reads the models")
+    from onnx import TensorProto, helper
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y", "x")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "m.onnx")
+    x = np.full((2, 3), -2, np.float32)
+    got = _infer(tmp_path, tmp_path / "m.onnx", x)
+    assert sorted(got.files) == ["x_2", "y"]
+    np.testing.assert_array_equal(got["x_2"], x)
+    np.testing.assert_array_equal(got["y"], np.zeros((2, 3)))

@@ -105,7 +105,7 @@ def _onnx(args, stage: Path) -> tuple[list[str], list[tuple[str, str]]]:
         _write(stage, text, weights, f"# imported from {source.name} by `toolkit import onnx`\n")
         return [f"imported {net.name}: {len(loaded.model.graph.node)} ONNX nodes as {len(net.spec.layers)} layers, "
                 f"{_count(weights):,} parameters; wrote {out / 'net.yaml'} and {out / 'model.safetensors'} (the "
-                "layers compute what the model does: checked on random inputs)"] + blob_names(loaded.model)[1], read
+                "layers compute what the model does: checked on random inputs)"] + blob_names(loaded.model)[2], read
     import shutil
     shutil.copyfile(source, stage / source.name)
     for data in loaded.data_files:        # where the copy's tensors keep their data, checked when read
@@ -118,7 +118,7 @@ def _onnx(args, stage: Path) -> tuple[list[str], list[tuple[str, str]]]:
             f"layer '{graph_net.spec.layers[0].name}', {_count(graph_weights):,} parameters; wrote {out / 'net.yaml'}, "
             f"{out / source.name} and {out / 'model.safetensors'}"]
     shown = problems[:5] + ([f"and {len(problems) - 5} more"] if len(problems) > 5 else [])
-    said += blob_names(loaded.model)[1]          # values whose names would have become one blob's
+    said += blob_names(loaded.model)[2]          # values whose names would have become one blob's
     said.append("note: not a net of the catalog's layers, because of " + "; ".join(shown))
     said.append("note: the graph stays one ONNX layer (its nodes run as the toolkit's primitives); add layers after "
                 "it, or freeze it with lr_mult: 0, to fine-tune")

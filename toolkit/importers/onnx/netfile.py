@@ -18,29 +18,34 @@ def blob_name(raw: str) -> str:
     return BLOB.sub("_", raw) or "x"
 
 
-def blob_names(model) -> tuple[dict[str, str], list[str]]:
-    """(ONNX value name -> blob name, one to one; a note for each name changed to keep it so).
-    Names are given in one fixed order (the model's inputs, its outputs, then the nodes' outputs)
-    so that every writer of a net from the model (the ONNX layer's net file, the net of layers)
-    names each value alike; a name whose blob name another value already took gets the first of
-    NAME_2, NAME_3, ... that is free."""
-    order = [i.name for i in model_inputs(model)] + [o.name for o in model.graph.output] + \
-        [o for n in model.graph.node for o in n.output if o]
+def blob_names(model) -> tuple[dict[str, str], list[str], list[str]]:
+    """(ONNX value name -> blob name, one to one; the blob name of each model output in order; a
+    note for each name changed to keep them so). Names are given in one fixed order (the model's
+    inputs, its outputs, then the nodes' outputs) so that every writer of a net from the model (the
+    ONNX layer's net file, the net of layers) names each value alike; a name whose blob name
+    another value already took gets the first of NAME_2, NAME_3, ... that is free. An output that
+    is one of the model's inputs too is a blob of its own, as a top cannot be the net's input."""
+    inputs = [i.name for i in model_inputs(model)]
     names: dict[str, str] = {}
     owner: dict[str, str] = {}
     notes = []
-    for raw in order:
-        if raw in names:
-            continue
+
+    def fresh(raw: str, said: str) -> str:
         base = blob_name(raw)
         name, i = base, 1
         while name in owner:
             i += 1
             name = f"{base}_{i}"
         if name != base:
-            notes.append(f"note: the ONNX value '{raw}' is the blob '{name}' ('{base}' is '{owner[base]}')")
-        names[raw], owner[name] = name, raw
-    return names, notes
+            notes.append(f"note: {said} is the blob '{name}' ('{base}' is '{owner[base]}')")
+        owner[name] = raw
+        return name
+    for raw in inputs + [o.name for o in model.graph.output] + [o for n in model.graph.node for o in n.output if o]:
+        if raw not in names:
+            names[raw] = fresh(raw, f"the ONNX value '{raw}'")
+    outputs = [fresh(o.name, f"the model's output '{o.name}', also its input,") if o.name in inputs
+               else names[o.name] for o in model.graph.output]
+    return names, outputs, notes
 
 
 def model_name(model, path: str) -> str:
@@ -54,7 +59,7 @@ def net_dict(model, file: str, name: str) -> dict:
     from ...errors import UserError
     inputs = {}
     symbols: dict[str, str] = {}
-    blobs, _notes = blob_names(model)
+    blobs, outputs, _notes = blob_names(model)
     for info in model_inputs(model):
         t = info.type.tensor_type
         if t.elem_type not in DTYPES:
@@ -68,7 +73,7 @@ def net_dict(model, file: str, name: str) -> dict:
                 dims.append(symbols.setdefault(raw, symbol_name(raw)))
         inputs[blobs[info.name]] = {"shape": dims, "dtype": DTYPES[t.elem_type]}
     bottoms = list(inputs)
-    tops = [blobs[o.name] for o in model.graph.output]
+    tops = outputs
     layer = {"name": blob_name(name), "type": "ONNX", "file": file,
              "bottom": bottoms[0] if len(bottoms) == 1 else bottoms, "top": tops[0] if len(tops) == 1 else tops}
     net = {"name": blob_name(name), "inputs": inputs, "layers": [layer]}
