@@ -324,7 +324,7 @@ TRAIN_SCRIPT = STAND_IN + RAW_MODULE + textwrap.dedent("""
     import json
     from pathlib import Path
     from toolkit.frontend import Net
-    from toolkit.train import scalars
+    from toolkit.training import scalars
     from toolkit.training.trainer import Trainer
     reads = []
     drain = scalars.StepScalars.drain

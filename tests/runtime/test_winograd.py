@@ -17,7 +17,10 @@ from toolkit.ops.base import Builder  # noqa: E402
 from toolkit.runtime.plan import Plan  # noqa: E402
 
 pytestmark = pytest.mark.skipif(toolchain.compiler() is None, reason="no C compiler on this machine")
-TOL = {"float32": 2e-6, "float64": 1e-12}
+# of the largest output: Winograd's transforms amplify float32 rounding (F(4x4, 3x3) more than
+# direct summation), and how the channel sum is split over threads follows how busy the machine
+# is, so a loaded machine lands up to about 3.2e-6 on the 256-channel case
+TOL = {"float32": 5e-6, "float64": 1e-12}
 
 
 @pytest.fixture(autouse=True)

@@ -64,16 +64,18 @@ def read_image(path: str, layout: tuple[int, int, int]) -> np.ndarray:
     return read_decoded(path, warp)
 
 
-def read_decoded(path: str, prepare):
-    """``prepare`` (a decoded PIL image -> an array) of the image file at ``path``, its size held
-    to the pixel limit first."""
+def read_decoded(path, prepare):
+    """``prepare`` (a decoded PIL image -> an array) of the image file at ``path`` (or of an image
+    already in memory: a binary file object, as a request's encoded image), its size held to the
+    pixel limit first."""
     from PIL import Image
     limit = max_pixels()
     # the check below replaces PIL's own (which would refuse twice its default in its own words,
     # and let a user's raised limit be overruled); this module is PIL's only user in the toolkit
     Image.MAX_IMAGE_PIXELS = None
-    # opened as a regular file first: PIL's own open of a FIFO would wait for a writer
-    with _decoding(path), open_regular(path) as f, Image.open(f) as img:
+    # a path is opened as a regular file first: PIL's own open of a FIFO would wait for a writer
+    source = contextlib.nullcontext(path) if hasattr(path, "read") else open_regular(path)
+    with _decoding(path), source as f, Image.open(f) as img:
         return _within_limit(img, path, limit, prepare)
 
 
