@@ -46,8 +46,9 @@ def lower_onnx(p: OnnxParams, ctx, bottoms):
         raise LayerError(f"{p.file} takes {len(inputs)} inputs ({', '.join(i.name for i in inputs)}), the layer "
                          f"gives {len(bottoms)} bottoms", "bottom")
     outputs = list(p.outputs) if p.outputs is not None else [o.name for o in loaded.model.graph.output]
-    known = {o for n in loaded.model.graph.node for o in n.output} | {i.name for i in loaded.model.graph.input} | \
-        set(loaded.arrays)
+    # an empty name is an optional output left out: no value
+    known = ({o for n in loaded.model.graph.node for o in n.output} | {i.name for i in loaded.model.graph.input} |
+             set(loaded.arrays)) - {""}
     for name in outputs:
         if name not in known:
             from toolkit.errors import did_you_mean

@@ -979,6 +979,11 @@ def _einsum(imp, node):
     if len(terms) != len(node.input) or len(terms) > 2 or any(len(set(t)) != len(t) for t in terms + [out]):
         imp.fail(f"the equation {equation!r}: one or two operands without repeated indices only")
     values = [imp.value(n) for n in node.input]
+    for t, v in zip(terms, values):
+        if len(t) != v.rank:
+            imp.fail(f"the equation {equation!r}: operand {t!r} names {len(t)} axes, the input has {v.rank}")
+    if any(ch not in lhs for ch in out):
+        imp.fail(f"the equation {equation!r}: an output index that no operand has")
     like = next((v for v in values if v.dtype in FLOAT_DTYPES), values[0])
     values = [v if v.dtype == like.dtype else imp.value(n, like) for v, n in zip(values, node.input)]
     b = imp.b
