@@ -776,6 +776,9 @@ def _gather(imp, node):
     x = data if isinstance(data, Value) else None
     axis = imp.attr(node, "axis", 0)
     b = imp.b
+    rank = x.rank if x is not None else np.ndim(data)
+    if not -rank <= axis < rank:                  # a scalar has no axis at all
+        imp.fail(f"axis {axis} of an input of rank {rank}")
     if is_const(indices):
         x = x if x is not None else imp.materialize(data)
         axis %= x.rank
