@@ -120,7 +120,8 @@ def _fuzz(target: str, seconds: float, findings: Path, memory_mb: int, log_to, s
             engine_args.append(f"-dict={words}")
         cmd = [sys.executable, "-m", "tests.fuzz.run", target, "--engine", "--findings", str(findings), "--",
                *engine_args]
-        proc = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT), TOOLKIT_NATIVE="0"),
+        proc = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT), TOOLKIT_NATIVE="0",
+                                                       TOOLKIT_FUZZ_SCRATCH=str(scratch)),
                               capture_output=True, text=True, preexec_fn=lambda: _limit_memory(memory_mb))
         log = proc.stdout + proc.stderr
         if log_to is not None:

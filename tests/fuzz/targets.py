@@ -20,6 +20,7 @@ the finding (None where the property holds); run.py drives it under atheris and 
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import io
 import os
@@ -74,7 +75,10 @@ class _Scratch:
     """A folder of the process's own, emptied before each input (an input's files and --out)."""
 
     def __init__(self):
-        self.root = Path(tempfile.mkdtemp(prefix="toolkit-fuzz-"))
+        # inside the fuzzing driver's own scratch folder where there is one (the engine ends with
+        # _exit, past atexit; the driver removes its folder), else removed at exit
+        self.root = Path(tempfile.mkdtemp(prefix="toolkit-fuzz-", dir=os.environ.get("TOOLKIT_FUZZ_SCRATCH")))
+        atexit.register(shutil.rmtree, self.root, True)
 
     def fresh(self) -> Path:
         for item in self.root.iterdir():
