@@ -8,6 +8,7 @@ import numpy as np
 
 from toolkit.ir.graph import FLOAT_DTYPES, Value
 from .convert import CONVERTERS, DTYPES, NUMPY, Importer, NodeError, dims_of, is_const
+from .windows import pad_explicit, pool_size, spatial_pads
 
 
 def converts(*ops: str):
@@ -271,39 +272,6 @@ def _gemm(imp, node):
 
 
 # -- convolution and pooling ------------------------------------------------------------------
-def _spatial_pads(imp, node, x: Value, kernel, strides, dilations) -> tuple[list[int], list[int]]:
-    """(begin, end) padding of the two image axes, auto_pad resolved against the input's size."""
-    auto = imp.attr(node, "auto_pad", "NOTSET")
-    auto = auto.decode() if isinstance(auto, bytes) else auto
-    rank = len(kernel)
-    if auto not in ("NOTSET", "", "VALID", "SAME_UPPER", "SAME_LOWER"):
-        imp.fail(f"auto_pad {auto!r} is none of NOTSET, VALID, SAME_UPPER and SAME_LOWER")
-    if auto in ("NOTSET", ""):
-        pads = list(imp.attr(node, "pads", [0] * 2 * rank))
-        if len(pads) != 2 * rank:
-            imp.fail(f"pads has {len(pads)} values, the image's {rank} axes take {2 * rank}")
-        return pads[:rank], pads[rank:]
-    if auto == "VALID":
-        return [0] * rank, [0] * rank
-    begin, end = [], []
-    for size, k, s, d in zip(x.shape[2:], kernel, strides, dilations):
-        if not isinstance(size, int):
-            imp.fail(f"auto_pad {auto} over a symbolic image size")
-        out = -(-size // s)
-        total = max(0, (out - 1) * s + (k - 1) * d + 1 - size)
-        small, big = total // 2, total - total // 2
-        begin.append(big if auto == "SAME_LOWER" else small)
-        end.append(small if auto == "SAME_LOWER" else big)
-    return begin, end
-
-
-def _pad_explicit(imp, x: Value, begin: list[int], end: list[int]) -> Value:
-    for axis, (lo, hi) in enumerate(zip(begin, end), start=2):
-        if lo or hi:
-            x = imp.b.op("pad_axis", x, axis=axis, before=lo, after=hi)
-    return x
-
-
 def _image_input(imp, node, name: str) -> tuple[Value, bool]:
     """The input as [N, C, H, W]: a 1-d signal [N, C, L] gets H = 1 (returned True)."""
     x = _float(imp, name)
@@ -339,9 +307,9 @@ def _conv(imp, node):
     else:
         node_pads = None
     begin, end = ([node_pads[0], node_pads[1]], [node_pads[2], node_pads[3]]) if node_pads else \
-        _spatial_pads(imp, node, x, kernel, strides, dilations)
+        spatial_pads(imp, node, x, kernel, strides, dilations)
     symmetric = [lo if lo == hi else 0 for lo, hi in zip(begin, end)]
-    x = _pad_explicit(imp, x, [lo - s for lo, s in zip(begin, symmetric)], [hi - s for hi, s in zip(end, symmetric)])
+    x = pad_explicit(imp, x, [lo - s for lo, s in zip(begin, symmetric)], [hi - s for hi, s in zip(end, symmetric)])
     inputs = [x, w]
     bias = imp.optional(node, 2)
     if bias is not None:
@@ -421,7 +389,7 @@ def _pool(imp, node):
     from .windows import window_pool
     kernel = [int(k) for k in imp.attr(node, "kernel_shape")]
     strides = [int(s) for s in imp.attr(node, "strides", [1] * spatial)]
-    begin, end = _spatial_pads(imp, node, x, kernel, strides, dilations)
+    begin, end = spatial_pads(imp, node, x, kernel, strides, dilations)
     include = bool(imp.attr(node, "count_include_pad", 0)) and node.op_type == "AveragePool"
     return [window_pool(imp, node, x, kernel, strides, dilations, begin, end, bool(imp.attr(node, "ceil_mode", 0)),
                         include)]
@@ -438,7 +406,7 @@ def _pool_primitive(imp, node):
         p = list(imp.attr(node, "pads"))
         begin, end = [0, p[0]], [0, p[1]]
     else:
-        begin, end = _spatial_pads(imp, node, x, kernel, strides, dilations)
+        begin, end = spatial_pads(imp, node, x, kernel, strides, dilations)
     if any(max(lo, hi) > k // 2 for lo, hi, k in zip(begin, end, kernel)):
         raise _Unequal                 # the primitives pad at most half a kernel
     ceil = bool(imp.attr(node, "ceil_mode", 0))
@@ -446,7 +414,7 @@ def _pool_primitive(imp, node):
     wanted = None
     if begin != end:
         if include and not ceil:
-            x = _pad_explicit(imp, x, begin, end)          # the padding's zeros counted: make them real
+            x = pad_explicit(imp, x, begin, end)          # the padding's zeros counted: make them real
             begin = end = [0, 0]
         elif include:
             raise _Unequal
@@ -454,12 +422,12 @@ def _pool_primitive(imp, node):
             # padding that no window counts: windows start at i*stride - begin either way, so pool
             # with the begin padding on both sides (ceil_mode where the end needs more windows)
             # and keep the windows the unequal padding gives
-            wanted = [_pool_size(n, k, s, lo, hi, ceil) for n, k, s, lo, hi in
+            wanted = [pool_size(n, k, s, lo, hi, ceil) for n, k, s, lo, hi in
                       zip(x.shape[2:], kernel, strides, begin, end)]
             if any(not isinstance(n, int) or w is None for n, w in zip(x.shape[2:], wanted)):
                 imp.fail("unequal padding over a symbolic image size")
             if all(n + lo >= k for n, lo, k in zip(x.shape[2:], begin, kernel)):
-                ceil = any(_pool_size(n, k, s, lo, lo, False) < w for n, k, s, lo, w in
+                ceil = any(pool_size(n, k, s, lo, lo, False) < w for n, k, s, lo, w in
                            zip(x.shape[2:], kernel, strides, begin, wanted))
                 skip = [0, 0]
             else:
@@ -484,18 +452,7 @@ def _pool_primitive(imp, node):
     return [imp.b.reshape(y, (y.shape[0], y.shape[1], y.shape[3])) if one_d else y]
 
 
-def _pool_size(size, kernel: int, stride: int, begin: int, end: int, ceil: bool):
-    """Pooling windows along an axis padded by (begin, end): PyTorch's rule, which drops a last
-    window that would start in the end padding."""
-    if not isinstance(size, int):
-        if begin == end:
-            return (size + 2 * begin - kernel) // stride + 1 if not ceil else None
-        return None
-    span = size + begin + end - kernel
-    out = (-(-span // stride) if ceil else span // stride) + 1
-    if ceil and (out - 1) * stride >= size + begin:
-        out -= 1
-    return out
+
 
 
 @converts("GlobalAveragePool", "GlobalMaxPool")

@@ -2,7 +2,8 @@
 dilations, unequal padding, ceil_mode or three image axes (one strided view per kernel offset,
 combined by maximum or by sum over a divisor computed at import), Pad's edge, reflect and wrap
 modes, and ArgMax/ArgMin's select_last_index. Each needs the sizes of the axes it reads known at
-import."""
+import. Also the padding (auto_pad resolved) and window counts that every convolution and pooling
+converter shares."""
 from __future__ import annotations
 
 import itertools
@@ -76,7 +77,6 @@ def window_pool(imp, node, x: Value, kernel, strides, dilations, begin, end, cei
     """MaxPool or AveragePool of [N, C, *spatial] with every attribute ONNX gives: each output is
     the maximum (or the sum over a divisor) of the kernel's offsets, each offset a strided view
     of the input padded to the windows' reach."""
-    from .ops import _pool_size
     b = imp.b
     spatial = [_known(imp, x, axis, node.op_type) for axis in range(2, x.rank)]
     offsets = math.prod(kernel)
@@ -87,7 +87,7 @@ def window_pool(imp, node, x: Value, kernel, strides, dilations, begin, end, cei
         imp.fail(f"{node.op_type} with dilations, unequal padding or three image axes and a kernel of {offsets} "
                  f"elements (more than {MAX_KERNEL_OFFSETS}) has no counterpart here")
     reach = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
-    outs = [_pool_size(n, r, s, lo, hi, ceil) for n, r, s, lo, hi in zip(spatial, reach, strides, begin, end)]
+    outs = [pool_size(n, r, s, lo, hi, ceil) for n, r, s, lo, hi in zip(spatial, reach, strides, begin, end)]
     if any(o is None or o < 1 for o in outs):
         imp.fail(f"{node.op_type}: the kernel does not fit the padded input")
     # the padded input: begin padding, then to the last window's reach (cut where it ends sooner)
@@ -175,13 +175,12 @@ def last_index_arg(imp, x: Value, axis: int, largest: bool) -> Value:
 def conv3d(imp, node, x: Value) -> Value:
     """Conv of [N, C, D, H, W]: the depth padded, then for each kernel depth offset the strided
     depth slices as a batch of 2-d images through conv2d with that depth's kernel, summed."""
-    from .ops import _pad_explicit, _spatial_pads
     b = imp.b
     w = imp.value(node.input[1], x)
     kernel = [int(k) for k in w.shape[2:]]
     strides = [int(s) for s in imp.attr(node, "strides", [1, 1, 1])]
     dilations = [int(d) for d in imp.attr(node, "dilations", [1, 1, 1])]
-    begin, end = _spatial_pads(imp, node, x, kernel, strides, dilations)
+    begin, end = spatial_pads(imp, node, x, kernel, strides, dilations)
     group = int(imp.attr(node, "group", 1))
     depth = _known(imp, x, 2, "a 3-d convolution")
     if begin[0] or end[0]:
@@ -191,7 +190,7 @@ def conv3d(imp, node, x: Value) -> Value:
     if out_depth < 1:
         imp.fail("the kernel is deeper than the padded input")
     symmetric = [lo if lo == hi else 0 for lo, hi in zip(begin[1:], end[1:])]
-    x = _pad_explicit(imp, x, [0] + [lo - s for lo, s in zip(begin[1:], symmetric)],
+    x = pad_explicit(imp, x, [0] + [lo - s for lo, s in zip(begin[1:], symmetric)],
                       [0] + [hi - s for hi, s in zip(end[1:], symmetric)])
     n, c = x.shape[0], x.shape[1]
     total = None
@@ -209,3 +208,51 @@ def conv3d(imp, node, x: Value) -> Value:
         total = b.add(total, b.reshape(bv, (bv.shape[0], 1, 1)))
     total = b.reshape(total, (n, out_depth) + tuple(total.shape[1:]))
     return b.op("transpose", total, perm=(0, 2, 1, 3, 4))
+
+
+# -- the padding and window counts every convolution and pooling converter shares --------------
+def spatial_pads(imp, node, x: Value, kernel, strides, dilations) -> tuple[list[int], list[int]]:
+    """(begin, end) padding of the two image axes, auto_pad resolved against the input's size."""
+    auto = imp.attr(node, "auto_pad", "NOTSET")
+    auto = auto.decode() if isinstance(auto, bytes) else auto
+    rank = len(kernel)
+    if auto not in ("NOTSET", "", "VALID", "SAME_UPPER", "SAME_LOWER"):
+        imp.fail(f"auto_pad {auto!r} is none of NOTSET, VALID, SAME_UPPER and SAME_LOWER")
+    if auto in ("NOTSET", ""):
+        pads = list(imp.attr(node, "pads", [0] * 2 * rank))
+        if len(pads) != 2 * rank:
+            imp.fail(f"pads has {len(pads)} values, the image's {rank} axes take {2 * rank}")
+        return pads[:rank], pads[rank:]
+    if auto == "VALID":
+        return [0] * rank, [0] * rank
+    begin, end = [], []
+    for size, k, s, d in zip(x.shape[2:], kernel, strides, dilations):
+        if not isinstance(size, int):
+            imp.fail(f"auto_pad {auto} over a symbolic image size")
+        out = -(-size // s)
+        total = max(0, (out - 1) * s + (k - 1) * d + 1 - size)
+        small, big = total // 2, total - total // 2
+        begin.append(big if auto == "SAME_LOWER" else small)
+        end.append(small if auto == "SAME_LOWER" else big)
+    return begin, end
+
+
+def pad_explicit(imp, x: Value, begin: list[int], end: list[int]) -> Value:
+    for axis, (lo, hi) in enumerate(zip(begin, end), start=2):
+        if lo or hi:
+            x = imp.b.op("pad_axis", x, axis=axis, before=lo, after=hi)
+    return x
+
+
+def pool_size(size, kernel: int, stride: int, begin: int, end: int, ceil: bool):
+    """Pooling windows along an axis padded by (begin, end): PyTorch's rule, which drops a last
+    window that would start in the end padding."""
+    if not isinstance(size, int):
+        if begin == end:
+            return (size + 2 * begin - kernel) // stride + 1 if not ceil else None
+        return None
+    span = size + begin + end - kernel
+    out = (-(-span // stride) if ceil else span // stride) + 1
+    if ceil and (out - 1) * stride >= size + begin:
+        out -= 1
+    return out

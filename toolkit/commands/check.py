@@ -12,7 +12,7 @@ PHASE_ORDER = ("infer", "test", "train")
 
 
 def run_check(args) -> int:
-    from .train_cmd import parse_overrides
+    from ..frontend.spec import parse_overrides
     net = load_net(args.net, parse_overrides(args.overrides))
     lowered = {p: net.lower(p) for p in PHASE_ORDER}
     rows = []
@@ -43,7 +43,7 @@ def run_check(args) -> int:
 
 def run_render(args) -> int:
     from ..frontend.render import render_net
-    from .train_cmd import parse_overrides
+    from ..frontend.spec import parse_overrides
     net = load_net(args.net, parse_overrides(args.overrides))
     print(render_net(net), end="")
     return 0

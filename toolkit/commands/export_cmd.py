@@ -23,19 +23,6 @@ def transform_record(net) -> dict | None:
     return None if transform is None else transform.record()
 
 
-def net_inputs(net, weights: str | None = None) -> list[tuple[str, str]]:
-    """The files a command that loads ``net`` reads: the net file, its bases, the weights, the
-    mean image its transform names (as (what, path) pairs, for ``refuse_own_inputs``)."""
-    files = [("the net file", net.files[0])] + [("a base of the net", f) for f in net.files[1:]]
-    if weights:
-        files.append(("the weights file", weights))
-    from ..training.data import mean_file_of
-    mean = mean_file_of(net)
-    if mean is not None:
-        files.append(("the mean file", mean))
-    return files
-
-
 def _onnx(args) -> int:
     try:
         import onnx  # noqa: F401
@@ -43,8 +30,9 @@ def _onnx(args) -> int:
         raise UserError("toolkit export onnx needs the onnx package: pip install 'toolkit[onnx]'") from None
     from ..exporters.onnx_graph import DEFAULT_OPSET, export_graph
     from ..fileio import atomic_write, refuse_own_inputs
+    from ..frontend.spec import parse_overrides
     from ..zoo.resolve import load_net
-    from .train_cmd import parse_overrides
+    from .io import net_inputs
     net = load_net(args.net, parse_overrides(args.overrides))
     weights_path = net.default_weights(args.weights)
     out = Path(args.output)

@@ -70,7 +70,7 @@ def run_graph(args) -> int:
             raise UserError(NO_DOT.format(stem=target.stem or "net"))
 
     net = load_net(args.net)
-    from .export_cmd import net_inputs
+    from .io import net_inputs
     refuse_own_inputs("-o", args.output, [target], net_inputs(net, args.weights))
     if args.phase == "train":
         # a deploy net is drawn with the objective `toolkit bench --train` times (frontend/heads.py)

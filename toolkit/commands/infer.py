@@ -23,7 +23,7 @@ CHUNK_BUCKETS = 4      # the default chunk: this many times the largest bucket's
 def _refuse_inputs(args, net) -> None:
     """--output names none of the files infer reads: the net's, the weights, an --input, --labels."""
     from ..fileio import refuse_own_inputs
-    from .export_cmd import net_inputs
+    from .io import net_inputs
     weights = args.weights or (net.file if net.file.endswith(".onnx") else None)
     inputs = net_inputs(net, weights) + [("the labels file", args.labels)]
     for spec in args.input:            # NAME=FILE or FILE: both readings, as a file may hold '='

@@ -330,3 +330,16 @@ def write_csv_outputs(path: str, outputs: Mapping[str, np.ndarray], row_names: l
     writer.writerow(header)
     writer.writerows(zip(*columns))
     atomic_write(Path(path), lambda tmp: Path(tmp).write_text(text.getvalue()))
+
+
+def net_inputs(net, weights: str | None = None) -> list[tuple[str, str]]:
+    """The files a command that loads ``net`` reads: the net file, its bases, the weights, the
+    mean image its transform names (as (what, path) pairs, for ``refuse_own_inputs``)."""
+    files = [("the net file", net.files[0])] + [("a base of the net", f) for f in net.files[1:]]
+    if weights:
+        files.append(("the weights file", weights))
+    from ..training.data import mean_file_of
+    mean = mean_file_of(net)
+    if mean is not None:
+        files.append(("the mean file", mean))
+    return files

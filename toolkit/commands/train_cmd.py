@@ -53,7 +53,7 @@ def _refuse_inputs(net, args) -> None:
     an earlier run, a data source named like a run's file), which the run would replace."""
     from ..fileio import refuse_own_inputs
     from ..training.data import data_files
-    from .export_cmd import net_inputs
+    from .io import net_inputs
     weights = args.weights if args.weights and not args.weights.startswith("zoo:") else None
     refuse_own_inputs("--out", args.out, [Path(args.out) / f for f in RUN_OUTPUTS],
                       net_inputs(net, weights) + data_files(net))
@@ -150,7 +150,7 @@ def run_data(args) -> int:
     check_output_path(args.out, ["data"])
     from ..fileio import refuse_own_inputs
     from ..training.data import data_files
-    from .export_cmd import net_inputs
+    from .io import net_inputs
     refuse_own_inputs("--out", args.out, [args.out], net_inputs(net) + data_files(net))
     train_set, test_set = load_data(net, train_spec(net), transformed=False)
     chosen = train_set if args.split == "train" else test_set

@@ -364,8 +364,7 @@ def data_files(net) -> list[tuple[str, str]]:
     for key in ("source", "test_source"):
         named = getattr(data, key, None) if data is not None else None
         if named and not named.startswith("builtin:"):
-            from .trainer import _folder_of
-            found += [(f"train.data.{key}", named), (f"train.data.{key}", str(_folder_of(net, key) / named))]
+            found += [(f"train.data.{key}", named), (f"train.data.{key}", str(data_folder(net, key) / named))]
     return found
 
 
@@ -398,6 +397,12 @@ def carried_name(named: str) -> str:
     import re
     name = Path(named).name
     return name if re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*", name) else "mean.npy"
+
+
+def data_folder(net, key: str) -> Path:
+    """The folder of the file that wrote ``train.data.KEY``: a relative data path in a base file
+    is relative to that base, as its ``base:`` paths are."""
+    return Path(net.positions.locate(("train", "data", key), prefer_key=False).file).parent
 
 
 def mean_of(data_spec, base: Path | None = None, ndim: int = 4):

@@ -31,8 +31,8 @@ from ..passes.pipeline import memory_reuse
 from ..runtime.plan import Plan, RuntimeState
 from ..weights import save_weights
 from .checkpoint import Checkpoint, find_resume_point, read_checkpoint, write_checkpoint
-from .data import (INPUT_FILE, BatchOrder, Dataset, InputTransform, augment, center_crop, describe_source, fit_to_inputs,
-                   image_inputs, load_source, split, transform)
+from .data import (INPUT_FILE, BatchOrder, Dataset, InputTransform, augment, center_crop, data_folder, describe_source,
+                   fit_to_inputs, image_inputs, load_source, split, transform)
 from .progress import MetricsLog, Progress, plot
 from .sources import Mapped, kind_of as lazy_kind, open_lazy
 from .watch import TensorBoard, trackers
@@ -140,7 +140,7 @@ def _open_data(net: Net, key: str, source: str, data_spec, crop):
     read a batch at a time (checked on its first example, each batch cast as it is read)."""
     inputs = net.spec.inputs
     path = Path(source)
-    folder = _folder_of(net, key)
+    folder = data_folder(net, key)
     if not source.startswith("builtin:") and not path.is_absolute() and not path.exists():
         path = folder / path
     kind = None if source.startswith("builtin:") else lazy_kind(path)
@@ -158,12 +158,6 @@ def _open_data(net: Net, key: str, source: str, data_spec, crop):
     lazy = open_lazy(kind, path, inputs, data_spec)
     fit_to_inputs(lazy.take([0]), inputs, source, crop)          # the shapes and kinds, said up front
     return Mapped(lazy, lambda arrays: fit_to_inputs(arrays, inputs, source, crop).arrays)
-
-
-def _folder_of(net: Net, key: str) -> Path:
-    """The folder of the file that wrote ``train.data.KEY``: a relative data path in a base file
-    is relative to that base, as its ``base:`` paths are."""
-    return Path(net.positions.locate(("train", "data", key), prefer_key=False).file).parent
 
 
 @dataclass
@@ -382,7 +376,7 @@ class Trainer:
         an image folder, a CSV's columns and label column), beside net.yaml."""
         import json
         spec = self.spec.data
-        about = describe_source(spec.source, self.net.spec.inputs, _folder_of(self.net, "source"))
+        about = describe_source(spec.source, self.net.spec.inputs, data_folder(self.net, "source"))
         if not about:
             return
         text = json.dumps(about, indent=1) + "\n"

@@ -140,11 +140,11 @@ def bundle_data(net) -> dict[str, bytes]:
     from ..ir.binding import lengths_input
     from ..training.data import fit_to_inputs, load_source
     from ..training.sequences import attach_lengths, sequence_symbol, unpack_ragged, uses_lengths
-    from ..training.trainer import _folder_of
+    from ..training.data import data_folder
     out = {}
     data_spec, inputs = net.spec.train.data if net.spec.train else None, net.spec.inputs
     for key, source in external_data(net).items():
-        raw = load_source(source, inputs, _folder_of(net, key))
+        raw = load_source(source, inputs, data_folder(net, key))
         if uses_lengths(data_spec):
             raw = unpack_ragged(raw, data_spec, inputs, source)        # padded, one row per example
         arrays = fit_to_inputs(raw, inputs, source).arrays

@@ -156,12 +156,20 @@ def _said_bytes(n: int | None) -> str:
     return "more bytes than the file holds" if n is None else f"{n:,} bytes"
 
 
+def type_name(elem_type: int) -> str:
+    """An ONNX element type's name (``float``, ``int8``, ...) for messages."""
+    from onnx import TensorProto
+    try:
+        return TensorProto.DataType.Name(elem_type).lower()
+    except ValueError:
+        return f"number {elem_type}"
+
+
 def _tensor_bytes(tensor, what: str, path: str, limit: int) -> int | None:
     """The bytes ``tensor``'s dims and type take; None where that exceeds ``limit`` (counted
     no further, so that no dims, however large, cost more than a comparison)."""
     bits = ELEMENT_BITS.get(tensor.data_type)
     if bits is None:
-        from .files import type_name
         raise UserError(f"{path}: {what} is {type_name(tensor.data_type)}, which is not read from another file "
                         "here")
     if any(d < 0 for d in tensor.dims):

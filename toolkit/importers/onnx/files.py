@@ -13,19 +13,11 @@ import numpy as np
 from ...errors import UserError
 from ...fileio import check_regular, read_regular
 from ..prototext import undecodable_field
-from .external import DataFile, inline_external_data
+from .external import DataFile, inline_external_data, type_name  # noqa: F401  (type_name: netfile's too)
 
 MAX_MODEL_BYTES = (2 << 30) - 1          # protobuf's own limit on one message
 MIN_OPSET = 13
 DTYPES = {1: "float32", 11: "float64", 10: "float16", 16: "bfloat16", 6: "int32", 7: "int64", 9: "bool"}
-
-
-def type_name(elem_type: int) -> str:
-    from onnx import TensorProto
-    try:
-        return TensorProto.DataType.Name(elem_type).lower()
-    except ValueError:
-        return f"number {elem_type}"
 
 
 def symbol_name(raw: str) -> str:
