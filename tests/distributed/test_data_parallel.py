@@ -19,15 +19,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-ROOT = Path(__file__).resolve().parents[2]
-MPIEXEC = Path(sys.executable).parent / "mpiexec"
-TOOLKIT = [sys.executable, "-m", "toolkit.cli"]
+from mpi_helpers import HAVE_MPI, MPIEXEC, ROOT, TOOLKIT  # noqa: F401
 
-try:
-    import mpi4py  # noqa: F401
-    HAVE_MPI = MPIEXEC.exists()
-except ImportError:
-    HAVE_MPI = False
 pytestmark = pytest.mark.skipif(not HAVE_MPI, reason="the dist extra (mpi4py and an MPI wheel) is not installed")
 
 
