@@ -1,6 +1,6 @@
 """Captured GPU plans (runtime/capture.py) and the GEMMs a graph can capture (kernels/gpu/blas.py).
 
-Unmarked tests run the GPU back end on the numpy stand-in for CuPy (test_gpu_backend.py), its
+Unmarked tests run the GPU back end on the numpy stand-in for CuPy (gpu_stand_in.py), its
 GEMMs on a host build of the cuBLAS entry points (fake_cublas.c) and its graphs on the graph
 simulator (graph_simulator.py): a captured plan equals the same plan run kernel by kernel, bit
 for bit, over several train steps (weights, momentum, dropout masks drawn anew each step); a plan
@@ -16,7 +16,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from tests.runtime.test_gpu_backend import CXX, RAW_MODULE, ROOT, STAND_IN, _run_stand_in
+from tests.runtime.gpu_stand_in import CXX, RAW_MODULE, ROOT, STAND_IN, run_stand_in
 from toolkit.backend.devices import gpu_available
 
 needs_cxx = pytest.mark.skipif(CXX is None, reason="emulating CUDA kernels needs a C++ compiler (g++ or c++)")
@@ -84,7 +84,7 @@ EQUAL_SCRIPT = STAND_IN + RAW_MODULE + textwrap.dedent("""
 @needs_cxx
 def test_a_captured_plan_equals_the_plan_run_kernel_by_kernel(tmp_path):
     (tmp_path / "dropmlp.yaml").write_text(DROPOUT_NET)
-    result = _run_stand_in(EQUAL_SCRIPT, tmp_path, ROOT / "zoo" / "lenet" / "net.yaml", tmp_path / "dropmlp.yaml")
+    result = run_stand_in(EQUAL_SCRIPT, tmp_path, ROOT / "zoo" / "lenet" / "net.yaml", tmp_path / "dropmlp.yaml")
     assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-3000:]
 
 
@@ -158,7 +158,7 @@ REFUSED_SCRIPT = STAND_IN + RAW_MODULE + textwrap.dedent("""
 
 @needs_cxx
 def test_a_plan_that_reads_the_device_from_the_host_is_not_captured_and_says_why(tmp_path):
-    result = _run_stand_in(REFUSED_SCRIPT, tmp_path)
+    result = run_stand_in(REFUSED_SCRIPT, tmp_path)
     assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-3000:]
     assert "could not be captured as a CUDA graph (reads a device value on the host" in result.stderr
 
@@ -234,13 +234,13 @@ LT_SCRIPT = STAND_IN + textwrap.dedent("""
 
 @needs_cxx
 def test_a_gemm_with_its_bias_and_relu_in_one_cublaslt_call_equals_numpy(tmp_path):
-    result = _run_stand_in(LT_SCRIPT, tmp_path)
+    result = run_stand_in(LT_SCRIPT, tmp_path)
     assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-3000:]
 
 
 @needs_cxx
 def test_gemms_through_our_cublas_handle_equal_numpy(tmp_path):
-    result = _run_stand_in(MATMUL_SCRIPT, tmp_path)
+    result = run_stand_in(MATMUL_SCRIPT, tmp_path)
     assert result.returncode == 0 and result.stdout.strip().startswith("ok"), result.stderr[-3000:]
 
 
@@ -249,7 +249,7 @@ def test_a_gemm_before_the_workspace_is_set_after_the_stream_fails(tmp_path):
     stream (cuBLAS would then allocate inside a captured graph): the order blas.py keeps is the
     one the stand-in checks on every GEMM of every test."""
     import ctypes
-    from tests.runtime.test_gpu_backend import fake_cublas
+    from tests.runtime.gpu_stand_in import fake_cublas
     if CXX is None:
         pytest.skip("building the stand-in cuBLAS needs a C compiler")
     lib = ctypes.CDLL(fake_cublas(tmp_path))
@@ -336,7 +336,7 @@ EXPLAIN_SCRIPT = STAND_IN + RAW_MODULE + textwrap.dedent("""
 @needs_cxx
 def test_compile_explain_says_whether_a_gpu_plan_is_captured_and_why_not(tmp_path):
     (tmp_path / "embed.yaml").write_text(EMBED_NET)
-    result = _run_stand_in(EXPLAIN_SCRIPT, tmp_path, ROOT / "zoo" / "lenet" / "net.yaml", tmp_path / "embed.yaml")
+    result = run_stand_in(EXPLAIN_SCRIPT, tmp_path, ROOT / "zoo" / "lenet" / "net.yaml", tmp_path / "embed.yaml")
     assert result.returncode == 0, result.stderr[-3000:]
     lines = [line for line in result.stdout.splitlines() if line.startswith("CUDA graph:")]
     assert lines[:2] == ["CUDA graph: captured after the first run, then one launch per run"] * 2, lines
@@ -368,7 +368,7 @@ WARM_SCRIPT = STAND_IN + RAW_MODULE + textwrap.dedent("""
 
 @needs_cxx
 def test_warm_buckets_on_the_gpu_are_captured_before_the_first_request(tmp_path):
-    result = _run_stand_in(WARM_SCRIPT, tmp_path, "zoo:lenet")
+    result = run_stand_in(WARM_SCRIPT, tmp_path, "zoo:lenet")
     assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-3000:]
 
 
@@ -427,5 +427,5 @@ BIAS_GRAD_SCRIPT = STAND_IN + RAW_MODULE + textwrap.dedent("""
 
 @needs_cxx
 def test_the_bias_gradient_is_one_cublaslt_call_on_the_gpu_and_equals_the_two_ops(tmp_path):
-    result = _run_stand_in(BIAS_GRAD_SCRIPT, tmp_path, ROOT / "zoo" / "lenet" / "net.yaml")
+    result = run_stand_in(BIAS_GRAD_SCRIPT, tmp_path, ROOT / "zoo" / "lenet" / "net.yaml")
     assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-3000:]

@@ -13,14 +13,14 @@ import textwrap
 
 import pytest
 
-from tests.runtime.test_gpu_backend import CXX, RAW_MODULE, STAND_IN, _run_stand_in
+from tests.runtime.gpu_stand_in import CXX, RAW_MODULE, STAND_IN, run_stand_in
 from toolkit.backend.devices import gpu_available
 
 needs_cxx = pytest.mark.skipif(CXX is None, reason="emulating CUDA kernels needs a C++ compiler (g++ or c++)")
 
 CASES_SCRIPT = textwrap.dedent("""
     import sys
-    from tests.runtime.test_gpu_backend import _compare_case
+    from tests.runtime.gpu_stand_in import compare_case
     from tests.ops.test_op_table import CASES, feeds, one_node_graph
     from toolkit.backend.registry import load_device
     load_device("gpu")
@@ -33,7 +33,7 @@ CASES_SCRIPT = textwrap.dedent("""
             if not case.op.startswith("conv2d"):
                 continue
             try:
-                _compare_case(case, dtype, feeds, one_node_graph)
+                compare_case(case, dtype, feeds, one_node_graph)
             except Exception as e:
                 failures.append(f"{dtype} {case.id}: {type(e).__name__}: {str(e)[:300]}")
             ran += 1
@@ -44,7 +44,7 @@ CASES_SCRIPT = textwrap.dedent("""
 
 
 def _cases(tmp_path, dtypes: str, **env):
-    result = _run_stand_in(STAND_IN + RAW_MODULE + CASES_SCRIPT, tmp_path, dtypes, env_extra=env)
+    result = run_stand_in(STAND_IN + RAW_MODULE + CASES_SCRIPT, tmp_path, dtypes, env_extra=env)
     assert result.returncode == 0, result.stderr[-3000:]
     lines = dict(line.split(" ", 1) for line in result.stdout.strip().splitlines()[-2:])
     return eval(lines["chosen"]), int(lines["ran"])
@@ -95,8 +95,8 @@ LENET_SCRIPT = textwrap.dedent("""
 
 @needs_cxx
 def test_lenet_trains_to_the_cpu_losses_with_cudnn_convolutions_captured_or_not(tmp_path):
-    from tests.runtime.test_gpu_backend import ROOT
-    result = _run_stand_in(STAND_IN + RAW_MODULE + LENET_SCRIPT, tmp_path, ROOT / "zoo" / "lenet" / "net.yaml")
+    from tests.runtime.gpu_stand_in import ROOT
+    result = run_stand_in(STAND_IN + RAW_MODULE + LENET_SCRIPT, tmp_path, ROOT / "zoo" / "lenet" / "net.yaml")
     assert result.returncode == 0 and result.stdout.strip().startswith("ok"), result.stderr[-3000:]
     assert "('cudnn', 'conv2d_grad_input')" in result.stdout and "'conv2d_grad_weight'" not in result.stdout, result.stdout
 
@@ -105,7 +105,7 @@ def test_lenet_trains_to_the_cpu_losses_with_cudnn_convolutions_captured_or_not(
 @pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU with cupy (run on a GPU machine)")
 @pytest.mark.parametrize("dtype", ["float32", "float64", "float16"])
 def test_every_convolution_case_through_cudnn_on_the_device(dtype, monkeypatch):
-    from tests.runtime.test_gpu_backend import _compare_case
+    from tests.runtime.gpu_stand_in import compare_case
     from tests.ops.test_op_table import CASES, feeds, one_node_graph
     from toolkit.backend.registry import load_device
     load_device("gpu")
@@ -116,6 +116,6 @@ def test_every_convolution_case_through_cudnn_on_the_device(dtype, monkeypatch):
     monkeypatch.setattr(dnn, "CUDNN_OPS", set(dnn.BUILDERS))
     for case in CASES:
         if case.op.startswith("conv2d"):
-            _compare_case(case, dtype, feeds, one_node_graph)
+            compare_case(case, dtype, feeds, one_node_graph)
     fell_back = {k: v for k, v in dnn.CHOSEN.items() if k[0] == "im2col"}
     assert not fell_back, fell_back

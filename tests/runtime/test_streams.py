@@ -1,7 +1,7 @@
 """CUDA streams for a GPU plan's branches (runtime/streams.py): the schedule orders every pair of
 steps that must stay ordered, with no redundant waits; and a GPU plan run on streams, in random
 orders that keep only the streams' and events' guarantees (stream_simulator.py), equals the serial
-plan bit for bit. The plan runs on the numpy stand-in for CuPy of test_gpu_backend.py; the same
+plan bit for bit. The plan runs on the numpy stand-in for CuPy of gpu_stand_in.py; the same
 plan on a real device is the gpu-marked test at the end."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from tests.runtime.test_gpu_backend import CXX, RAW_MODULE, ROOT, STAND_IN, _run_stand_in
+from tests.runtime.gpu_stand_in import CXX, RAW_MODULE, ROOT, STAND_IN, run_stand_in
 from toolkit.backend.devices import gpu_available
 from toolkit.runtime.streams import assign_streams
 
@@ -146,7 +146,7 @@ SCRIPT = STAND_IN + RAW_MODULE + textwrap.dedent("""
 
 @pytest.mark.skipif(CXX is None, reason="emulating CUDA kernels needs a C++ compiler (g++ or c++)")
 def test_gpu_plan_on_streams_equals_the_serial_plan_in_any_order_streams_allow(tmp_path):
-    result = _run_stand_in(SCRIPT, tmp_path, INCEPTION)
+    result = run_stand_in(SCRIPT, tmp_path, INCEPTION)
     print(result.stdout)
     assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-3000:]
 
