@@ -6,7 +6,7 @@ whose shape holds symbolic dimensions is a constant too, an array of dimensions 
 symbols), so the ``Shape`` -> ``Gather`` -> ``Concat`` -> ``Reshape`` subgraphs exporters write fold
 away at import and the symbols flow into the graph's own shapes: constant folding with shape
 inference. Nodes of constants only are evaluated by ONNX's reference evaluator; the rest map to
-primitives by the converters in ``ops.py``.
+primitives by the converters in ``ops/`` (one module per family of ops).
 
 Floats held as initializers of more than one element become the graph's weights (by their
 ONNX names); other constants become ``constant``/``scalar`` ops where a primitive reads them.
@@ -58,7 +58,7 @@ def dims_of(a: np.ndarray) -> tuple[Dim, ...]:
     return tuple(d if isinstance(d, Sym) else int(d) for d in np.asarray(a).reshape(-1).tolist())
 
 
-# filled as the package is imported: the converter of each ONNX op type (ops.py, control.py,
+# filled as the package is imported: the converter of each ONNX op type (ops/, logic.py, control.py,
 # recurrent.py register theirs) and the constant folder (fold.py), so that this module imports none
 # of them
 CONVERTERS: dict = {}

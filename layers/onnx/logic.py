@@ -7,7 +7,7 @@ import numpy as np
 
 from toolkit.ir.graph import FLOAT_DTYPES, Value
 from .convert import Importer, is_const
-from .ops import _axes, converts
+from .ops import axes_input, converts
 
 # ReduceProd multiplies one slice per element of a reduced axis: past this many the graph would
 # grow with the data, so a longer axis is refused in one line
@@ -42,7 +42,7 @@ def _reduce_prod(imp, node):
     x = imp.value(node.input[0])
     if x.dtype == "bool":
         imp.fail("ReduceProd of bool values has no counterpart here")
-    axes = _axes(imp, node, 1, x.rank) if imp.opset >= 18 else \
+    axes = axes_input(imp, node, 1, x.rank) if imp.opset >= 18 else \
         ([int(a) % x.rank for a in imp.attr(node, "axes")] if imp.attr(node, "axes") is not None else None)
     keep = bool(imp.attr(node, "keepdims", 1))
     if not axes:

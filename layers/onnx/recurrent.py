@@ -13,7 +13,7 @@ from toolkit.ir.graph import Value
 from toolkit.ops.control import loop
 
 from .convert import Importer, is_const
-from .ops import _float, converts
+from .ops import converts, float_input
 
 GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
 DEFAULT_ACTIVATIONS = {"RNN": ["Tanh"], "GRU": ["Sigmoid", "Tanh"], "LSTM": ["Sigmoid", "Tanh", "Tanh"]}
@@ -64,7 +64,7 @@ def _check(imp: Importer, node, kind: str, length) -> None:
 @converts("RNN", "GRU", "LSTM")
 def _recurrent(imp: Importer, node):
     kind = node.op_type
-    x = _float(imp, node.input[0])
+    x = float_input(imp, node.input[0])
     b = imp.b
     batch_first = bool(imp.attr(node, "layout", 0))
     if batch_first:
