@@ -24,7 +24,7 @@ from ...errors import Location, Problem, SpecError, UserError
 from ...fileio import read_regular
 from ..prototext import undecodable_field
 from . import layers as caffe_layers
-from .layers import DATA_TYPES, V1_NAMES, V1_TYPES, WEIGHTS, Context, _blob_array, _sub, read_blob_file
+from .layers import DATA_TYPES, V1_NAMES, V1_TYPES, WEIGHTS, Context, blob_array, read_blob_file, sub_message
 from .fields import field_problems
 from .prototxt import Message, parse
 
@@ -197,7 +197,7 @@ def import_net(prototxt: str, stages: tuple[str, ...] = (), input_shapes: dict[s
             tops = [name]                  # Caffe gives a loss layer without a top one of its own
         bottoms = [ctx.aliases.get(blob(str(b)), blob(str(b))) for b in layer.values("bottom")]
         if kind == "Input":
-            p = _sub(layer, "input_param")
+            p = sub_message(layer, "input_param")
             in_shapes = [f.value.values("dim") for f in p.all("shape")]
             for i, top in enumerate(tops):
                 given = in_shapes[i] if i < len(in_shapes) else (in_shapes[0] if in_shapes else [])
@@ -301,7 +301,7 @@ def _python_data_layer(layer: Message, raw_name: str, bottoms: list[str], tops: 
                        ctx: Context) -> bool:
     """Whether a Python layer is read as a data layer: one that takes no bottom and whose first top's
     shape is given (--input-shape). Any other is refused as what it is: code outside the file."""
-    p = _sub(layer, "python_param")
+    p = sub_message(layer, "python_param")
     what = f"{p.value('module', '?')}.{p.value('layer', '?')}"
     if not bottoms and tops and tops[0] in input_shapes:
         return True
@@ -323,10 +323,10 @@ def _data_layer(layer: Message, kind: str, tops: list[str], phases: list[str], i
     features, labels = tops[0], tops[LABEL_TOPS:]
     shape = None
     if kind == "DummyData":
-        shapes = [f.value.values("dim") for f in _sub(layer, "dummy_data_param").all("shape")]
+        shapes = [f.value.values("dim") for f in sub_message(layer, "dummy_data_param").all("shape")]
         shape = shapes[0] if shapes else None
     elif kind == "MemoryData":
-        p = _sub(layer, "memory_data_param")
+        p = sub_message(layer, "memory_data_param")
         shape = [p.value("batch_size", 1), p.value("channels"), p.value("height"), p.value("width")]
     if features in input_shapes:
         shape = [1] + list(input_shapes[features])
@@ -338,7 +338,7 @@ def _data_layer(layer: Message, kind: str, tops: list[str], phases: list[str], i
     inputs[features] = {"shape": _shape(shape, layer.loc, ctx, features), "dtype": "float32"}
     for label in labels:
         inputs[label] = {"shape": ["N"], "dtype": "int64"}
-    transform = _sub(layer, "transform_param")
+    transform = sub_message(layer, "transform_param")
     for key in ("scale", "crop_size"):
         if transform.get(key) is not None:
             data[key] = transform.value(key)
@@ -348,7 +348,7 @@ def _data_layer(layer: Message, kind: str, tops: list[str], phases: list[str], i
         data["mirror"] = True
     if transform.get("mean_file") is not None:
         _mean_file(str(transform.value("mean_file")), transform.get("mean_file").loc, data, ctx, notes)
-    param = next((_sub(layer, k) for k in ("data_param", "image_data_param", "hdf5_data_param",
+    param = next((sub_message(layer, k) for k in ("data_param", "image_data_param", "hdf5_data_param",
                                             "memory_data_param") if layer.get(k) is not None), None)
     if param is not None:
         if "TRAIN" in phases and param.get("batch_size") is not None:
@@ -427,7 +427,7 @@ def import_weights(path: str, weighted: list[tuple[str, str]], ctx: Context, not
         if layer is None or not layer.blobs:
             notes.append(f"layer '{name}' has no weights in {path}: it starts from its fillers")
             continue
-        arrays = [_blob_array(b, where, ctx, name) for b in layer.blobs]
+        arrays = [blob_array(b, where, ctx, name) for b in layer.blobs]
         if any(a is None for a in arrays):
             continue
         out.update(WEIGHTS[kind](name, arrays))
