@@ -20,10 +20,11 @@ from typing import Callable
 import numpy as np
 
 from toolkit.errors import UserError
-from toolkit.importers.onnx.files import (DTYPES, MIN_OPSET, opened, read_model,  # noqa: F401
-                                          symbol_name, type_name)
+from toolkit.importers.onnx.files import (MIN_OPSET, opened, read_model, symbol_name,  # noqa: F401
+                                          type_name)
 from toolkit.ir.dims import Dim, DimError, Sym
 from toolkit.ir.graph import Graph, TensorType, Value, Weight
+from toolkit.onnxtypes import ONNX_ELEMENT_TYPES
 from toolkit.ops.base import Builder, ShapeError
 
 NUMPY = {"float32": np.float32, "float64": np.float64, "int32": np.int32, "int64": np.int64, "bool": np.bool_,
@@ -229,7 +230,7 @@ def _attribute_schema(op_type: str, domain: str, opset: int) -> dict[str, tuple[
 
 def _input_type(info, position: int, names: dict) -> TensorType:
     t = info.type.tensor_type
-    if t.elem_type not in DTYPES:
+    if t.elem_type not in ONNX_ELEMENT_TYPES:
         raise ImportError_(f"input '{info.name}': element type {type_name(t.elem_type)} has no counterpart here")
     shape: list[Dim] = []
     if not t.HasField("shape"):
@@ -240,7 +241,7 @@ def _input_type(info, position: int, names: dict) -> TensorType:
         else:
             raw = d.dim_param if d.HasField("dim_param") and d.dim_param else ("N" if axis == 0 else f"{info.name}_{axis}")
             shape.append(Sym.named(names.setdefault(raw, symbol_name(raw))))
-    return TensorType(tuple(shape), DTYPES[t.elem_type])
+    return TensorType(tuple(shape), ONNX_ELEMENT_TYPES[t.elem_type])
 
 
 def _reads(node) -> set[str]:

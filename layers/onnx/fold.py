@@ -9,7 +9,8 @@ import numpy as np
 
 from toolkit.ir.dims import DimError, Sym
 from toolkit.ir.graph import Value
-from .convert import DTYPES, FOLDERS, NUMPY, NodeError, is_const, is_symbolic
+from toolkit.onnxtypes import ONNX_ELEMENT_TYPES
+from .convert import FOLDERS, NUMPY, NodeError, is_const, is_symbolic
 
 # ops that draw random numbers are never folded (the graph has no op for them: they stay unsupported)
 RANDOM = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
@@ -135,7 +136,7 @@ def _symbolic(imp, node, ins: list) -> list:
     if op == "Reshape" and is_symbolic(a):
         return [a.reshape(_ints(ins[1]))]
     if op == "Cast":
-        to = DTYPES.get(imp.attr(node, "to"))
+        to = ONNX_ELEMENT_TYPES.get(imp.attr(node, "to"))
         if to in ("int64", "int32"):
             return [a]
         raise NodeError(f"a symbolic dimension cast to {to}")

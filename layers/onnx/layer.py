@@ -33,7 +33,8 @@ def model_path(p: OnnxParams, base_dir: str) -> str:
 
 @layer(OnnxParams)
 def lower_onnx(p: OnnxParams, ctx, bottoms):
-    from toolkit.importers.onnx.files import DTYPES, loaded_model, model_inputs
+    from toolkit.importers.onnx.files import loaded_model, model_inputs
+    from toolkit.onnxtypes import ONNX_ELEMENT_TYPES
 
     from .convert import Importer
     path = model_path(p, ctx.base_dir)
@@ -58,7 +59,7 @@ def lower_onnx(p: OnnxParams, ctx, bottoms):
                          f"{len(p.tops)} tops", "outputs" if p.outputs is not None else "top")
     imp = Importer(path, loaded.opset, ctx.b.graph, {}, builder=ctx.b, scope=f"{p.name}/")
     for info, value in zip(inputs, bottoms):
-        _check_input(info, value, ctx, DTYPES)
+        _check_input(info, value, ctx, ONNX_ELEMENT_TYPES)
         imp.env[info.name] = value
 
     def weight(name, arr):

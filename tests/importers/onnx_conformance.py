@@ -11,6 +11,8 @@ from collections import defaultdict
 
 import numpy as np
 
+from toolkit.onnxtypes import ONNX_ELEMENT_TYPES
+
 
 def node_cases():
     from onnx.backend.test.case import node
@@ -239,8 +241,8 @@ Constant Shape Size
 And Or Xor Not ReduceProd
 """.split())
 
-# the element types the graph has (toolkit/importers/onnx/files.py DTYPES)
-CATALOG_TYPES = frozenset({1, 11, 10, 16, 6, 7, 9})
+# the element types the graph has
+CATALOG_TYPES = frozenset(ONNX_ELEMENT_TYPES)
 
 
 def _graph_parts(graph):

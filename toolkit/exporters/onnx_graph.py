@@ -22,10 +22,10 @@ import numpy as np
 from ..errors import UserError
 from ..ir.dims import Sym, format_dim
 from ..ir.graph import Graph, Node, Value
+from ..onnxtypes import ONNX_TYPE_NUMBER
 
 DEFAULT_OPSET = 17
 MIN_OPSET = 13
-ONNX_TYPES = {"float32": 1, "float64": 11, "int32": 6, "int64": 7, "bool": 9, "float16": 10, "bfloat16": 16}
 
 
 class ExportError(UserError):
@@ -225,7 +225,7 @@ def _sigmoid_ce(s, node, ins):
 
 @converts("ge_mask")
 def _ge_mask(s, node, ins):
-    return [s.one("Cast", [s.one("GreaterOrEqual", ins)], to=ONNX_TYPES[node.outputs[0].dtype])]
+    return [s.one("Cast", [s.one("GreaterOrEqual", ins)], to=ONNX_TYPE_NUMBER[node.outputs[0].dtype])]
 
 
 @converts("select")
@@ -237,7 +237,7 @@ def _select(s, node, ins):
 
 @converts("cast")
 def _cast(s, node, ins):
-    return [s.one("Cast", ins, to=ONNX_TYPES[node.attrs["dtype"]])]
+    return [s.one("Cast", ins, to=ONNX_TYPE_NUMBER[node.attrs["dtype"]])]
 
 
 @converts("scalar")
@@ -268,7 +268,7 @@ def _iota(s, node, ins):
         return [s.model.initializer(value, "iota")]
     limit = s.one("Reshape", [s.model.dim(shape[axis]), s.model.const_i64([], "scalar_shape")])
     ramp = s.one("Range", [s.scalar(0, "int64"), limit, s.scalar(1, "int64")])
-    ramp = s.one("Cast", [ramp], to=ONNX_TYPES[dtype])
+    ramp = s.one("Cast", [ramp], to=ONNX_TYPE_NUMBER[dtype])
     return [s.one("Expand", [s.one("Reshape", [ramp, s.model.const_i64(along)]), s.model.shape(shape)])]
 
 
@@ -398,7 +398,7 @@ def _embedding(s, node, ins):
 def _topk(s, node, ins):
     a = node.attrs
     values, indices = s.emit("TopK", [ins[0], s.model.const_i64([a["k"]])], 2, axis=int(a["axis"]))
-    return [values] if a["values"] else [s.one("Cast", [indices], to=ONNX_TYPES[node.outputs[0].dtype])]
+    return [values] if a["values"] else [s.one("Cast", [indices], to=ONNX_TYPE_NUMBER[node.outputs[0].dtype])]
 
 
 def _class_axis_last(s: _Scope, x: str, rank: int, axis: int) -> str:
@@ -418,7 +418,7 @@ def _nll_loss(s, node, ins):
         if perm is None:
             s.fail("a class axis 0")
         logp = s.one("Transpose", [logp], perm=perm)
-    label = s.one("Cast", [label], to=ONNX_TYPES["int64"])
+    label = s.one("Cast", [label], to=ONNX_TYPE_NUMBER["int64"])
     attrs = {"reduction": "mean"}
     if node.attrs.get("ignore_index") is not None:
         attrs["ignore_index"] = int(node.attrs["ignore_index"])
@@ -431,18 +431,18 @@ def _accuracy(s, node, ins):
     rank = node.inputs[0].rank
     flat = _class_axis_last(s, scores, rank, node.attrs["axis"])
     dt = node.inputs[0].dtype
-    lab = s.one("Unsqueeze", [s.one("Cast", [label], to=ONNX_TYPES["int64"]), s.model.const_i64([-1])])
+    lab = s.one("Unsqueeze", [s.one("Cast", [label], to=ONNX_TYPE_NUMBER["int64"]), s.model.const_i64([-1])])
     true_score = s.one("GatherElements", [flat, lab], axis=-1)
-    higher = s.one("ReduceSum", [s.one("Cast", [s.one("Greater", [flat, true_score])], to=ONNX_TYPES[dt]),
+    higher = s.one("ReduceSum", [s.one("Cast", [s.one("Greater", [flat, true_score])], to=ONNX_TYPE_NUMBER[dt]),
                                  s.model.const_i64([-1])], keepdims=0)
-    hit = s.one("Cast", [s.one("Less", [higher, s.scalar(float(node.attrs["top_k"]), dt)])], to=ONNX_TYPES[dt])
+    hit = s.one("Cast", [s.one("Less", [higher, s.scalar(float(node.attrs["top_k"]), dt)])], to=ONNX_TYPE_NUMBER[dt])
     return [s.one("ReduceMean", [hit], keepdims=0)]          # no axes: every axis, in every opset
 
 
 # -- control flow -------------------------------------------------------------------------------
 def _value_info(name: str, v: Value):
     from onnx import helper
-    return helper.make_tensor_value_info(name, ONNX_TYPES[v.dtype], [_dim_param(d) for d in v.shape])
+    return helper.make_tensor_value_info(name, ONNX_TYPE_NUMBER[v.dtype], [_dim_param(d) for d in v.shape])
 
 
 OUTER = "\0outer:"          # marks a body input that reads an outer value by its name
@@ -474,12 +474,12 @@ def _body(s: _Scope, graph: Graph, formal: list, label: str, loop_flag: int | No
     if loop_flag == 0:
         cond = s.model.names.fresh(f"{label}/cond_out")
         scope.nodes.append(helper.make_node("Identity", [formal[1][1]], [cond], name=cond))
-        outputs.append(helper.make_tensor_value_info(cond, ONNX_TYPES["bool"], []))
+        outputs.append(helper.make_tensor_value_info(cond, ONNX_TYPE_NUMBER["bool"], []))
     for i, v in enumerate(body_outputs):
         name = s.model.names.fresh(f"{label}/out")
         if loop_flag == 1 and i == 0:
-            scope.nodes.append(helper.make_node("Cast", [scope.name(v)], [name], name=name, to=ONNX_TYPES["bool"]))
-            outputs.append(helper.make_tensor_value_info(name, ONNX_TYPES["bool"], []))
+            scope.nodes.append(helper.make_node("Cast", [scope.name(v)], [name], name=name, to=ONNX_TYPE_NUMBER["bool"]))
+            outputs.append(helper.make_tensor_value_info(name, ONNX_TYPE_NUMBER["bool"], []))
             continue
         scope.nodes.append(helper.make_node("Identity", [scope.name(v)], [name], name=name))
         outputs.append(_value_info(name, v))
@@ -537,7 +537,7 @@ def _if(s, node, ins):
         label = s.model.names.fresh(f"{node.scope}/{key}")
         formal = [(v, _outer(ins[1 + j])) for j, v in enumerate(body.inputs.values())]
         branches[key] = _body(s, body, formal, label)
-    cond = ins[0] if node.inputs[0].dtype == "bool" else s.one("Cast", [ins[0]], to=ONNX_TYPES["bool"])
+    cond = ins[0] if node.inputs[0].dtype == "bool" else s.one("Cast", [ins[0]], to=ONNX_TYPE_NUMBER["bool"])
     return s.emit("If", [cond], len(node.outputs), hint="if", then_branch=branches["then_body"],
                   else_branch=branches["else_body"])
 
@@ -592,7 +592,7 @@ def export_graph(graph: Graph, weights: Mapping[str, np.ndarray], name: str, ops
         dims = [_dim_param(d) for d in v.shape]
         if input_name in transforms:
             dims = raw_dims(input_name, dims, transforms[input_name])
-        graph_inputs.append(helper.make_tensor_value_info(input_name, ONNX_TYPES[v.dtype], dims))
+        graph_inputs.append(helper.make_tensor_value_info(input_name, ONNX_TYPE_NUMBER[v.dtype], dims))
         for axis, d in enumerate(v.shape):
             if isinstance(d, Sym) and len(d.terms) == 1 and list(d.terms.items())[0][1] == 1 \
                     and len(list(d.terms)[0]) == 1:

@@ -20,6 +20,7 @@ from schemas.base import weight_owner
 
 from ..errors import UserError
 from ..ir.dims import Sym, evaluate, format_dim
+from ..onnxtypes import ONNX_TYPE_NUMBER
 
 OPSET = 17
 IR_VERSION = 8
@@ -351,14 +352,12 @@ def build_onnx_model(net, weights: Mapping[str, np.ndarray], bindings: Mapping[s
     (``dim_param``). ``outputs`` defaults to the outputs of the toolkit's graph of the phase.
     """
     import onnx
-    from onnx import TensorProto, helper
+    from onnx import helper
 
     if dtype != "float32":
         raise UnsupportedLayer(f"ONNX export: dtype {dtype} is not supported (float32 only)")
     graph = net.graph(phase, dtype, outputs)
     out_names = list(outputs or graph.outputs)
-    onnx_types = {"float32": TensorProto.FLOAT, "float64": TensorProto.DOUBLE,
-                  "int32": TensorProto.INT32, "int64": TensorProto.INT64}
 
     layers = [layer for layer in net.spec.layers if phase in layer.phases]
     live = live_layers(layers, list(graph.inputs), out_names)
@@ -366,7 +365,7 @@ def build_onnx_model(net, weights: Mapping[str, np.ndarray], bindings: Mapping[s
     current: dict[str, str] = {}                    # blob name -> onnx name of its latest version
     graph_inputs = []
     for name, v in graph.inputs.items():
-        graph_inputs.append(helper.make_tensor_value_info(name, onnx_types[v.dtype], _dims(v.shape, bindings)))
+        graph_inputs.append(helper.make_tensor_value_info(name, ONNX_TYPE_NUMBER[v.dtype], _dims(v.shape, bindings)))
         current[name] = b.unique(name)
         b.rank[name] = v.rank
     b.names.update(out_names)                       # keep the outputs' names free for them
@@ -394,7 +393,7 @@ def build_onnx_model(net, weights: Mapping[str, np.ndarray], bindings: Mapping[s
         src = current[name]
         if src != name:                             # give the output its blob's name
             b.nodes.append(helper.make_node("Identity", [src], [name], name=f"{name}/output"))
-        graph_outputs.append(helper.make_tensor_value_info(name, onnx_types[v.dtype], _dims(v.shape, bindings)))
+        graph_outputs.append(helper.make_tensor_value_info(name, ONNX_TYPE_NUMBER[v.dtype], _dims(v.shape, bindings)))
 
     g = helper.make_graph(b.nodes, net.name, graph_inputs, graph_outputs, list(b.inits.values()))
     model = helper.make_model(g, producer_name="toolkit", opset_imports=[helper.make_opsetid("", OPSET)])

@@ -4,7 +4,8 @@ from __future__ import annotations
 import numpy as np
 
 from toolkit.ir.graph import FLOAT_DTYPES, Value
-from ..convert import DTYPES, is_const
+from toolkit.onnxtypes import ONNX_ELEMENT_TYPES
+from ..convert import is_const
 from .base import converts, float_input, operand_pair
 
 
@@ -181,7 +182,7 @@ def _compare(imp, node):
 
 @converts("Cast")
 def _cast(imp, node):
-    to = DTYPES.get(imp.attr(node, "to"))
+    to = ONNX_ELEMENT_TYPES.get(imp.attr(node, "to"))
     if to is None:
         from ..convert import type_name
         imp.fail(f"the element type {type_name(imp.attr(node, 'to'))} has no counterpart here")

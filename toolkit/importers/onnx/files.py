@@ -17,7 +17,6 @@ from .external import DataFile, inline_external_data, type_name  # noqa: F401  (
 
 MAX_MODEL_BYTES = (2 << 30) - 1          # protobuf's own limit on one message
 MIN_OPSET = 13
-DTYPES = {1: "float32", 11: "float64", 10: "float16", 16: "bfloat16", 6: "int32", 7: "int64", 9: "bool"}
 
 
 def symbol_name(raw: str) -> str:

@@ -7,7 +7,8 @@ import re
 
 import yaml
 
-from .files import DTYPES, model_inputs, symbol_name, type_name
+from ...onnxtypes import ONNX_ELEMENT_TYPES
+from .files import model_inputs, symbol_name, type_name
 
 BLOB = re.compile(r"[^A-Za-z0-9_.\-/]")
 
@@ -62,7 +63,7 @@ def net_dict(model, file: str, name: str) -> dict:
     blobs, outputs, _notes = blob_names(model)
     for info in model_inputs(model):
         t = info.type.tensor_type
-        if t.elem_type not in DTYPES:
+        if t.elem_type not in ONNX_ELEMENT_TYPES:
             raise UserError(f"{file}: input '{info.name}' is {type_name(t.elem_type)}, which has no counterpart here")
         dims = []
         for axis, d in enumerate(t.shape.dim):
@@ -71,7 +72,7 @@ def net_dict(model, file: str, name: str) -> dict:
             else:
                 raw = d.dim_param if d.HasField("dim_param") and d.dim_param else ("N" if axis == 0 else f"D{axis}")
                 dims.append(symbols.setdefault(raw, symbol_name(raw)))
-        inputs[blobs[info.name]] = {"shape": dims, "dtype": DTYPES[t.elem_type]}
+        inputs[blobs[info.name]] = {"shape": dims, "dtype": ONNX_ELEMENT_TYPES[t.elem_type]}
     bottoms = list(inputs)
     tops = outputs
     layer = {"name": blob_name(name), "type": "ONNX", "file": file,
