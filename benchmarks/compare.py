@@ -23,7 +23,7 @@ fourth).
 
 Needs the ``bench`` extra (torch, onnx, onnxruntime): ``pip install -e '.[bench]'``.
 The PyTorch and ONNX models are built here from the net's YAML spec, independently of the
-toolkit's lowering, for every catalog layer (torch) / those of toolkit.peers.onnx_export (ONNX).
+toolkit's lowering, for every catalog layer (torch) / those of peers.onnx_export (ONNX).
 """
 from __future__ import annotations
 
@@ -100,11 +100,11 @@ def pin_threads(threads: int) -> None:
         os.environ[var] = str(threads)
 
 
-# -- PyTorch peer: toolkit.peers.torch_net, the same translation the parity tests use ------------
+# -- PyTorch peer: peers.torch_net, the same translation the parity tests use ------------
 def torch_peer(net, weights, phase: str):
     """The net's ``phase`` as a TorchNet loaded with ``weights`` (solver slots left out)."""
     from toolkit.errors import UserError
-    from toolkit.peers.torch_net import TorchNet
+    from peers.torch_net import TorchNet
 
     for layer in net.spec.layers:
         if layer.type == "Dropout" and phase == "train" and layer.dropout_ratio > 0 and phase in layer.phases:
@@ -309,7 +309,7 @@ def bench_infer(net, weights, bindings, args, rng):
         onnx_model = onnx.load(onnx_file)
     elif not args.no_ort:
         import onnxruntime as ort
-        from toolkit.peers.onnx_export import UnsupportedLayer, build_onnx_model
+        from peers.onnx_export import UnsupportedLayer, build_onnx_model
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = args.threads          # 0 is ONNX Runtime's own default
         opts.inter_op_num_threads = 1

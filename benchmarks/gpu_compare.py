@@ -7,7 +7,7 @@
 For each net, on the same inputs and starting weights (already on the GPU for all):
 
   * inference: the plan `toolkit infer --device gpu` runs (weights frozen in) against the torch
-    translation of the net (toolkit.peers.torch_net) in eval mode under no_grad;
+    translation of the net (peers.torch_net) in eval mode under no_grad;
   * a train step: the toolkit's train-step plan with the net's SGD solver against forward,
     backward and torch.optim.SGD with the same rate and momentum.
 
@@ -83,7 +83,7 @@ def measure(net_path: Path, batch: int, train: bool, dtype: str, args) -> dict:
     from toolkit.compile import solver_config
     from toolkit.zoo.resolve import load_net
     from toolkit.frontend.lower import OBJECTIVE
-    from toolkit.peers.torch_net import TorchNet
+    from peers.torch_net import TorchNet
 
     net = load_net(str(net_path))
     half = dtype == "float16"

@@ -4,7 +4,7 @@ interpreter, against each case's expected outputs.
 
 Four suites, each passed/total:
   node               the node test cases whose ops all have counterparts here and whose tensors are
-                     of the graph's types (tests/importers/onnx_conformance.py: COUNTERPARTS, in_scope),
+                     of the graph's types (peers/onnx_conformance.py: COUNTERPARTS, in_scope),
                      by op and overall
   pytorch-converted  the model tests converted from PyTorch modules
   pytorch-operator   the model tests of single PyTorch operators
@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.importers.onnx_conformance import (case_ops, in_scope, light_cases, model_cases,  # noqa: E402
+from peers.onnx_conformance import (case_ops, in_scope, light_cases, model_cases,  # noqa: E402
                                               node_cases, run_case)
 
 MODEL_SUITES = ("pytorch-converted", "pytorch-operator", "light")

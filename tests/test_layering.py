@@ -57,7 +57,6 @@ ALLOWED: dict[str, set[str]] = {
     "toolkit/serve": GROUND | {"toolkit/__init__"},
     "toolkit/api": GROUND | {"toolkit/ir", "toolkit/backend", "toolkit/runtime", "toolkit/frontend", "toolkit/compile",
                              "toolkit/training", "toolkit/zoo", "toolkit/inference"},
-    "toolkit/peers": GROUND | {"schemas", "layers", "toolkit/ir", "toolkit/ops", "toolkit/frontend"},
     # the faces: anything below them
     "toolkit/commands": None,
     "toolkit/cli": None,
@@ -135,6 +134,28 @@ def test_only_the_registry_loads_kernels_and_nothing_imports_them_from_below():
     assert all(unit in ("toolkit/kernels",) for unit, _path in importers), sorted(importers)
     registry = (ROOT / "toolkit" / "backend" / "registry.py").read_text()
     assert "importlib.import_module" in registry
+
+
+def _top_level_imports(top: str) -> set[tuple[str, str]]:
+    """(file, top-level package it imports) for every import in the files under ``top``."""
+    found = set()
+    for path in (ROOT / top).rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else []
+            found |= {(str(path.relative_to(ROOT)), name.split(".")[0]) for name in names}
+    return found
+
+
+def test_the_product_imports_no_oracle_and_the_benchmarks_no_test():
+    """peers/ (the PyTorch and ONNX translations the tests and benchmarks compare with) is not
+    installed, so nothing installed may import it; benchmarks share what they need with the tests
+    through peers/, never by importing tests/."""
+    wrong = [f"{path} imports {name}" for top in ("toolkit", "layers", "schemas")
+             for path, name in _top_level_imports(top) if name in ("peers", "tests", "benchmarks")]
+    wrong += [f"{path} imports {name}" for top in ("benchmarks", "peers")
+              for path, name in _top_level_imports(top) if name == "tests"]
+    assert not wrong, "\n".join(sorted(wrong))
 
 
 def test_no_folder_is_named_dist_or_build():

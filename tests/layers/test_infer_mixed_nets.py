@@ -1,5 +1,5 @@
 """Acceptance: nets that mix every catalog layer kind run through compiled Plans and match PyTorch
-(toolkit.peers.torch_net) to 1e-4 relative in float32 (1e-7 in float64).
+(peers.torch_net) to 1e-4 relative in float32 (1e-7 in float64).
 
 Between them the three nets use every layer type of the catalog: grouped, dilated, strided and
 padded convolution, BatchNorm on running statistics (perturbed away from 0 / 1) followed by a
@@ -29,7 +29,7 @@ from toolkit.ops.autodiff import differentiate  # noqa: E402
 from toolkit.compile import add_gradients  # noqa: E402
 from toolkit.frontend import OBJECTIVE, Net  # noqa: E402
 from toolkit.ir.graph import FLOAT_DTYPES  # noqa: E402
-from toolkit.peers.torch_net import TorchNet, to_numpy  # noqa: E402
+from peers.torch_net import TorchNet, to_numpy  # noqa: E402
 from toolkit.runtime.plan import Plan  # noqa: E402
 
 from numeric_asserts import TOL, assert_close  # noqa: E402  (tests/ is on the path)

@@ -1,4 +1,4 @@
-"""Every catalog layer against PyTorch (toolkit.peers.torch_net), in float32 and float64.
+"""Every catalog layer against PyTorch (peers.torch_net), in float32 and float64.
 
 Each case is a small net exercising one layer kind with non-default parameters. With random
 weights (biases and BatchNorm statistics perturbed away from 0 and 1) loaded into both sides:
@@ -26,7 +26,7 @@ from toolkit.ops.autodiff import differentiate  # noqa: E402
 from toolkit.compile import add_gradients  # noqa: E402
 from toolkit.frontend import OBJECTIVE, Net  # noqa: E402
 from toolkit.ir.graph import FLOAT_DTYPES  # noqa: E402
-from toolkit.peers.torch_net import SUPPORTED, TorchNet, to_numpy  # noqa: E402
+from peers.torch_net import SUPPORTED, TorchNet, to_numpy  # noqa: E402
 from toolkit.ir.binding import bind_symbols  # noqa: E402
 from toolkit.ops.interpreter import interpret  # noqa: E402
 from toolkit.runtime.plan import Plan  # noqa: E402

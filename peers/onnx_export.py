@@ -18,9 +18,9 @@ import numpy as np
 
 from schemas.base import weight_owner
 
-from ..errors import UserError
-from ..ir.dims import Sym, evaluate, format_dim
-from ..onnxtypes import ONNX_TYPE_NUMBER
+from toolkit.errors import UserError
+from toolkit.ir.dims import Sym, evaluate, format_dim
+from toolkit.onnxtypes import ONNX_TYPE_NUMBER
 
 OPSET = 17
 IR_VERSION = 8
