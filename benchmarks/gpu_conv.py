@@ -50,9 +50,9 @@ def convolution_contexts(net_path: Path, batch: int, dtype: str):
             op, attrs, k = head_parts(node.attrs)
         if op not in CONV_OPS:
             continue
-        in_shapes = [tuple(plan.shapes[v.id]) for v in node.inputs[:k]]
-        out_shapes = [tuple(plan.shapes[node.outputs[0].id])]
-        dtype_of = str(plan.dtypes[node.outputs[0].id])
+        in_shapes = [tuple(plan.build.shapes[v.id]) for v in node.inputs[:k]]
+        out_shapes = [tuple(plan.build.shapes[node.outputs[0].id])]
+        dtype_of = str(plan.build.dtypes[node.outputs[0].id])
         attrs = bind_attrs(attrs, plan.bindings)
         if dtype_of not in ("float32", "float16", "float64"):
             continue

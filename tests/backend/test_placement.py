@@ -87,8 +87,8 @@ def test_placed_net_equals_one_device(tmp_path, train):
     assert {(n.attrs["src"], n.attrs["dst"]) for n in moves} == {("cpu", "cpu:1"), ("cpu:1", "cpu")}
     assert len(moves) == (5 if train else 2)
     assert len(moves) == (len({id(n.inputs[0]) for n in moves}))       # one transfer per value
-    assert plan1.placement.default == parse_device("cpu") and plan1.placement.by_layer
-    _check_no_cross_reads(plan1.graph, plan1.placement)
+    assert plan1.build.placement.default == parse_device("cpu") and plan1.build.placement.by_layer
+    _check_no_cross_reads(plan1.graph, plan1.build.placement)
     assert set(plan1.memory.peak_by_device) == {parse_device("cpu"), parse_device("cpu:1")}
 
 

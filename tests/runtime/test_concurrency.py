@@ -46,11 +46,11 @@ def _plan(monkeypatch, batch, train, **options):
 def test_inception_block_runs_its_towers_side_by_side_with_the_serial_results(monkeypatch, train):
     serial, inputs = _plan(monkeypatch, 3, train, concurrent=False, threads=1)
     waved, _ = _plan(monkeypatch, 3, train, concurrent=True, threads=2)
-    assert waved.concurrent and not serial.concurrent
-    first = {waved.steps[s].scope.split("+")[0] for s in waved.waves[0]}
+    assert waved.execution.concurrent and not serial.execution.concurrent
+    first = {waved.steps[s].scope.split("+")[0] for s in waved.schedule.waves[0]}
     # GEMM batching may merge the 1x1 convolutions that read the input; the pool tower's first
     # step never merges with them, so the first wave always holds at least two towers
-    assert "t4_pool" in first and len(waved.waves[0]) >= 2, first
+    assert "t4_pool" in first and len(waved.schedule.waves[0]) >= 2, first
     for step in range(3 if train else 1):
         want = {k: np.array(v) for k, v in serial.run(inputs).items()}
         got = {k: np.array(v) for k, v in waved.run(inputs).items()}

@@ -376,7 +376,7 @@ def test_kernels_are_compiled_in_bounded_units(monkeypatch):
     limit = max(sizes) + 1
     monkeypatch.setattr(native, "MAX_UNIT_BYTES", limit)
     split = _fresh_plan(plan, True)
-    assert len(split._linked) > 1 and all(len(linked.source) < limit + 20000 for linked in split._linked)
+    assert len(split.made.linked) > 1 and all(len(linked.source) < limit + 20000 for linked in split.made.linked)
     got = {k: np.array(v) for k, v in split.run(inputs).items()}
     for k in want:
         _close(got[k], want[k], "float32", k)
@@ -425,7 +425,7 @@ def _fresh_plan(plan, native: bool) -> Plan:
 
 
 def _native_calls(plan):
-    return [call for linked in plan._linked for call in linked.calls]
+    return [call for linked in plan.made.linked for call in linked.calls]
 
 
 def test_a_compile_timeout_that_is_not_a_number_of_seconds_is_said_once_and_the_default_kept(monkeypatch, capsys):

@@ -55,7 +55,7 @@ def test_split_inference_matches_the_interpreter(net, rng, split_everything, thr
     weights = weights_of(net, graph, rng)
     x = rng.standard_normal((batch, 2, 12, 12))
     plan = Plan(graph, {"N": batch}, weights, threads=threads, native=False)   # the numpy split path
-    assert (plan.split_steps > 0) == (batch >= threads)
+    assert (plan.made.split_steps > 0) == (batch >= threads)
     expected, _ = interpret(graph, {"data": x}, weights)
     np.testing.assert_allclose(plan.run({"data": x})["prob"], expected["prob"], rtol=1e-12, atol=1e-14)
 
@@ -79,7 +79,7 @@ def test_small_ops_are_not_split(net, rng):
     graph = forward_graph(net, "infer")
     weights = weights_of(net, graph, rng)
     plan = Plan(graph, {"N": 2}, {k: v.astype(np.float32) for k, v in weights.items()}, threads=2)
-    assert plan.split_steps == 0               # all below the work threshold
+    assert plan.made.split_steps == 0               # all below the work threshold
 
 
 def test_a_failing_share_raises_in_the_caller():

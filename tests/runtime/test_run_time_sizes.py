@@ -148,7 +148,7 @@ def test_plans_of_other_lengths_share_one_library_and_equal_fixed_sizes(net, nat
     assert len(native_on) == first               # the other lengths compile nothing
     sources = {p.native_source for p in plans.values()}
     assert len(sources) == 1 and "tk_size_T" in sources.pop()
-    libraries = {id(linked.lib) for p in plans.values() for linked in p._linked}
+    libraries = {id(linked.lib) for p in plans.values() for linked in p.made.linked}
     assert len(libraries) == 1
     for (n, t), plan in plans.items():
         got = plan.run(feeds(n, t))["prob"]

@@ -112,29 +112,29 @@ SCRIPT = STAND_IN + RAW_MODULE + textwrap.dedent("""
                 schedule.waits = [[] for _ in schedule.waits]
                 return schedule
             streams.assign_streams = no_waits
-            import toolkit.runtime.plan as plan_module
-            plan_module.assign_streams = no_waits
+            from toolkit.runtime import scheduling
+            scheduling.assign_streams = no_waits
         bench.Plan = functools.partial(Plan, concurrent=concurrent, native=False)
         plan, inputs = bench.bench_plan(net, 3, train, device="gpu")
         out = [{k: np.array(v) for k, v in plan.run(inputs).items()} for _ in range(3 if train else 1)]
         if broken:
-            streams.assign_streams = plan_module.assign_streams = real
+            streams.assign_streams = scheduling.assign_streams = real
         return plan, out, backends
 
     for train in (False, True):
         serial, want, _ = runs(train, False)
-        assert serial.schedule is None
+        assert serial.schedule.stream_schedule is None
         for seed in range(3):
             plan, got, backends = runs(train, True, seed)
-            assert plan.on_streams and plan.schedule.streams >= 2, plan.schedule
+            assert plan.execution.on_streams and plan.schedule.stream_schedule.streams >= 2, plan.schedule
             # each run's steps, and once more the capture's (graph_simulator.py runs it, then undoes it)
             runs_of_steps = len(got) + plan.captured
             assert backends and backends[0].ran == len(plan.steps) * runs_of_steps, (backends[0].ran, len(plan.steps))
             for a, b in zip(want, got):
                 for k in a:
                     np.testing.assert_array_equal(b[k], a[k], err_msg=f"train={train} seed={seed} {k}")
-        waits = sum(len(w) for w in plan.schedule.waits)
-        print(f"train={train}: {len(plan.steps)} steps on {plan.schedule.streams} streams, {waits} waits")
+        waits = sum(len(w) for w in plan.schedule.stream_schedule.waits)
+        print(f"train={train}: {len(plan.steps)} steps on {plan.schedule.stream_schedule.streams} streams, {waits} waits")
         wrong = 0
         for seed in range(3):
             _plan, got, _ = runs(train, True, seed, broken=True)
@@ -166,7 +166,7 @@ def test_streams_on_a_device_equal_the_serial_plan(monkeypatch, train):
         plan, inputs = bench.bench_plan(Net.load(str(INCEPTION)), 16, train, device="gpu")
         results[concurrent] = [{k: np.array(v.get()) for k, v in plan.run(inputs).items()}
                                for _ in range(3 if train else 1)]
-        assert plan.on_streams == concurrent
+        assert plan.execution.on_streams == concurrent
     for a, b in zip(results[False], results[True]):
         for k in a:
             np.testing.assert_allclose(b[k], a[k], rtol=1e-5, atol=1e-6, err_msg=k)

@@ -56,7 +56,7 @@ def _conv_plan(n, c, o, h, w, pad, bias, frozen, dtype, rng, threads=2):
 
 
 def _uses_winograd(plan) -> bool:
-    return any(p.name == "wino_u" for linked in plan._linked for call in linked.calls
+    return any(p.name == "wino_u" for linked in plan.made.linked for call in linked.calls
                for p in call.kernel.params)
 
 

@@ -93,7 +93,7 @@ def run_compile(args) -> int:
         "weights": "frozen" if weights is not None else "trained (updated every step)",
         "plan_ms": round(plan_ms, 3),
     }
-    if any(d.graphs for d in plan.devices):     # runtime/capture.py
+    if any(d.graphs for d in plan.build.devices):     # runtime/capture.py
         report["cuda_graph"] = {"captured": plan.graph_run is not None, "why_not": plan.capture_blocker}
     if data_parallel is not None:
         buckets = bucket_summary(graph)

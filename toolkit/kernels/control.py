@@ -76,7 +76,7 @@ def loop_kernel(ctx: KernelContext):
                 raise UserError(unfinished)
         for slot, buf in zip(results[:k], carry_in):
             xp.copyto(slot, buf)
-    if plan.before_run:
+    if plan.made.before_run:
         run.host_sync = "runs host work before every step of its body (random keys)"
     return run
 
@@ -97,7 +97,7 @@ def if_kernel(ctx: KernelContext):
         plan.execute(nested=True)
         for slot, out in zip(results, outs):
             xp.copyto(slot, out)
-    if any(plan.before_run for plan, _args, _outs in branches):
+    if any(plan.made.before_run for plan, _args, _outs in branches):
         run.host_sync = "runs host work before its branch (random keys)"
     return run
 
