@@ -14,6 +14,7 @@ import numpy as np
 
 from .errors import UserError
 from .frontend.net import Net as LoadedNet
+from .ir.graph import FLOAT_DTYPES, TRAIN_DTYPES
 from .runtime.session import DEFAULT_BUCKETS, InferSession
 
 
@@ -122,7 +123,6 @@ def tensor_infos(values: Mapping) -> list[TensorInfo]:
 
 
 NET_KINDS = "a file path, 'zoo:NAME', a YAML string, a dict or a net from toolkit.Net"
-DTYPES = ("float32", "float64", "float16", "bfloat16")
 
 
 class Net(LoadedNet):
@@ -329,7 +329,7 @@ def _bucket_sizes(buckets) -> dict[str, tuple]:
     return checked
 
 
-def _dtype_arg(dtype, choices=DTYPES) -> str | None:
+def _dtype_arg(dtype, choices=FLOAT_DTYPES) -> str | None:
     if dtype is not None and dtype not in choices:
         raise UserError(f"dtype: '{dtype}' is not one of {', '.join(choices)}")
     return dtype
@@ -389,7 +389,7 @@ def train(net=None, *, out: str | None = None, resume: str | None = None, weight
     out, resume, weights = (_text_arg(n, v) for n, v in (("out", out), ("resume", resume), ("weights", weights)))
     allow_missing, quiet = _flag("allow_missing", allow_missing), _flag("quiet", quiet)
     device = check_device(_device_arg(device))
-    dtype = _dtype_arg(dtype, ("float32", "float16", "bfloat16"))
+    dtype = _dtype_arg(dtype, TRAIN_DTYPES)
     overrides = _overrides(set)
     texts = _set_texts(set)
     if dtype == "float32":

@@ -9,6 +9,7 @@ import warnings
 
 from . import __version__
 from .errors import UserError
+from .ir.graph import FLOAT_DTYPES, TRAIN_DTYPES
 
 
 class _Parser(argparse.ArgumentParser):
@@ -25,9 +26,6 @@ def _device(text: str):
         return parse_device(text)
     except UserError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
-
-
-DTYPES = ["float32", "float64", "float16", "bfloat16"]
 
 
 def _positive_int(text: str) -> int:
@@ -126,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
                    help="override any key of the net file, as for train")
     p.add_argument("--device", type=_device, default="cpu", help=device_help())
-    p.add_argument("--dtype", choices=DTYPES, default=None,
+    p.add_argument("--dtype", choices=FLOAT_DTYPES, default=None,
                    help="float16 and bfloat16 accumulate in float32; on cpu they run as float32")
     p.add_argument("--buckets", type=_buckets, default=None,
                    help="batch bucket sizes, e.g. 1,2,4,8; or gears per symbolic dimension, e.g. "
@@ -149,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s, this machine only)")
     p.add_argument("--port", type=int, default=8000, help="port (default: %(default)s; 0 picks a free one)")
     p.add_argument("--device", type=_device, default="cpu", help=device_help())
-    p.add_argument("--dtype", choices=DTYPES, default=None,
+    p.add_argument("--dtype", choices=FLOAT_DTYPES, default=None,
                    help="float16 and bfloat16 accumulate in float32; on cpu they run as float32")
     p.add_argument("--buckets", type=_buckets, default=None,
                    help="batch bucket sizes, e.g. 1,2,4,8 (default 1,2,4,...,64); the largest is the batcher's limit; "
@@ -185,7 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--iters", type=_positive_int, default=50)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--device", type=_device, default="cpu", help=device_help())
-    p.add_argument("--dtype", choices=DTYPES, default=None,
+    p.add_argument("--dtype", choices=FLOAT_DTYPES, default=None,
                    help="float16 and bfloat16 accumulate in float32; with --train they mean mixed precision; "
                         "on cpu they run through float32 kernels")
     p.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE",
@@ -217,7 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", metavar="DIR", help="continue exactly from a run folder or checkpoint, with the net "
                                                    "and settings the run recorded (a change must be named by --set)")
     p.add_argument("--device", type=_device, default="cpu", help=device_help())
-    p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default=None,
+    p.add_argument("--dtype", choices=TRAIN_DTYPES, default=None,
                    help="float16/bfloat16: mixed precision (GEMMs and convolutions in that type, float32 master "
                         "weights, dynamic loss scaling), as train.solver.mixed_precision; float32: without it")
     _optimize_flags(p)

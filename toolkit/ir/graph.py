@@ -16,9 +16,14 @@ from .dims import Dim, evaluate, format_dim, product
 # numpy has float16 but no bfloat16, so a CPU plan never holds either: passes/precision.py
 # stores them as float32 there, rounded to the low type wherever the graph casts to or from it
 LOW_PRECISION = ("float16", "bfloat16")
+# the float types a graph is built in: what --dtype and toolkit.load(dtype=) take
 FLOAT_DTYPES = ("float32", "float64") + LOW_PRECISION
+# what a train step is built in (toolkit train --dtype, toolkit.train(dtype=)): float32, or mixed
+# precision in a half type; its parameters are never float64
+TRAIN_DTYPES = ("float32",) + LOW_PRECISION
 INT_DTYPES = ("int32", "int64")
-DTYPES = FLOAT_DTYPES + INT_DTYPES + ("bool",)
+# every type a value of a graph may have
+ALL_DTYPES = FLOAT_DTYPES + INT_DTYPES + ("bool",)
 SHORT_DTYPE = {"float32": "f32", "float64": "f64", "float16": "f16", "bfloat16": "bf16",
                "int32": "i32", "int64": "i64", "bool": "b"}
 

@@ -11,7 +11,7 @@ from typing import Callable
 import numpy as np
 
 from ..codegen.loops import Const, call, maximum, select
-from ..ir.graph import DTYPES, FLOAT_DTYPES, TensorType
+from ..ir.graph import ALL_DTYPES, FLOAT_DTYPES, TensorType
 from .base import Builder, OpDef, ShapeError, register
 from .rules import binary_broadcast, broadcast_shapes, elementwise_flops, like_input, need_float, same_dtype, unary_same
 
@@ -64,7 +64,7 @@ def _zero_grad(b, node, gouts):
 
 # -- constants ---------------------------------------------------------------------------
 def _scalar_infer(types, attrs):
-    if attrs["dtype"] not in DTYPES:
+    if attrs["dtype"] not in ALL_DTYPES:
         raise ShapeError(f"unknown dtype {attrs['dtype']}")
     return [TensorType((), attrs["dtype"])]
 

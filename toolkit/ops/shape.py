@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir.dims import product
-from ..ir.graph import DTYPES, TensorType
+from ..ir.graph import ALL_DTYPES, TensorType
 from .base import Builder, OpDef, ShapeError, register
 from .rules import fmt_shape, norm_axis, same_dtype
 
@@ -139,7 +139,7 @@ def _iota_infer(types, attrs):
         raise ShapeError("iota takes no inputs")
     if not -len(shape) <= axis < len(shape):
         raise ShapeError(f"axis {axis} is outside the shape {fmt_shape(shape)}")
-    if dtype not in DTYPES:
+    if dtype not in ALL_DTYPES:
         raise ShapeError(f"unknown dtype {dtype!r}")
     return [TensorType(shape, dtype)]
 

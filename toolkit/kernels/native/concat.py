@@ -11,7 +11,8 @@ from ...ops.rules import norm_axis
 from ...backend.registry import register_native
 from .elementwise import PARALLEL_MIN_ELEMENTS
 
-DTYPES = ("float32", "float64", "int64", "int32")
+# the dtypes the generated concat is built for; any other falls back to the numpy kernel
+CONCAT_KERNEL_DTYPES = ("float32", "float64", "int64", "int32")
 
 
 def _i(v):
@@ -20,7 +21,7 @@ def _i(v):
 
 @register_native("concat", "cpu", run_time_sizes=True)
 def concat_native(ctx, ins, outs):
-    if ctx.dtype not in DTYPES:
+    if ctx.dtype not in CONCAT_KERNEL_DTYPES:
         return None
     out_shape = [as_size(d) for d in ctx.out_shapes[0]]
     axis = norm_axis(ctx.attrs["axis"], len(out_shape))
@@ -43,7 +44,7 @@ def concat_native(ctx, ins, outs):
 
 @register_native("pad_axis", "cpu", run_time_sizes=True)
 def pad_axis_native(ctx, ins, outs):
-    if ctx.dtype not in DTYPES:
+    if ctx.dtype not in CONCAT_KERNEL_DTYPES:
         return None
     in_shape = [as_size(d) for d in ctx.in_shapes[0]]
     axis = norm_axis(ctx.attrs["axis"], len(in_shape))
