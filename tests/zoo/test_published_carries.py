@@ -153,7 +153,7 @@ def test_publish_refuses_a_net_whose_onnx_model_would_not_travel(tmp_path):
     """An import that stays one ONNX layer names MODEL.onnx beside its net.yaml: a model published
     without it would load nowhere else, so publish says so instead of writing it."""
     pytest.importorskip("onnx")
-    from tests.importers.test_onnx_external_data import write_model
+    from tests.importers.external_data_model import write_model
     write_model(tmp_path / "src")
     assert run_toolkit("import", "onnx", tmp_path / "src" / "m.onnx", "--out", tmp_path / "imp", memory_mb=3000,
                        timeout=120).status == 0
