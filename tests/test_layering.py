@@ -49,6 +49,9 @@ ALLOWED: dict[str, set[str]] = {
     "toolkit/training": GROUND | {"schemas", "toolkit/arrayfiles", "toolkit/ir", "toolkit/ops", "toolkit/backend",
                                   "toolkit/optim", "toolkit/passes", "toolkit/runtime", "toolkit/frontend",
                                   "toolkit/weights", "toolkit/compile"},
+    # the plan `toolkit bench`, the tests and the benchmarks time (beside training: above compile)
+    "toolkit/benchmarking": GROUND | {"toolkit/ir", "toolkit/backend", "toolkit/optim", "toolkit/passes",
+                                      "toolkit/runtime", "toolkit/frontend", "toolkit/compile"},
     "toolkit/zoo": GROUND | {"schemas", "toolkit/__init__", "toolkit/ir", "toolkit/backend", "toolkit/passes",
                              "toolkit/runtime", "toolkit/frontend", "toolkit/weights", "toolkit/compile",
                              "toolkit/training"},

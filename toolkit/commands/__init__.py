@@ -1,14 +1,16 @@
-"""Implementations of the ``toolkit`` subcommands, one module each; cli.py only dispatches."""
-from .bench import run_bench
-from .check import run_check, run_render, run_schema
-from .compile_cmd import run_compile
-from .graph_cmd import run_graph
-from .export_cmd import run_export
-from .import_cmd import run_import
-from .infer import run_infer
-from .serve_cmd import run_serve
-from .train_cmd import run_data, run_test, run_train
-from .zoo_cmd import run_zoo
+"""Implementations of the ``toolkit`` subcommands, one module each; cli.py's table says which
+module runs which command and imports it only when that command runs. ``options.py``: the
+options the commands share.
 
-__all__ = ["run_bench", "run_check", "run_render", "run_compile", "run_graph", "run_infer", "run_schema", "run_serve", "run_import", "run_export", "run_test", "run_train", "run_data",
-           "run_zoo"]
+``toolkit.commands.run_NAME`` still hands out a command's function (importing its module then),
+for callers that run a command without the parser's table at hand.
+"""
+from __future__ import annotations
+
+
+def __getattr__(name: str):
+    if name.startswith("run_"):
+        from ..cli import BY_NAME, runner
+        if name[4:] in BY_NAME:
+            return runner(name[4:])
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

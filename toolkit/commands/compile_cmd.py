@@ -18,6 +18,7 @@ from ..passes.pipeline import PIPELINE, PassRecord, memory_reuse
 from ..runtime.plan import Plan, memory_figures
 from ..runtime.session import batch_symbol
 from ..training.trainer import train_spec
+from ..frontend.spec import parse_overrides
 from ..zoo.resolve import load_net
 
 
@@ -43,7 +44,7 @@ def fused_members(graph) -> dict[str, dict[str, int]]:
 
 def run_compile(args) -> int:
     args.device = check_device(args.device)
-    net = load_net(args.net)
+    net = load_net(args.net, parse_overrides(args.overrides))
     disable = disabled_passes(net, args.disable, args.no_optimize)
     start = time.perf_counter()
     if args.ranks > 1 and args.phase != "train":

@@ -19,6 +19,7 @@ from pathlib import Path
 from ..compile import disabled_passes, optimize, train_graph
 from ..errors import UserError
 from ..fileio import atomic_write, refuse_own_inputs
+from ..frontend.spec import parse_overrides
 from ..zoo.resolve import load_net
 from .dot import to_dot
 
@@ -69,7 +70,7 @@ def run_graph(args) -> int:
         if dot is None:
             raise UserError(NO_DOT.format(stem=target.stem or "net"))
 
-    net = load_net(args.net)
+    net = load_net(args.net, parse_overrides(args.overrides))
     from .io import net_inputs
     refuse_own_inputs("-o", args.output, [target], net_inputs(net, args.weights))
     if args.phase == "train":

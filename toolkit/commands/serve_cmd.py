@@ -4,7 +4,7 @@ from __future__ import annotations
 import sys
 import time
 
-from ..api import load
+from ..api import Net, load
 from ..errors import UserError
 from ..training.data import recorded_input
 from .classes import class_names, score_widths
@@ -27,8 +27,8 @@ def run_serve(args) -> int:
     # a taken port or too low a descriptor limit is an error before the compile, not after
     max_connections = connection_limit(args.max_connections)
     bind(args.host, args.port).close()
-    model = load(args.net, weights=args.weights, device=args.device, dtype=args.dtype, buckets=args.buckets,
-                 disable=tuple(args.disable or ()), optimize_graph=not args.no_optimize,
+    model = load(Net(args.net, set=args.overrides), weights=args.weights, device=args.device, dtype=args.dtype,
+                 buckets=args.buckets, disable=tuple(args.disable or ()), optimize_graph=not args.no_optimize,
                  allow_missing=args.allow_missing, transform=not args.no_transform)
     if model.transform is not None:
         print(f"inputs are transformed {model.transform.heading}: {model.transform.describe()} "
