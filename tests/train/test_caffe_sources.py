@@ -9,33 +9,13 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
+from tests.train.caffe_records import datum, varint
 from tests.train.test_loop import cli, sets
 from toolkit.training.data import load_digits
 
 ROOT = Path(__file__).resolve().parents[2]
 LENET = (ROOT / "zoo" / "lenet" / "net.yaml").read_text()
 N = 300
-
-
-def _varint(v: int) -> bytes:
-    v &= (1 << 64) - 1
-    out = bytearray()
-    while True:
-        byte = v & 0x7F
-        v >>= 7
-        if v:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
-def datum(image: np.ndarray, label: int) -> bytes:
-    """A Caffe Datum (channels 1, height 2, width 3, data 4, label 5) of a uint8 [C, H, W] image."""
-    c, h, w = image.shape
-    data = image.astype(np.uint8).tobytes()
-    return (b"\x08" + _varint(c) + b"\x10" + _varint(h) + b"\x18" + _varint(w)
-            + b"\x22" + _varint(len(data)) + data + b"\x28" + _varint(label))
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +78,7 @@ def test_a_record_whose_size_lies_is_refused(tmp_path, digits):
     x, y = digits
     env = lmdb.open(str(tmp_path / "bad_lmdb"), map_size=1 << 24)
     with env.begin(write=True) as txn:
-        lie = datum(x[0], 1).replace(b"\x18" + _varint(8), b"\x18" + _varint(9), 1)   # width 9, 64 bytes
+        lie = datum(x[0], 1).replace(b"\x18" + varint(8), b"\x18" + varint(9), 1)   # width 9, 64 bytes
         txn.put(b"0", lie)
     env.close()
     net = tmp_path / "bad.yaml"

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from tests.bounded import ROOT, run_toolkit
-from tests.train.test_caffe_sources import _varint, datum
+from tests.train.caffe_records import datum, varint
 from toolkit.training.sources import parse_datum
 
 LENET = (ROOT / "zoo" / "lenet" / "net.yaml").read_text()
@@ -52,7 +52,7 @@ def png(width: int, height: int, rows: int) -> bytes:
 
 def encoded(image: bytes, label: int = 1) -> bytes:
     """A Datum of 1 x 8 x 8 whose data is an encoded image (field 7, encoded, true)."""
-    return (b"\x08\x01\x10\x08\x18\x08\x22" + _varint(len(image)) + image + b"\x28" + _varint(label) + b"\x38\x01")
+    return (b"\x08\x01\x10\x08\x18\x08\x22" + varint(len(image)) + image + b"\x28" + varint(label) + b"\x38\x01")
 
 
 def test_records_of_two_shapes_are_refused_naming_both(tmp_path):
