@@ -509,7 +509,7 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     try:
         net = load_net(args.net)
-        from toolkit.commands.bench import stand_in_weights
+        from toolkit.benchmarking import stand_in_weights
         if args.net.endswith(".onnx"):            # the model's own weights; ONNX Runtime has no train step
             weights = net.load_weights(args.net)
             modes = ["infer"]

@@ -79,7 +79,7 @@ def measure(net_path: Path, batch: int, train: bool, dtype: str, args) -> dict:
     import cupy
     import numpy as np
     import torch
-    from toolkit.commands.bench import bench_plan, stand_in_weights
+    from toolkit.benchmarking import bench_plan, stand_in_weights
     from toolkit.compile import solver_config
     from toolkit.zoo.resolve import load_net
     from toolkit.frontend.lower import OBJECTIVE

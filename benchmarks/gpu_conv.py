@@ -38,7 +38,7 @@ def convolution_contexts(net_path: Path, batch: int, dtype: str):
     """(label, op, KernelContext) of every convolution kernel in the net's GPU train step."""
     from toolkit.backend.devices import CudaDevice
     from toolkit.backend.registry import KernelContext
-    from toolkit.commands.bench import bench_plan
+    from toolkit.benchmarking import bench_plan
     from toolkit.ir.binding import bind_attrs
     from toolkit.ops.fused import head_parts
     from toolkit.zoo.resolve import load_net

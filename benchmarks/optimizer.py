@@ -4,7 +4,7 @@
     python benchmarks/optimizer.py [--batch 64 --batch 1] [--rounds 20] [--iters 20] [--json]
 
 For each net and mode it builds the two plans `toolkit bench` and `toolkit bench --no-optimize`
-build (`toolkit.commands.bench.bench_plan`: the infer phase with the weights frozen in, or the
+build (`toolkit.benchmarking.bench_plan`: the infer phase with the weights frozen in, or the
 train step with the net's solver) in one process, and times them in interleaved rounds whose
 order alternates, so that load from elsewhere on the machine falls on both alike: separate
 processes on a shared 2-core machine differ by more than the effect measured. Reported: the
@@ -28,7 +28,7 @@ from compare import cpu_name  # noqa: E402  (this folder's side-by-side script: 
 
 def measure(net, batch: int, train: bool, rounds: int, iters: int) -> dict:
     import numpy as np
-    from toolkit.commands.bench import bench_plan
+    from toolkit.benchmarking import bench_plan
     from toolkit.compile import disabled_passes
 
     plans = {opt: bench_plan(net, batch, train, disable=disabled_passes(net, (), not opt)) for opt in (True, False)}

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from toolkit.cli import main
-from toolkit.commands.bench import bench_plan
+from toolkit.benchmarking import bench_plan
 from toolkit.frontend import Net
 from toolkit.backend.devices import parse_device
 from toolkit.backend.placement import Placement

@@ -9,7 +9,7 @@ import json
 import numpy as np
 
 from cli_helpers import run_cli, write_net
-from toolkit.commands.bench import bench_plan
+from toolkit.benchmarking import bench_plan
 from toolkit.frontend.heads import with_objective
 from toolkit.weights import save_weights
 from toolkit.zoo.resolve import load_net

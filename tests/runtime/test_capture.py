@@ -44,7 +44,7 @@ train:
 EQUAL_SCRIPT = STAND_IN + RAW_MODULE + textwrap.dedent("""
     import numpy as np
     from toolkit.frontend import Net
-    from toolkit.commands.bench import bench_plan
+    from toolkit.benchmarking import bench_plan
     from tests.runtime.graph_simulator import SimulatedGraphs
     for path, train, steps in ((sys.argv[1], True, 5), (sys.argv[1], False, 3), (sys.argv[2], True, 5)):
         net = Net.load(path)
@@ -285,7 +285,7 @@ DEVICE_SCRIPT = textwrap.dedent("""
     import sys
     import numpy as np
     from toolkit.frontend import Net
-    from toolkit.commands.bench import bench_plan
+    from toolkit.benchmarking import bench_plan
     for path, train in ((sys.argv[1], True), (sys.argv[1], False), (sys.argv[2], True)):
         net = Net.load(path)
         runs = {}
@@ -373,7 +373,7 @@ def test_warm_buckets_on_the_gpu_are_captured_before_the_first_request(tmp_path)
 
 
 def test_the_bias_gradient_op_on_the_cpu_equals_numpy_and_is_never_made_there():
-    from toolkit.commands.bench import bench_plan
+    from toolkit.benchmarking import bench_plan
     from toolkit.frontend import Net
     from toolkit.ir.graph import Graph, TensorType, Value
     from toolkit.ops import Builder
@@ -399,7 +399,7 @@ def test_the_bias_gradient_op_on_the_cpu_equals_numpy_and_is_never_made_there():
 BIAS_GRAD_SCRIPT = STAND_IN + RAW_MODULE + textwrap.dedent("""
     import numpy as np
     from toolkit.frontend import Net
-    from toolkit.commands.bench import bench_plan
+    from toolkit.benchmarking import bench_plan
     from toolkit.kernels.gpu import lt
     calls = []
     real = lt.LtGemm.__call__

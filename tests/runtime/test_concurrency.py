@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import toolkit.commands.bench as bench
+import toolkit.benchmarking as bench
 from toolkit.frontend import Net
 from toolkit.runtime import concurrency
 from toolkit.runtime.concurrency import waves

@@ -71,7 +71,7 @@ LENET_SCRIPT = textwrap.dedent("""
     import sys
     import numpy as np
     from toolkit.frontend import Net
-    from toolkit.commands.bench import bench_plan
+    from toolkit.benchmarking import bench_plan
     from toolkit.backend.registry import load_device
     load_device("gpu")
     from toolkit.kernels.gpu import dnn

@@ -16,7 +16,7 @@ from toolkit.backend.devices import gpu_available
 SCRIPT = STAND_IN + RAW_MODULE + textwrap.dedent("""
     import numpy as np
     from toolkit.frontend import Net
-    from toolkit.commands.bench import bench_plan
+    from toolkit.benchmarking import bench_plan
     from toolkit.backend.registry import KERNELS, load_device
     load_device("gpu")
     from tests.runtime.gpu_stand_in import compare_every_op
@@ -123,7 +123,7 @@ def test_gpu_dropout_is_reproducible_and_keeps_the_right_fraction(tmp_path):
 HALF_SCRIPT = STAND_IN + RAW_MODULE + textwrap.dedent("""
     import numpy as np
     from toolkit.frontend import Net
-    from toolkit.commands.bench import bench_plan
+    from toolkit.benchmarking import bench_plan
     lenet = Net.load(sys.argv[1])
     gpu_plan, gpu_in = bench_plan(lenet, 4, False, dtype="float16", device="gpu")
     cpu_plan, cpu_in = bench_plan(lenet, 4, False, device="cpu")
@@ -255,7 +255,7 @@ CAUSAL_SCRIPT = STAND_IN + RAW_MODULE + textwrap.dedent("""
     import sys
     import numpy as np
     from toolkit.frontend import Net
-    from toolkit.commands.bench import bench_plan
+    from toolkit.benchmarking import bench_plan
     net = Net.load(sys.argv[1])
     for train in (False, True):
         for steps in (3, 6):

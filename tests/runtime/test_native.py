@@ -18,7 +18,7 @@ import pytest
 from toolkit.codegen import toolchain
 from toolkit.codegen.loops import Buf, For, Kernel, Names, Store, lift
 from toolkit.codegen.render import CDialect, CudaDialect
-from toolkit.commands.bench import bench_plan
+from toolkit.benchmarking import bench_plan
 from toolkit.frontend import Net
 from toolkit.runtime.plan import Plan, RuntimeState
 
@@ -327,7 +327,7 @@ wait
 BUCKETS_SCRIPT = """
 import sys, numpy as np
 from toolkit.frontend import Net
-from toolkit.commands.bench import bench_plan
+from toolkit.benchmarking import bench_plan
 net = Net.load("zoo/lenet/net.yaml")
 for batch in (2, 4, 8):
     plan, inputs = bench_plan(net, batch, False)

@@ -92,7 +92,7 @@ SCRIPT = STAND_IN + RAW_MODULE + textwrap.dedent("""
     import functools, warnings
     import numpy as np
     warnings.simplefilter("ignore", RuntimeWarning)     # the broken schedule reads garbage
-    import toolkit.commands.bench as bench
+    import toolkit.benchmarking as bench
     from toolkit.frontend import Net
     from toolkit.runtime import streams
     from toolkit.runtime.plan import Plan
@@ -157,7 +157,7 @@ def test_gpu_plan_on_streams_equals_the_serial_plan_in_any_order_streams_allow(t
 def test_streams_on_a_device_equal_the_serial_plan(monkeypatch, train):
     import functools
 
-    import toolkit.commands.bench as bench
+    import toolkit.benchmarking as bench
     from toolkit.frontend import Net
     from toolkit.runtime.plan import Plan
     results = {}

@@ -11,7 +11,7 @@ import pytest
 
 from toolkit import hostcpu
 from toolkit.codegen import toolchain
-from toolkit.commands.bench import bench_plan
+from toolkit.benchmarking import bench_plan
 from toolkit.frontend import Net
 from toolkit.runtime import parallel, team
 from toolkit.runtime.plan import Plan
