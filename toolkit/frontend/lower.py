@@ -27,7 +27,7 @@ class LowerContext:
 
     def __init__(self, graph: Graph, layer, phase: str, float_dtype: str, declared: dict[str, tuple],
                  root: Graph | None = None, sync_batchnorm: bool = False, base_dir: str = ".",
-                 gears: "Gears | None" = None):
+                 gears: "Gears | None" = None, memo: dict | None = None):
         # weights and state updates belong to the net's graph (``root``); the nodes go to
         # ``graph``, which is a block's body inside an If or Loop
         self.graph = root if root is not None else graph
@@ -43,6 +43,9 @@ class LowerContext:
         self.param_count = 0
         self.param_names: list[str] = []        # the parameters the layer asked for, in order
         self.gears = gears or Gears(frozenset(), None)
+        # what a layer worked out once and may reuse when the same net lowers another phase (an
+        # ONNX layer's converted model): one dict per net, keyed by the layer's own keys
+        self.memo = memo if memo is not None else {}
 
     # -- gears over a sequence length (layers/gears.py) ----------------------------------------
     def gear_of(self, dim) -> str | None:
@@ -205,13 +208,26 @@ class Lowered:
     problems: list[Problem]
 
 
+def lowering_key(spec, phase: str, float_dtype: str | None, sync_batchnorm: bool = False,
+                 gears: frozenset[str] = frozenset()) -> tuple:
+    """What a lowering of ``spec`` depends on besides the spec: two calls of ``lower_phase``
+    with equal keys build equal graphs. ``float_dtype`` matters only through the input dtypes
+    and the float type of the parameters it gives (None and the net's own float type are one)."""
+    dtypes = tuple(float_dtype if float_dtype and i.dtype in FLOAT_DTYPES else i.dtype for i in spec.inputs.values())
+    declared_floats = [i.dtype for i in spec.inputs.values() if i.dtype in FLOAT_DTYPES]
+    net_float = float_dtype or (declared_floats[0] if declared_floats else "float32")
+    return phase, dtypes, net_float, bool(sync_batchnorm), frozenset(gears)
+
+
 def lower_phase(spec, positions: Positions, phase: str, float_dtype: str | None,
                 declared: dict[str, tuple], loss_layers: set[str] | None = None,
-                sync_batchnorm: bool = False, gears: frozenset[str] = frozenset()) -> Lowered:
+                sync_batchnorm: bool = False, gears: frozenset[str] = frozenset(),
+                memo: dict | None = None) -> Lowered:
     """The graph of ``phase`` (default outputs: tops nothing consumes) and the problems found.
     ``loss_layers``: names of the objective's layers (None: every layer whose type ends in Loss).
     ``gears``: symbolic dimensions (not the batch) whose inputs come padded, each example's real
-    length in the input ``lengths_input(symbol)`` (layers/gears.py)."""
+    length in the input ``lengths_input(symbol)`` (layers/gears.py). ``memo``: what the layers
+    may keep for the same net's other lowerings (``LowerContext.memo``)."""
     graph = Graph(phase)
     blobs: dict[str, Value] = {}
     for name, inp in spec.inputs.items():
@@ -232,7 +248,7 @@ def lower_phase(spec, positions: Positions, phase: str, float_dtype: str | None,
     if batch is not None and batch.symbols & gear_set:
         gear_set -= batch.symbols                   # the batch's gears are buckets: no lengths
     lowering = Lowering(graph, positions, phase, net_float, declared, loss_layers, sync_batchnorm,
-                        Gears(gear_set, batch))
+                        Gears(gear_set, batch), memo)
     lowering.problems += problems
     lowering.lower_layers(spec.layers, ("layers",), graph, blobs)
     # one name per value, the latest top; a top that only renames an input (Dropout outside
@@ -249,8 +265,9 @@ class Lowering:
 
     def __init__(self, root: Graph, positions: Positions, phase: str, float_dtype: str,
                  declared: dict[str, tuple], loss_layers: set[str] | None, sync_batchnorm: bool = False,
-                 gears: Gears | None = None):
+                 gears: Gears | None = None, memo: dict | None = None):
         self.root = root
+        self.memo = memo if memo is not None else {}
         self.gears = gears or Gears(frozenset(), None)
         self.sync_batchnorm = sync_batchnorm
         self.positions = positions
@@ -329,7 +346,7 @@ class Lowering:
                     clean = False
                     continue
             ctx = LowerContext(graph, layer, phase, self.float_dtype, self.declared, self.root, self.sync_batchnorm,
-                               os.path.dirname(self.positions.file or "") or ".", self.gears)
+                               os.path.dirname(self.positions.file or "") or ".", self.gears, self.memo)
             try:
                 if layer.type in BLOCK_TYPES:
                     tops = lower_block(self, layer, prefix + (i,), graph, blobs, bottoms)

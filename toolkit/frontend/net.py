@@ -1,24 +1,27 @@
 """``Net``: a net file loaded and checked in every phase, that hands out per-phase graphs.
 
 Loading validates the whole file at once (schema, wiring, shapes in every phase, duplicate
-names, outputs, shares), so one run reports every problem.
+names, outputs, shares), so one run reports every problem. Each phase is lowered once per
+lowering key (``lowering_key``: the phase, the float type, the gears...): the net keeps that
+lowering and hands out copies, since passes change the graphs they are given. The weights
+(which file, fillers, reading a file against the net) live in net_weights.py.
 """
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
 
 from ..errors import Problem, SpecError, UserError, did_you_mean
-from ..hostmem import human_bytes, too_big
-from ..ir.graph import Graph
+from ..ir.graph import Graph, copy_graph
 from ..ops.base import Builder
 from ..passes.prune import eliminate_dead_code
-from .lower import OBJECTIVE, Lowered, lower_phase
+from . import net_weights
+from .lower import OBJECTIVE, Lowered, lower_phase, lowering_key
 from .compose import compose
 from .resolver import ZOO_PREFIX, Resolver, zoo_model
 from .spec import duplicate_layer_names, from_command_line, validate_net
+from .train_checks import train_problems
 from .yaml_loader import Positions
 
 PHASES = ("train", "test", "infer")
@@ -38,15 +41,21 @@ class Net:
         # layers whose weights start from their fillers whatever a weights file holds under their
         # names: a new head (`toolkit train --new-head`), a layer a derived net deletes and writes anew
         self.fresh_layers: frozenset[str] = frozenset()
+        self._lowerings: dict[tuple, Lowered] = {}     # lowering_key -> the lowering, never handed out
+        self._memo: dict = {}                          # what layers keep across lowerings (LowerContext.memo)
         problems = duplicate_layer_names({"layers": [l.model_dump() for l in spec.layers]}, positions)
         problems += self._check_losses()
         problems += self._check_passes()
         checked = {}
         for phase in PHASES:
-            checked[phase] = lower_phase(spec, positions, phase, None, self.declared, self._loss_layers())
+            # the phases lowered in order share one declared dict: a test layer may share a
+            # weight a train layer declares
+            checked[phase] = self.kept_lowering(phase, declared=self.declared)
             problems += checked[phase].problems
         problems += self._check_outputs(checked["infer"])
         problems += self._check_gears()
+        problems += train_problems(spec, positions, *(None if checked[p].problems else checked[p].graph
+                                                      for p in ("train", "test")))
         unique = list({(str(p.location), p.message): p for p in problems}.values())
         if unique:
             unique.sort(key=lambda p: (p.location.line, p.location.col) if p.location else (0, 0))
@@ -87,25 +96,23 @@ class Net:
         net.resolve = resolve
         return net
 
+    # -- weights (net_weights.py) -------------------------------------------------------------
     def weights_or_published(self, given: str | None) -> str | None:
         """``given``, else a ``zoo:NAME`` net's published weights, else None (the caller's default)."""
         return given or (self.default_weights(None) if self.zoo is not None else None)
 
     def default_weights(self, given: str | None, flag: str = "--weights") -> str | None:
-        """``given``, or for a ``zoo:NAME`` net its published weights (fetched if need be); None
-        for a net without a single weight (activations, pooling, reshapes), which needs no file."""
-        if given:
-            return given
-        if self.file.endswith(".onnx"):
-            return self.file               # an ONNX model's weights are its initializers
-        if self.zoo is not None:
-            weights = zoo_model(self.resolve, f"{ZOO_PREFIX}{self.zoo.name}", need_weights=True).weights
-            if weights is not None:
-                return str(weights)
-            raise UserError(f"zoo:{self.zoo.name} publishes no weights; pass {flag} FILE")
-        if not self.declared:
-            return None
-        raise UserError(f"{flag} FILE is required (a zoo:NAME net uses its published weights by default)")
+        return net_weights.default_weights(self, given, flag)
+
+    def init_weights(self, seed: int = 0, dtype: str | None = None) -> dict[str, np.ndarray]:
+        return net_weights.init_weights(self, seed, dtype)
+
+    def load_weights(self, path: str | None, allow_missing: bool = False, seed: int = 0,
+                     dtype: str | None = None, say=None) -> dict[str, np.ndarray]:
+        return net_weights.load_weights(self, path, allow_missing, seed, dtype, say)
+
+    def weights_file(self, given: str) -> str:
+        return net_weights.weights_file(self, given)
 
     @property
     def name(self) -> str:
@@ -145,8 +152,7 @@ class Net:
         if padded and not problems:
             for phase in ("infer", "train"):
                 if any(phase in layer.phases for layer in self.spec.layers):
-                    problems += lower_phase(self.spec, self.positions, phase, None, dict(self.declared),
-                                            self._loss_layers(), gears=padded).problems
+                    problems += self.kept_lowering(phase, gears=padded).problems
         return problems
 
     def _loss_layers(self) -> set[str] | None:
@@ -154,13 +160,26 @@ class Net:
             return set(self.spec.train.losses)
         return None
 
+    def kept_lowering(self, phase: str, dtype: str | None = None, sync_batchnorm: bool = False,
+                      gears: frozenset[str] = frozenset(), declared: dict | None = None) -> Lowered:
+        """The net's own lowering of one phase, lowered on first request: to read, never to
+        change (``lower`` hands out copies). ``declared``: the weights dict the lowering adds
+        to (by default a copy of the net's: a layer may share a weight of another phase's layer)."""
+        key = lowering_key(self.spec, phase, dtype, sync_batchnorm, frozenset(gears))
+        if key not in self._lowerings:
+            self._lowerings[key] = lower_phase(
+                self.spec, self.positions, phase, dtype, dict(self.declared) if declared is None else declared,
+                self._loss_layers(), sync_batchnorm, frozenset(gears), self._memo)
+        return self._lowerings[key]
+
     def lower(self, phase: str, dtype: str | None = None, sync_batchnorm: bool = False,
               gears: frozenset[str] = frozenset()) -> Lowered:
-        """A fresh lowering of one phase (graphs are mutated by passes, so never shared).
+        """A lowering of one phase that the caller may change (a copy of the kept one).
         ``gears``: symbolic dimensions whose inputs come padded, with lengths (frontend/lower.py)."""
-        # the net's declared weights: a layer may share those of a layer of another phase
-        return lower_phase(self.spec, self.positions, phase, dtype, dict(self.declared), self._loss_layers(),
-                           sync_batchnorm, frozenset(gears))
+        kept = self.kept_lowering(phase, dtype, sync_batchnorm, gears)
+        values: dict = {}
+        graph = copy_graph(kept.graph, values)
+        return Lowered(graph, {name: values.get(v.id, v) for name, v in kept.blobs.items()}, list(kept.problems))
 
     def _check_outputs(self, infer: Lowered) -> list[Problem]:
         if not self.spec.outputs:
@@ -211,79 +230,6 @@ class Net:
         eliminate_dead_code(graph)
         return graph
 
-    # -- weights -----------------------------------------------------------------------------
-    def weight_graph(self) -> Graph:
-        """A train graph (or infer if there is no loss) that declares every weight of the net."""
-        graph = self.lower("train").graph
-        for phase in ("test", "infer"):
-            for k, w in self.lower(phase).graph.weights.items():
-                graph.weights.setdefault(k, w)
-        return graph
-
-    def init_weights(self, seed: int = 0, dtype: str | None = None) -> dict[str, np.ndarray]:
-        """Every weight started by its filler, after checking the machine can hold them all."""
-        from ..weights import fill
-        rng = np.random.default_rng(seed)
-        weights = self.weight_graph().weights
-        shapes = {key: tuple(int(d) for d in w.value.shape) for key, w in weights.items()}
-        dtypes = {key: np.dtype(dtype or w.value.dtype) for key, w in weights.items()}
-        sizes = {key: math.prod(shapes[key]) * dtypes[key].itemsize for key in weights}
-        why = too_big(sum(sizes.values()))
-        if why is not None:
-            key = max(sizes, key=sizes.get)
-            raise UserError(f"layer '{weights[key].layer}': weight '{key}' of shape [{', '.join(map(str, shapes[key]))}] "
-                            f"({dtypes[key]}) is {human_bytes(sizes[key])}; the net's weights need "
-                            f"{human_bytes(sum(sizes.values()))}, {why}")
-        return {key: fill(w.init, shapes[key], dtypes[key], w.fan_in, w.fan_out, rng) for key, w in weights.items()}
-
-    def load_weights(self, path: str | None, allow_missing: bool = False, seed: int = 0,
-                     dtype: str | None = None, say=None) -> dict[str, np.ndarray]:
-        """Weights from a file (or ``zoo:NAME``'s published ones), checked against the net by
-        key and shape. ``allow_missing`` (Caffe's copy_from, PyTorch's strict=False): copy the
-        weights whose key and shape match, start the others from their fillers, ignore the
-        file's extra keys; ``say`` (a callable taking one line) is then given a table of what was
-        not copied. ``path`` None: a net without weights (see ``default_weights``). The weights of
-        ``fresh_layers`` start from their fillers, the file's arrays of theirs left out (in the table)."""
-        from ..weights import load_weights
-        if path is None and not self.declared:
-            return {}
-        path = self.weights_file(path)
-        if path.endswith(".onnx"):
-            return self._onnx_weights(path, seed, dtype, allow_missing)
-        reports: list = []
-        fresh = frozenset(key for key, (_shape, layer) in self.declared.items() if layer in self.fresh_layers)
-        loaded = load_weights(path, self.declared, allow_missing, report=reports, fresh=fresh)
-        out = self.init_weights(seed, dtype) if allow_missing or fresh else {}
-        for key, (shape, _layer) in self.declared.items():
-            if key in loaded:
-                out[key] = np.asarray(loaded[key], dtype=dtype or "float32", order="C")
-        if say is not None and reports and not reports[0].complete:
-            for line in reports[0].lines(path):
-                say(line)
-        return out
-
-    def _onnx_weights(self, path: str, seed: int, dtype: str | None, allow_missing: bool) -> dict[str, np.ndarray]:
-        """The weights of the ONNX layers that read ``path``: its initializers (the parameters'
-        fillers read them); with ``allow_missing`` the other layers start from their fillers."""
-        import os
-        others = sorted({layer for _key, (_shape, layer) in self.declared.items()
-                         if not _reads(self.spec, layer, path, os.path.dirname(self.file))})
-        if others and not allow_missing:
-            raise UserError(f"--weights {path}: an ONNX file holds the weights of the ONNX layers that read it; "
-                            f"layer '{others[0]}' needs a weights file (.safetensors or .npz), or --allow-missing to start it "
-                            "from its fillers")
-        return self.init_weights(seed, dtype)
-
-    def weights_file(self, given: str) -> str:
-        """A weights path as given, or the file of ``zoo:NAME``'s published weights."""
-        if not given.startswith(ZOO_PREFIX):
-            return given
-        weights = zoo_model(self.resolve, given, need_weights=True).weights
-        if weights is None:
-            raise UserError(f"{given} publishes no weights")
-        return str(weights)
-
-
 
 def _with_wiring_problems(error: SpecError) -> SpecError:
     """Schema problems plus the wiring and shape problems of the layers that did validate, so
@@ -297,16 +243,6 @@ def _with_wiring_problems(error: SpecError) -> SpecError:
     unique = list({(str(p.location), p.message): p for p in problems}.values())
     unique.sort(key=lambda p: (p.location.line, p.location.col) if p.location else (0, 0))
     return SpecError(*unique)
-
-
-def _reads(spec, layer_name: str, path: str, base_dir: str) -> bool:
-    """Whether the layer is an ONNX layer of the model file ``path``."""
-    import os
-    layer = next((x for x in spec.layers if x.name == layer_name), None)
-    if layer is None or layer.type != "ONNX":
-        return False
-    own = layer.file if os.path.isabs(layer.file) else os.path.join(base_dir or ".", layer.file)
-    return os.path.realpath(own) == os.path.realpath(path)
 
 
 def _onnx_net_text(path: str) -> str:

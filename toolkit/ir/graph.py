@@ -7,7 +7,7 @@ in ``toolkit.ops`` so this module stays free of op knowledge.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from .dims import Dim, evaluate, format_dim, product
@@ -164,6 +164,48 @@ class Graph:
             lines.append(f"  update {name} <- {v!r}")
         lines.append("}")
         return "\n".join(lines)
+
+
+def copy_graph(graph: Graph, values: dict[int, Value] | None = None) -> Graph:
+    """A copy of ``graph`` that a pass may change without touching the original: new values,
+    nodes, weights and dictionaries; ``values`` (when given) receives old value id -> new value,
+    so that what else refers to the original's values (a lowering's blobs) can be mapped. Arrays
+    in attributes are shared: nothing changes an attribute's array in place. A subgraph held in
+    an attribute (a loop or if body: an object whose ``graph`` is a Graph) is copied too."""
+    values = {} if values is None else values
+    for v in graph.inputs.values():
+        values[v.id] = Value(v.type, name=v.name)
+    for w in graph.weights.values():
+        values[w.value.id] = Value(w.value.type, name=w.value.name)
+    copied = Graph(graph.phase, {k: values[v.id] for k, v in graph.inputs.items()},
+                   {k: replace(w, value=values[w.value.id], init=dict(w.init)) for k, w in graph.weights.items()},
+                   copy_nodes(graph.nodes, values))
+    # a value defined outside the graph (a body before closure conversion) stays itself
+    copied.outputs = {k: values.get(v.id, v) for k, v in graph.outputs.items()}
+    copied.updates = {k: values.get(v.id, v) for k, v in graph.updates.items()}
+    copied.losses = dict(graph.losses)
+    copied.layer_devices = dict(graph.layer_devices)
+    return copied
+
+
+def copy_nodes(nodes: list[Node], values: dict[int, Value]) -> list[Node]:
+    """New nodes doing what ``nodes`` do, reading ``values[id]`` in place of each input that has
+    an entry there (the others as they are); every output gets a new value, entered in ``values``."""
+    out = []
+    for node in nodes:
+        attrs = {k: _copy_attr(a) for k, a in node.attrs.items()}
+        new = Node(node.op, [values.get(v.id, v) for v in node.inputs], attrs, node.scope)
+        new.outputs = [Value(o.type, new, o.name) for o in node.outputs]
+        values.update((o.id, n) for o, n in zip(node.outputs, new.outputs))
+        out.append(new)
+    return out
+
+
+def _copy_attr(a: Any) -> Any:
+    body = getattr(a, "graph", None)
+    if isinstance(body, Graph):          # ops/control.py's Body, which this floor cannot import
+        return type(a)(copy_graph(body))
+    return a
 
 
 def _fmt_attr(v: Any) -> str:
