@@ -12,8 +12,9 @@ from toolkit.ir.graph import Graph
 from toolkit.ops.verify import VerifyError, verify
 from toolkit.passes import pipeline as pipeline_module
 from toolkit.passes.context import PassContext
-from toolkit.passes.pipeline import (PIPELINE, PassRecord, Stage, UnknownPass, memory_reuse, no_optimize, pass_names,
-                                     run_pipeline)
+from toolkit.errors import UserError
+from toolkit.passes.pipeline import (PIPELINE, PLAN_SWITCHES, PassFailed, PassRecord, Stage, UnknownPass, contracts,
+                                     memory_reuse, no_optimize, pass_names, run_pipeline)
 from toolkit.ops.interpreter import interpret
 from toolkit.runtime.plan import Plan
 from toolkit.optim.solvers import SolverConfig, add_solver
@@ -103,7 +104,10 @@ def test_passes_switch_off_by_name(net):
     with pytest.raises(UnknownPass, match="unknown pass 'fuse_everything'; the passes are: eliminate_dead_code"):
         run_pipeline(net.graph("infer"), PassContext(disabled={"fuse_everything"}))
     assert PIPELINE[0].name == "eliminate_dead_code" and pass_names()[-1] == "plan_memory"
-    assert len(set(pass_names())) == len(PIPELINE)
+    assert len(set(pass_names())) == len(PIPELINE) + len(PLAN_SWITCHES)
+    # every stage of the pipeline names its function; the planner's switch is no stage
+    assert all(callable(stage.run) for stage in PIPELINE) and "plan_memory" not in [s.name for s in PIPELINE]
+    assert list(contracts()) == pass_names()
     assert set(no_optimize()) == set(pass_names()) - {"eliminate_dead_code", "place_devices", "schedule_collectives", "plan_memory"}
 
 
@@ -113,7 +117,7 @@ def test_every_pass_has_a_contract_and_runs_alone(net, rng):
     weights = net.init_weights(1)
     x = rng.standard_normal((2, 2, 18, 18)).astype(np.float32)
     expected, _ = interpret(before, {"data": x}, weights)
-    for stage in PIPELINE:
+    for stage in [*PIPELINE, *PLAN_SWITCHES]:
         assert stage.contract and stage.contract[0].islower()
         others = tuple(n for n in pass_names() if n != stage.name)
         graph = run_pipeline(net.graph("infer"), PassContext(disabled=others, check=True))
@@ -141,6 +145,33 @@ def test_verifier_names_the_pass_that_broke_the_graph(net, monkeypatch):
     monkeypatch.setattr(pipeline_module, "PIPELINE", broken)
     with pytest.raises(VerifyError, match="after pass eliminate_dead_code: .*not defined above"):
         run_pipeline(net.graph("infer"), PassContext(check=True))
+
+
+def test_a_failing_pass_is_named_and_a_user_error_passes_through(net, monkeypatch):
+    """A maintainer's gate: whatever a pass raises comes out naming the pass and the graph, the
+    original chained as the cause; a UserError (the user's mistake) comes out as it is."""
+    def divides(graph: Graph, ctx: PassContext) -> bool:
+        return 1 // len([])
+    monkeypatch.setattr(pipeline_module, "PIPELINE", [Stage("fold_constants", divides, "divides by zero")])
+    with pytest.raises(PassFailed, match=r"^pass 'fold_constants' failed on graph 'infer': ZeroDivisionError: ") as info:
+        run_pipeline(net.graph("infer"))
+    assert isinstance(info.value, RuntimeError) and isinstance(info.value.__cause__, ZeroDivisionError)
+
+    def refuses(graph: Graph, ctx: PassContext) -> bool:
+        raise UserError("layer 'conv1': no kernel for this")
+    monkeypatch.setattr(pipeline_module, "PIPELINE", [Stage("simplify", refuses, "refuses")])
+    with pytest.raises(UserError, match="^error: layer 'conv1': no kernel for this$") as info:
+        run_pipeline(net.graph("infer"))
+    assert not isinstance(info.value, PassFailed)
+
+    # a failure inside a loop or if body is named once, by the pass that failed there
+    inner = PassFailed("pass 'simplify' failed on graph 'body': KeyError: 3")
+    def body_fails(graph: Graph, ctx: PassContext) -> bool:
+        raise inner
+    monkeypatch.setattr(pipeline_module, "PIPELINE", [Stage("optimize_bodies", body_fails, "fails inside")])
+    with pytest.raises(PassFailed) as info:
+        run_pipeline(net.graph("infer"))
+    assert info.value is inner
 
 
 def test_canonicalisation_reaches_a_fixpoint(net):

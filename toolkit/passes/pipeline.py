@@ -3,19 +3,22 @@
 Canonicalising passes (dead code, constant folding, dedup, simplification, CSE) run first, to
 a fixpoint, and again after every transforming pass that changed the graph, so that what a
 transform leaves behind (a BatchNorm's scale now computed from constants, a weight concat,
-duplicate slices) is folded and merged before the next one looks. ``plan_memory`` has no graph
-function: it is the memory planner that runs when a plan is built, switchable like the rest.
+duplicate slices) is folded and merged before the next one looks. Every stage names its
+function; ``plan_memory`` is no stage but a switch of the same kind (``PLAN_SWITCHES``): the
+memory planner runs when a plan is built, and ``--disable`` turns it off like a pass.
 
 Each pass says whether it changed the graph (context.py); ``run_pipeline`` verifies the graph
 after every pass when asked (tests, ``toolkit compile``), naming the pass that broke it, and
-records what each did for ``toolkit compile --explain``.
+records what each did for ``toolkit compile --explain``. An exception a pass raises comes out
+as ``PassFailed`` naming the pass and the graph (a user's mistake, a ``UserError``, as it is).
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Callable
 
+from ..errors import UserError
 from ..ir.graph import Graph
 from ..ops.control import bodies_of
 from ..ops.flops import graph_flops
@@ -38,9 +41,20 @@ from .simplify import simplify
 @dataclass(frozen=True)
 class Stage:
     name: str
-    run: Optional[Callable[[Graph, PassContext], bool]]      # changes the graph; says whether it did
+    run: Callable[[Graph, PassContext], bool]      # changes the graph; says whether it did
     contract: str
     canonical: bool = False           # part of the canonicalising group, repeated to a fixpoint
+
+
+@dataclass(frozen=True)
+class PlanSwitch:
+    """A step that runs when a plan is built, not on the graph, switched off by name like a pass."""
+    name: str
+    contract: str
+
+
+class PassFailed(RuntimeError):
+    """A pass raised: the message names the pass and the graph, the original is the cause."""
 
 
 def optimize_bodies(graph: Graph, ctx: PassContext) -> bool:
@@ -98,8 +112,12 @@ PIPELINE: list[Stage] = [
     Stage("schedule_collectives", schedule_collectives,
           "data-parallel training: each gradient bucket's all-reduce starts after its last gradient "
           "and is waited for before its first update"),
-    Stage("plan_memory", None,
-          "when a plan is built: reuse dead buffers and run kernels in place (off: one buffer per value)"),
+]
+
+# read by whoever builds a plan (``memory_reuse``), not run by the pipeline
+PLAN_SWITCHES: list[PlanSwitch] = [
+    PlanSwitch("plan_memory",
+               "when a plan is built: reuse dead buffers and run kernels in place (off: one buffer per value)"),
 ]
 
 # A fixpoint is normally reached in two or three rounds; the cap only guards against a rule
@@ -120,7 +138,13 @@ class PassRecord:
 
 
 def pass_names() -> list[str]:
-    return [stage.name for stage in PIPELINE]
+    """Every name ``--disable`` takes: the pipeline's stages in order, then the plan's switches."""
+    return [stage.name for stage in PIPELINE] + [switch.name for switch in PLAN_SWITCHES]
+
+
+def contracts() -> dict[str, str]:
+    """What each name of ``pass_names`` does, in that order."""
+    return {step.name: step.contract for step in [*PIPELINE, *PLAN_SWITCHES]}
 
 
 # What --no-optimize switches off: every pass but dead-code elimination (which only removes work
@@ -157,7 +181,7 @@ def _run_stages(graph: Graph, ctx: PassContext, records: list[PassRecord] | None
                 observe: Callable[[PassRecord, Graph], None] | None) -> bool:
     """The pipeline over ``graph``; whether any pass changed it."""
     check_pass_names(ctx.disabled)
-    enabled = [s for s in PIPELINE if s.name not in ctx.disabled and s.run is not None]
+    enabled = [s for s in PIPELINE if s.name not in ctx.disabled]
     canonical = [s for s in enabled if s.canonical]
     changed_any = False
 
@@ -166,7 +190,7 @@ def _run_stages(graph: Graph, ctx: PassContext, records: list[PassRecord] | None
         before = len(graph.nodes)
         notes_before = len(ctx.notes)
         start = time.perf_counter()
-        changed = stage.run(graph, ctx)
+        changed = _run_pass(stage, graph, ctx)
         ms = (time.perf_counter() - start) * 1e3
         if ctx.check:
             try:
@@ -195,6 +219,18 @@ def _run_stages(graph: Graph, ctx: PassContext, records: list[PassRecord] | None
         if not stage.canonical and run(stage):
             canonicalize()
     return changed_any
+
+
+def _run_pass(stage: Stage, graph: Graph, ctx: PassContext) -> bool:
+    """``stage`` over ``graph``; a failure inside it says which pass failed on which graph. A
+    user's mistake (a UserError) and a failure already named (a pass inside ``optimize_bodies``)
+    pass through as they are, and so does running out of memory."""
+    try:
+        return stage.run(graph, ctx)
+    except (UserError, PassFailed, MemoryError):
+        raise
+    except Exception as e:
+        raise PassFailed(f"pass '{stage.name}' failed on graph '{graph.phase}': {type(e).__name__}: {e}") from e
 
 
 def memory_reuse(disabled) -> bool:
