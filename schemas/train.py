@@ -126,3 +126,35 @@ class TrainSpec(Strict):
             raise ValueError("give max_iter or epochs, not both (epochs: passes over the training data; "
                              "max_iter: iterations)")
         return self
+
+
+# Rules that span keys of the train section. They are checked when the net file is read (the
+# front end locates each at its key, as FILE:LINE:COL), so that `toolkit check` refuses what
+# training would; each gives the keys it is about, the likeliest culprit first.
+LR_POLICY_NEEDS = {"step": ("gamma", "step_size"), "multistep": ("gamma", "milestones"), "exp": ("gamma",),
+                   "inv": ("gamma", "power"), "poly": ("power",), "sigmoid": ("gamma", "step_size")}
+MOMENTUM_FREE = ("adam", "adamw", "adagrad", "adadelta")
+
+
+def lr_policy_problems(policy: LrPolicy) -> list[tuple[tuple[tuple, ...], str]]:
+    """A policy's missing parameters (its keys relative to the policy)."""
+    missing = [k for k in LR_POLICY_NEEDS.get(policy.type, ()) if getattr(policy, k) is None]
+    if not missing:
+        return []
+    return [((("type",),), f"lr_policy {policy.type} needs {', '.join(missing)}")]
+
+
+def solver_problems(solver: SolverSpec) -> list[tuple[tuple[tuple, ...], str]]:
+    """The solver's settings that do not go together (keys relative to the solver)."""
+    found = []
+    if solver.type == "nesterov" and not solver.momentum:
+        found.append(((("momentum",), ("type",)), "solver nesterov needs momentum > 0"))
+    if solver.momentum_convention == "caffe" and solver.type not in ("sgd", "nesterov"):
+        found.append(((("momentum_convention",),),
+                      f"solver.momentum_convention caffe is for sgd and nesterov, not {solver.type}"))
+    if solver.momentum and solver.type in MOMENTUM_FREE:
+        found.append(((("momentum",),),
+                      f"solver {solver.type} has no momentum (use betas for adam/adamw, rho for adadelta)"))
+    found += [(tuple(("lr_policy",) + key for key in keys), message)
+              for keys, message in lr_policy_problems(solver.lr_policy)]
+    return found
