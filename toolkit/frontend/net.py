@@ -14,8 +14,8 @@ import numpy as np
 
 from ..errors import Problem, SpecError, UserError, did_you_mean
 from ..ir.graph import Graph, copy_graph
+from ..ir.live import keep_live
 from ..ops.base import Builder
-from ..passes.prune import eliminate_dead_code
 from . import net_weights
 from .lower import OBJECTIVE, Lowered, lower_phase, lowering_key
 from .compose import compose
@@ -199,7 +199,7 @@ class Net:
     # -- graphs ------------------------------------------------------------------------------
     def graph(self, phase: str, dtype: str | None = None, outputs: list[str] | None = None,
               sync_batchnorm: bool = False, gears: frozenset[str] = frozenset()) -> Graph:
-        """The pruned forward graph of ``phase``. Train graphs output each loss top and the
+        """The forward graph of ``phase``, cut to what its outputs need. Train graphs output each loss top and the
         loss_weight-weighted objective under OBJECTIVE. ``sync_batchnorm``: BatchNorm's batch
         statistics are sums over the ranks of a data-parallel job (optim/data_parallel.py).
         ``gears``: symbolic dimensions (a sequence length T) whose inputs come padded up to a
@@ -227,7 +227,9 @@ class Net:
             terms = [b.scale(blobs[t], w) for t, w in graph.losses.items()]
             graph.outputs.update({t: blobs[t] for t in graph.losses})
             graph.outputs[OBJECTIVE] = b.add_all(terms)
-        eliminate_dead_code(graph)
+        # the phase's graph is what its outputs need: its inputs are those they read (an infer
+        # graph takes no label), for every consumer, the pipeline's or not (ir/live.py)
+        keep_live(graph)
         return graph
 
 
