@@ -7,11 +7,18 @@ their per-shape work (index maps, scratch buffers) once, when a plan is built.
 The kernels are plug-ins above the runtime: a kind's modules (``Device.kernel_modules``) are
 imported by name the first time anything asks for that kind, and register themselves here, so
 nothing on this floor or below imports them.
+
+Which kernel a key gets is stated, not left to the order the modules are imported in: every
+registration carries a priority (``PORTABLE`` for a device's plain kernels, ``SPECIALISED`` for
+those that take their place, keeping them as a fallback: cuDNN's convolutions, one-kernel row
+ops), and each key's kernel is the chain of its registrations in priority order. Two
+registrations of one key at one priority are a maintainer's mistake, refused when the second is
+made.
 """
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from ..ir.graph import Node
@@ -63,9 +70,28 @@ class KernelEntry:
         return {0: tuple(range(len(node.inputs)))} if self.inplace else {}
 
 
+# Priorities: a higher one takes the place of a lower one for the same key, whatever the order
+# the registrations are made in. PORTABLE: a device's plain kernels (its own, or another device's
+# shared with it). SPECIALISED: kernels for one library or one piece of hardware that replace the
+# plain kernel of every dtype of an op, which each keeps as its fallback.
+PORTABLE = 0
+SPECIALISED = 10
+
+Key = tuple[str, str, str]                  # (op, device kind, dtype or "*")
+Specialiser = Callable[[KernelFactory], KernelFactory]     # the kernel below -> the kernel in its place
+
+
 @dataclass
 class KernelRegistry:
-    entries: dict[tuple[str, str, str], KernelEntry] = field(default_factory=dict)
+    # the table lookups read: each key's kernel with every registration for it applied in
+    # priority order (tests may patch an entry here for one run)
+    entries: dict[Key, KernelEntry] = field(default_factory=dict)
+    # what was registered: each key's kernels by priority, and each (op, device kind)'s
+    # specialisers by priority (one applies to every dtype of the op on that device)
+    plain: dict[Key, dict[int, KernelEntry]] = field(default_factory=dict)
+    specialisers: dict[tuple[str, str], dict[int, Specialiser]] = field(default_factory=dict)
+    # each key's chain as module.qualname of what was registered, lowest priority first
+    chains: dict[Key, tuple[str, ...]] = field(default_factory=dict)
     # generated-code builders, tried before the entry's factory: (op, device) -> builder(ctx)
     # returning a codegen.native.NativeCall, or None where it declines (that dtype, those attrs)
     natives: dict[tuple[str, str], Callable] = field(default_factory=dict)
@@ -91,14 +117,61 @@ class KernelRegistry:
         kind = _kind(device)
         return self.natives.get((op, kind))
 
-    def register(self, op: str, device: str, dtype: str = "*", inplace=False, host_sync=None, fusion_pays=True):
+    def register(self, op: str, device: str, dtype: str = "*", inplace=False, host_sync=None, fusion_pays=True,
+                 priority: int = PORTABLE):
+        """A kernel factory for (op, device kind, dtype) at ``priority``: it is the key's kernel
+        unless a registration of a higher priority replaces or specialises it."""
         def wrap(factory: KernelFactory) -> KernelFactory:
             key = (op, device, dtype)
-            if key in self.entries:
-                raise RuntimeError(f"kernel {key} registered twice")
-            self.entries[key] = KernelEntry(factory, inplace, host_sync, fusion_pays)
+            self._refuse_twice(key, priority, (op, device))
+            self.plain.setdefault(key, {})[priority] = KernelEntry(factory, inplace, host_sync, fusion_pays)
+            self._resolve(key)
             return factory
         return wrap
+
+    def specialise(self, op: str, device: str, priority: int = SPECIALISED):
+        """A specialiser ``make(kernel below) -> kernel`` for every dtype of ``op`` on a device
+        kind: each key's kernel of a lower priority becomes the fallback of ``make``'s, which
+        keeps its in-place, host-sync and fusion facts. Where the op has no kernel below it for a
+        dtype, the specialiser makes none."""
+        def wrap(make: Specialiser) -> Specialiser:
+            self._refuse_twice(None, priority, (op, device))
+            self.specialisers.setdefault((op, device), {})[priority] = make
+            for key in [k for k in self.plain if k[:2] == (op, device)]:
+                self._resolve(key)
+            return make
+        return wrap
+
+    def portable(self, op: str, device: str) -> dict[str, KernelEntry]:
+        """dtype -> the plain kernel a device registered for ``op`` (for another device that
+        shares it), whatever has specialised it since."""
+        return {key[2]: by_priority[PORTABLE] for key, by_priority in self.plain.items()
+                if key[:2] == (op, device) and PORTABLE in by_priority}
+
+    def _refuse_twice(self, key: Key | None, priority: int, op_device: tuple[str, str]) -> None:
+        keys = [key] if key is not None else [k for k in self.plain if k[:2] == op_device]
+        taken = any(priority in self.plain.get(k, {}) for k in keys) or \
+            priority in self.specialisers.get(op_device, {})
+        if taken:
+            what = key or (*op_device, "every dtype")
+            raise RuntimeError(f"kernel {what} registered twice at priority {priority}: a kernel that "
+                               "replaces another declares a higher priority")
+
+    def _resolve(self, key: Key) -> None:
+        """The key's kernel: its registrations and its op's specialisers applied in priority order."""
+        steps = sorted([(p, "plain", e) for p, e in self.plain[key].items()] +
+                       [(p, "special", m) for p, m in self.specialisers.get(key[:2], {}).items()],
+                       key=lambda step: step[0])
+        entry, chain = None, []
+        for _priority, kind, what in steps:
+            if kind == "plain":
+                entry = what
+                chain = [_name(what.factory)]
+            elif entry is not None:
+                entry = replace(entry, factory=what(entry.factory))
+                chain.append(_name(what))
+        self.entries[key] = entry
+        self.chains[key] = tuple(chain)
 
     def has(self, op: str, device: Device | str, dtype: str) -> bool:
         """Whether ``lookup`` would find a kernel, the kind's kernels loaded if they were not
@@ -135,6 +208,10 @@ class KernelMissing(LookupError):
 KERNELS = KernelRegistry()
 register_kernel = KERNELS.register
 register_native = KERNELS.register_native
+
+
+def _name(fn) -> str:
+    return f"{fn.__module__}.{fn.__qualname__}"
 
 
 def _kind(device: Device | str) -> str:

@@ -15,6 +15,10 @@ a GPU is asked for.
 - ``fused.py``: the fused groups, rendered to CUDA by the kernel generator's GPU dialect and
   compiled once per source text (``cuda.py``).
 
+rows.py's and dnn.py's kernels declare that they take the place of the array programs
+(``KERNELS.specialise`` at ``SPECIALISED`` priority): the registry is the same whatever order
+these modules are imported in (tests/backend/test_kernel_priority.py).
+
 Every op with a CPU kernel has a GPU kernel (tests/runtime/test_gpu_backend.py checks it); an op
 without one would fail when a plan is built, naming the op, the device, the dtype and what is
 registered.
@@ -26,5 +30,3 @@ from .dispatched import DISPATCHED  # noqa: F401
 from .. import control as _control
 
 _control.register("gpu")
-rows.take_over()            # one-kernel softmax, losses and finiteness check, over the array programs
-dnn.take_over()             # cuDNN convolutions, over the im2col ones

@@ -29,10 +29,10 @@ def half_accumulator(dtype: str):
     return np.float32 if dtype == "float16" else None
 
 
+# the CPU's plain kernels (imported above, so all registered), whatever specialises them there
 for _op in DISPATCHED:
-    for (_name, _device, _dtype), _entry in list(KERNELS.entries.items()):
-        if _name == _op and _device == "cpu":
-            register_kernel(_op, "gpu", _dtype, inplace=_entry.inplace)(_entry.factory)
+    for _dtype, _entry in KERNELS.portable(_op, "cpu").items():
+        register_kernel(_op, "gpu", _dtype, inplace=_entry.inplace)(_entry.factory)
 
 
 def _reduction_factory(name: str):

@@ -41,7 +41,7 @@ import numpy as np
 from ...ops.conv import conv_out_size
 from ...ops.fused import split_attrs
 from ...backend.devices import gpu_module
-from ...backend.registry import KERNELS
+from ...backend.registry import KERNELS, SPECIALISED
 from . import blas
 
 ENV = "TOOLKIT_CUDNN"
@@ -408,11 +408,13 @@ def _choosing(op: str, builder, fallback):
     return factory
 
 
-def take_over() -> None:
-    """Put the cuDNN kernels in place of arrays.py's im2col ones, each keeping its im2col kernel
-    as the fallback."""
-    for op, builder in BUILDERS.items():
-        for key in [key for key in KERNELS.entries if key[0] == op and key[1] == "gpu"]:
-            entry = KERNELS.entries.pop(key)
-            KERNELS.register(key[0], key[1], key[2], inplace=entry.inplace, host_sync=entry.host_sync,
-                             fusion_pays=entry.fusion_pays)(_choosing(op, builder, entry.factory))
+def _specialiser(op: str, builder):
+    def make(fallback):
+        return _choosing(op, builder, fallback)
+    make.__qualname__ = f"cudnn_over_im2col[{op}]"
+    return make
+
+
+# the cuDNN kernels in place of arrays.py's im2col ones, each keeping its im2col kernel as the fallback
+for _op, _builder in BUILDERS.items():
+    KERNELS.specialise(_op, "gpu", SPECIALISED)(_specialiser(_op, _builder))

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...backend.registry import KERNELS
+from ...backend.registry import KERNELS, SPECIALISED
 from ...codegen.render import HALF_HELPERS
 from ...backend.devices import gpu_module
 from .cuda import THREADS_PER_BLOCK, compiled_source
@@ -316,12 +316,7 @@ MAKERS = {"softmax": lambda slow: _softmax_factory(False, slow), "log_softmax": 
           "nll_loss": _nll_loss, "nll_loss_grad": _nll_loss_grad, "accuracy": _accuracy, "all_finite": _all_finite}
 
 
-def take_over() -> None:
-    """Put these kernels in place of the array-program ones registered for the same ops, which
-    each keeps as its fallback (a dtype, a label type or a layout that is not its own)."""
-    for op, make in MAKERS.items():
-        for key in [key for key in KERNELS.entries if key[0] == op and key[1] == "gpu"]:
-            entry = KERNELS.entries.pop(key)
-            KERNELS.register(key[0], key[1], key[2], inplace=entry.inplace, host_sync=entry.host_sync,
-                             fusion_pays=entry.fusion_pays)(
-                make(entry.factory))
+# these kernels in place of the array-program ones registered for the same ops (dispatched.py,
+# arrays.py), which each keeps as its fallback (a dtype, a label type or a layout not its own)
+for _op, _make in MAKERS.items():
+    KERNELS.specialise(_op, "gpu", SPECIALISED)(_make)
