@@ -6,13 +6,15 @@ file's values (``lr_mult: 0`` freezes them for fine-tuning a new head)."""
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import ClassVar, Literal, Optional
 
 from schemas.base import ParamLayerBase
 
 from toolkit.errors import UserError
 from toolkit.ir.dims import Sym
-from toolkit.ir.graph import Value
+from toolkit.ir.graph import Graph, TensorType, Value, copy_nodes
+from toolkit.ops.base import Builder
 
 from ..registry import LayerError, layer
 
@@ -36,7 +38,6 @@ def lower_onnx(p: OnnxParams, ctx, bottoms):
     from toolkit.importers.onnx.files import loaded_model, model_inputs
     from toolkit.onnxtypes import ONNX_ELEMENT_TYPES
 
-    from .convert import Importer
     path = model_path(p, ctx.base_dir)
     try:
         loaded = loaded_model(path)
@@ -57,37 +58,83 @@ def lower_onnx(p: OnnxParams, ctx, bottoms):
     if len(outputs) != len(p.tops):
         raise LayerError(f"{p.file} gives {len(outputs)} outputs ({', '.join(outputs)}), the layer names "
                          f"{len(p.tops)} tops", "outputs" if p.outputs is not None else "top")
-    imp = Importer(path, loaded.opset, ctx.b.graph, {}, builder=ctx.b, scope=f"{p.name}/")
     for info, value in zip(inputs, bottoms):
         _check_input(info, value, ctx, ONNX_ELEMENT_TYPES)
+    # the conversion depends on the model, the layer, its bottoms' types and the float type,
+    # not on the phase: a net converts its ONNX layer once and copies it into each phase's graph
+    key = ("ONNX", p.name, os.path.realpath(path), tuple(outputs), tuple(v.type for v in bottoms), ctx.float_dtype)
+    conversion = ctx.memo.get(key)
+    if conversion is None or conversion.loaded is not loaded:
+        conversion = ctx.memo[key] = _convert(p, path, loaded, inputs, outputs, bottoms, ctx.float_dtype)
+    return conversion.copy_into(ctx, bottoms)
+
+
+@dataclass
+class _Conversion:
+    """An ONNX layer's model converted to primitives in a graph of its own, reading stand-ins
+    for the bottoms and the parameters; ``copy_into`` puts a copy into a lowering's graph."""
+
+    graph: Graph
+    bottoms: list[Value]                              # stand-ins, in the bottoms' order
+    params: list[tuple[str, tuple, dict, Value]]      # name, shape, default filler, stand-in
+    tops: list[Value]
+    failure: tuple[str, str] | None                   # (message, key) of the LayerError the nodes gave
+    loaded: object                                    # the model read (a changed file is read anew)
+
+    def copy_into(self, ctx, bottoms: list[Value]) -> list[Value]:
+        values = {stand_in.id: bottom for stand_in, bottom in zip(self.bottoms, bottoms)}
+        # the parameters are declared before the nodes convert, so a share's problem comes first
+        for name, shape, filler, stand_in in self.params:
+            values[stand_in.id] = ctx.param(name, shape, default_filler=filler)
+        if self.failure is not None:
+            raise LayerError(*self.failure)
+        ctx.b.graph.nodes.extend(copy_nodes(self.graph.nodes, values))
+        ctx.b.scope = ctx.layer.name
+        return [values.get(top.id, top) for top in self.tops]
+
+
+def _convert(p: OnnxParams, path: str, loaded, inputs, outputs: list[str], bottoms: list[Value],
+             float_dtype: str) -> _Conversion:
+    from .convert import Importer, NodeError, needed
+    graph = Graph("onnx")
+    builder = Builder(graph, p.name)
+    stand_ins = [Value(v.type, name=v.name) for v in bottoms]
+    imp = Importer(path, loaded.opset, graph, {}, builder=builder, scope=f"{p.name}/")
+    for info, value in zip(inputs, stand_ins):
         imp.env[info.name] = value
+    params: list[tuple[str, tuple, dict, Value]] = []
 
     def weight(name, arr):
-        return ctx.param(name, tuple(int(d) for d in arr.shape),
-                         default_filler={"type": "onnx_initializer", "file": os.path.abspath(path), "name": name})
-    from .convert import needed
+        shape = tuple(int(d) for d in arr.shape)
+        stand_in = Value(TensorType(shape, float_dtype), name=name)
+        params.append((name, shape, {"type": "onnx_initializer", "file": os.path.abspath(path), "name": name},
+                       stand_in))
+        return stand_in
     nodes, reads = needed(loaded.model.graph.node, outputs)
     # only what the tops depend on: a cut-off classifier declares no parameters
     imp.initializers({k: v for k, v in loaded.arrays.items() if k in reads}, weight)
+    tops: list[Value] = []
+    failure = None
     try:
-        imp.run_nodes(nodes)
-    except UserError as e:
-        raise LayerError(str(e).removeprefix("error: "), "file") from None
-    ctx.b.scope = p.name
-    tops = []
-    for name in outputs:
-        if name in imp.absent:
-            raise LayerError(f"{p.file}: output '{name}': {imp.absent[name]}", "top")
-        out = imp.env[name]
-        if isinstance(out, Value):
-            tops.append(out)
-            continue
-        from .convert import NodeError
-        try:                              # an output known at import: a constant, unless it holds symbols
-            tops.append(imp.materialize(out))
-        except NodeError as e:
-            raise LayerError(f"{p.file}: output '{name}': {e}", "top") from None
-    return tops
+        try:
+            imp.run_nodes(nodes)
+        except UserError as e:
+            raise LayerError(str(e).removeprefix("error: "), "file") from None
+        builder.scope = p.name
+        for name in outputs:
+            if name in imp.absent:
+                raise LayerError(f"{p.file}: output '{name}': {imp.absent[name]}", "top")
+            out = imp.env[name]
+            if isinstance(out, Value):
+                tops.append(out)
+                continue
+            try:                              # an output known at import: a constant, unless it holds symbols
+                tops.append(imp.materialize(out))
+            except NodeError as e:
+                raise LayerError(f"{p.file}: output '{name}': {e}", "top") from None
+    except LayerError as e:
+        failure = (str(e), e.key)
+    return _Conversion(graph, stand_ins, params, tops, failure, loaded)
 
 
 def _check_input(info, value, ctx, dtypes) -> None:
