@@ -108,7 +108,7 @@ def compare_every_op(dtype: str) -> int:
     """Every op-table case with a GPU kernel, run on the GPU and on the CPU: equal within the
     dtype's tolerance. float16 runs against the CPU's float32 on the same (rounded) inputs.
     Returns how many cases ran."""
-    from tests.ops.test_op_table import CASES, feeds, one_node_graph
+    from tests.ops.op_cases import CASES, feeds, one_node_graph
     from toolkit.backend.registry import KERNELS, load_device
     load_device("gpu")
     ran, failures = 0, []

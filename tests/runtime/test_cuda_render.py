@@ -18,7 +18,7 @@ TOL = {"float32": 1e-5, "float64": 1e-12}
 
 
 def _elementwise_cases():
-    from tests.ops.test_op_table import DETERMINISTIC
+    from tests.ops.op_cases import DETERMINISTIC
     return [c for c in DETERMINISTIC if c.op in OPS and OPS[c.op].scalar_expr is not None]
 
 
@@ -41,7 +41,7 @@ def _run_cuda(case, arrays, attrs, out_shape, dtype):
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_every_elementwise_op_rendered_to_cuda_equals_numpy(dtype):
-    from tests.ops.test_op_table import feeds, one_node_graph
+    from tests.ops.op_cases import feeds, one_node_graph
     ran = 0
     for case in _elementwise_cases():
         arrays = case.inputs(dtype)

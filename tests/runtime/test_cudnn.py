@@ -21,7 +21,7 @@ needs_cxx = pytest.mark.skipif(CXX is None, reason="emulating CUDA kernels needs
 CASES_SCRIPT = textwrap.dedent("""
     import sys
     from tests.runtime.gpu_stand_in import compare_case
-    from tests.ops.test_op_table import CASES, feeds, one_node_graph
+    from tests.ops.op_cases import CASES, feeds, one_node_graph
     from toolkit.backend.registry import load_device
     load_device("gpu")
     from toolkit.kernels.gpu import dnn
@@ -106,7 +106,7 @@ def test_lenet_trains_to_the_cpu_losses_with_cudnn_convolutions_captured_or_not(
 @pytest.mark.parametrize("dtype", ["float32", "float64", "float16"])
 def test_every_convolution_case_through_cudnn_on_the_device(dtype, monkeypatch):
     from tests.runtime.gpu_stand_in import compare_case
-    from tests.ops.test_op_table import CASES, feeds, one_node_graph
+    from tests.ops.op_cases import CASES, feeds, one_node_graph
     from toolkit.backend.registry import load_device
     load_device("gpu")
     from toolkit.kernels.gpu import dnn

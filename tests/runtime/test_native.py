@@ -41,7 +41,7 @@ def _close(a, b, dtype, what):
 
 
 def _op_cases():
-    from tests.ops.test_op_table import DETERMINISTIC
+    from tests.ops.op_cases import DETERMINISTIC
     from toolkit.backend.registry import KERNELS
     return [c for c in DETERMINISTIC if KERNELS.native(c.op, "cpu") is not None]
 
@@ -49,7 +49,7 @@ def _op_cases():
 @needs_cc
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_every_op_case_native_equals_numpy(dtype):
-    from tests.ops.test_op_table import feeds, one_node_graph
+    from tests.ops.op_cases import feeds, one_node_graph
     ran_native = 0
     for case in _op_cases():
         arrays = case.inputs(dtype)
@@ -78,7 +78,7 @@ SPECIAL = [np.nan, 0.0, -0.0, 1.0, -1.0, np.inf, -np.inf, 2.5, -2.5]
 def test_native_max_min_keep_numpy_nan_and_signed_zero(op, attrs, arity, dtype):
     """The generated max/min (a select and a NaN test, vectorised) give numpy's results bit for
     bit on NaN, infinities and signed zeros: NaN from either side wins, ties keep the first."""
-    from tests.ops.test_op_table import Case, feeds, one_node_graph
+    from tests.ops.op_cases import Case, feeds, one_node_graph
     rng = np.random.default_rng(3)
     values = np.array(SPECIAL, dtype)
     if op == "max_pool2d":
@@ -106,7 +106,7 @@ def test_native_power_by_square_roots_is_within_three_ulp_of_numpy(exponent, dty
     """LRN's x^-0.75 and the other square-root exponents, generated as square roots: within 3 ulp
     of numpy's power on 1000 values (x^-0.75 rounds four times), and the same NaNs, infinities and
     signed zeros on the special values (-inf, -0, 0, tiny inputs, the largest finite)."""
-    from tests.ops.test_op_table import Case, feeds, one_node_graph
+    from tests.ops.op_cases import Case, feeds, one_node_graph
     special = np.array([-np.inf, -2.0, -0.0, 0.0, 1e-30, 1e-8, 0.3, 1.0, 2.5, 1e8, 3e38, np.inf, np.nan], dtype)
     values = np.concatenate([special, np.random.default_rng(5).uniform(0, 100, 1000).astype(dtype)])
     graph, _, y = one_node_graph(Case("power", "power", None, None), [values], {"exponent": exponent})
