@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -94,11 +93,9 @@ def measure(net_path: Path, batch: int, train: bool, dtype: str, args) -> dict:
         plans[name], inputs = bench_plan(net, batch, train, dtype if half else None, device="gpu", capture=capture)
     on_cudnn = sum(n for (how, _what), n in dnn.CHOSEN.items() if how == "cudnn") // 2     # per plan
     if args.im2col:
-        os.environ[dnn.ENV] = "0"
-        try:
+        from toolkit import settings
+        with settings.use(cudnn=False):
             plans["im2col"], _ = bench_plan(net, batch, train, dtype if half else None, device="gpu")
-        finally:
-            del os.environ[dnn.ENV]
     ours_in = {k: (cupy.asarray(v) if not k.startswith("@") else v) for k, v in inputs.items()}
     # the torch model starts from the weights bench_plan gave the plan (the same seed)
     weights = stand_in_weights(net.init_weights(seed=0))

@@ -12,6 +12,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from . import settings
 from .errors import UserError
 from .frontend.net import Net as LoadedNet
 from .ir.graph import FLOAT_DTYPES, TRAIN_DTYPES
@@ -137,6 +138,7 @@ class Net(LoadedNet):
     what it is."""
 
     def __new__(cls, source, set: Mapping[str, object] | Sequence[str] | None = None):  # noqa: A002  (the CLI's name)
+        settings.current()                     # a bad TOOLKIT_* value is an error before any work
         return _net(source, _overrides(set))
 
     def __init__(self, source, set: Mapping[str, object] | Sequence[str] | None = None):  # noqa: A002
@@ -348,6 +350,7 @@ def load(net, weights: str | None = None, device: str = "cpu", dtype: str | None
     (its train.data scale and mean) to every input of ``infer`` (False: inputs go in as given)."""
     from .inference import infer_phase
 
+    settings.current()                         # a bad TOOLKIT_* value is an error before any work
     weights = _text_arg("weights", weights)
     device = _device_arg(device)
     dtype = _dtype_arg(dtype)
@@ -386,6 +389,7 @@ def train(net=None, *, out: str | None = None, resume: str | None = None, weight
     from .training import runs
     from .training.start import train_net
 
+    settings.current()                         # a bad TOOLKIT_* value is an error before any work
     out, resume, weights = (_text_arg(n, v) for n, v in (("out", out), ("resume", resume), ("weights", weights)))
     allow_missing, quiet = _flag("allow_missing", allow_missing), _flag("quiet", quiet)
     device = check_device(_device_arg(device))

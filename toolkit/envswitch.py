@@ -1,20 +1,11 @@
-"""Environment switches: the ``TOOLKIT_*`` variables that turn a behaviour on or off
-(``TOOLKIT_RUN_TIME_SIZES``, ``TOOLKIT_ADAPTIVE_THREADS``, ``TOOLKIT_CUDA_GRAPHS``,
-``TOOLKIT_CONCURRENT``), read the same way everywhere."""
+"""The on/off reading of a ``TOOLKIT_*`` variable for the one reader still asking by variable
+name (runtime/plan.py's ``TOOLKIT_RUN_TIME_SIZES``); it answers from toolkit/settings.py, where
+every knob now lives. This module goes once that reader asks ``settings.current()`` itself."""
 from __future__ import annotations
 
-import os
-
-OFF = ("0", "off", "no", "false")
-ON = ("1", "on", "yes", "true")
+from .settings import current, knob_for_variable
 
 
 def switch(name: str, default: bool = True) -> bool:
-    """The setting of the variable ``name``: off for 0/off/no/false, on for 1/on/yes/true (any
-    case, spaces ignored), else (unset, or any other text) ``default``."""
-    value = os.environ.get(name, "").strip().lower()
-    if value in OFF:
-        return False
-    if value in ON:
-        return True
-    return default
+    """The setting of the on/off knob whose variable is ``name`` (``default`` is the table's)."""
+    return getattr(current(), knob_for_variable(name).name)

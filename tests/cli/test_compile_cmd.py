@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from toolkit import settings
 from toolkit.passes.pipeline import pass_names
 
 from cli_helpers import LENET, col_of, expect_error, line_of, run_cli, write_net
@@ -155,11 +156,17 @@ layers:
 """
 
 
-def test_explain_says_what_the_layout_pass_chose_and_disable_keeps_nchw(tmp_path, monkeypatch):
+@pytest.fixture
+def native_kernels():
+    """The suite's default is the numpy kernels."""
+    with settings.use(native=True):
+        yield
+
+
+def test_explain_says_what_the_layout_pass_chose_and_disable_keeps_nchw(tmp_path, native_kernels):
     from toolkit.codegen import microkernel, toolchain
     if toolchain.compiler() is None or not microkernel.available():
         pytest.skip("the blocked layout needs a C compiler and an AVX-512 processor")
-    monkeypatch.setenv("TOOLKIT_NATIVE", "1")            # the suite's default is the numpy kernels
     net = write_net(tmp_path, LAYOUT_NET)
     result = run_cli("compile", net, "--explain")
     assert result.status == 0, result.err

@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from cli_helpers import REPO, col_of, expect_error, line_of, run_cli, write_net
+from toolkit import settings
 from toolkit.errors import SpecError
 from toolkit.frontend import Net
 from toolkit.zoo.resolve import load_net
@@ -328,12 +329,12 @@ def test_a_layer_named_twice_in_one_derived_file(tmp_path, base):
                  file=derived, line=line_of(text, "num_output: 9"))
 
 
-def test_unknown_zoo_base(tmp_path, monkeypatch):
-    monkeypatch.setenv("TOOLKIT_CACHE", str(tmp_path / "cache"))
-    monkeypatch.delenv("TOOLKIT_ZOO", raising=False)
+def test_unknown_zoo_base(tmp_path):
     text = "base: zoo:lenett\n"
     derived = write_net(tmp_path, text)
-    expect_error(run_cli("check", derived), "base 'zoo:lenett'", "did you mean 'lenet'?", file=derived, line=1, col=7)
+    with settings.use(cache=tmp_path / "cache", zoo=()):
+        result = run_cli("check", derived)
+    expect_error(result, "base 'zoo:lenett'", "did you mean 'lenet'?", file=derived, line=1, col=7)
 
 
 def test_errors_raise_spec_errors_from_the_library(tmp_path):

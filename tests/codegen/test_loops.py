@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from toolkit import settings
 from toolkit.codegen import toolchain
 from toolkit.codegen.loops import Bin, Buf, For, Kernel, Names, Store, Var, lift
 from toolkit.codegen.native import Linked, NativeCall
@@ -32,13 +33,12 @@ def test_floor_division_is_refused_on_floats(left, right):
 
 
 @pytest.mark.skipif(toolchain.compiler() is None, reason="needs a C compiler for the generated kernel")
-def test_compiled_quotients_equal_python_floor_division(monkeypatch, tmp_path):
-    monkeypatch.setenv("TOOLKIT_NATIVE", "1")            # the suite runs the numpy kernels otherwise
-    monkeypatch.setenv("TOOLKIT_CACHE", str(tmp_path))
+def test_compiled_quotients_equal_python_floor_division(tmp_path):
     names = Names()
     out = Buf("out", "int64", 50, const=False)
     i = names.var("i")
     kernel = Kernel("quotients", [out], [For(i, lift(0, "int64"), lift(50, "int64"), [Store(out, i, (i * 7 + 3) // 5)])])
     result = np.zeros(50, np.int64)
-    Linked([NativeCall(kernel, [result])], [[0]]).segment(0)()
+    with settings.use(native=True, cache=tmp_path):       # the suite runs the numpy kernels otherwise
+        Linked([NativeCall(kernel, [result])], [[0]]).segment(0)()
     np.testing.assert_array_equal(result, (np.arange(50) * 7 + 3) // 5)

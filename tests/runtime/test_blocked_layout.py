@@ -26,14 +26,16 @@ from toolkit.passes import layout  # noqa: E402
 from toolkit.passes.context import PassContext  # noqa: E402
 from toolkit.passes.pipeline import run_pipeline  # noqa: E402
 from toolkit.runtime.plan import Plan  # noqa: E402
+from toolkit import settings  # noqa: E402
 
 pytestmark = pytest.mark.skipif(toolchain.compiler() is None or not microkernel.available(),
                                 reason="needs a C compiler and an AVX-512 processor (the blocked kernels' block)")
 
 
 @pytest.fixture(autouse=True)
-def native_on(monkeypatch):
-    monkeypatch.setenv("TOOLKIT_NATIVE", "1")
+def native_on():
+    with settings.use(native=True):
+        yield
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from tests.runtime.gpu_stand_in import CXX, RAW_MODULE, ROOT, STAND_IN, run_stand_in
+from toolkit import settings
 from toolkit.backend.devices import gpu_available
 
 needs_cxx = pytest.mark.skipif(CXX is None, reason="emulating CUDA kernels needs a C++ compiler (g++ or c++)")
@@ -273,12 +274,10 @@ def test_capture_is_off_on_the_host_and_with_the_switch():
     from toolkit.backend.devices import CPU, CudaDevice
     from toolkit.runtime import capture
     assert capture.capture_blocker([CPU, CudaDevice()], [], {}) == "it runs on cpu, which has no CUDA graphs"
-    os.environ[capture.ENV] = "0"
-    try:
+    with settings.use(cuda_graphs=False):
         assert capture.capture_blocker([CudaDevice()], [], {}) == "TOOLKIT_CUDA_GRAPHS=0"
-    finally:
-        del os.environ[capture.ENV]
-    assert capture.capture_blocker([CudaDevice()], [], {}) is None
+    with settings.use(cuda_graphs=True):
+        assert capture.capture_blocker([CudaDevice()], [], {}) is None
 
 
 DEVICE_SCRIPT = textwrap.dedent("""

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import toolkit.benchmarking as bench
+from toolkit import settings
 from toolkit.frontend import Net
 from toolkit.runtime import concurrency
 from toolkit.runtime.concurrency import waves
@@ -32,9 +33,9 @@ def test_steps_drawing_random_numbers_keep_their_order():
 
 
 @pytest.mark.parametrize("value, expected", [("1", True), ("on", True), ("0", False), ("", False)])
-def test_environment_switch(monkeypatch, value, expected):
-    monkeypatch.setenv(concurrency.ENV_SWITCH, value)
-    assert concurrency.concurrent_default() is expected
+def test_environment_switch(value, expected):
+    with settings.use(concurrent=settings.from_environment({"TOOLKIT_CONCURRENT": value}).concurrent):
+        assert concurrency.concurrent_default() is expected
 
 
 def _plan(monkeypatch, batch, train, **options):

@@ -16,14 +16,16 @@ from toolkit.ir.graph import Graph, TensorType, Value  # noqa: E402
 from toolkit.ops.base import Builder  # noqa: E402
 from toolkit.compile import optimize  # noqa: E402
 from toolkit.runtime.plan import Plan  # noqa: E402
+from toolkit import settings  # noqa: E402
 import toolkit.kernels.native.conv as conv  # noqa: E402
 
 pytestmark = pytest.mark.skipif(toolchain.compiler() is None, reason="no C compiler on this machine")
 
 
 @pytest.fixture(autouse=True)
-def native_on(monkeypatch):
-    monkeypatch.setenv("TOOLKIT_NATIVE", "1")
+def native_on():
+    with settings.use(native=True):
+        yield
 
 
 def _plan(rng, n, c, o, hw, k, stride, pad, dilation, group, tail, dtype, threads):
@@ -75,10 +77,10 @@ def test_blocked_im2col_equals_torch(rng, monkeypatch, n, c, o, hw, k, stride, p
     # blocks of a few rows at these small sizes, so that every path runs several of them; with
     # the BLAS library the epilogue runs over each block's positions (the packed GEMM applies a
     # residual and a ReLU as it stores)
-    monkeypatch.setattr(conv, "PACKED_GEMM", packed)
     monkeypatch.setattr(conv, "COLS_BLOCK_BYTES", 256)
     monkeypatch.setattr(conv, "MIN_BLOCK_POSITIONS", 40)
-    plan, feeds, want = _plan(rng, n, c, o, hw, k, stride, pad, dilation, group, tail, dtype, threads)
+    with settings.use(packed_gemm=packed):
+        plan, feeds, want = _plan(rng, n, c, o, hw, k, stride, pad, dilation, group, tail, dtype, threads)
     assert _blocked(plan)
     got = np.asarray(plan.run(feeds)["y"])
     tol = 2e-6 if dtype == "float32" else 1e-12

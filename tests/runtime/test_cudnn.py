@@ -61,7 +61,8 @@ def test_every_convolution_case_through_cudnn_equals_the_cpu_kernel(tmp_path):
 
 @needs_cxx
 def test_the_switch_and_a_missing_library_fall_back_to_im2col(tmp_path):
-    chosen, _ran = _cases(tmp_path, "float32", TOOLKIT_CUDNN="0")
+    # "no", as any off word of docs/settings.md: only "0" switched cuDNN off before the settings table
+    chosen, _ran = _cases(tmp_path, "float32", TOOLKIT_CUDNN="no")
     assert chosen == [(("im2col", "TOOLKIT_CUDNN=0"), 64)], chosen
     chosen, _ran = _cases(tmp_path, "float32", TOOLKIT_CUDNN_LIBRARY=str(tmp_path / "no-such-libcudnn.so"))
     assert len(chosen) == 1 and chosen[0][0][0] == "im2col" and "cuDNN cannot be loaded" in chosen[0][0][1], chosen

@@ -15,7 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from toolkit import settings
 from toolkit.codegen import toolchain
+from toolkit.errors import UserError
 from toolkit.codegen.loops import Buf, For, Kernel, Names, Store, lift
 from toolkit.codegen.render import CDialect, CudaDialect
 from toolkit.benchmarking import bench_plan
@@ -28,9 +30,10 @@ needs_cc = pytest.mark.skipif(not HAVE_CC, reason="no C compiler on this machine
 
 
 @pytest.fixture(autouse=True)
-def native_on(monkeypatch):
+def native_on():
     """The suite runs numpy kernels by default (tests/conftest.py); these tests need both."""
-    monkeypatch.setenv("TOOLKIT_NATIVE", "1")
+    with settings.use(native=True):
+        yield
 TOL = {"float32": 1e-5, "float64": 1e-12}
 
 
@@ -241,14 +244,15 @@ def _tiny_kernel(value: float) -> Kernel:
 
 
 @needs_cc
-def test_cache_reuses_a_built_library(tmp_path, monkeypatch):
-    monkeypatch.setenv("TOOLKIT_CACHE", str(tmp_path))
-    source = CDialect().unit([_tiny_kernel(1.5)])
-    first = toolchain.build(source)
-    stamp = first.stat().st_mtime_ns
-    assert toolchain.build(source) == first and first.stat().st_mtime_ns == stamp
-    assert (first.parent / (first.stem + ".c")).read_text() == source
-    other = toolchain.build(CDialect().unit([_tiny_kernel(2.5)]))
+def test_cache_reuses_a_built_library(tmp_path):
+    with settings.use(cache=tmp_path):
+        source = CDialect().unit([_tiny_kernel(1.5)])
+        first = toolchain.build(source)
+        stamp = first.stat().st_mtime_ns
+        assert toolchain.build(source) == first and first.stat().st_mtime_ns == stamp
+        assert (first.parent / (first.stem + ".c")).read_text() == source
+        other = toolchain.build(CDialect().unit([_tiny_kernel(2.5)]))
+    assert first.parent.parent == tmp_path / "kernels"            # the setting chose the folder
     assert other != first
     assert not [p for p in first.parent.iterdir() if p.name.startswith(".")], "temporary files left behind"
 
@@ -265,7 +269,7 @@ def test_concurrent_builds_publish_whole_libraries(tmp_path):
               "args = np.array([out.ctypes.data], dtype=np.uintp)\n"
               "lib.fill(ctypes.c_void_p(args.ctypes.data))\n"
               "print(out.sum())\n")
-    env = {**os.environ, "TOOLKIT_CACHE": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "TOOLKIT_CACHE": str(tmp_path), "TOOLKIT_NATIVE": "1", "PYTHONPATH": str(ROOT)}
     procs = [subprocess.Popen([sys.executable, "-c", script], env=env, cwd=ROOT, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _ in range(3)]
     for p in procs:
@@ -401,17 +405,17 @@ layers:
 
 @needs_cc
 @pytest.mark.parametrize("threads", [1, 2])
-def test_fully_connected_at_batch_one_reads_the_weight_once(tmp_path, monkeypatch, threads):
+def test_fully_connected_at_batch_one_reads_the_weight_once(tmp_path, threads):
     """A row times a weight (batch 1) is dot products over the weight's rows, not the BLAS GEMM
     that packs all of it each call; split over two threads by output columns, with its fused
     bias and ReLU; equal to the numpy kernels."""
-    monkeypatch.setenv("TOOLKIT_THREADS", str(threads))
     (tmp_path / "net.yaml").write_text(FC_NET)
     net = Net.load(str(tmp_path / "net.yaml"))
     outs = {}
     for native in (True, False):
-        plan, inputs = bench_plan(net, 1, False)
-        plan = _fresh_plan(plan, native)
+        with settings.use(threads=threads):
+            plan, inputs = bench_plan(net, 1, False)
+            plan = _fresh_plan(plan, native)
         outs[native] = np.array(plan.run(inputs)["ip2"])
         if native:
             assert "tk_sgemm(" not in plan.native_source
@@ -428,13 +432,11 @@ def _native_calls(plan):
     return [call for linked in plan.made.linked for call in linked.calls]
 
 
-def test_a_compile_timeout_that_is_not_a_number_of_seconds_is_said_once_and_the_default_kept(monkeypatch, capsys):
+def test_a_compile_timeout_that_is_not_a_number_of_seconds_is_an_error_naming_it():
     for text in ("abc", "0", "-5", "inf"):
-        monkeypatch.setenv(toolchain.TIMEOUT_ENV, text)
-        assert toolchain.compile_timeout() == toolchain.COMPILE_TIMEOUT_S
-        assert toolchain.compile_timeout() == toolchain.COMPILE_TIMEOUT_S
-    lines = [line for line in capsys.readouterr().err.splitlines() if toolchain.TIMEOUT_ENV in line]
-    assert len(lines) == 4, lines
-    assert lines[0] == "note: TOOLKIT_COMPILE_TIMEOUT=abc is not a number of seconds above 0; compiles may take 300 s"
-    monkeypatch.setenv(toolchain.TIMEOUT_ENV, "2.5")
-    assert toolchain.compile_timeout() == 2.5
+        with pytest.raises(UserError) as caught:
+            settings.from_environment({"TOOLKIT_COMPILE_TIMEOUT": text})
+        assert str(caught.value) == f"error: TOOLKIT_COMPILE_TIMEOUT={text}: expected a number of seconds above 0"
+    assert toolchain.compile_timeout() == 300
+    with settings.use(compile_timeout=settings.from_environment({"TOOLKIT_COMPILE_TIMEOUT": "2.5"}).compile_timeout):
+        assert toolchain.compile_timeout() == 2.5

@@ -16,15 +16,16 @@ from toolkit.ir.graph import Graph, TensorType, Value  # noqa: E402
 from toolkit.ops.base import Builder  # noqa: E402
 from toolkit.compile import optimize  # noqa: E402
 from toolkit.runtime.plan import Plan  # noqa: E402
-import toolkit.kernels.native.conv as conv  # noqa: E402
+from toolkit import settings  # noqa: E402
 
 pytestmark = pytest.mark.skipif(toolchain.compiler() is None or not microkernel.available(),
                                 reason="needs a C compiler and an AVX-512 processor")
 
 
 @pytest.fixture(autouse=True)
-def native_on(monkeypatch):
-    monkeypatch.setenv("TOOLKIT_NATIVE", "1")
+def native_on():
+    with settings.use(native=True):
+        yield
 
 
 def test_panels_hold_each_row_in_its_lane():
@@ -75,18 +76,17 @@ def _plan(rng, n, c, o, hw, k, stride, pad, group, frozen, threads):
     (1, 12, 18, (9, 9), 3, 1, 1, 3, 2),        # three groups on two threads
 ])
 @pytest.mark.parametrize("frozen", [True, False], ids=["frozen", "fed"])
-def test_packed_gemm_convolution_equals_torch(rng, monkeypatch, n, c, o, hw, k, stride, pad, group, threads,
-                                              frozen):
-    monkeypatch.setattr(conv, "WINOGRAD", False)
-    plan, feeds, want = _plan(rng, n, c, o, hw, k, stride, pad, group, frozen, threads)
+def test_packed_gemm_convolution_equals_torch(rng, n, c, o, hw, k, stride, pad, group, threads, frozen):
+    with settings.use(winograd=False):
+        plan, feeds, want = _plan(rng, n, c, o, hw, k, stride, pad, group, frozen, threads)
     assert "tk_pgemm_ep(" in plan.native_source
     got = np.asarray(plan.run(feeds)["y"])
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-6 * float(np.abs(want).max()))
 
 
-def test_switched_off_keeps_the_blas_library(rng, monkeypatch):
-    monkeypatch.setattr(conv, "PACKED_GEMM", False)
-    plan, feeds, want = _plan(rng, 1, 16, 16, (6, 6), 1, 1, 0, 1, True, 1)
+def test_switched_off_keeps_the_blas_library(rng):
+    with settings.use(packed_gemm=False):
+        plan, feeds, want = _plan(rng, 1, 16, 16, (6, 6), 1, 1, 0, 1, True, 1)
     assert "tk_pgemm_ep(" not in plan.native_source and "tk_sgemm(" in plan.native_source
     np.testing.assert_allclose(np.asarray(plan.run(feeds)["y"]), want, rtol=0, atol=2e-6 * float(np.abs(want).max()))
 

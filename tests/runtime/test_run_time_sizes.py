@@ -11,6 +11,7 @@ import itertools
 import numpy as np
 import pytest
 
+from toolkit import settings
 from toolkit.codegen import toolchain
 from toolkit.codegen.loops import Bin, Buf, Const, For, Kernel, Names, Size, SizeInt, Store, Un, lift, sizes_used
 from toolkit.codegen.native import NativeCall, with_sizes
@@ -50,8 +51,6 @@ outputs: [prob]
 def native_on(monkeypatch, tmp_path):
     """Native kernels (the suite runs numpy's by default), compiled into a cache of this test's
     own, with every compiler run counted."""
-    monkeypatch.setenv("TOOLKIT_NATIVE", "1")
-    monkeypatch.setenv("TOOLKIT_CACHE", str(tmp_path / "cache"))
     runs = []
     real = toolchain._run_compiler
 
@@ -59,7 +58,8 @@ def native_on(monkeypatch, tmp_path):
         runs.append(args)
         return real(*args, **kwargs)
     monkeypatch.setattr(toolchain, "_run_compiler", counted)
-    return runs
+    with settings.use(native=True, cache=tmp_path / "cache"):
+        yield runs
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from toolkit import hostcpu
+from toolkit import hostcpu, settings
 from toolkit.codegen import toolchain
 from toolkit.benchmarking import bench_plan
 from toolkit.frontend import Net
@@ -106,12 +106,12 @@ def test_without_the_signals_the_team_stays_whole():
         assert t.current() == 2
 
 
-def test_one_thread_or_the_switch_off_means_no_team(monkeypatch):
+def test_one_thread_or_the_switch_off_means_no_team():
     assert team_for(1) is None
-    monkeypatch.setenv(team.ENV_SWITCH, "0")
-    assert team_for(2) is None
-    monkeypatch.setenv(team.ENV_SWITCH, "1")
-    assert team_for(2) is team_for(2)               # one per process and thread count
+    with settings.use(adaptive_threads=False):
+        assert team_for(2) is None
+    with settings.use(adaptive_threads=True):
+        assert team_for(2) is team_for(2)           # one per process and thread count
 
 
 # -- the workers and the plans: a smaller team, the same numbers --------------------------------
@@ -148,13 +148,13 @@ class Fixed:
 
 
 def _train_step(native: bool, team_size: int, monkeypatch):
-    monkeypatch.setenv("TOOLKIT_NATIVE", "1" if native else "0")
     monkeypatch.setattr(parallel, "MIN_SPLIT_FLOPS", 0)
     monkeypatch.setattr(parallel, "MIN_SPLIT_BYTES", 0)
     net = Net.load(str(ROOT / "zoo" / "lenet" / "net.yaml"))
-    built, inputs = bench_plan(net, 8, True)
-    weights = {k: np.array(built.memory.storage_of[v.value.id].external) for k, v in built.graph.weights.items()}
-    plan = Plan(built.graph, built.bindings, weights, threads=2, native=native)
+    with settings.use(native=native):
+        built, inputs = bench_plan(net, 8, True)
+        weights = {k: np.array(built.memory.storage_of[v.value.id].external) for k, v in built.graph.weights.items()}
+        plan = Plan(built.graph, built.bindings, weights, threads=2, native=native)
     plan.runner.team = Fixed(team_size)
     outs = {k: np.array(v) for k, v in plan.run(inputs).items()}
     return outs, {k: np.array(plan.memory.storage_of[v.value.id].external) for k, v in plan.graph.weights.items()}, plan
@@ -228,9 +228,11 @@ def test_usable_cores_round_the_quota_down(monkeypatch, limit, cores, expected):
 
 
 def test_default_threads_follow_the_quota(monkeypatch):
-    monkeypatch.delenv("TOOLKIT_THREADS", raising=False)
     monkeypatch.setattr(parallel, "usable_cores", lambda: 1)
-    assert parallel.default_threads() == 1
+    with settings.use(threads=None):
+        assert parallel.default_threads() == 1
+    with settings.use(threads=3):
+        assert parallel.default_threads() == 3
 
 
 def test_the_live_signals_read_this_machine():

@@ -15,6 +15,7 @@ from toolkit.codegen import toolchain  # noqa: E402
 from toolkit.ir.graph import Graph, TensorType, Value  # noqa: E402
 from toolkit.ops.base import Builder  # noqa: E402
 from toolkit.runtime.plan import Plan  # noqa: E402
+from toolkit import settings  # noqa: E402
 
 pytestmark = pytest.mark.skipif(toolchain.compiler() is None, reason="no C compiler on this machine")
 # of the largest output: Winograd's transforms amplify float32 rounding (F(4x4, 3x3) more than
@@ -24,8 +25,9 @@ TOL = {"float32": 5e-6, "float64": 1e-12}
 
 
 @pytest.fixture(autouse=True)
-def native_on(monkeypatch):
-    monkeypatch.setenv("TOOLKIT_NATIVE", "1")
+def native_on():
+    with settings.use(native=True):
+        yield
 
 
 def _conv_plan(n, c, o, h, w, pad, bias, frozen, dtype, rng, threads=2):
@@ -75,13 +77,12 @@ def test_winograd_equals_torch(rng, n, c, o, h, w, pad, bias, frozen, dtype):
     np.testing.assert_allclose(got, want, rtol=0, atol=TOL[dtype] * scale)
 
 
-def test_one_thread_and_the_kill_switch(rng, monkeypatch):
+def test_one_thread_and_the_kill_switch(rng):
     plan, feeds, want = _conv_plan(2, 128, 128, 12, 12, 1, True, True, "float32", rng, threads=1)
     assert _uses_winograd(plan)
     np.testing.assert_allclose(plan.run(feeds)["y"], want, rtol=0, atol=2e-6 * float(np.abs(want).max()))
-    import toolkit.kernels.native.conv as conv
-    monkeypatch.setattr(conv, "WINOGRAD", False)
-    plan, feeds, want = _conv_plan(2, 128, 128, 12, 12, 1, True, True, "float32", rng)
+    with settings.use(winograd=False):
+        plan, feeds, want = _conv_plan(2, 128, 128, 12, 12, 1, True, True, "float32", rng)
     assert not _uses_winograd(plan)
 
 

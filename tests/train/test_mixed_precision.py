@@ -99,7 +99,14 @@ def test_a_skipped_step_changes_no_weight_slot_or_running_statistic(blob_net, tm
     assert {"bn1.running_mean", "ip1.weight@momentum"} <= set(before)
 
 
-def test_loss_scaling_without_rounding_is_exact_and_adam_counts_only_taken_steps(blob_net, tmp_path, monkeypatch):
+@pytest.fixture
+def numpy_kernels():
+    with settings.use(native=False):
+        yield
+
+
+def test_loss_scaling_without_rounding_is_exact_and_adam_counts_only_taken_steps(blob_net, tmp_path, monkeypatch,
+                                                                                 numpy_kernels):
     """With autocast switched off (no op in a half type), loss scaling by powers of two changes
     no bit of SGD's trajectory. A first step that overflows (an inf in its data) is skipped and
     the scale halves to 2**8; Adam then starts as if from step 1, as torch.optim.Adam does
@@ -107,8 +114,7 @@ def test_loss_scaling_without_rounding_is_exact_and_adam_counts_only_taken_steps
     monkeypatch.setattr(precision, "LOW_OPS", frozenset())
     # bit for bit is the numpy kernels' claim: under TOOLKIT_NATIVE=1 the two trainers' plans
     # (the scaled one has the overflow check and the scale's ops) are compiled to different
-    # kernels, and the BatchNorm running mean came out an ulp apart (3e-8)
-    monkeypatch.setenv("TOOLKIT_NATIVE", "0")
+    # kernels, and the BatchNorm running mean came out an ulp apart (3e-8): the numpy_kernels fixture
     adam = [(("train", "solver"), {"type": "adam", "base_lr": 0.01, "weight_decay": 0.001})]
     scaled = {"init_scale": 2.0 ** 9, "growth_interval": 3}
     for solver, tol in (([], 0.0), (adam, 2e-6)):

@@ -7,17 +7,20 @@ from pathlib import Path
 
 import pytest
 
+from toolkit import settings
 from zoo_helpers import LENET, NAME, start_server
 
 
 @pytest.fixture(autouse=True)
 def isolated_cache(tmp_path, monkeypatch) -> Path:
     cache = tmp_path / "cache"
+    # the environment for the child processes some tests start, the settings for this one
     monkeypatch.setenv("TOOLKIT_CACHE", str(cache))
     monkeypatch.delenv("TOOLKIT_ZOO", raising=False)
     monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")      # loopback never goes through a proxy
     monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
-    return cache
+    with settings.use(cache=cache, zoo=()):
+        yield cache
 
 
 @pytest.fixture(scope="session")

@@ -13,6 +13,7 @@ import pytest
 from pydantic import ValidationError
 
 from zoo_helpers import LENET, run
+from toolkit import settings
 from toolkit.zoo.card import read_card
 
 NAMES = [f"digit {i}" for i in range(10)]
@@ -29,7 +30,7 @@ def _model_folder(tmp_path, names):
     return src
 
 
-def test_published_card_counts_the_class_names_and_infer_uses_them(tmp_path, monkeypatch):
+def test_published_card_counts_the_class_names_and_infer_uses_them(tmp_path):
     zoo = tmp_path / "zoo"
     r = run("zoo", "publish", _model_folder(tmp_path, NAMES), "--to", zoo, "--name", "named")
     assert r.status == 0, r.err
@@ -38,12 +39,12 @@ def test_published_card_counts_the_class_names_and_infer_uses_them(tmp_path, mon
     assert "\nclasses: 10\n" in (zoo / "named" / "README.md").read_text()
     r = run("zoo", "verify", zoo / "named", "--no-test")
     assert r.status == 0 and "ok    input.json names 10 classes, one per class score" in r.out, r.out + r.err
-    monkeypatch.setenv("TOOLKIT_ZOO", str(zoo))
-    r = run("zoo", "show", "named")
-    assert r.status == 0 and re.search(r"classes:\s+10 names, in input.json", r.out), r.out
     x = np.random.default_rng(2).random((3, 1, 8, 8)).astype(np.float32) * 16
     np.save(tmp_path / "x.npy", x)
-    r = run("infer", "zoo:named", "--input", tmp_path / "x.npy", "--top", "1")
+    with settings.use(zoo=(str(zoo),)):
+        r = run("zoo", "show", "named")
+        assert r.status == 0 and re.search(r"classes:\s+10 names, in input.json", r.out), r.out
+        r = run("infer", "zoo:named", "--input", tmp_path / "x.npy", "--top", "1")
     assert r.status == 0, r.err
     import toolkit
     best = toolkit.load("zoo:lenet").infer(data=x)["prob"].argmax(axis=1)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from zoo_helpers import LENET, NAME, run
+from toolkit import settings
 from toolkit.zoo.card import read_card, sha256_file
 from toolkit.weights import load_weights
 
@@ -169,10 +170,10 @@ def test_verify_a_shipped_model_by_name():
     assert "ok    accuracy 0.97493 on 359 test examples (the card says 0.97493, tolerance 0.001)" in r.out
 
 
-def test_zoo_nets_run_from_a_source(published, tmp_path, monkeypatch):
+def test_zoo_nets_run_from_a_source(published, tmp_path):
     """``toolkit test zoo:NAME`` fetches the net and its weights from TOOLKIT_ZOO."""
-    monkeypatch.setenv("TOOLKIT_ZOO", str(published))
-    r = run("test", f"zoo:{NAME}")
+    with settings.use(zoo=(str(published),)):
+        r = run("test", f"zoo:{NAME}")
     assert r.status == 0, r.err
     assert json.loads(r.out) == {"examples": 359, "loss": 0.043202, "accuracy": 0.986072}
 

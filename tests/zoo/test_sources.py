@@ -11,6 +11,7 @@ import time
 import pytest
 
 from zoo_helpers import LENET, NAME, WEIGHTS, cache_folder, git, leftovers, needs_git, row, run
+from toolkit import settings
 from toolkit.errors import UserError
 from toolkit.zoo.card import sha256_file
 from toolkit.zoo.resolve import resolve
@@ -182,24 +183,24 @@ def test_a_damaged_cache_with_no_source_to_refetch_from_says_how_to_get_it(serve
                              f"{NAME} --source {server.url}` when it can be reached")
 
 
-def test_unknown_models_and_unreachable_sources(server, tmp_path, monkeypatch):
+def test_unknown_models_and_unreachable_sources(server, tmp_path):
     r = run("zoo", "get", "digitnett", "--source", server.url)
     assert r.status == 2
     assert r.err.strip().endswith(f"error: zoo:digitnett: no model named 'digitnett' in the shipped zoo "
                                   f"(branchnet, gru_digits, lenet, mlp, resnet, transformer_digits) or in the sources ({server.url})")
     # TOOLKIT_ZOO: comma-separated; a missing folder is noted and the next source still serves
-    monkeypatch.setenv("TOOLKIT_ZOO", f"{tmp_path / 'nowhere'},{server.url}")
-    model = resolve(f"zoo:{NAME}")
+    with settings.use(zoo=f"{tmp_path / 'nowhere'},{server.url}"):
+        model = resolve(f"zoo:{NAME}")
     assert model.source == server.url
     server.stop()
-    monkeypatch.setenv("TOOLKIT_ZOO", server.url)
-    r = run("zoo", "get", "other", )
+    with settings.use(zoo=server.url):
+        r = run("zoo", "get", "other", )
     assert r.status == 2 and "could not reach" in r.err and "cannot reach the server" in r.err
     for bad, words in (("ftp://host/zoo", "unsupported URL scheme 'ftp'"), ("http://", "the URL has no host")):
         r = run("zoo", "list", "--source", bad)
         assert r.status == 2 and f"error: zoo source '{bad}': {words}" in r.err and "Traceback" not in r.err
-    monkeypatch.setenv("TOOLKIT_ZOO", "ftp://host/zoo")
-    r = run("zoo", "list")
+    with settings.use(zoo="ftp://host/zoo"):
+        r = run("zoo", "list")
     assert r.status == 2 and r.err.startswith("error: TOOLKIT_ZOO: zoo source 'ftp://host/zoo': unsupported")
 
 

@@ -4,29 +4,22 @@ limit before a pixel is decoded (a small file can claim a huge image)."""
 from __future__ import annotations
 
 import contextlib
-import os
 
 import numpy as np
 
 from ..errors import UserError
 from ..fileio import open_regular
+from ..settings import current
 from .files import list_folder
 from .rows import Rows
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
-ENV_MAX_PIXELS = "TOOLKIT_MAX_IMAGE_PIXELS"
-# PIL's own default for a decompression bomb (a 3-channel image of 256 MiB); an image larger than
-# this is refused unless TOOLKIT_MAX_IMAGE_PIXELS raises the limit
-DEFAULT_MAX_PIXELS = 1024 * 1024 * 1024 // 4 // 3
 
 
 def max_pixels() -> int:
-    text = os.environ.get(ENV_MAX_PIXELS, "").strip()
-    if not text:
-        return DEFAULT_MAX_PIXELS
-    if not text.isdigit() or int(text) < 1:
-        raise UserError(f"{ENV_MAX_PIXELS}={text}: expected a positive whole number of pixels")
-    return int(text)
+    """The most pixels an image may claim: the ``max_image_pixels`` setting (PIL's own limit for a
+    decompression bomb unless ``TOOLKIT_MAX_IMAGE_PIXELS`` raises or lowers it)."""
+    return current().max_image_pixels
 
 
 def image_layout(path: str, name: str, shape: tuple) -> tuple[int, int, int]:
@@ -101,7 +94,7 @@ def _within_limit(img, where: str, limit: int, prepare):
     width, height = img.size
     if width * height > limit:
         raise UserError(f"{where}: an image of {width} x {height} pixels ({width * height:,}), over the limit "
-                        f"of {limit:,} (set {ENV_MAX_PIXELS} to raise it)")
+                        f"of {limit:,} (set TOOLKIT_MAX_IMAGE_PIXELS to raise it)")
     return prepare(img)
 
 

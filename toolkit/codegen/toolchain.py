@@ -6,11 +6,12 @@ SHA-256 of those four. The library is written to a temporary name in the same fo
 into place, so a process that finds the file finds a whole one, and two processes compiling the
 same unit at once both succeed (the last rename wins; both files are equal).
 
-No compiler (``$CC``, else cc, gcc or clang on PATH), or ``TOOLKIT_NATIVE=0``: ``available()``
+No compiler (``$CC``, else cc, gcc or clang on PATH), or ``TOOLKIT_NATIVE=0`` (the ``native``
+setting): ``available()``
 is false and the numpy kernels run, with a one-line notice the first time.
 
-A compile runs in a process group of its own, bounded by ``TOOLKIT_COMPILE_TIMEOUT`` seconds
-(300); a timeout ends the whole group. A unit that fails or times out is remembered by its
+A compile runs in a process group of its own, bounded by the ``compile_timeout`` setting
+(``TOOLKIT_COMPILE_TIMEOUT``, 300 s); a timeout ends the whole group. A unit that fails or times out is remembered by its
 shape (its source with the numbers erased) for the rest of the process: the same net's other
 batch sizes do not each wait for the same failure.
 """
@@ -32,11 +33,9 @@ from pathlib import Path
 
 from ..cachedir import cache_root
 from ..errors import notice
+from ..settings import current
 
-ENV_SWITCH = "TOOLKIT_NATIVE"
 FLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-std=gnu11", "-fno-math-errno", "-fopenmp")
-COMPILE_TIMEOUT_S = 300
-TIMEOUT_ENV = "TOOLKIT_COMPILE_TIMEOUT"
 # units that failed or timed out in this process, by their shape (the source with every number
 # replaced): the other batch sizes of the same net make the same unit but for its numbers, and
 # would each wait for the same failure
@@ -44,19 +43,8 @@ _failed_shapes: dict[str, str] = {}
 
 
 def compile_timeout() -> float:
-    """Seconds a compile may take: ``TOOLKIT_COMPILE_TIMEOUT``, else 300."""
-    text = os.environ.get(TIMEOUT_ENV, "").strip()
-    if not text:
-        return COMPILE_TIMEOUT_S
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value > 0 or value == float("inf"):
-        notice(f"{TIMEOUT_ENV}={text} is not a number of seconds above 0; compiles may take {COMPILE_TIMEOUT_S} s",
-               once=f"timeout:{text}")
-        return COMPILE_TIMEOUT_S
-    return value
+    """Seconds a compile may take: the ``compile_timeout`` setting (``TOOLKIT_COMPILE_TIMEOUT``)."""
+    return current().compile_timeout
 
 
 def unit_shape(source: str) -> str:
@@ -87,7 +75,8 @@ class NativeUnavailable(RuntimeError):
 
 
 def switched_off() -> bool:
-    return os.environ.get(ENV_SWITCH, "1").strip().lower() in ("0", "off", "no", "false", "numpy")
+    """The ``native`` setting is off (``TOOLKIT_NATIVE=0``)."""
+    return not current().native
 
 
 @lru_cache(maxsize=None)

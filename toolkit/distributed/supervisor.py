@@ -6,7 +6,8 @@ Without the supervisor the launcher names the dead process by its pid alone.
 
 The rank process inherits the launcher's environment and descriptors (its MPI connection), is
 killed with its supervisor (Linux's parent-death signal), and gets the supervisor's SIGINT and
-SIGTERM, which the launcher sends to the processes it started.
+SIGTERM, which the launcher sends to the processes it started. It knows it is one by the marker
+``TOOLKIT_RANK_PROCESS`` (the supervisor's pid), an internal variable, not a setting.
 """
 from __future__ import annotations
 
@@ -16,9 +17,9 @@ import signal
 import subprocess
 import sys
 
+from ..settings import RANK_PROCESS
 from .launcher import missing_extra
 
-RANK_PROCESS = "TOOLKIT_RANK_PROCESS"
 _RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK")
 _PR_SET_PDEATHSIG = 1
 

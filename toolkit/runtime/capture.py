@@ -32,15 +32,13 @@ from typing import Callable
 
 from ..backend.devices import CaptureUnsafe, Device, capture_guard
 from ..backend.placement import layer_of_scope
-from ..envswitch import switch
 from ..errors import notice
-
-ENV = "TOOLKIT_CUDA_GRAPHS"
+from ..settings import current, off_text
 
 
 def graphs_enabled() -> bool:
-    """Whether GPU plans are captured (on unless ``TOOLKIT_CUDA_GRAPHS=0``)."""
-    return switch(ENV)
+    """Whether GPU plans are captured: the ``cuda_graphs`` setting (``TOOLKIT_CUDA_GRAPHS``)."""
+    return current().cuda_graphs
 
 
 def _device_graphs(device: Device):
@@ -58,7 +56,7 @@ def capture_blocker(devices, steps, entries, asked: bool | None = None) -> str |
     if asked is False:
         return "capture is off for this plan"
     if not graphs_enabled():
-        return f"{ENV}=0"
+        return off_text("cuda_graphs")
     hosts = [str(d) for d in devices if not d.graphs]
     if hosts:
         return f"it runs on {', '.join(sorted(hosts))}, which has no CUDA graphs"

@@ -9,23 +9,19 @@ step it conflicts with; a wave's steps run on the worker threads, the waves in o
 draw random numbers keep their serial order, so a seed gives the same masks either way.
 
 This is the other way to use the cores than splitting one op's batch (parallel.py); a plan does
-one or the other. Which is faster depends on the net and the batch: see ``DEFAULT_CONCURRENT``.
+one or the other. Which is faster depends on the net and the batch: see the ``concurrent`` setting (toolkit/settings.py).
 """
 from __future__ import annotations
 
 from typing import Callable
 
-from ..envswitch import switch
-
-# Chosen by measurement (README, "Concurrent branches"): on a 2-core EPYC, splitting each op's
-# batch across the cores beat running the branches of an Inception-style block side by side at
-# batch 64 and at batch 1, so plans run serially unless TOOLKIT_CONCURRENT=1 asks otherwise.
-DEFAULT_CONCURRENT = False
-ENV_SWITCH = "TOOLKIT_CONCURRENT"
+from ..settings import current
 
 
 def concurrent_default() -> bool:
-    return switch(ENV_SWITCH, DEFAULT_CONCURRENT)
+    """The ``concurrent`` setting (``TOOLKIT_CONCURRENT``): off by default, by measurement (its
+    entry in toolkit/settings.py says which)."""
+    return current().concurrent
 
 
 Region = tuple[int, int, int]          # (memory block id, first byte, end byte)

@@ -10,12 +10,12 @@ is worse than either: they spin after each call and take the core our helper nee
 """
 from __future__ import annotations
 
-import os
 import queue
 import threading
 from typing import Callable
 
 from ..hostcpu import usable_cores
+from ..settings import current
 from ..ir.graph import Node
 from ..ir.dims import Sym
 from ..ops.base import get_op
@@ -31,11 +31,12 @@ MIN_SPLIT_GEMM_FLOPS = 16_000_000
 
 
 def default_threads() -> int:
-    """``TOOLKIT_THREADS``, else the cores this process may use: its affinity mask, capped by its
-    cgroup's CPU quota (hostcpu.py), shared among a data-parallel job's local ranks."""
-    value = os.environ.get("TOOLKIT_THREADS")
-    if value and value.isdigit() and int(value) > 0:
-        return int(value)
+    """The ``threads`` setting (``TOOLKIT_THREADS``), else the cores this process may use: its
+    affinity mask, capped by its cgroup's CPU quota (hostcpu.py), shared among a data-parallel
+    job's local ranks."""
+    chosen = current().threads
+    if chosen is not None:
+        return chosen
     cores = usable_cores()
     # the ranks of a data-parallel job on this machine share its cores: more threads than cores
     # (each rank's MPI progress polls while it waits) made a LeNet step 100x slower

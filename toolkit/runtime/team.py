@@ -29,8 +29,8 @@ import time
 from collections import deque
 from typing import Callable
 
-from ..envswitch import switch
 from ..hostcpu import own_run_delay_ns, runnable_tasks
+from ..settings import current
 
 SAMPLE_INTERVAL_S = 0.01
 # Our threads together waited for a core this share of the wall time: on a quiet 2-core machine
@@ -40,11 +40,11 @@ CONTENDED_SHARE = 0.15
 # team less than running on one thread until the next samples say the cores are free again
 CONTENDED_SAMPLES = 2
 RECOVER_SAMPLES = 5
-ENV_SWITCH = "TOOLKIT_ADAPTIVE_THREADS"
 
 
 def adaptive() -> bool:
-    return switch(ENV_SWITCH)
+    """The ``adaptive_threads`` setting (``TOOLKIT_ADAPTIVE_THREADS``)."""
+    return current().adaptive_threads
 
 
 class Team:

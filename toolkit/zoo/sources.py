@@ -21,13 +21,13 @@ from urllib.request import url2pathname
 
 from ..cachedir import cache_root
 from ..errors import UserError, notice
+from ..settings import current
 from . import transfer
 from .cache import write_cached
 from .card import CARD
 from .transfer import (Broken, HttpError, MissingFile, Unreachable, file_budget_s, folder_pieces,
                        http_pieces, read_text)
 
-ENV = "TOOLKIT_ZOO"
 SHIPPED = "shipped"
 INDEX = "index.json"
 INDEX_FORMAT = 1
@@ -46,13 +46,15 @@ def shipped_zoo_dir() -> Path:
 
 
 def configured_sources(flags: list[str] | None = None) -> list["Source"]:
-    """The ``--source`` flags (None when none were given: then ``TOOLKIT_ZOO``, comma-separated)."""
+    """The ``--source`` flags (None when none were given: then the ``zoo`` setting, ``TOOLKIT_ZOO``
+    comma-separated)."""
     if flags is not None:
         return [parse_source(t) for t in flags]
+    given = current().zoo
     try:
-        return [parse_source(t) for t in os.environ.get(ENV, "").split(",") if t.strip()]
+        return [parse_source(t) for t in given]
     except UserError as e:
-        raise UserError(f"{ENV}: {e.problems[0].message}") from None
+        raise UserError(f"TOOLKIT_ZOO: {e.problems[0].message}") from None
 
 
 def parse_source(text: str) -> "Source":

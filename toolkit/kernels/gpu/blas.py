@@ -13,7 +13,8 @@ transposed views (``swapaxes``), which become cuBLAS's transpose flags instead o
 Row-major C = A B is column-major C^T = B^T A^T, so cuBLAS gets B first.
 
 The library is the one CuPy loaded (found by the NVIDIA wheels' locator, as CuPy 14 finds it, or
-by the loader's search); ``TOOLKIT_CUBLAS_LIBRARY`` names another file.
+by the loader's search); the ``cublas_library`` setting (``TOOLKIT_CUBLAS_LIBRARY``) names another
+file.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ import numpy as np
 
 from ...backend.devices import gpu_module
 from ...backend.registry import register_kernel
+from ...settings import current
 
 # cublasOperation_t, cudaDataType, cublasComputeType_t, cublasGemmAlgo_t (cublas_api.h, library_types.h)
 OP_N, OP_T = 0, 1
@@ -50,14 +52,14 @@ class CublasError(RuntimeError):
     """A cuBLAS call returned a status other than CUBLAS_STATUS_SUCCESS."""
 
 
-def load_library(name: str, variable: str, majors: tuple[int, ...] = (13, 12, 11)) -> ctypes.CDLL:
-    """The NVIDIA library ``name`` ("cublas", "cublasLt", "cudnn"): the file the environment
-    variable names, else the one the NVIDIA wheels' locator finds (as CuPy 14 finds it, so the
+def load_library(name: str, setting: str, majors: tuple[int, ...] = (13, 12, 11)) -> ctypes.CDLL:
+    """The NVIDIA library ``name`` ("cublas", "cublasLt", "cudnn"): the file the setting
+    ``setting`` names, else the one the NVIDIA wheels' locator finds (as CuPy 14 finds it, so the
     copy CuPy loaded), else one in an NVIDIA wheel's lib folder on the import path, else the
     loader's search by soname (``majors`` are the library's own major versions, newest first)."""
-    named = os.environ.get(variable)
-    if named:
-        return ctypes.CDLL(named)
+    named = getattr(current(), setting)
+    if named is not None:
+        return ctypes.CDLL(str(named))
     try:
         from cuda.pathfinder import load_nvidia_dynamic_lib
         found = load_nvidia_dynamic_lib(name).abs_path
@@ -101,7 +103,7 @@ def library() -> ctypes.CDLL:
     global _library
     with _library_lock:
         if _library is None:
-            _library = _declare(load_library("cublas", "TOOLKIT_CUBLAS_LIBRARY"))
+            _library = _declare(load_library("cublas", "cublas_library"))
     return _library
 
 

@@ -4,7 +4,7 @@ can capture them (runtime/capture.py) as it captures blas.py's GEMMs.
 The forward convolution (``conv2d`` with its bias, also as the head of a fused epilogue), the fused
 ``conv2d_max_pool2d`` (cuDNN's convolution, then the max over the pooling windows on CuPy) and
 the input gradient (``conv2d_grad_input``) take over from the im2col kernels of arrays.py, which
-stay as each one's fallback: when cuDNN cannot be loaded, when ``TOOLKIT_CUDNN=0``, for a dtype
+stay as each one's fallback: when cuDNN cannot be loaded, when the ``cudnn`` setting is off (``TOOLKIT_CUDNN=0``), for a dtype
 cuDNN does not take, or when cuDNN offers no algorithm for the shapes. The weight gradient
 (``conv2d_grad_weight``) has a cuDNN kernel too, but stays on im2col by default, which measured
 faster (``CUDNN_OPS`` below).
@@ -27,12 +27,11 @@ The handle is per (device, thread), given the current stream before a call on a 
 a workspace of its own per stream, allocated once from the device and never freed, so a captured
 call never allocates. The library is the one the NVIDIA wheels' locator finds (the
 ``nvidia-cudnn`` wheel PyTorch and CuPy use), else the loader's search;
-``TOOLKIT_CUDNN_LIBRARY`` names another file.
+the ``cudnn_library`` setting (``TOOLKIT_CUDNN_LIBRARY``) names another file.
 """
 from __future__ import annotations
 
 import ctypes
-import os
 import threading
 from collections import Counter
 
@@ -42,10 +41,8 @@ from ...ops.conv import conv_out_size
 from ...ops.fused import split_attrs
 from ...backend.devices import gpu_module
 from ...backend.registry import KERNELS, SPECIALISED
+from ...settings import current, off_text
 from . import blas
-
-ENV = "TOOLKIT_CUDNN"
-LIBRARY_ENV = "TOOLKIT_CUDNN_LIBRARY"
 
 # cudnnDataType_t, cudnnTensorFormat_t, cudnnConvolutionMode_t, cudnnMathType_t,
 # cudnnDeterminism_t (cudnn_graph.h / cudnn_cnn.h, unchanged from cuDNN 7 to 9)
@@ -133,7 +130,7 @@ def library() -> ctypes.CDLL | None:
     with _library_lock:
         if not _library:
             try:
-                _library.append(_declare(blas.load_library("cudnn", LIBRARY_ENV, majors=(9, 8))))
+                _library.append(_declare(blas.load_library("cudnn", "cudnn_library", majors=(9, 8))))
             except (OSError, AttributeError, blas.CublasError) as e:
                 _library.extend([None, f"cuDNN cannot be loaded ({e})"])
     return _library[0]
@@ -141,8 +138,8 @@ def library() -> ctypes.CDLL | None:
 
 def unavailable() -> str | None:
     """Why convolutions do not go through cuDNN, or None when they do."""
-    if os.environ.get(ENV, "").strip() == "0":
-        return f"{ENV}=0"
+    if not current().cudnn:
+        return off_text("cudnn")
     if library() is None:
         return _library[1]
     return None

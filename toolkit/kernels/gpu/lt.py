@@ -65,7 +65,7 @@ def _handle():
     """The process's cuBLASLt library and handle (a handle carries no stream: each call names one)."""
     with _lock:
         if _state["handle"] is None:
-            lib = _declare(blas.load_library("cublasLt", "TOOLKIT_CUBLASLT_LIBRARY"))
+            lib = _declare(blas.load_library("cublasLt", "cublaslt_library"))
             raw = ctypes.c_void_p()
             blas.check(lib.cublasLtCreate(ctypes.byref(raw)), "cublasLtCreate")
             _state["lib"], _state["handle"] = lib, raw

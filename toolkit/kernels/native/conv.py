@@ -15,8 +15,6 @@ are added at the end.
 """
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
 from ...codegen import microkernel, rowdot
@@ -26,16 +24,15 @@ from ...codegen.native import NativeCall
 from ...ops.conv import conv_out_size
 from ...ops.fused import head_parts, split_attrs, store_program
 from ...backend.registry import register_native
+from ...settings import current
 from . import depthwise, winograd
 from .conv_parts import ConvShape, epilogue_buffers, i64, epilogue_statements, valid_span
 from .elementwise import FLOATS
 
-# 3x3 stride-1 convolutions through Winograd's F(2x2, 3x3) where they have enough tiles
-# (winograd.py); TOOLKIT_WINOGRAD=0 keeps them on im2col
-WINOGRAD = os.environ.get("TOOLKIT_WINOGRAD", "1") != "0"
-# forward GEMMs through the toolkit's own kernel on a weight packed ahead (codegen/microkernel.py)
-# where the processor has AVX-512; TOOLKIT_PACKED_GEMM=0 keeps the BLAS library's
-PACKED_GEMM = os.environ.get("TOOLKIT_PACKED_GEMM", "1") != "0"
+# Two settings, read when a kernel is built (toolkit/settings.py): ``winograd``, 3x3 stride-1
+# convolutions through Winograd's F(2x2, 3x3) where they have enough tiles (winograd.py), else
+# im2col; ``packed_gemm``, forward GEMMs through the toolkit's own kernel on a weight packed ahead
+# (codegen/microkernel.py) where the processor has AVX-512, else the BLAS library's.
 MIN_PACKED_COLUMNS = 48         # one tile of the packed kernel (3 vectors of 16)
 # im2col by blocks of output rows where an image's columns outgrow this (see block_rows)
 COLS_BLOCK_BYTES = 384 << 10
@@ -187,7 +184,8 @@ def _forward(ctx, ins, outs, pool, program=None):
     # a 1x1 convolution of stride 1 without padding: the image [C, H*W] is its own columns, so
     # the GEMM reads it in place (no im2col copy)
     pointwise = (s.kh, s.kw, s.sh, s.sw, s.dh, s.dw) == (1, 1, 1, 1, 1, 1) and not s.padded
-    wino = WINOGRAD and winograd.chosen(ctx, s, pool)
+    knobs = current()
+    wino = knobs.winograd and winograd.chosen(ctx, s, pool)
     names = Names()
     x = Buf("x", dtype, s.n * s.c * s.h * s.w)
     w = Buf("w", dtype, s.o * s.k)
@@ -210,7 +208,7 @@ def _forward(ctx, ins, outs, pool, program=None):
     # below a tile's 48 columns the packed kernel's wasted lanes and fixed costs lose (the zoo's
     # LeNet on 8x8 digits: 2% slower at batch 64), as it does ahead of a fused max pooling there;
     # one column (a classifier) goes to dot products over the weight's rows (weight_gemm)
-    packed = (PACKED_GEMM and dtype == "float32" and not wino and microkernel.available()
+    packed = (knobs.packed_gemm and dtype == "float32" and not wino and microkernel.available()
               and (block_ld if blocked else s.p) >= MIN_PACKED_COLUMNS and not pool)
     prologue = []
     if packed:
@@ -298,7 +296,7 @@ def _forward(ctx, ins, outs, pool, program=None):
 
     if wino:
         built = winograd.forward_body(ctx, names, s, x, w, y, finish, threads, per_image,
-                                      packed=PACKED_GEMM and dtype == "float32" and microkernel.available())
+                                      packed=knobs.packed_gemm and dtype == "float32" and microkernel.available())
         if built is None:
             return None
         extra, kernel_body = built
