@@ -7,8 +7,8 @@ into place, so a process that finds the file finds a whole one, and two processe
 same unit at once both succeed (the last rename wins; both files are equal).
 
 No compiler (``$CC``, else cc, gcc or clang on PATH), or ``TOOLKIT_NATIVE=0`` (the ``native``
-setting): ``available()``
-is false and the numpy kernels run, with a one-line notice the first time.
+setting): ``available()`` is false and the numpy kernels run, with a one-line notice the first
+time.
 
 A compile runs in a process group of its own, bounded by the ``compile_timeout`` setting
 (``TOOLKIT_COMPILE_TIMEOUT``, 300 s); a timeout ends the whole group. A unit that fails or times out is remembered by its

@@ -9,7 +9,8 @@ step it conflicts with; a wave's steps run on the worker threads, the waves in o
 draw random numbers keep their serial order, so a seed gives the same masks either way.
 
 This is the other way to use the cores than splitting one op's batch (parallel.py); a plan does
-one or the other. Which is faster depends on the net and the batch: see the ``concurrent`` setting (toolkit/settings.py).
+one or the other. Which is faster depends on the net and the batch: see the ``concurrent``
+setting (toolkit/settings.py).
 """
 from __future__ import annotations
 

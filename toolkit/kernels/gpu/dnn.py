@@ -4,10 +4,10 @@ can capture them (runtime/capture.py) as it captures blas.py's GEMMs.
 The forward convolution (``conv2d`` with its bias, also as the head of a fused epilogue), the fused
 ``conv2d_max_pool2d`` (cuDNN's convolution, then the max over the pooling windows on CuPy) and
 the input gradient (``conv2d_grad_input``) take over from the im2col kernels of arrays.py, which
-stay as each one's fallback: when cuDNN cannot be loaded, when the ``cudnn`` setting is off (``TOOLKIT_CUDNN=0``), for a dtype
-cuDNN does not take, or when cuDNN offers no algorithm for the shapes. The weight gradient
-(``conv2d_grad_weight``) has a cuDNN kernel too, but stays on im2col by default, which measured
-faster (``CUDNN_OPS`` below).
+stay as each one's fallback: when cuDNN cannot be loaded, when the ``cudnn`` setting is off
+(``TOOLKIT_CUDNN=0``), for a dtype cuDNN does not take, or when cuDNN offers no algorithm for the
+shapes. The weight gradient (``conv2d_grad_weight``) has a cuDNN kernel too, but stays on im2col
+by default, which measured faster (``CUDNN_OPS`` below).
 
 What is decided when the plan is built, once per convolution:
 - the descriptors (NCHW, packed; an input or output the plan hands over with other strides goes
