@@ -7,10 +7,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from toolkit.ops.autodiff import differentiate
 from toolkit.ir.dims import Sym
 from toolkit.ir.graph import Graph, TensorType, Value, Weight
 from toolkit.ops import Builder
+from toolkit.ops.autodiff import differentiate
 from toolkit.ops.interpreter import interpret
 from toolkit.runtime.memory import nbytes_of
 from toolkit.runtime.plan import Plan

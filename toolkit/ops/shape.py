@@ -152,7 +152,7 @@ def _iota_ref(shape, axis, dtype):
 
 
 # No inputs: folded at compile time where the shape is numbers, else computed once when a plan
-# binds the sizes (runtime/plan.py evaluates pure nodes on constants at build time), so a mask
+# binds the sizes (runtime/build.py evaluates pure nodes on constants when a plan is built), so a mask
 # built from it costs nothing per run either way.
 register(OpDef("iota", _iota_infer, _iota_ref, None, _no_flops,
                doc="each element's index along `axis` (0, 1, 2, ...) in a tensor of `shape`, which may hold "

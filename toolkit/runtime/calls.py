@@ -17,7 +17,8 @@ import numpy as np
 from ..backend.placement import layer_of_scope
 from ..backend.registry import KERNELS, KernelContext
 from ..codegen import toolchain
-from ..codegen.native import Linked, NativeCall, units as native_units, with_sizes
+from ..codegen.native import Linked, NativeCall, with_sizes
+from ..codegen.native import units as native_units
 from ..errors import UserError, notice
 from ..ir.binding import bind_attrs
 from ..ir.graph import Node

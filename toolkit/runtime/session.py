@@ -29,9 +29,9 @@ import numpy as np
 from ..backend.devices import CPU, Device, parse_device, to_host
 from ..errors import UserError
 from ..hostmem import human_bytes, too_big
+from ..ir.binding import bind_symbols, lengths_input
 from ..ir.dims import Sym
 from ..ir.graph import FLOAT_DTYPES, Graph
-from ..ir.binding import bind_symbols, lengths_input
 from .memory import nbytes_of
 from .plan import Plan, RuntimeState
 
