@@ -13,7 +13,8 @@ Process-wide on purpose, not a ContextVar: a plan runs its kernels on worker thr
 server answers on threads of its own, and each must see the settings the process was started
 with; a ContextVar would give a new thread the defaults instead. ``use()`` therefore changes the
 settings of the whole process for its block, and is meant for one thread at a time (a test, a
-benchmark, a script), not for threads that each want their own.
+benchmark, a script), not for threads that each want their own. A child process (a data-parallel
+job's rank process) reads its own environment: ``use()`` does not reach it.
 
 ``TOOLKIT_RANK_PROCESS`` is not a knob: it is the marker a data-parallel job's supervisor
 hands its rank process (distributed/supervisor.py); it is named here (``RANK_PROCESS``) so that
