@@ -83,20 +83,23 @@ def test_every_command_of_the_table_runs_a_function_of_its_module():
 
 
 def _modules_after(code: str) -> dict:
-    """(toolkit.commands modules, numpy loaded?) in a fresh interpreter after ``code``."""
+    """(toolkit.commands modules, numpy loaded?, the net file's models built?) in a fresh interpreter
+    after ``code``."""
     script = ("import json, sys\n" + code + "\nprint(json.dumps({'commands': sorted(m for m in sys.modules "
-              "if m.startswith('toolkit.commands.')), 'numpy': 'numpy' in sys.modules}))")
+              "if m.startswith('toolkit.commands.')), 'numpy': 'numpy' in sys.modules, "
+              "'net_models': 'schemas.net' in sys.modules}))")
     proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.splitlines()[-1])
 
 
-def test_zoo_list_imports_no_other_command_module_and_no_numpy():
+def test_zoo_list_imports_no_other_command_module_nor_numpy_nor_the_net_models():
     after = _modules_after("from toolkit.cli import main\nassert main(['zoo', 'list']) == 0")
-    assert after == {"commands": ["toolkit.commands.options", "toolkit.commands.zoo_cmd"], "numpy": False}
+    assert after == {"commands": ["toolkit.commands.options", "toolkit.commands.zoo_cmd"], "numpy": False,
+                     "net_models": False}
 
 
 @pytest.mark.parametrize("words", [["--help"], ["infer", "--help"], ["zoo", "get", "--help"]])
 def test_help_imports_no_command_module_and_no_numpy(words):
     code = f"from toolkit.cli import main\ntry:\n    main({words!r})\nexcept SystemExit:\n    pass"
-    assert _modules_after(code) == {"commands": ["toolkit.commands.options"], "numpy": False}
+    assert _modules_after(code) == {"commands": ["toolkit.commands.options"], "numpy": False, "net_models": False}
