@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.codegen.tiny_kernels import fill_kernel
 from toolkit import settings
 from toolkit.codegen import toolchain
 from toolkit.errors import UserError
@@ -236,22 +237,15 @@ def test_grouped_convolution_code_does_not_grow_with_the_groups():
     assert sizes[8, 1] == sizes[256, 1] and sizes[8, 2] == sizes[256, 2], sizes
 
 
-def _tiny_kernel(value: float) -> Kernel:
-    names = Names()
-    out = Buf("out", "float32", 4, const=False)
-    i = names.var("i")
-    return Kernel("fill", [out], [For(i, lift(0, "int64"), lift(4, "int64"), [Store(out, i, lift(value, "float32"))])])
-
-
 @needs_cc
 def test_cache_reuses_a_built_library(tmp_path):
     with settings.use(cache=tmp_path):
-        source = CDialect().unit([_tiny_kernel(1.5)])
+        source = CDialect().unit([fill_kernel(1.5)])
         first = toolchain.build(source)
         stamp = first.stat().st_mtime_ns
         assert toolchain.build(source) == first and first.stat().st_mtime_ns == stamp
         assert (first.parent / (first.stem + ".c")).read_text() == source
-        other = toolchain.build(CDialect().unit([_tiny_kernel(2.5)]))
+        other = toolchain.build(CDialect().unit([fill_kernel(2.5)]))
     assert first.parent.parent == tmp_path / "kernels"            # the setting chose the folder
     assert other != first
     assert not [p for p in first.parent.iterdir() if p.name.startswith(".")], "temporary files left behind"
@@ -263,8 +257,8 @@ def test_concurrent_builds_publish_whole_libraries(tmp_path):
     script = ("import sys, ctypes, numpy as np\n"
               "from toolkit.codegen import toolchain\n"
               "from toolkit.codegen.render import CDialect\n"
-              "from tests.runtime.test_native import _tiny_kernel\n"
-              "lib = toolchain.load(CDialect().unit([_tiny_kernel(3.25)]))\n"
+              "from tests.codegen.tiny_kernels import fill_kernel\n"
+              "lib = toolchain.load(CDialect().unit([fill_kernel(3.25)]))\n"
               "out = np.zeros(4, np.float32)\n"
               "args = np.array([out.ctypes.data], dtype=np.uintp)\n"
               "lib.fill(ctypes.c_void_p(args.ctypes.data))\n"
