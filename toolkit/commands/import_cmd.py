@@ -31,9 +31,9 @@ def run_import(args) -> int:
     # fails (weights that do not fit, labels that fit no output) leaves nothing behind, and its
     # rerun needs no --force
     with staged_folder(out) as stage:
-        said, named = {"caffe": _caffe, "onnx": _onnx}[args.format](args, stage)
+        said, named, net = {"caffe": _caffe, "onnx": _onnx}[args.format](args, stage)
         if names is not None:
-            said.append(_record_labels(stage, out, names, labels))
+            said.append(_record_labels(stage, out, names, labels, net))
         # every file the stage moves into --out, against every file the import read (those the
         # model names, an ONNX model's data files or a prototxt's mean image, known once it is read)
         refuse_own_inputs("--out", out, [out / p.relative_to(stage) for p in sorted(stage.rglob("*"))
@@ -60,17 +60,17 @@ def _check_free(out: Path, args) -> None:
                         "to replace them")
 
 
-def _record_labels(stage: Path, out: Path, names: list[str], labels: str) -> str:
+def _record_labels(stage: Path, out: Path, names: list[str], labels: str, net) -> str:
     """The class names in input.json, where ``toolkit infer``, ``serve`` and a published model's
-    card find them; refused unless they fit a class score output. Returns the line that says so."""
+    card find them; refused unless they fit a class score output of ``net`` (the net written,
+    as the import loaded it to check it). Returns the line that says so."""
     import json
 
     from ..arrayfiles.labels import fit_labels
     from ..fileio import atomic_write
     from ..training.data import INPUT_FILE, MAX_INPUT_FILE_BYTES
-    from ..zoo.resolve import load_net
     from .classes import score_widths
-    graph = load_net(str(stage / "net.yaml")).graph("infer", "float32")
+    graph = net.graph("infer", "float32")
     widths = score_widths({name: tuple(v.shape) for name, v in graph.outputs.items()})
     fit_labels(names, widths, f"--labels {labels} (nothing was imported)")
     text = json.dumps({"classes": names}, ensure_ascii=False, separators=(",", ":")) + "\n"
@@ -81,12 +81,13 @@ def _record_labels(stage: Path, out: Path, names: list[str], labels: str) -> str
     return f"wrote {out / INPUT_FILE}: {len(names)} class names from {labels}"
 
 
-def _onnx(args, stage: Path) -> tuple[list[str], list[tuple[str, str]]]:
+def _onnx(args, stage: Path) -> tuple[list[str], list[tuple[str, str]], object]:
     """net.yaml and model.safetensors: the model's nodes as the catalog's layers where each maps to
     one (checked to compute what the model does before anything is written), else the model's
     inputs and one ONNX layer reading a copy of MODEL.onnx (and its data files), with a note naming
     the nodes that kept it from being a net of layers. Written into ``stage``; the lines that say
-    so name the files where they will be (--out), and the model's data files (what it read)."""
+    so name the files where they will be (--out), the model's data files (what it read), and the
+    net written as loaded to check it."""
     from ..importers.onnx.files import loaded_model
     from ..importers.onnx.netfile import blob_names, model_name, net_dict, net_text
     from ..zoo.resolve import load_net
@@ -105,7 +106,7 @@ def _onnx(args, stage: Path) -> tuple[list[str], list[tuple[str, str]]]:
         _write(stage, text, weights, f"# imported from {source.name} by `toolkit import onnx`\n")
         return [f"imported {net.name}: {len(loaded.model.graph.node)} ONNX nodes as {len(net.spec.layers)} layers, "
                 f"{_count(weights):,} parameters; wrote {out / 'net.yaml'} and {out / 'model.safetensors'} (the "
-                "layers compute what the model does: checked on random inputs)"] + blob_names(loaded.model)[2], read
+                "layers compute what the model does: checked on random inputs)"] + blob_names(loaded.model)[2], read, net
     import shutil
     shutil.copyfile(source, stage / source.name)
     for data in loaded.data_files:        # where the copy's tensors keep their data, checked when read
@@ -127,7 +128,7 @@ def _onnx(args, stage: Path) -> tuple[list[str], list[tuple[str, str]]]:
         node, value = cut
         said.append(f"note: to replace its classifier (the {node.op_type} '{node.name or node.output[0]}') by a new "
                     f"head, cut the layer where it reads: outputs: ['{value}']")
-    return said, read
+    return said, read, graph_net
 
 
 def _classifier_input(loaded):
@@ -211,9 +212,9 @@ def _input_shapes(items: list[str]) -> dict[str, list[int]]:
     return shapes
 
 
-def _caffe(args, stage: Path) -> tuple[list[str], list[tuple[str, str]]]:
+def _caffe(args, stage: Path) -> tuple[list[str], list[tuple[str, str]], object]:
     """net.yaml (and mean.npy, model.safetensors) written into ``stage``; the lines that say so,
-    and the files the prototxt names that were read (its mean image)."""
+    the files the prototxt names that were read (its mean image), and the net as loaded to check it."""
     from ..importers.caffe.net import import_net, import_weights, read_prototxt, to_yaml
     from ..importers.caffe.solver import import_solver
     from schemas.net import DATA_TRANSFORM_KEYS
@@ -263,7 +264,7 @@ def _caffe(args, stage: Path) -> tuple[list[str], list[tuple[str, str]]]:
     if weights is not None or ctx.fixed:
         said += _write_weights(args.weights, weights or {}, ctx.fixed, loaded, stage / "model.safetensors",
                                out / "model.safetensors")
-    return said + [f"note: {note}" for note in notes], [("a file the prototxt names", f) for f in ctx.read]
+    return said + [f"note: {note}" for note in notes], [("a file the prototxt names", f) for f in ctx.read], loaded
 
 
 def _write_weights(caffemodel: str | None, weights: dict, fixed: dict, loaded, target: Path, shown: Path) -> list[str]:
