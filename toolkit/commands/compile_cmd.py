@@ -14,7 +14,7 @@ from ..errors import UserError
 from ..ir.dims import Dim, evaluate, format_count
 from ..ops.flops import graph_flops
 from ..optim.data_parallel import DataParallel, bucket_summary
-from ..passes.pipeline import PIPELINE, PassRecord, memory_reuse
+from ..passes.pipeline import PassRecord, contracts as pass_contracts, memory_reuse
 from ..runtime.plan import Plan, memory_figures
 from ..runtime.session import batch_symbol
 from ..training.trainer import train_spec
@@ -122,7 +122,7 @@ def _print_explain(report: dict, args, symbol: str | None, disable) -> None:
     print(f"{'stage':24s} {'nodes':>12s} {'FLOPs':>14s} {'peak MiB':>9s} {'ms':>8s}")
     print(f"{'lowered':24s} {low['nodes']:>12d} {low['flops_symbolic']:>14s} {_mib(low['memory']['peak_bytes']):>9s} "
           f"{low['ms']:8.2f}")
-    contracts = {s.name: s.contract for s in PIPELINE}
+    contracts = pass_contracts()
     for p in report["passes"]:
         if p["nodes_before"] == p["nodes_after"] and not p["changes"]:
             continue                              # a canonicalising run that found nothing
