@@ -101,12 +101,11 @@ def scratch() -> Path:
 
 def command(*argv: str) -> None:
     """``toolkit ARGV`` as main runs it, but letting every exception through, output swallowed."""
-    from toolkit import commands
-    from toolkit.cli import build_parser
+    from toolkit.cli import build_parser, runner
     args = build_parser().parse_args(list(argv))
     args.argv = list(argv)
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        getattr(commands, f"run_{args.command}")(args)
+        runner(args.command)(args)
 
 
 def _in_folder(folder: Path):
@@ -232,5 +231,6 @@ def check(name: str, data: bytes, seconds: float = SECONDS) -> Finding | None:
 def warm_up() -> None:
     """Imports what the targets import lazily (so that atheris instruments them with the rest)."""
     sys.setrecursionlimit(max(sys.getrecursionlimit(), 1000))
-    import toolkit.cli  # noqa: F401
-    import toolkit.commands  # noqa: F401
+    from toolkit.cli import COMMANDS, runner
+    for command in COMMANDS:              # each command's module (the command line imports it when it runs)
+        runner(command.name)
