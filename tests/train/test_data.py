@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from toolkit.cli import main
-from toolkit.commands.train_cmd import parse_overrides
+from toolkit.frontend.spec import parse_overrides
 from toolkit.frontend import Net
 from toolkit.training.data import BatchOrder, Dataset, load_digits, split, transform
 from toolkit.training.trainer import load_data, train_spec
