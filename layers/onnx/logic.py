@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from toolkit.ir.graph import FLOAT_DTYPES, Value
+
 from .convert import Importer, is_const
 from .ops import axes_input, converts
 

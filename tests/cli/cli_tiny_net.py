@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-
 from cli_helpers import write_net
+
 from toolkit.frontend import Net
 from toolkit.weights import save_weights
 

@@ -3,7 +3,6 @@ an input, written once per test module (``cli_tiny_net.py``)."""
 from __future__ import annotations
 
 import pytest
-
 from cli_tiny_net import tiny_files
 
 

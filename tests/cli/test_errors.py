@@ -9,9 +9,9 @@ import json
 
 import numpy as np
 import pytest
-
 from cli_helpers import LENET, expect_error, run_cli, run_subprocess, write_net
 from cli_tiny_net import TINY
+
 from toolkit.frontend import Net
 from toolkit.weights import save_weights
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pytest
-
 from cli_helpers import ERROR_LINE, assert_clean_failure, col_of, expect_error, line_of, run_cli, write_net
 from cli_tiny_net import TINY
 

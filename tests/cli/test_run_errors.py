@@ -7,11 +7,10 @@ toolkit.cli`` in a subprocess to prove the real exit status and the absence of a
 """
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
-
 from cli_helpers import expect_error, run_cli, write_net
+
 from toolkit.frontend import Net
 from toolkit.weights import save_weights
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from tests.layers.layer_cases import Case, labels, normal
 from toolkit.frontend import Net
 from toolkit.ir.binding import bind_symbols
 from toolkit.ir.graph import FLOAT_DTYPES
 from toolkit.runtime.plan import Plan
-from tests.layers.layer_cases import Case, labels, normal
 
 BATCH = 3
 

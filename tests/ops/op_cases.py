@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from tests.ops import op_cases_conv_pool_fused, op_cases_math
+from tests.ops.op_case_makers import Case
 from toolkit.ir.graph import Graph, TensorType, Value
 from toolkit.ops import OPS, Builder
 from toolkit.ops.autodiff import differentiate
 from toolkit.runtime.plan import Plan, RuntimeState
-from tests.ops import op_cases_conv_pool_fused, op_cases_math
-from tests.ops.op_case_makers import Case
 
 __all__ = ["CASES", "Case", "DETERMINISTIC", "DTYPES", "GRAD_CASES", "RANDOM", "TOL", "assert_close",
            "build_loss_graph", "feeds", "float_indices", "one_node_graph", "run_plan", "upcast"]

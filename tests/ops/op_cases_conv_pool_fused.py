@@ -7,8 +7,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from toolkit.ops.fused import make_step
 from tests.ops.op_case_makers import Case, case_adder, distinct, tn, tt, uni, vjp
+from toolkit.ops.fused import make_step
 
 CASES: list[Case] = []
 case = case_adder(CASES)

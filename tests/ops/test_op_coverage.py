@@ -7,12 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.ops.op_cases import CASES, DETERMINISTIC, DTYPES, GRAD_CASES, Case, build_loss_graph, one_node_graph
 from toolkit.backend.devices import CPU
 from toolkit.backend.registry import KERNELS, KernelContext
 from toolkit.ops import OPS
 from toolkit.runtime.plan import RuntimeState
-from tests.ops.op_cases import CASES, DETERMINISTIC, DTYPES, GRAD_CASES, Case, build_loss_graph, one_node_graph
-
 
 # -- coverage and registry self-checks ------------------------------------------------------------
 # Ops deliberately absent from the table, with the reason. Empty: every op, grad helpers included,

@@ -21,13 +21,27 @@ import math
 import numpy as np
 import pytest
 
+from tests.ops.op_cases import (
+    DETERMINISTIC,
+    DTYPES,
+    FD_EPS,
+    FD_MAX_ELEMENTS,
+    GRAD_CASES,
+    RANDOM,
+    TOL,
+    Case,
+    assert_close,
+    build_loss_graph,
+    feeds,
+    float_indices,
+    one_node_graph,
+    run_plan,
+    upcast,
+)
 from toolkit.ir.graph import Graph, TensorType, Value
 from toolkit.ops import Builder
 from toolkit.ops.autodiff import differentiate
 from toolkit.ops.interpreter import interpret
-from tests.ops.op_cases import (DETERMINISTIC, DTYPES, FD_EPS, FD_MAX_ELEMENTS, GRAD_CASES, RANDOM, TOL, Case,
-                                assert_close, build_loss_graph, feeds, float_indices, one_node_graph, run_plan,
-                                upcast)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

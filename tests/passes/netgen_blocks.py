@@ -7,7 +7,6 @@ from __future__ import annotations
 import math
 
 import yaml
-
 from netgen_bounds import INF, product_bounds
 from netgen_layers import LOG_MIN_INPUT, MAX_CHANNELS, GeneratedNet, LayerWriter
 
@@ -388,8 +387,8 @@ class NetGenerator(LayerWriter):
     def regress_head(self, x: str) -> None:
         """EuclideanLoss against a float target input; the prediction is the infer output."""
         b = self.blobs[x]
-        pred = x if b.rank == 2 and x not in self.inputs and self.chance(0.3) else self.inner_product(x, self.rng.randint(1, 5),
-                                                                              allow_share=False)
+        pred = x if b.rank == 2 and x not in self.inputs and self.chance(0.3) else \
+            self.inner_product(x, self.rng.randint(1, 5), allow_share=False)
         target = self.float_input(self.blobs[pred].shape, unit=False)
         pair = [pred, target] if self.chance(0.7) else [target, pred]
         self.add("EuclideanLoss", pair, self.fresh("loss"), "loss", phase=self.loss_phase(),

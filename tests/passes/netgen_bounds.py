@@ -25,7 +25,9 @@ def activation_bounds(kind: str, params: dict, lo: float, hi: float) -> tuple[fl
     """Bounds of an elementwise activation's output from its input's."""
     if kind == "ReLU":
         slope = params.get("negative_slope", 0.0)
-        f = (lambda v: v if v >= 0 else (0.0 if slope == 0 else slope * v))
+
+        def f(v):
+            return v if v >= 0 else (0.0 if slope == 0 else slope * v)
         return f(lo), f(hi)
     if kind == "Sigmoid":
         return _sigmoid(lo), _sigmoid(hi)
@@ -33,7 +35,9 @@ def activation_bounds(kind: str, params: dict, lo: float, hi: float) -> tuple[fl
         return math.tanh(lo), math.tanh(hi)
     if kind == "ELU":
         alpha = params.get("alpha", 1.0)
-        f = (lambda v: v if v >= 0 else alpha * (bounded_exp(v) - 1.0))
+
+        def f(v):
+            return v if v >= 0 else alpha * (bounded_exp(v) - 1.0)
         return f(lo), f(hi)
     if kind == "Softplus":
         return _softplus(lo), _softplus(hi)

@@ -9,7 +9,6 @@ from ..ir.graph import Graph
 from ..onnxtypes import ONNX_TYPE_NUMBER
 from .onnx_writer import Scope, convert_nodes, converts, value_info
 
-
 OUTER = "\0outer:"          # marks a body input that reads an outer value by its name
 
 

@@ -55,9 +55,10 @@ def export_graph(graph: Graph, weights: Mapping[str, np.ndarray], name: str, ops
     ``onnx.checker`` (full check: with shape inference). ``input_transforms``: per graph input, the
     record of its transform's steps (onnx_transform.py), written as nodes in front of the graph:
     the model then takes the raw input."""
-    from .onnx_transform import raw_dims, transform_nodes
     import onnx
     from onnx import helper
+
+    from .onnx_transform import raw_dims, transform_nodes
     if not MIN_OPSET <= opset <= onnx.defs.onnx_opset_version():
         raise UserError(f"--opset {opset}: choose one from {MIN_OPSET} to {onnx.defs.onnx_opset_version()}")
     names = UniqueNames()

@@ -9,7 +9,6 @@ from ..ir.graph import Node
 from ..onnxtypes import ONNX_TYPE_NUMBER
 from .onnx_writer import Scope, converts
 
-
 # -- elementwise --------------------------------------------------------------------------------
 _SAME = {"add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "maximum": "Max", "abs": "Abs", "exp": "Exp",
          "log": "Log", "neg": "Neg", "relu": "Relu", "sigmoid": "Sigmoid", "tanh": "Tanh", "sqrt": "Sqrt",

@@ -4,6 +4,7 @@ per-axis attributes, an axes input, the largest value along axes)."""
 from __future__ import annotations
 
 from toolkit.ir.graph import FLOAT_DTYPES, Value
+
 from ..convert import CONVERTERS, Importer, NodeError, is_const
 
 

@@ -5,9 +5,9 @@ import numpy as np
 
 from toolkit.ir.graph import FLOAT_DTYPES, Value
 from toolkit.onnxtypes import ONNX_ELEMENT_TYPES
+
 from ..convert import is_const
 from .base import converts, float_input, operand_pair
-
 
 UNARY = {"Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh", "Exp": "exp", "Log": "log", "Sqrt": "sqrt",
          "Abs": "abs", "Neg": "neg", "Sign": "sign", "Erf": "erf", "Softplus": "softplus"}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from toolkit.ir.graph import Value
+
 from ..convert import is_const
 from .base import converts, float_input
 

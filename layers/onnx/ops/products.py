@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from toolkit.ir.graph import FLOAT_DTYPES, Value
+
 from .base import converts
 
 

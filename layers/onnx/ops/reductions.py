@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from toolkit.ir.graph import Value
+
 from .base import axes_input, converts, float_input, reduce_max
 
 

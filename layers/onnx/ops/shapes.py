@@ -7,6 +7,7 @@ import math
 import numpy as np
 
 from toolkit.ir.graph import FLOAT_DTYPES, Value
+
 from ..convert import NUMPY, dims_of, is_const
 from .base import axes_input, converts
 

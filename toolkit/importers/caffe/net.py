@@ -24,8 +24,8 @@ from ...errors import Location, Problem, SpecError, UserError
 from ...fileio import read_regular
 from ..prototext import undecodable_field
 from . import layers as caffe_layers
-from .layers import DATA_TYPES, V1_NAMES, V1_TYPES, WEIGHTS, Context, blob_array, read_blob_file, sub_message
 from .fields import field_problems
+from .layers import DATA_TYPES, V1_NAMES, V1_TYPES, WEIGHTS, Context, blob_array, read_blob_file, sub_message
 from .prototxt import Message, parse
 
 MAX_PROTOTXT_BYTES = 16 << 20

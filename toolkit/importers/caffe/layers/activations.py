@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .base import converts, converts_by_copying, copy_set, sub_message
 
+
 @converts("ReLU")
 def _relu(layer, out, ctx):
     slope = sub_message(layer, "relu_param").value("negative_slope", 0.0)

@@ -11,6 +11,7 @@ from ....errors import Location
 from ....fileio import read_regular
 from .base import Context
 
+
 def blob_array(blob, loc: Location, ctx: Context, name: str, said: str | None = None) -> np.ndarray | None:
     """The blob's values in its shape; a shape that is not the values' is a Problem, saying
     ``said`` (by default, the caffemodel's blob of layer ``name``)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from .base import WEIGHTS, common_params, converts, copy_set, filler_of, size_pair, sub_message, weights_and_bias
 
+
 @converts("Convolution", "Deconvolution")
 def _convolution(layer, out, ctx):
     p = sub_message(layer, "convolution_param")

@@ -8,6 +8,7 @@ import math
 from .base import converts, copy_set, enum_name, sub_message
 from .blobs import read_blob_file
 
+
 @converts("SoftmaxWithLoss")
 def _softmax_loss(layer, out, ctx):
     axis = sub_message(layer, "softmax_param").value("axis", 1)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .base import WEIGHTS, converts, enum_name, sub_message
 
+
 @converts("BatchNorm")
 def _batchnorm(layer, out, ctx):
     """Caffe's BatchNorm normalises only (its Scale layer is the affine part); its moving average

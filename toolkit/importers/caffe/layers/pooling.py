@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from .base import converts, enum_name, size_pair, sub_message
 
+
 @converts("Pooling")
 def _pooling(layer, out, ctx):
     p = sub_message(layer, "pooling_param")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .base import converts, converts_by_copying, copy_set, enum_name, sub_message
 
+
 @converts("Concat")
 def _concat(layer, out, ctx):
     p = sub_message(layer, "concat_param")
