@@ -16,8 +16,23 @@ import warnings
 from dataclasses import dataclass
 
 from . import __version__
-from .commands.options import (ALLOW_MISSING, BUCKETS, DEVICE, DTYPE, LABELS, NET, NO_TRANSFORM, OPTIMIZE,
-                               SET, TRAIN_DTYPES, WEIGHTS, Option, option, phase, positive_int)
+from .commands.options import (
+    ALLOW_MISSING,
+    BUCKETS,
+    DEVICE,
+    DTYPE,
+    LABELS,
+    NET,
+    NO_TRANSFORM,
+    OPTIMIZE,
+    SET,
+    TRAIN_DTYPES,
+    WEIGHTS,
+    Option,
+    option,
+    phase,
+    positive_int,
+)
 from .errors import UserError
 
 

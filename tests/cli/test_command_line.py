@@ -8,8 +8,8 @@ import subprocess
 import sys
 
 import pytest
-
 from cli_helpers import LENET, REPO, expect_error, run_cli
+
 from toolkit.cli import COMMANDS, build_parser, runner
 
 # every command that reads a net: (the command, what else it requires)

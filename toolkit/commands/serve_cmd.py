@@ -17,9 +17,9 @@ def run_serve(args) -> int:
     if not args.timeout_s > 0:
         raise UserError(f"--timeout-s must be more than 0, got {args.timeout_s:g}")
     try:
-        import uvicorn  # noqa: F401
-        import starlette  # noqa: F401
         import prometheus_client  # noqa: F401
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
     except ImportError as e:
         raise UserError(f"toolkit serve needs {e.name}: pip install the toolkit again (it is a dependency)") from None
     from ..serve.server import bind, connection_limit, serve
