@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.train.test_loop import cli, sets
+from tests.train.train_helpers import cli, sets
 from toolkit.training.data import load_digits
 
 ROOT = Path(__file__).resolve().parents[2]

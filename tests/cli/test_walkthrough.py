@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.train.test_loop import cli
+from tests.train.train_helpers import cli
 from toolkit.training.data import load_digits
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -17,7 +17,7 @@ ort = pytest.importorskip("onnxruntime", reason="the onnx extra's runtime checks
 
 from tests.layers.layer_case_nets import load_net, random_inputs, random_weights  # noqa: E402
 from tests.layers.layer_cases import CASES  # noqa: E402
-from tests.train.test_loop import cli  # noqa: E402
+from tests.train.train_helpers import cli  # noqa: E402
 from toolkit.exporters.onnx_graph import ExportError, export_graph  # noqa: E402
 from toolkit.ops.interpreter import interpret  # noqa: E402
 

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from safetensors.numpy import load_file
 
-from tests.train.test_loop import cli
+from tests.train.train_helpers import cli
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "caffe"
 pytest.importorskip("google.protobuf", reason="the caffe extra (protobuf) reads caffemodels")

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import yaml
 
-from tests.train.test_loop import cli
+from tests.train.train_helpers import cli
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "caffe"
 torch = pytest.importorskip("torch", reason="the test extra's torch is the reference")

@@ -21,7 +21,7 @@ onnx = pytest.importorskip("onnx", reason="the onnx extra reads the models")
 pytest.importorskip("onnxruntime", reason="the onnx extra's runtime is the reference")
 
 from peers.onnx_conformance import data_dir, model_cases, node_cases, run_case, table  # noqa: E402
-from tests.train.test_loop import cli  # noqa: E402
+from tests.train.train_helpers import cli  # noqa: E402
 from toolkit.errors import UserError  # noqa: E402
 from layers.onnx import import_model  # noqa: E402
 from toolkit.ops.interpreter import interpret  # noqa: E402

@@ -22,7 +22,7 @@ from tests.importers.torch_models import (  # noqa: E402
     resnet18,
     resnet50,
 )
-from tests.train.test_loop import cli  # noqa: E402
+from tests.train.train_helpers import cli  # noqa: E402
 
 
 def _three_way(path: str, model: nn.Module, feeds: dict, tol: float = 1e-4) -> float:

@@ -15,7 +15,7 @@ from PIL import Image
 onnx = pytest.importorskip("onnx", reason="the onnx extra writes the models")
 ort = pytest.importorskip("onnxruntime", reason="the onnx extra's runtime is the reference")
 
-from tests.train.test_loop import cli  # noqa: E402
+from tests.train.train_helpers import cli  # noqa: E402
 
 TINY = {"name": "tiny", "inputs": {"data": {"shape": ["N", 3, 5, 4]}},
         "layers": [{"name": "conv", "type": "Convolution", "bottom": "data", "top": "conv", "num_output": 2,

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.train.test_loop import cli
+from tests.train.train_helpers import cli
 
 HEAD = """name: x
 inputs:

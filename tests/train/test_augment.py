@@ -11,7 +11,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from schemas.train import DataSpec
-from tests.train.test_loop import cli, sets
+from tests.train.train_helpers import cli, sets
 from toolkit.training.data import augment, center_crop, transform
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -104,6 +104,10 @@ def test_deployment_takes_the_centre_crop_of_larger_inputs(tmp_path):
 def test_a_crop_size_that_is_not_the_inputs_size_is_refused(tmp_path):
     net = tmp_path / "crop.yaml"
     net.write_text(CROPPED.replace("crop_size: 6", "crop_size: 5"))
-    r = cli("train", net, "--out", tmp_path / "run", *sets(train__max_iter=2))
-    assert r.status == 2 and r.errors == ["error: train.data.crop_size 5: the net's input 'data' is ['N', 1, 6, 6]; its "
-                                          "height and width must be the crop size"]
+    line = next(n for n, text in enumerate(net.read_text().splitlines(), 1) if "crop_size: 5" in text)
+    col = net.read_text().splitlines()[line - 1].index("crop_size: 5") + len("crop_size: ") + 1
+    for command in (["train", net, "--out", tmp_path / "run", *sets(train__max_iter=2)], ["check", net]):
+        r = cli(*command)      # refused when the file is read: `toolkit check` as `toolkit train`
+        assert r.status == 2 and r.errors == [f"{net}:{line}:{col}: error: train.data.crop_size 5: the net's input "
+                                              "'data' is ['N', 1, 6, 6]; its height and width must be the crop size"]
+    assert not (tmp_path / "run").exists()

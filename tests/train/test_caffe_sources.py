@@ -10,7 +10,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from tests.train.caffe_records import datum, varint
-from tests.train.test_loop import cli, sets
+from tests.train.train_helpers import cli, sets
 from toolkit.training.data import load_digits
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -14,7 +14,7 @@ from toolkit.cli import main
 from toolkit.frontend.spec import parse_overrides
 from toolkit.frontend import Net
 from toolkit.training.data import BatchOrder, Dataset, load_digits, split, transform
-from toolkit.training.trainer import load_data, train_spec
+from toolkit.training.feeding import load_data, train_spec
 
 NET = """\
 name: dnet

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from tests.train.test_loop import cli
+from tests.train.train_helpers import cli
 from toolkit.errors import SpecError
 from toolkit.frontend.heads import with_new_head
 from toolkit.weights import save_weights

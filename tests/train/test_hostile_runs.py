@@ -15,7 +15,7 @@ from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
 
 from tests.bounded import ROOT, run_toolkit
-from tests.train.test_loop import cli, sets
+from tests.train.train_helpers import cli, sets
 
 LENET = (ROOT / "zoo" / "lenet" / "net.yaml").read_text()
 MEMORY_MB = 1000

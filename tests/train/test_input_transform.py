@@ -12,7 +12,7 @@ import pytest
 import yaml
 from PIL import Image
 
-from tests.train.test_loop import cli
+from tests.train.train_helpers import cli
 
 REAL = Path(__file__).resolve().parents[2] / ".." / "shared" / "real-models"
 IMAGENET_BGR_MEAN = [104.0069879317889, 116.66876761696767, 122.6789143406786]
@@ -164,7 +164,7 @@ def test_squeezenet_on_caffe_photos_answers_as_caffes_pipeline(tmp_path):
 def test_training_and_its_test_passes_apply_a_top_level_transform(tmp_path):
     """A net's ``transform`` (mean 8, std 16) trains and tests as train.data's mean 8, scale 1/16
     does: the same losses and test metrics, iteration by iteration (x / 16 == x * 0.0625 exactly)."""
-    from tests.train.test_loop import records, train
+    from tests.train.train_helpers import records, train
     base = {"name": "mlp", "inputs": {"data": {"shape": ["N", 64]}, "label": {"shape": ["N"], "dtype": "int64"}},
             "layers": [{"name": "ip1", "type": "InnerProduct", "bottom": "data", "top": "ip1", "num_output": 10},
                        {"name": "loss", "type": "SoftmaxWithLoss", "bottom": ["ip1", "label"], "top": "loss"},

@@ -1,17 +1,13 @@
-"""The training loop end to end, through the ``toolkit`` command: exact resume, atomic
-checkpoints and keep-last-K, SIGINT/SIGTERM, the NaN guard, metrics.jsonl and the loss plot,
-``--set`` overrides, ``--weights`` and ``toolkit test``.
+"""The training loop end to end, through the ``toolkit`` command: exact resume, SIGINT/SIGTERM,
+the NaN guard, metrics.jsonl and the loss plot, ``--set`` overrides, ``--weights`` and ``toolkit
+test`` (atomic checkpoints and keep-last-K: test_checkpoints.py).
 
 Every run is tiny (a few dozen iterations on a 60-example synthetic set or on the digits), so
 the whole file takes seconds; the numbers are still checked exactly or against numpy.
 """
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import io
 import json
-import os
 import re
 import signal
 import subprocess
@@ -24,178 +20,9 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-import safetensors.numpy as st_numpy
-from toolkit.cli import main
-from toolkit.training.checkpoint import (Checkpoint, find_resume_point, list_checkpoints, read_checkpoint,
-                                      write_checkpoint)
-
-# ---------------------------------------------------------------------------------------------
-# helpers
-# ---------------------------------------------------------------------------------------------
-
-# ip1 -> BatchNorm -> ReLU -> Dropout -> ip2: every kind of state a resume must carry (weights,
-# running statistics, solver slots, the dropout generator). 45 training examples in batches of
-# 8: an epoch is 6 iterations, the last one a short batch of 5.
-RESUME_NET = """\
-name: resumenet
-inputs:
-  data: {shape: [N, 16], dtype: float32}
-  label: {shape: [N], dtype: int64}
-layers:
-  - {name: ip1, type: InnerProduct, bottom: data, top: ip1, num_output: 24}
-  - {name: bn1, type: BatchNorm, bottom: ip1, top: ip1}
-  - {name: relu1, type: ReLU, bottom: ip1, top: ip1}
-  - {name: drop1, type: Dropout, bottom: ip1, top: ip1, dropout_ratio: 0.3}
-  - {name: ip2, type: InnerProduct, bottom: ip1, top: ip2, num_output: 4}
-  - {name: loss, type: SoftmaxWithLoss, bottom: [ip2, label], top: loss, phase: [train, test]}
-  - {name: accuracy, type: Accuracy, bottom: [ip2, label], top: accuracy, phase: test}
-  - {name: prob, type: Softmax, bottom: ip2, top: prob, phase: infer}
-train:
-  data: {source: data.npz, test_fraction: 0.25, batch_size: 8, shuffle: true}
-  solver: {type: sgd, base_lr: 0.1, momentum: 0.9, weight_decay: 0.001,
-           lr_policy: {type: step, gamma: 0.5, step_size: 7}}
-  max_iter: 20
-  test_interval: 5
-  display: 1
-  snapshot: 4
-  seed: 3
-"""
-
-# Softmax regression: deterministic, so its losses and metrics can be recomputed with numpy.
-# The loss top is weighted 2 and named 'xent' so that 'loss' (the objective) and 'xent' differ.
-SOFTREG_NET = """\
-name: softreg
-inputs:
-  data: {shape: [N, 16], dtype: float32}
-  label: {shape: [N], dtype: int64}
-layers:
-  - {name: ip1, type: InnerProduct, bottom: data, top: ip1, num_output: 4}
-  - {name: xent, type: SoftmaxWithLoss, bottom: [ip1, label], top: xent, loss_weight: 2, phase: [train, test]}
-  - {name: acc, type: Accuracy, bottom: [ip1, label], top: acc, phase: test}
-  - {name: prob, type: Softmax, bottom: ip1, top: prob, phase: infer}
-train:
-  data: {source: data.npz, test_fraction: 0.25, batch_size: 8, shuffle: true}
-  solver: {type: sgd, base_lr: 0.05, lr_policy: {type: step, gamma: 0.5, step_size: 4}}
-  max_iter: 10
-  test_interval: 4
-  display: 1
-  snapshot: 2
-  keep_last: 10
-  seed: 1
-"""
-
-
-@contextlib.contextmanager
-def _cwd(path: Path):
-    old = os.getcwd()
-    os.chdir(path)
-    try:
-        yield
-    finally:
-        os.chdir(old)
-
-
-class Result:
-    def __init__(self, status: int, out: str, err: str):
-        self.status, self.out, self.err = status, out, err
-
-    @property
-    def errors(self) -> list[str]:
-        return [line for line in self.err.splitlines() if "error:" in line]
-
-
-def cli(*args) -> Result:
-    """``toolkit ARGS`` in this process; an exception escaping main fails the test."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        status = main([str(a) for a in args])
-    return Result(status, out.getvalue(), err.getvalue())
-
-
-def sets(**kv) -> list[str]:
-    """--set arguments from keyword arguments; '__' separates key levels."""
-    args = []
-    for k, v in kv.items():
-        args += ["--set", f"{k.replace('__', '.')}={v}"]
-    return args
-
-
-def make_data(folder: Path, n: int = 60, seed: int = 0) -> None:
-    """Four Gaussian blobs in 16 dimensions: learnable in a few steps."""
-    rng = np.random.default_rng(seed)
-    y = rng.integers(0, 4, n)
-    centres = rng.normal(size=(4, 16)) * 2
-    x = (centres[y] + rng.normal(size=(n, 16))).astype(np.float32)
-    np.savez(folder / "data.npz", data=x, label=y.astype(np.int64))
-
-
-@pytest.fixture
-def resume_net(tmp_path) -> Path:
-    make_data(tmp_path)
-    path = tmp_path / "net.yaml"
-    path.write_text(RESUME_NET)
-    return path
-
-
-@pytest.fixture
-def softreg_net(tmp_path) -> Path:
-    make_data(tmp_path)
-    path = tmp_path / "softreg.yaml"
-    path.write_text(SOFTREG_NET)
-    return path
-
-
-def train(net: Path, out: Path, *extra) -> Result:
-    r = cli("train", net, "--out", out, *extra)
-    assert r.status == 0, r.err
-    return r
-
-
-def records(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-
-
-def assert_same_arrays(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> None:
-    assert sorted(a) == sorted(b)
-    for k in a:
-        assert a[k].dtype == b[k].dtype, k
-        assert np.array_equal(a[k], b[k]), f"{k} differs (max |diff| {np.max(np.abs(a[k] - b[k]))})"
-
-
-def assert_same_checkpoints(run_a: Path, run_b: Path) -> None:
-    """Same checkpoint iterations; each checkpoint equal bit for bit (arrays and metadata)."""
-    ca, cb = list_checkpoints(run_a / "checkpoints"), list_checkpoints(run_b / "checkpoints")
-    assert [i for i, _ in ca] == [i for i, _ in cb]
-    for (_, pa), (_, pb) in zip(ca, cb):
-        a, b = read_checkpoint(pa), read_checkpoint(pb)
-        assert a.iteration == b.iteration
-        assert_same_arrays(a.arrays, b.arrays)
-        assert a.meta == b.meta
-
-
-def sha(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def softmax_xent(w: dict, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
-    """(mean cross-entropy, accuracy) of the softmax regression net, in float64."""
-    logits = x.astype(np.float64) @ w["ip1.weight"].astype(np.float64).T + w["ip1.bias"]
-    z = logits - logits.max(axis=1, keepdims=True)
-    logp = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
-    return float(-logp[np.arange(len(y)), y].mean()), float((logits.argmax(axis=1) == y).mean())
-
-
-def net_data(net_path: Path, *overrides):
-    """The net (with overrides), its train/test sets and batch order, as the trainer builds them."""
-    from toolkit.commands.train_cmd import parse_overrides
-    from toolkit.frontend import Net
-    from toolkit.training.data import BatchOrder
-    from toolkit.training.trainer import load_data, train_spec
-    net = Net.load(str(net_path), parse_overrides(list(overrides)))
-    spec = train_spec(net)
-    train_set, test_set = load_data(net, spec)
-    order = BatchOrder(len(train_set), spec.data.batch_size, spec.data.shuffle, spec.seed)
-    return net, spec, train_set, test_set, order
+from tests.train.train_helpers import (assert_same_arrays, assert_same_checkpoints, cli, net_data, records, sets,
+                                       softmax_xent, train)
+from toolkit.training.checkpoint import find_resume_point, list_checkpoints, read_checkpoint, write_checkpoint
 
 
 # ---------------------------------------------------------------------------------------------
@@ -297,116 +124,6 @@ def test_resume_checks_solver_and_missing_checkpoint(resume_net, tmp_path):
     r = cli("train", resume_net, "--resume", tmp_path / "torn")
     assert r.status == 2 and "not a readable checkpoint" in r.errors[0]
     assert "Traceback" not in r.err
-
-
-# ---------------------------------------------------------------------------------------------
-# 2. checkpoints are atomic; keep_last
-# ---------------------------------------------------------------------------------------------
-
-def _state(seed: int) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return {"ip1.weight": rng.normal(size=(32, 16)).astype(np.float32),
-            "ip1.weight@momentum": rng.normal(size=(32, 16)).astype(np.float32),
-            "ip1.bias": rng.normal(size=(32,)).astype(np.float32)}
-
-
-def _torn_save_file(tensors, filename, metadata=None):
-    """Writes half a file, then fails as a full disk would."""
-    with open(filename, "wb") as f:
-        f.write(b"\x00" * 64)
-        f.flush()
-    raise OSError(28, "No space left on device")
-
-
-@pytest.mark.parametrize("failure", ["save_file", "os.replace"])
-def test_a_failed_checkpoint_write_leaves_the_previous_one(tmp_path, monkeypatch, failure):
-    folder = tmp_path / "checkpoints"
-    meta = {"net": "x", "solver": "sgd", "rng": np.random.default_rng(0).bit_generator.state}
-    first = write_checkpoint(folder, Checkpoint(4, _state(0), meta), keep_last=1)
-    before = sha(first)
-    if failure == "save_file":
-        monkeypatch.setattr(st_numpy, "save_file", _torn_save_file)
-    else:
-        def bad_replace(src, dst):
-            raise OSError(5, "Input/output error")
-        monkeypatch.setattr("toolkit.fileio.os.replace", bad_replace)
-    with pytest.raises(OSError):
-        write_checkpoint(folder, Checkpoint(8, _state(1), meta), keep_last=1)
-    # keep_last=1 must not have removed the previous checkpoint for a write that failed, and no
-    # file of the failed write (neither iter_0000008 nor its temporary) is left behind
-    assert sorted(p.name for p in folder.iterdir()) == [first.name]
-    assert sha(first) == before
-    monkeypatch.undo()
-    back = read_checkpoint(first)
-    assert back.iteration == 4 and back.meta == json.loads(json.dumps(meta))
-    assert_same_arrays(back.arrays, _state(0))
-    assert find_resume_point(str(tmp_path)) == first
-
-
-def test_a_crash_during_a_training_checkpoint_then_resume(resume_net, tmp_path, monkeypatch):
-    """Inside a run: the checkpoint at 8 fails half written; the one at 4 is intact and resuming
-    from it reaches exactly the state of an uninterrupted run."""
-    full, run = tmp_path / "full", tmp_path / "run"
-    train(resume_net, full, *sets(train__max_iter=12))
-    real = st_numpy.save_file
-    calls = []
-
-    def flaky(tensors, filename, metadata=None):
-        calls.append(filename)
-        if len(calls) == 2:                      # the second write is the checkpoint at 8
-            _torn_save_file(tensors, filename, metadata)
-        return real(tensors, filename, metadata=metadata)
-
-    monkeypatch.setattr(st_numpy, "save_file", flaky)
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err):
-        status = main(["train", str(resume_net), "--out", str(run), "--set", "train.max_iter=12"])
-    monkeypatch.undo()
-    assert status == 2                                         # the machine's fault: a clear line, no traceback
-    assert err.getvalue().splitlines()[-1].startswith("error: ") and "Traceback" not in err.getvalue()
-    names = sorted(p.name for p in (run / "checkpoints").iterdir())
-    assert names == ["iter_0000004.safetensors"]              # no iter_0000008, no temporary file
-    assert not (run / "model.safetensors").exists()
-    assert_same_arrays(read_checkpoint(run / "checkpoints" / names[0]).arrays,
-                       read_checkpoint(full / "checkpoints" / names[0]).arrays)
-    train(resume_net, run, "--resume", run, *sets(train__max_iter=12))
-    assert_same_arrays(load_file(full / "model.safetensors"), load_file(run / "model.safetensors"))
-
-
-def test_a_failed_model_write_keeps_the_old_model(tmp_path, monkeypatch):
-    from toolkit.weights import save_weights
-    target = tmp_path / "model.safetensors"
-    save_weights(str(target), _state(0))
-    before = sha(target)
-    monkeypatch.setattr(st_numpy, "save_file", _torn_save_file)
-    with pytest.raises(OSError):
-        save_weights(str(target), _state(1))
-    monkeypatch.undo()
-    assert sha(target) == before
-    assert [p.name for p in tmp_path.iterdir()] == ["model.safetensors"]
-    assert_same_arrays(load_file(target), _state(0))
-
-
-def test_leftover_temporary_files_are_not_checkpoints(tmp_path):
-    """What a kill -9 between write and rename leaves (a hidden temporary) is never resumed from."""
-    folder = tmp_path / "checkpoints"
-    meta = {"net": "x", "solver": "sgd", "rng": np.random.default_rng(0).bit_generator.state}
-    good = write_checkpoint(folder, Checkpoint(4, _state(0), meta), keep_last=3)
-    (folder / ".iter_0000008.safetensors.k3j2h1.safetensors").write_bytes(b"\x00" * 10)
-    assert [i for i, _ in list_checkpoints(folder)] == [4]
-    assert find_resume_point(str(tmp_path)) == good
-    assert find_resume_point(str(folder)) == good
-    assert find_resume_point(str(good)) == good
-
-
-@pytest.mark.parametrize("keep", [1, 3])
-def test_keep_last_leaves_the_k_newest(resume_net, tmp_path, keep):
-    run = tmp_path / "run"
-    train(resume_net, run, *sets(train__max_iter=12, train__snapshot=2, train__keep_last=keep))
-    kept = [i for i, _ in list_checkpoints(run / "checkpoints")]
-    assert kept == [2, 4, 6, 8, 10, 12][-keep:]
-    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == \
-        [f"iter_{i:07d}.safetensors" for i in kept]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -660,14 +377,3 @@ def test_weights_and_test_errors(softreg_net, tmp_path):
     r = cli("test", softreg_net, "--weights", a / "model.safetensors", *sets(train__data__test_fraction=0))
     assert r.status == 2 and "no test split" in r.errors[0]
     assert "Traceback" not in r.err
-
-
-def test_written_files_get_ordinary_permissions(tmp_path):
-    """Atomic writes go through a private temporary file; the result must not stay private."""
-    from toolkit.weights import save_weights
-    old = os.umask(0o022)
-    try:
-        save_weights(str(tmp_path / "w.safetensors"), _state(0))
-    finally:
-        os.umask(old)
-    assert (tmp_path / "w.safetensors").stat().st_mode & 0o777 == 0o644

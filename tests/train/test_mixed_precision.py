@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.train.test_loop import RESUME_NET, cli, make_data
+from tests.train.train_helpers import RESUME_NET, cli, make_data
 from toolkit.compile import train_graph
 from toolkit.frontend import OBJECTIVE, Net
 from toolkit.passes import precision

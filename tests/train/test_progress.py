@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import toolkit
-import toolkit.training.trainer as trainer_module
+import toolkit.training.plans as plans_module
 from toolkit.training.progress import WINDOW_ITERATIONS, Speed
 
 # 100 training rows at batch 32: epochs of 4 iterations (the fourth short, 4 rows)
@@ -71,14 +71,14 @@ def test_steps_read_at_once_share_a_time_and_still_have_a_speed():
 
 
 def test_the_compile_has_its_own_line_and_stays_out_of_it_per_second(net, tmp_path, monkeypatch, capsys):
-    built = trainer_module.Plan
+    built = plans_module.Plan
 
     class SlowToBuild(built):                # every plan's build takes 1.5 s longer: a slow compile
         def __init__(self, *args, **kwargs):
             import time
             time.sleep(1.5)
             super().__init__(*args, **kwargs)
-    monkeypatch.setattr(trainer_module, "Plan", SlowToBuild)
+    monkeypatch.setattr(plans_module, "Plan", SlowToBuild)
     toolkit.train(net, out=tmp_path / "run")
     lines = capsys.readouterr().err.splitlines()
     compiled = [i for i, line in enumerate(lines) if line.startswith("compiling kernels of the train step ... ")]

@@ -146,3 +146,28 @@ def test_lengths_that_do_not_fit_are_one_error(tmp_path):
     (tmp_path / "net.yaml").write_text(CLASSIFIER.format(data="lengths: size", gears=""))
     with pytest.raises(UserError, match="no array 'size' of lengths"):
         Trainer(Net.load(str(tmp_path / "net.yaml")), tmp_path / "run", stream=open("/dev/null", "w"))
+
+
+@pytest.mark.parametrize("gears", ["", "gears: {T: [4, 8, 16]}"])
+def test_toolkit_test_measures_what_the_runs_test_pass_did(tmp_path, gears):
+    """The test split of sequences of different lengths, measured by `toolkit test` (and the
+    public evaluate) on a run's weights, is the run's last test pass to the digit: both feed the
+    padded batches with their lengths to a graph that keeps the padding out. (Before, `toolkit
+    test` lowered the test phase without the lengths and ran the recurrence over the padding.)"""
+    import json
+
+    from tests.train.train_helpers import cli, records
+    write_data(tmp_path)
+    net = tmp_path / "net.yaml"
+    net.write_text(CLASSIFIER.format(data="lengths: lengths", gears=gears).replace("test_fraction: 0.0",
+                                                                                   "test_fraction: 0.5"))
+    run = tmp_path / "run"
+    assert cli("train", net, "--out", run).status == 0
+    logged = records(run)[-1]["test_loss"]
+    r = cli("test", net, "--weights", run / "model.safetensors")
+    assert r.status == 0, r.err
+    measured = json.loads(r.out)
+    assert measured["examples"] == ROWS // 2 and measured["loss"] == pytest.approx(logged, rel=1e-6, abs=1e-6)
+    from toolkit.training.evaluate import evaluate
+    result = evaluate(Net.load(str(net)), str(run / "model.safetensors"))
+    assert result.examples == ROWS // 2 and result.metrics["loss"] == pytest.approx(logged, rel=1e-6)

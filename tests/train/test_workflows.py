@@ -13,7 +13,7 @@ import pytest
 from safetensors import safe_open
 from safetensors.numpy import load_file
 
-from tests.train.test_loop import cli, sets
+from tests.train.train_helpers import cli, sets
 from toolkit.training.checkpoint import list_checkpoints
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -201,7 +201,8 @@ def test_early_stopping_ends_the_run_when_the_metric_stops_improving(tmp_path):
     assert list_checkpoints(run / "checkpoints")[-1][0] == done
     r = cli("train", ROOT / "zoo" / "lenet" / "net.yaml", "--out", tmp_path / "r2",
             "--set", "train.early_stop={metric: recall, patience: 2}", *SHORT)
-    assert r.status == 2 and r.errors == ["error: the test phase measures no 'recall' (it measures: test_loss, accuracy)"]
+    assert r.status == 2 and r.errors == ["error: --set train.early_stop: the test phase measures no 'recall' "
+                                          "(it measures: test_loss, accuracy)"]
 
 
 def test_epochs_and_max_iter_together_are_an_error(tmp_path):

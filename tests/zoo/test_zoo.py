@@ -14,7 +14,7 @@ import pytest
 
 from toolkit.cli import main
 from toolkit.frontend import Net
-from toolkit.training.trainer import load_data, train_spec
+from toolkit.training.feeding import load_data, train_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 ZOO = sorted(p.parent for p in (ROOT / "zoo").glob("*/net.yaml"))

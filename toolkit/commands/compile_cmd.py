@@ -17,7 +17,7 @@ from ..optim.data_parallel import DataParallel, bucket_summary
 from ..passes.pipeline import PassRecord, contracts as pass_contracts, memory_reuse
 from ..runtime.plan import Plan, memory_figures
 from ..runtime.session import batch_symbol
-from ..training.trainer import train_spec
+from ..training.feeding import train_spec
 from ..frontend.spec import parse_overrides
 from ..zoo.resolve import load_net
 

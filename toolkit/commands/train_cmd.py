@@ -115,34 +115,18 @@ def run_test(args) -> int:
 
 def _test(args, comm) -> int:
     args.device = check_device(args.device)
-    import numpy as np
-
-    from ..passes.pipeline import memory_reuse
-    from ..runtime.plan import RuntimeState
-    from ..training.trainer import PlanCache, evaluate, evaluate_shared, load_data, test_graph, train_spec
+    from ..training.evaluate import evaluate
     net = load_net(args.net, parse_overrides(args.overrides))
     disable = disabled_passes(net, args.disable, args.no_optimize)
-    spec = train_spec(net)
-    _train, test_set = load_data(net, spec)
-    if test_set is None:
-        raise UserError("the net's data has no test split: set train.data.test_fraction or test_source")
-    weights = net.load_weights(net.default_weights(args.weights))
-    graph = test_graph(net, disable, weights, args.device)
-    if graph is None:
-        raise UserError("the test phase has no scalar output (add an Accuracy or loss layer in phase test)")
-    cache = PlanCache(graph, weights, RuntimeState(np.random.default_rng(0)), args.device, memory_reuse(disable))
-    if comm is None:
-        metrics = evaluate(cache, test_set, spec.data.batch_size)
-    else:
-        metrics = evaluate_shared(cache, test_set, spec.data.batch_size, comm)
-        if comm.rank != 0:
-            return 0
-    print(json.dumps({"examples": len(test_set), **{k: round(v, 6) for k, v in metrics.items()}}))
+    result = evaluate(net, args.weights, "test", device=args.device, disable=disable, comm=comm)
+    if comm is not None and comm.rank != 0:
+        return 0
+    print(json.dumps({"examples": result.examples, **{k: round(v, 6) for k, v in result.metrics.items()}}))
     return 0
 
 
 def run_data(args) -> int:
-    from ..training.trainer import load_data, train_spec
+    from ..training.feeding import load_data, train_spec
     from .io import check_output_path, write_outputs
     net = load_net(args.net, parse_overrides(args.overrides))
     if not args.out.endswith(".npz"):

@@ -20,6 +20,7 @@ from ..arrayfiles import (IMAGE_SUFFIXES, CsvRows, image_files, image_layout, li
 from ..arrayfiles.images import read_decoded
 from ..arrayfiles.transform import Steps
 from ..errors import UserError
+from ..frontend.train_checks import image_inputs
 from ..ir.graph import FLOAT_DTYPES
 
 DATASETS = Path(__file__).parent / "datasets"
@@ -446,11 +447,6 @@ def transform(arrays: dict[str, np.ndarray], inputs: dict, data_spec, dtype: str
                 arr = arr * np.asarray(data_spec.scale, dtype=arr.dtype)
         out[name] = arr
     return out
-
-
-def image_inputs(inputs: dict) -> list[str]:
-    """The float inputs of rank 4 ([N, C, H, W]): what crop_size and mirror act on."""
-    return [n for n, s in inputs.items() if s.dtype in FLOAT_DTYPES and len(s.shape) == 4]
 
 
 def center_crop(arr: np.ndarray, size: int) -> np.ndarray:

@@ -164,6 +164,26 @@ class MetricsLog:
         return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
 
 
+class NoLog:
+    """Ranks other than 0 log nothing."""
+
+    def write(self, record: dict) -> None:
+        pass
+
+
+class Silent:
+    """A stream for the progress of ranks other than 0."""
+
+    def write(self, text: str) -> int:
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+
 def plot(records: list[dict], path: Path, title: str, metric_keys: list[str]) -> bool:
     """Training loss and each test metric against iterations; False if matplotlib is unusable."""
     try:

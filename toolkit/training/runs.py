@@ -211,3 +211,33 @@ def sweep_stale(run: Path) -> list[Path]:
                 f.unlink(missing_ok=True)
                 swept.append(f)
     return swept
+
+
+def save_net(net, out: Path) -> None:
+    """The run folder keeps the net it trained, bases merged and --set applied (what
+    `toolkit zoo publish RUN_DIR` shares)."""
+    from ..fileio import atomic_write
+    from ..frontend.render import render_net
+    if not net.raw:       # a Net built in code, not loaded from a file
+        return
+    text = render_net(net, folder=out, replace=carry_mean(net, out))
+    target = out / "net.yaml"
+    if target.exists() and target.read_text() == text:
+        return
+    atomic_write(target, lambda tmp: Path(tmp).write_text(text))
+
+
+def save_input(net, out: Path, source: str) -> None:
+    """input.json: what deployment needs to know of the inputs beyond the net (class names of
+    an image folder, a CSV's columns and label column) read from the training data ``source``,
+    beside net.yaml."""
+    from ..fileio import atomic_write
+    from .data import INPUT_FILE, data_folder, describe_source
+    about = describe_source(source, net.spec.inputs, data_folder(net, "source"))
+    if not about:
+        return
+    text = json.dumps(about, indent=1) + "\n"
+    target = out / INPUT_FILE
+    if not (target.exists() and target.read_text() == text):
+        atomic_write(target, lambda tmp: Path(tmp).write_text(text))
+

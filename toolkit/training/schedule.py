@@ -4,23 +4,13 @@ fixed: base · step: base·gamma^floor(i/step_size) · multistep: base·gamma^(m
 exp: base·gamma^i · inv: base·(1+gamma·i)^-power · poly: base·(1-i/max_iter)^power ·
 cosine: min_lr + (base-min_lr)·(1+cos(pi·i/max_iter))/2 · sigmoid (Caffe's):
 base/(1+exp(-gamma·(i-step_size))). Warmup multiplies by a factor rising
-linearly from warmup_factor at i=0 to 1 at i=warmup_iters (PyTorch's LinearLR).
+linearly from warmup_factor at i=0 to 1 at i=warmup_iters (PyTorch's LinearLR). The parameters a
+policy needs are checked when the net file is read (schemas/train.py, lr_policy_problems).
 """
 from __future__ import annotations
 
 import bisect
 import math
-
-from ..errors import UserError
-
-NEEDS = {"step": ("gamma", "step_size"), "multistep": ("gamma", "milestones"), "exp": ("gamma",),
-         "inv": ("gamma", "power"), "poly": ("power",), "sigmoid": ("gamma", "step_size")}
-
-
-def check_policy(policy) -> None:
-    missing = [k for k in NEEDS.get(policy.type, ()) if getattr(policy, k) is None]
-    if missing:
-        raise UserError(f"lr_policy {policy.type} needs {', '.join(missing)}")
 
 
 def learning_rate(base_lr: float, policy, i: int, max_iter: int) -> float:

@@ -12,19 +12,18 @@ import math
 import numpy as np
 
 from ..errors import UserError
+from ..frontend.train_checks import sequence_dims, sequence_problem
 from ..hostmem import human_bytes, too_big
 from ..ir.binding import lengths_input
 
 
 def sequence_symbol(inputs: dict) -> str:
-    """The one symbolic dimension of the net's inputs besides the batch (their T)."""
-    batch = {str(s.shape[0]) for s in inputs.values() if s.shape and isinstance(s.shape[0], str)}
-    others = sorted({d for s in inputs.values() for d in s.shape[1:] if isinstance(d, str)} - batch)
-    if len(batch) != 1 or len(others) != 1:
-        found = ", ".join(others) or "none"
-        raise UserError("train.data.lengths and padding_value are for inputs [N, T, ...] with one symbolic "
-                        f"length besides the batch; the net's inputs have: {found}")
-    return others[0]
+    """The one symbolic dimension of the net's inputs besides the batch (their T); a net file
+    without one is refused when read (frontend/train_checks.py), a Net built otherwise here."""
+    why = sequence_problem(inputs)
+    if why is not None:
+        raise UserError(why)
+    return sequence_dims(inputs)[1][0]
 
 
 def uses_lengths(data_spec) -> bool:

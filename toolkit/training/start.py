@@ -52,7 +52,8 @@ def train_net(net: Net, device: Device, *, out: str | None = None, resume: str |
               stream=None) -> RunResult:
     """Train ``net`` (already loaded with ``overrides``, which ``set_texts`` spell as given) into
     a new run folder, or continue the run ``resume`` names."""
-    from .trainer import FinishedRun, Trainer
+    from .resume import FinishedRun
+    from .trainer import Trainer
     say = stream or sys.stderr
     mixed = net.spec.train.solver.mixed_precision if net.spec.train else None
     if mixed is not None:

@@ -1,228 +1,40 @@
 """The training loop: one compiled train-step plan per batch size (forward, generated backward,
-solver updates), test passes, checkpoints with exact resume, signals, NaN guard, metrics.
-
-Exactness of resume rests on three facts: every array that changes (weights, running stats,
-solver slots) is in the checkpoint; the data order of iteration i is a function of (seed, i);
-and the dropout generator's state is saved with the iteration.
+solver updates), test passes, checkpoints with exact resume, signals, NaN guard, metrics. What it
+runs on lives beside it: the batches in feeding.py, the plans in plans.py, the test passes'
+graph and means in evaluate.py, resuming in resume.py, the run folder's files in runs.py.
 """
 from __future__ import annotations
 
 import math
 import signal
 import sys
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
 from ..backend.devices import CPU, Device, parse_device, to_host
 from ..compile import disabled_passes, optimize, train_graph
 from ..errors import UserError
-from ..fileio import atomic_write
 from ..frontend import OBJECTIVE, Net
-from ..ir.binding import bind_symbols
-from ..ir.graph import FLOAT_DTYPES, Graph
-from ..optim.data_parallel import DIST_WEIGHT, ROW_MASK, DataParallel
+from ..frontend.train_checks import LOGGED, logged_name
+from ..optim.data_parallel import DataParallel
 from ..optim.loss_scaling import SCALE_OUTPUT
 from ..optim.solvers import SolverConfig, host_values, initial_state, is_slot
 from ..passes.pipeline import memory_reuse
-from ..runtime.plan import Plan, RuntimeState
+from ..runtime.plan import RuntimeState
 from ..weights import save_weights
-from .checkpoint import Checkpoint, find_resume_point, read_checkpoint, write_checkpoint
-from .data import (INPUT_FILE, BatchOrder, Dataset, InputTransform, augment, center_crop, data_folder, describe_source,
-                   fit_to_inputs, image_inputs, load_source, split, transform)
-from .progress import MetricsLog, Progress, plot
-from .sources import Mapped, kind_of as lazy_kind, open_lazy
-from .watch import TensorBoard, trackers
+from .checkpoint import Checkpoint, write_checkpoint
+from .data import BatchOrder
+from .evaluate import mean_outputs, mean_outputs_shared, test_graph
+from .feeding import iteration_feed, load_data, net_dtype, rank_rows, train_spec
+from .plans import PlanCache, compile_reporter
+from .progress import MetricsLog, NoLog, Progress, Silent, plot
+from .resume import check_not_finished, resume_into
+from .runs import save_input, save_net
 from .scalars import StepScalars
-from .sequences import (GearedBatches, attach_lengths, train_gear_sizes, training_gears, unpack_ragged,
-                        uses_lengths)
-from .schedule import check_policy, learning_rate
-
-RESERVED = {"iter", "loss", "lr"}
-
-
-class FinishedRun(Exception):
-    """``--resume`` of a run that has nothing left to train: it reached its last iteration, or
-    stopped early and would stop again at its next test. Carries the line that says so and the
-    iteration the run ended at."""
-
-    def __init__(self, line: str, iteration: int):
-        super().__init__(line)
-        self.iteration = iteration
-
-
-class _NoLog:
-    """Ranks other than 0 log nothing."""
-
-    def write(self, record: dict) -> None:
-        pass
-
-
-class _Silent:
-    """A stream for the progress of ranks other than 0."""
-
-    def write(self, text: str) -> int:
-        return len(text)
-
-    def flush(self) -> None:
-        pass
-
-    def isatty(self) -> bool:
-        return False
-
-
-def net_dtype(net: Net) -> str:
-    for spec in net.spec.inputs.values():
-        if spec.dtype in FLOAT_DTYPES:
-            return spec.dtype
-    return "float32"
-
-
-def train_spec(net: Net):
-    from schemas.train import TrainSpec
-    return net.spec.train or TrainSpec()
-
-
-def load_data(net: Net, spec, transformed: bool = True) -> tuple[Dataset, Dataset | None]:
-    """Train and test sets, shaped for the net's inputs and (``transformed``) with the input
-    transform applied, as training feeds them."""
-    inputs = net.spec.inputs
-    data_spec = spec.data
-    source = data_spec.source
-    crop = data_spec.crop_size
-    if crop is not None:
-        for name in image_inputs(inputs):
-            if tuple(inputs[name].shape[2:]) != (crop, crop):
-                raise UserError(f"train.data.crop_size {crop}: the net's input '{name}' is "
-                                f"{list(inputs[name].shape)}; its height and width must be the crop size")
-    full = _open_data(net, "source", source, data_spec, crop)
-    if data_spec.test_source:
-        train_set = full
-        test_set = _open_data(net, "test_source", data_spec.test_source, data_spec, crop)
-    else:
-        train_set, test_set = split(full, data_spec.test_fraction, spec.seed)
-    if uses_lengths(data_spec):               # each batch cut to its gear along T
-        sizes = train_gear_sizes(net)
-        train_set = GearedBatches(train_set, inputs, sizes)
-        test_set = GearedBatches(test_set, inputs, sizes) if test_set is not None else None
-    if not transformed:
-        return train_set, test_set
-    dtype = net_dtype(net)
-    base = Path(net.file).parent
-
-    # a top-level transform (train.data then declares none): its tensor steps on every batch, its
-    # centre crop in test passes only (a training batch is cropped at random, if at all, by augment)
-    declared = InputTransform.of(net) if getattr(net.spec, "transform", None) is not None else None
-
-    def transformed_batch(arrays: dict, test: bool) -> dict:
-        arrays = transform(arrays, inputs, data_spec, dtype, base)
-        if declared is not None:
-            arrays = declared(arrays, dtype, crop=test)
-        if test and crop is not None:           # test: the centre, as Caffe's TEST phase crops
-            arrays = {k: center_crop(v, crop) if k in image_inputs(inputs) else v for k, v in arrays.items()}
-        return arrays
-
-    if isinstance(train_set, Dataset):
-        train_set = Dataset(transformed_batch(train_set.arrays, False))
-    else:                                        # read a batch at a time: transformed as read
-        train_set = Mapped(train_set, lambda arrays: transformed_batch(arrays, False))
-    if test_set is not None:
-        test_set = (Dataset(transformed_batch(test_set.arrays, True)) if isinstance(test_set, Dataset)
-                    else Mapped(test_set, lambda arrays: transformed_batch(arrays, True)))
-    return train_set, test_set
-
-
-def _open_data(net: Net, key: str, source: str, data_spec, crop):
-    """A source as a Dataset, in memory, or, for Caffe's LMDB, image list and HDF5 sources, one
-    read a batch at a time (checked on its first example, each batch cast as it is read)."""
-    inputs = net.spec.inputs
-    path = Path(source)
-    folder = data_folder(net, key)
-    if not source.startswith("builtin:") and not path.is_absolute() and not path.exists():
-        path = folder / path
-    kind = None if source.startswith("builtin:") else lazy_kind(path)
-    if kind is None:
-        raw = load_source(source, inputs, folder)
-        if uses_lengths(data_spec):
-            raw = unpack_ragged(raw, data_spec, inputs, source)
-        fitted = fit_to_inputs(raw, inputs, source, crop)
-        if uses_lengths(data_spec):
-            fitted = Dataset(attach_lengths(fitted.arrays, raw, data_spec, inputs, source))
-        return fitted
-    if uses_lengths(data_spec):
-        raise UserError(f"train.data.lengths and padding_value need a source read whole (.npz, a folder of "
-                        f".npy, CSV), not {source}")
-    lazy = open_lazy(kind, path, inputs, data_spec)
-    fit_to_inputs(lazy.take([0]), inputs, source, crop)          # the shapes and kinds, said up front
-    return Mapped(lazy, lambda arrays: fit_to_inputs(arrays, inputs, source, crop).arrays)
-
-
-@dataclass
-class PlanCache:
-    """Plans of one graph by batch binding, all sharing the weight arrays and the runtime state."""
-
-    graph: Graph
-    weights: dict[str, np.ndarray]
-    runtime: RuntimeState
-    device: Device = CPU
-    reuse_memory: bool = True
-    plans: dict = field(default_factory=dict)
-    # told of each plan built: the input shapes and the seconds its build (the kernel compile) took
-    on_build: Callable[[dict, float], None] | None = None
-
-    def run(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        shapes = {k: np.shape(v) for k, v in arrays.items()}
-        key = tuple(sorted(shapes.items()))
-        build_s = None
-        if key not in self.plans:
-            started = time.perf_counter()
-            bindings = bind_symbols(self.graph, shapes)
-            self.plans[key] = Plan(self.graph, bindings, {k: self.weights[k] for k in self.graph.weights},
-                                   self.device, self.runtime, reuse_memory=self.reuse_memory)
-            build_s = time.perf_counter() - started
-        outs = self.plans[key].run(arrays)
-        if build_s is not None and self.on_build is not None:     # told once the plan has run: a
-            self.on_build(shapes, build_s)                        # step that fails says only why
-        return outs
-
-
-def evaluate(cache: PlanCache, dataset: Dataset, batch: int) -> dict[str, float]:
-    """Example-weighted means of the graph's scalar outputs over a data set."""
-    names = [n for n, v in cache.graph.outputs.items() if v.shape == ()]
-    totals = dict.fromkeys(names, 0.0)
-    inputs = list(cache.graph.inputs)
-    for start in range(0, len(dataset), batch):
-        rows = np.arange(start, min(start + batch, len(dataset)))
-        outs = cache.run({k: v for k, v in dataset.take(rows).items() if k in inputs})
-        for n in names:
-            totals[n] += float(outs[n]) * len(rows)
-    return {n: t / len(dataset) for n, t in totals.items()}
-
-
-def evaluate_shared(cache: PlanCache, dataset: Dataset, batch: int, comm) -> dict[str, float]:
-    """``evaluate`` over the whole data set shared out among the ranks of ``comm``: each rank
-    its contiguous part, the example-weighted sums added up over the ranks."""
-    n = len(dataset)
-    lo, hi = n * comm.rank // comm.size, n * (comm.rank + 1) // comm.size
-    names = [k for k, v in cache.graph.outputs.items() if v.shape == ()]
-    part = evaluate(cache, Dataset(dataset.take(np.arange(lo, hi))), batch) if hi > lo else dict.fromkeys(names, 0.0)
-    sums = comm.sum_floats([part[k] * (hi - lo) for k in names])
-    return {k: s / n for k, s in zip(names, sums)}
-
-
-def test_graph(net: Net, disable: tuple[str, ...] = (), weights: dict[str, np.ndarray] | None = None,
-               device: Device | str = CPU, gears: frozenset[str] = frozenset()) -> Graph | None:
-    """The test phase's scalar outputs, optimised; ``weights`` (when they stay fixed, as in
-    ``toolkit test``) are frozen into it. A training run's test graph reads the live weights.
-    ``gears``: a sequence dimension whose batches come padded, with their lengths."""
-    graph = net.graph("test", gears=gears) if gears else net.graph("test")
-    graph.outputs = {k: v for k, v in graph.outputs.items() if v.shape == ()}
-    if not graph.outputs:
-        return None
-    return optimize(graph, disable, weights, device)
+from .schedule import learning_rate
+from .sequences import training_gears
+from .watch import TensorBoard, trackers
 
 
 class Trainer:
@@ -238,13 +50,6 @@ class Trainer:
         self.rank, self.ranks = (self.comm.rank, self.comm.size) if self.comm else (0, 1)
         self.spec = spec = train_spec(net)
         self.cfg = SolverConfig.from_spec(spec.solver)
-        if self.cfg.type == "nesterov" and not self.cfg.momentum:
-            raise UserError("solver nesterov needs momentum > 0")
-        if self.cfg.momentum_convention == "caffe" and self.cfg.type not in ("sgd", "nesterov"):
-            raise UserError(f"solver.momentum_convention caffe is for sgd and nesterov, not {self.cfg.type}")
-        if self.cfg.momentum and self.cfg.type in ("adam", "adamw", "adagrad", "adadelta"):
-            raise UserError(f"solver {self.cfg.type} has no momentum (use betas for adam/adamw, rho for adadelta)")
-        check_policy(spec.solver.lr_policy)
         self.stream = stream
         self.train_set, self.test_set = load_data(net, spec)
         # the global batch: K ranks read the batches of one process at K x batch_size
@@ -273,8 +78,13 @@ class Trainer:
         self.runtime = RuntimeState(np.random.default_rng(spec.seed))
         self.start = 0
         self.out = out
+        self.resumed_watch: dict = {}
+        self.resumed_from: Path | None = None
         if resume:
-            self._resume(resume)
+            resumed = resume_into(resume, self.store, net.name, self.cfg.type, self.global_batch, self.max_iter)
+            self.runtime.rng.bit_generator.state = resumed.rng_state
+            self.start, self.resumed_watch, self.resumed_from = resumed.start, resumed.watch, resumed.path
+            check_not_finished(resume, resumed, spec, self.max_iter)
         if self.comm:                             # every rank starts from rank 0's state
             for k in sorted(self.store):
                 self.comm.broadcast(self.store[k])
@@ -284,12 +94,12 @@ class Trainer:
         self.train_plans = PlanCache(self.graph, self.store, self.runtime, device, reuse)
         tg = test_graph(net, self.disable, device=device, gears=gears) if self.test_set is not None else None
         self.test_plans = PlanCache(tg, self.store, RuntimeState(np.random.default_rng(0)), device, reuse) if tg else None
-        self.loss_tops = [t for t in self.graph.losses if t not in RESERVED]
+        self.loss_tops = [t for t in self.graph.losses if t not in LOGGED]
         measured = [self._metric_key(k) for k, v in tg.outputs.items() if v.shape == ()] if tg else []
         self.best, self.early_stop = trackers(spec, measured)
         for tracked, key in ((self.best, "best"), (self.early_stop, "early_stop")):
             if tracked is not None:
-                tracked.restore(getattr(self, "resumed_watch", {}).get(key))
+                tracked.restore(self.resumed_watch.get(key))
         self.iterations_done = self.max_iter
         # under mixed precision the loss scale after each step is logged beside the loss
         self.extra_scalars = [SCALE_OUTPUT] if SCALE_OUTPUT in self.graph.outputs else []
@@ -309,52 +119,6 @@ class Trainer:
                 store[name] = initial_state(w)
         return store
 
-    def _check_not_finished(self, target: str) -> None:
-        """Raises FinishedRun where the run resumed (its checkpoint read and found to match the
-        net) has nothing left to train; before any kernel is compiled."""
-        limit = "train.max_iter" if self.spec.max_iter else "train.epochs"
-        if self.start == self.max_iter:
-            raise FinishedRun(f"{target}: the run is finished: it reached iteration {self.start}, its last "
-                              f"({limit} {self.spec.max_iter or self.spec.epochs}); nothing to train. To train on, "
-                              f"raise it (--set {limit}=N)", self.start)
-        stopped = self.resumed_watch.get("early_stop") or {}
-        rule = self.spec.early_stop
-        if rule is not None and stopped.get("since", 0) >= rule.patience:
-            raise FinishedRun(f"{target}: the run is finished: it stopped early at iteration {self.start} "
-                              f"({rule.metric} had not improved for {stopped['since']} tests); nothing to train. "
-                              f"To train on, raise train.early_stop.patience (--set train.early_stop.patience=N)",
-                              self.start)
-
-    def _resume(self, target: str) -> None:
-        path = find_resume_point(target)
-        ckpt = read_checkpoint(path)
-        if ckpt.meta.get("solver") != self.cfg.type:
-            raise UserError(f"{path}: written by solver '{ckpt.meta.get('solver')}', but the net now says "
-                            f"'{self.cfg.type}'; resuming must continue the same solver")
-        missing = sorted(set(self.store) - set(ckpt.arrays))
-        extra = sorted(set(ckpt.arrays) - set(self.store))
-        whose = f"a checkpoint of net '{ckpt.meta.get('net')}'"
-        if missing or extra:
-            raise UserError(f"{path}: {whose} does not match net '{self.net.name}' (missing: "
-                            f"{', '.join(missing) or '-'}; unexpected: {', '.join(extra) or '-'})")
-        reshaped = [f"'{k}' has shape {list(arr.shape)}, the net needs {list(self.store[k].shape)}"
-                    for k, arr in ckpt.arrays.items() if arr.shape != self.store[k].shape]
-        if reshaped:
-            raise UserError(*(f"{path}: {whose}: {line}" for line in reshaped))
-        for k, arr in ckpt.arrays.items():
-            np.copyto(self.store[k], arr)
-        self.runtime.rng.bit_generator.state = ckpt.meta["rng"]
-        self.resumed_watch = ckpt.meta.get("watch") or {}       # applied once the trackers exist
-        self.start = ckpt.iteration
-        written_at = ckpt.meta.get("global_batch", self.global_batch)
-        if written_at != self.global_batch:       # another rank count: continue at the same sample
-            self.start = ckpt.iteration * written_at // self.global_batch
-        if self.start > self.max_iter:
-            raise UserError(f"{path}: the run is at iteration {self.start} already and train.max_iter is "
-                            f"{self.max_iter}; to train on, raise it (--set train.max_iter=N)")
-        self.resumed_from = path
-        self._check_not_finished(target)
-
     def checkpoint(self, iteration: int) -> Path:
         meta = {"net": self.net.name, "solver": self.cfg.type, "rng": self.runtime.rng.bit_generator.state,
                 "max_iter": self.max_iter, "seed": self.spec.seed, "global_batch": self.global_batch,
@@ -371,32 +135,6 @@ class Trainer:
         return {k: to_host(v) for k, v in self.store.items()}
 
     # -- the loop -----------------------------------------------------------------------------------
-    def _save_input(self) -> None:
-        """input.json: what deployment needs to know of the inputs beyond the net (class names of
-        an image folder, a CSV's columns and label column), beside net.yaml."""
-        import json
-        spec = self.spec.data
-        about = describe_source(spec.source, self.net.spec.inputs, data_folder(self.net, "source"))
-        if not about:
-            return
-        text = json.dumps(about, indent=1) + "\n"
-        target = self.out / INPUT_FILE
-        if not (target.exists() and target.read_text() == text):
-            atomic_write(target, lambda tmp: Path(tmp).write_text(text))
-
-    def _save_net(self) -> None:
-        """The run folder keeps the net it trained, bases merged and --set applied (what
-        `toolkit zoo publish RUN_DIR` shares)."""
-        from ..frontend.render import render_net
-        if not self.net.raw:       # a Net built in code, not loaded from a file
-            return
-        from .runs import carry_mean
-        text = render_net(self.net, folder=self.out, replace=carry_mean(self.net, self.out))
-        target = self.out / "net.yaml"
-        if target.exists() and target.read_text() == text:
-            return
-        atomic_write(target, lambda tmp: Path(tmp).write_text(text))
-
     def _on_signal(self, signum, frame):
         self._stop = signum
 
@@ -408,29 +146,10 @@ class Trainer:
         rows = self.order.rows(i)
         weight = None
         if self.comm:
-            rows, weight = self._my_rows(rows)
-        batch = self.train_set.take(rows)
-        data = self.spec.data
-        if data.crop_size is not None or data.mirror:
-            # the crop offsets and flips of iteration i come from (seed, i) alone: resume stays exact
-            batch = augment(batch, self.net.spec.inputs, data, np.random.default_rng([self.spec.seed, 1013, i]))
-        feed = {k: v for k, v in batch.items() if k in self.graph.inputs}
-        if weight is not None:
-            feed[DIST_WEIGHT] = np.asarray(weight, dtype=self.graph.inputs[DIST_WEIGHT].dtype)
-            if ROW_MASK in self.graph.inputs:       # a placeholder row (weight 0) is masked out
-                feed[ROW_MASK] = np.full(len(rows), float(weight > 0), dtype=self.graph.inputs[ROW_MASK].dtype)
+            rows, weight = rank_rows(rows, self.rank, self.spec.data.batch_size)
+        feed = iteration_feed(self.train_set, rows, self.net, self.spec, i, self.graph, weight)
         feed.update(host_values(self.cfg, self.lr_at(i), i + 1, self.dtype))
         return self.train_plans.run(feed)
-
-    def _my_rows(self, rows: np.ndarray) -> tuple[np.ndarray, float]:
-        """This rank's rows [r*B, (r+1)*B) of a global batch, and its share of the objective.
-        A rank left without rows by a short last batch runs one placeholder row that weighs
-        nothing (and is masked out of global BatchNorm statistics)."""
-        b = self.spec.data.batch_size
-        mine = rows[self.rank * b: (self.rank + 1) * b]
-        if len(mine) == 0:
-            return rows[:1], 0.0
-        return mine, len(mine) / len(rows)
 
     def step(self, i: int) -> dict[str, float]:
         """Runs iteration i and reads its loss (and each loss top) back as floats."""
@@ -438,8 +157,7 @@ class Trainer:
         return {"loss": float(outs[OBJECTIVE]), **{t: float(outs[t]) for t in self.loss_tops}}
 
     def _metric_key(self, name: str) -> str:
-        """A test output's name in the log: a loss or a reserved name gets a ``test_`` prefix."""
-        return f"test_{name}" if name in RESERVED or name in self.loss_tops else name
+        return logged_name(name, self.loss_tops)
 
     def test(self) -> dict[str, float]:
         if self.test_plans is None:
@@ -447,7 +165,7 @@ class Trainer:
         if self.comm:
             metrics = self._shared_test()
         else:
-            metrics = evaluate(self.test_plans, self.test_set, self.spec.data.batch_size)
+            metrics = mean_outputs(self.test_plans, self.test_set, self.spec.data.batch_size)
         return {self._metric_key(k): v for k, v in metrics.items()}
 
     def _watch(self, iteration: int, metrics: dict[str, float], progress: Progress, writer: bool) -> bool:
@@ -471,7 +189,7 @@ class Trainer:
             w = self.graph.weights.get(k)
             if not is_slot(k) and (w is None or not w.trainable):
                 self.comm.broadcast(self.store[k])
-        return evaluate_shared(self.test_plans, self.test_set, self.spec.data.batch_size, self.comm)
+        return mean_outputs_shared(self.test_plans, self.test_set, self.spec.data.batch_size, self.comm)
 
     @staticmethod
     def _where(last_good: Path | None) -> str:
@@ -491,21 +209,21 @@ class Trainer:
         writer = self.rank == 0                   # rank 0 alone writes (docs/spec.md section 8)
         if writer:
             self.out.mkdir(parents=True, exist_ok=True)
-            self._save_net()
-            self._save_input()
-        log = MetricsLog(self.out / "metrics.jsonl", self.start if self.start else None) if writer else _NoLog()
+            save_net(self.net, self.out)
+            save_input(self.net, self.out, self.spec.data.source)
+        log = MetricsLog(self.out / "metrics.jsonl", self.start if self.start else None) if writer else NoLog()
         board = TensorBoard(self.out / "tensorboard") if writer and self.spec.tensorboard else None
         spec = self.spec
-        progress = Progress(self.max_iter, self.start, spec.display, self.stream if writer else _Silent(),
+        progress = Progress(self.max_iter, self.start, spec.display, self.stream if writer else Silent(),
                             per_epoch=self.order.per_epoch)
-        self.train_plans.on_build = _compile_reporter(progress, "of the train step")
+        self.train_plans.on_build = compile_reporter(progress, "of the train step")
         if self.test_plans is not None:
-            self.test_plans.on_build = _compile_reporter(progress, "of the test pass")
+            self.test_plans.on_build = compile_reporter(progress, "of the test pass")
         test_every = spec.test_interval
         test_keys: set[str] = set()
         scalars = StepScalars([OBJECTIVE] + self.loss_tops + self.extra_scalars, self.device, spec.display or 1)
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-        last_good: Path | None = getattr(self, "resumed_from", None)
+        last_good: Path | None = self.resumed_from
         try:
             for i in range(self.start, self.max_iter):
                 record: dict = {}
@@ -596,24 +314,3 @@ class Trainer:
             plot(log.records(), self.out / "loss.png", self.net.name, keys)
         self.iterations_done, self.final_metrics = i, metrics
         return 0
-
-
-# a plan built after the first of its kind (another batch size: an epoch's short last batch) is
-# shown only when its compile took this long; with run-time sizes most take a few milliseconds
-SHOWN_COMPILE_S = 0.5
-
-
-def _compile_reporter(progress: Progress, what: str) -> Callable[[dict, float], None]:
-    """What a PlanCache calls after building a plan: the first build on a line of its own, later
-    ones when they took a while, each left out of the iterations' speed."""
-    built = []
-
-    def report(shapes: dict, seconds: float) -> None:
-        if not built:
-            progress.compiled(what, seconds)
-        else:
-            rows = next((s[0] for s in shapes.values() if len(s)), None)
-            progress.compiled(f"{what} for a batch of {rows}" if rows is not None else what, seconds,
-                              show=seconds >= SHOWN_COMPILE_S)
-        built.append(seconds)
-    return report

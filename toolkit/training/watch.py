@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 
 from ..errors import UserError
+from ..frontend.train_checks import NO_TEST_METRIC, metric_name as logged_metric, unmeasured
 
 
 def mode_of(metric: str, mode: str | None) -> str:
@@ -59,12 +60,12 @@ class Tracked:
 
 
 def metric_name(name: str, measured: list[str]) -> str:
-    """The test metric a config names ('loss' is the test loss, logged as test_loss)."""
-    if name in measured:
-        return name
-    if f"test_{name}" in measured:
-        return f"test_{name}"
-    raise UserError(f"the test phase measures no '{name}' (it measures: {', '.join(measured) or 'nothing'})")
+    """The test metric a config names ('loss' is the test loss, logged as test_loss). A net file
+    naming one its test phase does not measure is refused when read (frontend/train_checks.py)."""
+    found = logged_metric(name, measured)
+    if found is None:
+        raise UserError(unmeasured(name, measured))
+    return found
 
 
 def trackers(spec, measured: list[str]) -> tuple[Tracked | None, Tracked | None]:
@@ -73,13 +74,12 @@ def trackers(spec, measured: list[str]) -> tuple[Tracked | None, Tracked | None]
     stop = None
     if spec.early_stop is not None:
         if not measured:
-            raise UserError("train.early_stop needs test data and a test metric (train.data.test_fraction or "
-                            "test_source, and an Accuracy or loss layer in phase test)")
+            raise UserError(NO_TEST_METRIC["early_stop"])
         name = metric_name(spec.early_stop.metric, measured)
         stop = Tracked(name, mode_of(name, spec.early_stop.mode), spec.early_stop.min_delta)
     if spec.best is not None:
         if not measured:
-            raise UserError("train.best needs test data and a test metric")
+            raise UserError(NO_TEST_METRIC["best"])
         name = metric_name(spec.best.metric, measured)
         return Tracked(name, mode_of(name, spec.best.mode)), stop
     if stop is not None:

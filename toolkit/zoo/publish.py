@@ -36,28 +36,16 @@ def measure(net, weights_path: Path, metric: str | None = None) -> Measured | No
     the net has no test data (no train section, no test split, or no scalar test output)."""
     if net.spec.train is None:
         return None
-    import numpy as np
-
-    from ..backend.devices import CPU
-    from ..compile import disabled_passes
-    from ..passes.pipeline import memory_reuse
-    from ..runtime.plan import RuntimeState
-    from ..training.trainer import PlanCache, evaluate, load_data, test_graph, train_spec
-    spec = train_spec(net)
-    _train, test_set = load_data(net, spec)
-    if test_set is None:
+    from ..training.evaluate import NoTestData, evaluate
+    try:
+        result = evaluate(net, str(weights_path))
+    except NoTestData:
         return None
-    weights = net.load_weights(str(weights_path))
-    disable = disabled_passes(net)
-    graph = test_graph(net, disable, weights)
-    if graph is None:
-        return None
-    values = evaluate(PlanCache(graph, weights, RuntimeState(np.random.default_rng(0)), CPU, memory_reuse(disable)),
-                      test_set, spec.data.batch_size)
+    values = result.metrics
     name = metric or ("accuracy" if "accuracy" in values else next(iter(values)))
     if name not in values:
         raise UserError(f"the test phase of {net.file} has no output '{name}' (it gives: {', '.join(values)})")
-    return Measured(name, round(values[name], 6), len(test_set), list(values))
+    return Measured(name, round(values[name], 6), result.examples, list(values))
 
 
 def net_text_for_publishing(net, path: Path, folder: Path) -> str:
