@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # unit -> the units it may import (its own files aside). A unit is a package of toolkit/, a
 # top-level module of toolkit/, or layers/ and schemas/. Keep in step with docs/architecture.md.
 GROUND = {"toolkit/errors", "toolkit/fileio", "toolkit/cachedir", "toolkit/hostmem", "toolkit/hostcpu",
-          "toolkit/envswitch", "toolkit/settings", "toolkit/onnxtypes"}
+          "toolkit/settings", "toolkit/onnxtypes"}
 ALLOWED: dict[str, set[str]] = {
     "toolkit/errors": set(),
     "toolkit/fileio": {"toolkit/errors"},
@@ -23,7 +23,6 @@ ALLOWED: dict[str, set[str]] = {
     "toolkit/hostcpu": set(),
     # ONNX's element-type numbers, read by the importer and written by the exporter
     "toolkit/onnxtypes": set(),
-    "toolkit/envswitch": {"toolkit/settings"},
     # every knob, read from the environment once (docs/settings.md)
     "toolkit/settings": {"toolkit/errors"},
     "schemas": set(),

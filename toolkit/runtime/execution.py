@@ -13,15 +13,12 @@ import numpy as np
 
 from ..backend.devices import Device
 from ..backend.registry import KernelContext
-from ..envswitch import switch
 from ..ir.binding import bind_attrs
 from ..ir.graph import FLOAT_DTYPES, Node
+from ..settings import current as current_settings
 from .concurrency import concurrent_default
 from .parallel import default_threads
 
-# "0" compiles every size into the kernels, as before run-time sizes (a plan per length then
-# compiles its own library): for measuring what they cost, and a way back should one misbehave
-RUN_TIME_SIZES_ENV = "TOOLKIT_RUN_TIME_SIZES"
 
 
 @dataclass
@@ -77,7 +74,10 @@ def choose_execution(devices: list[Device], bindings, threads: int | None, concu
     on_host = all(d.host_threads for d in devices)
     on_streams = bool(wanted and all(d.streams for d in devices))
     if run_time_sizes is None:
-        run_time_sizes = switch(RUN_TIME_SIZES_ENV)
+        # off (TOOLKIT_RUN_TIME_SIZES=0) compiles every size into the kernels, as before run-time
+        # sizes (a plan per length then compiles its own library): for measuring what they cost,
+        # and a way back should one misbehave
+        run_time_sizes = current_settings().run_time_sizes
     return Execution(threads=threads,
                      concurrent=bool(wanted and on_host and threads > 1) or on_streams,
                      on_streams=on_streams,
