@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from tests.train.train_helpers import RESUME_NET, cli, make_data
+from toolkit import settings
 from toolkit.compile import train_graph
 from toolkit.frontend import OBJECTIVE, Net
 from toolkit.passes import precision
