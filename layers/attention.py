@@ -133,9 +133,9 @@ def lower_multi_head_attention(p: MultiHeadAttentionParams, ctx, bottoms):
     cond = None
     if mask is not None:
         cond = b.reshape(b.op("cast", mask, dtype=dtype), (batch, 1, 1, ts))
-    key_gear = ctx.gear_of(ts)
-    if key_gear is not None:                      # keys past each example's length are padding
-        padded = b.op("sub", b.scalar(1.0, dtype), ctx.valid_positions(key_gear, 4, 3, 0))   # [N, 1, 1, S]
+    key_symbol = ctx.bucketed_symbol(ts)
+    if key_symbol is not None:                      # keys past each example's length are padding
+        padded = b.op("sub", b.scalar(1.0, dtype), ctx.valid_positions(key_symbol, 4, 3, 0))   # [N, 1, 1, S]
         cond = padded if cond is None else b.op("maximum", cond, padded)
     if p.causal:
         # 1 where key j > query i, from the positions themselves: T may be a symbol, bound when a

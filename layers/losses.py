@@ -53,7 +53,7 @@ def lower_softmax_with_loss(p: SoftmaxWithLossParams, ctx, bottoms):
         real = b.op("broadcast_to", real, shape=tuple(label.shape))
     ignore = p.ignore_label
     if real is not None:
-        # a padded T (gears): the padding's labels are ignored, so the loss is over real
+        # a padded T (buckets over T): the padding's labels are ignored, so the loss is over real
         # positions only (PyTorch's loss over a packed sequence's tokens)
         ignore = -1 if ignore is None else ignore
         label = b.op("select", real, label, b.scalar(float(ignore), label.dtype))

@@ -159,8 +159,8 @@ def _lower(kind: str, p, ctx, bottoms):
     h0 = states[0] if states else None
     c0 = states[1] if len(states) > 1 else None
     seq = b.op("transpose", x, perm=(1, 0, 2))                   # time-major [T, N, C]
-    gear = ctx.gear_of(steps)                # a padded T: each example stops at its length
-    real = ctx.valid_positions(gear, 3, 0, 1) if gear is not None else None      # [T, N, 1]
+    padded = ctx.bucketed_symbol(steps)      # a padded T: each example stops at its length
+    real = ctx.valid_positions(padded, 3, 0, 1) if padded is not None else None      # [T, N, 1]
     finals_h, finals_c = [], []
     for layer_index in range(layers):
         width = features if layer_index == 0 else hidden * dirs

@@ -169,7 +169,7 @@ def lower_reduction(p: ReductionParams, ctx, bottoms):
     b = ctx.b
     valid = ctx.real_mask(x, axes)
     if valid is not None:
-        # a padded dimension (gears over T): the padding adds nothing, and a mean divides by the
+        # a padded dimension (buckets over T): the padding adds nothing, and a mean divides by the
         # number of real positions
         x = b.op("select", valid, x, b.scalar(0.0, x.dtype))
         if p.operation == "mean":

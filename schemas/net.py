@@ -18,10 +18,13 @@ class OptimizeSpec(Strict):
     disable: list[Annotated[str, Field(pattern=r"^[a-z_]+$")]] = []
 
 
-# a bucket or a gear: what a 32-bit index holds (toolkit/runtime/session.py's MAX_SIZE, which
-# checks the sizes --buckets and the Python API give)
-MAX_GEAR = (1 << 31) - 1
-GearSize = Annotated[StrictInt, Field(gt=0, le=MAX_GEAR)]
+# a bucket: what a 32-bit index holds (toolkit/runtime/session.py's MAX_SIZE, which checks the
+# sizes --buckets and the Python API give)
+MAX_BUCKET = (1 << 31) - 1
+BucketSize = Annotated[StrictInt, Field(gt=0, le=MAX_BUCKET)]
+# sizes per symbolic dimension: {N: [1, 8, 32], T: [16, 64, 256]}
+BucketsSpec = Optional[dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")],
+                            Annotated[list[BucketSize], Field(min_length=1)]]]
 
 
 def _not_a_path_component(name: str) -> str:
@@ -45,9 +48,17 @@ def build_net_model(layer_models: list[type[LayerBase]]) -> type[BaseModel]:
         transform: Optional[TransformSpec] = None
         optimize: Optional[OptimizeSpec] = None
         # an extension: sizes per symbolic dimension that infer and serve compile plans for
-        # (the batch's buckets, a sequence length's gears), unless --buckets says otherwise
-        gears: Optional[dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")],
-                             Annotated[list[GearSize], Field(min_length=1)]]] = None
+        # (the batch's, a sequence length's), unless --buckets says otherwise
+        buckets: BucketsSpec = None
+        # the old name of buckets, still read: it becomes buckets once validated (a file that
+        # gives both keeps both, and the net refuses it at gears: frontend/net.py)
+        gears: BucketsSpec = Field(None, json_schema_extra={"deprecated": True})
+
+        @model_validator(mode="after")
+        def _gears_are_buckets(self):
+            if self.gears is not None and self.buckets is None:
+                self.buckets, self.gears = self.gears, None
+            return self
 
         @model_validator(mode="after")
         def _one_transform(self):

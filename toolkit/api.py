@@ -60,7 +60,7 @@ class Model:
         if twice:
             raise TypeError(f"infer: {', '.join(map(repr, twice))} given twice (positionally and by name)")
         given = {name: _input_array(name, value) for name, value in {**positional, **named}.items()}
-        # besides the net's inputs: each example's real length along a gear dimension, for a batch
+        # besides the net's inputs: each example's real length along a bucketed dimension, for a batch
         # of sequences padded to one length ("@lengths:T"; default: every example is whole)
         unknown = sorted(set(given) - {t.name for t in self.inputs} - set(self.session.lengths_inputs.values()))
         if unknown:
@@ -343,8 +343,8 @@ def load(net, weights: str | None = None, device: str = "cpu", dtype: str | None
     """A net (a file, ``zoo:NAME``, a YAML string, a dict or ``toolkit.Net(...)``) with its weights
     (default for a zoo model: its published weights; ``zoo:NAME`` names another model's) compiled
     for ``device`` ("cpu", "gpu", "cpu:N", "gpu:N"). ``buckets``: the batch sizes compiled
-    (default: the net file's ``gears``, else 1, 2, 4, ..., 64), or sizes per symbolic dimension
-    ({"N": [1, 8], "T": [16, 64]}: a sequence is padded up to its gear); ``warm``: compile them all now; ``disable``: a pass name or a
+    (default: the net file's ``buckets``, else 1, 2, 4, ..., 64), or sizes per symbolic dimension
+    ({"N": [1, 8], "T": [16, 64]}: a sequence is padded up to its bucket); ``warm``: compile them all now; ``disable``: a pass name or a
     list of them; ``allow_missing``: copy the weights whose name and shape match and start the
     others from their fillers; ``transform``: apply the input transform the net was trained with
     (its train.data scale and mean) to every input of ``infer`` (False: inputs go in as given)."""

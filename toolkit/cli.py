@@ -93,8 +93,8 @@ COMMANDS: tuple[Command, ...] = (
         option("--port", type=int, default=8000, help="port (default: %(default)s; 0 picks a free one)"),
         DEVICE, DTYPE,
         BUCKETS.but(help="batch bucket sizes, e.g. 1,2,4,8 (default 1,2,4,...,64); the largest is the batcher's "
-                         "limit; or gears per symbolic dimension, e.g. 'N=1,8,32 T=16,64,256' (default: the net "
-                         "file's gears)"),
+                         "limit; or buckets per symbolic dimension, e.g. 'N=1,8,32 T=16,64,256' (default: the net "
+                         "file's buckets)"),
         option("--max-delay-ms", type=float, default=2.0,
                help="how long a request may wait for others to batch with (default: %(default)s)"),
         option("--max-queue", type=positive_int, default=256,

@@ -88,16 +88,16 @@ def solver_config(net: Net) -> SolverConfig:
 
 
 def train_graph(net: Net, solver: SolverConfig | None = None, dtype: str | None = None,
-                data_parallel: DataParallel | None = None, gears: frozenset[str] = frozenset()) -> Graph:
+                data_parallel: DataParallel | None = None, bucketed: frozenset[str] = frozenset()) -> Graph:
     """Forward, generated backward and the solver's updates, before any pass. With
     ``data_parallel`` the gradients are summed over the ranks before the updates
-    (optim/data_parallel.py); ``gears``: a sequence dimension whose batches come padded, with
+    (optim/data_parallel.py); ``bucketed``: a sequence dimension whose batches come padded, with
     their lengths (train/sequences.py)."""
     options = {}
     if data_parallel is not None and data_parallel.sync_batchnorm:
         options["sync_batchnorm"] = True
-    if gears:
-        options["gears"] = gears
+    if bucketed:
+        options["bucketed"] = bucketed
     graph = net.graph("train", dtype, **options)
     solver = solver or solver_config(net)
     mp = solver.mixed_precision

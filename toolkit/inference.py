@@ -17,7 +17,7 @@ from .compile import disabled_passes, optimize
 from .frontend import Net
 from .ir.graph import Graph
 from .passes.pipeline import memory_reuse
-from .runtime.session import InferSession, split_gears
+from .runtime.session import InferSession, split_buckets
 from .zoo.resolve import load_net
 
 
@@ -42,18 +42,19 @@ class InferPhase:
     def session(self, weights: dict[str, np.ndarray],
                 buckets: "Iterable[int] | Mapping[str, Iterable[int]] | None" = None) -> InferSession:
         """The graph optimised with ``weights`` frozen in, run by a session over ``buckets``: the
-        batch's sizes, or sizes per symbolic dimension (gears over a sequence length lower the
-        graph with the lengths its layers mask the padding by); None: the net file's ``gears``,
+        batch's sizes, or sizes per symbolic dimension (buckets over a sequence length lower the
+        graph with the lengths its layers mask the padding by); None: the net file's ``buckets``,
         else the default buckets. The frozen arrays are taken out of ``weights``: the graph owns
         them from now on."""
-        spec = buckets if buckets is not None else self.net.spec.gears
+        spec = buckets if buckets is not None else self.net.spec.buckets
         if isinstance(spec, Mapping) or spec is None:
-            batch, gears = split_gears(self.graph, spec)
+            batch, dim_buckets = split_buckets(self.graph, spec)
         else:
-            batch, gears = tuple(spec), {}
-        graph = self.net.graph("infer", self.dtype, gears=frozenset(gears)) if gears else self.graph
+            batch, dim_buckets = tuple(spec), {}
+        graph = self.net.graph("infer", self.dtype, bucketed=frozenset(dim_buckets)) if dim_buckets else self.graph
         graph = optimize(graph, self.disable, weights, self.device, consume_weights=True)
-        return InferSession(graph, weights, self.device, batch, reuse_memory=memory_reuse(self.disable), gears=gears)
+        return InferSession(graph, weights, self.device, batch, reuse_memory=memory_reuse(self.disable),
+                            dim_buckets=dim_buckets)
 
 
 def infer_phase(net: "str | Net", device: Device | str, dtype: str | None = None, disable: Iterable[str] = (),

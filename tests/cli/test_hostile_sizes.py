@@ -1,6 +1,6 @@
-"""Sizes a user or a file gives, bounded before anything of that size is allocated: buckets and
-gears (--buckets, a net file's gears, the Python API), integers longer than any field holds (a
-net file, --set, --buckets), ragged sequence lengths whose padding or sum is out of reach, and a
+"""Sizes a user or a file gives, bounded before anything of that size is allocated: buckets over
+any symbolic dimension (--buckets, a net file's buckets, the Python API), integers longer than
+any field holds (a net file, --set, --buckets), ragged sequence lengths whose padding or sum is out of reach, and a
 parameter count past 2**64. Each is one line with exit status 2 (or, for a count, the exact
 number) from the real CLI in a child process under tests/bounded.py's bounds."""
 from __future__ import annotations
@@ -49,37 +49,37 @@ def one_line(r, said: str) -> None:
     ("T=4,1000000000", "T=1,000,000,000, N=64", "1.4 TiB"),
     ("N=1000000000", "N=1,000,000,000", "22.4 GiB"),
     ("1000000000", "N=1,000,000,000", "22.4 GiB"),
-], ids=["gear T", "bucket N", "batch buckets"])
-def test_buckets_and_gears_past_memory_are_refused_before_padding(tagger, buckets, sizes, size):
+], ids=["bucket T", "bucket N", "batch buckets"])
+def test_buckets_past_memory_are_refused_before_padding(tagger, buckets, sizes, size):
     """A batch of two padded to a billion rows or steps allocated 44.7 GiB (numpy's MemoryError)."""
     r = infer(tagger, "--buckets", buckets)
-    one_line(r, f"error: the largest buckets and gears ({sizes}) make inputs of {size}, more than the ")
-    assert r.lines[0].endswith("of memory available; give smaller ones (--buckets, or the net file's gears)")
+    one_line(r, f"error: the largest buckets ({sizes}) make inputs of {size}, more than the ")
+    assert r.lines[0].endswith("of memory available; give smaller ones (--buckets, or the net file's buckets)")
 
 
-def test_a_net_files_gear_past_memory_is_refused(tagger):
-    (tagger / "geared.yaml").write_text(TAGGER + f"gears: {{T: [4, {BILLION}]}}\n")
-    one_line(infer(tagger, net="geared.yaml"), "error: the largest buckets and gears (T=1,000,000,000, N=64) make "
+def test_a_net_files_bucket_past_memory_is_refused(tagger):
+    (tagger / "bucketed.yaml").write_text(TAGGER + f"buckets: {{T: [4, {BILLION}]}}\n")
+    one_line(infer(tagger, net="bucketed.yaml"), "error: the largest buckets (T=1,000,000,000, N=64) make "
                                                "inputs of 1.4 TiB")
 
 
-@pytest.mark.parametrize("gear, said", [
-    (10 ** 30, "geared.yaml:9:16: error: the integer 1000000000000000000000000000000 is more than any field holds "
+@pytest.mark.parametrize("bucket, said", [
+    (10 ** 30, "bucketed.yaml:9:18: error: the integer 1000000000000000000000000000000 is more than any field holds "
                "(64 bits)"),
-    (1 << 40, "geared.yaml:9:16: error: bad 'T': input should be less than or equal to 2147483647"),
+    (1 << 40, "bucketed.yaml:9:18: error: bad 'T': input should be less than or equal to 2147483647"),
 ], ids=["1e30", "2**40"])
-def test_a_gear_beyond_any_size_is_refused_at_its_place(tagger, gear, said):
-    """A gear of 1e30 was numpy's TypeError ('pad_width must be of integral type')."""
-    (tagger / "geared.yaml").write_text(TAGGER + f"gears: {{T: [4, {gear}]}}\n")
-    one_line(run_toolkit("check", tagger / "geared.yaml", memory_mb=MEMORY_MB, timeout=60), said)
-    one_line(infer(tagger, net="geared.yaml"), said)
+def test_a_bucket_beyond_any_size_is_refused_at_its_place(tagger, bucket, said):
+    """A bucket of 1e30 was numpy's TypeError ('pad_width must be of integral type')."""
+    (tagger / "bucketed.yaml").write_text(TAGGER + f"buckets: {{T: [4, {bucket}]}}\n")
+    one_line(run_toolkit("check", tagger / "bucketed.yaml", memory_mb=MEMORY_MB, timeout=60), said)
+    one_line(infer(tagger, net="bucketed.yaml"), said)
 
 
 def test_serve_refuses_buckets_past_memory_at_start(tagger):
     """It started, and answered every request with 500."""
     r = run_toolkit("serve", tagger / "tagger.yaml", "--weights", tagger / "w.safetensors", "--port", "0",
                     "--buckets", BILLION, memory_mb=MEMORY_MB, timeout=60)
-    one_line(r, "error: the largest buckets and gears (N=1,000,000,000) make inputs of 22.4 GiB")
+    one_line(r, "error: the largest buckets (N=1,000,000,000) make inputs of 22.4 GiB")
 
 
 def test_the_python_api_refuses_a_bucket_beyond_any_size(tagger):
@@ -107,7 +107,7 @@ def test_an_integer_of_5000_digits_is_refused_wherever_it_is_given(tagger):
                          memory_mb=MEMORY_MB),
              f"error: --set layers.embed.num_output: the integer {10 ** 24} is more than any field holds (64 bits)")
     one_line(infer(tagger, "--buckets", f"N={DIGITS}"),
-             f"error: argument --buckets: 'N={'9' * 38}...': a bucket or gear size may be at most 2,147,483,647")
+             f"error: argument --buckets: 'N={'9' * 38}...': a bucket size may be at most 2,147,483,647")
     one_line(run_toolkit("bench", tagger / "tagger.yaml", "--batch", DIGITS, memory_mb=MEMORY_MB),
              f"error: argument --batch: '{'9' * 40}...' is more than any size this takes")
     one_line(run_toolkit("bench", tagger / "tagger.yaml", "--batch", 1, "--dim", f"T={DIGITS}", memory_mb=MEMORY_MB),

@@ -265,16 +265,16 @@ CAUSAL_SCRIPT = STAND_IN + RAW_MODULE + textwrap.dedent("""
                 runs[device] = {k: np.array(v) for k, v in plan.run(inputs).items()}
             for k, want in runs["cpu"].items():
                 np.testing.assert_allclose(runs["gpu"][k], want, rtol=2e-5, atol=1e-6, err_msg=f"{train} T={steps} {k}")
-    # gears over T: the session pads, the graph masks by the lengths, on the device as on the host
+    # buckets over T: the session pads, the graph masks by the lengths, on the device as on the host
     from toolkit.runtime.session import InferSession
-    geared = net.graph("infer", gears=frozenset({"T"}))
+    bucketed = net.graph("infer", bucketed=frozenset({"T"}))
     weights = net.init_weights(seed=0)
-    sessions = {d: InferSession(geared, weights, d, buckets=(1, 4), gears={"T": (4, 8)}) for d in ("cpu", "gpu")}
+    sessions = {d: InferSession(bucketed, weights, d, buckets=(1, 4), dim_buckets={"T": (4, 8)}) for d in ("cpu", "gpu")}
     for steps in (3, 7):
         x = np.random.default_rng(steps).standard_normal((3, steps, 8)).astype(np.float32)
         want, got = (sessions[d].run({"data": x}) for d in ("cpu", "gpu"))
         for k in want:
-            np.testing.assert_allclose(got[k], want[k], rtol=2e-5, atol=1e-6, err_msg=f"gears T={steps} {k}")
+            np.testing.assert_allclose(got[k], want[k], rtol=2e-5, atol=1e-6, err_msg=f"buckets T={steps} {k}")
     print("ok")
 """)
 

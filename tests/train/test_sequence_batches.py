@@ -1,5 +1,5 @@
 """Training on sequences of different lengths (train.data.lengths / padding_value), each batch cut
-to its gear along T, against PyTorch's packed sequences on the same data and batches: the loss of
+to its bucket along T, against PyTorch's packed sequences on the same data and batches: the loss of
 every step and the final weights, for a classifier on each direction's final state and a tagger
 whose loss counts real positions only."""
 from __future__ import annotations
@@ -31,7 +31,7 @@ train:
   data: {{source: seqs.npz, {data}, batch_size: 6, shuffle: false, test_fraction: 0.0}}
   solver: {{type: sgd, base_lr: 0.2}}
   max_iter: 6
-{gears}"""
+{buckets}"""
 
 TAGGER = """name: tag
 inputs:
@@ -45,12 +45,12 @@ train:
   data: {{source: seqs.npz, {data}, batch_size: 6, shuffle: false, test_fraction: 0.0}}
   solver: {{type: sgd, base_lr: 0.2}}
   max_iter: 6
-{gears}"""
+{buckets}"""
 
 
 def write_data(folder, pad_value=0.0):
     rng = np.random.default_rng(0)
-    # each batch of 6 its own longest example: 9, 3, 6, 2 (gears 16, 4, 8, 4)
+    # each batch of 6 its own longest example: 9, 3, 6, 2 (buckets 16, 4, 8, 4)
     caps = np.repeat([LONGEST, 3, 6, 2], BATCH)
     lengths = np.array([rng.integers(1, c + 1) for c in caps])
     lengths[::BATCH] = caps[::BATCH]
@@ -87,7 +87,7 @@ class TorchTagger(nn.Module):
 
 
 @pytest.mark.parametrize("kind", ["classifier", "tagger"])
-@pytest.mark.parametrize("source", ["lengths", "padding_value", "lengths+gears", "back to back"])
+@pytest.mark.parametrize("source", ["lengths", "padding_value", "lengths+buckets", "back to back"])
 def test_sequence_batches_train_as_pytorch_packed_sequences(tmp_path, kind, source):
     pad = -7.0 if source == "padding_value" else 0.0
     data, lengths = write_data(tmp_path, pad)
@@ -97,8 +97,8 @@ def test_sequence_batches_train_as_pytorch_packed_sequences(tmp_path, kind, sour
         arrays["tags"] = np.concatenate([arrays["tags"][i, :n] for i, n in enumerate(lengths)])
         np.savez(tmp_path / "seqs.npz", **arrays)
     spec = "padding_value: -7.0" if source == "padding_value" else "lengths: lengths"
-    gears = "gears: {T: [4, 8, 16]}\n" if "gears" in source else ""
-    text = (CLASSIFIER if kind == "classifier" else TAGGER).format(data=spec, gears=gears)
+    buckets = "buckets: {T: [4, 8, 16]}\n" if "buckets" in source else ""
+    text = (CLASSIFIER if kind == "classifier" else TAGGER).format(data=spec, buckets=buckets)
     (tmp_path / "net.yaml").write_text(text)
     net = Net.load(str(tmp_path / "net.yaml"))
     weights = net.init_weights(seed=1)
@@ -117,8 +117,8 @@ def test_sequence_batches_train_as_pytorch_packed_sequences(tmp_path, kind, sour
         rows = trainer.order.rows(i)
         batch = trainer.train_set.take(rows)
         longest = int(lengths[rows].max())
-        # the batch comes cut to its gear (or its longest example), with each row's length
-        want_t = next((g for g in (4, 8, 16) if g >= longest), longest) if gears else longest
+        # the batch comes cut to its bucket (or its longest example), with each row's length
+        want_t = next((g for g in (4, 8, 16) if g >= longest), longest) if buckets else longest
         assert batch["data"].shape[1] == want_t and list(batch[lengths_input("T")]) == list(lengths[rows])
         seen.add(want_t)
         ours = trainer.step(i)["loss"]
@@ -140,16 +140,16 @@ def test_lengths_that_do_not_fit_are_one_error(tmp_path):
     from toolkit.errors import UserError
     write_data(tmp_path)
     np.savez(tmp_path / "seqs.npz", **{**dict(np.load(tmp_path / "seqs.npz")), "lengths": np.full(ROWS, 10)})
-    (tmp_path / "net.yaml").write_text(CLASSIFIER.format(data="lengths: lengths", gears=""))
+    (tmp_path / "net.yaml").write_text(CLASSIFIER.format(data="lengths: lengths", buckets=""))
     with pytest.raises(UserError, match="example 0 has length 10; lengths must be from 1 to the arrays' T=9"):
         Trainer(Net.load(str(tmp_path / "net.yaml")), tmp_path / "run", stream=open("/dev/null", "w"))
-    (tmp_path / "net.yaml").write_text(CLASSIFIER.format(data="lengths: size", gears=""))
+    (tmp_path / "net.yaml").write_text(CLASSIFIER.format(data="lengths: size", buckets=""))
     with pytest.raises(UserError, match="no array 'size' of lengths"):
         Trainer(Net.load(str(tmp_path / "net.yaml")), tmp_path / "run", stream=open("/dev/null", "w"))
 
 
-@pytest.mark.parametrize("gears", ["", "gears: {T: [4, 8, 16]}"])
-def test_toolkit_test_measures_what_the_runs_test_pass_did(tmp_path, gears):
+@pytest.mark.parametrize("buckets", ["", "buckets: {T: [4, 8, 16]}"])
+def test_toolkit_test_measures_what_the_runs_test_pass_did(tmp_path, buckets):
     """The test split of sequences of different lengths, measured by `toolkit test` (and the
     public evaluate) on a run's weights, is the run's last test pass to the digit: both feed the
     padded batches with their lengths to a graph that keeps the padding out. (Before, `toolkit
@@ -159,7 +159,7 @@ def test_toolkit_test_measures_what_the_runs_test_pass_did(tmp_path, gears):
     from tests.train.train_helpers import cli, records
     write_data(tmp_path)
     net = tmp_path / "net.yaml"
-    net.write_text(CLASSIFIER.format(data="lengths: lengths", gears=gears).replace("test_fraction: 0.0",
+    net.write_text(CLASSIFIER.format(data="lengths: lengths", buckets=buckets).replace("test_fraction: 0.0",
                                                                                    "test_fraction: 0.5"))
     run = tmp_path / "run"
     assert cli("train", net, "--out", run).status == 0

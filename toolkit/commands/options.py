@@ -70,7 +70,7 @@ def _sizes(text: str, whole: str) -> tuple[int, ...]:
     # convert one of 4,300 digits)
     if any(len(t.strip()) > 12 for t in text.split(",")):
         shown = whole if len(whole) <= 40 else whole[:40] + "..."
-        raise argparse.ArgumentTypeError(f"'{shown}': a bucket or gear size may be at most 2,147,483,647")
+        raise argparse.ArgumentTypeError(f"'{shown}': a bucket size may be at most 2,147,483,647")
     try:
         sizes = tuple(int(t) for t in text.split(",") if t.strip())
     except ValueError:
@@ -81,19 +81,19 @@ def _sizes(text: str, whole: str) -> tuple[int, ...]:
 
 
 def buckets(text: str) -> tuple[int, ...] | dict[str, tuple[int, ...]]:
-    """``1,2,4,8`` (the batch's buckets) or gears per symbolic dimension, ``N=1,8,32 T=16,64,256``
+    """``1,2,4,8`` (the batch's buckets) or buckets per symbolic dimension, ``N=1,8,32 T=16,64,256``
     (space- or semicolon-separated)."""
     if "=" not in text:
         return _sizes(text, text)
-    gears: dict[str, tuple[int, ...]] = {}
+    per_symbol: dict[str, tuple[int, ...]] = {}
     for part in text.replace(";", " ").split():
         name, eq, sizes = part.partition("=")
         if not eq or not name.isidentifier():
             raise argparse.ArgumentTypeError(f"'{part}' is not NAME=SIZE,SIZE,... (e.g. T=16,64,256)")
-        if name in gears:
+        if name in per_symbol:
             raise argparse.ArgumentTypeError(f"'{text}' gives {name} twice")
-        gears[name] = _sizes(sizes, part)
-    return gears
+        per_symbol[name] = _sizes(sizes, part)
+    return per_symbol
 
 
 # --- the shared options. A command lists the ones it takes, in the order its --help shows them,
@@ -108,10 +108,10 @@ WEIGHTS = option("--weights", help="weights file (default for zoo:NAME: the mode
 DEVICE = option("--device", type=device, default="cpu", help=_device_help)
 DTYPE = option("--dtype", choices=FLOAT_DTYPES, default=None,
                help="float16 and bfloat16 accumulate in float32; on cpu they run as float32")
-# (``--buckets`` sets what the code and the net file call gears: one mechanism, one option)
 BUCKETS = option("--buckets", type=buckets, default=None,
-                 help="batch bucket sizes, e.g. 1,2,4,8; or gears per symbolic dimension, e.g. "
-                      "'N=1,8,32 T=16,64,256' (a sequence is padded up to its gear; default: the net file's gears)")
+                 help="batch bucket sizes, e.g. 1,2,4,8; or buckets per symbolic dimension, e.g. "
+                      "'N=1,8,32 T=16,64,256' (a sequence is padded up to its bucket; default: the net file's "
+                      "buckets)")
 ALLOW_MISSING = option("--allow-missing", action="store_true",
                        help="copy the weights whose name and shape match; start the others from their fillers")
 NO_TRANSFORM = option("--no-transform", action="store_true",

@@ -27,7 +27,7 @@ class LowerContext:
 
     def __init__(self, graph: Graph, layer, phase: str, float_dtype: str, declared: dict[str, tuple],
                  root: Graph | None = None, sync_batchnorm: bool = False, base_dir: str = ".",
-                 gears: "Gears | None" = None, memo: dict | None = None):
+                 bucketed: "Bucketed | None" = None, memo: dict | None = None):
         # weights and state updates belong to the net's graph (``root``); the nodes go to
         # ``graph``, which is a block's body inside an If or Loop
         self.graph = root if root is not None else graph
@@ -42,21 +42,21 @@ class LowerContext:
         self._declared = declared         # every weight key -> (shape, layer) across phases
         self.param_count = 0
         self.param_names: list[str] = []        # the parameters the layer asked for, in order
-        self.gears = gears or Gears(frozenset(), None)
+        self.bucketed = bucketed or Bucketed(frozenset(), None)
         # what a layer worked out once and may reuse when the same net lowers another phase (an
         # ONNX layer's converted model): one dict per net, keyed by the layer's own keys
         self.memo = memo if memo is not None else {}
 
-    # -- gears over a sequence length (layers/gears.py) ----------------------------------------
-    def gear_of(self, dim) -> str | None:
-        """The gear symbol ``dim`` is (padded up to a gear, real lengths in ``lengths``), or None."""
-        from layers.gears import gear_symbol
-        return gear_symbol(dim, self.gears.symbols)
+    # -- buckets over a sequence length (layers/padded.py) -------------------------------------
+    def bucketed_symbol(self, dim) -> str | None:
+        """The bucketed symbol ``dim`` is (padded up to a bucket, real lengths in ``lengths``), or None."""
+        from layers.padded import bucketed_symbol
+        return bucketed_symbol(dim, self.bucketed.symbols)
 
     def lengths(self, symbol: str) -> Value:
-        """Each example's real length along the gear dimension ``symbol``: [N] in the net's float
+        """Each example's real length along the bucketed dimension ``symbol``: [N] in the net's float
         dtype (exact below 2^24), from the graph input ``lengths_input(symbol)``."""
-        return self.gears.lengths(symbol, self.graph, self.float_dtype, self.b)
+        return self.bucketed.lengths(symbol, self.graph, self.float_dtype, self.b)
 
     def valid_positions(self, symbol: str, rank: int, position_axis: int, batch_axis: int) -> Value:
         """1 at the real positions along ``symbol``, 0 in the padding: a float mask of rank
@@ -73,17 +73,17 @@ class LowerContext:
         return b.op("ge_mask", b.reshape(lengths, tuple(at)), b.add(position, b.scalar(1.0, self.float_dtype)))
 
     def real_mask(self, v: Value, axes=None) -> Value | None:
-        """1 at ``v``'s real positions along its gear dimensions (among ``axes``; default all), 0
-        in the padding, broadcastable to ``v``; None where none of them is a gear dimension. The
+        """1 at ``v``'s real positions along its bucketed dimensions (among ``axes``; default all), 0
+        in the padding, broadcastable to ``v``; None where none of them is a bucketed dimension. The
         batch must lead ``v``: each example has its own length."""
         from layers.registry import LayerError
         mask = None
         for a in range(v.rank) if axes is None else axes:
-            symbol = self.gear_of(v.shape[a])
+            symbol = self.bucketed_symbol(v.shape[a])
             if symbol is None:
                 continue
-            if a == 0 or self.gears.batch is None or v.shape[0] != self.gears.batch:
-                raise LayerError(f"a value padded along the gear dimension {symbol} needs the batch first, got "
+            if a == 0 or self.bucketed.batch is None or v.shape[0] != self.bucketed.batch:
+                raise LayerError(f"a value padded along the bucketed dimension {symbol} needs the batch first, got "
                                  f"{self.fmt(v)}", "bottom")
             one = self.valid_positions(symbol, v.rank, a, 0)
             mask = one if mask is None else self.b.mul(mask, one)
@@ -160,8 +160,8 @@ class LowerContext:
         self.graph.updates[key] = value
 
 
-class Gears:
-    """The gear dimensions of a lowering (symbols other than the batch whose inputs are padded)
+class Bucketed:
+    """The bucketed dimensions of a lowering (symbols other than the batch whose inputs are padded)
     and the one lengths value per symbol that every layer reads."""
 
     def __init__(self, symbols: frozenset[str], batch: Sym | None):
@@ -209,24 +209,24 @@ class Lowered:
 
 
 def lowering_key(spec, phase: str, float_dtype: str | None, sync_batchnorm: bool = False,
-                 gears: frozenset[str] = frozenset()) -> tuple:
+                 bucketed: frozenset[str] = frozenset()) -> tuple:
     """What a lowering of ``spec`` depends on besides the spec: two calls of ``lower_phase``
     with equal keys build equal graphs. ``float_dtype`` matters only through the input dtypes
     and the float type of the parameters it gives (None and the net's own float type are one)."""
     dtypes = tuple(float_dtype if float_dtype and i.dtype in FLOAT_DTYPES else i.dtype for i in spec.inputs.values())
     declared_floats = [i.dtype for i in spec.inputs.values() if i.dtype in FLOAT_DTYPES]
     net_float = float_dtype or (declared_floats[0] if declared_floats else "float32")
-    return phase, dtypes, net_float, bool(sync_batchnorm), frozenset(gears)
+    return phase, dtypes, net_float, bool(sync_batchnorm), frozenset(bucketed)
 
 
 def lower_phase(spec, positions: Positions, phase: str, float_dtype: str | None,
                 declared: dict[str, tuple], loss_layers: set[str] | None = None,
-                sync_batchnorm: bool = False, gears: frozenset[str] = frozenset(),
+                sync_batchnorm: bool = False, bucketed: frozenset[str] = frozenset(),
                 memo: dict | None = None) -> Lowered:
     """The graph of ``phase`` (default outputs: tops nothing consumes) and the problems found.
     ``loss_layers``: names of the objective's layers (None: every layer whose type ends in Loss).
-    ``gears``: symbolic dimensions (not the batch) whose inputs come padded, each example's real
-    length in the input ``lengths_input(symbol)`` (layers/gears.py). ``memo``: what the layers
+    ``bucketed``: symbolic dimensions (not the batch) whose inputs come padded up to a bucket, each
+    example's real length in the input ``lengths_input(symbol)`` (layers/padded.py). ``memo``: what the layers
     may keep for the same net's other lowerings (``LowerContext.memo``)."""
     graph = Graph(phase)
     blobs: dict[str, Value] = {}
@@ -240,15 +240,15 @@ def lower_phase(spec, positions: Positions, phase: str, float_dtype: str | None,
     declared_floats = [i.dtype for i in spec.inputs.values() if i.dtype in FLOAT_DTYPES]
     net_float = float_dtype or (declared_floats[0] if declared_floats else "float32")
     batch = _batch_of(spec)
-    gear_set = frozenset(gears)
+    padded = frozenset(bucketed)
     problems: list[Problem] = []
-    if gear_set and batch is None:
-        problems.append(Problem(f"gears over {', '.join(sorted(gear_set))} need a batch dimension leading every "
+    if padded and batch is None:
+        problems.append(Problem(f"buckets over {', '.join(sorted(padded))} need a batch dimension leading every "
                                 "input (each example has its own length)", positions.locate(("inputs",))))
-    if batch is not None and batch.symbols & gear_set:
-        gear_set -= batch.symbols                   # the batch's gears are buckets: no lengths
+    if batch is not None and batch.symbols & padded:
+        padded -= batch.symbols                     # the batch's buckets need no lengths
     lowering = Lowering(graph, positions, phase, net_float, declared, loss_layers, sync_batchnorm,
-                        Gears(gear_set, batch), memo)
+                        Bucketed(padded, batch), memo)
     lowering.problems += problems
     lowering.lower_layers(spec.layers, ("layers",), graph, blobs)
     # one name per value, the latest top; a top that only renames an input (Dropout outside
@@ -265,10 +265,10 @@ class Lowering:
 
     def __init__(self, root: Graph, positions: Positions, phase: str, float_dtype: str,
                  declared: dict[str, tuple], loss_layers: set[str] | None, sync_batchnorm: bool = False,
-                 gears: Gears | None = None, memo: dict | None = None):
+                 bucketed: Bucketed | None = None, memo: dict | None = None):
         self.root = root
         self.memo = memo if memo is not None else {}
-        self.gears = gears or Gears(frozenset(), None)
+        self.bucketed = bucketed or Bucketed(frozenset(), None)
         self.sync_batchnorm = sync_batchnorm
         self.positions = positions
         self.phase = phase
@@ -337,16 +337,16 @@ class Lowering:
                 broken.update(layer.tops)
                 clean = False
                 continue
-            if self.gears.symbols:
-                from layers.gears import gear_problem
-                why = gear_problem(layer, bottoms, self.gears.symbols, phase)
+            if self.bucketed.symbols:
+                from layers.padded import padding_problem
+                why = padding_problem(layer, bottoms, self.bucketed.symbols, phase)
                 if why:
                     problems.append(Problem(f"{label}: {why}", where(i)))
                     broken.update(layer.tops)
                     clean = False
                     continue
             ctx = LowerContext(graph, layer, phase, self.float_dtype, self.declared, self.root, self.sync_batchnorm,
-                               os.path.dirname(self.positions.file or "") or ".", self.gears, self.memo)
+                               os.path.dirname(self.positions.file or "") or ".", self.bucketed, self.memo)
             try:
                 if layer.type in BLOCK_TYPES:
                     tops = lower_block(self, layer, prefix + (i,), graph, blobs, bottoms)

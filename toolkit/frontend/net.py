@@ -2,7 +2,7 @@
 
 Loading validates the whole file at once (schema, wiring, shapes in every phase, duplicate
 names, outputs, shares), so one run reports every problem. Each phase is lowered once per
-lowering key (``lowering_key``: the phase, the float type, the gears...): the net keeps that
+lowering key (``lowering_key``: the phase, the float type, the bucketed dimensions...): the net keeps that
 lowering and hands out copies, since passes change the graphs they are given. The weights
 (which file, fillers, reading a file against the net) live in net_weights.py.
 """
@@ -53,7 +53,7 @@ class Net:
             checked[phase] = self.kept_lowering(phase, declared=self.declared)
             problems += checked[phase].problems
         problems += self._check_outputs(checked["infer"])
-        problems += self._check_gears()
+        problems += self._check_buckets()
         problems += train_problems(spec, positions, *(None if checked[p].problems else checked[p].graph
                                                       for p in ("train", "test")))
         unique = list({(str(p.location), p.message): p for p in problems}.values())
@@ -139,20 +139,25 @@ class Net:
                         self.positions.locate(("optimize", "disable", j), prefer_key=False))
                 for j, name in enumerate(self.spec.optimize.disable) if name not in known]
 
-    def _check_gears(self) -> list[Problem]:
-        """The net file's ``gears`` name symbolic dimensions of its inputs, and the layers reading
-        a padded one can keep the padding out (lowered with those gears: layers/gears.py)."""
-        gears = self.spec.gears or {}
+    def _check_buckets(self) -> list[Problem]:
+        """The net file's ``buckets`` name symbolic dimensions of its inputs, and the layers reading
+        a padded one can keep the padding out (lowered with those buckets: layers/padded.py)."""
+        if self.spec.gears is not None:       # given besides buckets (schemas/net.py)
+            return [Problem("gears is the old name of buckets, and buckets is given too: keep buckets",
+                            self.positions.locate(("gears",)))]
+        buckets = self.spec.buckets or {}
+        # a file may still say ``gears``, the old name: its problems name that key
+        key = "gears" if ("gears",) in self.positions.keys else "buckets"
         symbols = {d for i in self.spec.inputs.values() for d in i.shape if isinstance(d, str)}
-        problems = [Problem(f"gears: the inputs have no symbolic dimension '{name}'{did_you_mean(name, symbols)} "
+        problems = [Problem(f"{key}: the inputs have no symbolic dimension '{name}'{did_you_mean(name, symbols)} "
                             f"(they have: {', '.join(sorted(symbols)) or 'none'})",
-                            self.positions.locate(("gears", name)))
-                    for name in gears if name not in symbols]
-        padded = frozenset(name for name in gears if name in symbols)
+                            self.positions.locate((key, name)))
+                    for name in buckets if name not in symbols]
+        padded = frozenset(name for name in buckets if name in symbols)
         if padded and not problems:
             for phase in ("infer", "train"):
                 if any(phase in layer.phases for layer in self.spec.layers):
-                    problems += self.kept_lowering(phase, gears=padded).problems
+                    problems += self.kept_lowering(phase, bucketed=padded).problems
         return problems
 
     def _loss_layers(self) -> set[str] | None:
@@ -161,22 +166,22 @@ class Net:
         return None
 
     def kept_lowering(self, phase: str, dtype: str | None = None, sync_batchnorm: bool = False,
-                      gears: frozenset[str] = frozenset(), declared: dict | None = None) -> Lowered:
+                      bucketed: frozenset[str] = frozenset(), declared: dict | None = None) -> Lowered:
         """The net's own lowering of one phase, lowered on first request: to read, never to
         change (``lower`` hands out copies). ``declared``: the weights dict the lowering adds
         to (by default a copy of the net's: a layer may share a weight of another phase's layer)."""
-        key = lowering_key(self.spec, phase, dtype, sync_batchnorm, frozenset(gears))
+        key = lowering_key(self.spec, phase, dtype, sync_batchnorm, frozenset(bucketed))
         if key not in self._lowerings:
             self._lowerings[key] = lower_phase(
                 self.spec, self.positions, phase, dtype, dict(self.declared) if declared is None else declared,
-                self._loss_layers(), sync_batchnorm, frozenset(gears), self._memo)
+                self._loss_layers(), sync_batchnorm, frozenset(bucketed), self._memo)
         return self._lowerings[key]
 
     def lower(self, phase: str, dtype: str | None = None, sync_batchnorm: bool = False,
-              gears: frozenset[str] = frozenset()) -> Lowered:
+              bucketed: frozenset[str] = frozenset()) -> Lowered:
         """A lowering of one phase that the caller may change (a copy of the kept one).
-        ``gears``: symbolic dimensions whose inputs come padded, with lengths (frontend/lower.py)."""
-        kept = self.kept_lowering(phase, dtype, sync_batchnorm, gears)
+        ``bucketed``: symbolic dimensions whose inputs come padded, with lengths (frontend/lower.py)."""
+        kept = self.kept_lowering(phase, dtype, sync_batchnorm, bucketed)
         values: dict = {}
         graph = copy_graph(kept.graph, values)
         return Lowered(graph, {name: values.get(v.id, v) for name, v in kept.blobs.items()}, list(kept.problems))
@@ -198,13 +203,13 @@ class Net:
 
     # -- graphs ------------------------------------------------------------------------------
     def graph(self, phase: str, dtype: str | None = None, outputs: list[str] | None = None,
-              sync_batchnorm: bool = False, gears: frozenset[str] = frozenset()) -> Graph:
+              sync_batchnorm: bool = False, bucketed: frozenset[str] = frozenset()) -> Graph:
         """The forward graph of ``phase``, cut to what its outputs need. Train graphs output each loss top and the
         loss_weight-weighted objective under OBJECTIVE. ``sync_batchnorm``: BatchNorm's batch
         statistics are sums over the ranks of a data-parallel job (optim/data_parallel.py).
-        ``gears``: symbolic dimensions (a sequence length T) whose inputs come padded up to a
-        gear, each example's real length in the input ``lengths_input(T)``."""
-        lowered = self.lower(phase, dtype, sync_batchnorm, gears)
+        ``bucketed``: symbolic dimensions (a sequence length T) whose inputs come padded up to a
+        bucket, each example's real length in the input ``lengths_input(T)``."""
+        lowered = self.lower(phase, dtype, sync_batchnorm, bucketed)
         if lowered.problems:
             raise SpecError(*lowered.problems)
         graph, blobs = lowered.graph, lowered.blobs

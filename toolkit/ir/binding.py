@@ -7,12 +7,12 @@ from ..errors import UserError
 from .dims import Sym, format_dim
 from .graph import Graph
 
-LENGTHS = "@lengths:{}"    # the input of each example's real length along a gear dimension (T)
+LENGTHS = "@lengths:{}"    # the input of each example's real length along a bucketed dimension (T)
 
 
 def lengths_input(symbol: str) -> str:
-    """The graph input holding each example's real length along the gear dimension ``symbol``:
-    [N] int64, filled by whoever pads the inputs up to the gear (runtime/session.py, the trainer);
+    """The graph input holding each example's real length along the bucketed dimension ``symbol``:
+    [N] int64, filled by whoever pads the inputs up to their bucket (runtime/session.py, the trainer);
     '@' keeps it apart from the net's own inputs, whose names cannot hold one."""
     return LENGTHS.format(symbol)
 

@@ -6,15 +6,16 @@ back; more rows than the largest bucket are cut into chunks. Plans are built on 
 ahead with ``warm``) and reused. Inputs without a symbolic leading dimension use one plan per
 distinct shape.
 
-Gears do the same over another symbolic dimension, a sequence length T: the inputs are padded
-with zeros along T up to the smallest gear that holds them, each example's real length goes to
-the graph's lengths input (the graph was lowered with that gear, so its layers keep the padding
-out: layers/gears.py), and the outputs are cut back along T. A T longer than the largest gear is
-an error: there is no exact way to cut a sequence. Without gears, each T gets a plan of its own.
+Buckets over another symbolic dimension, a sequence length T, do the same: the inputs are padded
+with zeros along T up to the smallest bucket that holds them, each example's real length goes to
+the graph's lengths input (the graph was lowered with T bucketed, so its layers keep the padding
+out: layers/padded.py), and the outputs are cut back along T. A T longer than the largest bucket
+is an error: there is no exact way to cut a sequence. Without buckets over T, each T gets a plan
+of its own.
 
-Buckets and gears are sizes a user or a net file gives: each is a whole number from 1 to
-MAX_SIZE, and the inputs at the largest bucket and gears (what the first request's plan, or a
-request padded to the largest gear, holds) must fit the memory this process may use, checked
+Buckets are sizes a user or a net file gives: each is a whole number from 1 to MAX_SIZE, and the
+inputs at the largest buckets (what the first request's plan, or a request padded to the
+largest bucket along T, holds) must fit the memory this process may use, checked
 when the session is made, so that ``serve`` refuses them at start rather than failing requests.
 """
 from __future__ import annotations
@@ -36,7 +37,7 @@ from .memory import nbytes_of
 from .plan import Plan, RuntimeState
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
-MAX_SIZE = (1 << 31) - 1        # a bucket or a gear: what a 32-bit index holds (schemas/net.py: MAX_GEAR)
+MAX_SIZE = (1 << 31) - 1        # a bucket: what a 32-bit index holds (schemas/net.py: MAX_BUCKET)
 MAX_PLANS = 16          # plans kept per session beyond the buckets (shapes other than the batch)
 
 
@@ -68,10 +69,10 @@ def batch_bindings(graph: Graph, batch: int, extra: dict[str, int] | None = None
     return bindings
 
 
-def split_gears(graph: Graph, spec) -> tuple[tuple[int, ...], dict[str, tuple[int, ...]]]:
-    """(the batch's buckets, gears over the other symbolic dimensions) from a list of sizes (the
-    batch's) or a mapping of symbol to sizes (``--buckets 'N=1,8 T=16,64'``, the net file's
-    ``gears``); None: the default buckets. A symbol the net does not have is a UserError."""
+def split_buckets(graph: Graph, spec) -> tuple[tuple[int, ...], dict[str, tuple[int, ...]]]:
+    """(the batch's buckets, the buckets over the other symbolic dimensions) from a list of sizes
+    (the batch's) or a mapping of symbol to sizes (``--buckets 'N=1,8 T=16,64'``, the net file's
+    ``buckets``); None: the default buckets. A symbol the net does not have is a UserError."""
     if spec is None:
         return DEFAULT_BUCKETS, {}
     if not isinstance(spec, Mapping):
@@ -80,13 +81,13 @@ def split_gears(graph: Graph, spec) -> tuple[tuple[int, ...], dict[str, tuple[in
     unknown = sorted(set(spec) - graph.symbols())
     if unknown:
         have = ", ".join(sorted(graph.symbols())) or "none"
-        raise UserError(f"gears over {', '.join(unknown)}: the net has no such symbolic dimension (it has: {have})")
+        raise UserError(f"buckets over {', '.join(unknown)}: the net has no such symbolic dimension (it has: {have})")
     buckets = checked_sizes(f"buckets {batch}", spec[batch]) if batch in spec else DEFAULT_BUCKETS
-    return buckets, {k: checked_sizes(f"gears {k}", v) for k, v in spec.items() if k != batch}
+    return buckets, {k: checked_sizes(f"buckets {k}", v) for k, v in spec.items() if k != batch}
 
 
 def checked_sizes(what: str, sizes) -> tuple[int, ...]:
-    """``sizes`` (buckets or gears) as whole numbers from 1 to MAX_SIZE, else a UserError."""
+    """``sizes`` (buckets) as whole numbers from 1 to MAX_SIZE, else a UserError."""
     sizes = tuple(sizes)
     if not sizes:
         raise UserError(f"{what}: give at least one size")
@@ -132,31 +133,33 @@ class InferSession:
 
     def __init__(self, graph: Graph, weights: Mapping[str, np.ndarray], device: Device | str = CPU,
                  buckets: tuple[int, ...] = DEFAULT_BUCKETS, reuse_memory: bool = True,
-                 gears: Mapping[str, tuple[int, ...]] | None = None):
+                 dim_buckets: Mapping[str, tuple[int, ...]] | None = None):
         self.graph = graph
         self.weights = {k: weights[k] for k in graph.weights}
         self.device = parse_device(device)
         self.reuse_memory = reuse_memory
         self.buckets = tuple(sorted(set(checked_sizes("buckets", buckets))))
         self.batch_symbol = batch_symbol(graph)
-        # gears over symbols other than the batch (a sequence length): sizes, smallest first
-        self.gears = {k: tuple(sorted(set(checked_sizes(f"gears {k}", v)))) for k, v in (gears or {}).items()}
+        # buckets over symbols other than the batch (a sequence length): sizes, smallest first
+        self.dim_buckets = {k: tuple(sorted(set(checked_sizes(f"buckets {k}", v))))
+                            for k, v in (dim_buckets or {}).items()}
         self._check_largest_inputs()
-        self.lengths_inputs = {k: lengths_input(k) for k in self.gears if lengths_input(k) in graph.inputs}
+        self.lengths_inputs = {k: lengths_input(k) for k in self.dim_buckets if lengths_input(k) in graph.inputs}
         self.runtime = RuntimeState(np.random.default_rng(0))
         # least recently used first; bounded so that memory does not grow with every new shape
         self.plans: OrderedDict[tuple, Plan] = OrderedDict()
-        self.gear_shapes = int(np.prod([len(v) for v in self.gears.values()])) if self.gears else 1
-        self.max_plans = max(len(self.buckets) * self.gear_shapes, MAX_PLANS)
+        # the shapes but the batch that the buckets over other symbols make
+        self.dim_shapes = int(np.prod([len(v) for v in self.dim_buckets.values()])) if self.dim_buckets else 1
+        self.max_plans = max(len(self.buckets) * self.dim_shapes, MAX_PLANS)
         self.arenas: OrderedDict[tuple, dict] = OrderedDict()   # shape but the batch -> {device: buffer}
         self.lock = threading.RLock()
         self.bucket_runs: Counter = Counter()       # bucket size -> runs (for --verbose)
         self.plans_built = 0                        # plans compiled so far (serve's metrics)
 
     def _check_largest_inputs(self) -> None:
-        """The inputs at the largest bucket and gears (other symbols at 1) must fit the memory
+        """The inputs at the largest buckets (other symbols at 1) must fit the memory
         this process may use: a request is padded up to them before any plan allocates."""
-        largest = {k: v[-1] for k, v in self.gears.items()}
+        largest = {k: v[-1] for k, v in self.dim_buckets.items()}
         if self.batch_symbol is not None:
             largest[self.batch_symbol] = self.buckets[-1]
         if not largest:
@@ -169,8 +172,8 @@ class InferSession:
         why = too_big(total)
         if why is not None:
             sizes = ", ".join(f"{k}={n:,}" for k, n in largest.items())
-            raise UserError(f"the largest buckets and gears ({sizes}) make inputs of {human_bytes(total)}, {why}; "
-                            "give smaller ones (--buckets, or the net file's gears)")
+            raise UserError(f"the largest buckets ({sizes}) make inputs of {human_bytes(total)}, {why}; "
+                            "give smaller ones (--buckets, or the net file's buckets)")
 
     def _shape_key(self, bindings: dict[str, int]) -> tuple:
         return tuple(sorted((k, v) for k, v in bindings.items() if k != self.batch_symbol))
@@ -178,7 +181,7 @@ class InferSession:
     def _allocator(self, shape_key: tuple) -> Callable:
         arenas = self.arenas.setdefault(shape_key, {})
         self.arenas.move_to_end(shape_key)
-        while len(self.arenas) > max(MAX_PLANS, self.gear_shapes):
+        while len(self.arenas) > max(MAX_PLANS, self.dim_shapes):
             self.arenas.popitem(last=False)          # plans still holding one keep it alive
 
         def allocate(device, nbytes: int):
@@ -214,17 +217,18 @@ class InferSession:
         ``example``: arrays giving the sizes of symbolic dimensions other than the batch."""
         base = {} if example is None else bind_symbols(self.graph, {k: np.shape(v) for k, v in example.items()},
                                                           optional=self.lengths_inputs.values())
-        gear_sets = [{**base, **dict(zip(self.gears, combo))} for combo in _combinations(list(self.gears.values()))]
+        shapes = [{**base, **dict(zip(self.dim_buckets, combo))}
+                  for combo in _combinations(list(self.dim_buckets.values()))]
         if self.batch_symbol is None:
-            if self.graph.symbols() - set(gear_sets[0]):
+            if self.graph.symbols() - set(shapes[0]):
                 return 0                              # no shape to build for until a request comes
-            sizes = [(g, None) for g in gear_sets]
+            sizes = [(g, None) for g in shapes]
         else:
-            missing = self.graph.symbols() - set(gear_sets[0]) - {self.batch_symbol}
+            missing = self.graph.symbols() - set(shapes[0]) - {self.batch_symbol}
             if missing:
                 raise UserError(f"to warm the buckets, give the size of {', '.join(sorted(missing))}")
             # per shape, the largest bucket first: its arena is the one the others share
-            sizes = [(g, size) for g in gear_sets for size in reversed(self.buckets)]
+            sizes = [(g, size) for g in shapes for size in reversed(self.buckets)]
         with self.lock:
             for fixed, size in sizes:
                 bindings = dict(fixed) if size is None else {**fixed, self.batch_symbol: size}
@@ -237,23 +241,23 @@ class InferSession:
                 plan.synchronize()
         return len(sizes)
 
-    def _geared(self, arrays: dict[str, np.ndarray], bindings: dict[str, int]) -> dict[str, int]:
-        """Pads ``arrays`` along each gear dimension up to its gear and fills the lengths inputs
+    def _padded_to_buckets(self, arrays: dict[str, np.ndarray], bindings: dict[str, int]) -> dict[str, int]:
+        """Pads ``arrays`` along each bucketed dimension up to its bucket and fills the lengths inputs
         (given ones are checked); returns the real sizes, to cut the outputs back to."""
         real = {}
-        for symbol, sizes in self.gears.items():
+        for symbol, sizes in self.dim_buckets.items():
             if symbol not in bindings:
                 continue
             t = real[symbol] = bindings[symbol]
-            gear = next((g for g in sizes if g >= t), None)
-            if gear is None:
-                raise UserError(f"{symbol}={t} is longer than the largest gear {sizes[-1]}; add a gear that holds "
+            bucket = next((g for g in sizes if g >= t), None)
+            if bucket is None:
+                raise UserError(f"{symbol}={t} is longer than the largest bucket {sizes[-1]}; add a bucket that holds "
                                 f"it (--buckets {symbol}={','.join(map(str, sizes + (t,)))})")
             for name, v in self.graph.inputs.items():
                 axes = [a for a, d in enumerate(v.shape) if isinstance(d, Sym) and d == Sym.named(symbol)]
-                if name in arrays and axes and gear != t:
-                    arrays[name] = _pad_axes(arrays[name], axes, gear)
-            bindings[symbol] = gear
+                if name in arrays and axes and bucket != t:
+                    arrays[name] = _pad_axes(arrays[name], axes, bucket)
+            bindings[symbol] = bucket
             name = self.lengths_inputs.get(symbol)
             if name is None:
                 continue
@@ -268,28 +272,28 @@ class InferSession:
         return real
 
     def _cut(self, name: str, value: np.ndarray, real: dict[str, int]) -> np.ndarray:
-        """An output cut back along the gear dimensions to the request's real sizes."""
+        """An output cut back along the bucketed dimensions to the request's real sizes."""
         shape = self.graph.outputs[name].shape
         index = []
         for d in shape:
             hits = [s for s in real if isinstance(d, Sym) and s in d.symbols]
             if hits and d != Sym.named(hits[0]):
-                raise UserError(f"output '{name}' has the dimension {d}, which mixes the gear dimension "
+                raise UserError(f"output '{name}' has the dimension {d}, which mixes the bucketed dimension "
                                 f"{hits[0]} with another: it cannot be cut back to the real length")
             index.append(slice(0, real[hits[0]]) if hits else slice(None))
         return value[tuple(index)] if any(i.stop is not None for i in index) else value
 
     def _prepared(self, arrays: Mapping[str, np.ndarray]) -> tuple[dict, dict[str, int], dict[str, int]]:
-        """The arrays checked and cast, padded up to their gears with the lengths filled in; the
+        """The arrays checked and cast, padded up to their buckets with the lengths filled in; the
         bindings they run at; the real sizes to cut the outputs back to."""
         optional = self.lengths_inputs.values()
         arrays = check_input_arrays(self.graph, arrays, optional)
         bindings = bind_symbols(self.graph, {k: a.shape for k, a in arrays.items()}, optional)
-        real = self._geared(arrays, bindings) if self.gears else {}
+        real = self._padded_to_buckets(arrays, bindings) if self.dim_buckets else {}
         return arrays, bindings, real
 
     def pad_request(self, arrays: Mapping[str, np.ndarray]) -> tuple[dict, Callable[[dict], dict]]:
-        """A request padded up to its gears (with its lengths), so that requests of different
+        """A request padded up to its buckets (with its lengths), so that requests of different
         lengths run together in one batch; and what cuts its share of the outputs back."""
         padded, _, real = self._prepared(arrays)
         return padded, lambda outputs: {k: self._cut(k, v, real) for k, v in outputs.items()}

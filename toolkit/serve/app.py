@@ -114,8 +114,8 @@ class InferenceServer:
         # requests are stacked along the batch axis only where the net has one
         self.batched = model.session.batch_symbol is not None
         max_rows = model.buckets[-1] if self.batched else 1
-        # gears over a sequence length: requests of different lengths batch together, padded
-        prepare = model.session.pad_request if self.batched and model.session.gears else None
+        # buckets over a sequence length: requests of different lengths batch together, padded
+        prepare = model.session.pad_request if self.batched and model.session.dim_buckets else None
         self.batcher = DynamicBatcher(model.infer, max_rows, max_delay_ms / 1000.0, max_queue, self.metrics,
                                       prepare=prepare)
 

@@ -10,8 +10,8 @@ thread, so the event loop keeps accepting; what arrives meanwhile forms the next
 request of more rows than ``max_rows`` runs alone (the session cuts it into chunks). More than
 ``max_queue`` waiting requests: the next one is refused at once (QueueFull, HTTP 503).
 
-With gears over a sequence length (``prepare``), a request is first padded up to its gear, with
-its lengths: requests of different lengths in one gear then share a batch, and each one's
+With buckets over a sequence length (``prepare``), a request is first padded up to its bucket,
+with its lengths: requests of different lengths in one bucket then share a batch, and each one's
 outputs are cut back to its own length.
 """
 from __future__ import annotations

@@ -33,7 +33,7 @@ class ServerMetrics:
         self.triton = TritonStats()
         # plans compiled so far: after --warm it stays put, or a request paid for a compile
         self.plans_built = Gauge("toolkit_plans_built", "plans compiled since the server started (--warm builds "
-                                 "every bucket and gear first)", registry=r)
+                                 "every bucket first)", registry=r)
 
     def text(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

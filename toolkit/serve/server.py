@@ -213,9 +213,9 @@ def serve(model, host: str, port: int, max_delay_ms: float, max_queue: int, max_
                             timeout_keep_alive=KEEP_ALIVE_S)
     server = uvicorn.Server(config)
     shown = f"[{host}]" if ":" in host else host
-    gears = "".join(f"; gears {k}={','.join(map(str, v))}" for k, v in model.session.gears.items())
+    per_symbol = "".join(f"; buckets {k}={','.join(map(str, v))}" for k, v in model.session.dim_buckets.items())
     print(f"serving '{model.name}' on http://{shown}:{bound} (KServe v2; buckets {','.join(map(str, model.buckets))}"
-          f"{gears}, max delay {max_delay_ms:g} ms, max queue {max_queue})", file=sys.stderr, flush=True)
+          f"{per_symbol}, max delay {max_delay_ms:g} ms, max queue {max_queue})", file=sys.stderr, flush=True)
     # uvicorn stops gracefully on SIGTERM / SIGINT and then raises the signal again under the
     # handler it found: let that be a quiet one, so that a clean shutdown exits 0
     stopped_by = []

@@ -19,7 +19,7 @@ from ..runtime.plan import RuntimeState
 from .data import Dataset
 from .feeding import as_fed, batch_transform, load_data, train_spec
 from .plans import PlanCache
-from .sequences import training_gears
+from .sequences import bucketed_dimensions
 
 SPLITS = ("test", "train")
 
@@ -38,7 +38,7 @@ def evaluate(net: Net, weights: dict[str, np.ndarray] | str | None, split: str =
              device: Device | str = CPU, disable: tuple[str, ...] | None = None, comm=None) -> Evaluation:
     """The net's test phase over the ``split`` of its ``train.data`` with these weights, fed as a
     training run's test passes are (the test transform, the same batches, sequences padded to the
-    same gears). ``weights``: the arrays, or a weights file (None: a zoo net's published ones),
+    same buckets). ``weights``: the arrays, or a weights file (None: a zoo net's published ones),
     read once the data is known to have the split. ``disable``: the passes left out (the net's
     own choice when None); ``comm``: the ranks of a data-parallel job share the examples out, and
     every rank gets the means."""
@@ -55,7 +55,7 @@ def evaluate(net: Net, weights: dict[str, np.ndarray] | str | None, split: str =
         raise NoTestData("the net's data has no test split: set train.data.test_fraction or test_source")
     if weights is None or isinstance(weights, str):
         weights = net.load_weights(net.default_weights(weights))
-    graph = test_graph(net, disable, weights, device, gears=training_gears(net))
+    graph = test_graph(net, disable, weights, device, bucketed=bucketed_dimensions(net))
     if graph is None:
         raise NoTestData("the test phase has no scalar output (add an Accuracy or loss layer in phase test)")
     cache = PlanCache(graph, weights, RuntimeState(np.random.default_rng(0)), device, memory_reuse(disable))
@@ -65,11 +65,11 @@ def evaluate(net: Net, weights: dict[str, np.ndarray] | str | None, split: str =
 
 
 def test_graph(net: Net, disable: tuple[str, ...] = (), weights: dict[str, np.ndarray] | None = None,
-               device: Device | str = CPU, gears: frozenset[str] = frozenset()) -> Graph | None:
+               device: Device | str = CPU, bucketed: frozenset[str] = frozenset()) -> Graph | None:
     """The test phase's scalar outputs, optimised; ``weights`` (when they stay fixed, as in
     ``toolkit test``) are frozen into it. A training run's test graph reads the live weights.
-    ``gears``: a sequence dimension whose batches come padded, with their lengths."""
-    graph = net.graph("test", gears=gears) if gears else net.graph("test")
+    ``bucketed``: a sequence dimension whose batches come padded, with their lengths."""
+    graph = net.graph("test", bucketed=bucketed) if bucketed else net.graph("test")
     graph.outputs = {k: v for k, v in graph.outputs.items() if v.shape == ()}
     if not graph.outputs:
         return None

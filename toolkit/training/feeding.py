@@ -15,7 +15,7 @@ from ..optim.data_parallel import DIST_WEIGHT, ROW_MASK
 from ..frontend.train_checks import image_inputs
 from .data import (Dataset, InputTransform, augment, center_crop, data_folder, fit_to_inputs, load_source, split,
                    transform)
-from .sequences import GearedBatches, attach_lengths, train_gear_sizes, unpack_ragged, uses_lengths
+from .sequences import BucketedBatches, attach_lengths, train_bucket_sizes, unpack_ragged, uses_lengths
 from .sources import Mapped, kind_of as lazy_kind, open_lazy
 
 
@@ -44,10 +44,10 @@ def load_data(net: Net, spec, transformed: bool = True) -> tuple[Dataset, Datase
         test_set = _open_data(net, "test_source", data_spec.test_source, data_spec, crop)
     else:
         train_set, test_set = split(full, data_spec.test_fraction, spec.seed)
-    if uses_lengths(data_spec):               # each batch cut to its gear along T
-        sizes = train_gear_sizes(net)
-        train_set = GearedBatches(train_set, inputs, sizes)
-        test_set = GearedBatches(test_set, inputs, sizes) if test_set is not None else None
+    if uses_lengths(data_spec):               # each batch cut to its bucket along T
+        sizes = train_bucket_sizes(net)
+        train_set = BucketedBatches(train_set, inputs, sizes)
+        test_set = BucketedBatches(test_set, inputs, sizes) if test_set is not None else None
     if not transformed:
         return train_set, test_set
     fed = batch_transform(net, spec)

@@ -1,5 +1,5 @@
 """The plan cache: the compiled plans of one graph, one per batch binding (an epoch's short last
-batch, a sequence gear), all sharing the weight arrays and the runtime state; and what tells a
+batch, a sequence length's bucket), all sharing the weight arrays and the runtime state; and what tells a
 run's progress of each plan's compile."""
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """Training on sequences of different lengths: a source of examples padded to one length T, or
 stored back to back, each with its real length (``train.data.lengths``: the source's array of
 lengths; or ``train.data.padding_value``: where an example's padding begins), fed a batch at a time padded
-only up to the batch's gear (the net file's ``gears`` for T, else the batch's longest example),
+only up to the batch's bucket (the net file's ``buckets`` for T, else the batch's longest example),
 with the lengths in the graph's lengths input: the layers then keep the padding out of attention,
-recurrent states, reductions and the loss (layers/gears.py), as PyTorch's packed sequences do.
+recurrent states, reductions and the loss (layers/padded.py), as PyTorch's packed sequences do.
 """
 from __future__ import annotations
 
@@ -30,8 +30,8 @@ def uses_lengths(data_spec) -> bool:
     return data_spec.lengths is not None or data_spec.padding_value is not None
 
 
-def training_gears(net) -> frozenset[str]:
-    """The gear dimension the train and test graphs are lowered with: T where the data has lengths."""
+def bucketed_dimensions(net) -> frozenset[str]:
+    """The bucketed dimension the train and test graphs are lowered with: T where the data has lengths."""
     spec = net.spec.train
     if spec is None or not uses_lengths(spec.data):
         return frozenset()
@@ -125,22 +125,22 @@ def _lengths_from_padding(arrays: dict, axes: dict, value) -> np.ndarray:
     return lengths
 
 
-class GearedBatches:
-    """A dataset whose batches come cut (or padded with zeros) along T to the smallest gear that
-    holds the batch's longest example, or to that example's length without gears."""
+class BucketedBatches:
+    """A dataset whose batches come cut (or padded with zeros) along T to the smallest bucket that
+    holds the batch's longest example, or to that example's length without buckets."""
 
-    def __init__(self, base, inputs: dict, gears: tuple[int, ...]):
+    def __init__(self, base, inputs: dict, buckets: tuple[int, ...]):
         self.base = base
         self.symbol = sequence_symbol(inputs)
         self.axes = _axes(inputs, self.symbol)
-        self.gears = tuple(sorted(gears))
+        self.buckets = tuple(sorted(buckets))
         self.key = lengths_input(self.symbol)
 
     def __len__(self) -> int:
         return len(self.base)
 
     def size_for(self, longest: int) -> int:
-        return next((g for g in self.gears if g >= longest), longest)
+        return next((g for g in self.buckets if g >= longest), longest)
 
     def take(self, rows) -> dict[str, np.ndarray]:
         batch = self.base.take(rows)
@@ -163,9 +163,9 @@ class GearedBatches:
         return self.take(np.arange(len(self)))
 
 
-def train_gear_sizes(net) -> tuple[int, ...]:
-    """The net file's gears for the sequence dimension (``gears: {T: [...]}``), or none."""
-    gears = net.spec.gears or {}
+def train_bucket_sizes(net) -> tuple[int, ...]:
+    """The net file's buckets for the sequence dimension (``buckets: {T: [...]}``), or none."""
+    buckets = net.spec.buckets or {}
     symbol = sequence_symbol(net.spec.inputs)
-    return tuple(gears.get(symbol, ()))
+    return tuple(buckets.get(symbol, ()))
 

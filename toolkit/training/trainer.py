@@ -33,7 +33,7 @@ from .resume import check_not_finished, resume_into
 from .runs import save_input, save_net
 from .scalars import StepScalars
 from .schedule import learning_rate
-from .sequences import training_gears
+from .sequences import bucketed_dimensions
 from .watch import TensorBoard, trackers
 
 
@@ -70,8 +70,8 @@ class Trainer:
                 raise UserError("data-parallel training runs on the CPU for now (--device cpu)")
             d = spec.distributed
             data_parallel = DataParallel(d.bucket_mb, d.overlap, d.sync_batchnorm)
-        gears = training_gears(net)           # sequences of different lengths: the graphs read theirs
-        self.graph = optimize(train_graph(net, self.cfg, data_parallel=data_parallel, gears=gears), self.disable,
+        bucketed = bucketed_dimensions(net)   # sequences of different lengths: the graphs read theirs
+        self.graph = optimize(train_graph(net, self.cfg, data_parallel=data_parallel, bucketed=bucketed), self.disable,
                               device=device)
         self.dtype = net_dtype(net)
         self.store = self._initial_weights(weights, allow_missing)
@@ -92,7 +92,7 @@ class Trainer:
             self.store = {k: device.to_device(v) for k, v in self.store.items()}
         reuse = memory_reuse(self.disable)
         self.train_plans = PlanCache(self.graph, self.store, self.runtime, device, reuse)
-        tg = test_graph(net, self.disable, device=device, gears=gears) if self.test_set is not None else None
+        tg = test_graph(net, self.disable, device=device, bucketed=bucketed) if self.test_set is not None else None
         self.test_plans = PlanCache(tg, self.store, RuntimeState(np.random.default_rng(0)), device, reuse) if tg else None
         self.loss_tops = [t for t in self.graph.losses if t not in LOGGED]
         measured = [self._metric_key(k) for k, v in tg.outputs.items() if v.shape == ()] if tg else []

@@ -1,6 +1,6 @@
-"""`toolkit serve` with gears over a sequence length: requests of different lengths are padded up
-to their gear and batched together, each answered with its own length's outputs, equal to a plan
-built for that length; a request longer than the largest gear is a 400 that says so."""
+"""`toolkit serve` with buckets over a sequence length: requests of different lengths are padded up
+to their bucket and batched together, each answered with its own length's outputs, equal to a plan
+built for that length; a request longer than the largest bucket is a 400 that says so."""
 from __future__ import annotations
 
 import re
@@ -29,7 +29,7 @@ outputs: [tags, pooled]
 """
 
 
-def test_requests_of_different_lengths_share_a_gear_and_get_their_own_lengths_back(tmp_path):
+def test_requests_of_different_lengths_share_a_bucket_and_get_their_own_lengths_back(tmp_path):
     import toolkit
     from toolkit.weights import save_weights
     (tmp_path / "tagger.yaml").write_text(NET)
@@ -39,10 +39,10 @@ def test_requests_of_different_lengths_share_a_gear_and_get_their_own_lengths_ba
     s = Server("--weights", str(tmp_path / "w.safetensors"), "--buckets", "N=1,2,4,8 T=4,8",
                "--max-delay-ms", "1000", "--warm", net=str(tmp_path / "tagger.yaml"))
     try:
-        assert "warmed 8 bucket plan(s)" in s.log, s.log          # 4 batch buckets x 2 gears
-        assert "buckets 1,2,4,8; gears T=4,8," in s.log, s.log
+        assert "warmed 8 bucket plan(s)" in s.log, s.log          # 4 batch buckets x 2 buckets over T
+        assert "buckets 1,2,4,8; buckets T=4,8," in s.log, s.log
         rng = np.random.default_rng(1)
-        lengths = [3, 8, 1, 6, 4, 7]                    # gears 4 and 8: two batches of three
+        lengths = [3, 8, 1, 6, 4, 7]                    # buckets 4 and 8: two batches of three
         xs = [rng.standard_normal((1, t, 6)).astype(np.float32) for t in lengths]
         results: dict[int, dict] = {}
 
@@ -61,11 +61,11 @@ def test_requests_of_different_lengths_share_a_gear_and_get_their_own_lengths_ba
             np.testing.assert_allclose(results[i]["pooled"], want["pooled"], rtol=1e-5, atol=1e-6)
         with urllib.request.urlopen(f"http://{s.url}/metrics", timeout=5) as r:
             metrics = r.read().decode()
-        # six requests in two batches (one per gear), not six; no plan built on the request path
+        # six requests in two batches (one per bucket), not six; no plan built on the request path
         assert float(re.search(r"^toolkit_batch_requests_count (\S+)", metrics, re.M).group(1)) == 2, metrics
         assert float(re.search(r"^toolkit_plans_built (\S+)", metrics, re.M).group(1)) == 8, metrics
         status, body = s.post("/v2/models/tagger/infer", _json_request(np.zeros((1, 9, 6), np.float32)))
-        assert status == 400 and "T=9 is longer than the largest gear 8" in body["error"], body
+        assert status == 400 and "T=9 is longer than the largest bucket 8" in body["error"], body
     finally:
         assert s.stop() == 0
 

@@ -1,6 +1,6 @@
-"""Which layers may read a padded dimension: gears over a sequence length T (docs/spec.md section
-5) pad each input along T up to the gear and tell the graph each example's real length, so a
-layer's output at the real positions must not depend on what lies in the padding.
+"""Which layers may read a padded dimension: buckets over a sequence length T (docs/spec.md
+section 5) pad each input along T up to its bucket and tell the graph each example's real length,
+so a layer's output at the real positions must not depend on what lies in the padding.
 
 - Per-position layers compute each position from that position alone (activations, Eltwise,
   InnerProduct and Embed over the last axis, Scale, Dropout, Permute; Softmax, Concat, Slice,
@@ -25,24 +25,24 @@ LENGTH_AWARE = frozenset({"MultiHeadAttention", "RNN", "LSTM", "GRU", "Reduction
 ALONG_AN_AXIS = {"Softmax": 1, "LogSoftmax": 1, "Concat": 1, "Slice": 1, "ArgMax": 1}   # (their default axis)
 
 
-def gear_symbol(dim, gears) -> str | None:
-    """The gear symbol ``dim`` is exactly (T, not 2*T or N*T), or None."""
+def bucketed_symbol(dim, bucketed) -> str | None:
+    """The bucketed symbol ``dim`` is exactly (T, not 2*T or N*T), or None."""
     if isinstance(dim, Sym) and len(dim.terms) == 1:
         (mono, coeff), = dim.terms.items()
-        if coeff == 1 and len(mono) == 1 and mono[0] in gears:
+        if coeff == 1 and len(mono) == 1 and mono[0] in bucketed:
             return mono[0]
     return None
 
 
-def _merged(dim, gears) -> bool:
-    return isinstance(dim, Sym) and bool(dim.symbols & set(gears)) and gear_symbol(dim, gears) is None
+def _merged(dim, bucketed) -> bool:
+    return isinstance(dim, Sym) and bool(dim.symbols & set(bucketed)) and bucketed_symbol(dim, bucketed) is None
 
 
-def gear_problem(layer, bottoms, gears, phase: str) -> str | None:
-    """Why ``layer`` cannot read its bottoms padded along the gear dimensions, or None."""
-    names = sorted({gear_symbol(d, gears) for v in bottoms for d in v.shape} - {None})
-    if any(_merged(d, gears) for v in bottoms for d in v.shape):
-        return (f"a bottom's shape merges the gear dimension {', '.join(sorted(gears))} with another, so its "
+def padding_problem(layer, bottoms, bucketed, phase: str) -> str | None:
+    """Why ``layer`` cannot read its bottoms padded along the bucketed dimensions, or None."""
+    names = sorted({bucketed_symbol(d, bucketed) for v in bottoms for d in v.shape} - {None})
+    if any(_merged(d, bucketed) for v in bottoms for d in v.shape):
+        return (f"a bottom's shape merges the bucketed dimension {', '.join(sorted(bucketed))} with another, so its "
                 "padded positions can no longer be told apart")
     if not names:
         return None
@@ -57,13 +57,13 @@ def gear_problem(layer, bottoms, gears, phase: str) -> str | None:
         axis = getattr(layer, "axis", None)
         axis = (ALONG_AN_AXIS.get(kind, -1) if axis is None else axis) % max(x.rank, 1)
         touched = range(axis, x.rank) if kind == "LayerNorm" else (axis,)
-        if not any(gear_symbol(v.shape[a], gears) for v in bottoms for a in touched if a < v.rank):
+        if not any(bucketed_symbol(v.shape[a], bucketed) for v in bottoms for a in touched if a < v.rank):
             return None
-        return (f"it works along the gear dimension {reads} (axis {axis}), where the padding lies; "
-                f"gears over {reads} need it along another axis")
+        return (f"it works along the bucketed dimension {reads} (axis {axis}), where the padding lies; "
+                f"buckets over {reads} need it along another axis")
     why = "its batch statistics would count the padding" if kind == "BatchNorm" else \
         f"its result at a real position would depend on the padding along {reads}"
-    return (f"gears over {reads} pad it, and {why}; the layers that can read a padded {reads}: "
+    return (f"buckets over {reads} pad it, and {why}; the layers that can read a padded {reads}: "
             "MultiHeadAttention, RNN, LSTM, GRU, Reduction, SoftmaxWithLoss and per-position layers "
             "(activations, Eltwise, InnerProduct and Embed, Scale, Dropout, Permute, Softmax / Concat / "
             "Slice / LayerNorm along another axis)")
