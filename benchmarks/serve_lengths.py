@@ -1,16 +1,17 @@
 #!/usr/bin/env python
-"""`toolkit serve` with requests of random sequence lengths: gears over T against a plan per length.
+"""`toolkit serve` with requests of random sequence lengths: buckets over T against a plan per length.
 
     python benchmarks/serve_lengths.py [--nets gru,decoder] [--requests 400] [--concurrency 1,8]
-                                       [--max-length 128] [--gears 16,32,64,128]
+                                       [--max-length 128] [--length-buckets 16,32,64,128]
 
 Each net (benchmarks/nets/gru_lengths.yaml, decoder_lengths.yaml: a stacked bidirectional GRU and
 a two-block causal transformer, both over [N, T, 16]) is served three times, with random weights,
 each server starting from an empty kernel cache (a server meeting these lengths for the first
 time):
 
-- gears: `--buckets 'N=1,2,4,8 T=16,32,64,128' --warm`: every request is padded up to its gear,
-  requests of different lengths in one gear share a batch, and no plan is built after the warm-up;
+- buckets: `--buckets 'N=1,2,4,8 T=16,32,64,128' --warm`: every request is padded up to its
+  bucket, requests of different lengths in one bucket share a batch, and no plan is built after
+  the warm-up;
 - per length: `--buckets 1,2,4,8`: each new length T builds plans of its own on the request path
   (the session keeps the 16 most recent), and only requests of the same length batch. Its kernels
   take the sizes when they run, so most new lengths load a library already compiled;
@@ -110,7 +111,9 @@ def main(argv=None) -> int:
     p.add_argument("--requests", type=int, default=400)
     p.add_argument("--concurrency", default="1,8")
     p.add_argument("--max-length", type=int, default=128)
-    p.add_argument("--gears", default="16,32,64,128")
+    # (--gears: the old name, still taken)
+    p.add_argument("--length-buckets", "--gears", dest="length_buckets", default="16,32,64,128",
+                   help="the buckets over T of the first way of serving (default: %(default)s)")
     p.add_argument("--json", metavar="FILE", help="also write the rows as JSON lines")
     args = p.parse_args(argv)
     import toolkit
@@ -127,7 +130,7 @@ def main(argv=None) -> int:
                 for t in rng.integers(1, args.max_length + 1, 256)]
         exact = toolkit.load(str(net_file), weights=str(weights), buckets=[1])
         want = [exact.infer(data=x)["prob"] for x in pool]
-        modes = (("gears", ["--buckets", f"N=1,2,4,8 T={args.gears}", "--warm"], {}),
+        modes = (("buckets", ["--buckets", f"N=1,2,4,8 T={args.length_buckets}", "--warm"], {}),
                  ("per length", ["--buckets", "1,2,4,8"], {}),
                  ("per length, sizes compiled in", ["--buckets", "1,2,4,8"], {"TOOLKIT_RUN_TIME_SIZES": "0"}))
         for mode, flags, env in modes:
@@ -145,7 +148,8 @@ def main(argv=None) -> int:
                     proc.wait(30)
                 rows.append(row)
                 print(json.dumps(row), file=sys.stderr, flush=True)
-    print(f"lengths 1..{args.max_length}, {args.requests} single-row requests per run; gears T={args.gears}\n")
+    print(f"lengths 1..{args.max_length}, {args.requests} single-row requests per run; "
+          f"buckets T={args.length_buckets}\n")
     print("| net | serving | clients | p50 ms | p90 ms | p99 ms | requests/s | plans built while serving | wrong |")
     print("|---|---|--:|--:|--:|--:|--:|--:|--:|")
     for r in rows:
