@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: test test-slow test-native train bench bench-optimizer clean
+.PHONY: test test-fast test-slow test-native lint train bench bench-optimizer clean
 
 $(VENV)/.installed-test: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -16,8 +16,18 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/python -m pip install --quiet -e .
 	touch $@
 
+# The whole suite: every tier, the generated C kernels in the folders tests/tiers.py names.
 test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -q
+
+# The unit tests of every package (tests/tiers.py lists them), the numpy kernels only: about a
+# minute on two cores. The five slowest are listed, to keep the tier honest.
+test-fast: $(VENV)/.installed-test
+	TOOLKIT_NATIVE=0 $(BIN)/python -m pytest -q -m "fast and not slow" --durations=5 $$($(BIN)/python -m tests.tiers)
+
+# ruff: pyflakes, pycodestyle and import order, configured in pyproject.toml.
+lint: $(VENV)/.installed-test
+	$(BIN)/ruff check .
 
 # The longer sweeps (3000 random nets through the optimiser against the reference interpreter).
 test-slow: $(VENV)/.installed-test

@@ -1,19 +1,32 @@
-"""Shared test fixtures: seeded random generators and the path of the repository.
+"""Shared test fixtures, and the set-up of every test session.
 
-Plans run the numpy kernels in the suite unless TOOLKIT_NATIVE is set (``make test-native``
-runs everything through the generated kernels): compiling a native unit for each of the
-suite's thousands of one-off plans would take most of its time budget. tests/runtime/
-test_native.py runs every op case and every zoo net both ways and compares them.
+The suite's own kernel cache: ``TOOLKIT_CACHE`` is set to a temporary folder of the session
+before anything imports toolkit, so the kernels it compiles (and any zoo file a test fetches
+without a cache of its own) never land in the user's cache, child processes inherit it, and a
+kernel is compiled once per session. The folder is removed at the end.
+
+The tiers of tests/tiers.py: tests in its ``NATIVE_FOLDERS`` run the generated C kernels, the
+rest the numpy kernels, unless TOOLKIT_NATIVE is given to pytest (``make test-native`` runs every
+test native, ``make test-fast`` none); the tests listed in its ``FAST`` are marked ``fast``.
 """
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
-os.environ.setdefault("TOOLKIT_NATIVE", "0")
+_SESSION_CACHE = tempfile.mkdtemp(prefix="toolkit-test-cache-")
+os.environ["TOOLKIT_CACHE"] = _SESSION_CACHE
+NATIVE_GIVEN = os.environ.get("TOOLKIT_NATIVE", "").strip() != ""
+if not NATIVE_GIVEN:
+    os.environ["TOOLKIT_NATIVE"] = "0"
 
-import numpy as np
-import pytest
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from tests.tiers import FAST, NATIVE_FOLDERS, NOT_FAST, listed  # noqa: E402
+from toolkit import settings  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -23,7 +36,25 @@ def rng() -> np.random.Generator:
     return np.random.default_rng(1234)
 
 
+@pytest.fixture(autouse=True)
+def kernels_of_the_folder(request, monkeypatch):
+    """The generated C kernels for a test in NATIVE_FOLDERS: in this process through the settings,
+    in the child processes it starts through the environment."""
+    folder = request.node.path.relative_to(ROOT / "tests").parts[0]
+    if NATIVE_GIVEN or folder not in NATIVE_FOLDERS:
+        yield
+        return
+    monkeypatch.setenv("TOOLKIT_NATIVE", "1")
+    with settings.use(native=True):
+        yield
+
+
+@pytest.hookimpl(tryfirst=True)           # before -m reads the marks
 def pytest_collection_modifyitems(config, items):
+    fast = pytest.mark.fast
+    for item in items:
+        if listed(item.nodeid, FAST) and not listed(item.nodeid, NOT_FAST):
+            item.add_marker(fast)
     try:
         import cupy  # noqa: F401
         has_gpu = cupy.cuda.runtime.getDeviceCount() > 0
@@ -34,3 +65,7 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "gpu" in item.keywords:
                 item.add_marker(skip)
+
+
+def pytest_unconfigure(config):
+    shutil.rmtree(_SESSION_CACHE, ignore_errors=True)
