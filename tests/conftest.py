@@ -5,9 +5,10 @@ before anything imports toolkit, so the kernels it compiles (and any zoo file a 
 without a cache of its own) never land in the user's cache, child processes inherit it, and a
 kernel is compiled once per session. The folder is removed at the end.
 
-The tiers of tests/tiers.py: tests in its ``NATIVE_FOLDERS`` run the generated C kernels, the
-rest the numpy kernels, unless TOOLKIT_NATIVE is given to pytest (``make test-native`` runs every
-test native, ``make test-fast`` none); the tests listed in its ``FAST`` are marked ``fast``.
+The tiers of tests/tiers.py: tests in its ``NATIVE_FOLDERS`` (less ``NUMPY_KERNELS``) run the
+generated C kernels, the rest the numpy kernels, unless TOOLKIT_NATIVE is given to pytest (``make
+test-native`` runs every test native, ``make test-fast`` none); the tests its ``FAST`` lists are
+marked ``fast``.
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ if not NATIVE_GIVEN:
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from tests.tiers import FAST, NATIVE_FOLDERS, NOT_FAST, listed  # noqa: E402
+from tests.tiers import FAST, NATIVE_FOLDERS, NOT_FAST, NUMPY_KERNELS, listed  # noqa: E402
 from toolkit import settings  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,7 +42,7 @@ def kernels_of_the_folder(request, monkeypatch):
     """The generated C kernels for a test in NATIVE_FOLDERS: in this process through the settings,
     in the child processes it starts through the environment."""
     folder = request.node.path.relative_to(ROOT / "tests").parts[0]
-    if NATIVE_GIVEN or folder not in NATIVE_FOLDERS:
+    if NATIVE_GIVEN or folder not in NATIVE_FOLDERS or listed(request.node.nodeid, NUMPY_KERNELS):
         yield
         return
     monkeypatch.setenv("TOOLKIT_NATIVE", "1")
