@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal, Optional
 
 from schemas.base import ParamLayerBase
-
 from toolkit.errors import UserError
 from toolkit.ir.dims import Sym
 from toolkit.ir.graph import Graph, TensorType, Value, copy_nodes

@@ -108,7 +108,8 @@ def test_copy_graph_copies_bodies_and_maps_values():
     (inner,) = bodies_of(copied.nodes[0])
     assert inner is not body and inner.graph is not body.graph
     assert [n.op for n in inner.graph.nodes] == ["add"] and inner.graph.nodes[0] is not body.graph.nodes[0]
-    assert copied.nodes[0].inputs == [values[x.id]] and copied.outputs["y"] is values[y.id] is copied.nodes[0].outputs[0]
+    assert copied.nodes[0].inputs == [values[x.id]]
+    assert copied.outputs["y"] is values[y.id] is copied.nodes[0].outputs[0]
     assert values[x.id] is not x and values[x.id].type == x.type and copied.nodes[0] is not graph.nodes[0]
     copied.nodes[0].attrs.clear()
     inner.graph.nodes.clear()

@@ -7,17 +7,28 @@ import numpy as np
 import pytest
 
 from toolkit.compile import add_gradients, forward_graph
+from toolkit.errors import UserError
 from toolkit.frontend import Net
 from toolkit.ir.graph import Graph
+from toolkit.ops.interpreter import interpret
 from toolkit.ops.verify import VerifyError, verify
+from toolkit.optim.solvers import SolverConfig, add_solver
 from toolkit.passes import pipeline as pipeline_module
 from toolkit.passes.context import PassContext
-from toolkit.errors import UserError
-from toolkit.passes.pipeline import (PIPELINE, PLAN_SWITCHES, PassFailed, PassRecord, Stage, UnknownPass, contracts,
-                                     memory_reuse, no_optimize, pass_names, run_pipeline)
-from toolkit.ops.interpreter import interpret
+from toolkit.passes.pipeline import (
+    PIPELINE,
+    PLAN_SWITCHES,
+    PassFailed,
+    PassRecord,
+    Stage,
+    UnknownPass,
+    contracts,
+    memory_reuse,
+    no_optimize,
+    pass_names,
+    run_pipeline,
+)
 from toolkit.runtime.plan import Plan
-from toolkit.optim.solvers import SolverConfig, add_solver
 
 NET = """\
 name: convpool
@@ -153,7 +164,8 @@ def test_a_failing_pass_is_named_and_a_user_error_passes_through(net, monkeypatc
     def divides(graph: Graph, ctx: PassContext) -> bool:
         return 1 // len([])
     monkeypatch.setattr(pipeline_module, "PIPELINE", [Stage("fold_constants", divides, "divides by zero")])
-    with pytest.raises(PassFailed, match=r"^pass 'fold_constants' failed on graph 'infer': ZeroDivisionError: ") as info:
+    failed = r"^pass 'fold_constants' failed on graph 'infer': ZeroDivisionError: "
+    with pytest.raises(PassFailed, match=failed) as info:
         run_pipeline(net.graph("infer"))
     assert isinstance(info.value, RuntimeError) and isinstance(info.value.__cause__, ZeroDivisionError)
 

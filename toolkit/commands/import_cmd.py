@@ -106,7 +106,8 @@ def _onnx(args, stage: Path) -> tuple[list[str], list[tuple[str, str]], object]:
         _write(stage, text, weights, f"# imported from {source.name} by `toolkit import onnx`\n")
         return [f"imported {net.name}: {len(loaded.model.graph.node)} ONNX nodes as {len(net.spec.layers)} layers, "
                 f"{_count(weights):,} parameters; wrote {out / 'net.yaml'} and {out / 'model.safetensors'} (the "
-                "layers compute what the model does: checked on random inputs)"] + blob_names(loaded.model)[2], read, net
+                "layers compute what the model does: checked on random inputs)"] + blob_names(loaded.model)[2], \
+            read, net
     import shutil
     shutil.copyfile(source, stage / source.name)
     for data in loaded.data_files:        # where the copy's tensors keep their data, checked when read
@@ -163,6 +164,7 @@ def _as_layers(source: Path, loaded, base: dict, graph_net, graph_weights):
 
     from layers.onnx.convert import import_proto, needed
     from layers.onnx.to_layers import to_layers
+
     from ..runtime.plan import Plan
     from ..runtime.session import batch_bindings
     from ..zoo.resolve import load_net
@@ -215,9 +217,10 @@ def _input_shapes(items: list[str]) -> dict[str, list[int]]:
 def _caffe(args, stage: Path) -> tuple[list[str], list[tuple[str, str]], object]:
     """net.yaml (and mean.npy, model.safetensors) written into ``stage``; the lines that say so,
     the files the prototxt names that were read (its mean image), and the net as loaded to check it."""
+    from schemas.net import DATA_TRANSFORM_KEYS
+
     from ..importers.caffe.net import import_net, import_weights, read_prototxt, to_yaml
     from ..importers.caffe.solver import import_solver
-    from schemas.net import DATA_TRANSFORM_KEYS
     from ..zoo.resolve import load_net
     out = Path(args.out)
     net, ctx, weighted, notes = import_net(args.prototxt, tuple(args.stage), _input_shapes(args.input_shape))
@@ -247,7 +250,7 @@ def _caffe(args, stage: Path) -> tuple[list[str], list[tuple[str, str]], object]
     try:
         loaded = load_net(str(target), text=text)      # what `toolkit check` will say, before writing
     except UserError as e:
-        raise UserError(f"the imported net does not load (a gap in the importer; please report it): "
+        raise UserError("the imported net does not load (a gap in the importer; please report it): "
                         + "; ".join(str(p) for p in e.problems)) from None
     from ..fileio import atomic_write
     said = []

@@ -5,7 +5,6 @@ as nodes are added. Every problem is collected with the location of the key it c
 from __future__ import annotations
 
 import os
-
 from dataclasses import dataclass
 from typing import Any
 

@@ -17,8 +17,8 @@ from ..ir.graph import Graph, copy_graph
 from ..ir.live import keep_live
 from ..ops.base import Builder
 from . import net_weights
-from .lower import OBJECTIVE, Lowered, lower_phase, lowering_key
 from .compose import compose
+from .lower import OBJECTIVE, Lowered, lower_phase, lowering_key
 from .resolver import ZOO_PREFIX, Resolver, zoo_model
 from .spec import duplicate_layer_names, from_command_line, validate_net
 from .train_checks import train_problems
@@ -255,6 +255,7 @@ def _with_wiring_problems(error: SpecError) -> SpecError:
 def _onnx_net_text(path: str) -> str:
     """The net file of an ONNX model given where a net is expected."""
     import os
+
     from ..importers.onnx.files import loaded_model
     from ..importers.onnx.netfile import net_text
     return net_text(loaded_model(path).model, os.path.basename(path), _onnx_layer_name(path))

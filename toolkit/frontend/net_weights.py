@@ -103,8 +103,8 @@ def _onnx_weights(net, path: str, seed: int, dtype: str | None, allow_missing: b
                      if not _reads(net.spec, layer, path, os.path.dirname(net.file))})
     if others and not allow_missing:
         raise UserError(f"--weights {path}: an ONNX file holds the weights of the ONNX layers that read it; "
-                        f"layer '{others[0]}' needs a weights file (.safetensors or .npz), or --allow-missing to start it "
-                        "from its fillers")
+                        f"layer '{others[0]}' needs a weights file (.safetensors or .npz), or --allow-missing to "
+                        "start it from its fillers")
     return init_weights(net, seed, dtype)
 
 
