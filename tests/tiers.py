@@ -38,10 +38,10 @@ FAST = (
     "tests/passes/test_gemm.py", "tests/passes/test_pipeline.py", "tests/passes/test_simplify.py",
     "tests/runtime/test_concurrency.py", "tests/runtime/test_memory.py", "tests/runtime/test_parallel.py",
     "tests/runtime/test_plan.py", "tests/runtime/test_plan_build.py", "tests/runtime/test_team.py",
-    "tests/runtime/test_blocked_layout.py", "tests/runtime/test_conv_blocks.py", "tests/runtime/test_winograd.py",
+    "tests/kernels/test_blocked_layout.py", "tests/kernels/test_conv_blocks.py", "tests/kernels/test_winograd.py",
     "tests/serve/test_api.py",
     "tests/test_docs.py", "tests/test_house_rules.py",
-    "tests/train/test_data.py", "tests/train/test_fillers.py", "tests/train/test_solvers.py",
+    "tests/train/test_data.py", "tests/train/test_fillers.py", "tests/optim/test_solvers.py",
     "tests/zoo/test_card_classes.py", "tests/zoo/test_cards.py", "tests/zoo/test_sources.py",
 )
 

@@ -59,7 +59,7 @@ for cid, xs, ws, stride, pad, dil, group in CONV:
 
 # the blocked channel layout (the layout pass's ops): reorders written here as explicit index
 # loops, the blocked convolution against torch between them (in the plan: the weight fed, so the
-# numpy kernel; the native one, which takes frozen weights, is tests/runtime/test_blocked_layout.py's)
+# numpy kernel; the native one, which takes frozen weights, is tests/kernels/test_blocked_layout.py's)
 def _nchw_to_blocked(x, block=16):
     n, c, h, w = x.shape
     out = np.zeros((n, -(-c // block), h, w, block), x.dtype)       # a padded last block's lanes: 0

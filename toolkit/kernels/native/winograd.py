@@ -14,7 +14,7 @@ loops over a row of tiles. Measured per layer on ResNet-50 (batch 1, two threads
 frozen weight (inference) is transformed once as the plan is built; a weight fed each run (the
 train step) is transformed in the kernel, which still wins (ResNet-50's train step at batch 8:
 0.88x). Rounding: the transforms add and halve, which float32
-carries to about 1e-6 relative for these sizes (tests/runtime/test_native.py holds it to the
+carries to about 1e-6 relative for these sizes (tests/kernels/test_native.py holds it to the
 reference).
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Convolutions through cuDNN (kernels/gpu/dnn.py).
 
 Unmarked tests run them on the numpy stand-in for CuPy with a host build of the cuDNN entry
-points (fake_cudnn.c), which checks every descriptor against the others and ranks a
+points (tests/runtime/fake_cudnn.c), which checks every descriptor against the others and ranks a
 non-deterministic algorithm first: every convolution case of the op table, in float32, float64
 and float16, equals the CPU kernel through cuDNN; ``TOOLKIT_CUDNN=0`` and a library that cannot
 be loaded fall back to the im2col kernels, which equal it too; LeNet trains to the CPU's losses
