@@ -143,3 +143,15 @@ def test_every_entry_of_the_tiers_names_a_test_that_exists():
             missing.append(entry)
     missing += [f"tests/{folder}/" for folder in NATIVE_FOLDERS if not (ROOT / "tests" / folder).is_dir()]
     assert not missing, missing
+
+
+def test_a_tier_entry_takes_a_folder_a_file_a_test_and_its_parameters():
+    from tests.tiers import listed
+    entries = ("tests/ir/", "tests/ops/test_op_table.py", "tests/runtime/test_team.py::test_step")
+    assert listed("tests/ir/test_dims.py::test_x", entries)
+    assert listed("tests/ops/test_op_table.py::test_forward[add-float32]", entries)
+    assert listed("tests/runtime/test_team.py::test_step[True]", entries)
+    assert listed("tests/runtime/test_team.py::test_step", entries)
+    assert not listed("tests/runtime/test_team.py::test_steps", entries)
+    assert not listed("tests/irx/test_dims.py::test_x", entries)
+    assert not listed("tests/ops/test_op_table_more.py::test_y", entries)

@@ -54,7 +54,7 @@ NOT_FAST = (
 
 def listed(nodeid: str, entries) -> bool:
     """Whether the test ``nodeid`` (FILE::NAME[PARAMS]) is in one of ``entries``."""
-    return any(nodeid.startswith(e) if e.endswith("/") else nodeid == e or nodeid.startswith(e + "::")
+    return any(nodeid.startswith(e) if e.endswith("/") else nodeid == e or nodeid.startswith((e + "::", e + "["))
                for e in entries)
 
 
