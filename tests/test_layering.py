@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # unit -> the units it may import (its own files aside). A unit is a package of toolkit/, a
 # top-level module of toolkit/, or layers/ and schemas/. Keep in step with docs/architecture.md.
 GROUND = {"toolkit/errors", "toolkit/fileio", "toolkit/cachedir", "toolkit/hostmem", "toolkit/hostcpu",
-          "toolkit/settings", "toolkit/onnxtypes"}
+          "toolkit/settings", "toolkit/onnxtypes", "toolkit/version"}
 ALLOWED: dict[str, set[str]] = {
     "toolkit/errors": set(),
     "toolkit/fileio": {"toolkit/errors"},
@@ -23,6 +23,8 @@ ALLOWED: dict[str, set[str]] = {
     "toolkit/hostcpu": set(),
     # ONNX's element-type numbers, read by the importer and written by the exporter
     "toolkit/onnxtypes": set(),
+    # the version the server, the model cards and --version name
+    "toolkit/version": set(),
     # every knob, read from the environment once (docs/settings.md)
     "toolkit/settings": {"toolkit/errors"},
     "schemas": set(),
@@ -53,12 +55,13 @@ ALLOWED: dict[str, set[str]] = {
     # the plan `toolkit bench`, the tests and the benchmarks time (beside training: above compile)
     "toolkit/benchmarking": GROUND | {"toolkit/ir", "toolkit/backend", "toolkit/optim", "toolkit/passes",
                                       "toolkit/runtime", "toolkit/frontend", "toolkit/compile"},
-    "toolkit/zoo": GROUND | {"schemas", "toolkit/__init__", "toolkit/ir", "toolkit/backend", "toolkit/passes",
+    "toolkit/zoo": GROUND | {"schemas", "toolkit/ir", "toolkit/backend", "toolkit/passes",
                              "toolkit/runtime", "toolkit/frontend", "toolkit/weights", "toolkit/compile",
                              "toolkit/training"},
     "toolkit/inference": GROUND | {"toolkit/ir", "toolkit/backend", "toolkit/passes", "toolkit/runtime",
                                    "toolkit/frontend", "toolkit/compile", "toolkit/zoo"},
-    "toolkit/serve": GROUND | {"toolkit/__init__"},
+    # serving knows no training, no compiler: the model it serves is handed to it
+    "toolkit/serve": GROUND,
     "toolkit/api": GROUND | {"toolkit/ir", "toolkit/backend", "toolkit/runtime", "toolkit/frontend", "toolkit/compile",
                              "toolkit/training", "toolkit/zoo", "toolkit/inference"},
     # the faces: anything below them

@@ -1,5 +1,5 @@
 """A declarative deep-learning toolkit: Caffe-style YAML nets compiled to optimised dataflow graphs."""
-__version__ = "0.1.0"
+from .version import __version__
 
 __all__ = ["Net", "load", "train", "Model", "UserError", "__version__"]
 

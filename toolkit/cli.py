@@ -15,7 +15,7 @@ import sys
 import warnings
 from dataclasses import dataclass
 
-from . import __version__
+from .version import __version__
 from .commands.options import (
     ALLOW_MISSING,
     BUCKETS,

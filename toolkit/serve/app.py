@@ -33,7 +33,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from .. import __version__
+from ..version import __version__
 from ..errors import UserError
 from .batcher import DynamicBatcher, QueueFull
 from .metrics import ServerMetrics

@@ -151,7 +151,7 @@ def publish(dir: Path | str, to_folder: Path | str, name: str | None = None, lic
     and README.md (the card, its metric measured) in ``to_folder/NAME``, with input.json where
     the folder has one, and index.json. A net trained on data from files is refused unless
     ``bundle``, which adds the data as data.npz (and test.npz) and points the net at them."""
-    from .. import __version__
+    from ..version import __version__
     from .resolve import load_net
     from ..weights import load_weights
     from .resolve import model_name

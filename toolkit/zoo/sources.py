@@ -38,8 +38,8 @@ def shipped_zoo_dir() -> Path:
     """The zoo that ships with the toolkit: the repository's top-level ``zoo/`` in a checkout (or
     an editable install), else the copy a wheel installs under ``PREFIX/share/toolkit/zoo``."""
     import sysconfig
-    import toolkit
-    checkout = Path(toolkit.__file__).resolve().parent.parent / "zoo"
+    # this file is toolkit/zoo/sources.py: the checkout's root is three folders up
+    checkout = Path(__file__).resolve().parents[2] / "zoo"
     if checkout.is_dir():
         return checkout
     return Path(sysconfig.get_path("data")) / "share" / "toolkit" / "zoo"
