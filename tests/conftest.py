@@ -2,8 +2,9 @@
 
 The suite's own kernel cache: ``TOOLKIT_CACHE`` is set to a temporary folder of the session
 before anything imports toolkit, so the kernels it compiles (and any zoo file a test fetches
-without a cache of its own) never land in the user's cache, child processes inherit it, and a
-kernel is compiled once per session. The folder is removed at the end.
+without a cache of its own, and matplotlib's font list) never land in the user's cache; child
+processes inherit it, and a kernel is compiled once per session. The folder is removed at the
+end.
 
 The tiers of tests/tiers.py: tests in its ``NATIVE_FOLDERS`` (less ``NUMPY_KERNELS``) run the
 generated C kernels, the rest the numpy kernels, unless TOOLKIT_NATIVE is given to pytest (``make
@@ -19,6 +20,8 @@ from pathlib import Path
 
 _SESSION_CACHE = tempfile.mkdtemp(prefix="toolkit-test-cache-")
 os.environ["TOOLKIT_CACHE"] = _SESSION_CACHE
+# matplotlib (the graph and curve plots) keeps its font list in the user's cache folder otherwise
+os.environ.setdefault("MPLCONFIGDIR", os.path.join(_SESSION_CACHE, "matplotlib"))
 NATIVE_GIVEN = os.environ.get("TOOLKIT_NATIVE", "").strip() != ""
 if not NATIVE_GIVEN:
     os.environ["TOOLKIT_NATIVE"] = "0"
