@@ -39,6 +39,7 @@ FAST = (
     "tests/runtime/test_concurrency.py", "tests/runtime/test_memory.py", "tests/runtime/test_parallel.py",
     "tests/runtime/test_plan.py", "tests/runtime/test_plan_build.py", "tests/runtime/test_team.py",
     "tests/kernels/test_blocked_layout.py", "tests/kernels/test_conv_blocks.py", "tests/kernels/test_winograd.py",
+    "tests/schemas/",
     "tests/serve/test_api.py",
     "tests/test_docs.py", "tests/test_house_rules.py",
     "tests/train/test_data.py", "tests/train/test_fillers.py", "tests/optim/test_solvers.py",
