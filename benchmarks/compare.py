@@ -103,8 +103,8 @@ def pin_threads(threads: int) -> None:
 # -- PyTorch peer: peers.torch_net, the same translation the parity tests use ------------
 def torch_peer(net, weights, phase: str):
     """The net's ``phase`` as a TorchNet loaded with ``weights`` (solver slots left out)."""
-    from toolkit.errors import UserError
     from peers.torch_net import TorchNet
+    from toolkit.errors import UserError
 
     for layer in net.spec.layers:
         if layer.type == "Dropout" and phase == "train" and layer.dropout_ratio > 0 and phase in layer.phases:
@@ -284,6 +284,7 @@ def cpu_name() -> str:
 def bench_infer(net, weights, bindings, args, rng):
     import numpy as np
     import torch
+
     from toolkit.compile import forward_graph
     from toolkit.runtime.plan import Plan
 
@@ -309,6 +310,7 @@ def bench_infer(net, weights, bindings, args, rng):
         onnx_model = onnx.load(onnx_file)
     elif not args.no_ort:
         import onnxruntime as ort
+
         from peers.onnx_export import UnsupportedLayer, build_onnx_model
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = args.threads          # 0 is ONNX Runtime's own default
@@ -368,12 +370,11 @@ def bench_infer(net, weights, bindings, args, rng):
 def bench_train(net, weights, bindings, args, rng):
     import numpy as np
     import torch
-    from toolkit.compile import train_step_graph
-    from toolkit.frontend.lower import OBJECTIVE
-    from toolkit.runtime.plan import Plan
 
-    from toolkit.compile import solver_config
+    from toolkit.compile import solver_config, train_step_graph
+    from toolkit.frontend.lower import OBJECTIVE
     from toolkit.optim.solvers import host_values
+    from toolkit.runtime.plan import Plan
 
     solver = solver_config(net)                           # the net's own solver, else plain SGD
     if solver.type not in ("sgd", "nesterov") or solver.clip_gradients:
@@ -502,8 +503,8 @@ def main(argv=None) -> int:
         print(f"compare.py needs the bench extra (pip install -e '.[bench]'): {e}", file=sys.stderr)
         return 2
     from toolkit.errors import UserError
-    from toolkit.zoo.resolve import load_net
     from toolkit.runtime.session import batch_bindings
+    from toolkit.zoo.resolve import load_net
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -31,8 +31,8 @@ def worker(args) -> None:
 
     from toolkit.distributed.comm import use
     from toolkit.distributed.launcher import world
-    from toolkit.zoo.resolve import load_net
     from toolkit.training.trainer import Trainer
+    from toolkit.zoo.resolve import load_net
     overrides = [(("train", "data", "batch_size"), args.batch),
                  (("train", "distributed", "overlap"), bool(args.overlap)),
                  (("train", "max_iter"), 100000)]

@@ -78,11 +78,12 @@ def measure(net_path: Path, batch: int, train: bool, dtype: str, args) -> dict:
     import cupy
     import numpy as np
     import torch
+
+    from peers.torch_net import TorchNet
     from toolkit.benchmarking import bench_plan, stand_in_weights
     from toolkit.compile import solver_config
-    from toolkit.zoo.resolve import load_net
     from toolkit.frontend.lower import OBJECTIVE
-    from peers.torch_net import TorchNet
+    from toolkit.zoo.resolve import load_net
 
     net = load_net(str(net_path))
     half = dtype == "float16"

@@ -62,8 +62,8 @@ def convolution_contexts(net_path: Path, batch: int, dtype: str):
 def builders(op: str):
     from toolkit.backend.registry import load_device
     load_device("gpu")
-    from toolkit.kernels.gpu import arrays, dnn
     from toolkit.kernels.cpu.conv import CONV_KERNELS
+    from toolkit.kernels.gpu import arrays, dnn
     return dnn.BUILDERS[op], arrays._over_cupy(CONV_KERNELS[op])
 
 

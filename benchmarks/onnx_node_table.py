@@ -25,8 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from peers.onnx_conformance import (case_ops, in_scope, light_cases, model_cases,  # noqa: E402
-                                              node_cases, run_case)
+from peers.onnx_conformance import case_ops, in_scope, light_cases, model_cases, node_cases, run_case  # noqa: E402
 
 MODEL_SUITES = ("pytorch-converted", "pytorch-operator", "light")
 

@@ -28,6 +28,7 @@ from compare import cpu_name  # noqa: E402  (this folder's side-by-side script: 
 
 def measure(net, batch: int, train: bool, rounds: int, iters: int) -> dict:
     import numpy as np
+
     from toolkit.benchmarking import bench_plan
     from toolkit.compile import disabled_passes
 

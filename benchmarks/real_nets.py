@@ -53,9 +53,9 @@ def gemm_rate(threads: int, size: int = 1024, repeats: int = 5) -> float:
 def net_flops(net_file: Path) -> float:
     """The infer pass's FLOPs per image."""
     sys.path.insert(0, str(ROOT))
+    from toolkit.ir.dims import evaluate
     from toolkit.ops.flops import graph_flops
     from toolkit.runtime.session import batch_bindings
-    from toolkit.ir.dims import evaluate
     from toolkit.zoo.resolve import load_net
     graph = load_net(str(net_file)).graph("infer", "float32")
     return float(evaluate(graph_flops(graph), batch_bindings(graph, 1)))

@@ -4,7 +4,22 @@
 """
 from schemas.net import build_net_model
 
-from . import activations, attention, caffe_extra, control, conv, dense, embed, losses, normalization, onnx, recurrent, scale, structure, tensors  # noqa: F401  (registration)
+from . import (  # noqa: F401  (registration)
+    activations,
+    attention,
+    caffe_extra,
+    control,
+    conv,
+    dense,
+    embed,
+    losses,
+    normalization,
+    onnx,
+    recurrent,
+    scale,
+    structure,
+    tensors,
+)
 from .registry import LAYERS, LayerDef, LayerError
 
 NetSpec = build_net_model([d.params for d in LAYERS.values()])

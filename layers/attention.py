@@ -17,7 +17,6 @@ from typing import Annotated, ClassVar, Literal
 from pydantic import Field
 
 from schemas.base import Bool, ParamLayerBase, PositiveInt
-
 from toolkit.ir.dims import format_dim, product
 
 from .registry import LayerError, layer, need_float_input, static_dim

@@ -4,7 +4,6 @@ from __future__ import annotations
 from typing import Literal, Optional
 
 from schemas.base import Bool, LayerBase, PadPair, Pair, ParamLayerBase, PositiveInt
-
 from toolkit.ir.dims import product
 
 from .registry import LayerError, layer, layer_axis, pair, static_dim

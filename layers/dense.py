@@ -4,7 +4,6 @@ from __future__ import annotations
 from typing import Literal
 
 from schemas.base import Bool, ParamLayerBase, PositiveInt
-
 from toolkit.ir.dims import product
 
 from .registry import layer, layer_axis, static_dim

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Literal
 
 from schemas.base import Bool, ParamLayerBase, PositiveInt
-
 from toolkit.ir.graph import INT_DTYPES
 
 from .registry import LayerError, layer

@@ -3,9 +3,7 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal, Optional
 
-
 from schemas.base import LayerBase, PositiveInt
-
 from toolkit.ir.dims import product
 
 from .registry import LayerError, layer

@@ -8,7 +8,6 @@ from typing import Annotated, Literal, Optional
 from pydantic import Field
 
 from schemas.base import Bool, LayerBase, Number, ParamLayerBase, PositiveInt
-
 from toolkit.ir.dims import format_dim
 from toolkit.ops.collective import row_mask
 from toolkit.ops.reduce import reduced_count

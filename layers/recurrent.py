@@ -15,7 +15,6 @@ from typing import Annotated, ClassVar, Literal, Optional
 from pydantic import Field
 
 from schemas.base import Bool, ParamLayerBase, PositiveInt
-
 from toolkit.ops.control import loop
 
 from .registry import LayerError, layer, need_float_input, static_dim

@@ -5,7 +5,6 @@ from dataclasses import dataclass
 from typing import Callable
 
 from schemas.base import LayerBase
-
 from toolkit.ir.graph import FLOAT_DTYPES
 
 

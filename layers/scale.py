@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import ClassVar, Literal
 
 from schemas.base import Bool, ParamLayerBase
-
 from toolkit.ir.dims import format_dim
 
 from .registry import LayerError, layer, layer_axis, need_float_input, static_dim

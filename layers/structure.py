@@ -4,7 +4,6 @@ from __future__ import annotations
 from typing import ClassVar, Literal, Optional
 
 from schemas.base import LayerBase, Number
-
 from toolkit.ir.dims import DimError, product
 
 from .registry import LayerError, layer, layer_axis

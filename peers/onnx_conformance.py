@@ -88,8 +88,8 @@ def _integer_sources(case, name: str, inputs) -> set[str]:
 def run_case(case) -> tuple[str, str]:
     """("pass", ""), ("fail", why) or ("unsupported", why). Where the importer needs an integer
     input known (an axes or shape input), each data set's values are frozen into the model."""
-    from toolkit.errors import UserError
     from layers.onnx import import_proto
+    from toolkit.errors import UserError
     try:
         imported = import_proto(case.model, case.name)
     except UserError as e:

@@ -17,7 +17,6 @@ from typing import Callable, Mapping
 import numpy as np
 
 from schemas.base import weight_owner
-
 from toolkit.errors import UserError
 from toolkit.ir.dims import Sym, evaluate, format_dim
 from toolkit.onnxtypes import ONNX_TYPE_NUMBER

@@ -15,7 +15,6 @@ import sys
 import warnings
 from dataclasses import dataclass
 
-from .version import __version__
 from .commands.options import (
     ALLOW_MISSING,
     BUCKETS,
@@ -34,6 +33,7 @@ from .commands.options import (
     positive_int,
 )
 from .errors import UserError
+from .version import __version__
 
 
 class _Parser(argparse.ArgumentParser):

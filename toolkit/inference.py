@@ -5,7 +5,6 @@ batch buckets."""
 from __future__ import annotations
 
 import sys
-
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 

@@ -20,8 +20,7 @@ from typing import Callable
 import numpy as np
 
 from toolkit.errors import UserError
-from toolkit.importers.onnx.files import (MIN_OPSET, opened, read_model, symbol_name,  # noqa: F401
-                                          type_name)
+from toolkit.importers.onnx.files import MIN_OPSET, opened, read_model, symbol_name, type_name  # noqa: F401
 from toolkit.ir.dims import Dim, DimError, Sym
 from toolkit.ir.graph import Graph, TensorType, Value, Weight
 from toolkit.onnxtypes import ONNX_ELEMENT_TYPES

@@ -10,6 +10,7 @@ import numpy as np
 from toolkit.ir.dims import DimError, Sym
 from toolkit.ir.graph import Value
 from toolkit.onnxtypes import ONNX_ELEMENT_TYPES
+
 from .convert import FOLDERS, NUMPY, NodeError, is_const, is_symbolic
 
 # ops that draw random numbers are never folded (the graph has no op for them: they stay unsupported)

@@ -8,11 +8,11 @@ import json
 import numpy as np
 import pytest
 
-from toolkit.cli import main
-from toolkit.benchmarking import bench_plan
-from toolkit.frontend import Net
 from toolkit.backend.devices import parse_device
 from toolkit.backend.placement import Placement
+from toolkit.benchmarking import bench_plan
+from toolkit.cli import main
+from toolkit.frontend import Net
 
 NET = """\
 name: placed

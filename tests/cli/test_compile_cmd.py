@@ -8,11 +8,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_helpers import LENET, col_of, expect_error, line_of, run_cli, write_net
 
 from toolkit import settings
 from toolkit.passes.pipeline import pass_names
-
-from cli_helpers import LENET, col_of, expect_error, line_of, run_cli, write_net
 
 BN_NET = """
 name: bnnet

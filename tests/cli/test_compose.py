@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-
 from cli_helpers import REPO, col_of, expect_error, line_of, run_cli, write_net
+
 from toolkit import settings
 from toolkit.errors import SpecError
 from toolkit.frontend import Net

@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 
 import numpy as np
-
 from cli_helpers import run_cli, write_net
+
 from toolkit.benchmarking import bench_plan
 from toolkit.frontend.heads import with_objective
 from toolkit.weights import save_weights

@@ -15,12 +15,12 @@ import shutil
 from typing import get_args
 
 import pytest
-
 from cli_helpers import LENET, assert_clean_failure, col_of, expect_error, line_of, run_cli, write_net
+
+from toolkit.commands.dot import FUSED_FILL, SOLVER_TYPES, _role, to_dot
 from toolkit.compile import optimize, train_graph
 from toolkit.frontend import Net
 from toolkit.ir import Graph, Node, TensorType, Value, Weight
-from toolkit.commands.dot import FUSED_FILL, SOLVER_TYPES, _role, to_dot
 
 # A convolution read only by a max pooling (fusable), a loss for train, an accuracy for test.
 NET = """

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from cli_helpers import run_cli, write_net
 
 REAL = Path(__file__).resolve().parents[2] / ".." / "shared" / "real-models"
@@ -156,8 +155,9 @@ def test_import_records_the_labels_and_infer_names_the_classes(tmp_path):
     names; `toolkit infer cat.jpg --top 5` of the real SqueezeNet prints them, ranked and scored as
     Caffe's preprocessing written here with PIL and numpy (warp to 256 x 256, centre crop 227,
     BGR, minus the ILSVRC mean) and the net run without a transform rank and score them."""
-    import toolkit
     from PIL import Image
+
+    import toolkit
     out = tmp_path / "sq"
     r = run_cli("import", "caffe", REAL / "squeezenet_v1.0_deploy.prototxt", "--weights",
                 REAL / "squeezenet_v1.0_deep_compression.caffemodel", "--out", out,

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_helpers import run_cli, write_net
 
 from toolkit.commands.infer import RowProgress
 from toolkit.commands.io import read_inputs
@@ -20,8 +21,6 @@ from toolkit.frontend import Net
 from toolkit.runtime.session import InferSession
 from toolkit.training.data import load_digits
 from toolkit.weights import save_weights
-
-from cli_helpers import run_cli, write_net
 
 ROOT = Path(__file__).resolve().parents[2]
 LENET = str(ROOT / "zoo" / "lenet" / "net.yaml")

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 
 from toolkit.compile import optimize, solver_config, train_graph
-from toolkit.optim.data_parallel import DIST_WEIGHT, DataParallel, bucket_summary
 from toolkit.frontend import Net
 from toolkit.ir.binding import bind_symbols
-from toolkit.runtime.plan import Plan, RuntimeState
+from toolkit.optim.data_parallel import DIST_WEIGHT, DataParallel, bucket_summary
 from toolkit.optim.solvers import host_values, initial_state
+from toolkit.runtime.plan import Plan, RuntimeState
 
 ROOT = Path(__file__).resolve().parents[2]
 COLLECTIVE = ("allreduce_start", "allreduce_wait")

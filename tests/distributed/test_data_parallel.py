@@ -6,8 +6,8 @@ job. Each run is a few dozen iterations of the zoo's digit nets."""
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,9 +17,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from safetensors.numpy import load_file
-
 from mpi_helpers import HAVE_MPI, MPIEXEC, ROOT, TOOLKIT  # noqa: F401
+from safetensors.numpy import load_file
 
 pytestmark = pytest.mark.skipif(not HAVE_MPI, reason="the dist extra (mpi4py and an MPI wheel) is not installed")
 

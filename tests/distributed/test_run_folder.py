@@ -15,12 +15,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from mpi_helpers import HAVE_MPI, MPIEXEC, ROOT, TOOLKIT  # noqa: F401
 
 from toolkit.distributed.comm import Solo
 from toolkit.errors import UserError
 from toolkit.training.start import choose_run_folder
-
-from mpi_helpers import HAVE_MPI, MPIEXEC, ROOT, TOOLKIT  # noqa: F401
 
 needs_mpi = pytest.mark.skipif(not HAVE_MPI, reason="the dist extra (mpi4py and an MPI wheel) is not installed")
 

@@ -63,6 +63,7 @@ def _caffemodel(v1: bool = False, legacy: bool = False, double: bool = False) ->
 
 def _onnx_seeds() -> dict[str, bytes]:
     import warnings
+
     from onnx.backend.test.case import node
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -51,6 +51,7 @@ def _limit_memory(memory_mb: int) -> None:
 def _engine(target: str, findings: Path, engine_args: list[str]) -> None:
     """Runs inside the child: instruments the toolkit, then hands the target to atheris."""
     import atheris
+
     from tests.fuzz import targets
     with atheris.instrument_imports(include=INSTRUMENTED):
         targets.warm_up()

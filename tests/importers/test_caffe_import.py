@@ -171,8 +171,9 @@ def _write_caffemodel(path: Path, blobs: dict[str, list[np.ndarray]], v1: bool =
 
 
 def test_a_net_of_caffe_constructs_runs_to_caffes_outputs(tmp_path):
-    import toolkit
     import torch.nn.functional as F
+
+    import toolkit
     rng = np.random.default_rng(0)
     w = {
         "conv1": [rng.standard_normal((8, 3, 3, 3)) * 0.3, rng.standard_normal(8) * 0.1],

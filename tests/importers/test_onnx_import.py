@@ -20,10 +20,10 @@ import pytest
 onnx = pytest.importorskip("onnx", reason="the onnx extra reads the models")
 pytest.importorskip("onnxruntime", reason="the onnx extra's runtime is the reference")
 
+from layers.onnx import import_model  # noqa: E402
 from peers.onnx_conformance import data_dir, model_cases, node_cases, run_case, table  # noqa: E402
 from tests.train.train_helpers import cli  # noqa: E402
 from toolkit.errors import UserError  # noqa: E402
-from layers.onnx import import_model  # noqa: E402
 from toolkit.ops.interpreter import interpret  # noqa: E402
 
 RECORDED = json.loads((Path(__file__).parent / "onnx_conformance_passes.json").read_text())
@@ -224,8 +224,9 @@ def test_a_loop_with_a_known_trip_count_runs_as_onnx_runtime_does(tmp_path, earl
 @pytest.mark.parametrize("name, layered", [("lenet", True), ("resnet", True), ("mlp", True), ("branchnet", True),
                                            ("gru_digits", False), ("transformer_digits", False)])
 def test_import_writes_the_catalogs_layers_where_every_node_maps_to_one(tmp_path, name, layered):
-    import toolkit
     import yaml
+
+    import toolkit
     out = tmp_path / f"{name}.onnx"
     assert cli("export", "onnx", f"zoo:{name}", "-o", out).status == 0
     r = cli("import", "onnx", out, "--out", tmp_path / "imp")

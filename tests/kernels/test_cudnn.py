@@ -106,8 +106,8 @@ def test_lenet_trains_to_the_cpu_losses_with_cudnn_convolutions_captured_or_not(
 @pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU with cupy (run on a GPU machine)")
 @pytest.mark.parametrize("dtype", ["float32", "float64", "float16"])
 def test_every_convolution_case_through_cudnn_on_the_device(dtype, monkeypatch):
-    from tests.runtime.gpu_stand_in import compare_case
     from tests.ops.op_cases import CASES, feeds, one_node_graph
+    from tests.runtime.gpu_stand_in import compare_case
     from toolkit.backend.registry import load_device
     load_device("gpu")
     from toolkit.kernels.gpu import dnn

@@ -17,11 +17,11 @@ import pytest
 
 from tests.codegen.tiny_kernels import fill_kernel
 from toolkit import settings
+from toolkit.benchmarking import bench_plan
 from toolkit.codegen import toolchain
-from toolkit.errors import UserError
 from toolkit.codegen.loops import Buf, For, Kernel, Names, Store, lift
 from toolkit.codegen.render import CDialect, CudaDialect
-from toolkit.benchmarking import bench_plan
+from toolkit.errors import UserError
 from toolkit.frontend import Net
 from toolkit.runtime.plan import Plan, RuntimeState
 

@@ -11,12 +11,12 @@ import pytest
 torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
 
+from toolkit import settings  # noqa: E402
 from toolkit.codegen import microkernel, toolchain  # noqa: E402
+from toolkit.compile import optimize  # noqa: E402
 from toolkit.ir.graph import Graph, TensorType, Value  # noqa: E402
 from toolkit.ops.base import Builder  # noqa: E402
-from toolkit.compile import optimize  # noqa: E402
 from toolkit.runtime.plan import Plan  # noqa: E402
-from toolkit import settings  # noqa: E402
 
 pytestmark = pytest.mark.skipif(toolchain.compiler() is None or not microkernel.available(),
                                 reason="needs a C compiler and an AVX-512 processor")

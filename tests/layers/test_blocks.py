@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from toolkit.ops.autodiff import differentiate
 from toolkit.compile import add_gradients
 from toolkit.frontend import OBJECTIVE, Net
+from toolkit.ops.autodiff import differentiate
 from toolkit.runtime.plan import Plan, RuntimeState
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "cli"))

@@ -41,6 +41,7 @@ def test_a_top_that_only_renames_an_input_is_an_output_and_a_copy(tmp_path):
     phase's whole work is the identity, and its output is still 'drop' (Caffe's would be),
     returned as the caller's values, not the caller's array."""
     import numpy as np
+
     import toolkit
 
     path = tmp_path / "net.yaml"

@@ -23,16 +23,16 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from numeric_asserts import TOL, assert_close  # noqa: E402  (tests/ is on the path)
+
 from layers import LAYERS  # noqa: E402
 from layers.control import BLOCK_TYPES  # noqa: E402
-from toolkit.ops.autodiff import differentiate  # noqa: E402
+from peers.torch_net import TorchNet, to_numpy  # noqa: E402
 from toolkit.compile import add_gradients  # noqa: E402
 from toolkit.frontend import OBJECTIVE, Net  # noqa: E402
 from toolkit.ir.graph import FLOAT_DTYPES  # noqa: E402
-from peers.torch_net import TorchNet, to_numpy  # noqa: E402
+from toolkit.ops.autodiff import differentiate  # noqa: E402
 from toolkit.runtime.plan import Plan  # noqa: E402
-
-from numeric_asserts import TOL, assert_close  # noqa: E402  (tests/ is on the path)
 
 IMAGE_NET = """
 name: mixed_image

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from toolkit.ops.autodiff import differentiate
 from toolkit.compile import add_gradients
 from toolkit.frontend import OBJECTIVE, Net
+from toolkit.ops.autodiff import differentiate
 from toolkit.runtime.plan import Plan, RuntimeState
 
 NET = """

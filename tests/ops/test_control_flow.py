@@ -6,15 +6,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from toolkit.ops.autodiff import AutodiffError, differentiate
 from toolkit.ir.dims import Sym
 from toolkit.ir.graph import Graph, TensorType, Value, Weight
-from toolkit.ops.verify import VerifyError, verify
+from toolkit.ops.autodiff import AutodiffError, differentiate
 from toolkit.ops.base import Builder, ShapeError
 from toolkit.ops.control import if_, loop
+from toolkit.ops.interpreter import interpret
+from toolkit.ops.verify import VerifyError, verify
 from toolkit.passes.context import PassContext
 from toolkit.passes.pipeline import run_pipeline
-from toolkit.ops.interpreter import interpret
 from toolkit.runtime.plan import Plan
 
 N = Sym.named("N")

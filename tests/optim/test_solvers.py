@@ -17,8 +17,8 @@ from torch import nn  # noqa: E402
 from schemas.train import LrPolicy, SolverSpec, lr_policy_problems  # noqa: E402
 from toolkit.errors import UserError  # noqa: E402
 from toolkit.frontend import Net  # noqa: E402
-from toolkit.training.schedule import learning_rate  # noqa: E402
 from toolkit.optim.solvers import BIAS1, BIAS2, LR, SolverConfig, host_values  # noqa: E402
+from toolkit.training.schedule import learning_rate  # noqa: E402
 from toolkit.training.trainer import Trainer  # noqa: E402
 from toolkit.weights import save_weights  # noqa: E402
 

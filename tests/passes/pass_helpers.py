@@ -14,10 +14,10 @@ import numpy as np
 
 from toolkit.ir.dims import Sym
 from toolkit.ir.graph import Graph, TensorType, Value, Weight
-from toolkit.ops.verify import verify
 from toolkit.ops import Builder
 from toolkit.ops.control import bodies_of
 from toolkit.ops.interpreter import interpret
+from toolkit.ops.verify import verify
 from toolkit.passes.context import PassContext
 from toolkit.runtime.plan import Plan
 

@@ -4,6 +4,7 @@ freezing weights. Each: what changed, the verifier, and the numbers before == af
 from __future__ import annotations
 
 import numpy as np
+from pass_helpers import N, Tiny, apply, assert_same_numbers, check_pass, ops, random_feeds
 
 from toolkit.ops.autodiff import differentiate
 from toolkit.ops.verify import verify
@@ -11,8 +12,6 @@ from toolkit.passes.constants import FOLD_FREE_BYTES, dedup_constants, fold_cons
 from toolkit.passes.context import PassContext
 from toolkit.passes.cse import eliminate_common
 from toolkit.passes.prune import eliminate_dead_code
-
-from pass_helpers import N, Tiny, apply, assert_same_numbers, check_pass, ops, random_feeds
 
 
 # -- fold_constants ------------------------------------------------------------------------------

@@ -40,15 +40,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import netgen
 import numpy as np
 import pytest
 
-import netgen
 from toolkit.compile import add_gradients, forward_graph, train_step_graph
 from toolkit.frontend import Net
 from toolkit.ops.interpreter import interpret
-from toolkit.runtime.plan import Plan, RuntimeState
 from toolkit.optim.solvers import SolverConfig, add_solver, host_values
+from toolkit.runtime.plan import Plan, RuntimeState
 
 SEED_ENV = "TOOLKIT_DIFF_SEED"
 FORWARD_NETS, TRAIN_NETS = 300, 150

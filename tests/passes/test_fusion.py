@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from pass_helpers import N, Tiny, apply, check_pass, ops, random_feeds
 
 from toolkit.backend.registry import KERNELS, load_device
 from toolkit.compile import optimize
@@ -16,8 +17,6 @@ from toolkit.passes.batchnorm import fold_batch_norm
 from toolkit.passes.fuse import fuse_elementwise, fuse_epilogue
 from toolkit.passes.pipeline import no_optimize
 from toolkit.runtime.plan import Plan
-
-from pass_helpers import N, Tiny, apply, check_pass, ops, random_feeds
 
 HEAD = """\
 name: t

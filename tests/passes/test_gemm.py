@@ -6,17 +6,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from pass_helpers import N, Tiny, check_pass, ops
 
 from toolkit.compile import optimize, solver_config, train_graph
 from toolkit.frontend import Net
+from toolkit.ops.interpreter import interpret
 from toolkit.ops.verify import verify
+from toolkit.optim.solvers import host_values
 from toolkit.passes.gemm import batch_gemms
 from toolkit.passes.prune import eliminate_dead_code
-from toolkit.ops.interpreter import interpret
 from toolkit.runtime.plan import Plan
-from toolkit.optim.solvers import host_values
-
-from pass_helpers import N, Tiny, check_pass, ops
 
 BRANCHES = """\
 name: branches
@@ -171,9 +170,10 @@ def test_small_independent_products_become_one_batched_matmul(rng):
 
 
 def test_compile_json_shows_the_gemm_counts(net, tmp_path):
-    import json
     import contextlib
     import io
+    import json
+
     from toolkit.cli import main
     path = tmp_path / "net.yaml"
 

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from pass_helpers import Tiny, apply, check_pass, ops
 
 from toolkit.passes.context import PassContext
 from toolkit.passes.simplify import RULES, simplify
-
-from pass_helpers import Tiny, apply, check_pass, ops
 
 
 def _graph(phase="infer"):

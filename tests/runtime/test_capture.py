@@ -250,6 +250,7 @@ def test_a_gemm_before_the_workspace_is_set_after_the_stream_fails(tmp_path):
     stream (cuBLAS would then allocate inside a captured graph): the order blas.py keeps is the
     one the stand-in checks on every GEMM of every test."""
     import ctypes
+
     from tests.runtime.gpu_stand_in import fake_cublas
     if CXX is None:
         pytest.skip("building the stand-in cuBLAS needs a C compiler")

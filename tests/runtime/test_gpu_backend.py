@@ -215,6 +215,7 @@ def test_half_conversions_of_the_cuda_dialect_equal_numpy(tmp_path):
     (where the tests run it): every one of the 65536 half bit patterns read, and float32 values
     across the range written (ties, subnormals, overflow to inf, nan), against numpy's."""
     import ctypes
+
     from toolkit.codegen.render import HALF_HELPERS
     source = ("#include <math.h>\n" + HALF_HELPERS +
               'extern "C" void read_all(const unsigned short *h, float *f, long n) '

@@ -48,9 +48,9 @@ def test_sequence_models_train_on_the_gpu_as_on_the_cpu(tmp_path, zoo_name, loop
 
 
 def test_a_symbolic_length_loop_gru_infers_on_the_gpu_at_several_lengths(tmp_path):
+    from toolkit.backend.devices import to_host
     from toolkit.compile import optimize
     from toolkit.frontend import Net
-    from toolkit.backend.devices import to_host
     from toolkit.runtime.session import InferSession
 
     path = tmp_path / "gru_t.yaml"

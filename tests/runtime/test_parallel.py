@@ -7,10 +7,10 @@ import pytest
 
 from toolkit.compile import forward_graph, train_step_graph
 from toolkit.frontend import Net
-from toolkit.runtime import parallel
 from toolkit.ops.interpreter import interpret
-from toolkit.runtime.plan import Plan
 from toolkit.optim.solvers import SolverConfig, host_values
+from toolkit.runtime import parallel
+from toolkit.runtime.plan import Plan
 
 NET = """\
 name: split

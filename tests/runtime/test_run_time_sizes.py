@@ -13,7 +13,7 @@ import pytest
 
 from toolkit import settings
 from toolkit.codegen import toolchain
-from toolkit.codegen.loops import Bin, Buf, Const, For, Kernel, Names, Size, SizeInt, Store, Un, lift, sizes_used
+from toolkit.codegen.loops import Buf, Const, For, Kernel, Names, Size, SizeInt, Store, Un, lift, sizes_used
 from toolkit.codegen.native import NativeCall, with_sizes
 from toolkit.codegen.render import CDialect, CudaDialect
 from toolkit.compile import add_gradients, optimize

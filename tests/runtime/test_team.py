@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from toolkit import hostcpu, settings
-from toolkit.codegen import toolchain
 from toolkit.benchmarking import bench_plan
+from toolkit.codegen import toolchain
 from toolkit.frontend import Net
 from toolkit.runtime import parallel, team
 from toolkit.runtime.plan import Plan

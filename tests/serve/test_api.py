@@ -16,8 +16,8 @@ def model():
 
 
 def test_infer_equals_the_reference_interpreter_at_any_batch(model):
-    from toolkit.zoo.resolve import load_net
     from toolkit.ops.interpreter import interpret
+    from toolkit.zoo.resolve import load_net
     net = load_net("zoo:lenet")
     weights = net.load_weights(net.default_weights(None))
     x = np.random.default_rng(0).standard_normal((150, 1, 8, 8)).astype(np.float32)   # 64 + 64 + 22

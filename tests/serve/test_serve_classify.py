@@ -13,7 +13,6 @@ import struct
 import subprocess
 import sys
 import zlib
-from pathlib import Path
 
 import numpy as np
 import pytest

@@ -10,14 +10,18 @@ import os
 
 import numpy as np
 import pytest
+import safetensors.numpy as st_numpy
 from safetensors.numpy import load_file
 
-import safetensors.numpy as st_numpy
 from tests.train.train_helpers import assert_same_arrays, sets, sha, train
 from toolkit.cli import main
-from toolkit.training.checkpoint import (Checkpoint, find_resume_point, list_checkpoints, read_checkpoint,
-                                      write_checkpoint)
-
+from toolkit.training.checkpoint import (
+    Checkpoint,
+    find_resume_point,
+    list_checkpoints,
+    read_checkpoint,
+    write_checkpoint,
+)
 
 # ---------------------------------------------------------------------------------------------
 # 2. checkpoints are atomic; keep_last

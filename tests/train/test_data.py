@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from toolkit.cli import main
-from toolkit.frontend.spec import parse_overrides
 from toolkit.frontend import Net
+from toolkit.frontend.spec import parse_overrides
 from toolkit.training.data import BatchOrder, Dataset, load_digits, split, transform
 from toolkit.training.feeding import load_data, train_spec
 

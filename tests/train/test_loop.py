@@ -20,10 +20,17 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from tests.train.train_helpers import (assert_same_arrays, assert_same_checkpoints, cli, net_data, records, sets,
-                                       softmax_xent, train)
+from tests.train.train_helpers import (
+    assert_same_arrays,
+    assert_same_checkpoints,
+    cli,
+    net_data,
+    records,
+    sets,
+    softmax_xent,
+    train,
+)
 from toolkit.training.checkpoint import find_resume_point, list_checkpoints, read_checkpoint, write_checkpoint
-
 
 # ---------------------------------------------------------------------------------------------
 # 1. resume is exact

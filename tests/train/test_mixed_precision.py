@@ -12,12 +12,12 @@ import torch
 
 from tests.train.train_helpers import RESUME_NET, cli, make_data
 from toolkit import settings
+from toolkit.backend.devices import gpu_available
 from toolkit.compile import train_graph
 from toolkit.frontend import OBJECTIVE, Net
-from toolkit.passes import precision
-from toolkit.backend.devices import gpu_available
 from toolkit.optim.loss_scaling import SCALE, STEPS, TRACKER, MixedPrecision
 from toolkit.optim.solvers import SolverConfig, host_values
+from toolkit.passes import precision
 from toolkit.training.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -23,9 +23,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from numeric_asserts import assert_close as shared_assert_close
 import pytest
 import yaml
+from numeric_asserts import assert_close as shared_assert_close
 
 import toolkit.training.trainer as trainer_module
 

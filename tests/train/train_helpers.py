@@ -14,7 +14,6 @@ import numpy as np
 from toolkit.cli import main
 from toolkit.training.checkpoint import list_checkpoints, read_checkpoint
 
-
 # ip1 -> BatchNorm -> ReLU -> Dropout -> ip2: every kind of state a resume must carry (weights,
 # running statistics, solver slots, the dropout generator). 45 training examples in batches of
 # 8: an epoch is 6 iterations, the last one a short batch of 5.
@@ -143,8 +142,8 @@ def softmax_xent(w: dict, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
 
 def net_data(net_path: Path, *overrides):
     """The net (with overrides), its train/test sets and batch order, as the trainer builds them."""
-    from toolkit.frontend.spec import parse_overrides
     from toolkit.frontend import Net
+    from toolkit.frontend.spec import parse_overrides
     from toolkit.training.data import BatchOrder
     from toolkit.training.feeding import load_data, train_spec
     net = Net.load(str(net_path), parse_overrides(list(overrides)))

@@ -6,9 +6,9 @@ import shutil
 from pathlib import Path
 
 import pytest
+from zoo_helpers import LENET, NAME, start_server
 
 from toolkit import settings
-from zoo_helpers import LENET, NAME, start_server
 
 
 @pytest.fixture(autouse=True)

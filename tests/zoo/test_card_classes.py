@@ -11,8 +11,8 @@ import shutil
 import numpy as np
 import pytest
 from pydantic import ValidationError
-
 from zoo_helpers import LENET, run
+
 from toolkit import settings
 from toolkit.zoo.card import read_card
 

@@ -6,8 +6,8 @@ import shutil
 import textwrap
 
 import pytest
-
 from zoo_helpers import LENET, ROOT, run
+
 from toolkit.errors import SpecError, UserError
 from toolkit.zoo import resolve as resolve_module
 from toolkit.zoo.card import parse_card, read_card, render_card, write_card

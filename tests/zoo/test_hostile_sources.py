@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from zoo_helpers import LENET, NAME, ROOT, WEIGHTS, Result, cache_folder, git, leftovers, needs_git, row, run
+
 from schemas.card import ModelCard
 from toolkit.zoo import cache as zoo_cache
 from toolkit.zoo import card as zoo_card

@@ -7,11 +7,11 @@ import shutil
 
 import numpy as np
 import pytest
-
 from zoo_helpers import LENET, NAME, run
+
 from toolkit import settings
-from toolkit.zoo.card import read_card, sha256_file
 from toolkit.weights import load_weights
+from toolkit.zoo.card import read_card, sha256_file
 
 TASK = "image classification (10 digits)"
 DRAFT = f"""\

@@ -9,8 +9,8 @@ import shutil
 import time
 
 import pytest
-
 from zoo_helpers import LENET, NAME, WEIGHTS, cache_folder, git, leftovers, needs_git, row, run
+
 from toolkit import settings
 from toolkit.errors import UserError
 from toolkit.zoo.card import sha256_file
@@ -60,7 +60,9 @@ def test_get_over_http_then_test_and_infer_reproduce_the_card(server, tmp_path):
     """The issue's acceptance in small: `zoo get` from loopback, then `toolkit test zoo:NAME`
     gives the card's metric and `toolkit infer zoo:NAME` the same accuracy, from the cache alone."""
     import json
+
     import numpy as np
+
     from toolkit.zoo.card import read_card
     assert run("zoo", "get", NAME, "--source", server.url).status == 0
     server.stop()                                           # everything below runs from the cache

@@ -15,8 +15,33 @@ from __future__ import annotations
 import math
 
 from . import microkernel
-from .loops import (SIZES_PARAM, Bin, Buf, Call, Cast, Cmp, Const, Extern, For, Gemm, If, Kernel, Let, Load,
-                    PackedGemm, Select, Set, Size, SizeInt, Store, ThreadIndex, Un, Var, sizes_used, walk)
+from .loops import (
+    SIZES_PARAM,
+    Bin,
+    Buf,
+    Call,
+    Cast,
+    Cmp,
+    Const,
+    Extern,
+    For,
+    Gemm,
+    If,
+    Kernel,
+    Let,
+    Load,
+    PackedGemm,
+    Select,
+    Set,
+    Size,
+    SizeInt,
+    Store,
+    ThreadIndex,
+    Un,
+    Var,
+    sizes_used,
+    walk,
+)
 
 C_TYPES = {"float32": "float", "float64": "double", "int64": "int64_t", "int32": "int32_t", "bool": "int"}
 FLOAT_SUFFIX = {"float32": "f", "float64": ""}

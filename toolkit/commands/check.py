@@ -4,9 +4,9 @@ from __future__ import annotations
 import json
 import math
 
-from ..zoo.resolve import load_net
 from ..ir.dims import format_count, format_dim
 from ..ops.flops import graph_flops
+from ..zoo.resolve import load_net
 
 PHASE_ORDER = ("infer", "test", "train")
 

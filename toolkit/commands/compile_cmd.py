@@ -11,14 +11,15 @@ import numpy as np
 from ..backend.options import check_device
 from ..compile import disabled_passes, optimize, train_graph
 from ..errors import UserError
+from ..frontend.spec import parse_overrides
 from ..ir.dims import Dim, evaluate, format_count
 from ..ops.flops import graph_flops
 from ..optim.data_parallel import DataParallel, bucket_summary
-from ..passes.pipeline import PassRecord, contracts as pass_contracts, memory_reuse
+from ..passes.pipeline import PassRecord, memory_reuse
+from ..passes.pipeline import contracts as pass_contracts
 from ..runtime.plan import Plan, memory_figures
 from ..runtime.session import batch_symbol
 from ..training.feeding import train_spec
-from ..frontend.spec import parse_overrides
 from ..zoo.resolve import load_net
 
 

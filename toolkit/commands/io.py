@@ -10,11 +10,20 @@ from typing import Iterator, Mapping
 
 import numpy as np
 
-from ..arrayfiles import (IMAGE_SUFFIXES, CsvRows, ImageRows, Rows, check_file, image_files, image_layout, open_npy,
-                          open_npz, unsupported_format)
+from ..arrayfiles import (
+    IMAGE_SUFFIXES,
+    CsvRows,
+    ImageRows,
+    Rows,
+    check_file,
+    image_files,
+    image_layout,
+    open_npy,
+    open_npz,
+    unsupported_format,
+)
 from ..errors import UserError
 from ..fileio import atomic_write
-
 
 _INPUT_FORMATS = ".npy, .npz, .csv or an image"
 

@@ -5,7 +5,6 @@ import json
 import sys
 from pathlib import Path
 
-
 from ..backend.options import check_device
 from ..compile import disabled_passes
 from ..errors import UserError

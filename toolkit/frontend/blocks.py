@@ -20,6 +20,7 @@ class BlockFailed(Exception):
 
 def _layers_of(lowering, raw: list, block: tuple) -> list:
     from layers import LAYERS, NetSpec
+
     from .spec import validate_block
     layers, problems = validate_block(raw, block, lowering.positions, NetSpec,
                                       {t: d.params for t, d in LAYERS.items()})

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import get_args
-from typing import Any
+from typing import Any, get_args
 
 import yaml
 from pydantic import BaseModel, TypeAdapter, ValidationError
@@ -13,7 +12,6 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from ..errors import Location, Problem, SpecError, UserError, did_you_mean
 from ..fileio import read_regular
 from .yaml_loader import Positions, load_value
-
 
 # A net file is a few kilobytes (a ResNet-152 written out is under 100 kB); this much text is
 # read at the most, so a base that is a device or a file that keeps growing cannot exhaust memory.

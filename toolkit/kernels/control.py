@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..backend.devices import to_host
-from ..errors import UserError
 from ..backend.registry import KERNELS, KernelContext
+from ..errors import UserError
 from ..runtime.plan import Plan, RuntimeState
 
 

@@ -21,7 +21,6 @@ All are made after autodiff, so none needs a gradient rule.
 """
 from __future__ import annotations
 
-
 from ..ir.dims import Dim
 from ..ir.graph import TensorType
 from .base import OpDef, ShapeError, get_op, register

@@ -7,8 +7,8 @@ reader closes the group (else that reader would run before the value exists).
 """
 from __future__ import annotations
 
-from ..ir.graph import Graph, Node, Value
 from ..backend.registry import KERNELS
+from ..ir.graph import Graph, Node, Value
 from ..ops.base import get_op
 from ..ops.fused import EPILOGUE_HEADS, POOL_PREFIX, make_step, store_program
 from .context import PassContext

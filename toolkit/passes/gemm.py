@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..backend.placement import Placement
 from ..ir.dims import is_static
 from ..ir.graph import FLOAT_DTYPES, Graph, Node, Value
-from ..backend.placement import Placement
 from .context import PassContext
 from .rewrite import CONSTANT_OPS, Emitter, Substitution, kept_ids
 

@@ -10,9 +10,9 @@ weight's device when it is computed elsewhere. The note says how many transfers 
 how many bytes they move per step."""
 from __future__ import annotations
 
+from ..backend.placement import Placement
 from ..ir.dims import format_dim, product
 from ..ir.graph import Graph, Node, Value
-from ..backend.placement import Placement
 from .context import PassContext
 from .rewrite import CONSTANT_OPS
 

@@ -20,7 +20,6 @@ from .concurrency import concurrent_default
 from .parallel import default_threads
 
 
-
 @dataclass
 class RuntimeState:
     """Per-executor mutable state that kernels may use: the random generator of impure ops, and

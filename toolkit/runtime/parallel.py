@@ -15,10 +15,10 @@ import threading
 from typing import Callable
 
 from ..hostcpu import usable_cores
-from ..settings import current
-from ..ir.graph import Node
 from ..ir.dims import Sym
+from ..ir.graph import Node
 from ..ops.base import get_op
+from ..settings import current
 
 # Below this much work per op, handing rows to another core costs more than it saves.
 MIN_SPLIT_FLOPS = 4_000_000

@@ -33,13 +33,21 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ..version import __version__
 from ..errors import UserError
+from ..version import __version__
 from .batcher import DynamicBatcher, QueueFull
 from .metrics import ServerMetrics
 from .offload import INLINE_JSON_BYTES, INLINE_JSON_VALUES, Offload, WorkerDied
-from .protocol import (BYTES, HEADER_LENGTH, BadRequest, classify, datatype_of, decode_request, encode_response,
-                       json_value_count)
+from .protocol import (
+    BYTES,
+    HEADER_LENGTH,
+    BadRequest,
+    classify,
+    datatype_of,
+    decode_request,
+    encode_response,
+    json_value_count,
+)
 
 EXTENSIONS = ["binary_tensor_data", "classification", "model_configuration", "statistics"]
 # KServe datatype -> Triton's config type name (TYPE_ + this), where the two differ

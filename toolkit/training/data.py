@@ -15,8 +15,17 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from ..arrayfiles import (IMAGE_SUFFIXES, CsvRows, image_files, image_layout, list_folder, load_npy, load_npz,
-                          read_image, unsupported_format)
+from ..arrayfiles import (
+    IMAGE_SUFFIXES,
+    CsvRows,
+    image_files,
+    image_layout,
+    list_folder,
+    load_npy,
+    load_npz,
+    read_image,
+    unsupported_format,
+)
 from ..arrayfiles.images import read_decoded
 from ..arrayfiles.transform import Steps
 from ..errors import UserError
@@ -156,6 +165,7 @@ def recorded_input(net_file: str) -> dict:
     """The input.json beside a net file (a run folder's or a published model's), checked; {}
     where there is none."""
     import json
+
     from ..fileio import read_regular
     path = Path(net_file).parent / INPUT_FILE
     if not path.is_file():

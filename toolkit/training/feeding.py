@@ -10,13 +10,23 @@ import numpy as np
 
 from ..errors import UserError
 from ..frontend import Net
+from ..frontend.train_checks import image_inputs
 from ..ir.graph import FLOAT_DTYPES, Graph
 from ..optim.data_parallel import DIST_WEIGHT, ROW_MASK
-from ..frontend.train_checks import image_inputs
-from .data import (Dataset, InputTransform, augment, center_crop, data_folder, fit_to_inputs, load_source, split,
-                   transform)
+from .data import (
+    Dataset,
+    InputTransform,
+    augment,
+    center_crop,
+    data_folder,
+    fit_to_inputs,
+    load_source,
+    split,
+    transform,
+)
 from .sequences import BucketedBatches, attach_lengths, train_bucket_sizes, unpack_ragged, uses_lengths
-from .sources import Mapped, kind_of as lazy_kind, open_lazy
+from .sources import Mapped, open_lazy
+from .sources import kind_of as lazy_kind
 
 
 def net_dtype(net: Net) -> str:

@@ -13,7 +13,8 @@ import math
 from dataclasses import dataclass
 
 from ..errors import UserError
-from ..frontend.train_checks import NO_TEST_METRIC, metric_name as logged_metric, unmeasured
+from ..frontend.train_checks import NO_TEST_METRIC, unmeasured
+from ..frontend.train_checks import metric_name as logged_metric
 
 
 def mode_of(metric: str, mode: str | None) -> str:

@@ -42,7 +42,7 @@ def split_front_matter(text: str, file: str) -> tuple[str | None, str]:
 
 def read_front_matter(text: str, file: str) -> tuple[dict | None, Positions | None, str]:
     """The front matter as a mapping with its positions (None when there is none), and the body."""
-    from ..frontend.yaml_loader import Positions, load_yaml   # not at import: frontend may import the zoo
+    from ..frontend.yaml_loader import Positions, load_yaml  # not at import: frontend may import the zoo
     front, body = split_front_matter(text, file)
     if front is None:
         return None, None, body

@@ -14,8 +14,17 @@ from schemas.card import CardFile, ModelCard
 
 from ..errors import Problem, SpecError, UserError, did_you_mean
 from ..fileio import refuse_own_inputs, same_file, staged_folder
-from .card import (CARD, check_files, read_card, read_card_text, read_front_matter, render_card, schema_problems,
-                   write_bytes, write_text)
+from .card import (
+    CARD,
+    check_files,
+    read_card,
+    read_card_text,
+    read_front_matter,
+    render_card,
+    schema_problems,
+    write_bytes,
+    write_text,
+)
 from .sources import INDEX, INDEX_FORMAT, scan_cards
 
 NET_FILE = "net.yaml"
@@ -126,9 +135,8 @@ def bundle_data(net) -> dict[str, bytes]:
     import numpy as np
 
     from ..ir.binding import lengths_input
-    from ..training.data import fit_to_inputs, load_source
+    from ..training.data import data_folder, fit_to_inputs, load_source
     from ..training.sequences import attach_lengths, sequence_symbol, unpack_ragged, uses_lengths
-    from ..training.data import data_folder
     out = {}
     data_spec, inputs = net.spec.train.data if net.spec.train else None, net.spec.inputs
     for key, source in external_data(net).items():
@@ -152,9 +160,8 @@ def publish(dir: Path | str, to_folder: Path | str, name: str | None = None, lic
     the folder has one, and index.json. A net trained on data from files is refused unless
     ``bundle``, which adds the data as data.npz (and test.npz) and points the net at them."""
     from ..version import __version__
-    from .resolve import load_net
     from ..weights import load_weights
-    from .resolve import model_name
+    from .resolve import load_net, model_name
     src, to = Path(dir), Path(to_folder)
     net_path, weights_path, draft_path = find_inputs(src)
     fields, positions, body = read_draft(draft_path)

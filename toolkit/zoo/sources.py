@@ -25,8 +25,7 @@ from ..settings import current
 from . import transfer
 from .cache import write_cached
 from .card import CARD
-from .transfer import (Broken, HttpError, MissingFile, Unreachable, file_budget_s, folder_pieces,
-                       http_pieces, read_text)
+from .transfer import Broken, HttpError, MissingFile, Unreachable, file_budget_s, folder_pieces, http_pieces, read_text
 
 SHIPPED = "shipped"
 INDEX = "index.json"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...backend.registry import register_kernel
 from ...distributed.comm import current
 from ...ops.collective import unpack
-from ...backend.registry import register_kernel
 
 
 @register_kernel("allreduce_sum", "cpu")

@@ -17,9 +17,9 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
+from ...backend.registry import register_kernel
 from ...ops.conv import conv_out_size
 from ...ops.fused import split_attrs
-from ...backend.registry import register_kernel
 
 # Output widths from this one up use CNHW: measured on LeNet-sized layers, the window copies
 # with runs of >= 16 elements cost less than CHWN's element-wise transposes back to NCHW.

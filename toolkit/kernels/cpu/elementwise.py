@@ -1,9 +1,9 @@
 """CPU kernels for every elementwise op: the op's own numpy expression, writing into ``out``."""
 from __future__ import annotations
 
+from ...backend.registry import register_kernel
 from ...ops.base import get_op
 from ...ops.elementwise import ELEMENTWISE_IMPL
-from ...backend.registry import register_kernel
 
 
 def _make(name):

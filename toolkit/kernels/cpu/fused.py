@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...backend.registry import KERNELS, KernelContext, register_kernel
 from ...ir.graph import Node
 from ...ops.base import get_op
 from ...ops.elementwise import ELEMENTWISE_IMPL
 from ...ops.fused import head_parts
-from ...backend.registry import KERNELS, KernelContext, register_kernel
 
 # Blocking: a group whose values are each at least BLOCKING_MIN_BYTES runs block by block, a
 # block being about BLOCK_BYTES per value. Measured on a 2-core EPYC (1 MiB L2 per core, 32 MiB

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...backend.registry import register_kernel
 from ...ops.base import get_op
 from ...ops.indexing import check_indices
 from ...ops.precision import all_finite, round_precision
-from ...backend.registry import register_kernel
 
 
 def _reference_kernel(ctx):

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...ops.pool import avg_divisor
 from ...backend.registry import register_kernel
+from ...ops.pool import avg_divisor
 
 
 class _Pool:

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...ops.reduce import bessel_factor, reduced_count
 from ...backend.registry import register_kernel
+from ...ops.reduce import bessel_factor, reduced_count
 
 
 @register_kernel("reduce_sum", "cpu")

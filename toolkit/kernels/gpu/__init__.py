@@ -25,8 +25,8 @@ registered.
 """
 from __future__ import annotations
 
+from .. import control as _control
 from . import arrays, blas, collective, dispatched, dnn, fused, rows  # noqa: F401  (each registers its kernels)
 from .dispatched import DISPATCHED  # noqa: F401
-from .. import control as _control
 
 _control.register("gpu")

@@ -19,12 +19,12 @@ import math
 
 import numpy as np
 
-from ...ops.indexing import check_indices
 from ...backend.devices import HostUpload, gpu_module, to_host
+from ...backend.registry import register_kernel
+from ...ops.indexing import check_indices
 from ..cpu.conv import CONV_KERNELS
 from ..cpu.layout import LAYOUT_KERNELS
 from ..cpu.pool import POOL_KERNELS
-from ...backend.registry import register_kernel
 from . import blas
 from .dispatched import half_accumulator
 
@@ -192,7 +192,7 @@ def embedding_gpu(ctx):
 def embedding_grad_gpu(ctx):
     scatter_add = getattr(cp.add, "at", None)   # CuPy 13 on (and the numpy stand-in for CuPy)
     if scatter_add is None:
-        from cupyx import scatter_add           # older CuPy
+        from cupyx import scatter_add  # older CuPy
 
     def run(ins, outs):
         g, index = ins

@@ -5,10 +5,10 @@ a CUDA-aware MPI) is not done. Data-parallel training itself is offered on the C
 (train/trainer.py), so these kernels serve graphs compiled for a GPU, and tests."""
 from __future__ import annotations
 
-from ...distributed.comm import current
-from ...ops.collective import pack, unpack
 from ...backend.devices import gpu_module, to_host
 from ...backend.registry import register_kernel
+from ...distributed.comm import current
+from ...ops.collective import pack, unpack
 
 cp = gpu_module()
 

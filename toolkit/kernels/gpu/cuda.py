@@ -8,9 +8,9 @@ for occupancy, not for the element count.
 """
 from __future__ import annotations
 
+from ...backend.devices import gpu_module
 from ...codegen.loops import Kernel
 from ...codegen.render import CudaDialect
-from ...backend.devices import gpu_module
 
 cp = gpu_module()
 

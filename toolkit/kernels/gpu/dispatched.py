@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...backend.devices import gpu_module
+from ...backend.registry import KERNELS, register_kernel
 from ...ops.base import get_op
 from ...ops.elementwise import ELEMENTWISE_IMPL
-from ...backend.devices import gpu_module
 from .. import cpu  # noqa: F401  (the numpy kernels the dispatched entries reuse)
-from ...backend.registry import KERNELS, register_kernel
 
 cp = gpu_module()
 

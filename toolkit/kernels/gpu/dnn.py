@@ -37,10 +37,10 @@ from collections import Counter
 
 import numpy as np
 
-from ...ops.conv import conv_out_size
-from ...ops.fused import split_attrs
 from ...backend.devices import gpu_module
 from ...backend.registry import KERNELS, SPECIALISED
+from ...ops.conv import conv_out_size
+from ...ops.fused import split_attrs
 from ...settings import current, off_text
 from . import blas
 

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...backend.devices import gpu_module
+from ...backend.registry import KERNELS, KernelContext, register_kernel
 from ...ir.graph import Node
 from ...ops.fused import head_parts
-from ...backend.devices import gpu_module
 from ..cpu.fused import ProgramRunner, elementwise_inplace_pairs
 from ..native.elementwise import _arrays_for, elementwise_kernel
-from ...backend.registry import KERNELS, KernelContext, register_kernel
 from .cuda import launcher
 from .lt import epilogue_gemm
 

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...backend.devices import gpu_module
 from ...backend.registry import KERNELS, SPECIALISED
 from ...codegen.render import HALF_HELPERS
-from ...backend.devices import gpu_module
 from .cuda import THREADS_PER_BLOCK, compiled_source
 from .dispatched import half_accumulator
 

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...backend.registry import register_native
 from ...codegen import blocked, microkernel
 from ...codegen.loops import Buf, Extern, For, Kernel, Let, Names, Store, lift, maximum, select
 from ...codegen.native import NativeCall
-from ...backend.registry import register_native
 from .conv import store_epilogue
 from .conv_parts import ConvShape, i64
 from .winograd import constant_weight

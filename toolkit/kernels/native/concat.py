@@ -5,10 +5,10 @@ or fire module's join (channels of NCHW or of the blocked layout) and LRN's chan
 a handful of contiguous copies per image that numpy's kernels ran on one thread."""
 from __future__ import annotations
 
+from ...backend.registry import register_native
 from ...codegen.loops import Buf, For, Kernel, Names, Store, as_size, lift, parallel_from, size_product
 from ...codegen.native import NativeCall
 from ...ops.rules import norm_axis
-from ...backend.registry import register_native
 from .elementwise import PARALLEL_MIN_ELEMENTS
 
 # the dtypes the generated concat is built for; any other falls back to the numpy kernel

@@ -17,16 +17,31 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...backend.registry import register_native
 from ...codegen import microkernel, rowdot
-from ...codegen.loops import (Buf, Extern, For, Gemm, If, Kernel, Let, Names, PackedGemm, Set, Store, ThreadIndex, lift,
-                              maximum, select)
+from ...codegen.loops import (
+    Buf,
+    Extern,
+    For,
+    Gemm,
+    If,
+    Kernel,
+    Let,
+    Names,
+    PackedGemm,
+    Set,
+    Store,
+    ThreadIndex,
+    lift,
+    maximum,
+    select,
+)
 from ...codegen.native import NativeCall
 from ...ops.conv import conv_out_size
 from ...ops.fused import head_parts, split_attrs, store_program
-from ...backend.registry import register_native
 from ...settings import current
 from . import depthwise, winograd
-from .conv_parts import ConvShape, epilogue_buffers, i64, epilogue_statements, valid_span
+from .conv_parts import ConvShape, epilogue_buffers, epilogue_statements, i64, valid_span
 from .elementwise import FLOATS
 
 # Two settings, read when a kernel is built (toolkit/settings.py): ``winograd``, 3x3 stride-1

@@ -11,15 +11,32 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...backend.registry import register_native
 from ...codegen import microkernel
 from ...codegen import rowdot as rowdot_source
-from ...codegen.loops import (Buf, Cast, Const, Expr, Extern, For, Gemm, Kernel, Let, Names, Set, Store, as_size, lift,
-                              parallel_from, select, size_product)
+from ...codegen.loops import (
+    Buf,
+    Cast,
+    Const,
+    Expr,
+    Extern,
+    For,
+    Gemm,
+    Kernel,
+    Let,
+    Names,
+    Set,
+    Store,
+    as_size,
+    lift,
+    parallel_from,
+    select,
+    size_product,
+)
 from ...codegen.native import NativeCall
 from ...ops.base import get_op
 from ...ops.elementwise import ELEMENTWISE_IMPL
 from ...ops.fused import head_parts
-from ...backend.registry import register_native
 
 # Below this many elements a parallel loop costs more to start than it saves.
 PARALLEL_MIN_ELEMENTS = 1 << 15

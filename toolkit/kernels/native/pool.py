@@ -7,10 +7,9 @@ counts as -inf.
 """
 from __future__ import annotations
 
-
+from ...backend.registry import register_native
 from ...codegen.loops import Buf, For, If, Kernel, Let, Names, Set, Store, lift, maximum, select
 from ...codegen.native import NativeCall
-from ...backend.registry import register_native
 from .elementwise import FLOATS
 
 

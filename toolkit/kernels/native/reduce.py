@@ -12,12 +12,29 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...codegen.loops import (Bin, Buf, Cast, Const, Expr, For, Kernel, Let, Names, Set, SizeInt, Store, ThreadIndex,
-                              as_size, lift, parallel_from, size_product)
+from ...backend.registry import register_native
+from ...codegen.loops import (
+    Bin,
+    Buf,
+    Cast,
+    Const,
+    Expr,
+    For,
+    Kernel,
+    Let,
+    Names,
+    Set,
+    SizeInt,
+    Store,
+    ThreadIndex,
+    as_size,
+    lift,
+    parallel_from,
+    size_product,
+)
 from ...codegen.native import NativeCall
 from ...ops.reduce import bessel_factor, reduced_count
 from ...ops.rules import norm_axis
-from ...backend.registry import register_native
 from .elementwise import FLOATS, PARALLEL_MIN_ELEMENTS, one_step_call
 
 

@@ -8,10 +8,24 @@ Threads share the rows.
 """
 from __future__ import annotations
 
-from ...codegen.loops import (Buf, Cast, For, Kernel, Let, Names, Set, Store, as_size, call, lift, maximum,
-                              parallel_from, size_product)
-from ...codegen.native import NativeCall
 from ...backend.registry import register_native
+from ...codegen.loops import (
+    Buf,
+    Cast,
+    For,
+    Kernel,
+    Let,
+    Names,
+    Set,
+    Store,
+    as_size,
+    call,
+    lift,
+    maximum,
+    parallel_from,
+    size_product,
+)
+from ...codegen.native import NativeCall
 from .elementwise import FLOATS, PARALLEL_MIN_ELEMENTS
 
 
