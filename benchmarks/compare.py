@@ -522,7 +522,8 @@ def main(argv=None) -> int:
                              "lr": args.lr, "seed": args.seed, "cpu": cpu_name(), "cores": machine_cores(),
                              "numpy_blas_threads": numpy_blas_threads(), "torch_threads": torch.get_num_threads(),
                              "versions": {"numpy": np.__version__, "torch": torch.__version__,
-                                          "onnxruntime": None if args.no_ort else sys.modules["onnxruntime"].__version__,
+                                          "onnxruntime": (None if args.no_ort
+                                                          else sys.modules["onnxruntime"].__version__),
                                           "python": platform.python_version()}},
                   "checks": {}, "results": {}, "meta": {}}
         runs = {}

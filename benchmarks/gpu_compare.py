@@ -172,7 +172,8 @@ def measure(net_path: Path, batch: int, train: bool, dtype: str, args) -> dict:
         for k in turn:
             times[k] += timed(fns[k], sync, args.iters)
     med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
-    row = {"net": f"{net_path.parent.name}/{net_path.stem}" if net_path.stem == "net" else net_path.stem, "batch": batch, "mode": "train" if train else "infer", "dtype": dtype,
+    row = {"net": f"{net_path.parent.name}/{net_path.stem}" if net_path.stem == "net" else net_path.stem,
+           "batch": batch, "mode": "train" if train else "infer", "dtype": dtype,
            "captured": plans["captured"].captured, "capture_blocker": plans["captured"].capture_blocker,
            "kernel_calls": len(plans["captured"].calls), "convolutions_on_cudnn": on_cudnn,
            **{f"{k}_ms": round(v, 4) for k, v in med.items()},

@@ -80,7 +80,8 @@ def main(argv=None) -> int:
                     o, u = row["optimized"], row["unoptimized"]
                     print(f"{net.name:10s} {mode:5s} batch {batch:3d}: optimised {o['median_ms']:8.3f} ms "
                           f"[{o['p25_ms']:.3f}-{o['p75_ms']:.3f}] {o['kernel_calls']:3d} calls; unoptimised "
-                          f"{u['median_ms']:8.3f} ms [{u['p25_ms']:.3f}-{u['p75_ms']:.3f}] {u['kernel_calls']:3d} calls; "
+                          f"{u['median_ms']:8.3f} ms [{u['p25_ms']:.3f}-{u['p75_ms']:.3f}] "
+                          f"{u['kernel_calls']:3d} calls; "
                           f"{row['speedup']:.2f}x", flush=True)
     if args.json:
         print(json.dumps({"cpu": cpu_name(), "rounds": args.rounds, "iters": args.iters, "rows": rows}))

@@ -1,6 +1,7 @@
 """Caffe's remaining layers: PReLU, Bias, Threshold, Clip, Swish, MVN, its other losses
-(MultinomialLogistic, Infogain, Hinge, Contrastive), SPP and LSTMUnit, each lowered to primitives (their gradients come from the primitives' rules; Threshold's
-step has none, as in Caffe, whose Threshold layer has no backward)."""
+(MultinomialLogistic, Infogain, Hinge, Contrastive), SPP and LSTMUnit, each lowered to primitives
+(their gradients come from the primitives' rules; Threshold's step has none, as in Caffe, whose
+Threshold layer has no backward)."""
 from __future__ import annotations
 
 from typing import Annotated, ClassVar, Literal
@@ -380,7 +381,8 @@ def _flat_rows(b, v, start_axis: int):
 def _unrolled_steps(p, ctx, bottoms, gates_per_unit: int, states: int):
     tops = len(ctx.layer.tops)
     if tops != (1 + states if p.expose_hidden else 1):
-        raise LayerError(f"{p.type} has {'the output and ' + str(states) + ' final state top(s)' if p.expose_hidden else 'one top'}"
+        wanted = f"the output and {states} final state top(s)" if p.expose_hidden else "one top"
+        raise LayerError(f"{p.type} has {wanted}"
                          f" ({'expose_hidden' if p.expose_hidden else 'without expose_hidden'}), got {tops}", "top")
     b = ctx.b
     x, cont, static, initial = _recurrent_bottoms(p, bottoms, states, ctx)

@@ -79,7 +79,8 @@ class LayerBuilders:
         import torch
         base = math.e if p.base == -1 else float(p.base)
         scale, shift = float(p.scale), float(p.shift)
-        return torch_classes().Lambda(lambda x: torch.pow(torch.tensor(base, dtype=x.dtype), shift + scale * x), "exp"), {}, {}
+        return torch_classes().Lambda(lambda x: torch.pow(torch.tensor(base, dtype=x.dtype), shift + scale * x),
+                                      "exp"), {}, {}
 
     def _build_Log(self, p):
         import math

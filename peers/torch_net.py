@@ -95,7 +95,8 @@ class TorchNet(LayerBuilders):
             steps.append((key, layer, mod))
             is_loss = layer.name in loss_layers if loss_layers is not None else layer.type.endswith("Loss")
             if is_loss:
-                weights = layer.loss_weight if isinstance(layer.loss_weight, list) else [layer.loss_weight] * len(layer.tops)
+                weights = (layer.loss_weight if isinstance(layer.loss_weight, list)
+                           else [layer.loss_weight] * len(layer.tops))
                 for top, lw in zip(layer.tops, weights):
                     self.loss_weights[top] = 1.0 if lw is None else float(lw)
         self.module = torch_classes().NetModule(steps)

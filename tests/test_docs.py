@@ -25,7 +25,8 @@ def test_cited_sections_of_the_contract_exist():
     spec = (ROOT / "docs" / "spec.md").read_text()
     sections = {int(n) for n in re.findall(r"^## (\d+)\. ", spec, re.M)}
     cited = set()
-    for path in [ROOT / "README.md", *ROOT.glob("toolkit/**/*.py"), *ROOT.glob("schemas/*.py"), *ROOT.glob("tests/**/*.py")]:
+    for path in [ROOT / "README.md", *ROOT.glob("toolkit/**/*.py"), *ROOT.glob("schemas/*.py"),
+                 *ROOT.glob("tests/**/*.py")]:
         for match in re.finditer(r"docs/spec\.md\)? sections? ([\d, and]+)", path.read_text()):
             cited |= {int(n) for n in re.findall(r"\d+", match.group(1))}
     assert cited and cited <= sections, sorted(cited - sections)

@@ -82,7 +82,8 @@ class Model:
             raise TypeError(f"infer: expected an array or a dict {{input name: array}}, not {type(arrays).__name__}")
         if len(self.inputs) != 1:
             raise TypeError(f"infer: net '{self.name}' has {len(self.inputs)} inputs ({self._input_names()}); "
-                            f"pass them by name, infer({', '.join(f'{t.name}=...' for t in self.inputs)}), or as a dict")
+                            f"pass them by name, infer({', '.join(f'{t.name}=...' for t in self.inputs)}), "
+                            "or as a dict")
         return {self.inputs[0].name: arrays}
 
     def _input_names(self) -> str:
@@ -338,16 +339,18 @@ def _dtype_arg(dtype, choices=FLOAT_DTYPES) -> str | None:
 
 
 def load(net, weights: str | None = None, device: str = "cpu", dtype: str | None = None,
-         buckets: Sequence[int] | Mapping[str, Sequence[int]] | None = None, warm: bool = False, disable: Sequence[str] | str = (),
-         optimize_graph: bool = True, allow_missing: bool = False, transform: bool = True) -> Model:
+         buckets: Sequence[int] | Mapping[str, Sequence[int]] | None = None, warm: bool = False,
+         disable: Sequence[str] | str = (), optimize_graph: bool = True, allow_missing: bool = False,
+         transform: bool = True) -> Model:
     """A net (a file, ``zoo:NAME``, a YAML string, a dict or ``toolkit.Net(...)``) with its weights
     (default for a zoo model: its published weights; ``zoo:NAME`` names another model's) compiled
     for ``device`` ("cpu", "gpu", "cpu:N", "gpu:N"). ``buckets``: the batch sizes compiled
     (default: the net file's ``buckets``, else 1, 2, 4, ..., 64), or sizes per symbolic dimension
-    ({"N": [1, 8], "T": [16, 64]}: a sequence is padded up to its bucket); ``warm``: compile them all now; ``disable``: a pass name or a
-    list of them; ``allow_missing``: copy the weights whose name and shape match and start the
-    others from their fillers; ``transform``: apply the input transform the net was trained with
-    (its train.data scale and mean) to every input of ``infer`` (False: inputs go in as given)."""
+    ({"N": [1, 8], "T": [16, 64]}: a sequence is padded up to its bucket); ``warm``: compile them
+    all now; ``disable``: a pass name or a list of them; ``allow_missing``: copy the weights whose
+    name and shape match and start the others from their fillers; ``transform``: apply the input
+    transform the net was trained with (its train.data scale and mean) to every input of ``infer``
+    (False: inputs go in as given)."""
     from .inference import infer_phase
 
     settings.current()                         # a bad TOOLKIT_* value is an error before any work
@@ -362,8 +365,9 @@ def load(net, weights: str | None = None, device: str = "cpu", dtype: str | None
     loaded = phase.load_weights(weights, allow_missing=allow_missing, flag="weights")
     inputs, outputs = tensor_infos(phase.graph.inputs), tensor_infos(phase.graph.outputs)
     from .training.data import InputTransform
-    spec = None if buckets is None else \
-        {k: [int(b) for b in v] for k, v in sizes.items()} if isinstance(buckets, Mapping) else [int(b) for b in sizes[""]]
+    spec = (None if buckets is None
+            else {k: [int(b) for b in v] for k, v in sizes.items()} if isinstance(buckets, Mapping)
+            else [int(b) for b in sizes[""]])
     model = Model(phase.net, phase.session(loaded, spec), inputs, outputs,
                   InputTransform.of(phase.net) if transform else None)
     if warm:

@@ -176,8 +176,8 @@ class Importer:
         for a in node.attribute:
             if a.name == name:
                 if a.type != (wanted or a.type) or a.type == AttributeProto.UNDEFINED:
-                    kind = AttributeProto.AttributeType.Name(a.type) if a.type in AttributeProto.AttributeType.values() \
-                        else f"type {a.type}"
+                    kind = (AttributeProto.AttributeType.Name(a.type)
+                            if a.type in AttributeProto.AttributeType.values() else f"type {a.type}")
                     raise NodeError(f"attribute '{name}' is {kind}, where {node.op_type} takes "
                                     f"{AttributeProto.AttributeType.Name(wanted) if wanted else 'another type'}")
                 value = helper.get_attribute_value(a)
@@ -238,7 +238,8 @@ def _input_type(info, position: int, names: dict) -> TensorType:
         if d.HasField("dim_value") and d.dim_value > 0:
             shape.append(int(d.dim_value))
         else:
-            raw = d.dim_param if d.HasField("dim_param") and d.dim_param else ("N" if axis == 0 else f"{info.name}_{axis}")
+            raw = (d.dim_param if d.HasField("dim_param") and d.dim_param
+                   else ("N" if axis == 0 else f"{info.name}_{axis}"))
             shape.append(Sym.named(names.setdefault(raw, symbol_name(raw))))
     return TensorType(tuple(shape), ONNX_ELEMENT_TYPES[t.elem_type])
 

@@ -139,7 +139,8 @@ def _convert(p: OnnxParams, path: str, loaded, inputs, outputs: list[str], botto
 def _check_input(info, value, ctx, dtypes) -> None:
     t = info.type.tensor_type
     want = dtypes.get(t.elem_type)
-    if want is not None and want != value.dtype and not (want in ("float32", "float64") and value.dtype.startswith("f")):
+    if (want is not None and want != value.dtype
+            and not (want in ("float32", "float64") and value.dtype.startswith("f"))):
         raise LayerError(f"the model's input '{info.name}' is {want}, the bottom is {ctx.fmt(value)}", "bottom")
     dims = list(t.shape.dim) if t.HasField("shape") else []
     if dims and len(dims) != value.rank:

@@ -280,7 +280,8 @@ def _affine(w: Writer, node):
     while shape and shape[0] == 1 and len(shape) > 1:
         shape.pop(0)
     axis = x.rank - len(shape)
-    if axis < 0 or any(d != 1 for d in shape[1:]) or x.shape[axis] != shape[0] or op in ("Sub", "Div") and x_name != first:
+    if (axis < 0 or any(d != 1 for d in shape[1:]) or x.shape[axis] != shape[0]
+            or op in ("Sub", "Div") and x_name != first):
         raise NotALayer(f"a constant of shape {list(c.shape)} (a layer scales or shifts one axis)")
     values = c.reshape(-1).astype(np.float64)
     if op == "Sub":

@@ -117,4 +117,5 @@ def test_a_device_or_fifo_as_training_data_or_weights_is_refused_at_once(tmp_pat
     os.mkfifo(tmp_path / "pipe.safetensors")
     r = run_toolkit("test", ROOT / "zoo" / "lenet" / "net.yaml", "--weights", tmp_path / "pipe.safetensors",
                     timeout=30)
-    assert r.status == 2 and r.lines == [f"error: {tmp_path / 'pipe.safetensors'}: is not a regular file (it is a FIFO)"]
+    assert r.status == 2 and r.lines == [f"error: {tmp_path / 'pipe.safetensors'}: "
+                                         "is not a regular file (it is a FIFO)"]

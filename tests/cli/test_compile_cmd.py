@@ -46,7 +46,8 @@ def test_json_has_the_spec_keys(phase):
     assert isinstance(report["flops"], int) and report["flops"] > 0
     memory = report["memory"]
     assert memory["batch"] == 8
-    assert 0 < memory["lower_bound_bytes"] <= memory["naive_bytes"] and 0 < memory["peak_bytes"] <= memory["naive_bytes"]
+    assert (0 < memory["lower_bound_bytes"] <= memory["naive_bytes"]
+            and 0 < memory["peak_bytes"] <= memory["naive_bytes"])
 
 
 @pytest.mark.parametrize("batch, gathered", [(1, 1), (64, 0)])
@@ -98,7 +99,8 @@ def test_unknown_pass_is_an_error_listing_the_passes(tmp_path, command):
 
 
 def test_net_file_can_disable_passes(tmp_path):
-    net = write_net(tmp_path, BN_NET.replace("layers:", "optimize: {disable: [fold_batch_norm, fuse_epilogue]}\nlayers:"))
+    net = write_net(tmp_path, BN_NET.replace("layers:",
+                                             "optimize: {disable: [fold_batch_norm, fuse_epilogue]}\nlayers:"))
     report = compile_json(net)
     assert set(report["disabled"]) == {"fold_batch_norm", "fuse_epilogue"} and "fused_epilogue" not in report["ops"]
 

@@ -49,7 +49,7 @@ def layer_names(net: Net) -> list[str]:
 
 
 def layer(net: Net, name: str):
-    return next(l for l in net.spec.layers if l.name == name)
+    return next(candidate for candidate in net.spec.layers if candidate.name == name)
 
 
 # -- semantics -------------------------------------------------------------------------------
@@ -325,8 +325,8 @@ def test_a_layer_named_twice_in_one_derived_file(tmp_path, base):
           - {name: conv1, num_output: 9}
     """
     derived = write_net(tmp_path, text)
-    expect_error(run_cli("check", derived), "layer name 'conv1' is already used", f"(line {line_of(text, 'num_output: 8')})",
-                 file=derived, line=line_of(text, "num_output: 9"))
+    expect_error(run_cli("check", derived), "layer name 'conv1' is already used",
+                 f"(line {line_of(text, 'num_output: 8')})", file=derived, line=line_of(text, "num_output: 9"))
 
 
 def test_unknown_zoo_base(tmp_path):

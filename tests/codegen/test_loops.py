@@ -37,7 +37,8 @@ def test_compiled_quotients_equal_python_floor_division(tmp_path):
     names = Names()
     out = Buf("out", "int64", 50, const=False)
     i = names.var("i")
-    kernel = Kernel("quotients", [out], [For(i, lift(0, "int64"), lift(50, "int64"), [Store(out, i, (i * 7 + 3) // 5)])])
+    kernel = Kernel("quotients", [out],
+                    [For(i, lift(0, "int64"), lift(50, "int64"), [Store(out, i, (i * 7 + 3) // 5)])])
     result = np.zeros(50, np.int64)
     with settings.use(native=True, cache=tmp_path):       # the suite runs the numpy kernels otherwise
         Linked([NativeCall(kernel, [result])], [[0]]).segment(0)()

@@ -97,7 +97,8 @@ def test_compile_reports_the_buckets():
     assert report["ranks"] == 2 and report["buckets"] == 1 and report["bytes"] == 13706 * 4
     bad = subprocess.run([sys.executable, "-m", "toolkit.cli", "compile", "zoo/lenet/net.yaml", "--ranks", "2"],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert bad.returncode == 2 and bad.stderr.strip() == "error: --ranks is for --phase train (the data-parallel train step)"
+    assert bad.returncode == 2 and bad.stderr.strip() == ("error: --ranks is for --phase train "
+                                                          "(the data-parallel train step)")
 
 
 def test_no_mpi_import_in_a_single_process():

@@ -190,8 +190,8 @@ def test_resume_under_another_rank_count_continues_at_the_same_sample(tmp_path):
     train(tmp_path / "run", "zoo/lenet/net.yaml", 32, 2, "train.max_iter=16", "train.snapshot=8")
     # 16 global batches of 64 rows = 1024 samples = 32 batches of one process at 32
     proc = subprocess.run([*TOOLKIT, "train", "zoo/lenet/net.yaml", "--resume", str(tmp_path / "run"),
-                           "--set", "train.data.batch_size=32", "--set", "train.max_iter=40", "--set", "train.display=1",
-                           "--set", "train.snapshot=8"],
+                           "--set", "train.data.batch_size=32", "--set", "train.max_iter=40",
+                           "--set", "train.display=1", "--set", "train.snapshot=8"],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     iters = [i for i, _ in losses(tmp_path / "run")]
@@ -200,9 +200,9 @@ def test_resume_under_another_rank_count_continues_at_the_same_sample(tmp_path):
 
 def test_a_rank_that_fails_stops_the_job_naming_the_rank(tmp_path):
     start = time.monotonic()
-    proc = subprocess.run([str(MPIEXEC), "-n", "2", *TOOLKIT, "train", "zoo/lenet/net.yaml", "--out", str(tmp_path / "x"),
-                           "--weights", str(tmp_path / "missing.safetensors")], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run([str(MPIEXEC), "-n", "2", *TOOLKIT, "train", "zoo/lenet/net.yaml",
+                           "--out", str(tmp_path / "x"), "--weights", str(tmp_path / "missing.safetensors")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert time.monotonic() - start < 60 and proc.returncode == 2, proc.stderr
     assert re.search(r"^error: rank [01] of 2: .*missing\.safetensors", proc.stderr, re.M), proc.stderr
     assert "Traceback" not in proc.stderr

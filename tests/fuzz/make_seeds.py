@@ -29,9 +29,10 @@ NETS += [ROOT / "benchmarks" / "nets" / name for name in ("decoder_lengths.yaml"
 # ONNX's own node test cases (the conformance suite's) of the ops whose sizes come from the model
 ONNX_CASES = ["test_reshape_reordered_all_dims", "test_reshape_negative_dim", "test_expand_dim_changed",
               "test_tile", "test_constantofshape_int_zeros", "test_range_float_type_positive_delta",
-              "test_range_int32_type_negative_delta_expanded", "test_loop11", "test_if", "test_conv_with_strides_padding",
-              "test_maxpool_2d_pads", "test_gemm_all_attributes", "test_slice_neg_steps", "test_gather_1",
-              "test_concat_3d_axis_negative_1", "test_split_equal_parts_1d_opset13", "test_resize_upsample_scales_nearest",
+              "test_range_int32_type_negative_delta_expanded", "test_loop11", "test_if",
+              "test_conv_with_strides_padding", "test_maxpool_2d_pads", "test_gemm_all_attributes",
+              "test_slice_neg_steps", "test_gather_1", "test_concat_3d_axis_negative_1",
+              "test_split_equal_parts_1d_opset13", "test_resize_upsample_scales_nearest",
               "test_lrn", "test_batchnorm_epsilon", "test_transpose_all_permutations_0", "test_pad",
               "test_einsum_batch_matmul", "test_cumsum_1d_exclusive", "test_topk", "test_scatter_elements_with_axis",
               "test_nonzero_example", "test_where_example", "test_lstm_defaults", "test_gru_defaults",

@@ -235,13 +235,15 @@ def test_a_v1_layers_file_with_its_caffemodel(tmp_path):
     rng = np.random.default_rng(1)
     conv = [rng.standard_normal((3, 2, 3, 3)), rng.standard_normal(3)]
     _write_caffemodel(tmp_path / "v1.caffemodel", {"conv": conv}, v1=True)
-    r = cli("import", "caffe", tmp_path / "v1.prototxt", "--weights", tmp_path / "v1.caffemodel", "--out", tmp_path / "o")
+    r = cli("import", "caffe", tmp_path / "v1.prototxt", "--weights", tmp_path / "v1.caffemodel",
+            "--out", tmp_path / "o")
     assert r.status == 0, r.err
     net = yaml.safe_load((tmp_path / "o" / "net.yaml").read_text())
     assert net["layers"][0]["lr_mult"] == [1, 2] and net["inputs"]["data"]["shape"] == ["N", 2, 5, 5]
     x = rng.standard_normal((1, 2, 5, 5)).astype(np.float32)
     got = toolkit.load(tmp_path / "o" / "net.yaml", weights=str(tmp_path / "o" / "model.safetensors")).infer(data=x)
-    ref = torch.softmax(torch.relu(torch.nn.functional.conv2d(torch.tensor(x), torch.tensor(conv[0], dtype=torch.float32),
+    ref = torch.softmax(torch.relu(torch.nn.functional.conv2d(torch.tensor(x),
+                                                              torch.tensor(conv[0], dtype=torch.float32),
                                                               torch.tensor(conv[1], dtype=torch.float32))), dim=1)
     np.testing.assert_allclose(got["prob"], ref.numpy(), rtol=1e-5, atol=1e-6)
 

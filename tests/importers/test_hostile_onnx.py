@@ -64,7 +64,8 @@ def test_a_reshape_of_a_symbolic_size_to_rows_of_a_trillion_is_one_line(tmp_path
 def test_a_reshape_copying_an_axis_the_input_lacks_is_one_line(tmp_path):
     model = _save(tmp_path / "m.onnx", [helper.make_node("Reshape", ["x", "s"], ["y"])], [_x(("N", 3))], [_out()],
                   [_ints("s", [0, 0, 0])])
-    _one_line(_infer(tmp_path, model), "(Reshape)", "a 0 on axis 2 of the shape [0, 0, 0], past the rank-2 input's axes")
+    _one_line(_infer(tmp_path, model), "(Reshape)",
+              "a 0 on axis 2 of the shape [0, 0, 0], past the rank-2 input's axes")
 
 
 @pytest.mark.parametrize("case", ["expand", "tile"])

@@ -117,7 +117,8 @@ def test_an_unsupported_op_is_one_line_naming_op_domain_opset_and_node(tmp_path)
     path = _model_with(tmp_path, helper.make_node("Cos", ["x"], ["y"], name="the_cos"), [x], [y])
     with pytest.raises(UserError) as e:
         import_model(path)
-    assert str(e.value) == f"error: {path}: node 'the_cos': the op Cos (domain ai.onnx, opset 17) has no counterpart here"
+    assert str(e.value) == (f"error: {path}: node 'the_cos': the op Cos (domain ai.onnx, opset 17) "
+                            "has no counterpart here")
     custom = _model_with(tmp_path, helper.make_node("Fancy", ["x"], ["y"], name="n1", domain="com.example"), [x], [y],
                          name="c.onnx")
     with pytest.raises(UserError, match="node 'n1': the op Fancy \\(domain com.example, opset 17\\)"):
@@ -191,7 +192,8 @@ def _loop_model(path, early_stop: bool):
         body_out = [helper.make_tensor_value_info("c_out", TensorProto.BOOL, []),
                     helper.make_tensor_value_info("y_out", fl, ["N", 3])]
     else:
-        nodes += [helper.make_node("Identity", ["c_in"], ["c_out"]), helper.make_node("Identity", ["y_out"], ["y_scan"])]
+        nodes += [helper.make_node("Identity", ["c_in"], ["c_out"]),
+                  helper.make_node("Identity", ["y_out"], ["y_scan"])]
         body_out = [helper.make_tensor_value_info("c_out", TensorProto.BOOL, []),
                     helper.make_tensor_value_info("y_out", fl, ["N", 3]),
                     helper.make_tensor_value_info("y_scan", fl, ["N", 3])]
@@ -201,7 +203,8 @@ def _loop_model(path, early_stop: bool):
         [helper.make_node("Loop", ["trips", "go", "y0"], outs, body=body)], "g",
         [helper.make_tensor_value_info("x", fl, ["N", 3]), helper.make_tensor_value_info("y0", fl, ["N", 3])],
         [helper.make_tensor_value_info(o, fl, None) for o in outs],
-        [helper.make_tensor("trips", TensorProto.INT64, [], [4]), helper.make_tensor("go", TensorProto.BOOL, [], [True])])
+        [helper.make_tensor("trips", TensorProto.INT64, [], [4]),
+         helper.make_tensor("go", TensorProto.BOOL, [], [True])])
     path.write_bytes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
     return str(path)
 
@@ -277,11 +280,15 @@ def test_a_hostile_model_cannot_make_the_importer_allocate_without_bound(tmp_pat
     cases = {
         "fill": ([helper.make_node("ConstantOfShape", ["s"], ["c"]), helper.make_node("Add", ["c", "x"], ["y"])],
                  [helper.make_tensor("s", TensorProto.INT64, [2], [100000, 100000])]),
-        "outer": ([helper.make_node("Range", ["zero", "n", "one"], ["r"]), helper.make_node("Unsqueeze", ["r", "ax"], ["col"]),
-                   helper.make_node("Unsqueeze", ["r", "ax0"], ["row"]), helper.make_node("MatMul", ["col", "row"], ["c"]),
+        "outer": ([helper.make_node("Range", ["zero", "n", "one"], ["r"]),
+                   helper.make_node("Unsqueeze", ["r", "ax"], ["col"]),
+                   helper.make_node("Unsqueeze", ["r", "ax0"], ["row"]),
+                   helper.make_node("MatMul", ["col", "row"], ["c"]),
                    helper.make_node("Add", ["c", "x"], ["y"])],
-                  [helper.make_tensor("zero", TensorProto.FLOAT, [], [0.0]), helper.make_tensor("n", TensorProto.FLOAT, [], [2e5]),
-                   helper.make_tensor("one", TensorProto.FLOAT, [], [1.0]), helper.make_tensor("ax", TensorProto.INT64, [1], [1]),
+                  [helper.make_tensor("zero", TensorProto.FLOAT, [], [0.0]),
+                   helper.make_tensor("n", TensorProto.FLOAT, [], [2e5]),
+                   helper.make_tensor("one", TensorProto.FLOAT, [], [1.0]),
+                   helper.make_tensor("ax", TensorProto.INT64, [1], [1]),
                    helper.make_tensor("ax0", TensorProto.INT64, [1], [0])]),
     }
     for name, (nodes, inits) in cases.items():

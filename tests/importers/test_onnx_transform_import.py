@@ -72,7 +72,8 @@ def test_a_cropping_transform_reads_back_through_import_and_runs_on_arrays_and_i
     x = (np.random.default_rng(1).random((2, 3, 9, 8)) * 255).astype(np.float32)
     np.save(tmp_path / "x.npy", x)
     want = _ort(model, {"data": x})["conv"]
-    targets = [(model, []), (tmp_path / "imported" / "net.yaml", ["--weights", tmp_path / "imported" / "model.safetensors"])]
+    targets = [(model, []),
+               (tmp_path / "imported" / "net.yaml", ["--weights", tmp_path / "imported" / "model.safetensors"])]
     for target, given in targets:
         got, _ = _infer(tmp_path, target, *given, "--input", f"data={tmp_path / 'x.npy'}")
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-4)

@@ -117,7 +117,8 @@ def test_graph_dump_lists_ops_and_types():
     assert lines[0] == "graph train {" and lines[-1] == "}"
     assert f"input {x!r} data: f32[N, 3, 8, 8]" in text
     assert f"param {w!r} conv1.weight: f32[4, 3, 3, 3]" in text
-    assert f"{y!r}: f32[N, 4, 8, 8] = conv2d({x!r}, {w!r}) stride=(1,1) pad=(1,1) dilation=(1,1) group=1  # conv1" in text
+    assert (f"{y!r}: f32[N, 4, 8, 8] = conv2d({x!r}, {w!r}) "
+            "stride=(1,1) pad=(1,1) dilation=(1,1) group=1  # conv1") in text
     assert f"{z!r}: f32[N, 4, 8, 8] = relu({y!r})  # relu1" in text
     assert f"{flat!r}: f32[N, 256] = reshape({z!r}) shape=(N,256)  # flat" in text
     assert f"output out = {flat!r}" in text

@@ -355,7 +355,9 @@ def test_padded_blocks_stay_zero_and_what_would_not_keep_them_zero_reads_nchw(ev
     v = net.b.op("reduce_mean", v, axes=(2, 3), keepdims=False)
     t = t.mean(dim=(2, 3))
     w = rng.standard_normal((1000, 32)).astype(np.float32) / 6
-    net.graph.outputs["y"] = net.b.op("add", net.b.op("matmul", v, net.const(np.ascontiguousarray(w.T)), trans_a=False, trans_b=False), net.const(np.float32(0.5)))
+    net.graph.outputs["y"] = net.b.op("add", net.b.op("matmul", v, net.const(np.ascontiguousarray(w.T)),
+                                                      trans_a=False, trans_b=False),
+                                      net.const(np.float32(0.5)))
     t = t @ tt(w.T) + 0.5
     graph, notes = _explain(net.graph)
     ops = {nd.op for nd in graph.nodes}

@@ -99,7 +99,8 @@ def test_lenet_trains_to_the_cpu_losses_with_cudnn_convolutions_captured_or_not(
     from tests.runtime.gpu_stand_in import ROOT
     result = run_stand_in(STAND_IN + RAW_MODULE + LENET_SCRIPT, tmp_path, ROOT / "zoo" / "lenet" / "net.yaml")
     assert result.returncode == 0 and result.stdout.strip().startswith("ok"), result.stderr[-3000:]
-    assert "('cudnn', 'conv2d_grad_input')" in result.stdout and "'conv2d_grad_weight'" not in result.stdout, result.stdout
+    assert ("('cudnn', 'conv2d_grad_input')" in result.stdout
+            and "'conv2d_grad_weight'" not in result.stdout), result.stdout
 
 
 @pytest.mark.gpu

@@ -173,7 +173,8 @@ inputs:
   data: {shape: [N, 4, 12, 12], dtype: float32}
   label: {shape: [N], dtype: int64}
 layers:
-  - {name: dw1, type: Convolution, bottom: data, top: dw1, num_output: 4, kernel_size: 3, pad: 1, group: 4, bias_term: false}
+  - {name: dw1, type: Convolution, bottom: data, top: dw1, num_output: 4, kernel_size: 3, pad: 1, group: 4,
+     bias_term: false}
   - {name: dw1_bn, type: BatchNorm, bottom: dw1, top: dw1, affine: false}
   - {name: dw1_scale, type: Scale, bottom: dw1, top: dw1, bias_term: true}
   - {name: dw1_relu, type: ReLU, bottom: dw1, top: dw1}
@@ -210,7 +211,8 @@ def test_depthwise_blocks_native_equal_numpy(tmp_path, batch, train):
     native_plan = results[True][2]
     assert "depthwise" in native_plan.native_source
     if train:
-        assert "depthwise_grad_input" in native_plan.native_source and "depthwise_grad_weight" in native_plan.native_source
+        assert ("depthwise_grad_input" in native_plan.native_source
+                and "depthwise_grad_weight" in native_plan.native_source)
     for got, want in zip(results[True][0], results[False][0]):
         for k in want:
             _close(got[k], want[k], "float32", f"dwnet output {k}")

@@ -1,8 +1,8 @@
 """3x3 stride-1 convolutions through Winograd's F(2x2, 3x3) (toolkit/kernels/native/winograd.py)
 against PyTorch's conv2d: a frozen weight (transformed once when the plan is built) and a weight
-fed at run time (transformed in the kernel each run, as in training), padding 0 and 1, odd output sizes, a bias, a fused ReLU,
-one image with two threads (the stages split) and several (an image per thread), float64; and the
-shapes it declines (too few tiles or channels) stay on im2col."""
+fed at run time (transformed in the kernel each run, as in training), padding 0 and 1, odd output
+sizes, a bias, a fused ReLU, one image with two threads (the stages split) and several (an image
+per thread), float64; and the shapes it declines (too few tiles or channels) stay on im2col."""
 from __future__ import annotations
 
 import numpy as np

@@ -20,7 +20,8 @@ layers:
     "  - {name: last, type: Flatten, bottom: ip1, top: last}",
     "  - {name: last, type: Dropout, bottom: ip1, top: last}",
     "  - {name: last, type: Concat, bottom: [ip1], top: last}",
-    "  - {name: mid, type: Flatten, bottom: ip1, top: mid}\n  - {name: last, type: Reshape, bottom: mid, top: last, shape: [0, 3]}",
+    "  - {name: mid, type: Flatten, bottom: ip1, top: mid}\n"
+    "  - {name: last, type: Reshape, bottom: mid, top: last, shape: [0, 3]}",
 ])
 @pytest.mark.parametrize("phase", ["infer", "test"])
 def test_a_pass_through_top_is_an_output(tmp_path, tail, phase):

@@ -143,7 +143,8 @@ outputs: [sm, ip2, pmax, hsum, p2, gated, hidden, clstm, crnn]
 """
 
 # the extended catalog: a token branch (Embed, LayerNorm, dot-product attention by MatMul and
-# causal MultiHeadAttention, Permute, Reduction, Tile) and an image branch (LRN, reflect Pad, Deconvolution, Crop, Power)
+# causal MultiHeadAttention, Permute, Reduction, Tile) and an image branch (LRN, reflect Pad,
+# Deconvolution, Crop, Power)
 EXTENDED_NET = """
 name: mixed_extended
 inputs:

@@ -44,26 +44,26 @@ def torch_rates(make, n: int = MAX_ITER + 1, base: float = BASE) -> np.ndarray:
 
 
 S = torch.optim.lr_scheduler
-I = np.arange(MAX_ITER + 1)
+ITERS = np.arange(MAX_ITER + 1)
 POLICIES = {
     # id: (policy, the closed form over i = 0..MAX_ITER, a torch scheduler or None)
-    "fixed": (LrPolicy(type="fixed"), np.full(I.shape, BASE), None),
-    "sigmoid": (LrPolicy(type="sigmoid", gamma=-0.2, step_size=15), BASE / (1 + np.exp(0.2 * (I - 15))), None),
-    "step": (LrPolicy(type="step", gamma=0.5, step_size=7), BASE * 0.5 ** (I // 7),
+    "fixed": (LrPolicy(type="fixed"), np.full(ITERS.shape, BASE), None),
+    "sigmoid": (LrPolicy(type="sigmoid", gamma=-0.2, step_size=15), BASE / (1 + np.exp(0.2 * (ITERS - 15))), None),
+    "step": (LrPolicy(type="step", gamma=0.5, step_size=7), BASE * 0.5 ** (ITERS // 7),
              lambda o: S.StepLR(o, step_size=7, gamma=0.5)),
     "multistep": (LrPolicy(type="multistep", gamma=0.1, milestones=[25, 5, 12]),
-                  BASE * 0.1 ** ((I >= 5).astype(int) + (I >= 12) + (I >= 25)),
+                  BASE * 0.1 ** ((ITERS >= 5).astype(int) + (ITERS >= 12) + (ITERS >= 25)),
                   lambda o: S.MultiStepLR(o, milestones=[5, 12, 25], gamma=0.1)),
-    "exp": (LrPolicy(type="exp", gamma=0.93), BASE * 0.93 ** I, lambda o: S.ExponentialLR(o, gamma=0.93)),
+    "exp": (LrPolicy(type="exp", gamma=0.93), BASE * 0.93 ** ITERS, lambda o: S.ExponentialLR(o, gamma=0.93)),
     # Caffe's inv: base * (1 + gamma i)^-power (no torch scheduler: LambdaLR with the formula)
-    "inv": (LrPolicy(type="inv", gamma=0.05, power=0.75), BASE * (1 + 0.05 * I) ** -0.75,
+    "inv": (LrPolicy(type="inv", gamma=0.05, power=0.75), BASE * (1 + 0.05 * ITERS) ** -0.75,
             lambda o: S.LambdaLR(o, lambda k: (1 + 0.05 * k) ** -0.75)),
-    "poly": (LrPolicy(type="poly", power=2.0), BASE * (1 - I / MAX_ITER) ** 2,
+    "poly": (LrPolicy(type="poly", power=2.0), BASE * (1 - ITERS / MAX_ITER) ** 2,
              lambda o: S.PolynomialLR(o, total_iters=MAX_ITER, power=2.0)),
-    "cosine": (LrPolicy(type="cosine"), BASE * (1 + np.cos(np.pi * I / MAX_ITER)) / 2,
+    "cosine": (LrPolicy(type="cosine"), BASE * (1 + np.cos(np.pi * ITERS / MAX_ITER)) / 2,
                lambda o: S.CosineAnnealingLR(o, T_max=MAX_ITER)),
     "cosine_min_lr": (LrPolicy(type="cosine", min_lr=0.01),
-                      0.01 + (BASE - 0.01) * (1 + np.cos(np.pi * I / MAX_ITER)) / 2,
+                      0.01 + (BASE - 0.01) * (1 + np.cos(np.pi * ITERS / MAX_ITER)) / 2,
                       lambda o: S.CosineAnnealingLR(o, T_max=MAX_ITER, eta_min=0.01)),
 }
 
@@ -104,7 +104,7 @@ def test_warmup_multiplies_a_linear_ramp(name, factor):
     extra = {"warmup_iters": 8} if factor is None else {"warmup_iters": 8, "warmup_factor": factor}
     warm = policy.model_copy(update=extra)
     start = 0.1 if factor is None else factor
-    ramp = np.where(I < 8, start + (1 - start) * I / 8, 1.0)
+    ramp = np.where(ITERS < 8, start + (1 - start) * ITERS / 8, 1.0)
     got = rates(warm)
     np.testing.assert_allclose(got, expected * ramp, rtol=1e-12, atol=1e-15)
     assert got[0] == pytest.approx(start * BASE) and got[8] == pytest.approx(expected[8])

@@ -119,7 +119,8 @@ def test_passes_switch_off_by_name(net):
     # every stage of the pipeline names its function; the planner's switch is no stage
     assert all(callable(stage.run) for stage in PIPELINE) and "plan_memory" not in [s.name for s in PIPELINE]
     assert list(contracts()) == pass_names()
-    assert set(no_optimize()) == set(pass_names()) - {"eliminate_dead_code", "place_devices", "schedule_collectives", "plan_memory"}
+    assert set(no_optimize()) == set(pass_names()) - {"eliminate_dead_code", "place_devices", "schedule_collectives",
+                                                      "plan_memory"}
 
 
 def test_every_pass_has_a_contract_and_runs_alone(net, rng):

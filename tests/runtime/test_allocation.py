@@ -36,7 +36,8 @@ def test_weights_too_big_for_the_machine_name_the_layer(tmp_path, command):
 def test_buffers_too_big_for_the_machine_name_the_largest_value(tmp_path):
     path = tmp_path / "wide_images.yaml"
     path.write_text("name: wide_images\ninputs:\n  data: {shape: [N, 3, 8000, 8000], dtype: float32}\nlayers:\n"
-                    "  - {name: conv1, type: Convolution, bottom: data, top: conv1, num_output: 8, kernel_size: 3, pad: 1}\n"
+                    "  - {name: conv1, type: Convolution, bottom: data, top: conv1, num_output: 8, "
+                    "kernel_size: 3, pad: 1}\n"
                     "  - {name: pool, type: Pooling, bottom: conv1, top: pool, pool: ave, global_pooling: true}\n")
     r = run_toolkit("bench", path, "--batch", "1", memory_mb=LIMIT_MB, timeout=60)
     assert r.status == 2 and len(r.lines) == 1, r.err

@@ -224,8 +224,9 @@ LT_SCRIPT = STAND_IN + textwrap.dedent("""
     h, x2 = ("h",), ("x", 2)
     assert lt.bias_epilogue((("add", (h, x2), ()),), (0,), (), 3) == (lt.EPILOGUE_BIAS, 2)
     assert lt.bias_epilogue((("add", (x2, h), ()),), (0,), (), 3) == (lt.EPILOGUE_BIAS, 2)
-    assert lt.bias_epilogue((("add", (h, x2), ()), ("relu", (("t", 0),), ())), (1,), (), 3) == (lt.EPILOGUE_RELU_BIAS, 2)
-    assert lt.bias_epilogue((("add", (h, x2), ()), ("relu", (("t", 0),), ())), (0, 1), (), 3) is None   # h + b leaves too
+    add_relu = (("add", (h, x2), ()), ("relu", (("t", 0),), ()))
+    assert lt.bias_epilogue(add_relu, (1,), (), 3) == (lt.EPILOGUE_RELU_BIAS, 2)
+    assert lt.bias_epilogue(add_relu, (0, 1), (), 3) is None   # h + b leaves too
     assert lt.bias_epilogue((("mul", (h, x2), ()),), (0,), (), 3) is None
     assert lt.bias_epilogue((("add", (h, x2), ()),), (0,), ((), (), (1, 0, 4)), 3) is None              # a view
     assert lt.bias_epilogue((("add", (h, x2), ()), ("exp", (("t", 0),), ())), (1,), (), 3) is None

@@ -270,7 +270,8 @@ CAUSAL_SCRIPT = STAND_IN + RAW_MODULE + textwrap.dedent("""
     from toolkit.runtime.session import InferSession
     bucketed = net.graph("infer", bucketed=frozenset({"T"}))
     weights = net.init_weights(seed=0)
-    sessions = {d: InferSession(bucketed, weights, d, buckets=(1, 4), dim_buckets={"T": (4, 8)}) for d in ("cpu", "gpu")}
+    sessions = {d: InferSession(bucketed, weights, d, buckets=(1, 4), dim_buckets={"T": (4, 8)})
+                for d in ("cpu", "gpu")}
     for steps in (3, 7):
         x = np.random.default_rng(steps).standard_normal((3, steps, 8)).astype(np.float32)
         want, got = (sessions[d].run({"data": x}) for d in ("cpu", "gpu"))

@@ -117,7 +117,8 @@ CONCAT_CASES = {
     # relu may run in place on its input: it must still write into the concatenation
     "in-place producer": (True, lambda b, x: ([b.op("relu", b.op("exp", x)), b.op("sigmoid", x)], {})),
     # a part read again after the concatenation lives on in its slice
-    "part read later": (True, lambda b, x: (lambda e: ([e, b.op("tanh", x)], {"z": b.op("exp", e)}))(b.op("square", x))),
+    "part read later": (True,
+                        lambda b, x: (lambda e: ([e, b.op("tanh", x)], {"z": b.op("exp", e)}))(b.op("square", x))),
     # the graph input has no producer to redirect
     "graph input": (False, lambda b, x: ([x, b.op("exp", x)], {})),
     # one value cannot sit at two offsets

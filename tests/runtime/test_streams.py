@@ -134,7 +134,8 @@ SCRIPT = STAND_IN + RAW_MODULE + textwrap.dedent("""
                 for k in a:
                     np.testing.assert_array_equal(b[k], a[k], err_msg=f"train={train} seed={seed} {k}")
         waits = sum(len(w) for w in plan.schedule.stream_schedule.waits)
-        print(f"train={train}: {len(plan.steps)} steps on {plan.schedule.stream_schedule.streams} streams, {waits} waits")
+        print(f"train={train}: {len(plan.steps)} steps on {plan.schedule.stream_schedule.streams} streams, "
+              f"{waits} waits")
         wrong = 0
         for seed in range(3):
             _plan, got, _ = runs(train, True, seed, broken=True)

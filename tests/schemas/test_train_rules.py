@@ -66,8 +66,8 @@ RULES = [
      "recall", True, "the test phase measures no 'recall' (it measures: test_loss, accuracy)"),
     ("the best model by a metric not measured", NET, "  max_iter: 2", ["  best:", "    metric: top5"],
      "top5", True, "the test phase measures no 'top5' (it measures: test_loss, accuracy)"),
-    ("early stopping without test data", NET.replace("  max_iter: 2\n", "  max_iter: 2\n  early_stop: {metric: accuracy, "
-                                                     "patience: 2}\n"),
+    ("early stopping without test data",
+     NET.replace("  max_iter: 2\n", "  max_iter: 2\n  early_stop: {metric: accuracy, patience: 2}\n"),
      "  data:", ["    test_fraction: 0"], "early_stop", False,
      "train.early_stop needs test data and a test metric (train.data.test_fraction or test_source, and an "
      "Accuracy or loss layer in phase test)"),

@@ -79,7 +79,8 @@ def test_deep_nesting_and_overflowing_shapes_are_400_naming_the_fault(server):
     cases = [(deep, {}, "the request body's JSON nests too deeply"),
              (deep.replace(b"[" * 100_000 + b"]" * 100_000, b"[" * 500 + b"0" + b"]" * 500), {},
               "\"data\" does not hold float32 values"),                # JSON can, numpy cannot, nest 500 deep
-             (_json_input([2**62, 2**62], [0.0]), {}, f"\"data\" has 1 values, shape [{2**62}, {2**62}] needs {2**124}"),
+             (_json_input([2**62, 2**62], [0.0]), {},
+              f"\"data\" has 1 values, shape [{2**62}, {2**62}] needs {2**124}"),
              (_json_input([2**64], [0.0]), {}, f"needs {2**64}"),
              (_json_input([1] * 70, [0.0]), {}, "\"shape\" has 70 dimensions, at most 32 are taken"),
              (json.dumps({"inputs": [{"name": "data", "shape": [1], "datatype": [], "data": [0]}]}).encode(), {},
@@ -113,7 +114,8 @@ def test_the_decoder_refuses_hostile_documents_with_bad_request_alone():
         return {rng.choice(keys): anything(depth + 1) for _ in range(rng.randint(0, 3))}
 
     for _ in range(3000):
-        item = {"name": rng.choice(["data", 1]), "shape": anything(), "datatype": rng.choice(["FP32", "INT8", anything()])}
+        item = {"name": rng.choice(["data", 1]), "shape": anything(),
+                "datatype": rng.choice(["FP32", "INT8", anything()])}
         item[rng.choice(["data", "parameters"])] = anything()
         doc = {"inputs": [item], rng.choice(["outputs", "parameters", "id"]): anything()}
         body = json.dumps(doc).encode()
@@ -142,7 +144,8 @@ def test_connections_that_dawdle_are_answered_408_or_closed_within_the_timeout()
         # a head trickled a byte at a time, on a keep-alive connection after a good request
         sock = socket.create_connection(("127.0.0.1", s.port))
         sock.settimeout(10)
-        sock.sendall(b"POST /v2/models/lenet/infer HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(GOOD) + GOOD)
+        sock.sendall(b"POST /v2/models/lenet/infer HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(GOOD)
+                     + GOOD)
         assert _answer(sock)[0] == 200
         start = time.monotonic()
         sock.sendall(b"GET /v2 HTTP/1.1\r\nX-Slow: ")

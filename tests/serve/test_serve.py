@@ -154,7 +154,8 @@ def test_the_batcher_coalesces_concurrent_requests_and_sigterm_finishes_them():
         assert "stopped: 8 infer request(s) answered, 0 refused" in s.log, s.log
         assert sorted(results) == list(range(8))
         for i, x in enumerate(xs):
-            np.testing.assert_allclose(results[i], model.infer(data=x)["prob"], rtol=1e-5, atol=1e-6)  # another bucket: float32 rounding
+            # another bucket: float32 rounding
+            np.testing.assert_allclose(results[i], model.infer(data=x)["prob"], rtol=1e-5, atol=1e-6)
         with pytest.raises(Exception):
             http.InferenceServerClient(url=s.url, connection_timeout=2).is_server_live()
     finally:

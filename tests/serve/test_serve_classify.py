@@ -217,8 +217,8 @@ def test_real_photo_sent_to_the_server_named_as_infer_names_it(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "toolkit.cli", "import", "caffe",
                            str(REAL / "squeezenet_v1.0_deploy.prototxt"), "--weights",
                            str(REAL / "squeezenet_v1.0_deep_compression.caffemodel"), "--out", str(out),
-                           "--transform", "caffe-imagenet", "--labels", str(REAL / "synset_words.txt")], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120)
+                           "--transform", "caffe-imagenet", "--labels", str(REAL / "synset_words.txt")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     proc = subprocess.run([sys.executable, "-m", "toolkit.cli", "infer", str(out / "net.yaml"), "--weights",
                            str(out / "model.safetensors"), "--input", str(REAL / "cat.jpg"), "--top", "5"],

@@ -93,7 +93,8 @@ def test_deployment_takes_the_centre_crop_of_larger_inputs(tmp_path):
     np.save(tmp_path / "x.npy", x)
     np.save(tmp_path / "x6.npy", center_crop(x, 6) * np.float32(0.0625))
     weights = run / "model.safetensors"
-    r = cli("infer", run / "net.yaml", "--weights", weights, "--input", tmp_path / "x.npy", "--output", tmp_path / "a.npy")
+    r = cli("infer", run / "net.yaml", "--weights", weights, "--input", tmp_path / "x.npy",
+            "--output", tmp_path / "a.npy")
     assert r.status == 0, r.err
     assert "centre crop 6" in r.err
     assert cli("infer", run / "net.yaml", "--weights", weights, "--input", tmp_path / "x6.npy", "--no-transform",

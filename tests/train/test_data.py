@@ -150,7 +150,7 @@ def test_npy_folder_source(tmp_path):
 def test_csv_with_a_header_naming_the_label_column(tmp_path):
     x, y = blobs(5)
     x = np.round(x, 3)
-    rows = ["label,f0,f1,f2,f3"] + [",".join([str(int(l))] + [repr(float(v)) for v in r]) for r, l in zip(x, y)]
+    rows = ["label,f0,f1,f2,f3"] + [",".join([str(int(label))] + [repr(float(v)) for v in r]) for r, label in zip(x, y)]
     (tmp_path / "d.csv").write_text("\n".join(rows) + "\n")
     train, _ = data_of(write_net(tmp_path, "d.csv"))
     assert np.array_equal(train.arrays["label"], y)
@@ -160,7 +160,7 @@ def test_csv_with_a_header_naming_the_label_column(tmp_path):
 def test_csv_without_a_header_has_the_label_last(tmp_path):
     x, y = blobs(6)
     x = np.round(x, 3)
-    rows = [",".join([repr(float(v)) for v in r] + [str(int(l))]) for r, l in zip(x, y)]
+    rows = [",".join([repr(float(v)) for v in r] + [str(int(label))]) for r, label in zip(x, y)]
     (tmp_path / "d.csv").write_text("\n".join(rows) + "\n\n")
     train, _ = data_of(write_net(tmp_path, "d.csv"))
     assert np.array_equal(train.arrays["label"], y)

@@ -27,7 +27,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def blob_net(tmp_path) -> Path:
     make_data(tmp_path)
     path = tmp_path / "net.yaml"
-    path.write_text(RESUME_NET.replace("  - {name: drop1, type: Dropout, bottom: ip1, top: ip1, dropout_ratio: 0.3}\n", ""))
+    dropout = "  - {name: drop1, type: Dropout, bottom: ip1, top: ip1, dropout_ratio: 0.3}\n"
+    path.write_text(RESUME_NET.replace(dropout, ""))
     return path
 
 
@@ -153,7 +154,8 @@ def test_the_scale_follows_torch_gradscaler(blob_net, tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("gpu", marks=[
-    pytest.mark.gpu, pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU with cupy (run on a GPU machine)")])])
+    pytest.mark.gpu,
+    pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU with cupy (run on a GPU machine)")])])
 def test_mixed_precision_lenet_reaches_the_float32_accuracy(tmp_path, monkeypatch, device):
     """`toolkit train --dtype float16` and bfloat16 against float32: the held-out accuracy within
     one point, the loss scale logged. On the CPU float16 and bfloat16 are emulated (stored as

@@ -151,8 +151,9 @@ def test_resuming_a_finished_run_says_so_and_does_nothing(net, tmp_path, capsys)
 def test_resuming_an_early_stopped_run_says_so_and_does_nothing(net, tmp_path, capsys):
     run = tmp_path / "run"
     # no test improves accuracy by more than 1: it stops at the second test
-    stopped = toolkit.train(net, out=run, quiet=True, set=["train.max_iter=40", "train.test_interval=4",
-                                                           "train.early_stop={metric: accuracy, patience: 1, min_delta: 1}"])
+    stopped = toolkit.train(net, out=run, quiet=True,
+                            set=["train.max_iter=40", "train.test_interval=4",
+                                 "train.early_stop={metric: accuracy, patience: 1, min_delta: 1}"])
     assert stopped.iterations == 8
     again = toolkit.train(resume=run)
     err = capsys.readouterr().err

@@ -110,7 +110,8 @@ def test_malformed_front_matter(tmp_path, text, message):
 
 
 def test_a_card_names_its_folder():
-    with pytest.raises(SpecError, match=r"README.md:2:7: error: the card's name 'tiny' differs from its folder's name 'other'"):
+    with pytest.raises(SpecError, match=r"README.md:2:7: error: the card's name 'tiny' differs "
+                                        r"from its folder's name 'other'"):
         parse_card(GOOD, "README.md", expect_name="other")
 
 
@@ -125,8 +126,8 @@ def test_shipped_models_resolve_in_place():
         model_name("zoo:../lenet")
     r = run("zoo", "get", "lenett")
     assert error_lines(r) == ["error: zoo:lenett: no model named 'lenett' in the shipped zoo (branchnet, gru_digits, "
-                              "lenet, mlp, resnet, transformer_digits); no other source is configured (--source or TOOLKIT_ZOO); did you "
-                              "mean 'lenet'?"]
+                              "lenet, mlp, resnet, transformer_digits); no other source is configured "
+                              "(--source or TOOLKIT_ZOO); did you mean 'lenet'?"]
 
 
 def test_a_shipped_file_that_differs_from_its_card_is_an_error(tmp_path, monkeypatch):
@@ -150,7 +151,8 @@ def test_zoo_show_and_list_the_shipped_zoo():
     assert "shipped with the toolkit, used in place" in r.out and "# resnet: a small residual net" in r.out
     r = run("zoo", "list")
     assert r.status == 0 and r.err == ""
-    assert [line.split()[0] for line in r.out.splitlines()] == ["NAME", "branchnet", "gru_digits", "lenet", "mlp", "resnet", "transformer_digits"]
+    assert [line.split()[0] for line in r.out.splitlines()] == ["NAME", "branchnet", "gru_digits", "lenet", "mlp",
+                                                                "resnet", "transformer_digits"]
 
 
 def test_the_shipped_cards_are_listed_with_the_repository_zoo():

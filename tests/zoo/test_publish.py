@@ -57,8 +57,8 @@ def test_publish_then_verify(trained, tmp_path):
     assert card.data == "builtin:digits (seeded 20% held-out split, 359 examples)"
     assert (card.reproduce, card.toolkit_version) == ("toolkit train zoo:mine", "0.1.0")
     assert card.config.sha256 == sha256_file(LENET / "net.yaml") and card.config.bytes == 1494
-    assert card.weights[0].model_dump() == {"file": "model.safetensors", "sha256": sha256_file(LENET / "model.safetensors"),
-                                            "bytes": 55408}
+    assert card.weights[0].model_dump() == {"file": "model.safetensors",
+                                            "sha256": sha256_file(LENET / "model.safetensors"), "bytes": 55408}
     assert body == "\n# mine\n\nTrained with `toolkit train`.\n"
     index = json.loads((zoo / "index.json").read_text())
     assert index["format"] == 1 and list(index["models"]) == ["mine"]
@@ -129,13 +129,15 @@ def test_publish_needs_a_licence_and_a_task(trained, tmp_path):
 
 
 def test_a_draft_that_claims_another_metric_is_refused(trained, tmp_path):
-    (trained / "README.md").write_text(DRAFT.replace("licence: CC0-1.0", "licence: CC0-1.0\nmetric: {name: accuracy, value: 0.9}"))
+    (trained / "README.md").write_text(DRAFT.replace("licence: CC0-1.0",
+                                                     "licence: CC0-1.0\nmetric: {name: accuracy, value: 0.9}"))
     r = run("zoo", "publish", trained, "--to", tmp_path / "zoo")
     assert error_lines(r) == [f"error: {trained / 'README.md'}: the draft card says accuracy 0.9, the test phase "
                               "measures 0.986072 on 359 examples (tolerance 0.001)"]
     (trained / "README.md").write_text(DRAFT.replace("licence:", "licenc:"))
     r = run("zoo", "publish", trained, "--to", tmp_path / "zoo")
-    assert error_lines(r) == [f"{trained / 'README.md'}:4:1: error: card: unknown key 'licenc'; did you mean 'licence'?"]
+    assert error_lines(r) == [f"{trained / 'README.md'}:4:1: error: card: unknown key 'licenc'; "
+                              "did you mean 'licence'?"]
 
 
 def test_npz_weights_are_published_as_safetensors(trained, tmp_path):

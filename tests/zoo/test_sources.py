@@ -189,7 +189,8 @@ def test_unknown_models_and_unreachable_sources(server, tmp_path):
     r = run("zoo", "get", "digitnett", "--source", server.url)
     assert r.status == 2
     assert r.err.strip().endswith(f"error: zoo:digitnett: no model named 'digitnett' in the shipped zoo "
-                                  f"(branchnet, gru_digits, lenet, mlp, resnet, transformer_digits) or in the sources ({server.url})")
+                                  "(branchnet, gru_digits, lenet, mlp, resnet, transformer_digits) "
+                                  f"or in the sources ({server.url})")
     # TOOLKIT_ZOO: comma-separated; a missing folder is noted and the next source still serves
     with settings.use(zoo=f"{tmp_path / 'nowhere'},{server.url}"):
         model = resolve(f"zoo:{NAME}")

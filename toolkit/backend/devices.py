@@ -143,7 +143,8 @@ class CudaDevice(Device):
     def check_exists(self) -> None:
         count = gpu_module().cuda.runtime.getDeviceCount()
         if self.index >= count:
-            raise UserError(f"device '{self}' does not exist: this machine has {count} GPU(s), gpu:0 to gpu:{count - 1}")
+            raise UserError(f"device '{self}' does not exist: this machine has {count} GPU(s), "
+                            f"gpu:0 to gpu:{count - 1}")
 
     def use(self):
         return gpu_module().cuda.Device(self.index)

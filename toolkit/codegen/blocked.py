@@ -32,7 +32,8 @@ C_SOURCE = r"""
 static inline __m512 tk_b_finish(__m512 v, const float *bias, const float *res, int relu) {
     if (bias) v = _mm512_add_ps(v, _mm512_loadu_ps(bias));
     if (res) v = _mm512_add_ps(v, _mm512_loadu_ps(res));
-    if (relu) v = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_max_ps(v, _mm512_setzero_ps()), v);
+    if (relu) v = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q),
+                                       _mm512_max_ps(v, _mm512_setzero_ps()), v);
     return v;
 }
 /* R positions (xr: their window origins; ``rows`` of them stored) x NO output blocks; w: the
@@ -180,10 +181,12 @@ static void tk_bdw_direct(const float *x, int64_t H, int64_t W, int64_t OH, int6
                 for (int64_t kx = 0; kx < kw; kx++) {
                     const int64_t ix = ix0 + kx * dw;
                     if (ix < 0 || ix >= W) continue;
-                    acc = _mm512_fmadd_ps(_mm512_loadu_ps(x + (iy * W + ix) * 16), _mm512_loadu_ps(w + (ky * kw + kx) * 16), acc);
+                    acc = _mm512_fmadd_ps(_mm512_loadu_ps(x + (iy * W + ix) * 16),
+                                          _mm512_loadu_ps(w + (ky * kw + kx) * 16), acc);
                 }
             }
-            _mm512_storeu_ps(y + (oy * OW + ox) * 16, tk_b_finish(acc, bias, res ? res + (oy * OW + ox) * 16 : NULL, relu));
+            _mm512_storeu_ps(y + (oy * OW + ox) * 16,
+                             tk_b_finish(acc, bias, res ? res + (oy * OW + ox) * 16 : NULL, relu));
             ox++;
         }
     }

@@ -86,7 +86,9 @@ void tk_set_blas(void *sgemm, void *dgemm) { tk_sgemm = (tk_sgemm_t)sgemm; tk_dg
 HALF_HELPERS = r"""
 #ifdef __CUDA_ARCH__
 __device__ inline float tk_h2f(unsigned short h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
-__device__ inline unsigned short tk_f2h(float f) { unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+__device__ inline unsigned short tk_f2h(float f) {
+    unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h;
+}
 #else
 union tk_bits { float f; unsigned int u; };
 static inline float tk_h2f(unsigned short h) {
@@ -178,7 +180,8 @@ class CDialect:
                 parallel = s.parallel and not in_parallel and kernel.threads > 1
                 simd = " simd" if s.vector else ""
                 if parallel:
-                    lines.append(f"{pad}#pragma omp parallel for{simd} schedule(static) num_threads(TK_TEAM({kernel.threads}))")
+                    lines.append(f"{pad}#pragma omp parallel for{simd} schedule(static) "
+                                 f"num_threads(TK_TEAM({kernel.threads}))")
                 elif s.reduction is not None:
                     lines.append(f"{pad}#pragma omp simd reduction(+:{s.reduction.name})")
                 elif s.vector:

@@ -11,9 +11,9 @@ setting): ``available()`` is false and the numpy kernels run, with a one-line no
 time.
 
 A compile runs in a process group of its own, bounded by the ``compile_timeout`` setting
-(``TOOLKIT_COMPILE_TIMEOUT``, 300 s); a timeout ends the whole group. A unit that fails or times out is remembered by its
-shape (its source with the numbers erased) for the rest of the process: the same net's other
-batch sizes do not each wait for the same failure.
+(``TOOLKIT_COMPILE_TIMEOUT``, 300 s); a timeout ends the whole group. A unit that fails or times
+out is remembered by its shape (its source with the numbers erased) for the rest of the process:
+the same net's other batch sizes do not each wait for the same failure.
 """
 from __future__ import annotations
 

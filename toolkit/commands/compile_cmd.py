@@ -146,7 +146,8 @@ def _print_explain(report: dict, args, symbol: str | None, disable) -> None:
     if "allreduce" in report:
         a = report["allreduce"]
         print(f"gradient all-reduce over {a['ranks']} ranks: {a['buckets']} bucket(s) of about {a['bucket_mb']:g} MB, "
-              f"{a['bytes']} bytes per step: " + ", ".join(f"{b['tensors']} tensors {b['bytes']} B" for b in a["per_bucket"]))
+              f"{a['bytes']} bytes per step: "
+              + ", ".join(f"{b['tensors']} tensors {b['bytes']} B" for b in a["per_bucket"]))
     for op, members in report["fused"].items():
         print(f"  inside {op}: " + ", ".join(f"{k} {v}" for k, v in members.items()))
     print("passes (switch one off with --disable NAME):")

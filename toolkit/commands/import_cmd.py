@@ -291,7 +291,8 @@ def _write_weights(caffemodel: str | None, weights: dict, fixed: dict, loaded, t
     if fixed:
         parts.append(f"{', '.join(sorted(fixed))} from the prototxt's files")
     if started:
-        parts.append(f"{len(started)} from their fillers ({', '.join(started[:6])}{' ...' if len(started) > 6 else ''})")
+        parts.append(f"{len(started)} from their fillers ({', '.join(started[:6])}"
+                     f"{' ...' if len(started) > 6 else ''})")
     said = [f"wrote {shown}: " + ", ".join(parts)]
     if not caffemodel:
         said.append(f"note: train from these with --weights {shown}, or the fixed matrices start as their fillers")

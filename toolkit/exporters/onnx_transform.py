@@ -87,7 +87,8 @@ def _center_crop(node, const, x: str, crop: tuple[int, int], rule: str, static: 
     sizes = node("Slice", [shape, const([2], "axis_h", np.int64), const([4], "axis_end", np.int64)], "hw")
     spare = node("Sub", [sizes, const(list(crop), "crop", np.int64)], "spare")
     if rule == "round":
-        half = node("Div", [node("Cast", [spare], "spare_f", to=ONNX_TYPE_NUMBER["float64"]), const([2.0, 2.0], "two", np.float64)], "half")
+        half = node("Div", [node("Cast", [spare], "spare_f", to=ONNX_TYPE_NUMBER["float64"]),
+                            const([2.0, 2.0], "two", np.float64)], "half")
         start = node("Cast", [node("Round", [half], "rounded")], "start", to=ONNX_TYPE_NUMBER["int64"])
     else:
         start = node("Div", [spare, const([2, 2], "two_i", np.int64)], "start")    # spare >= 0: floor

@@ -309,7 +309,7 @@ def _merge_layers(under: Seq | None, over: Node, state: _State, has_base: bool) 
                 layers[index] = merged
             continue
         if has_base and "type" not in body.entries:
-            names = [n for n in (_layer_name(l) for l in layers) if n]
+            names = [n for n in (_layer_name(layer) for layer in layers) if n]
             state.problems.append(Problem(f"layer '{name}' is in no base, and has no 'type' to be a new layer"
                                           f"{did_you_mean(name, names)}", name_loc))
             continue
@@ -352,7 +352,7 @@ def _delete(layers: list[Node], index: int | None, name: str, entry: Map, state:
     """Removes the layer; False (with the problem reported) where there is none to remove."""
     where = entry.key_loc("delete")
     if index is None:
-        names = [n for n in (_layer_name(l) for l in layers) if n]
+        names = [n for n in (_layer_name(layer) for layer in layers) if n]
         state.problems.append(Problem(f"delete: no layer '{name}' in the base{'s' if has_base else ''} to delete"
                                       f"{did_you_mean(name, names)}", entry.get("name").loc))
         return False
@@ -373,7 +373,7 @@ def _place(layers: list[Node], layer: Map, controls: dict, name: str, state: _St
         target, where = controls[key]
         index = _index_of(layers, target)
         if target == name or index is None:
-            names = [n for n in (_layer_name(l) for l in layers) if n and n != name]
+            names = [n for n in (_layer_name(other) for other in layers) if n and n != name]
             state.problems.append(Problem(f"layer '{name}': {key}: no layer '{target}' to place it {key}"
                                           f"{did_you_mean(target, names)}", where))
             layers.append(layer)

@@ -403,7 +403,7 @@ def _keys(layer) -> set[str]:
 def _dangling(bname: str, index: int, phase: str, all_tops, blobs, positions: Positions,
               prefix: tuple = ("layers",), layers=()) -> str:
     producers = all_tops.get(bname, [])
-    below = [(j, l) for j, l in producers if j > index]
+    below = [(j, producer) for j, producer in producers if j > index]
     if below:
         j, other = below[0]
         where = positions.locate(prefix + (j,))
@@ -419,7 +419,7 @@ def _dangling(bname: str, index: int, phase: str, all_tops, blobs, positions: Po
         return (f"bottom '{bname}' is produced by layer '{other.name}' ({'line ' if isinstance(line, int) else ''}"
                 f"{line}), which comes after this layer in the merged net (layer {j + 1} against {index + 1}: a layer "
                 f"merged into a base keeps its place there, a new one goes at the end){hint}")
-    other_phase = [(j, l) for j, l in producers if j < index and phase not in l.phases]
+    other_phase = [(j, producer) for j, producer in producers if j < index and phase not in producer.phases]
     if other_phase:
         j, other = other_phase[0]
         return (f"bottom '{bname}' is not produced in phase {phase}: layer '{other.name}' runs only in "

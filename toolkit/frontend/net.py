@@ -43,7 +43,7 @@ class Net:
         self.fresh_layers: frozenset[str] = frozenset()
         self._lowerings: dict[tuple, Lowered] = {}     # lowering_key -> the lowering, never handed out
         self._memo: dict = {}                          # what layers keep across lowerings (LowerContext.memo)
-        problems = duplicate_layer_names({"layers": [l.model_dump() for l in spec.layers]}, positions)
+        problems = duplicate_layer_names({"layers": [layer.model_dump() for layer in spec.layers]}, positions)
         problems += self._check_losses()
         problems += self._check_passes()
         checked = {}

@@ -87,7 +87,8 @@ def _broken_layer(raw, index: int) -> BrokenLayer:
     top = raw.get("top", [])
     tops = [top] if isinstance(top, str) else [t for t in top if isinstance(t, str)] if isinstance(top, list) else []
     phase = raw.get("phase")
-    phases = tuple(phase) if isinstance(phase, list) else (phase,) if isinstance(phase, str) else ("train", "test", "infer")
+    phases = (tuple(phase) if isinstance(phase, list) else (phase,) if isinstance(phase, str)
+              else ("train", "test", "infer"))
     return BrokenLayer(str(raw.get("name", f"#{index + 1}")), tops, phases)
 
 

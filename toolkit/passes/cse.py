@@ -25,7 +25,8 @@ def _key(node: Node, where) -> tuple | None:
 
 def eliminate_common(graph: Graph, ctx: PassContext) -> bool:
     """Pure nodes with the same op, inputs and attributes compute the same values: the first stays
-    and the later ones' readers use it, where both run on one device (constants are dedup_constants' job; random ops never merge)."""
+    and the later ones' readers use it, where both run on one device (constants are
+    dedup_constants' job; random ops never merge)."""
     seen: dict[tuple, Node] = {}
     subst = Substitution()
     kept: list[Node] = []

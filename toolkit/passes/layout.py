@@ -438,9 +438,10 @@ def choose_layout(graph: Graph, ctx: PassContext) -> bool:
     rw.subst.apply(graph)
     grouped = f", {kinds['grouped']} grouped" if kinds["grouped"] else ""
     padded_note = f", {grown} with padded blocks" if grown else ""
-    ctx.note(f"choose_layout: {sum(kinds.values())} of {len(convs)} convolutions in NCHW{BLOCK}c ({kinds['dense']} dense, "
-             f"{kinds['depthwise']} depthwise{grouped}{padded_note}), {rw.followers} op(s) follow the layout; reorders: "
-             f"{rw.reorders['to_blocked']} to NCHW{BLOCK}c, {rw.reorders['from_blocked']} back to NCHW")
+    ctx.note(f"choose_layout: {sum(kinds.values())} of {len(convs)} convolutions in NCHW{BLOCK}c "
+             f"({kinds['dense']} dense, {kinds['depthwise']} depthwise{grouped}{padded_note}), "
+             f"{rw.followers} op(s) follow the layout; "
+             f"reorders: {rw.reorders['to_blocked']} to NCHW{BLOCK}c, {rw.reorders['from_blocked']} back to NCHW")
     if kept:
         ctx.note(kept_note)
     return True

@@ -16,8 +16,9 @@ as pixels. An output asked for with the classification parameter is answered wit
 classes as strings (protocol.classify), named by the server's ``labels`` where they fit it.
 
 Errors answer ``{"error": MESSAGE}``: 400 for a malformed request, an image that does not decode,
-or a tensor of the wrong name, dtype or shape, 404 for an unknown model or version, 408 for a body that did not arrive in time,
-413 for a body over the limit, 503 when the queue is full or the server is stopping.
+or a tensor of the wrong name, dtype or shape, 404 for an unknown model or version, 408 for a body
+that did not arrive in time, 413 for a body over the limit, 503 when the queue is full or the
+server is stopping.
 """
 from __future__ import annotations
 
@@ -170,8 +171,10 @@ class InferenceServer:
             got = datatype_of(arr.dtype)
             if got != want:
                 raise BadRequest(f"input '{name}': datatype {got}, the model takes {want}")
-            if len(arr.shape) != len(info.shape) or any(d is not None and d != g for d, g in zip(info.shape, arr.shape)):
-                raise BadRequest(f"input '{name}': shape {list(arr.shape)}, the model takes {_shape_for_metadata(info)}")
+            if (len(arr.shape) != len(info.shape)
+                    or any(d is not None and d != g for d, g in zip(info.shape, arr.shape))):
+                raise BadRequest(f"input '{name}': shape {list(arr.shape)}, "
+                                 f"the model takes {_shape_for_metadata(info)}")
             if arr.shape:
                 rows.add(arr.shape[0])
         if self.batched and len(rows) > 1:

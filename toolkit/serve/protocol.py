@@ -154,7 +154,8 @@ def decode_request(body: bytes, header_length: str | None) -> InferRequest:
         if name in inputs:
             raise BadRequest(f"input '{name}' is given twice")
         shape = item.get("shape")
-        if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+        if (not isinstance(shape, list)
+                or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
             raise BadRequest(f"input '{name}': \"shape\" must be a list of non-negative integers")
         if len(shape) > MAX_DIMS:
             raise BadRequest(f"input '{name}': \"shape\" has {len(shape)} dimensions, at most {MAX_DIMS} are taken")
@@ -184,7 +185,8 @@ def decode_request(body: bytes, header_length: str | None) -> InferRequest:
                 raise BadRequest(f"input '{name}': binary_data_size must be a non-negative integer")
             need = math.prod(shape) * dtype.itemsize
             if size != need:
-                raise BadRequest(f"input '{name}': binary_data_size {size} bytes, shape {shape} of {datatype} needs {need}")
+                raise BadRequest(f"input '{name}': binary_data_size {size} bytes, "
+                                 f"shape {shape} of {datatype} needs {need}")
             if offset + size > len(binary):
                 raise BadRequest(f"input '{name}': the body holds {len(binary) - offset} bytes of binary data, "
                                  f"binary_data_size says {size}")

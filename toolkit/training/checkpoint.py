@@ -64,7 +64,8 @@ def read_checkpoint(path: Path) -> Checkpoint:
             meta = f.metadata() or {}
         arrays = dict(load_file(str(path)))
     except Exception as e:  # the library has its own error types for each malformation
-        raise UserError(f"{path}: not a readable checkpoint ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+        raise UserError(f"{path}: not a readable checkpoint "
+                        f"({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
     if meta.get("format") != FORMAT:
         raise UserError(f"{path}: not a toolkit checkpoint (no '{FORMAT}' marker)")
     iteration, about = _checked_meta(path, meta)

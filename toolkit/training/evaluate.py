@@ -95,6 +95,7 @@ def mean_outputs_shared(cache: PlanCache, dataset: Dataset, batch: int, comm) ->
     n = len(dataset)
     lo, hi = n * comm.rank // comm.size, n * (comm.rank + 1) // comm.size
     names = [k for k, v in cache.graph.outputs.items() if v.shape == ()]
-    part = mean_outputs(cache, Dataset(dataset.take(np.arange(lo, hi))), batch) if hi > lo else dict.fromkeys(names, 0.0)
+    part = (mean_outputs(cache, Dataset(dataset.take(np.arange(lo, hi))), batch) if hi > lo
+            else dict.fromkeys(names, 0.0))
     sums = comm.sum_floats([part[k] * (hi - lo) for k in names])
     return {k: s / n for k, s in zip(names, sums)}

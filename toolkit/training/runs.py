@@ -155,7 +155,8 @@ def recorded_settings(run: Path) -> Any:
     return load_yaml(read_text(str(path)), str(path))[0]
 
 
-def record_start(run: Path, iteration: int, overrides: list[str], changed: dict[str, tuple], weights: str | None) -> None:
+def record_start(run: Path, iteration: int, overrides: list[str], changed: dict[str, tuple],
+                 weights: str | None) -> None:
     """One line of history.jsonl: where this start began and what it set or changed."""
     entry: dict[str, Any] = {"iteration": iteration, "set": list(overrides)}
     if changed:

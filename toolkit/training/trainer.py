@@ -93,7 +93,8 @@ class Trainer:
         reuse = memory_reuse(self.disable)
         self.train_plans = PlanCache(self.graph, self.store, self.runtime, device, reuse)
         tg = test_graph(net, self.disable, device=device, bucketed=bucketed) if self.test_set is not None else None
-        self.test_plans = PlanCache(tg, self.store, RuntimeState(np.random.default_rng(0)), device, reuse) if tg else None
+        self.test_plans = (PlanCache(tg, self.store, RuntimeState(np.random.default_rng(0)), device, reuse)
+                           if tg else None)
         self.loss_tops = [t for t in self.graph.losses if t not in LOGGED]
         measured = [self._metric_key(k) for k, v in tg.outputs.items() if v.shape == ()] if tg else []
         self.best, self.early_stop = trackers(spec, measured)

@@ -27,7 +27,8 @@ _UINT32S = """
     stride_w top_k""".split()
 _BLOB_SIZES = "channels height num width".split()   # int32 in BlobProto, uint32 in DummyData and the like
 _INT32S = """
-    average_loss axis display ignore_label input_dim iter_size max_iter max_level min_level num_axes snapshot stepsize stepvalue test_interval test_iter tiles""".split()
+    average_loss axis display ignore_label input_dim iter_size max_iter max_level min_level num_axes
+    snapshot stepsize stepvalue test_interval test_iter tiles""".split()
 _INT64S = "dim random_seed sparse".split()
 _BOOLS = """
     across_channels bias_term channel_shared debug_info expose_hidden global_pooling mirror normalize

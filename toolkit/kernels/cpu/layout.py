@@ -54,7 +54,7 @@ def to_blocked(ctx, xp=np):
 def from_blocked(ctx, xp=np):
     def run(ins, outs):
         n, c, h, w = outs[0].shape
-        cb, block = ins[0].shape[1], ins[0].shape[4]
+        block = ins[0].shape[4]
         whole, extra = divmod(c, block)
         xp.copyto(outs[0][:, :whole * block].reshape(n, whole, block, h, w),
                   ins[0][:, :whole].transpose(0, 1, 4, 2, 3))

@@ -33,7 +33,7 @@ cp = gpu_module()
 DESC_TRANSA, DESC_TRANSB, DESC_EPILOGUE, DESC_BIAS_POINTER = 3, 4, 7, 8
 EPILOGUE_BIAS, EPILOGUE_RELU_BIAS, EPILOGUE_BGRADB = 4, 6, 512
 PREF_MAX_WORKSPACE_BYTES = 1
-HEURISTIC_BYTES = 96                      # sizeof(cublasLtMatmulHeuristicResult_t): algo[64], size_t, status, float, int[4]
+HEURISTIC_BYTES = 96      # sizeof(cublasLtMatmulHeuristicResult_t): algo[64], size_t, status, float, int[4]
 HEURISTIC_STATE_OFFSET = 72
 
 def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
@@ -133,7 +133,8 @@ class LtGemm:
         pref = new("pref", lib.cublasLtMatmulPreferenceCreate)
         limit = ctypes.c_uint64(blas.WORKSPACE_BYTES)
         blas.check(lib.cublasLtMatmulPreferenceSetAttribute(pref, PREF_MAX_WORKSPACE_BYTES, ctypes.byref(limit),
-                                                            ctypes.sizeof(limit)), "cublasLtMatmulPreferenceSetAttribute")
+                                                            ctypes.sizeof(limit)),
+                   "cublasLtMatmulPreferenceSetAttribute")
         self.heuristic = (ctypes.c_ubyte * HEURISTIC_BYTES)()
         found = ctypes.c_int(0)
         status = lib.cublasLtMatmulAlgoGetHeuristic(self.handle, self.desc, self.w_layout, self.x_layout,

@@ -312,7 +312,8 @@ def _address(array) -> int:
     return ptr if ptr is not None else array.ctypes.data
 
 
-MAKERS = {"softmax": lambda slow: _softmax_factory(False, slow), "log_softmax": lambda slow: _softmax_factory(True, slow),
+MAKERS = {"softmax": lambda slow: _softmax_factory(False, slow),
+          "log_softmax": lambda slow: _softmax_factory(True, slow),
           "nll_loss": _nll_loss, "nll_loss_grad": _nll_loss_grad, "accuracy": _accuracy, "all_finite": _all_finite}
 
 

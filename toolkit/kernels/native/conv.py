@@ -10,8 +10,8 @@ channels instead.
 
 The gradients follow the same pattern: the input gradient of a stride-1 convolution is the
 convolution of g with the flipped weight (im2col of g, then one GEMM into dx); other strides
-take W^T g per image scattered back by col2im; the weight gradient accumulates g_n cols_n^T per thread, and the threads' partial sums
-are added at the end.
+take W^T g per image scattered back by col2im; the weight gradient accumulates g_n cols_n^T per
+thread, and the threads' partial sums are added at the end.
 """
 from __future__ import annotations
 

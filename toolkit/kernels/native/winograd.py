@@ -178,7 +178,8 @@ def forward_body(ctx, names: Names, s: ConvShape, x: Buf, w: Buf, y: Buf, finish
         if tail is None:
             return None
         loop = [Let(slot, ThreadIndex())] + pad_copy(n, slot, i64(0), i64(s.c), False) + \
-            input_transform(slot, False) + gemms(slot, False) + output_transform(n, slot, i64(0), i64(s.o), False) + tail
+            input_transform(slot, False) + gemms(slot, False) + \
+            output_transform(n, slot, i64(0), i64(s.o), False) + tail
         body.append(For(n, i64(0), i64(s.n), loop, parallel=threads > 1))
     else:                                                  # fewer images than threads: split each stage
         chunk, lo, cnt = names.var("chunk"), names.var("lo"), names.var("cnt")
