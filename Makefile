@@ -16,9 +16,12 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/python -m pip install --quiet -e .
 	touch $@
 
-# The whole suite: every tier, the generated C kernels in the folders tests/tiers.py names.
+# The whole suite: every tier, the generated C kernels in the folders tests/tiers.py names, on
+# TEST_WORKERS processes (pytest-xdist; 2 by default, the cores CI has: the suite's own time is
+# mostly one core's, so two workers halve it; TEST_WORKERS=0 runs it in this process).
+TEST_WORKERS ?= 2
 test: $(VENV)/.installed-test
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS)
 
 # The unit tests of every package (tests/tiers.py lists them), the numpy kernels only: about a
 # minute on two cores. The five slowest are listed, to keep the tier honest.
