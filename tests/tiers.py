@@ -43,7 +43,7 @@ FAST = (
     "tests/kernels/test_blocked_layout.py", "tests/kernels/test_conv_blocks.py", "tests/kernels/test_winograd.py",
     "tests/schemas/",
     "tests/serve/test_api.py",
-    "tests/test_docs.py", "tests/test_house_rules.py",
+    "tests/test_docs.py", "tests/test_house_rules.py", "tests/test_packaging.py",
     "tests/train/test_data.py", "tests/train/test_fillers.py", "tests/optim/test_solvers.py",
     "tests/zoo/test_card_classes.py", "tests/zoo/test_cards.py", "tests/zoo/test_sources.py",
 )
