@@ -58,7 +58,9 @@ def test_a_failed_node_case_says_why(node_table):
             assert why and "Traceback" not in why, f"{name}: no reason"
 
 
-@pytest.mark.parametrize("kind", ["pytorch-converted", "pytorch-operator"])
+@pytest.mark.parametrize("kind", ["pytorch-converted", pytest.param("pytorch-operator", marks=[
+    # test_operator_sqrt feeds negative numbers on purpose: its expected output is NaN there
+    pytest.mark.filterwarnings("ignore:invalid value encountered in sqrt:RuntimeWarning")])])
 def test_the_pytorch_model_tests(kind):
     passed = sorted(c.name for c in model_cases(kind) if run_case(c)[0] == "pass")
     missing = sorted(set(RECORDED["models"][kind]) - set(passed))
