@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: test test-fast test-slow test-native lint train bench bench-optimizer clean
+.PHONY: test test-fast test-slow test-native lint docs train bench bench-optimizer clean
 
 $(VENV)/.installed-test: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -32,6 +32,18 @@ test-fast: $(VENV)/.installed-test
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check .
 
+# The documentation site (mkdocs.yml) into site/, strict: a broken link, a page missing from the
+# nav, or a layer parameter or command-line option without a description fails it. The layer
+# catalog and the command line are generated from the code as it builds (docs/hooks/reference.py).
+# (Not --quiet: MkDocs 1.6 then counts no warnings, and strict mode lets a broken link through.)
+$(VENV)/.installed-docs: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet -e '.[docs]'
+	touch $@
+
+docs: $(VENV)/.installed-docs
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict
+
 # The longer sweeps (3000 random nets through the optimiser against the reference interpreter).
 test-slow: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -q -m slow
@@ -58,7 +70,7 @@ bench-optimizer: $(VENV)/.installed
 	$(BIN)/python benchmarks/optimizer.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build site *.egg-info
 
 # The whole suite through the generated native kernels (compiles a unit per plan: slower cold).
 test-native: $(VENV)/.installed-test

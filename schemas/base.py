@@ -86,7 +86,16 @@ class InputSpec(Strict):
 
 
 class LayerBase(Strict):
-    """Keys every layer has. ``type`` is narrowed to a Literal by each layer model."""
+    """Keys every layer has. ``type`` is narrowed to a Literal by each layer model.
+
+    - ``name``: the layer's name, unique in the net; its weights are stored under it
+    - ``type``: the layer type, one of the catalog's
+    - ``bottom``: the blob or blobs the layer reads, each produced above it or an input
+    - ``top``: the blob or blobs the layer writes (``top == bottom`` is an in-place layer)
+    - ``phase``: ``train``, ``test``, ``infer`` or a list of them; without one, every phase
+    - ``loss_weight``: the weight of this layer's loss tops in the training objective (default 1)
+    - ``device``: where the layer runs: ``cpu`` or ``gpu``, or one of several (``gpu:1``)
+    """
 
     name: Name
     type: str
@@ -116,7 +125,15 @@ class LayerBase(Strict):
 
 
 class ParamLayerBase(LayerBase):
-    """A layer with learnable weights: per-parameter multipliers, sharing and fillers."""
+    """A layer with learnable weights: per-parameter multipliers, sharing and fillers.
+
+    - ``lr_mult``: scales the solver's learning rate, one number or one per parameter in order
+    - ``decay_mult``: scales the solver's weight decay, one number or one per parameter in order
+    - ``share``: another layer whose parameters this one uses (all of them), or a map from
+      parameter name to layer (only those named, Caffe's ``param { name }``)
+    - ``weight_filler``: how the weight starts (default xavier)
+    - ``bias_filler``: how the bias starts (default constant 0)
+    """
 
     lr_mult: Union[Number, list[Number], None] = None
     decay_mult: Union[Number, list[Number], None] = None
