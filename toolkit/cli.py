@@ -150,11 +150,13 @@ COMMANDS: tuple[Command, ...] = (
         *OPTIMIZE)),
     Command("test", "run the test phase over the net's test data and print the metrics", run="train_cmd:run_test",
             options=(NET, WEIGHTS, SET, DEVICE, *OPTIMIZE)),
-    Command("data", "export the net's training data (train or test split) as .npz", run="train_cmd:run_data",
+    Command("data", "export the net's training data (train or test split) as .npz or .csv", run="train_cmd:run_data",
             options=(
         NET, option("--split", choices=["train", "test"], default="test"),
-        option("--out", required=True, help=".npz keyed by input name, as `infer` takes them (it applies the "
-                                            "net's input transform)"),
+        option("--out", required=True, help=".npz keyed by input name, or .csv (a header, then one row per "
+                                            "example: the features flattened row-major as NAME_0, NAME_1, ..., "
+                                            "then the label; a net's train.data.source reads it back), as `infer` "
+                                            "takes them (it applies the net's input transform)"),
         SET)),
     Command("compile", "run a phase's graph through the passes and report what each did", run="compile_cmd:run_compile",
             options=(

@@ -128,9 +128,12 @@ def run_data(args) -> int:
     from ..training.feeding import load_data, train_spec
     from .io import check_output_path, write_outputs
     net = load_net(args.net, parse_overrides(args.overrides))
-    if not args.out.endswith(".npz"):
-        raise UserError(f"--out {args.out}: use a .npz file name")
+    if not args.out.endswith((".npz", ".csv")):
+        raise UserError(f"--out {args.out}: use a .npz or .csv file name")
     check_output_path(args.out, ["data"])
+    if args.out.endswith(".csv"):
+        from .data_csv import check_csv_spec
+        check_csv_spec(args.out, train_spec(net).data.lengths)
     from ..fileio import refuse_own_inputs
     from ..training.data import data_files
     from .io import net_inputs
@@ -139,6 +142,10 @@ def run_data(args) -> int:
     chosen = train_set if args.split == "train" else test_set
     if chosen is None:
         raise UserError("the net's data has no test split: set train.data.test_fraction or test_source")
-    write_outputs(args.out, chosen.arrays)
+    if args.out.endswith(".csv"):
+        from .data_csv import csv_label, write_csv_split
+        write_csv_split(args.out, chosen.arrays, csv_label(args.out, chosen.arrays))
+    else:
+        write_outputs(args.out, chosen.arrays)
     print(f"wrote {args.out}: {len(chosen)} examples of {', '.join(chosen.arrays)}")
     return 0
