@@ -32,12 +32,18 @@ def test_the_readme_walkthrough(tmp_path, monkeypatch):
     net_text = re.search(r"cat > mlp.yaml <<'YAML'\n(.*?)\nYAML\n", section, re.S).group(1)
     Path("mlp.yaml").write_text(net_text + "\n")
     x, y = load_digits()
-    header = [f"p{i}" for i in range(64)] + ["label"]
-    for name, labels in (("digits.csv", y), ("parity.csv", y % 2)):
-        with open(name, "w", newline="") as f:
-            writer = csv.writer(f)
-            writer.writerow(header)
-            writer.writerows([*map(int, row), int(label)] for row, label in zip(x.reshape(len(x), 64), labels))
+    # the walk-through's first command writes digits.csv; parity.csv is the reader's own table
+    first = section.split("```sh\n", 1)[1].splitlines()[0]
+    assert first == "toolkit data zoo:lenet --split train --set train.data.test_fraction=0 --out digits.csv"
+    r = cli(*first.split()[1:])
+    assert r.status == 0, r.err
+    with open("digits.csv", newline="") as f:
+        rows = list(csv.reader(f))
+    assert rows[0] == [f"data_{i}" for i in range(64)] + ["label"] and len(rows) == len(y) + 1
+    with open("parity.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(rows[0])
+        writer.writerows([*map(int, row), int(label)] for row, label in zip(x.reshape(len(x), 64), y % 2))
 
     assert "toolkit train mlp.yaml " in section
     r = cli("train", "mlp.yaml")
