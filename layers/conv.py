@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import Literal, Optional
 
+from pydantic import Field
+
 from schemas.base import Bool, LayerBase, PadPair, Pair, ParamLayerBase, PositiveInt
 from toolkit.ir.dims import product
 
@@ -11,16 +13,18 @@ from .registry import LayerError, layer, layer_axis, pair, static_dim
 
 class ConvolutionParams(ParamLayerBase):
     type: Literal["Convolution"]
-    num_output: PositiveInt
-    kernel_size: Pair
-    stride: Pair = 1
-    pad: PadPair = 0
-    dilation: Pair = 1
-    group: PositiveInt = 1
-    bias_term: Bool = True
+    num_output: PositiveInt = Field(description="output channels (filters)")
+    kernel_size: Pair = Field(description="the filter's height and width: one number for both, or [h, w]")
+    stride: Pair = Field(1, description="the step between filter positions: one number for both axes, or [h, w]")
+    pad: PadPair = Field(0, description="zeros added on each side of the image: one number for both axes, or [h, w]")
+    dilation: Pair = Field(1, description="the spacing between the filter's taps (1: adjacent)")
+    group: PositiveInt = Field(1, description="channel groups: input and output channels split into this many "
+                                              "independent convolutions (both must divide by it)")
+    bias_term: Bool = Field(True, description="add a learned bias to each output channel")
     # Caffe's channel axis: the axes before it are all batch ([A, B, C, H, W] with axis 2), the
     # two after it the image's
-    axis: int = 1
+    axis: int = Field(1, description="the channel axis: the axes before it are batch axes, the two after it "
+                                     "the image's")
 
 
 def _with_channel_axis(lower):
@@ -103,13 +107,15 @@ def lower_deconvolution(p: DeconvolutionParams, ctx, bottoms):
 
 class PoolingParams(LayerBase):
     type: Literal["Pooling"]
-    pool: Literal["max", "ave"] = "max"
-    kernel_size: Optional[Pair] = None
-    stride: Pair = 1
-    pad: PadPair = 0
-    global_pooling: Bool = False
-    ceil_mode: Bool = False
-    count_include_pad: Bool = True
+    pool: Literal["max", "ave"] = Field("max", description="the window's maximum, or its average")
+    kernel_size: Optional[Pair] = Field(None, description="the window's height and width: one number for both, "
+                                                          "or [h, w]; required unless global_pooling")
+    stride: Pair = Field(1, description="the step between windows: one number for both axes, or [h, w]")
+    pad: PadPair = Field(0, description="padding on each side of the image: one number for both axes, or [h, w]")
+    global_pooling: Bool = Field(False, description="one window over the whole height and width")
+    ceil_mode: Bool = Field(False, description="round the output size up, keeping a last partial window "
+                                               "(Caffe's rule); off rounds it down")
+    count_include_pad: Bool = Field(True, description="ave: padded positions count in each window's divisor")
 
 
 @layer(PoolingParams)

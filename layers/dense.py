@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import Literal
 
+from pydantic import Field
+
 from schemas.base import Bool, ParamLayerBase, PositiveInt
 from toolkit.ir.dims import product
 
@@ -13,10 +15,10 @@ class InnerProductParams(ParamLayerBase):
     """y = x W^T + b on the input flattened from ``axis``; W is [num_output, in] (PyTorch's and
     Caffe's layout), or [in, num_output] with ``transpose`` (Caffe's transpose: y = x W + b)."""
     type: Literal["InnerProduct"]
-    num_output: PositiveInt
-    bias_term: Bool = True
-    axis: int = 1
-    transpose: Bool = False
+    num_output: PositiveInt = Field(description="outputs per input row")
+    bias_term: Bool = Field(True, description="add a learned bias to each output")
+    axis: int = Field(1, description="the input is flattened from this axis on; the axes before it are kept")
+    transpose: Bool = Field(False, description="the weight is stored [in, num_output] (Caffe's transpose: y = x W + b)")
 
 
 @layer(InnerProductParams)
