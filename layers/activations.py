@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import Literal
 
+from pydantic import Field
+
 from schemas.base import LayerBase, Number
 
 from .registry import layer, layer_axis
@@ -10,7 +12,7 @@ from .registry import layer, layer_axis
 
 class ReLUParams(LayerBase):
     type: Literal["ReLU"]
-    negative_slope: Number = 0.0
+    negative_slope: Number = Field(0.0, description="the slope below zero (leaky ReLU); 0: max(x, 0)")
 
 
 @layer(ReLUParams)
@@ -22,7 +24,7 @@ def lower_relu(p: ReLUParams, ctx, bottoms):
 
 class ELUParams(LayerBase):
     type: Literal["ELU"]
-    alpha: Number = 1.0
+    alpha: Number = Field(1.0, description="the scale of the part below zero: alpha (exp(x) - 1) for x < 0")
 
 
 @layer(ELUParams)
@@ -106,12 +108,12 @@ def lower_log(p: LogParams, ctx, bottoms):
 
 class SoftmaxParams(LayerBase):
     type: Literal["Softmax"]
-    axis: int = 1
+    axis: int = Field(1, description="the axis whose values are made to sum to 1")
 
 
 class LogSoftmaxParams(LayerBase):
     type: Literal["LogSoftmax"]
-    axis: int = 1
+    axis: int = Field(1, description="the axis over which the softmax is taken")
 
 
 def _axis_of(p, x, ctx) -> int:

@@ -17,10 +17,12 @@ from .registry import LayerError, layer, layer_axis, need_float_input, static_di
 
 class BatchNormParams(ParamLayerBase):
     type: Literal["BatchNorm"]
-    eps: Annotated[float, Field(gt=0)] = 1e-5
-    momentum: Annotated[float, Field(ge=0, le=1)] = 0.1
-    affine: Bool = True
-    use_global_stats: Optional[Bool] = None
+    eps: Annotated[float, Field(gt=0)] = Field(1e-5, description="added to the variance before its square root")
+    momentum: Annotated[float, Field(ge=0, le=1)] = Field(
+        0.1, description="the weight of each training batch's statistics in the running mean and variance")
+    affine: Bool = Field(True, description="follow the normalisation by a learned scale and bias per channel")
+    use_global_stats: Optional[Bool] = Field(
+        None, description="normalise by the running mean and variance (default: in test and infer, not in train)")
 
 
 @layer(BatchNormParams)
@@ -68,7 +70,8 @@ def lower_batch_norm(p: BatchNormParams, ctx, bottoms):
 
 class DropoutParams(LayerBase):
     type: Literal["Dropout"]
-    dropout_ratio: Annotated[float, Field(ge=0, lt=1)] = 0.5
+    dropout_ratio: Annotated[float, Field(ge=0, lt=1)] = Field(
+        0.5, description="the probability that a value is zeroed in training (the others scaled by 1 / (1 - it))")
 
 
 @layer(DropoutParams)

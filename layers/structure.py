@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal, Optional
 
+from pydantic import Field
+
 from schemas.base import LayerBase, Number
 from toolkit.ir.dims import DimError, product
 
@@ -11,7 +13,7 @@ from .registry import LayerError, layer, layer_axis
 
 class ConcatParams(LayerBase):
     type: Literal["Concat"]
-    axis: int = 1
+    axis: int = Field(1, description="the axis the bottoms are joined along (their other axes must match)")
     BOTTOMS: ClassVar = (1, None)
 
 
@@ -24,8 +26,10 @@ def lower_concat(p: ConcatParams, ctx, bottoms):
 
 class SliceParams(LayerBase):
     type: Literal["Slice"]
-    axis: int = 1
-    slice_point: Optional[list[int]] = None
+    axis: int = Field(1, description="the axis cut into pieces, one per top")
+    slice_point: Optional[list[int]] = Field(None, description="the increasing positions where each piece after "
+                                                               "the first starts (one fewer than the tops); "
+                                                               "without it, equal pieces")
     TOPS: ClassVar = (1, None)
 
 
@@ -61,8 +65,9 @@ def lower_slice(p: SliceParams, ctx, bottoms):
 
 class EltwiseParams(LayerBase):
     type: Literal["Eltwise"]
-    operation: Literal["sum", "prod", "max"] = "sum"
-    coeff: Optional[list[Number]] = None
+    operation: Literal["sum", "prod", "max"] = Field("sum", description="how the bottoms, all of one shape, "
+                                                                        "are combined element by element")
+    coeff: Optional[list[Number]] = Field(None, description="sum only: one factor per bottom (default all 1)")
     BOTTOMS: ClassVar = (2, None)
 
 
@@ -89,8 +94,8 @@ def lower_eltwise(p: EltwiseParams, ctx, bottoms):
 
 class FlattenParams(LayerBase):
     type: Literal["Flatten"]
-    axis: int = 1
-    end_axis: int = -1
+    axis: int = Field(1, description="the first axis merged into one")
+    end_axis: int = Field(-1, description="the last axis merged (negative: counted from the end)")
 
 
 @layer(FlattenParams)
@@ -108,9 +113,10 @@ class ReshapeParams(LayerBase):
     """Caffe's Reshape: ``shape`` replaces the input's axes [axis, axis + num_axes) (num_axes -1:
     every axis from axis on), 0 copying the replaced axis at its place, -1 inferred."""
     type: Literal["Reshape"]
-    shape: list[int]
-    axis: int = 0
-    num_axes: int = -1
+    shape: list[int] = Field(description="the new sizes of the axes replaced: 0 keeps that axis's size, -1 "
+                                         "(at most once) is inferred")
+    axis: int = Field(0, description="the first axis replaced")
+    num_axes: int = Field(-1, description="how many axes are replaced (-1: every axis from axis on)")
 
 
 @layer(ReshapeParams)
