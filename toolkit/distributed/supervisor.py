@@ -53,7 +53,12 @@ def supervise(argv: list[str], size: int) -> int:
     except ImportError as e:
         raise missing_extra(e) from None
     env = dict(os.environ, **{RANK_PROCESS: str(os.getpid())})
-    child = subprocess.Popen([sys.executable, "-m", "toolkit.cli", *argv], env=env, close_fds=False)
+    # a process group of its own: a launcher that signals the supervisor's whole group (hydra
+    # does) would otherwise deliver Ctrl-C twice, once directly and once forwarded below, and a
+    # second SIGINT landing after the run has checkpointed and put back Python's own handler
+    # killed the rank on its way out (the job then ended with 9, not 130)
+    child = subprocess.Popen([sys.executable, "-m", "toolkit.cli", *argv], env=env, close_fds=False,
+                             process_group=0)
 
     def forward(signum, frame):
         child.send_signal(signum)
