@@ -66,7 +66,7 @@ COMMANDS: tuple[Command, ...] = (
     Command("render", "print the net with every base merged and every --set applied", run="check:run_render",
             options=(NET, SET.but(help="override any key of the net file, applied after the bases"))),
     Command("schema", "print the JSON Schema of net files (for editors)", run="check:run_schema",
-            options=(option("--indent", type=int, default=2),)),
+            options=(option("--indent", type=int, default=2, help="spaces per level of the JSON (default 2)"),)),
     Command("infer", "run the infer phase on inputs", run="infer:run_infer", options=(
         NET, WEIGHTS,
         option("--input", action="extend", nargs="+", required=True, metavar="[NAME=]FILE",
@@ -113,9 +113,10 @@ COMMANDS: tuple[Command, ...] = (
         LABELS.but(help=LABELS.settings["help"] + "; answer KServe's classification parameter with these names"),
         ALLOW_MISSING, NO_TRANSFORM, *OPTIMIZE, SET)),
     Command("bench", "time inference or train steps", run="bench:run_bench", options=(
-        NET, option("--batch", type=positive_int, required=True),
+        NET, option("--batch", type=positive_int, required=True, help="the batch size N to time"),
         option("--train", action="store_true", help="time forward + backward + SGD update"),
-        option("--iters", type=positive_int, default=50), option("--warmup", type=int, default=5),
+        option("--iters", type=positive_int, default=50, help="timed iterations (default 50)"),
+        option("--warmup", type=int, default=5, help="untimed iterations first (default 5)"),
         DEVICE, DTYPE.but(help="float16 and bfloat16 accumulate in float32; with --train they mean mixed "
                                "precision; on cpu they run through float32 kernels"),
         option("--dim", action="append", default=[], metavar="NAME=SIZE",
@@ -128,7 +129,7 @@ COMMANDS: tuple[Command, ...] = (
         option("--per-layer", action="store_true",
                help="also profile the timed iterations and print the time of each layer (forward and, "
                     "with --train, backward), as Caffe's `caffe time`"),
-        option("--json", action="store_true"), SET)),
+        option("--json", action="store_true", help="print one JSON object (docs/spec.md section 4)"), SET)),
     Command("train", "train a net (its train section: data, solver, schedule)", run="train_cmd:run_train", options=(
         NET.but(nargs="?", help="the net file or zoo:NAME (with --resume: default the run's own net.yaml)"),
         SET.but(help="override any key of the net file, e.g. train.solver.base_lr=0.1"),
@@ -152,7 +153,8 @@ COMMANDS: tuple[Command, ...] = (
             options=(NET, WEIGHTS, SET, DEVICE, *OPTIMIZE)),
     Command("data", "export the net's training data (train or test split) as .npz or .csv", run="train_cmd:run_data",
             options=(
-        NET, option("--split", choices=["train", "test"], default="test"),
+        NET, option("--split", choices=["train", "test"], default="test",
+                    help="which part of the net's training data (default: test, the held-out split)"),
         option("--out", required=True, help=".npz keyed by input name, or .csv (a header, then one row per "
                                             "example: the features flattened row-major as NAME_0, NAME_1, ..., "
                                             "then the label; a net's train.data.source reads it back), as `infer` "
@@ -160,7 +162,7 @@ COMMANDS: tuple[Command, ...] = (
         SET)),
     Command("compile", "run a phase's graph through the passes and report what each did", run="compile_cmd:run_compile",
             options=(
-        NET, phase("infer"),
+        NET, phase("infer", help="the phase whose graph is compiled (train: with its backward pass and updates)"),
         option("--explain", action="store_true",
                help="print per-pass nodes, FLOPs, peak memory and changes (the default output)"),
         option("--json", action="store_true", help="print one JSON object (docs/spec.md section 4)"),
@@ -198,7 +200,7 @@ COMMANDS: tuple[Command, ...] = (
                         "channel) or torchvision-imagenet"),
             option("--force", action="store_true", help="replace net.yaml and model.safetensors in DIR"))),
         Command("onnx", "an ONNX model (opset 13 and up; older ones are converted)", options=(
-            option("model", metavar="MODEL.onnx"),
+            option("model", metavar="MODEL.onnx", help="the ONNX model file to import"),
             option("--out", required=True, metavar="DIR", help="where net.yaml, the model and model.safetensors go"),
             option("--labels", metavar="FILE", help="the class names, one per line in index order, recorded in "
                                                     "DIR/input.json"),
@@ -207,18 +209,19 @@ COMMANDS: tuple[Command, ...] = (
             dest="format", metavar="FORMAT", actions=(
         Command("onnx", "the infer (or test) phase as an ONNX model, checked by onnx.checker", options=(
             NET.but(metavar="NET"), WEIGHTS.but(help="weights file (default: a zoo model's published weights)"),
-            option("-o", "--output", required=True, metavar="FILE.onnx"),
+            option("-o", "--output", required=True, metavar="FILE.onnx", help="the ONNX file to write"),
             option("--opset", type=positive_int, default=None, help="the ONNX opset (13 and up; default 17)"),
-            phase("infer", choices=["infer", "test"]), SET.but(help="override any key of the net file, as for train"),
+            phase("infer", choices=["infer", "test"], help="the phase exported (default: infer)"),
+            SET.but(help="override any key of the net file, as for train"),
             NO_TRANSFORM.but(help="leave the net's input transform out of the graph (it stays in the metadata): "
                                   "the model takes its inputs transformed already"))),)),
     Command("zoo", "the model zoo: list, show, get, verify and publish models with checksummed weights",
             run="zoo_cmd:run_zoo", dest="zoo_command", metavar="ACTION", actions=(
         Command("list", "the models of the shipped zoo, the sources and the cache", options=(ZOO_SOURCE,)),
         Command("show", "a model's card: its fields, its text, where it is cached", options=(
-            option("name", metavar="NAME"), ZOO_SOURCE)),
+            option("name", metavar="NAME", help="the model's name in the zoo"), ZOO_SOURCE)),
         Command("get", "fetch a model into the cache (checked by sha256), or copy it out with --to", options=(
-            option("name", metavar="NAME"),
+            option("name", metavar="NAME", help="the model's name in the zoo"),
             option("--to", metavar="DIR", help="also copy the card, net and weights into DIR"),
             option("--force", action="store_true", help="replace differing files in DIR"), ZOO_SOURCE)),
         Command("verify", "check a model folder: card, hashes, net, weights, the metric", options=(
