@@ -22,16 +22,8 @@ def _convolution(layer, out, ctx):
             out[key] = value
     if p.value("group", 1) != 1:
         out["group"] = p.value("group")
-    if str(p.value("bias_term", "true")) == "false":
-        out["bias_term"] = False
-    if p.value("axis", 1) != 1:
-        out["axis"] = p.value("axis")
-    for key in ("weight_filler", "bias_filler"):
-        filler = filler_of(p, ctx, key)
-        if filler is not None:
-            out[key] = filler
-    common_params(layer, out, ctx, ["weight"] if out.get("bias_term") is False else ["weight", "bias"])
-    return [out]
+    _bias_axis(p, out)
+    return _with_fillers(p, layer, out, ctx)
 
 
 def _conv_weights(name, arrays):
@@ -45,18 +37,10 @@ WEIGHTS["Convolution"] = WEIGHTS["Deconvolution"] = _conv_weights
 def _inner_product(layer, out, ctx):
     p = sub_message(layer, "inner_product_param")
     out["num_output"] = p.value("num_output")
-    if str(p.value("bias_term", "true")) == "false":
-        out["bias_term"] = False
-    if p.value("axis", 1) != 1:
-        out["axis"] = p.value("axis")
+    _bias_axis(p, out)
     if str(p.value("transpose", "false")) == "true":
         out["transpose"] = True
-    for key in ("weight_filler", "bias_filler"):
-        filler = filler_of(p, ctx, key)
-        if filler is not None:
-            out[key] = filler
-    common_params(layer, out, ctx, ["weight"] if out.get("bias_term") is False else ["weight", "bias"])
-    return [out]
+    return _with_fillers(p, layer, out, ctx)
 
 
 def _inner_product_weights(name, arrays):
@@ -172,3 +156,22 @@ WEIGHTS["LSTM"] = lambda name, arrays: _recurrent_weights(name, arrays, ["weight
                                                                          "weight_h"])
 WEIGHTS["RNN"] = lambda name, arrays: _recurrent_weights(name, arrays, ["weight_x", "bias", "weight_static",
                                                                         "weight_h", "weight_out", "bias_out"])
+
+
+def _bias_axis(p, out) -> None:
+    """A learned layer's bias_term and axis, where they differ from the defaults."""
+    if str(p.value("bias_term", "true")) == "false":
+        out["bias_term"] = False
+    if p.value("axis", 1) != 1:
+        out["axis"] = p.value("axis")
+
+
+def _with_fillers(p, layer, out, ctx) -> list[dict]:
+    """The layer's weight and bias fillers and the keys every layer has (its blobs: the weight,
+    and the bias unless bias_term is off)."""
+    for key in ("weight_filler", "bias_filler"):
+        filler = filler_of(p, ctx, key)
+        if filler is not None:
+            out[key] = filler
+    common_params(layer, out, ctx, ["weight"] if out.get("bias_term") is False else ["weight", "bias"])
+    return [out]
