@@ -215,6 +215,11 @@ def test_a_net_file_with_both_buckets_and_gears_is_refused_at_gears(tmp_path):
                + "buckets: {N: [1, 8]}\ngears: {T: [4, 8]}\n")
     assert str(e.value).splitlines() == [
         f"{tmp_path / 'net.yaml'}:8:1: error: gears is the old name of buckets, and buckets is given too: keep buckets"]
+    # and on the command line: that one line, exit status 2
+    from tests.train.train_helpers import cli
+    r = cli("check", tmp_path / "net.yaml")
+    assert r.status == 2 and r.err.splitlines() == [
+        f"{tmp_path / 'net.yaml'}:8:1: error: gears is the old name of buckets, and buckets is given too: keep buckets"]
 
 
 def test_the_python_api_takes_buckets_per_dimension(tmp_path):
