@@ -8,15 +8,15 @@ trains for seconds is not fast, and goes in ``NOT_FAST`` when the rest of its fi
 test`` runs every tier.
 
 ``NATIVE_FOLDERS`` (below tests/) run the generated C kernels, what users get by default, unless
-TOOLKIT_NATIVE is given: the commands, the zoo, the server and the front end's hostile nets,
-end to end, where one compiled unit serves many runs (tests/cli and tests/zoo take 53 s on two
-workers either way: the compiles cost no more than the numpy kernels' slower runs). Elsewhere
-thousands of one-off plans would each compile a unit of their own, so they run the numpy kernels
-(tests/kernels/test_native.py runs every op case both ways and compares them).
+TOOLKIT_NATIVE is given: the commands, the zoo, the server, the front end's hostile nets and
+the documentation's examples, end to end, where one compiled unit serves many runs (tests/cli
+and tests/zoo take 53 s on two workers either way: the compiles cost no more than the numpy
+kernels' slower runs). Elsewhere thousands of one-off plans would each compile a unit of their
+own, so they run the numpy kernels (tests/kernels/test_native.py runs every op case both ways and compares them).
 """
 from __future__ import annotations
 
-NATIVE_FOLDERS = ("serve", "frontend", "zoo", "cli")
+NATIVE_FOLDERS = ("serve", "frontend", "zoo", "cli", "docs")
 
 # Tests in those folders that keep the numpy kernels: each compares runs of different batch sizes
 # more tightly than float32 rounding, which the native kernels' blocking changes with the batch.
@@ -43,7 +43,7 @@ FAST = (
     "tests/kernels/test_blocked_layout.py", "tests/kernels/test_conv_blocks.py", "tests/kernels/test_winograd.py",
     "tests/schemas/",
     "tests/serve/test_api.py",
-    "tests/test_docs.py", "tests/test_house_rules.py", "tests/test_packaging.py",
+    "tests/docs/test_links.py", "tests/test_house_rules.py", "tests/test_packaging.py",
     "tests/train/test_data.py", "tests/train/test_fillers.py", "tests/optim/test_solvers.py",
     "tests/zoo/test_card_classes.py", "tests/zoo/test_cards.py", "tests/zoo/test_sources.py",
 )
