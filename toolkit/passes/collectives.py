@@ -16,6 +16,9 @@ from .context import PassContext
 
 
 def schedule_collectives(graph: Graph, ctx: PassContext) -> bool:
+    """Data-parallel training: each gradient bucket's ``allreduce_start`` moves up to right after
+    the last gradient it sums, and its ``allreduce_wait`` down to right before the first update
+    that reads the sum, so the all-reduce overlaps the rest of the backward pass."""
     starts = [n for n in graph.nodes if n.op == "allreduce_start"]
     if not starts:
         return False

@@ -58,6 +58,9 @@ def _drop_unread_inputs(node: Node) -> bool:
 
 
 def eliminate_dead_branches(graph: Graph, ctx: PassContext) -> bool:
+    """An ``if`` whose condition is a constant becomes the nodes of the branch it takes, spliced in
+    where it stood; a loop stops stacking the per-step outputs nothing reads, and stops passing
+    the body inputs its bodies no longer read."""
     readers = {v.id for n in graph.nodes for v in n.inputs}
     readers |= {v.id for v in graph.outputs.values()} | {v.id for v in graph.updates.values()}
     subst = Substitution()

@@ -38,6 +38,9 @@ def transfer_bytes(nodes) -> object:
 
 
 def place_devices(graph: Graph, ctx: PassContext) -> bool:
+    """A ``transfer`` node wherever a node reads a value that lives on another device (each
+    layer's ``device:``, else the device the graph is compiled for), one per value and
+    destination; a weight's new value computed elsewhere is moved back to the weight's device."""
     where = ctx.placement(graph)
     weight_of = {w.value.id: w for w in graph.weights.values()}
     made: dict[tuple[int, object], Value] = {}
