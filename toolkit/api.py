@@ -7,8 +7,9 @@ batch at a time (the bucket plans share one arena), and every output is an array
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence, Union
 
 import numpy as np
 
@@ -18,11 +19,20 @@ from .frontend.net import Net as LoadedNet
 from .ir.graph import FLOAT_DTYPES, TRAIN_DTYPES
 from .runtime.session import DEFAULT_BUCKETS, InferSession
 
+if TYPE_CHECKING:
+    from .training.start import RunResult
+
 
 @dataclass(frozen=True)
 class TensorInfo:
-    """An input or output of the infer phase: a name, a dtype, a shape with None for symbolic
-    dimensions (the batch first), and those dimensions' names."""
+    """An input or output of the infer phase, as ``Model.inputs`` and ``Model.outputs`` list them.
+
+    Attributes:
+        name: the blob's name in the net file (the key ``Model.infer`` takes or returns).
+        dtype: its numpy dtype's name, such as ``"float32"``.
+        shape: its shape, with None for a symbolic dimension (the batch first).
+        symbols: each dimension's symbol (``"N"``, ``"T"``), or None for a fixed one.
+    """
     name: str
     dtype: str
     shape: tuple[int | None, ...]
@@ -30,7 +40,20 @@ class TensorInfo:
 
 
 class Model:
-    """A compiled infer phase with its weights frozen in. Use ``toolkit.load`` to make one."""
+    """A net's infer phase compiled with its weights frozen in: call ``infer`` on it. Make one with
+    ``toolkit.load``, not directly.
+
+    A Model is safe to share between threads: its session runs one batch at a time, and every
+    output is an array of its own.
+
+    Attributes:
+        name: the net's name.
+        inputs: the infer phase's inputs (``TensorInfo``: name, dtype, shape, symbols).
+        outputs: the infer phase's outputs, likewise.
+        net: the checked net it was compiled from (a ``toolkit.Net``).
+        transform: the input transform applied to every input of ``infer`` (the one the net was
+            trained with), or None where ``toolkit.load(..., transform=False)`` turned it off.
+    """
 
     def __init__(self, net, session: InferSession, inputs: list[TensorInfo], outputs: list[TensorInfo],
                  transform=None):
@@ -44,17 +67,34 @@ class Model:
 
     @property
     def device(self) -> str:
+        """The device it runs on, as ``toolkit.load`` took it: ``"cpu"``, ``"gpu:1"``, ..."""
         return self.session.device.name
 
     @property
     def buckets(self) -> tuple[int, ...]:
+        """The batch sizes compiled: a batch is cut into these, the last part padded up to one."""
         return self.session.buckets
 
     def infer(self, arrays: Mapping[str, np.ndarray] | np.ndarray | None = None, /,
               **named: np.ndarray) -> dict[str, np.ndarray]:
-        """{output name: numpy array} for inputs given by name (``infer(data=x)``), as a dict, or,
-        for a net of one input, as one array (``infer(x)``); any batch size (cut into the
-        buckets). Safe to call from several threads at once."""
+        """Run the net on a batch of any size (cut into the buckets) and return its outputs.
+
+        Give the inputs by name (``infer(data=x)``), as a dict (``infer({"data": x})``), or, for a
+        net of one input, as one array (``infer(x)``). The batch is the first axis. Safe to call
+        from several threads at once.
+
+        Args:
+            arrays: a dict {input name: array}, or the one input's array.
+            **named: the inputs by name.
+
+        Returns:
+            {output name: numpy array}, one row per example given.
+
+        Raises:
+            toolkit.UserError: an input the net does not have, or of the wrong shape.
+            TypeError: an input that is no array of numbers, or one array for a net of several
+                inputs.
+        """
         positional = self._positional(arrays)
         twice = sorted(set(positional) & set(named))
         if twice:
@@ -90,8 +130,15 @@ class Model:
         return ", ".join(t.name for t in self.inputs)
 
     def warm(self, **example: np.ndarray) -> int:
-        """Compile every bucket now (and run it once), so that no call waits for a compile.
-        Returns the number of plans built; ``example`` gives sizes of other symbolic dimensions."""
+        """Compile every bucket now (and run each once), so that no later call waits for a compile.
+
+        Args:
+            **example: an input of the net by name, whose shape gives the sizes of symbolic
+                dimensions other than the batch (a sequence length).
+
+        Returns:
+            The number of plans built.
+        """
         return self.session.warm(example or None)
 
     def __repr__(self) -> str:
@@ -125,24 +172,38 @@ def tensor_infos(values: Mapping) -> list[TensorInfo]:
 
 
 NET_KINDS = "a file path, 'zoo:NAME', a YAML string, a dict or a net from toolkit.Net"
+# what toolkit.load, toolkit.train and toolkit.Net take as a net (NET_KINDS)
+NetSource = Union[str, os.PathLike, Mapping[str, object], "Net"]
 
 
 class Net(LoadedNet):
-    """A checked net from a file path, ``zoo:NAME``, a YAML string (any text with a line break,
-    or a flow mapping ``{...}``), or a dict of the net file's contents; or a Net again, with more
-    overrides. ``set``: overrides applied after the file and its bases, as ``--set``
-    (``{"train.max_iter": 100}`` or ``["train.max_iter=100"]``).
+    """A net file read and checked, as ``toolkit check`` does.
 
-    Raises ``toolkit.UserError`` with every problem, located in the file or the string, or
-    ``TypeError`` for a source of another type. ``toolkit.load`` and ``toolkit.train`` take a Net
-    wherever they take a source; its ``name``, ``spec`` (the checked contents) and ``file`` say
-    what it is."""
+    ``toolkit.load`` and ``toolkit.train`` take a Net wherever they take a source. Make one to
+    check a net once, or to change its settings in Python.
 
-    def __new__(cls, source, set: Mapping[str, object] | Sequence[str] | None = None):  # noqa: A002  (the CLI's name)
+    Args:
+        source: a file path, ``zoo:NAME``, a YAML string (any text with a line break, or a flow
+            mapping ``{...}``), a dict of the net file's contents, or a Net again (loaded again
+            from its source, with ``set`` on top of its own overrides).
+        set: overrides applied after the file and its bases, as ``--set`` does:
+            ``{"train.max_iter": 100}`` or ``["train.max_iter=100"]``.
+
+    Attributes:
+        name: the net's name.
+        spec: the checked contents of the net file.
+        file: the file it was read from.
+
+    Raises:
+        toolkit.UserError: every problem of the net, each located in the file or the string.
+        TypeError: a source of another type.
+    """
+
+    def __new__(cls, source: NetSource, set: Mapping[str, object] | Sequence[str] | None = None):  # noqa: A002  (the CLI's name)
         settings.current()                     # a bad TOOLKIT_* value is an error before any work
         return _net(source, _overrides(set))
 
-    def __init__(self, source, set: Mapping[str, object] | Sequence[str] | None = None):  # noqa: A002
+    def __init__(self, source: NetSource, set: Mapping[str, object] | Sequence[str] | None = None):  # noqa: A002
         """Loaded and checked by ``__new__``, once."""
 
     def __reduce__(self):                      # a copy or a pickle loads it again from its source
@@ -221,7 +282,6 @@ def _plain_copy(source: Mapping) -> dict:
 def _where_again(source):
     """The source to load a net from again: a file's path made absolute, so that a change of the
     working folder in between does not change the file."""
-    import os
     if isinstance(source, (str, os.PathLike)):
         text = os.fspath(source)
         if "\n" not in text and not text.lstrip().startswith("{") and not text.startswith("zoo:") \
@@ -261,7 +321,6 @@ def _set_texts(given) -> list[str]:
 
 
 def _load_source(source, overrides):
-    import os
 
     import yaml
 
@@ -280,7 +339,6 @@ def _load_source(source, overrides):
 
 
 def _text_arg(name: str, value, allow_none: bool = True) -> str | None:
-    import os
     if value is None and allow_none:
         return None
     if isinstance(value, os.PathLike):
@@ -338,19 +396,38 @@ def _dtype_arg(dtype, choices=FLOAT_DTYPES) -> str | None:
     return dtype
 
 
-def load(net, weights: str | None = None, device: str = "cpu", dtype: str | None = None,
+def load(net: NetSource, weights: str | os.PathLike | None = None, device: str = "cpu", dtype: str | None = None,
          buckets: Sequence[int] | Mapping[str, Sequence[int]] | None = None, warm: bool = False,
          disable: Sequence[str] | str = (), optimize_graph: bool = True, allow_missing: bool = False,
          transform: bool = True) -> Model:
-    """A net (a file, ``zoo:NAME``, a YAML string, a dict or ``toolkit.Net(...)``) with its weights
-    (default for a zoo model: its published weights; ``zoo:NAME`` names another model's) compiled
-    for ``device`` ("cpu", "gpu", "cpu:N", "gpu:N"). ``buckets``: the batch sizes compiled
-    (default: the net file's ``buckets``, else 1, 2, 4, ..., 64), or sizes per symbolic dimension
-    ({"N": [1, 8], "T": [16, 64]}: a sequence is padded up to its bucket); ``warm``: compile them
-    all now; ``disable``: a pass name or a list of them; ``allow_missing``: copy the weights whose
-    name and shape match and start the others from their fillers; ``transform``: apply the input
-    transform the net was trained with (its train.data scale and mean) to every input of ``infer``
-    (False: inputs go in as given)."""
+    """Load a net with its weights and compile its infer phase, as ``toolkit infer`` does.
+
+    Args:
+        net: a file path, ``zoo:NAME``, a YAML string, a dict or a ``toolkit.Net``.
+        weights: a weights file (``.safetensors`` or ``.npz``) or ``zoo:NAME`` for a zoo model's.
+            Default: a zoo model's published weights.
+        device: ``"cpu"``, ``"gpu"``, or one of several: ``"cpu:N"``, ``"gpu:N"``.
+        dtype: the float type of the compiled graph (``"float32"``, ``"float64"``, ``"float16"``,
+            ``"bfloat16"``). Default: the net's.
+        buckets: the batch sizes compiled (default: the net file's ``buckets``, else 1, 2, 4,
+            ..., 64), or sizes per symbolic dimension, such as ``{"N": [1, 8], "T": [16, 64]}``
+            (a sequence is padded up to its bucket).
+        warm: compile every bucket now rather than at its first use.
+        disable: a pass name, or a list of them, to switch off (see ``toolkit compile --explain``).
+        optimize_graph: False runs the graph without the optional passes (``--no-optimize``).
+        allow_missing: copy the weights whose name and shape match, and start the others from
+            their fillers.
+        transform: apply the input transform the net was trained with (its ``train.data`` scale
+            and mean, or its ``transform``) to every input of ``infer``; False feeds inputs as given.
+
+    Returns:
+        The compiled model: call its ``infer``.
+
+    Raises:
+        toolkit.UserError: a problem with the net, the weights or an argument, with the message
+            the command would print.
+        TypeError: an argument of the wrong type, named.
+    """
     from .inference import infer_phase
 
     settings.current()                         # a bad TOOLKIT_* value is an error before any work
@@ -375,16 +452,36 @@ def load(net, weights: str | None = None, device: str = "cpu", dtype: str | None
     return model
 
 
-def train(net=None, *, out: str | None = None, resume: str | None = None, weights: str | None = None,
-          allow_missing: bool = False, device: str = "cpu", dtype: str | None = None,
+def train(net: NetSource | None = None, *, out: str | None = None, resume: str | None = None,
+          weights: str | None = None, allow_missing: bool = False, device: str = "cpu", dtype: str | None = None,
           set: Mapping[str, object] | Sequence[str] | None = None,  # noqa: A002  (the CLI's name)
-          disable: Sequence[str] | str = (), quiet: bool = False):
-    """Train a net as ``toolkit train`` does and return a RunResult: ``folder`` (the run folder:
-    ``out``, else runs/NAME or the next free runs/NAME-2, ...), ``status`` (0, or 128 + a signal
-    that stopped it after a checkpoint), ``iterations``, ``metrics`` (the final test metrics) and
-    ``best`` (the best weights kept: metric, value, iteration, file). ``resume``: continue a run
-    folder or checkpoint (``net`` None: with the net the run recorded); ``weights``: start from
-    these (a file or ``zoo:NAME``), copied by layer name; ``quiet``: no progress lines."""
+          disable: Sequence[str] | str = (), quiet: bool = False) -> "RunResult":
+    """Train a net as ``toolkit train`` does, in this process.
+
+    Args:
+        net: a file path, ``zoo:NAME``, a YAML string, a dict or a ``toolkit.Net``; None with
+            ``resume`` continues with the net the run recorded.
+        out: the run folder. Default: ``runs/NAME``, or the next free ``runs/NAME-2``, ...
+        resume: a run folder or a checkpoint to continue.
+        weights: weights to start from (a file or ``zoo:NAME``), copied by layer name.
+        allow_missing: with ``weights``, start the layers they do not have from their fillers.
+        device: ``"cpu"``, ``"gpu"``, ``"cpu:N"`` or ``"gpu:N"``.
+        dtype: ``"float16"`` or ``"bfloat16"`` for mixed precision, ``"float32"`` for none.
+            Default: the net's ``train.solver.mixed_precision``.
+        set: overrides, as ``--set`` does: ``{"train.max_iter": 100}`` or
+            ``["train.max_iter=100"]``.
+        disable: a pass name, or a list of them, to switch off.
+        quiet: print no progress lines.
+
+    Returns:
+        The run: its ``folder``, its ``status`` (0, or 128 + the signal that stopped the run
+            after a checkpoint), ``iterations``, ``metrics`` (the final test metrics) and
+            ``best`` (the best weights kept: metric, value, iteration, file).
+
+    Raises:
+        toolkit.UserError: a problem with the net, the data, the weights or an argument, with
+            the message the command would print.
+    """
     import io
     import sys
 
