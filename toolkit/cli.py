@@ -178,7 +178,12 @@ COMMANDS: tuple[Command, ...] = (
         NET, phase("infer", help="train adds the generated backward pass and the solver's updates"),
         option("--optimized", action="store_true", help="draw the graph after the optimiser passes"),
         option("-o", "--output", required=True, metavar="FILE.svg|FILE.dot",
-               help=".dot (Graphviz's text) or .svg (needs Graphviz's dot program)"),
+               help=".dot (Graphviz's text) or .svg (laid out by Graphviz's dot program where it is "
+                    "installed, else by the toolkit's own layered layout)"),
+        option("--layout", choices=["auto", "dot", "builtin"], default="auto",
+               help="who lays out an .svg: auto (default: Graphviz's dot if installed, else builtin), "
+                    "dot (Graphviz, which must be installed) or builtin (the toolkit's own, "
+                    "the same on every machine)"),
         WEIGHTS.but(help="with --optimized: weights frozen into infer and test graphs (default: the fillers')"),
         *OPTIMIZE, SET)),
     Command("import", "a model of another toolkit as a net file and a weights file", run="import_cmd:run_import",

@@ -5,7 +5,8 @@ The DOT text is checked by parsing it here (one statement per line is the writer
 quoted strings balanced, braces balanced, one DOT node per graph node, input, weight, output and
 update, and one edge per use of a value plus one per output and update. The SVG path runs where
 Graphviz's ``dot`` is installed and skips elsewhere; its failure modes (no ``dot``, a ``dot``
-that fails) are simulated so they are tested everywhere.
+that fails) are simulated so they are tested everywhere. The built-in SVG layout, used where
+``dot`` is not installed, is tested in test_svg_layout.py.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import os
 import re
 import shutil
 from typing import get_args
+from xml.etree import ElementTree
 
 import pytest
 from cli_helpers import LENET, assert_clean_failure, col_of, expect_error, line_of, run_cli, write_net
@@ -41,6 +43,7 @@ train:
 """
 
 HAVE_DOT = shutil.which("dot") is not None
+SVG = "{http://www.w3.org/2000/svg}"
 needs_dot = pytest.mark.skipif(not HAVE_DOT, reason="Graphviz's dot program is not installed")
 
 
@@ -294,14 +297,43 @@ def test_svg_of_lenet(tmp_path):
     assert "conv2d_max_pool2d" in out.read_text()
 
 
-def test_svg_without_graphviz_is_one_error_and_no_file(tmp_path, net, monkeypatch):
+def test_svg_without_graphviz_uses_the_builtin_layout(tmp_path, net, monkeypatch):
     monkeypatch.setattr(shutil, "which", lambda *args, **kwargs: None)
     out = tmp_path / "g.svg"
     result = run_cli("graph", net, "-o", out)
-    line = expect_error(result, "writing .svg needs Graphviz's 'dot' program", "not installed", "-o g.dot")
+    assert result.status == 0, result.err
+    assert "laid out by the built-in layout" in result.out
+    root = ElementTree.parse(out).getroot()
+    assert root.tag == SVG + "svg" and "conv1" in out.read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["g.svg", "net.yaml"]   # no temporary left
+
+
+def test_layout_dot_without_graphviz_is_one_error_and_no_file(tmp_path, net, monkeypatch):
+    monkeypatch.setattr(shutil, "which", lambda *args, **kwargs: None)
+    out = tmp_path / "g.svg"
+    result = run_cli("graph", net, "-o", out, "--layout", "dot")
+    line = expect_error(result, "--layout dot needs Graphviz's 'dot' program", "not installed")
     assert result.err_lines == [line]
     assert not out.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["net.yaml"]
+
+
+def test_layout_builtin_is_used_even_where_graphviz_is_installed(tmp_path, net, monkeypatch):
+    def no_dot_run(*args, **kwargs):
+        raise AssertionError("Graphviz's dot was run")
+    monkeypatch.setattr(shutil, "which", lambda name, *args, **kwargs: "/usr/bin/dot")
+    monkeypatch.setattr("subprocess.run", no_dot_run)
+    out = tmp_path / "g.svg"
+    result = run_cli("graph", net, "--phase", "train", "-o", out, "--layout", "builtin")
+    assert result.status == 0, result.err
+    ElementTree.parse(out)
+
+
+def test_layout_of_a_dot_file_is_a_user_error(tmp_path, net):
+    result = run_cli("graph", net, "-o", tmp_path / "g.dot", "--layout", "builtin")
+    line = expect_error(result, "--layout builtin", ".dot file has no layout", "FILE.svg")
+    assert result.err_lines == [line]
+    assert not (tmp_path / "g.dot").exists()
 
 
 @pytest.mark.skipif(os.name == "nt", reason="the stand-in dot is a shell script")

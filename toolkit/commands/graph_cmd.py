@@ -2,12 +2,13 @@
 
 The graph drawn is exactly the one the pass pipeline receives (for train: forward, generated
 backward and the solver's updates) or, with ``--optimized``, the one it returns. DOT text comes
-from ``toolkit.commands.dot``; SVG from Graphviz's ``dot`` program where it is installed.
+from ``toolkit.commands.dot``; SVG from Graphviz's ``dot`` program where it is installed, else
+(or with ``--layout builtin``) from the toolkit's own layered layout, ``toolkit.commands.svg_layout``.
 
 Invariant: the ``-o`` file is written whole or not at all. Every mistake that can be found before
-work starts (the extension, the folder, a missing ``dot``) is reported first, and the file is
-written through ``atomic_write``, so a failing ``dot`` leaves no partial file and an existing
-file as it was.
+work starts (the extension, the folder, ``--layout dot`` without ``dot``) is reported first, and
+the file is written through ``atomic_write``, so a failing ``dot`` leaves no partial file and an
+existing file as it was.
 """
 from __future__ import annotations
 
@@ -24,8 +25,9 @@ from ..zoo.resolve import load_net
 from .dot import to_dot
 
 SUFFIXES = (".dot", ".svg")
-NO_DOT = ("writing .svg needs Graphviz's 'dot' program, which is not installed; "
-          "write a .dot file instead (-o {stem}.dot) or install Graphviz")
+NO_DOT = ("--layout dot needs Graphviz's 'dot' program, which is not installed; "
+          "leave --layout out (the built-in layout draws the .svg) or install Graphviz")
+NOT_SVG = "--layout {layout}: a .dot file has no layout; it applies to -o FILE.svg"
 # dot lays out a large train graph (thousands of nodes) in seconds to a minute; past this it is
 # stuck rather than slow, and the .dot file is the way out.
 DOT_TIMEOUT_S = 300
@@ -64,11 +66,13 @@ def _render_svg(dot: str, text: str, tmp: str) -> None:
 
 def run_graph(args) -> int:
     target = _check_target(args.output)
-    dot = None
-    if target.suffix.lower() == ".svg":
-        dot = shutil.which("dot")
-        if dot is None:
-            raise UserError(NO_DOT.format(stem=target.stem or "net"))
+    layout = getattr(args, "layout", "auto")
+    svg = target.suffix.lower() == ".svg"
+    if not svg and layout != "auto":
+        raise UserError(NOT_SVG.format(layout=layout))
+    dot = shutil.which("dot") if svg and layout != "builtin" else None
+    if layout == "dot" and dot is None:
+        raise UserError(NO_DOT)
 
     net = load_net(args.net, parse_overrides(args.overrides))
     from .io import net_inputs
@@ -92,13 +96,20 @@ def run_graph(args) -> int:
             weights = net.load_weights(weights_file) if weights_file else net.init_weights()
         graph = optimize(graph, disable, weights)
         stage = "after the passes" + (", with backward and solver updates" if args.phase == "train" else "")
-    text = to_dot(graph, title=f"{net.name}: {args.phase} phase, {stage}")
+    title = f"{net.name}: {args.phase} phase, {stage}"
 
-    if dot is None:
+    if not svg:
+        text = to_dot(graph, title=title)
         atomic_write(target, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+    elif dot is None:
+        from .svg_layout import graph_svg
+        drawing = graph_svg(graph, title=title)
+        atomic_write(target, lambda tmp: Path(tmp).write_text(drawing, encoding="utf-8"))
     else:
+        text = to_dot(graph, title=title)
         atomic_write(target, lambda tmp: _render_svg(dot, text, tmp))
     drawn = len(graph.nodes) + len(graph.inputs) + len(graph.weights) + len(graph.outputs) + len(graph.updates)
+    by = "" if not svg else (", laid out by Graphviz's dot" if dot else ", laid out by the built-in layout")
     print(f"wrote {target}: {net.name} {args.phase} graph {stage.split(',')[0]}, "
-          f"{len(graph.nodes)} op nodes ({drawn} nodes with inputs, weights, outputs and updates)")
+          f"{len(graph.nodes)} op nodes ({drawn} nodes with inputs, weights, outputs and updates){by}")
     return 0
