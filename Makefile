@@ -33,8 +33,9 @@ lint: $(VENV)/.installed-test
 	$(BIN)/ruff check .
 
 # The documentation site (mkdocs.yml) into site/, strict: a broken link, a page missing from the
-# nav, or a layer parameter or command-line option without a description fails it. The layer
-# catalog and the command line are generated from the code as it builds (docs/hooks/reference.py).
+# nav, or a layer parameter, command-line option, pass or setting without a description fails it.
+# The layer catalog, the command line, the optimiser's passes, the settings and the changelog are
+# generated from the code and CHANGELOG.md as it builds (docs/hooks/).
 # (Not --quiet: MkDocs 1.6 then counts no warnings, and strict mode lets a broken link through.)
 $(VENV)/.installed-docs: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
