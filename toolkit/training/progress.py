@@ -185,7 +185,8 @@ class Silent:
 
 
 def plot(records: list[dict], path: Path, title: str, metric_keys: list[str]) -> bool:
-    """Training loss and each test metric against iterations; False if matplotlib is unusable."""
+    """Training loss and each test metric against iterations, as PNG (or SVG or PDF where ``path``
+    ends so); False if matplotlib is unusable."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -218,7 +219,9 @@ def plot(records: list[dict], path: Path, title: str, metric_keys: list[str]) ->
     ax.grid(alpha=0.3)
     fig.tight_layout()
     try:
-        atomic_write(path, lambda tmp: fig.savefig(tmp, format="png"))
+        # the format the name says (.svg for the documentation's picture), else PNG
+        kind = Path(path).suffix.lstrip(".").lower()
+        atomic_write(path, lambda tmp: fig.savefig(tmp, format=kind if kind in ("svg", "pdf") else "png"))
     finally:
         plt.close(fig)
     return True
