@@ -39,3 +39,14 @@ def test_toolkit_version_prints_it(capsys):
         build_parser().parse_args(["--version"])
     assert stop.value.code == 0
     assert capsys.readouterr().out.strip() == f"toolkit {__version__}"
+
+
+def test_the_distribution_name_is_its_own_and_the_command_and_import_stay_toolkit():
+    # 'toolkit' on the public package index is an unrelated project: this one is published as
+    # yamlnet-toolkit, and installs the `toolkit` package and the `toolkit` command
+    project = PYPROJECT["project"]
+    assert project["name"] == "yamlnet-toolkit"
+    assert project["scripts"] == {"toolkit": "toolkit.cli:main"}
+    assert "toolkit*" in PYPROJECT["tool"]["setuptools"]["packages"]["find"]["include"]
+    assert importlib.metadata.distribution(project["name"]).read_text("entry_points.txt").split() == [
+        "[console_scripts]", "toolkit", "=", "toolkit.cli:main"]
