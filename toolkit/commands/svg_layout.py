@@ -152,11 +152,14 @@ def _crossings(upper_pos: dict[int, int], lower_pos: dict[int, int], links: list
 
 
 def _order(items: list[int], up: list[list[int]], down: list[list[int]]) -> list[list[int]]:
+    """Each layer's items, left to right: barycentre sweeps down and up, keeping the order with
+    the fewest crossings (a big graph: one sweep each way, uncounted)."""
     depth = max(items, default=0) + 1
     base = min(items, default=0)
     rows: list[list[int]] = [[] for _ in range(depth - base)]
     for i, lay in enumerate(items):     # start from the given order: boxes, then edge points
         rows[lay - base].append(i)
+
     def total() -> int:
         count = 0
         for r in range(len(rows) - 1):
