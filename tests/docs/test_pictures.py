@@ -60,3 +60,8 @@ def test_the_loss_plot_is_written_as_svg_where_the_name_says_so(tmp_path):
 def test_the_loss_run_is_short_and_every_picture_has_its_place():
     assert "train.max_iter=200" in pictures.LOSS_RUN
     assert pictures.PICTURES == ("images/lenet.svg", "images/dataflow.svg", "images/loss.svg")
+    lines = (ROOT / "mkdocs.yml").read_text(encoding="utf-8").splitlines()
+    start = lines.index("hooks:") + 1
+    hooks = [line.strip()[2:] for line in lines[start:] if line.startswith("  - ")][:10]
+    assert "docs/hooks/pictures.py" in hooks
+    assert "](images/dataflow.svg)" in (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
