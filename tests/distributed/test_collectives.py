@@ -117,7 +117,7 @@ def test_a_launcher_without_the_dist_extra_is_an_error_naming_it():
     env = {"PATH": "/usr/bin:/bin", "PMI_RANK": "0", "PMI_SIZE": "2"}
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
-    assert "2 ranks" in out.stderr and "pip install 'toolkit[dist]'" in out.stderr
+    assert "2 ranks" in out.stderr and "pip install 'yamlnet-toolkit[dist]'" in out.stderr
 
 
 def test_sync_batchnorm_on_a_non_batch_axis_is_an_error_at_the_layer(tmp_path):

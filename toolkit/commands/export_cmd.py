@@ -27,7 +27,7 @@ def _onnx(args) -> int:
     try:
         import onnx  # noqa: F401
     except ImportError:
-        raise UserError("toolkit export onnx needs the onnx package: pip install 'toolkit[onnx]'") from None
+        raise UserError("toolkit export onnx needs the onnx package: pip install 'yamlnet-toolkit[onnx]'") from None
     from ..exporters.onnx_graph import DEFAULT_OPSET, export_graph
     from ..fileio import atomic_write, refuse_own_inputs
     from ..frontend.spec import parse_overrides

@@ -32,7 +32,7 @@ def local_ranks() -> int:
 
 def missing_extra(e: ImportError) -> UserError:
     return UserError(f"this process was started by an MPI launcher with {launched_size()} ranks, but the MPI "
-                     f"layer is not installed ({e}); install it with: pip install 'toolkit[dist]'")
+                     f"layer is not installed ({e}); install it with: pip install 'yamlnet-toolkit[dist]'")
 
 
 def world():

@@ -182,7 +182,7 @@ def _hdf5(path: Path, inputs: dict, data_spec) -> LazyDataset:
     try:
         import h5py
     except ImportError:
-        raise UserError("an HDF5 source needs h5py: pip install 'toolkit[caffe]'") from None
+        raise UserError("an HDF5 source needs h5py: pip install 'yamlnet-toolkit[caffe]'") from None
     files = [path] if path.suffix.lower() in (".h5", ".hdf5") else \
         [Path(line.strip()) if Path(line.strip()).is_absolute() else path.parent / line.strip()
          for line in _lines(path) if line.strip()]
@@ -340,7 +340,7 @@ def _lmdb(path: Path, inputs: dict, data_spec) -> LazyDataset:
     try:
         import lmdb
     except ImportError:
-        raise UserError("an LMDB source needs lmdb: pip install 'toolkit[caffe]'") from None
+        raise UserError("an LMDB source needs lmdb: pip install 'yamlnet-toolkit[caffe]'") from None
     try:
         env = lmdb.open(str(path), readonly=True, lock=False, readahead=False, max_readers=16)
     except lmdb.Error as e:
@@ -392,7 +392,7 @@ def _leveldb(path: Path, inputs: dict, data_spec) -> LazyDataset:
     try:
         import plyvel
     except ImportError:
-        raise UserError("a LevelDB source needs plyvel: pip install 'toolkit[caffe]'") from None
+        raise UserError("a LevelDB source needs plyvel: pip install 'yamlnet-toolkit[caffe]'") from None
     key = str(path.resolve())
     db = _LEVELDBS.get(key)               # LevelDB locks its folder: one handle per process
     if db is None:

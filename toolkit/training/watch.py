@@ -99,7 +99,7 @@ class TensorBoard:
         try:
             from tensorboardX import SummaryWriter
         except ImportError:
-            raise UserError("train.tensorboard needs the tensorboard extra: pip install 'toolkit[tensorboard]' "
+            raise UserError("train.tensorboard needs the tensorboard extra: pip install 'yamlnet-toolkit[tensorboard]' "
                             "(tensorboardX)") from None
         self.writer = SummaryWriter(logdir=str(folder))
 

@@ -43,7 +43,7 @@ def need_protobuf():
     try:
         import google.protobuf  # noqa: F401
     except ImportError:
-        raise UserError("reading a .caffemodel needs protobuf: pip install 'toolkit[caffe]'") from None
+        raise UserError("reading a .caffemodel needs protobuf: pip install 'yamlnet-toolkit[caffe]'") from None
 
 
 @lru_cache(maxsize=None)

@@ -37,7 +37,7 @@ def read_model_and_data(path: str) -> tuple[object, tuple[DataFile, ...]]:
     try:
         import onnx
     except ImportError:
-        raise UserError("reading ONNX models needs the onnx package: pip install 'toolkit[onnx]'") from None
+        raise UserError("reading ONNX models needs the onnx package: pip install 'yamlnet-toolkit[onnx]'") from None
     raw = read_regular(path, MAX_MODEL_BYTES, "ONNX model")
     model = onnx.ModelProto()
     try:
