@@ -9,6 +9,22 @@ from ..ops.flops import graph_flops
 from ..zoo.resolve import load_net
 
 PHASE_ORDER = ("infer", "test", "train")
+# The keys of an If or Loop block (layers/control.py) that hold its own layers, as written.
+_BLOCK_KEYS = ("body", "then", "else")
+
+
+def owned_layers(layer) -> set[str]:
+    """The layer's own name and, for an If or Loop, the names of every layer inside it (nested
+    blocks included): a block's weights are declared under its body layers' names."""
+    names = {layer.name}
+    raw = [layer.model_dump(by_alias=True).get(key) or [] for key in _BLOCK_KEYS]
+    pending = [item for layers in raw for item in layers]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, dict):
+            names.add(item.get("name"))
+            pending.extend(x for key in _BLOCK_KEYS for x in (item.get(key) or []))
+    return names
 
 
 def run_check(args) -> int:
@@ -25,8 +41,9 @@ def run_check(args) -> int:
         tops = [blobs[t] for t in layer.tops if t in blobs]
         shapes = " ".join("[" + ", ".join(format_dim(d) for d in v.shape) + "]" for v in tops)
         # Python ints: numpy's product wraps past 2**63 (a layer of 10**24 weights)
+        owners = owned_layers(layer)
         params = sum(math.prod(shape) for key, (shape, owner) in net.declared.items()
-                     if owner == layer.name and not key.endswith(("running_mean", "running_var")))
+                     if owner in owners and not key.endswith(("running_mean", "running_var")))
         total_params += params
         rows.append((layer.name, layer.type, shapes, f"{params:,}", format_count(graph_flops(graph, layer.name)),
                      ",".join(p for p in PHASE_ORDER if p in layer.phases)))
