@@ -29,7 +29,16 @@ class OnnxParams(ParamLayerBase):
 
 
 def model_path(p: OnnxParams, base_dir: str) -> str:
-    return p.file if os.path.isabs(p.file) else os.path.join(base_dir, p.file)
+    """The model's file from the working folder: no ``./`` put in front of a name the user wrote
+    (the messages of a model's run name it so)."""
+    return p.file if os.path.isabs(p.file) or base_dir in ("", ".") else os.path.join(base_dir, p.file)
+
+
+def _as_written(message: str, path: str, p: OnnxParams) -> str:
+    """A message about the model file at ``path`` (the net file's folder joined to it) naming the
+    file as the layer's ``file:`` key wrote it: the error's place is already the net file's."""
+    message = message.removeprefix("error: ")
+    return p.file + message[len(path):] if message.startswith(path + ":") else message
 
 
 @layer(OnnxParams)
@@ -41,7 +50,7 @@ def lower_onnx(p: OnnxParams, ctx, bottoms):
     try:
         loaded = loaded_model(path)
     except UserError as e:
-        raise LayerError(str(e).removeprefix("error: "), "file") from None
+        raise LayerError(_as_written(str(e), path, p), "file") from None
     inputs = model_inputs(loaded.model)
     if len(inputs) != len(bottoms):
         raise LayerError(f"{p.file} takes {len(inputs)} inputs ({', '.join(i.name for i in inputs)}), the layer "
@@ -118,7 +127,7 @@ def _convert(p: OnnxParams, path: str, loaded, inputs, outputs: list[str], botto
         try:
             imp.run_nodes(nodes)
         except UserError as e:
-            raise LayerError(str(e).removeprefix("error: "), "file") from None
+            raise LayerError(_as_written(str(e), path, p), "file") from None
         builder.scope = p.name
         for name in outputs:
             if name in imp.absent:

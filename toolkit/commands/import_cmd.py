@@ -88,16 +88,17 @@ def _onnx(args, stage: Path) -> tuple[list[str], list[tuple[str, str]], object]:
     the nodes that kept it from being a net of layers. Written into ``stage``; the lines that say
     so name the files where they will be (--out), the model's data files (what it read), and the
     net written as loaded to check it."""
+    from ..frontend import Net
     from ..importers.onnx.files import loaded_model
     from ..importers.onnx.netfile import blob_names, model_name, net_dict, net_text
-    from ..zoo.resolve import load_net
     out = Path(args.out)
     source = Path(args.model)
     loaded = loaded_model(str(source))
     read = [("a data file of the ONNX model", str(source.parent / f.location)) for f in loaded.data_files]
     name = model_name(loaded.model, str(source))
-    # every node lowered and checked before anything is written; the layer named as it will be
-    graph_net = load_net(str(source), text=net_text(loaded.model, source.name, name))
+    # every node lowered and checked before anything is written, from the net file written below
+    # (a model's net file, whose problems are said of the model: no place in a file never written)
+    graph_net = Net.load_onnx(args.model)
     graph_weights = graph_net.load_weights(str(source))
     layered, problems = _as_layers(source, loaded, net_dict(loaded.model, source.name, name), graph_net,
                                    graph_weights)

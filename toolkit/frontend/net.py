@@ -70,13 +70,7 @@ class Net:
         from layers import LAYERS, NetSpec
         model = None
         if text is None and path.endswith(".onnx"):
-            # an ONNX model as the net of one ONNX layer: its problems name the model, not the
-            # place in a net file the user never wrote
-            try:
-                return cls.load(path, overrides, resolve, _onnx_net_text(path))
-            except SpecError as e:
-                raise UserError(*[p.message.removeprefix(f"layer '{_onnx_layer_name(path)}' (ONNX): ")
-                                  for p in e.problems]) from None
+            return cls.load_onnx(path, overrides, resolve)
         if text is None and path.startswith(ZOO_PREFIX):
             model = zoo_model(resolve, path)
             path = str(model.net)
@@ -95,6 +89,15 @@ class Net:
         net.zoo = model
         net.resolve = resolve
         return net
+
+    @classmethod
+    def load_onnx(cls, path: str, overrides: list[tuple[tuple, Any]] = (), resolve: Resolver | None = None) -> "Net":
+        """An ONNX model (whatever its file's name) as the net of one ONNX layer: its problems
+        name the model as given, not a place in a net file the user never wrote."""
+        try:
+            return cls.load(path, overrides, resolve, _onnx_net_text(path))
+        except SpecError as e:
+            raise UserError(*[_onnx_message(p.message, path) for p in e.problems]) from None
 
     # -- weights (net_weights.py) -------------------------------------------------------------
     def weights_or_published(self, given: str | None) -> str | None:
@@ -259,6 +262,15 @@ def _onnx_net_text(path: str) -> str:
     from ..importers.onnx.files import loaded_model
     from ..importers.onnx.netfile import net_text
     return net_text(loaded_model(path).model, os.path.basename(path), _onnx_layer_name(path))
+
+
+def _onnx_message(message: str, path: str) -> str:
+    """A problem of the one ONNX layer of a model's net file, said of the model as the user named
+    it: without the layer, and its path rather than the ``file:`` key's name relative to it."""
+    import os
+    message = message.removeprefix(f"layer '{_onnx_layer_name(path)}' (ONNX): ")
+    name = os.path.basename(path) + ":"
+    return path + message[len(name) - 1:] if message.startswith(name) else message
 
 
 def _onnx_layer_name(path: str) -> str:
