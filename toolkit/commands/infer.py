@@ -52,7 +52,8 @@ def run_infer(args) -> int:
         (set(phase.net.spec.inputs) - set(graph.inputs))
     transform = None if args.no_transform else InputTransform.of(phase.net)
     with open_inputs(args.input, list(graph.inputs), list(phase.net.spec.inputs), shapes,
-                     drop_columns=unused, image_reader=transform.image_reader if transform else None) as stream:
+                     drop_columns=unused, image_reader=transform.image_reader if transform else None,
+                     note=lambda line: print(line, file=sys.stderr)) as stream:
         row_names = stream.row_names()
         session = phase.session(weights, args.buckets)     # the weights frozen in
         chunk_rows = _chunk_rows(session, args.chunk_rows)

@@ -26,6 +26,10 @@ from ..errors import UserError
 from ..fileio import atomic_write
 
 _INPUT_FORMATS = ".npy, .npz, .csv or an image"
+# The names a label column has in training data: Caffe's label top, and what `toolkit data` names
+# the column of a zoo net's label input. Such a column of a CSV whose examples would otherwise not
+# fit is left out where no input of the net is named so (a deploy net reads the features only).
+LABEL_NAMES = ("label",)
 
 
 class _Reshaped(Rows):
@@ -166,17 +170,22 @@ class InputStream:
 
 def open_inputs(specs: list[str], needed: list[str], all_inputs: list[str],
                 shapes: dict[str, tuple] | None = None, drop_columns: set[str] = frozenset(),
-                image_reader=None) -> InputStream:
+                image_reader=None, note=None) -> InputStream:
     """``[NAME=]FILE`` items -> an InputStream of the needed inputs. An unnamed file goes to the
     only needed input; an .npz gives arrays by name (arrays for inputs this phase does not use are
     ignored); a folder gives its images in the order of their names. Images and CSV rows are
     stacked along the batch when the same input is given several times; their examples take the
     input's shape when the sizes agree (a 64-column row feeds [N, 1, 8, 8]). Headers and names are
     checked here; rows are read when asked for. A CSV column whose header names one of
-    ``drop_columns`` (the label column of training data) is left out. ``image_reader`` (an
+    ``drop_columns`` (the label column of training data) is left out; so is one named as a label
+    is (LABEL_NAMES) but no input, when its examples fit only without it, and an .npz array that
+    names no input when the others give every needed input: each said by ``note`` (a function of
+    one line), as the net's inputs are not what the file was written for. ``image_reader`` (an
     InputTransform's: (name, layout) -> (the layout read, path -> array)) reads image files as the
     input transform resizes and crops them; without it they are warped to the input's size."""
     shapes = shapes or {}
+    note = note or (lambda line: None)
+    labels = frozenset(LABEL_NAMES) - set(all_inputs)
     arrays: dict[str, _InputRows] = {}
     stacked: dict[str, list[tuple[Rows, str]]] = {}
     opened: list[Rows] = []
@@ -192,10 +201,8 @@ def open_inputs(specs: list[str], needed: list[str], all_inputs: list[str],
                     if name not in loaded:
                         raise UserError(f"{path}: has no array '{name}' (it has: {', '.join(loaded) or 'none'})")
                     loaded = {name: loaded[name]}
+                loaded = _named_inputs(loaded, path, needed, all_inputs, note)
                 for key, piece in loaded.items():
-                    if key not in all_inputs:
-                        raise UserError(f"{path}: array '{key}' matches no input of the net "
-                                        f"(inputs: {', '.join(all_inputs)})")
                     if key in needed:
                         if key in arrays or key in stacked:
                             raise UserError(f"--input {spec}: input '{key}' is given twice")
@@ -216,7 +223,7 @@ def open_inputs(specs: list[str], needed: list[str], all_inputs: list[str],
             stacks = folder or Path(path).suffix.lower() in (".csv",) + IMAGE_SUFFIXES
             if name in arrays or (name in stacked and not stacks):
                 raise UserError(f"--input {spec}: input '{name}' is given twice")
-            piece = _open_file(path, name, shapes.get(name, ()), folder, drop_columns, image_reader)
+            piece = _open_file(path, name, shapes.get(name, ()), folder, drop_columns, image_reader, labels, note)
             opened.append(piece)
             if not stacks:
                 arrays[name] = _InputRows([(piece, path)])
@@ -238,8 +245,36 @@ def open_inputs(specs: list[str], needed: list[str], all_inputs: list[str],
     return InputStream({n: arrays[n] for n in arrays})
 
 
-def _open_file(path: str, name: str, shape: tuple, folder: bool, drop_columns=frozenset(), image_reader=None) -> Rows:
-    """The rows for input ``name`` of ``shape`` from a file other than an .npz, or from a folder of images."""
+def _named_inputs(loaded: dict, path: str, needed: list[str], all_inputs: list[str], note) -> dict:
+    """An .npz's arrays less those that name no input of the net, left out (and said) only when
+    the others give every needed input: else the first such name is the mistake (a misspelt
+    input), as the missing input would be."""
+    strangers = [key for key in loaded if key not in all_inputs]
+    if strangers and any(n not in loaded for n in needed):
+        raise UserError(f"{path}: array '{strangers[0]}' matches no input of the net "
+                        f"(inputs: {', '.join(all_inputs)})")
+    for key in strangers:
+        note(f"note: {path}: left out array '{key}': no input of the net is named so")
+    return {key: piece for key, piece in loaded.items() if key not in strangers}
+
+
+def _label_columns(table: CsvRows, dropped: tuple, example: tuple, labels: frozenset) -> tuple:
+    """The columns of ``table`` named as a label is (``labels``: no input's name) that stand
+    between its examples and the input's ``example`` shape: those whose leaving out makes the rest
+    fit it exactly; none where that is not so (another column, or none, is the misfit)."""
+    if not table.header or not example or not all(isinstance(d, int) for d in example):
+        return ()
+    found = tuple(i for i, column in enumerate(table.header) if column in labels and i not in dropped)
+    kept = table.columns - len(dropped)
+    if not found or kept == int(np.prod(example)) or kept - len(found) != int(np.prod(example)):
+        return ()
+    return found
+
+
+def _open_file(path: str, name: str, shape: tuple, folder: bool, drop_columns=frozenset(), image_reader=None,
+               labels: frozenset = frozenset(), note=None) -> Rows:
+    """The rows for input ``name`` of ``shape`` from a file other than an .npz, or from a folder of
+    images (``labels``, ``note``: see open_inputs)."""
     suffix = Path(path).suffix
     if folder:
         layout = image_layout(path, name, shape)
@@ -250,6 +285,10 @@ def _open_file(path: str, name: str, shape: tuple, folder: bool, drop_columns=fr
     if suffix.lower() == ".csv":
         table = CsvRows(path)
         dropped = tuple(i for i, column in enumerate(table.header or ()) if column in drop_columns)
+        left_out = _label_columns(table, dropped, tuple(shape[1:]), labels)
+        for i in left_out:
+            note(f"note: {path}: left out column '{table.header[i]}': no input of the net is named so")
+        dropped = tuple(sorted(dropped + left_out))
         try:
             return _Reshaped(table, tuple(shape[1:]), path, dropped)
         except BaseException:
