@@ -3,13 +3,12 @@ the model zoo (toolkit/zoo/) from the command line."""
 from __future__ import annotations
 
 import shutil
-from decimal import Decimal
 from pathlib import Path
 
 from ..errors import UserError, notice
 from ..fileio import atomic_write
 from ..zoo.cache import cached_copy, cached_elsewhere, cached_models
-from ..zoo.card import CARD, parse_card, read_card, read_card_text, sha256_file
+from ..zoo.card import CARD, decimal_size, parse_card, read_card, read_card_text, sha256_file
 from ..zoo.resolve import find, model_name, not_found
 from ..zoo.sources import SHIPPED, Unreachable, configured_sources, index_entry, scan_cards, shipped_zoo_dir
 
@@ -18,14 +17,7 @@ def run_zoo(args) -> int:
     return {"list": _list, "show": _show, "get": _get, "verify": _verify, "publish": _publish}[args.zoo_command](args)
 
 
-def _size(n: int) -> str:
-    """Decimal units up to EB, in exact arithmetic: a card or an index may state any integer."""
-    if n >= 1000 ** 7:
-        return f"{Decimal(n):.1e} B"
-    for power, unit in ((6, "EB"), (5, "PB"), (4, "TB"), (3, "GB"), (2, "MB"), (1, "kB")):
-        if n >= 1000 ** power:
-            return f"{Decimal(n) / 1000 ** power:.1f} {unit}"
-    return f"{n} B"
+_size = decimal_size
 
 
 def _metric(entry: dict) -> str:

@@ -71,6 +71,9 @@ class Composed:
     # layers deleted and written anew: new layers, whose weights start from their fillers even
     # where a weights file holds some of that name (a fine-tuned net's new head)
     replaced: set[str] = field(default_factory=set)
+    # each base file that is a zoo model's net (its real path) -> zoo:NAME, so the data the model
+    # bundles beside it can be fetched when a run reads it
+    zoo: dict[str, str] = field(default_factory=dict)
 
     def explain(self, problem: Problem) -> Problem:
         """A wiring problem about a top that a deleted layer used to produce says so."""
@@ -100,7 +103,7 @@ def compose(path: str, resolve: Resolver | None = None, text: str | None = None)
     out = Positions(path, merged=True)
     merged = _flatten(tree, (), out)
     bases = data["base"] if isinstance(data["base"], list) else [data["base"]]
-    return Composed(merged, out, state.files, state.deleted, [str(b) for b in bases], state.replaced)
+    return Composed(merged, out, state.files, state.deleted, [str(b) for b in bases], state.replaced, state.zoo)
 
 
 @dataclass
@@ -117,6 +120,7 @@ class _State:
     # others, is merged from the same tree (merges build new trees and never change one), so a
     # chain of `base: [prev, prev]` costs its length, not two to the power of it
     composed: dict[str, Node] = field(default_factory=dict)
+    zoo: dict[str, str] = field(default_factory=dict)         # as Composed.zoo
 
 
 def _real(path: str | Path) -> str:
@@ -217,7 +221,9 @@ def _base_refs(root: Map, state: _State) -> list[tuple[str, Location]]:
 def _locate_base(ref: str, path: str, where: Location, state: _State) -> str | None:
     if ref.startswith(ZOO_PREFIX):
         try:
-            return str(zoo_model(state.resolve, ref).net)
+            net = str(zoo_model(state.resolve, ref).net)
+            state.zoo[_real(net)] = ref
+            return net
         except UserError as error:
             state.problems.append(Problem(f"base '{ref}': {error.problems[0].message}", where))
             return None

@@ -181,6 +181,6 @@ def _reloaded(net: Net, data: dict) -> Net:
     """``data`` loaded as a net that stands where ``net`` stands (its file's folder, its zoo model)."""
     import yaml
     new = Net.load(net.file, resolve=net.resolve, text=yaml.safe_dump(data, sort_keys=False))
-    new.files, new.bases, new.zoo = net.files, net.bases, net.zoo
+    new.files, new.bases, new.zoo, new.zoo_files = net.files, net.bases, net.zoo, net.zoo_files
     new.fresh_layers = net.fresh_layers
     return new

@@ -8,6 +8,7 @@ lowering and hands out copies, since passes change the graphs they are given. Th
 """
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -37,6 +38,7 @@ class Net:
         self.files: list[str] = [file]            # this file, then the bases it is built on
         self.bases: list[str] = []                # its bases as written in it
         self.zoo = None                           # the zoo model when loaded as zoo:NAME
+        self.zoo_files: dict[str, str] = {}       # real path of each zoo model's net it reads -> zoo:NAME
         self.resolve: Resolver | None = None      # what found it (and finds its weights)
         # layers whose weights start from their fillers whatever a weights file holds under their
         # names: a new head (`toolkit train --new-head`), a layer a derived net deletes and writes anew
@@ -87,6 +89,8 @@ class Net:
         net.bases = composed.bases
         net.fresh_layers = frozenset(composed.replaced)
         net.zoo = model
+        net.zoo_files = {**composed.zoo, **({os.path.realpath(model.net): f"{ZOO_PREFIX}{model.name}"}
+                                            if model is not None else {})}
         net.resolve = resolve
         return net
 

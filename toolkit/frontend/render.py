@@ -7,6 +7,7 @@ text is meant for, so the printed net finds the same data.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,15 @@ import yaml
 from .net import Net
 
 ORDER = ("name", "inputs", "layers", "outputs", "train", "optimize")
+# the comment that says a text was rendered, and from what: not the net's own description
+BANNER = "# (rendered: {file} with its bases merged: {bases})"
+_BANNER = re.compile(r"# \(rendered: .* with its bases merged: (?P<bases>.*)\)")
+
+
+def rendered_bases(line: str) -> list[str] | None:
+    """The bases a rendering banner names (as written, split at ", "), None for another line."""
+    found = _BANNER.fullmatch(line.strip())
+    return found["bases"].split(", ") if found else None
 
 
 def render_net(net: Net, header: bool = True, folder: str | Path | None = None,
@@ -27,7 +37,7 @@ def render_net(net: Net, header: bool = True, folder: str | Path | None = None,
         data = _set(data, path, value)
     lines = _leading_comments(net.file) if header else []
     if header and net.bases:
-        lines.append(f"# (rendered: {Path(net.file).name} with its bases merged: {', '.join(net.bases)})")
+        lines.append(BANNER.format(file=Path(net.file).name, bases=", ".join(net.bases)))
     keys = [k for k in ORDER if k in data] + [k for k in data if k not in ORDER]
     for key in keys:
         value = data[key]

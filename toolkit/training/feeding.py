@@ -10,6 +10,7 @@ import numpy as np
 
 from ..errors import UserError
 from ..frontend import Net
+from ..frontend.resolver import zoo_data
 from ..frontend.train_checks import image_inputs
 from ..ir.graph import FLOAT_DTYPES, Graph
 from ..optim.data_parallel import DIST_WEIGHT, ROW_MASK
@@ -96,6 +97,8 @@ def _open_data(net: Net, key: str, source: str, data_spec, crop):
     """A source as a Dataset, in memory, or, for Caffe's LMDB, image list and HDF5 sources, one
     read a batch at a time (checked on its first example, each batch cast as it is read)."""
     inputs = net.spec.inputs
+    if not source.startswith("builtin:"):
+        zoo_data(net, key)
     path = Path(source)
     folder = data_folder(net, key)
     if not source.startswith("builtin:") and not path.is_absolute() and not path.exists():

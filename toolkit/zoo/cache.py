@@ -16,20 +16,33 @@ from schemas.card import CardFile, ModelCard
 
 from ..cachedir import cache_root
 from ..errors import UserError, notice
-from .card import CARD, check_files, parse_card, read_card, read_card_text, sha256_file, write_text
+from .card import (
+    CARD,
+    DATA_FILES,
+    check_files,
+    decimal_size,
+    parse_card,
+    read_card,
+    read_card_text,
+    sha256_file,
+    write_text,
+)
 from .transfer import Broken, HttpError, MissingFile, Unreachable, os_reason
 
 SOURCE_FILE = ".source"          # in each source's cache folder: the source as the user gave it
 STALE_S = 600                    # a temporary file this old belongs to a download that was killed
 
 
-def wanted(card: ModelCard, weights: str) -> list[CardFile]:
-    """The files a use needs: the config and the input description, plus no weights, the
-    default (first) or all of them, and with weights the bundled data (what a test or a train
-    from the model reads)."""
-    chosen = {"none": [], "default": card.weights[:1], "all": card.weights}[weights]
+def wanted(card: ModelCard, need: str) -> list[CardFile]:
+    """The files a use needs: always the config and the input description; then ``need``:
+    "none" nothing more, "default" the default (first) weights, "data" the bundled training data
+    (what a train, a test or ``toolkit data`` reads), "all" every file (``zoo get``). A card's
+    other data files (a mean image) come with the weights and with the data: both read it."""
+    other = [f for f in card.data_files if f.file not in DATA_FILES.values()]
     extra = [card.input] if card.input else []
-    return [card.config, *extra, *chosen, *(card.data_files if chosen else [])]
+    chosen = {"none": [], "default": [*card.weights[:1], *other], "data": card.data_files,
+              "all": [*card.weights, *card.data_files]}[need]
+    return [card.config, *extra, *chosen]
 
 
 @dataclass
@@ -39,9 +52,11 @@ class Fetched:
     actions: list[tuple[CardFile, str]]      # each file and what was done: cached, fetched, ...
 
 
-def fetch_model(source, name: str, weights: str = "default") -> Fetched | None:
+def fetch_model(source, name: str, need: str = "default", announce: bool = False) -> Fetched | None:
     """NAME from ``source`` into its cache folder: the card fresh (the cached one, with a notice,
-    when the source cannot be reached), then each wanted file unless the cached copy matches.
+    when the source cannot be reached), then each file ``need`` wants (see ``wanted``) unless the
+    cached copy matches. ``announce``: one line on stderr, before the transfer, naming each file
+    not yet in the cache and its size (a use of ``zoo:NAME``; ``zoo get`` prints its own table).
     None when the source has no model NAME."""
     dest = source.cache_dir / name
     card_path = dest / CARD
@@ -60,7 +75,12 @@ def fetch_model(source, name: str, weights: str = "default") -> Fetched | None:
     remember_source(source)
     if origin != str(card_path):
         write_cached(card_path, text)
-    actions = [(entry, retrieve(source, name, entry, dest)) for entry in wanted(card, weights)]
+    entries = wanted(card, need)
+    new = [e for e in entries if not (dest / e.file).is_file()]
+    if announce and new:
+        notice(f"zoo:{name}: fetching {', '.join(f'{e.file} ({decimal_size(e.bytes)})' for e in new)} "
+               f"from {source}")
+    actions = [(entry, retrieve(source, name, entry, dest)) for entry in entries]
     return Fetched(dest, card, actions)
 
 
@@ -152,9 +172,9 @@ def sweep_temporaries(folder: Path) -> None:
             path.unlink(missing_ok=True)
 
 
-def cached_copy(folder: Path, name: str, weights: str) -> tuple[ModelCard | None, list[str]]:
+def cached_copy(folder: Path, name: str, need: str) -> tuple[ModelCard | None, list[str]]:
     """(card, problems) of a cached model folder, with no network: (None, []) when nothing is
-    cached there; problems name each wanted file that is missing or fails its sha256."""
+    cached there; problems name each file ``need`` wants that is missing or fails its sha256."""
     card_path = folder / CARD
     if not card_path.is_file():
         return None, []
@@ -162,7 +182,7 @@ def cached_copy(folder: Path, name: str, weights: str) -> tuple[ModelCard | None
         card, _body = read_card(card_path, expect_name=name)
     except UserError as e:
         return None, [str(e.problems[0])]
-    return card, check_files(folder, card, wanted(card, weights))
+    return card, check_files(folder, card, wanted(card, need))
 
 
 def cached_elsewhere(name: str, skip: set[Path]) -> list[tuple[Path, str]]:

@@ -21,6 +21,20 @@ if TYPE_CHECKING:
 
 CARD = "README.md"
 FENCE = "---"
+# the training data ``publish --bundle-data`` carries, by the train.data key that reads it; a
+# card's other data files (a mean image) are read with the weights, at inference too
+DATA_FILES = {"source": "data.npz", "test_source": "test.npz"}
+
+
+def decimal_size(n: int) -> str:
+    """A file size in decimal units up to EB, in exact arithmetic: a card may state any integer."""
+    from decimal import Decimal
+    if n >= 1000 ** 7:
+        return f"{Decimal(n):.1e} B"
+    for power, unit in ((6, "EB"), (5, "PB"), (4, "TB"), (3, "GB"), (2, "MB"), (1, "kB")):
+        if n >= 1000 ** power:
+            return f"{Decimal(n) / 1000 ** power:.1f} {unit}"
+    return f"{n} B"
 
 
 def sha256_file(path: Path | str) -> str:

@@ -16,6 +16,7 @@ from ..errors import Problem, SpecError, UserError, did_you_mean
 from ..fileio import refuse_own_inputs, same_file, staged_folder
 from .card import (
     CARD,
+    DATA_FILES,
     check_files,
     read_card,
     read_card_text,
@@ -114,9 +115,6 @@ class Published:
     models: int                 # how many models the zoo folder's index lists
 
 
-DATA_FILES = {"source": "data.npz", "test_source": "test.npz"}
-
-
 def external_data(net) -> dict[str, str]:
     """The net's train.data sources that are files or folders ({key: the source as written}):
     none of them travels with a published model unless it is bundled."""
@@ -207,8 +205,7 @@ def publish(dir: Path | str, to_folder: Path | str, name: str | None = None, lic
         from safetensors.numpy import save
         weights_bytes = save({k: v for k, v in load_weights(str(weights_path)).items()})
     card_fields = {**fields, **given, "name": name, "metric": metric,
-                   "description": (fields.get("description") or _first_comment(net_bytes)
-                                   or f"{name}: {given['task']}"),
+                   "description": fields.get("description") or _description(net, net_path, name, given["task"]),
                    "data": fields.get("data") or _data_of(pointed, measured),
                    "config": _entry(NET_FILE, net_bytes), "weights": [_entry(WEIGHTS_FILE, weights_bytes)],
                    "reproduce": fields.get("reproduce") or f"toolkit train zoo:{name}",
@@ -315,14 +312,33 @@ def _metric(draft: dict, measured: Measured | None, draft_path: Path) -> dict:
     return {**draft, "name": measured.name, "value": measured.value, "split": draft.get("split", "test")}
 
 
-def _first_comment(net_bytes: bytes) -> str | None:
-    """The net file's opening comment line, a natural one-line description."""
-    for line in net_bytes.decode("utf-8").splitlines():
-        if line.strip().startswith("#"):
-            return line.strip().lstrip("#").strip() or None
-        if line.strip():
-            return None
-    return None
+def _description(net, net_path: Path, name: str, task: str) -> str:
+    """A card's description where the draft gives none: the net file's own opening comment line;
+    else, for a net built on a zoo model, that model's description; else NAME: TASK. Never the
+    banner of a rendered net (a run's net.yaml opens with it), which says how the file was
+    made, not what the model is; it names the bases, though, once they are merged."""
+    from ..frontend.render import rendered_bases
+    from .resolve import resolve
+    bases = list(net.bases)
+    for line in Path(net_path).read_text(encoding="utf-8").splitlines():
+        if not line.strip().startswith("#"):
+            if line.strip():
+                break
+            continue
+        named = rendered_bases(line)
+        if named is None:
+            own = line.strip().lstrip("#").strip()
+            if own:
+                return own
+        elif not bases:
+            bases = named
+    for ref in bases:
+        if ref.startswith("zoo:"):
+            try:
+                return f"{name}, built on {ref}: {resolve(ref, need_weights=False).card.description}"
+            except UserError:             # a base that cannot be read now: the plain default
+                break
+    return f"{name}: {task}"
 
 
 def _data_of(net, measured: Measured | None) -> str:

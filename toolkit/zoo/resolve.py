@@ -53,93 +53,106 @@ def load_net(path: str, overrides=(), text: str | None = None) -> "Net":
     return Net.load(path, overrides, resolve=resolve, text=text)
 
 
-def resolve(ref: str, sources: list[str] | None = None, need_weights: bool = True) -> ZooModel:
+def resolve(ref: str, sources: list[str] | None = None, need_weights: bool = True,
+            need_data: bool = False) -> ZooModel:
     """The model ``ref`` names, from the shipped zoo, a cached copy, or the sources (``None``:
-    ``TOOLKIT_ZOO``), every file checked by sha256 against the card."""
+    ``TOOLKIT_ZOO``), every file checked by sha256 against the card. Its config always;
+    ``need_data``: the training data it bundles (what a train or a test reads) instead of the
+    weights, else ``need_weights``: its default weights. Each file is fetched when first needed."""
     name = model_name(ref)
-    return find(name, configured_sources(sources), "default" if need_weights else "none", refresh=False)
+    need = "data" if need_data else "default" if need_weights else "none"
+    return find(name, configured_sources(sources), need, refresh=False)
 
 
-def find(name: str, sources: list[Source], weights: str, refresh: bool) -> ZooModel:
-    """The shipped zoo, then: without ``refresh`` the cached copies before any network; with it
-    (``zoo get``) each source first (its cached copy serves when it cannot be reached)."""
-    model = shipped_model(name, weights)
+def find(name: str, sources: list[Source], need: str, refresh: bool) -> ZooModel:
+    """The files ``need`` wants (cache.py's ``wanted``) from the shipped zoo, then: without
+    ``refresh`` the cached copies before any network; with it (``zoo get``) each source first
+    (its cached copy serves when it cannot be reached)."""
+    model = shipped_model(name, need)
     if model is not None:
         return model
     if not refresh:
         for source in sources:
-            model = _from_cache(source, name, weights)
+            model = _from_cache(source, name, need)
             if model is not None:
                 return model
-        model = _from_other_caches(name, weights, sources)
+        model = _from_other_caches(name, need, sources)
         if model is not None:
             return model
     unreachable = []
     for source in sources:
         try:
-            fetched = fetch_model(source, name, weights)
+            fetched = fetch_model(source, name, need, announce=not refresh)
         except Unreachable as e:
             notice(e.problems[0].message)
             unreachable.append(source)
             continue
         if fetched is not None:
-            return _model(name, str(source), fetched.dir, fetched.card, weights,
+            return _model(name, str(source), fetched.dir, fetched.card, need,
                           {entry.file: action for entry, action in fetched.actions})
     if refresh:
-        model = _from_other_caches(name, weights, sources)
+        model = _from_other_caches(name, need, sources)
         if model is not None:
             return model
     raise not_found(name, sources, unreachable)
 
 
-def shipped_model(name: str, weights: str = "default") -> ZooModel | None:
+def shipped_model(name: str, need: str = "default") -> ZooModel | None:
     """NAME from the shipped zoo, its files used in place once they match the card."""
     folder = shipped_zoo_dir() / name
     if not (folder / CARD).is_file():
         return None
     card, _body = read_card(folder / CARD, expect_name=name)
-    problems = check_files(folder, card, wanted(card, weights))
+    problems = check_files(folder, card, wanted(card, need))
     if problems:
         raise UserError(*[f"zoo:{name}: {p}; if the change is meant, run `toolkit zoo publish {folder} "
                           f"--to {folder.parent}` or update the sha256 and bytes in {folder / CARD}"
                           for p in problems])
-    return _model(name, SHIPPED, folder, card, weights, "checked (shipped, used in place)")
+    return _model(name, SHIPPED, folder, card, need, "checked (shipped, used in place)")
 
 
-def _model(name: str, source: str, folder: Path, card: ModelCard, weights: str,
+def _model(name: str, source: str, folder: Path, card: ModelCard, need: str,
            actions: dict[str, str] | str = "checked in the cache") -> ZooModel:
     if isinstance(actions, str):
-        actions = {entry.file: actions for entry in wanted(card, weights)}
-    default = folder / card.weights[0].file if weights != "none" else None
+        actions = {entry.file: actions for entry in wanted(card, need)}
+    default = folder / card.weights[0].file if need in ("default", "all") else None
     return ZooModel(name, source, folder, folder / card.config.file, default, card, actions)
 
 
-def _from_cache(source: Source, name: str, weights: str) -> ZooModel | None:
-    """The cached copy from ``source``, or None if there is none. A copy with a missing or
-    damaged file is fetched again; when the source cannot be reached, that is an error."""
+def _from_cache(source: Source, name: str, need: str) -> ZooModel | None:
+    """The cached copy from ``source``, or None if there is none. A file the use needs that is
+    not cached yet (the weights after the net, the data for a test) is fetched, said in one line
+    with its size; a damaged file is fetched again, with a note that it was damaged. When the
+    source cannot be reached, either is an error."""
     folder = source.cache_dir / name
-    card, problems = cached_copy(folder, name, weights)
+    card, problems = cached_copy(folder, name, need)
     if card is not None and not problems:
-        return _model(name, str(source), folder, card, weights)
+        return _model(name, str(source), folder, card, need)
     if card is None and not problems:
         return None
+    # a file never fetched is no damage: only a file there that fails its card (or the card) is
+    damaged = problems if card is None else \
+        check_files(folder, card, [e for e in wanted(card, need) if (folder / e.file).is_file()])
+    absent = [e.file for e in wanted(card, need) if not (folder / e.file).is_file()] if card is not None else []
+    why = damaged[0] if damaged else f"{', '.join(absent)} not fetched yet"
     try:
-        fetched = fetch_model(source, name, weights)
+        fetched = fetch_model(source, name, need, announce=not damaged)
     except Unreachable as e:
-        raise UserError(f"zoo:{name}: {problems[0]}, and {e.problems[0].message}") from None
+        raise UserError(f"zoo:{name}: {why}, and {e.problems[0].message}") from None
     if fetched is None:
-        raise UserError(f"zoo:{name}: {problems[0]}, and {source} no longer has the model")
-    notice(f"zoo:{name}: {problems[0]}; fetched it again from {source}")
-    return _model(name, str(source), fetched.dir, fetched.card, weights,
+        raise UserError(f"zoo:{name}: {why}, and {source} no longer has the model")
+    if damaged:
+        notice(f"zoo:{name}: {damaged[0]}; fetched it again from {source}")
+    return _model(name, str(source), fetched.dir, fetched.card, need,
                   {entry.file: action for entry, action in fetched.actions})
 
 
-def _from_other_caches(name: str, weights: str, sources: list[Source]) -> ZooModel | None:
+def _from_other_caches(name: str, need: str, sources: list[Source]) -> ZooModel | None:
     """A complete, intact cached copy of NAME fetched earlier from any other source."""
     for folder, source_text in cached_elsewhere(name, {s.cache_dir for s in sources}):
-        card, problems = cached_copy(folder, name, weights)
+        card, problems = cached_copy(folder, name, need)
         if card is not None and not problems:
-            return _model(name, source_text, folder, card, weights)
+            return _model(name, source_text, folder, card, need)
     return None
 
 
