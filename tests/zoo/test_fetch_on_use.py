@@ -69,6 +69,20 @@ def test_a_test_fetches_the_bundled_data_and_the_weights_on_first_use(bundled, i
     assert again.status == 0 and again.out == r.out and again.err == "", again.err
 
 
+def test_the_weights_fetched_after_the_net_are_not_called_missing(published, isolated_cache):
+    """The shipped LeNet published as NAME (no bundled data): a test fetches the net, then the
+    weights; each fetch is one note with the size, and nothing is "missing" or "fetched again"."""
+    from zoo_helpers import NAME as LENET_NAME
+    card, _ = read_card(published / LENET_NAME / "README.md")
+    size = {f.file: f"{Decimal(f.bytes) / 1000:.1f} kB" for f in card.files}
+    with settings.use(zoo=(str(published),)):
+        r = run("test", f"zoo:{LENET_NAME}")
+    assert r.status == 0, r.err
+    assert r.err == (f"note: zoo:{LENET_NAME}: fetching net.yaml ({size['net.yaml']}) from {published}\n"
+                     f"note: zoo:{LENET_NAME}: fetching model.safetensors ({size['model.safetensors']}) "
+                     f"from {published}\n"), r.err
+
+
 def test_a_train_fetches_the_data_not_the_weights(bundled, isolated_cache, tmp_path):
     zoo, _work = bundled
     with settings.use(zoo=(str(zoo),)):
