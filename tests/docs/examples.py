@@ -9,9 +9,11 @@ Every fenced block of README.md and docs/**/*.md is one of:
 
 A page's blocks run top to bottom in one folder of the page's own. A comment on the line right
 before a fence changes that: ``<!-- example: skip: REASON -->`` (not run, and the reason is
-said) or ``<!-- example: exit N -->`` (the block must end with that exit status, for the
-examples of errors). ```bash, ```console and ```shell are refused, so that no shell example can
-escape being run by being spelled another way.
+said), ``<!-- example: dry-run: REASON -->`` (run from the repository's root with every command
+line parsed and nothing done: for benchmarks that take minutes and commands that need a GPU,
+whose flags are so still checked against the code) or ``<!-- example: exit N -->`` (the block
+must end with that exit status, for the examples of errors). ```bash, ```console and ```shell
+are refused, so that no shell example can escape being run by being spelled another way.
 
 ``python -m tests.docs.examples`` prints the count of examples per page and every skip reason.
 """
@@ -45,6 +47,7 @@ class Block:
     title: str | None = None
     skip: str | None = None            # the reason it is not run
     exit_status: int = 0
+    dry_run: str | None = None         # the reason its command lines are only parsed
 
     @property
     def where(self) -> str:
@@ -52,7 +55,7 @@ class Block:
 
     @property
     def runs(self) -> bool:
-        return self.kind in (SHELL, PYTHON) and self.skip is None
+        return self.kind in (SHELL, PYTHON) and self.skip is None and self.dry_run is None
 
 
 def pages() -> list[Path]:
@@ -62,19 +65,19 @@ def pages() -> list[Path]:
     return [ROOT / "README.md", *found]
 
 
-def _directive(lines: list[str], fence_index: int, where: str) -> tuple[str | None, int]:
-    """The skip reason and expected exit status given by the comment just above a fence."""
-    if fence_index == 0:
-        return None, 0
-    match = _DIRECTIVE.match(lines[fence_index - 1])
+def _directive(lines: list[str], fence_index: int, where: str) -> dict:
+    """What the comment just above a fence says: a skip or dry-run reason, an exit status."""
+    match = _DIRECTIVE.match(lines[fence_index - 1]) if fence_index else None
     if not match:
-        return None, 0
+        return {}
     body = match.group("body")
-    if body.startswith("skip:") and body[5:].strip():
-        return body[5:].strip(), 0
+    for word, key in (("skip:", "skip"), ("dry-run:", "dry_run")):
+        if body.startswith(word) and body[len(word):].strip():
+            return {key: body[len(word):].strip()}
     if re.fullmatch(r"exit \d+", body):
-        return None, int(body.split()[1])
-    raise ConventionError(f"{where}: '<!-- example: {body} -->': write 'skip: REASON' or 'exit N'")
+        return {"exit_status": int(body.split()[1])}
+    raise ConventionError(f"{where}: '<!-- example: {body} -->': write 'skip: REASON', 'dry-run: REASON' "
+                          "or 'exit N'")
 
 
 def blocks_of(path: Path) -> list[Block]:
@@ -99,13 +102,15 @@ def blocks_of(path: Path) -> list[Block]:
             raise ConventionError(f"{where}: a fence that is never closed")
         if lang in REFUSED_LANGUAGES:
             raise ConventionError(f"{where}: ```{lang}: write shell examples as ```sh (they are run)")
-        skip, status = _directive(lines, i, where)
+        directive = _directive(lines, i, where)
         title = _TITLE.search(attrs)
         kind = FILE if title else SHELL if lang == "sh" else PYTHON if lang == "python" else SHOWN
-        if kind == SHOWN and (skip or status):
+        if kind == SHOWN and directive:
             raise ConventionError(f"{where}: a directive on a block that is not run")
+        if "dry_run" in directive and kind != SHELL:
+            raise ConventionError(f"{where}: dry-run is for ```sh blocks")
         found.append(Block(page, i + 1, kind, "\n".join(body) + "\n", title.group(1) if title else None,
-                           skip, status))
+                           **directive))
         i = j + 1
     return found
 
@@ -131,21 +136,26 @@ def ports_by_page(blocks: dict[str, list[Block]]) -> dict[str, set[int]]:
 
 
 def main() -> int:
-    totals = {SHELL: 0, PYTHON: 0, FILE: 0, "skipped": 0}
-    skipped, errors = [], []
+    totals = {SHELL: 0, PYTHON: 0, FILE: 0, "skipped": 0, "dry": 0}
+    skipped, dry, errors = [], [], []
     for page, found in all_blocks(errors).items():
-        counts = {kind: sum(b.kind == kind and b.skip is None for b in found) for kind in (SHELL, PYTHON, FILE)}
-        skips = [b for b in found if b.skip]
-        if not any(counts.values()) and not skips:
+        counts = {kind: sum(b.kind == kind and (b.runs or kind == FILE) for b in found)
+                  for kind in (SHELL, PYTHON, FILE)}
+        skips, dries = [b for b in found if b.skip], [b for b in found if b.dry_run]
+        if not any(counts.values()) and not skips and not dries:
             continue
         for kind in counts:
             totals[kind] += counts[kind]
         totals["skipped"] += len(skips)
+        totals["dry"] += len(dries)
         skipped += [f"  {b.where}: {b.skip}" for b in skips]
-        print(f"{page}: {counts[SHELL]} sh, {counts[PYTHON]} python run; {counts[FILE]} files; {len(skips)} skipped")
-    print(f"total: {totals[SHELL]} sh and {totals[PYTHON]} python examples run, {totals[FILE]} files written, "
-          f"{totals['skipped']} examples not run:")
-    print("\n".join(skipped))
+        dry += [f"  {b.where}: {b.dry_run}" for b in dries]
+        print(f"{page}: {counts[SHELL]} sh, {counts[PYTHON]} python run; {len(dries)} sh parsed only; "
+              f"{counts[FILE]} files; {len(skips)} not run")
+    print(f"total: {totals[SHELL]} sh and {totals[PYTHON]} python examples run, {totals['dry']} sh examples "
+          f"parsed only, {totals[FILE]} files written, {totals['skipped']} examples not run.")
+    print("parsed only:\n" + "\n".join(dry))
+    print("not run:\n" + "\n".join(skipped))
     if errors:
         print("pages that break the convention:\n  " + "\n  ".join(errors))
         return 1

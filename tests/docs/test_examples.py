@@ -16,12 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.docs.examples import FILE, SHELL, ConventionError, all_blocks, blocks_of, ports_by_page
+from tests.docs.examples import FILE, ROOT, SHELL, ConventionError, all_blocks, blocks_of, ports_by_page
 
 BLOCK_TIMEOUT_S = 300
 BIN = Path(sys.executable).parent           # the toolkit's environment: its `toolkit` and `python`
 BLOCKS = all_blocks([])
 RUNNABLE = sorted(page for page, found in BLOCKS.items() if any(b.runs or b.kind == FILE for b in found))
+DRY = [block for found in BLOCKS.values() for block in found if block.dry_run]
 
 
 def test_every_page_follows_the_convention():
@@ -38,7 +39,7 @@ def test_a_block_spelled_to_escape_the_run_is_refused(tmp_path, monkeypatch):
     with pytest.raises(ConventionError, match=r"page\.md:3: ```console: write shell examples as ```sh"):
         blocks_of(page)
     page.write_text("<!-- example: skip: -->\n```sh\ntoolkit --version\n```\n")
-    with pytest.raises(ConventionError, match=r"page\.md:2: .*write 'skip: REASON' or 'exit N'"):
+    with pytest.raises(ConventionError, match=r"page\.md:2: .*write 'skip: REASON', 'dry-run: REASON' or 'exit N'"):
         blocks_of(page)
     page.write_text('<!-- example: exit 2 -->\n```sh\ntoolkit check bad.yaml\n```\n\n```yaml title="bad.yaml"\n'
                     'name: x\n```\n\n```text\nshown\n```\n')
@@ -109,3 +110,35 @@ def test_the_examples_of(page, tmp_path):
                 _run(block, folder, env, groups)
     finally:
         _stop(groups)
+
+
+def _dry_run(code: str, tmp_path: Path) -> list[str]:
+    """Runs a shell block from the repository's root with every Python command line parsed and
+    nothing done (tests/docs/parse_only.py as sitecustomize); the parse log's lines."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text((Path(__file__).parent / "parse_only.py").read_text())
+    log = tmp_path / "parsed.log"
+    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", PYTHONPATH=str(hook),
+               TOOLKIT_EXAMPLE_PARSE_LOG=str(log))
+    proc = subprocess.Popen(["bash", "-c", code], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        proc.wait(timeout=BLOCK_TIMEOUT_S)
+    finally:
+        _stop([proc.pid])
+    return log.read_text().splitlines() if log.exists() else []
+
+
+def test_a_dry_run_checks_flags_without_doing_the_work(tmp_path):
+    lines = _dry_run("toolkit bench zoo:lenet --batch 64 --iters 100000\n"
+                     "toolkit bench zoo:lenet --batch 64 --no-such-flag\n", tmp_path)
+    assert lines[0].startswith("ok ") and lines[0].endswith("bench zoo:lenet --batch 64 --iters 100000"), lines
+    assert lines[1].startswith("error ") and "unrecognized arguments: --no-such-flag" in lines[1], lines
+
+
+@pytest.mark.parametrize("block", DRY, ids=lambda b: b.where)
+def test_the_command_lines_of(block, tmp_path):
+    lines = _dry_run(block.code, tmp_path)
+    errors = [line for line in lines if line.startswith("error ")]
+    assert lines and not errors, f"{block.where}: " + ("\n".join(errors) or "no command line was parsed")
