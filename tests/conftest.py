@@ -22,9 +22,14 @@ _SESSION_CACHE = tempfile.mkdtemp(prefix="toolkit-test-cache-")
 os.environ["TOOLKIT_CACHE"] = _SESSION_CACHE
 # matplotlib (the graph and curve plots) keeps its font list in the user's cache folder otherwise
 os.environ.setdefault("MPLCONFIGDIR", os.path.join(_SESSION_CACHE, "matplotlib"))
-NATIVE_GIVEN = os.environ.get("TOOLKIT_NATIVE", "").strip() != ""
+# Given means given to pytest, not the default this file set: pytest-xdist's workers inherit the
+# environment of the process that started them, this default included, and must not take it for
+# a choice (they would run every test on the numpy kernels).
+_DEFAULTED = "TOOLKIT_TEST_NATIVE_DEFAULTED"
+NATIVE_GIVEN = os.environ.get("TOOLKIT_NATIVE", "").strip() != "" and _DEFAULTED not in os.environ
 if not NATIVE_GIVEN:
     os.environ["TOOLKIT_NATIVE"] = "0"
+    os.environ[_DEFAULTED] = "1"
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402

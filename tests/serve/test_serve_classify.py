@@ -71,11 +71,14 @@ def _parse(entries: np.ndarray) -> list[list[tuple[float, int, str | None]]]:
     return out
 
 
-def test_classification_as_triton_answers_it(server, model):
+def test_classification_as_triton_answers_it(server):
+    import toolkit
     client = http.InferenceServerClient(url=server.url)
     assert "classification" in client.get_server_metadata()["extensions"]
     x = np.random.default_rng(5).random((5, 1, 8, 8)).astype(np.float32) * 16
-    scores = model.infer(data=x)["prob"]
+    # a model of this test's own: the module's may hold plans an earlier test built on the
+    # generated kernels, whose blocking moves the scores by more than this test's 1e-6
+    scores = toolkit.load("zoo:lenet").infer(data=x)["prob"]
     order = np.argsort(-scores, axis=1, kind="stable")
     for binary in (True, False):
         for k in (1, 3, 12):                        # 12: more than the 10 classes, cut to 10
