@@ -119,7 +119,8 @@ def _dry_run(code: str, tmp_path: Path) -> list[str]:
     hook.mkdir()
     (hook / "sitecustomize.py").write_text((Path(__file__).parent / "parse_only.py").read_text())
     log = tmp_path / "parsed.log"
-    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", PYTHONPATH=str(hook),
+    python_path = os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", PYTHONPATH=python_path,
                TOOLKIT_EXAMPLE_PARSE_LOG=str(log))
     proc = subprocess.Popen(["bash", "-c", code], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, start_new_session=True)
