@@ -1,10 +1,10 @@
 """Shared test fixtures, and the set-up of every test session.
 
-The suite's own kernel cache: ``TOOLKIT_CACHE`` is set to a temporary folder of the session
-before anything imports toolkit, so the kernels it compiles (and any zoo file a test fetches
-without a cache of its own, and matplotlib's font list) never land in the user's cache; child
-processes inherit it, and a kernel is compiled once per session. The folder is removed at the
-end.
+The suite's own kernel cache: ``TOOLKIT_CACHE`` is set to a temporary folder of the session (one
+for all of pytest-xdist's workers) before anything imports toolkit, so the kernels it compiles
+(and any zoo file a test fetches without a cache of its own, and matplotlib's font list) never
+land in the user's cache; child processes inherit it, and a kernel is compiled once per session.
+The folder is removed at the end.
 
 The tiers of tests/tiers.py: tests in its ``NATIVE_FOLDERS`` (less ``NUMPY_KERNELS``) run the
 generated C kernels, the rest the numpy kernels, unless TOOLKIT_NATIVE is given to pytest (``make
@@ -18,8 +18,13 @@ import shutil
 import tempfile
 from pathlib import Path
 
-_SESSION_CACHE = tempfile.mkdtemp(prefix="toolkit-test-cache-")
-os.environ["TOOLKIT_CACHE"] = _SESSION_CACHE
+# One cache for the whole session, pytest-xdist's workers included: a kernel one worker compiled
+# the other loads (units are written under a temporary name and renamed, so two processes never
+# see half of one). The process that made the folder removes it.
+_SHARED = "TOOLKIT_TEST_SESSION_CACHE"
+_OWNS_CACHE = _SHARED not in os.environ
+_SESSION_CACHE = tempfile.mkdtemp(prefix="toolkit-test-cache-") if _OWNS_CACHE else os.environ[_SHARED]
+os.environ[_SHARED] = os.environ["TOOLKIT_CACHE"] = _SESSION_CACHE
 # matplotlib (the graph and curve plots) keeps its font list in the user's cache folder otherwise
 os.environ.setdefault("MPLCONFIGDIR", os.path.join(_SESSION_CACHE, "matplotlib"))
 # Given means given to pytest, not the default this file set: pytest-xdist's workers inherit the
@@ -77,4 +82,5 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_unconfigure(config):
-    shutil.rmtree(_SESSION_CACHE, ignore_errors=True)
+    if _OWNS_CACHE:
+        shutil.rmtree(_SESSION_CACHE, ignore_errors=True)
