@@ -22,10 +22,14 @@ FLOAT_DTYPES = ("float32", "float64") + LOW_PRECISION
 # precision in a half type; its parameters are never float64
 TRAIN_DTYPES = ("float32",) + LOW_PRECISION
 INT_DTYPES = ("int32", "int64")
+# quantized tensors (int8 post-training quantization: ops/quant.py): values of a graph, but not
+# INT_DTYPES, which are indices and labels (embedding, accuracy, the loss's labels) that a
+# quantized activation never is
+QUANT_DTYPES = ("int8", "uint8")
 # every type a value of a graph may have
-ALL_DTYPES = FLOAT_DTYPES + INT_DTYPES + ("bool",)
+ALL_DTYPES = FLOAT_DTYPES + INT_DTYPES + QUANT_DTYPES + ("bool",)
 SHORT_DTYPE = {"float32": "f32", "float64": "f64", "float16": "f16", "bfloat16": "bf16",
-               "int32": "i32", "int64": "i64", "bool": "b"}
+               "int32": "i32", "int64": "i64", "int8": "i8", "uint8": "u8", "bool": "b"}
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from . import (  # noqa: F401  (registration)
     linalg,
     pool,
     precision,
+    quant,
     reduce,
     shape,
     softmax,

@@ -16,7 +16,8 @@ from ..ir.graph import Graph, Node, Value
 from .context import PassContext
 from .rewrite import CONSTANT_OPS
 
-_ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int32": 4, "int64": 8, "bool": 1}
+_ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int32": 4, "int64": 8, "int8": 1, "uint8": 1,
+             "bool": 1}
 
 
 def _home(where: Placement, v: Value, weight_of: dict[int, object]):
