@@ -7,6 +7,7 @@ from typing import Annotated, Any, Optional, Union
 from pydantic import AfterValidator, BaseModel, Field, StrictInt, model_validator
 
 from .base import InputSpec, LayerBase, Name, Strict
+from .quantization import QuantizationSpec
 from .train import TrainSpec
 from .transform import TransformSpec
 
@@ -47,6 +48,8 @@ def build_net_model(layer_models: list[type[LayerBase]]) -> type[BaseModel]:
         # how images and arrays become the inputs, for a net whose train.data declares no transform
         transform: Optional[TransformSpec] = None
         optimize: Optional[OptimizeSpec] = None
+        # int8 post-training quantization of the infer phase: scales per top, float layers
+        quantization: Optional[QuantizationSpec] = None
         # an extension: sizes per symbolic dimension that infer and serve compile plans for
         # (the batch's, a sequence length's), unless --buckets says otherwise
         buckets: BucketsSpec = None

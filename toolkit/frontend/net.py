@@ -20,6 +20,7 @@ from ..ops.base import Builder
 from . import net_weights
 from .compose import compose
 from .lower import OBJECTIVE, Lowered, lower_phase, lowering_key
+from .quant_checks import quantization_problems
 from .resolver import ZOO_PREFIX, Resolver, zoo_model
 from .spec import duplicate_layer_names, from_command_line, validate_net
 from .train_checks import train_problems
@@ -56,6 +57,8 @@ class Net:
             problems += checked[phase].problems
         problems += self._check_outputs(checked["infer"])
         problems += self._check_buckets()
+        problems += quantization_problems(spec, positions,
+                                          None if checked["infer"].problems else checked["infer"].blobs)
         problems += train_problems(spec, positions, *(None if checked[p].problems else checked[p].graph
                                                       for p in ("train", "test")))
         unique = list({(str(p.location), p.message): p for p in problems}.values())
@@ -221,6 +224,8 @@ class Net:
             raise SpecError(*lowered.problems)
         graph, blobs = lowered.graph, lowered.blobs
         graph.layer_devices = {layer.name: layer.device for layer in self.spec.layers if layer.device}
+        # what the quantize pass rewrites: the infer phase of a net with a quantization section
+        graph.quantization = self.spec.quantization if phase == "infer" else None
         if outputs is None and phase == "infer" and self.spec.outputs:
             outputs = list(self.spec.outputs)
         if outputs is not None:

@@ -129,6 +129,9 @@ class Graph:
     # layer name -> device name, for the layers whose net file says ``device:`` (the others run
     # where the graph is compiled for: backend/placement.py)
     layer_devices: dict = field(default_factory=dict)
+    # the net's quantization section (schemas/quantization.py) on an infer graph whose net has
+    # one: what the quantize pass (passes/quantize.py) rewrites it by; None elsewhere
+    quantization: Any = None
 
     def symbols(self) -> set[str]:
         out: set[str] = set()
@@ -189,6 +192,7 @@ def copy_graph(graph: Graph, values: dict[int, Value] | None = None) -> Graph:
     copied.updates = {k: values.get(v.id, v) for k, v in graph.updates.items()}
     copied.losses = dict(graph.losses)
     copied.layer_devices = dict(graph.layer_devices)
+    copied.quantization = graph.quantization
     return copied
 
 

@@ -1,0 +1,65 @@
+"""The ``quantization`` section of a net (docs/spec.md section 10): int8 post-training
+quantization of the infer phase.
+
+    quantization:
+      activations:                    # top (or input) -> its scale and zero point
+        data:  {scale: 0.0039, zero_point: 0}            # dtype: uint8 (the default) or int8
+        conv1: {scale: 0.0627, zero_point: 0, dtype: uint8}
+      float:                          # layers that stay float, each with why (a name alone: "listed")
+        - prob
+        - {layer: ip2, reason: measured better in float}
+      calibration: {method: minmax, examples: 256, data: heldout.npz}   # for the record
+
+What the schema cannot say (a zero point in its dtype's range, a top or layer the net has) is
+checked against the net when it loads (toolkit/frontend/quant_checks.py), at the key's line.
+"""
+from __future__ import annotations
+
+from typing import Annotated, Literal, Optional, Union
+
+from pydantic import Field, StrictInt
+
+from .base import Name, PositiveInt, Strict
+
+# a finite positive number: inf or nan is no scale
+Scale = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+Reason = Annotated[str, Field(min_length=1)]
+Percentile = Annotated[float, Field(gt=0, le=100, allow_inf_nan=False)]
+
+# the range of each activation dtype (ONNX QuantizeLinear's saturation bounds)
+QUANT_RANGES: dict[str, tuple[int, int]] = {"uint8": (0, 255), "int8": (-128, 127)}
+
+
+class ActivationScale(Strict):
+    """One top's quantization: real = (q - zero_point) * scale, q in the dtype's range."""
+    scale: Scale
+    zero_point: StrictInt = 0
+    dtype: Literal["uint8", "int8"] = "uint8"
+
+
+class FloatLayer(Strict):
+    """A layer kept in float, and why (shown by ``toolkit compile --explain``)."""
+    layer: Name
+    reason: Reason
+
+
+class CalibrationRecord(Strict):
+    """How the scales were found: recorded, not acted on."""
+    method: Literal["minmax", "percentile", "entropy"]
+    examples: PositiveInt
+    data: Annotated[str, Field(min_length=1)]
+    percentile: Optional[Percentile] = None
+
+
+class QuantizationSpec(Strict):
+    activations: Annotated[dict[Name, ActivationScale], Field(min_length=1)]
+    # ``float`` is the key in the file; the attribute has another name so that the builtin type
+    # stays usable in this class's annotations
+    float_layers: list[Union[Name, FloatLayer]] = Field([], alias="float")
+    calibration: Optional[CalibrationRecord] = None
+
+    def float_reasons(self) -> dict[str, str]:
+        """Layer name -> why it stays float."""
+        return {(f if isinstance(f, str) else f.layer): ("listed float" if isinstance(f, str)
+                                                         else f"listed float: {f.reason}")
+                for f in self.float_layers}
