@@ -35,6 +35,7 @@ from .gemm import batch_gemms
 from .layout import choose_layout
 from .place import place_devices
 from .prune import eliminate_dead_code
+from .quantize import quantize
 from .simplify import simplify
 
 
@@ -91,6 +92,9 @@ PIPELINE: list[Stage] = [
     Stage("fold_batch_norm", fold_batch_norm,
           "static per-channel scale and shift (BatchNorm on running statistics, Scale) into the "
           "preceding convolution's or InnerProduct's weights and bias"),
+    Stage("quantize", quantize,
+          "an infer graph whose net has a quantization section: convolutions and InnerProducts with scales as "
+          "int8 qconv2d / qgemm (ReLU folded in), quantize_linear and dequantize_linear where int8 begins and ends"),
     Stage("choose_layout", choose_layout,
           "convolutions the blocked kernels run faster in the blocked channel layout (NCHW16c), with the ops "
           "that follow them; reorders where the layouts meet"),

@@ -85,6 +85,9 @@ class Substitution:
             return
         if old.type != new.type:
             raise AssertionError(f"rewrite would change the type of {old!r}: {old.type} -> {new.type}")
+        # the replacement holds what the old value held: it keeps the top's name (the quantize
+        # pass finds a top's scale by it, after BatchNorm folding replaced the top's value)
+        new.name = new.name or old.name
         self.map[old.id] = new
 
     def resolve(self, v: Value) -> Value:

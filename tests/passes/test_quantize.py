@@ -1,0 +1,232 @@
+"""The quantize pass (toolkit/passes/quantize.py): what it rewrites (conv2d + bias + ReLU and an
+InnerProduct's matmul + bias + ReLU into qconv2d / qgemm, quantize_linear where int8 begins,
+dequantize_linear or a float32 output where it ends, int8 kept between quantized layers through a
+reshape), its numbers against a float simulation written here in numpy (dequantize(quantize(v)) at
+the same points, weights and biases rounded as the interface says), its notes for ``toolkit
+compile --explain``, and where it must not fire."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from pass_helpers import N, Tiny, apply, ops
+
+from schemas.quantization import QuantizationSpec
+from toolkit.ops import Builder
+from toolkit.ops.interpreter import interpret
+from toolkit.ops.verify import verify
+from toolkit.passes.batchnorm import fold_batch_norm
+from toolkit.passes.context import PassContext
+from toolkit.passes.pipeline import pass_names, run_pipeline
+from toolkit.passes.quantize import quantize
+from toolkit.runtime.plan import Plan
+
+RNG = np.random.default_rng(49)
+W1 = RNG.normal(0, 0.4, (4, 2, 3, 3)).astype(np.float32)
+B1 = RNG.normal(0, 0.1, 4).astype(np.float32)
+W2 = RNG.normal(0, 0.2, (5, 144)).astype(np.float32)       # InnerProduct's [O, I]
+B2 = RNG.normal(0, 0.1, 5).astype(np.float32)
+W3 = RNG.normal(0, 0.5, (3, 5)).astype(np.float32)
+B3 = RNG.normal(0, 0.1, 3).astype(np.float32)
+X = RNG.uniform(0, 1, (6, 2, 6, 6)).astype(np.float32)
+
+
+def float_net(x, top="ip2"):
+    """The float net in float64 (numpy only); ``top``: conv1 or ip1 stops there."""
+    h = np.maximum(conv(x.astype(np.float64), W1, B1), 0)
+    if top == "conv1":
+        return h
+    h = np.maximum(h.reshape(len(x), -1) @ W2.T + B2, 0)
+    return h if top == "ip1" else h @ W3.T + B3
+
+
+def conv(x, w, b):
+    """3x3, pad 1, stride 1, by explicit windows."""
+    n, c, h, wd = x.shape
+    xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    y = np.zeros((n, w.shape[0], h, wd))
+    for i in range(3):
+        for j in range(3):
+            y += np.einsum("nchw,oc->nohw", xp[:, :, i:i + h, j:j + wd], w[:, :, i, j])
+    return y + b[None, :, None, None]
+
+
+# what min/max calibration says (uint8; these tops are ReLU's, so rmin = 0 and the zero point 0)
+SCALES = {"data": {"scale": 1 / 255, "zero_point": 0},
+          **{top: {"scale": float(float_net(X, top).max() / 255), "zero_point": 0} for top in ("conv1", "ip1")}}
+
+
+def section(activations=None, float_layers=()):
+    return QuantizationSpec.model_validate({"activations": activations or SCALES, "float": list(float_layers)})
+
+
+def net(quant=None, weight_input: bool = False, phase: str = "infer"):
+    """data -> conv1 (+bias, ReLU) -> flatten -> ip1 (+bias, ReLU) -> ip2 (+bias): output ip2."""
+    t = Tiny(phase)
+    x = t.input("data", (N, 2, 6, 6), "float32")
+    x.name = "data"
+    b = Builder(t.g, "conv1")
+    w1 = t.weight("conv1.weight", W1.shape, "float32") if weight_input else b.op("constant", value=W1)
+    c = b.op("conv2d", x, w1, b.op("constant", value=B1), stride=(1, 1), pad=(1, 1), dilation=(1, 1), group=1)
+    c.name = "conv1"
+    r = Builder(t.g, "relu1").op("relu", c)
+    r.name = "conv1"
+    b = Builder(t.g, "ip1")
+    m = b.op("matmul", b.reshape(r, (N, 144)), b.op("constant", value=W2), trans_a=False, trans_b=True)
+    h = b.add(m, b.op("constant", value=B2))
+    h.name = "ip1"
+    r2 = Builder(t.g, "relu2").op("relu", h)
+    r2.name = "ip1"
+    b = Builder(t.g, "ip2")
+    y = b.add(b.op("matmul", r2, b.op("constant", value=W3.T.copy()), trans_a=False, trans_b=False),
+              b.op("constant", value=B3))
+    y.name = "ip2"
+    t.out("ip2", y)
+    t.g.quantization = quant
+    return t.g
+
+
+# -- the float simulation: numpy only, from the interface's definitions ----------------------------
+def fq(v, scale, zero_point=0, lo=0, hi=255):
+    """dequantize(quantize(v)): round half to even in float32, as QuantizeLinear."""
+    q = np.clip(np.rint(v.astype(np.float32) / np.float32(scale)) + zero_point, lo, hi)
+    return ((q - zero_point) * scale).astype(np.float64)
+
+
+def fq_weights(w):
+    rows = w.reshape(w.shape[0], -1).astype(np.float64)
+    s = np.abs(rows).max(axis=1) / 127
+    return (np.clip(np.rint(rows / s[:, None]), -127, 127) * s[:, None]).reshape(w.shape), s
+
+
+def fq_bias(bias, x_scale, w_scales):
+    step = x_scale * w_scales
+    return np.rint(bias / step) * step
+
+
+def simulated(x):
+    s = {k: v["scale"] for k, v in SCALES.items()}
+    w1, ws1 = fq_weights(W1)
+    a1 = fq(np.maximum(conv(fq(x, s["data"]), w1, fq_bias(B1, s["data"], ws1)), 0), s["conv1"])
+    w2, ws2 = fq_weights(W2)
+    a2 = fq(np.maximum(a1.reshape(len(x), -1) @ w2.T + fq_bias(B2, s["conv1"], ws2), 0), s["ip1"])
+    w3, ws3 = fq_weights(W3)
+    return a2 @ w3.T + fq_bias(B3, s["ip1"], ws3)
+
+
+def run(graph, x):
+    outs = Plan(graph, {"N": len(x)}, {}).run({"data": x})
+    got = np.array(outs["ip2"])
+    ref, _ = interpret(graph, {"data": x}, {})
+    np.testing.assert_array_equal(got, ref["ip2"])        # plan kernels == the ops' references
+    return got
+
+
+# -- what it changes, and the numbers --------------------------------------------------------------
+def test_conv_and_inner_products_become_int8_and_match_the_float_simulation():
+    ctx = PassContext()
+    g = apply(net(section()), quantize, ctx=ctx)
+    verify(g)
+    run_pipeline(g, PassContext(disabled=frozenset(n for n in pass_names() if n != "eliminate_dead_code")))
+    assert ops(g).count("qconv2d") == 1 and ops(g).count("qgemm") == 2
+    assert not {"conv2d", "matmul", "relu", "add"} & set(ops(g))
+    # int8 enters once (the input) and never leaves before the output: conv1 -> ip1 -> ip2 stay u8
+    assert ops(g).count("quantize_linear") == 1 and "dequantize_linear" not in ops(g)
+    qconv = next(n for n in g.nodes if n.op == "qconv2d")
+    assert qconv.attrs["relu"] and qconv.attrs["out_dtype"] == "uint8"
+    assert qconv.attrs["y_scale"] == SCALES["conv1"]["scale"]
+    ip1, ip2 = [n for n in g.nodes if n.op == "qgemm"]
+    assert ip1.attrs["relu"] and ip1.attrs["out_dtype"] == "uint8" and ip1.inputs[0].producer.op == "reshape"
+    assert ip2.attrs["out_dtype"] == "float32" and not ip2.attrs["relu"]
+    assert ctx.notes == [
+        "quantize: conv1: int8: qconv2d + relu, uint8 in, uint8 out",
+        "quantize: ip1: int8: qgemm + add + relu, uint8 in, uint8 out",
+        "quantize: ip2: int8: qgemm + add, uint8 in, float32 out (no scale for its output)"]
+    got = run(g, X)
+    sim = simulated(X)
+    exact = float_net(X)
+    # the int8 net is the simulation up to float32 rounding (and a rare tie a step apart), while
+    # the float net is many steps away: the test sees quantization, not just a working graph
+    assert np.abs(got - sim).max() < 1e-5, np.abs(got - sim).max()
+    assert np.abs(exact - sim).max() > 10 * np.abs(got - sim).max()
+
+
+def test_a_graph_output_inside_the_int8_region_is_dequantized():
+    g = net(section())
+    g.outputs["conv1"] = next(v for n in g.nodes for v in n.outputs if n.op == "relu")
+    apply(g, quantize)
+    dq = g.outputs["conv1"].producer
+    assert dq.op == "dequantize_linear" and dq.attrs == SCALES["conv1"]
+    assert dq.inputs[0].producer.op == "qconv2d"
+    outs = Plan(g, {"N": 6}, {}).run({"data": X})
+    s = SCALES["data"]["scale"]
+    w1, ws1 = fq_weights(W1)
+    want = fq(np.maximum(conv(fq(X, s), w1, fq_bias(B1, s, ws1)), 0), SCALES["conv1"]["scale"])
+    assert np.mean(np.isclose(np.array(outs["conv1"]), want, atol=1e-6)) > 0.999
+
+
+# -- where it must not fire ------------------------------------------------------------------------
+def structure_of(g):
+    return [(n.op, tuple(v.id for v in n.inputs)) for n in g.nodes]
+
+
+@pytest.mark.parametrize("make", [lambda: net(None), lambda: net(section(), phase="test")],
+                         ids=["no-section", "test-phase"])
+def test_nothing_without_a_section_or_outside_the_infer_phase(make):
+    g = make()
+    before = structure_of(g)
+    ctx = PassContext()
+    assert apply(g, quantize, ctx=ctx) is g and structure_of(g) == before and ctx.notes == []
+
+
+def test_a_listed_float_layer_stays_float_and_its_reader_quantizes_its_output():
+    ctx = PassContext()
+    g = apply(net(section(float_layers=[{"layer": "conv1", "reason": "first layer"}])), quantize, ctx=ctx)
+    assert ops(g).count("conv2d") == 1 and ops(g).count("qgemm") == 2
+    q = next(n for n in g.nodes if n.op == "quantize_linear")
+    assert q.attrs["scale"] == SCALES["conv1"]["scale"] and q.inputs[0].producer.op == "reshape"     # at conv1's scale
+    assert ctx.notes[0] == "quantize: conv1: float: listed float: first layer"
+
+
+def test_no_scale_for_an_input_keeps_the_layer_float_and_says_so():
+    ctx = PassContext()
+    g = apply(net(section({k: v for k, v in SCALES.items() if k != "data"})), quantize, ctx=ctx)
+    assert ops(g).count("conv2d") == 1 and ops(g).count("qgemm") == 2
+    assert "quantize: conv1: float: no scale for its input 'data'" in ctx.notes
+
+
+def test_a_weight_given_at_run_time_is_not_quantized():
+    ctx = PassContext()
+    g = apply(net(section(), weight_input=True), quantize, ctx=ctx)
+    assert "conv2d" in ops(g)
+    assert ("quantize: conv1: float: conv2d's weight is not a constant (weights given at run time)"
+            in ctx.notes)
+
+
+def test_the_pipeline_runs_it_after_batchnorm_folding_and_before_layout_and_fusion():
+    names = pass_names()
+    assert names.index("fold_batch_norm") < names.index("quantize") < names.index("choose_layout")
+    assert names.index("quantize") < min(names.index(n) for n in ("fuse_epilogue", "fuse_elementwise"))
+    on = run_pipeline(net(section()), PassContext())
+    off = run_pipeline(net(section()), PassContext(disabled=frozenset({"quantize"})))
+    assert "qconv2d" in ops(on) and not {"qconv2d", "qgemm", "quantize_linear"} & set(ops(off))
+
+
+def test_a_folded_batchnorm_keeps_its_tops_scale():
+    """conv -> per-channel scale and shift (a BatchNorm, top 'bn1', no ReLU) -> InnerProduct: once
+    folded, the convolution writes the BatchNorm's top, and its uint8 output has that top's scale."""
+    t = Tiny()
+    x = t.input("data", (N, 2, 6, 6), "float32")
+    x.name = "data"
+    b = Builder(t.g, "conv1")
+    c = b.op("conv2d", x, b.op("constant", value=W1), stride=(1, 1), pad=(1, 1), dilation=(1, 1), group=1)
+    b = Builder(t.g, "bn1")
+    bn = b.add(b.mul(c, b.op("constant", value=np.full((1, 4, 1, 1), 0.5, np.float32))),
+               b.op("constant", value=np.full((1, 4, 1, 1), 0.25, np.float32)))
+    bn.name = "bn1"
+    b = Builder(t.g, "ip1")
+    t.out("ip1", b.op("matmul", b.reshape(bn, (N, 144)), b.op("constant", value=W2), trans_a=False, trans_b=True))
+    t.g.quantization = section({"data": SCALES["data"], "bn1": {"scale": 0.03, "zero_point": 40}})
+    g = run_pipeline(t.g, PassContext(check=True))
+    qconv = next(n for n in g.nodes if n.op == "qconv2d")
+    assert (qconv.attrs["out_dtype"], qconv.attrs["y_scale"], qconv.attrs["y_zero_point"]) == ("uint8", 0.03, 40)
+    assert fold_batch_norm.__name__ in pass_names()

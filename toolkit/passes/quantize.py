@@ -1,0 +1,326 @@
+"""int8 post-training quantization of an infer graph, from the net's ``quantization`` section
+(docs/spec.md section 10; schemas/quantization.py): each convolution and InnerProduct whose input
+has a scale becomes qconv2d / qgemm (ops/quant.py) with int8 weights per output channel and an
+int32 bias, a ReLU on its result folded in.
+
+    conv2d(x, W, b) -> relu      ==>   qconv2d(quantize_linear(x), Wq, bq, relu=True, out_dtype=uint8)
+    matmul(x, W) + b             ==>   qgemm(xq, Wq, bq)
+
+Where the regions meet: ``quantize_linear`` where a float value enters (at the scale of that
+value's top), ``dequantize_linear`` where a quantized value leaves (into softmax, a layer kept
+float, a graph output). Between two quantized layers the value stays uint8/int8: a layer whose
+result some quantized layer reads (directly, or through ops that commute with quantization) writes
+it quantized at its top's scale; one whose result only float ops read writes float32 straight from
+its int32 sums (no second rounding). Reshape commutes with quantization, and so does max pooling
+(max of (q - zp) * s is (max q - zp) * s): they run on the quantized value, carrying its scale,
+where their op takes the quantized dtype; average pooling does not (its mean is rounded again) and
+stays float: the value is dequantized before it and quantized again after it where a quantized
+layer reads it.
+
+Where it runs in the pipeline: after ``fold_batch_norm`` and the canonical passes that follow it,
+so that the weights it quantizes are constants (an infer graph's frozen weights, a BatchNorm already
+folded into them: quantizing before the fold would round weights the fold then scales), and before
+``choose_layout`` and the fusion passes, which look for conv2d and matmul and would otherwise turn
+them into blocked or fused kernels the quantized ops do not replace. A layer's scale is found by
+name: the last value its top names (values keep their top's name through the rewrites before this
+pass: rewrite.py's Substitution hands a replaced value's name to its replacement).
+
+Every layer of the graph gets one note for ``toolkit compile --explain``: int8 (and in what form)
+or float and why (no scale for its input, listed float, an op that has no quantized form).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import UserError
+from ..ir.graph import Graph, Node, TensorType, Value
+from ..ops.base import ShapeError, get_op
+from ..ops.quant import quantize_bias, quantize_weights
+from .context import PassContext
+from .rewrite import Emitter, Substitution, constant_value, kept_ids
+
+HEADS = ("conv2d", "matmul")
+# ops that commute with per-tensor quantization: y(dequantize(q)) == dequantize(y(q)) exactly
+COMMUTING = ("reshape", "max_pool2d")
+# what the pass says about an op of a layer that is neither a head nor commuting
+PLUMBING = ("constant", "scalar")
+
+
+@dataclass(frozen=True)
+class Act:
+    """A quantized value's parameters: real = (q - zero_point) * scale."""
+    scale: float
+    zero_point: int
+    dtype: str
+
+
+@dataclass
+class Head:
+    """A conv2d or matmul with what folds into it: its bias add and a ReLU."""
+    node: Node
+    x: Value
+    weight: np.ndarray               # [O, C/g, kh, kw] or [O, I]
+    bias: np.ndarray | None
+    relu: bool
+    out: Value                       # the last value of the match: what its readers read
+    absorbed: list[Node] = field(default_factory=list)
+    pool_relu: Node | None = None    # a ReLU after the max pooling that reads ``out``, folded in
+
+
+def layer_of(node: Node) -> str:
+    """The net layer a node was lowered from (fusion and folding add '+...' to a scope)."""
+    return node.scope.split("+")[0]
+
+
+def named_params(graph: Graph, section) -> dict[int, Act]:
+    """Value id -> the parameters of its top: an input of that name, else the last value the
+    top names (an in-place layer's result: what a net's top holds when the net has run)."""
+    last: dict[str, Value] = {}
+    for node in graph.nodes:
+        for v in node.outputs:
+            if v.name:
+                last[v.name] = v
+    found = {}
+    for name, a in section.activations.items():
+        v = graph.inputs.get(name) or last.get(name)
+        if v is not None:
+            found[v.id] = Act(float(a.scale), int(a.zero_point), a.dtype)
+    # quantize(reshape(v)) == reshape(quantize(v)): an InnerProduct's flattened input has the
+    # scale of the top it flattens (and a pooling without a top scale of its own its input's)
+    for node in graph.nodes:
+        if node.op in COMMUTING and node.inputs and node.inputs[0].id in found:
+            found.setdefault(node.outputs[0].id, found[node.inputs[0].id])
+    return found
+
+
+def match_head(node: Node, readers: dict[int, list[Node]], kept: set[int]) -> Head | str:
+    """The head at ``node`` with its bias and ReLU, or why it has no quantized form."""
+    if node.outputs[0].dtype != "float32":
+        return f"{node.op} in {node.outputs[0].dtype}: only float32 layers are quantized"
+    w = constant_value(node.inputs[1])
+    if w is None:
+        return f"{node.op}'s weight is not a constant (weights given at run time)"
+
+    def sole(v: Value, op: str) -> Node | None:
+        uses = readers.get(v.id, [])
+        return uses[0] if len(uses) == 1 and uses[0].op == op and v.id not in kept else None
+
+    absorbed: list[Node] = []
+    if node.op == "conv2d":
+        bias = constant_value(node.inputs[2]) if len(node.inputs) == 3 else None
+        if len(node.inputs) == 3 and bias is None:
+            return "conv2d's bias is not a constant"
+        weight = w
+    else:
+        a = node.attrs
+        if a["trans_a"] or node.inputs[0].rank != 2 or w.ndim != 2:
+            return "a batched or transposed matmul (only InnerProduct's x @ W^T is quantized)"
+        weight = w if a["trans_b"] else w.T         # qgemm's weight is [N, K]
+        bias = None
+        add = sole(node.outputs[0], "add")
+        if add is not None:
+            other = add.inputs[1] if add.inputs[0] is node.outputs[0] else add.inputs[0]
+            b = constant_value(other)
+            if b is not None and b.size == weight.shape[0] and b.shape[-1:] == (weight.shape[0],) \
+                    and add.outputs[0].type == node.outputs[0].type:
+                bias = b.reshape(-1)
+                absorbed.append(add)
+    out = absorbed[-1].outputs[0] if absorbed else node.outputs[0]
+    relu = sole(out, "relu")
+    pool_relu = None
+    if relu is None and (pool := sole(out, "max_pool2d")) is not None:
+        # simplify moves a ReLU after the max pooling that follows it (4x fewer elements): it
+        # folds into the head all the same, since relu(max_pool(y)) == max_pool(relu(y))
+        pool_relu = sole(pool.outputs[0], "relu")
+    if relu is not None:
+        absorbed.append(relu)
+        out = relu.outputs[0]
+    head = Head(node, node.inputs[0], np.ascontiguousarray(weight), None if bias is None else np.asarray(bias),
+                relu is not None or pool_relu is not None, out, absorbed)
+    if pool_relu is not None:
+        head.pool_relu = pool_relu
+        head.absorbed.append(pool_relu)
+    return head
+
+
+def accepts(op: str, x: TensorType, attrs: dict) -> bool:
+    """Whether ``op`` takes a value of ``x``'s (quantized) type."""
+    try:
+        get_op(op).infer([x], attrs)
+    except (ShapeError, TypeError, KeyError, ValueError):
+        return False
+    return True
+
+
+class Quantizer:
+    """One walk over the graph in order, emitting the quantized nodes in place of the float ones."""
+
+    def __init__(self, graph: Graph, section, ctx: PassContext):
+        self.graph = graph
+        self.ctx = ctx
+        self.params = named_params(graph, section)
+        self.float_reasons = section.float_reasons()
+        self.readers = graph.consumers()
+        self.kept = kept_ids(graph)
+        self.subst = Substitution()
+        self.quantized: dict[int, tuple[Value, Act]] = {}   # original value id -> its quantized form
+        self.verdicts: dict[str, str] = {}                  # layer -> what became of it
+        self.heads: dict[int, Head | str] = {}
+        self.others: dict[str, str] = {}                    # layer -> its first op without a quantized form
+
+    def head(self, node: Node) -> Head | str:
+        if id(node) not in self.heads:
+            self.heads[id(node)] = match_head(node, self.readers, self.kept)
+        return self.heads[id(node)]
+
+    def int8_reader(self, v: Value, seen: int = 0) -> bool:
+        """Some reader of ``v`` would take it quantized: a head not listed float, or a commuting
+        op whose result such a head reads."""
+        for r in self.readers.get(v.id, []):
+            if r.op in HEADS and layer_of(r) not in self.float_reasons and r.inputs[0] is v \
+                    and isinstance(self.head(r), Head):
+                return True
+            if r.op in COMMUTING and seen < 16 and self.int8_reader(r.outputs[0], seen + 1):
+                return True
+        return False
+
+    def verdict(self, node: Node, text: str) -> None:
+        """What became of ``node``'s layer: a convolution's or InnerProduct's verdict is the layer's
+        (an InnerProduct's flattening reshape comes first, and says less)."""
+        if node.op in HEADS:
+            self.verdicts[layer_of(node)] = text
+        else:
+            self.verdicts.setdefault(layer_of(node), text)
+
+    def input_form(self, x: Value, b: Emitter) -> tuple[Value, Act] | None:
+        """``x`` quantized: its form already in the int8 region, or quantize_linear at its top's scale."""
+        if x.id in self.quantized:
+            return self.quantized[x.id]
+        act = self.params.get(x.id)
+        if act is None:
+            return None
+        q = b.op("quantize_linear", x, scale=act.scale, zero_point=act.zero_point, dtype=act.dtype)
+        self.quantized[x.id] = (q, act)
+        return q, act
+
+    def rewrite_head(self, h: Head, b: Emitter) -> bool:
+        form = self.input_form(h.x, b)
+        if form is None:
+            self.verdict(h.node, f"float: no scale for its input{_named(h.x)}")
+            return False
+        xq, xa = form
+        wq, w_scales = quantize_weights(h.weight)
+        try:
+            bq = None if h.bias is None else quantize_bias(h.bias, xa.scale, w_scales)
+        except ValueError as e:
+            self.verdict(h.node, f"float: {e}")
+            return False
+        out_act = self.params.get(h.out.id)
+        out_q = out_act is not None and self.int8_reader(h.out)
+        attrs: dict = {"relu": h.relu, "out_dtype": out_act.dtype if out_q else "float32"}
+        if out_q:
+            attrs.update(y_scale=out_act.scale, y_zero_point=out_act.zero_point)
+        consts = [b.op("constant", value=wq)] + ([b.op("constant", value=bq)] if bq is not None else [])
+        if h.node.op == "conv2d":
+            a = h.node.attrs
+            y = b.op("qconv2d", xq, *consts, stride=a["stride"], pad=a["pad"], dilation=a["dilation"],
+                     group=a["group"], x_scale=xa.scale, x_zero_point=xa.zero_point, w_scales=w_scales, **attrs)
+        else:
+            y = b.op("qgemm", xq, *consts, a_scale=xa.scale, a_zero_point=xa.zero_point, b_scales=w_scales, **attrs)
+        if h.pool_relu is not None:
+            self.subst.replace(h.pool_relu.outputs[0], h.pool_relu.inputs[0])
+        folded = "".join(f" + {n.op}" for n in h.absorbed)
+        what = f"{y.producer.op}{folded}, {xa.dtype} in"
+        if out_q:
+            self.quantized[h.out.id] = (y, out_act)
+            self.subst.replace(h.out, b.op("dequantize_linear", y, scale=out_act.scale,
+                                           zero_point=out_act.zero_point))
+            self.verdict(h.node, f"int8: {what}, {out_act.dtype} out")
+        else:
+            self.subst.replace(h.out, y)
+            why = "no scale for its output" if out_act is None else "no quantized layer reads it"
+            self.verdict(h.node, f"int8: {what}, float32 out ({why})")
+        return True
+
+    def rewrite_commuting(self, node: Node, b: Emitter) -> bool:
+        x = node.inputs[0]
+        if len(node.inputs) != 1 or x.id not in self.quantized:
+            return False
+        xq, act = self.quantized[x.id]
+        if not accepts(node.op, xq.type, node.attrs):
+            self.verdict(node, f"float: {node.op} has no {act.dtype} form here (dequantized before it)")
+            return False
+        y = b.op(node.op, xq, **node.attrs)
+        self.quantized[node.outputs[0].id] = (y, act)
+        self.subst.replace(node.outputs[0], b.op("dequantize_linear", y, scale=act.scale, zero_point=act.zero_point))
+        self.verdict(node, f"int8: {node.op} on {act.dtype} (commutes with quantization: keeps its input's scale)")
+        return True
+
+    def run(self) -> bool:
+        nodes: list[Node] = []
+        skip: set[int] = set()
+        changed = False
+        for node in self.graph.nodes:
+            if id(node) in skip:
+                continue
+            b = Emitter(node.scope)
+            done = False
+            if node.op in HEADS:
+                h = self.head(node)
+                layer = layer_of(node)
+                if layer in self.float_reasons:
+                    self.verdict(node, f"float: {self.float_reasons[layer]}")
+                elif isinstance(h, str):
+                    self.verdict(node, f"float: {h}")
+                else:
+                    done = self.rewrite_head(h, b)
+                    if done:
+                        skip.update(id(n) for n in h.absorbed)
+            elif node.op in COMMUTING:
+                done = self.rewrite_commuting(node, b)
+            if not done and node.op not in PLUMBING + HEADS:
+                self.others.setdefault(layer_of(node), f"float: {node.op} on a float input" if node.op in COMMUTING
+                                       else f"float: {node.op} has no quantized form")
+            nodes.append(node)
+            emitted = b.take()
+            nodes.extend(emitted)
+            changed |= done
+        if not changed:
+            self.notes()
+            return False
+        self.graph.nodes = nodes
+        self.subst.apply(self.graph)
+        self.notes()
+        return True
+
+    def notes(self) -> None:
+        """One line per layer: a head's or a commuting op's verdict before any other op's."""
+        order = dict.fromkeys(layer_of(n) for n in self.graph.nodes if n.op not in PLUMBING)
+        for layer in [*order, *self.verdicts]:
+            if layer in self.float_reasons and layer not in self.verdicts:
+                self.verdicts[layer] = f"float: {self.float_reasons[layer]}"
+        for layer in dict.fromkeys([*order, *self.verdicts]):
+            text = self.verdicts.get(layer) or self.others.get(layer)
+            if text:
+                self.ctx.note(f"quantize: {layer}: {text}")
+
+
+def _named(v: Value) -> str:
+    return f" '{v.name}'" if v.name else ""
+
+
+def quantize(graph: Graph, ctx: PassContext) -> bool:
+    """Convolutions and InnerProducts with scales as qconv2d / qgemm, quantize_linear and
+    dequantize_linear where the int8 region begins and ends (an infer graph whose net has a
+    quantization section; any other graph is left as it is)."""
+    section = graph.quantization
+    if section is None or graph.phase != "infer":
+        return False
+    if any(n.op in ("qconv2d", "qgemm") for n in graph.nodes):
+        return False               # already quantized (a graph optimised a second time)
+    try:
+        return Quantizer(graph, section, ctx).run()
+    except ShapeError as e:
+        raise UserError(f"quantize: {e}") from None
