@@ -43,8 +43,8 @@ from .loops import (
     walk,
 )
 
-C_TYPES = {"float32": "float", "float64": "double", "int64": "int64_t", "int32": "int32_t", "int8": "int8_t",
-           "uint8": "uint8_t", "bool": "int"}
+C_TYPES = {"float32": "float", "float64": "double", "int64": "int64_t", "int32": "int32_t", "int16": "int16_t",
+           "int8": "int8_t", "uint8": "uint8_t", "bool": "int"}
 FLOAT_SUFFIX = {"float32": "f", "float64": ""}
 
 PRELUDE = r"""

@@ -1,0 +1,243 @@
+"""The int8 kernels (toolkit/kernels/cpu/quant.py, toolkit/kernels/native/quant.py) bit for bit
+against an independent integer reference: numpy int64 sums over explicit windows (no im2col, no
+float GEMM), requantized element by element with numpy float32 scalars. Random shapes reach each
+edge of the native tile (2 rows x 4 columns): M = 1, N = 1, odd rows and columns, K = 1 and K not
+a multiple of 16 (a vector of int16), 1x1, 3x3, depthwise, grouped, stride, dilation, padding
+with a nonzero zero point, full-range weights (-128 included) and activations; float32 and
+uint8/int8 outputs, with and without ReLU and bias; one and two threads."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from toolkit import settings
+from toolkit.codegen import toolchain
+from toolkit.ir.graph import Graph, TensorType, Value
+from toolkit.ops import Builder
+from toolkit.runtime.plan import Plan, RuntimeState
+
+HAVE_CC = toolchain.compiler() is not None
+RANGE = {"uint8": (0, 255), "int8": (-128, 127)}
+
+
+@pytest.fixture(autouse=True)
+def native_on():
+    """The suite runs numpy kernels by default (tests/conftest.py); these tests run both."""
+    with settings.use(native=True):
+        yield
+
+
+def run_plan(nodes, native, threads=1):
+    """One plan over every (op, arrays, attrs) of ``nodes`` (one compiler run for all of them):
+    their outputs, and the plan's kernel kinds."""
+    graph = Graph("test")
+    feeds = {}
+    for j, (op, arrays, attrs) in enumerate(nodes):
+        values = []
+        for i, a in enumerate(arrays):
+            v = Value(TensorType(tuple(a.shape), str(a.dtype)), name=f"x{j}_{i}")
+            graph.inputs[v.name] = v
+            feeds[v.name] = a
+            values.append(v)
+        graph.outputs[f"y{j}"] = Builder(graph, f"q{j}").op(op, *values, **attrs)
+    plan = Plan(graph, {}, {}, runtime=RuntimeState(np.random.default_rng(0)), native=native, threads=threads)
+    outs = plan.run(feeds)
+    return [np.array(outs[f"y{j}"]) for j in range(len(nodes))], plan.impls
+
+
+def check(nodes, expected, native):
+    """The numpy kernels on one thread, the native ones on two (their tiles split between the
+    threads), each output equal to its expected array, dtype included."""
+    got, impls = run_plan(nodes, native, threads=2 if native else 1)
+    assert set(impls) == ({"native"} if native else {"numpy"}), impls
+    for (op, _, attrs), g, e in zip(nodes, got, expected):
+        assert g.dtype == e.dtype
+        np.testing.assert_array_equal(g, e, err_msg=f"{op} {attrs}")
+
+
+# -- the independent reference ------------------------------------------------------------------------
+def conv_sums(x, w, bias, stride, pad, dilation, group, zp):
+    """int64 sums over each output's window, padding = the zero point (so contributes 0)."""
+    n, c, h, wd = x.shape
+    o, cg, kh, kw = w.shape
+    oh = (h + 2 * pad[0] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
+    ow = (wd + 2 * pad[1] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
+    xp = np.full((n, c, h + 2 * pad[0], wd + 2 * pad[1]), zp, dtype=np.int64)
+    xp[:, :, pad[0]:pad[0] + h, pad[1]:pad[1] + wd] = x
+    xp -= zp
+    acc = np.zeros((n, o, oh, ow), dtype=np.int64)
+    og = o // group
+    for oc in range(o):
+        g = oc // og
+        for i in range(oh):
+            for j in range(ow):
+                r0, c0 = i * stride[0], j * stride[1]
+                win = xp[:, g * cg:(g + 1) * cg, r0:r0 + dilation[0] * (kh - 1) + 1:dilation[0],
+                         c0:c0 + dilation[1] * (kw - 1) + 1:dilation[1]]
+                acc[:, oc, i, j] = (win * w[oc].astype(np.int64)).sum(axis=(1, 2, 3))
+    if bias is not None:
+        acc += bias.reshape(1, -1, 1, 1)
+    assert np.abs(acc).max() < 2 ** 31
+    return acc
+
+
+def requantize(acc, x_scale, w_scales, relu, out_dtype, y_scale=None, y_zp=None):
+    """Element by element with numpy float32 scalars: the interface's definition."""
+    out = np.empty(acc.shape, dtype=out_dtype)
+    f32 = np.float32
+    for idx in np.ndindex(*acc.shape):
+        o = idx[1]
+        if out_dtype == "float32":
+            v = f32(acc[idx]) * f32(x_scale * w_scales[o])
+            out[idx] = max(v, f32(0)) if relu else v
+        else:
+            q = int(np.rint(f32(acc[idx]) * f32(x_scale * w_scales[o] / y_scale))) + y_zp
+            q = max(q, y_zp) if relu else q
+            lo, hi = RANGE[out_dtype]
+            out[idx] = min(max(q, lo), hi)
+    return out
+
+
+# -- cases --------------------------------------------------------------------------------------------
+# (x dtype, zp, x shape, w shape, group, stride, pad, dilation)
+CONV_SHAPES = [
+    ("uint8", 128, (2, 5, 7, 9), (7, 5, 3, 3), 1, (1, 1), (1, 1), (1, 1)),
+    ("uint8", 255, (1, 3, 5, 5), (1, 3, 3, 3), 1, (2, 1), (2, 2), (1, 1)),       # N = 1 output channel
+    ("int8", -9, (3, 6, 6, 5), (9, 2, 3, 3), 3, (1, 1), (1, 0), (2, 1)),         # grouped, dilated
+    ("uint8", 3, (2, 8, 9, 9), (8, 1, 3, 3), 8, (2, 2), (1, 1), (1, 1)),         # depthwise
+    ("int8", 127, (1, 4, 6, 6), (8, 1, 5, 5), 4, (1, 1), (2, 2), (1, 1)),        # depthwise x2, 5x5
+    ("uint8", 17, (2, 13, 5, 3), (6, 13, 1, 1), 1, (1, 1), (0, 0), (1, 1)),      # 1x1, K = 13
+    ("int8", 0, (1, 1, 1, 1), (3, 1, 1, 1), 1, (1, 1), (0, 0), (1, 1)),          # K = 1, one position
+    ("uint8", 77, (1, 35, 4, 4), (5, 35, 2, 2), 1, (1, 1), (0, 1), (1, 1)),      # K = 140, 2x2
+]
+OUTS = [("float32", False), ("float32", True), ("uint8", True), ("int8", False), ("uint8", False)]
+
+
+def conv_inputs(case, seed):
+    dtype, zp, xs, ws, group, stride, pad, dilation = case
+    rng = np.random.default_rng(seed)
+    lo, hi = RANGE[dtype]
+    x = rng.integers(lo, hi + 1, xs).astype(dtype)
+    x.flat[:3] = (lo, hi, zp)
+    w = rng.integers(-128, 128, ws).astype(np.int8)
+    w.flat[:2] = (-128, 127)
+    bias = rng.integers(-30000, 30000, ws[0]).astype(np.int32)
+    w_scales = tuple(float(s) for s in rng.uniform(0.002, 0.02, ws[0]))
+    return x, w, bias, w_scales, dict(stride=stride, pad=pad, dilation=dilation, group=group)
+
+
+def out_attrs(acc, x_scale, w_scales, out_dtype, relu):
+    if out_dtype == "float32":
+        return dict(out_dtype="float32", relu=relu)
+    # spread the outputs over the range, clamping some at both ends
+    peak = float(np.abs(acc).max()) * x_scale * max(w_scales)
+    return dict(out_dtype=out_dtype, relu=relu, y_scale=peak / 200 or 1.0,
+                y_zero_point=10 if out_dtype == "uint8" else -3)
+
+
+NATIVE = [False, pytest.param(True, marks=pytest.mark.skipif(not HAVE_CC, reason="no C compiler"))]
+
+
+@pytest.mark.parametrize("native", NATIVE)
+def test_qconv2d_kernels_equal_the_integer_reference(native):
+    nodes, expected = [], []
+    for c, case in enumerate(CONV_SHAPES):
+        x, w, bias, w_scales, attrs = conv_inputs(case, seed=c)
+        zp, x_scale = case[1], 0.0173
+        for k, (out_dtype, relu) in enumerate(OUTS):
+            with_bias = (k + c) % 2 == 0
+            acc = conv_sums(x, w, bias if with_bias else None, attrs["stride"], attrs["pad"], attrs["dilation"],
+                            attrs["group"], zp)
+            oa = out_attrs(acc, x_scale, w_scales, out_dtype, relu)
+            expected.append(requantize(acc, x_scale, w_scales, relu, out_dtype, oa.get("y_scale"),
+                                       oa.get("y_zero_point")))
+            if out_dtype != "float32":
+                assert len(np.unique(expected[-1])) > min(5, expected[-1].size // 4)
+            nodes.append(("qconv2d", [x, w, bias] if with_bias else [x, w],
+                          dict(**attrs, x_scale=x_scale, x_zero_point=zp, w_scales=w_scales, **oa)))
+    check(nodes, expected, native)
+
+
+# (a dtype, zp, M, K, N)
+GEMM_SHAPES = [("uint8", 128, 1, 64, 10), ("int8", -5, 7, 37, 1), ("uint8", 0, 5, 1, 6), ("int8", 127, 1, 1, 1),
+               ("uint8", 201, 67, 130, 70), ("int8", 0, 2, 300, 4)]
+
+
+@pytest.mark.parametrize("native", NATIVE)
+def test_qgemm_kernels_equal_the_integer_reference(native):
+    nodes, expected = [], []
+    for c, (dtype, zp, m, k, n) in enumerate(GEMM_SHAPES):
+        rng = np.random.default_rng(c)
+        lo, hi = RANGE[dtype]
+        a = rng.integers(lo, hi + 1, (m, k)).astype(dtype)
+        b = rng.integers(-128, 128, (n, k)).astype(np.int8)
+        bias = rng.integers(-30000, 30000, n).astype(np.int32)
+        b_scales = tuple(float(s) for s in rng.uniform(0.002, 0.02, n))
+        a_scale = 0.031
+        for j, (out_dtype, relu) in enumerate(OUTS):
+            with_bias = (j + c) % 2 == 1
+            acc = (a.astype(np.int64) - zp) @ b.astype(np.int64).T + (bias if with_bias else 0)
+            oa = out_attrs(acc, a_scale, b_scales, out_dtype, relu)
+            expected.append(requantize(acc, a_scale, b_scales, relu, out_dtype, oa.get("y_scale"),
+                                       oa.get("y_zero_point")))
+            nodes.append(("qgemm", [a, b, bias] if with_bias else [a, b],
+                          dict(a_scale=a_scale, a_zero_point=zp, b_scales=b_scales, **oa)))
+    check(nodes, expected, native)
+
+
+@pytest.mark.parametrize("native", NATIVE)
+def test_quantize_dequantize_kernels_equal_the_references(native):
+    from toolkit.ops.quant import dequantize_linear_reference, quantize_linear_reference
+    rng = np.random.default_rng(3)
+    x = np.concatenate([(rng.standard_normal(1000) * 4).astype(np.float32),
+                        np.float32([1e9, -1e9, 0.25, 0.75, -0.25, 2.5])]).reshape(2, -1)
+    nodes, expected = [], []
+    for dtype, zp, scale in (("uint8", 0, 0.031), ("uint8", 140, 0.5), ("int8", -20, 0.031)):
+        q = quantize_linear_reference(x, scale, zp, dtype)
+        nodes += [("quantize_linear", [x], dict(scale=scale, zero_point=zp, dtype=dtype)),
+                  ("dequantize_linear", [q], dict(scale=scale, zero_point=zp))]
+        expected += [q, dequantize_linear_reference(q, scale, zp)]
+    # the quantize kernels ran on numpy either way: they have no native builder
+    got, _ = run_plan(nodes, native)
+    for g, e in zip(got, expected):
+        np.testing.assert_array_equal(g, e)
+
+
+@pytest.mark.skipif(not HAVE_CC, reason="no C compiler")
+def test_resnet_sized_layer_native_equals_numpy():
+    """A ResNet stage-1 3x3 layer at batch 1 (the size the native tiles are built for), native
+    and numpy kernels equal (the numpy one is exact against the references above)."""
+    rng = np.random.default_rng(9)
+    x = rng.integers(0, 256, (1, 64, 56, 56)).astype(np.uint8)
+    w = rng.integers(-127, 128, (64, 64, 3, 3)).astype(np.int8)
+    bias = rng.integers(-5000, 5000, 64).astype(np.int32)
+    attrs = dict(stride=(1, 1), pad=(1, 1), dilation=(1, 1), group=1, x_scale=0.02, x_zero_point=120,
+                 w_scales=tuple(rng.uniform(0.0005, 0.001, 64)), relu=True, out_dtype="uint8", y_scale=0.2,
+                 y_zero_point=0)
+    (got,), impls = run_plan([("qconv2d", [x, w, bias], attrs)], True, 2)
+    (want,), _ = run_plan([("qconv2d", [x, w, bias], attrs)], False, 1)
+    assert impls == ["native"]
+    np.testing.assert_array_equal(got, want)
+    assert 0 < (got == 0).mean() < 0.9 and len(np.unique(got)) > 30
+
+
+@pytest.mark.parametrize("native", NATIVE)
+def test_ties_round_half_to_even(native):
+    """Output multipliers of 0.5 and 0.25 make v = acc * m land on halves: the stores must round
+    them to even (nearbyint), not away from zero."""
+    a = np.arange(-100, 101, dtype=np.int64).astype(np.int8).reshape(-1, 1)     # acc = a * b
+    b = np.array([[1], [3], [-1], [2], [1]], np.int8)
+    b_scales = (0.5, 0.5, 0.5, 0.25, 0.25)
+    x = a.reshape(1, 1, 1, -1)
+    w = b.reshape(5, 1, 1, 1)
+    nodes, expected = [], []
+    for out_dtype, zp in (("int8", 0), ("uint8", 128), ("int8", -3)):
+        oa = dict(out_dtype=out_dtype, relu=False, y_scale=1.0, y_zero_point=zp)
+        acc = a.astype(np.int64) @ b.astype(np.int64).T
+        expected.append(requantize(acc, 1.0, b_scales, False, out_dtype, 1.0, zp))
+        nodes.append(("qgemm", [a, b], dict(a_scale=1.0, a_zero_point=0, b_scales=b_scales, **oa)))
+        expected.append(expected[-1].T.reshape(1, 5, 1, -1))
+        nodes.append(("qconv2d", [x, w], dict(stride=(1, 1), pad=(0, 0), dilation=(1, 1), group=1, x_scale=1.0,
+                                              x_zero_point=0, w_scales=b_scales, **oa)))
+    assert expected[0][1, 0] == -50 and expected[0][3, 0] == -48   # -48.5 -> -48, -97 * 0.5
+    check(nodes, expected, native)
