@@ -17,6 +17,7 @@ from toolkit.ops.verify import verify
 from toolkit.passes.batchnorm import fold_batch_norm
 from toolkit.passes.context import PassContext
 from toolkit.passes.pipeline import pass_names, run_pipeline
+from toolkit.passes.prune import eliminate_dead_code
 from toolkit.passes.quantize import quantize
 from toolkit.runtime.plan import Plan
 
@@ -230,3 +231,41 @@ def test_a_folded_batchnorm_keeps_its_tops_scale():
     qconv = next(n for n in g.nodes if n.op == "qconv2d")
     assert (qconv.attrs["out_dtype"], qconv.attrs["y_scale"], qconv.attrs["y_zero_point"]) == ("uint8", 0.03, 40)
     assert fold_batch_norm.__name__ in pass_names()
+
+
+def test_max_pooling_keeps_the_int8_region_and_commutes_exactly():
+    """conv1 (+ReLU) -> 3x3 max pooling, stride 2, pad 1 -> flatten -> ip1: the pooling runs on
+    int8 at conv1's scale and zero point -100 (its padding -128, never a maximum: a padding of 0
+    would beat the values from -100 to -1), equal to pooling the dequantized values."""
+    t = Tiny()
+    x = t.input("data", (N, 2, 6, 6), "float32")
+    x.name = "data"
+    b = Builder(t.g, "conv1")
+    c = b.op("conv2d", x, b.op("constant", value=W1), b.op("constant", value=B1), stride=(1, 1), pad=(1, 1),
+             dilation=(1, 1), group=1)
+    r = Builder(t.g, "relu1").op("relu", c)
+    r.name = "conv1"
+    p = Builder(t.g, "pool1").op("max_pool2d", r, kernel=(3, 3), stride=(2, 2), pad=(1, 1), ceil_mode=False)
+    p.name = "pool1"
+    t.out("pool1", p)
+    b = Builder(t.g, "ip1")
+    t.out("ip1", b.op("matmul", b.reshape(p, (N, 36)), b.op("constant", value=W2[:, :36].copy()),
+                      trans_a=False, trans_b=True))
+    scale = float(float_net(X, "conv1").max() / 227)
+    t.g.quantization = section({**SCALES, "conv1": {"scale": scale, "zero_point": -100, "dtype": "int8"}})
+    ctx = PassContext()
+    g = apply(t.g, quantize, eliminate_dead_code, ctx=ctx)
+    pool, = [n for n in g.nodes if n.op == "max_pool2d"]
+    assert pool.inputs[0].producer.op == "qconv2d" and pool.outputs[0].dtype == "int8"
+    assert "quantize: pool1: int8: max_pool2d on int8 (commutes with quantization: keeps its input's scale)" \
+        in ctx.notes
+    got = np.array(Plan(g, {"N": 6}, {}).run({"data": X})["pool1"])
+    s = SCALES["data"]["scale"]
+    w1, ws1 = fq_weights(W1)
+    a1 = fq(np.maximum(conv(fq(X, s), w1, fq_bias(B1, s, ws1)), 0), scale, -100, -128, 127)
+    want = np.full((6, 4, 3, 3), -np.inf)
+    padded = np.pad(a1, ((0, 0), (0, 0), (1, 1), (1, 1)), constant_values=-np.inf)
+    for i in range(3):
+        for j in range(3):
+            want = np.maximum(want, padded[:, :, i:i + 5:2, j:j + 5:2])
+    assert np.mean(np.isclose(got, want, atol=1e-6, rtol=0)) > 0.999

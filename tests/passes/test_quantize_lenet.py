@@ -59,6 +59,8 @@ def test_the_int8_lenet_is_within_half_a_point_of_fp32(lenet):
     graph = forward_graph(int8, "infer", weights=dict(weights))
     ops = [n.op for n in graph.nodes]
     assert ops.count("qconv2d") == 2 and ops.count("qgemm") == 2 and "conv2d" not in ops
+    # uint8 from the input to the last InnerProduct: quantized once, never dequantized
+    assert ops.count("quantize_linear") == 1 and "dequantize_linear" not in ops
     float_prob, int8_prob = probabilities(fp32, weights, test), probabilities(int8, weights, test)
     gap = float(np.abs(float_prob - int8_prob).max())
     float_top1, int8_top1 = float_prob.argmax(axis=1), int8_prob.argmax(axis=1)
@@ -76,10 +78,10 @@ def test_compile_explain_says_which_layers_became_int8(lenet, capsys):
     out = capsys.readouterr().out
     said = [line.strip() for line in out.splitlines() if line.strip().startswith("quantize: ")]
     assert said == [
-        "quantize: conv1: int8: qconv2d + relu, uint8 in, float32 out (no quantized layer reads it)",
-        "quantize: pool1: float: max_pool2d on a float input",
-        "quantize: conv2: int8: qconv2d + relu, uint8 in, float32 out (no quantized layer reads it)",
-        "quantize: pool2: float: max_pool2d on a float input",
+        "quantize: conv1: int8: qconv2d + relu, uint8 in, uint8 out",
+        "quantize: pool1: int8: max_pool2d on uint8 (commutes with quantization: keeps its input's scale)",
+        "quantize: conv2: int8: qconv2d + relu, uint8 in, uint8 out",
+        "quantize: pool2: int8: max_pool2d on uint8 (commutes with quantization: keeps its input's scale)",
         "quantize: ip1: int8: qgemm + add + relu, uint8 in, uint8 out",
         "quantize: ip2: int8: qgemm + add, uint8 in, float32 out (no quantized layer reads it)",
         "quantize: prob: float: listed float: softmax"], out

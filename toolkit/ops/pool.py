@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ir.graph import TensorType
+from ..ir.graph import QUANT_DTYPES, TensorType
 from .base import Builder, OpDef, ShapeError, register
 from .rules import need_float, need_rank
 
@@ -26,9 +26,12 @@ def pool_out_size(size, kernel, stride, pad, ceil_mode):
     return span // stride + 1
 
 
-def _pool_infer(types, attrs):
+def _pool_infer(types, attrs, quantized: bool = False):
+    """``quantized``: uint8 / int8 are taken too (max pooling: the max of quantized values is the
+    quantized max, so an int8 region keeps its values quantized through it)."""
     x = types[0]
-    need_float(x)
+    if not (quantized and x.dtype in QUANT_DTYPES):
+        need_float(x)
     need_rank(x, 4, "pooling input")
     n, c, h, w = x.shape
     (kh, kw), (sh, sw), (ph, pw) = attrs["kernel"], attrs["stride"], attrs["pad"]
@@ -55,10 +58,15 @@ def window(xp, i, j, oh, ow, attrs):
     return xp[:, :, i: i + sh * (oh - 1) + 1: sh, j: j + sw * (ow - 1) + 1: sw]
 
 
+def lowest(dtype) -> float:
+    """What a max pooling's padding holds: -inf, or an integer type's least value."""
+    return int(np.iinfo(str(dtype)).min) if str(dtype) in QUANT_DTYPES else -np.inf
+
+
 def max_pool2d_reference(x, kernel, stride, pad, ceil_mode):
     attrs = dict(kernel=kernel, stride=stride, pad=pad, ceil_mode=ceil_mode)
-    xp, oh, ow = padded_input(x, attrs, -np.inf)
-    y = np.full(x.shape[:2] + (oh, ow), -np.inf, dtype=x.dtype)
+    xp, oh, ow = padded_input(x, attrs, lowest(x.dtype))
+    y = np.full(x.shape[:2] + (oh, ow), lowest(x.dtype), dtype=x.dtype)
     for i in range(kernel[0]):
         for j in range(kernel[1]):
             y = np.maximum(y, window(xp, i, j, oh, ow, attrs))
@@ -139,7 +147,8 @@ def _avg_grad_infer(types, attrs):
     return [TensorType(tuple(g.shape[:2]) + tuple(attrs["input_hw"]), g.dtype)]
 
 
-register(OpDef("max_pool2d", _pool_infer, max_pool2d_reference, _max_grad, _pool_flops, batch_rows=True))
+register(OpDef("max_pool2d", lambda types, attrs: _pool_infer(types, attrs, quantized=True),
+               max_pool2d_reference, _max_grad, _pool_flops, batch_rows=True))
 register(OpDef("max_pool2d_grad", lambda types, attrs: [types[1]], max_pool2d_grad_reference,
                flops=lambda i, o, a: i[0].numel * a["kernel"][0] * a["kernel"][1], batch_rows=True,
                doc="routes g to the first maximum of each window"))

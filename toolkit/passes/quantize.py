@@ -168,6 +168,7 @@ class Quantizer:
         self.quantized: dict[int, tuple[Value, Act]] = {}   # original value id -> its quantized form
         self.verdicts: dict[str, str] = {}                  # layer -> what became of it
         self.heads: dict[int, Head | str] = {}
+        self.aliases: dict[int, Value] = {}                 # a folded ReLU's result -> the pooling it equals
         self.others: dict[str, str] = {}                    # layer -> its first op without a quantized form
 
     def head(self, node: Node) -> Head | str:
@@ -175,14 +176,15 @@ class Quantizer:
             self.heads[id(node)] = match_head(node, self.readers, self.kept)
         return self.heads[id(node)]
 
-    def int8_reader(self, v: Value, seen: int = 0) -> bool:
+    def int8_reader(self, v: Value, through: Node | None = None, seen: int = 0) -> bool:
         """Some reader of ``v`` would take it quantized: a head not listed float, or a commuting
-        op whose result such a head reads."""
+        op whose result such a head reads (``through``: a ReLU folded into the head, looked past)."""
         for r in self.readers.get(v.id, []):
             if r.op in HEADS and layer_of(r) not in self.float_reasons and r.inputs[0] is v \
                     and isinstance(self.head(r), Head):
                 return True
-            if r.op in COMMUTING and seen < 16 and self.int8_reader(r.outputs[0], seen + 1):
+            if (r.op in COMMUTING or r is through) and seen < 16 \
+                    and self.int8_reader(r.outputs[0], through, seen + 1):
                 return True
         return False
 
@@ -196,9 +198,11 @@ class Quantizer:
 
     def input_form(self, x: Value, b: Emitter) -> tuple[Value, Act] | None:
         """``x`` quantized: its form already in the int8 region, or quantize_linear at its top's scale."""
-        if x.id in self.quantized:
-            return self.quantized[x.id]
-        act = self.params.get(x.id)
+        same = self.aliases.get(x.id, x)
+        for v in (x, same):
+            if v.id in self.quantized:
+                return self.quantized[v.id]
+        act = self.params.get(x.id) or self.params.get(same.id)
         if act is None:
             return None
         q = b.op("quantize_linear", x, scale=act.scale, zero_point=act.zero_point, dtype=act.dtype)
@@ -218,7 +222,7 @@ class Quantizer:
             self.verdict(h.node, f"float: {e}")
             return False
         out_act = self.params.get(h.out.id)
-        out_q = out_act is not None and self.int8_reader(h.out)
+        out_q = out_act is not None and self.int8_reader(h.out, h.pool_relu)
         attrs: dict = {"relu": h.relu, "out_dtype": out_act.dtype if out_q else "float32"}
         if out_q:
             attrs.update(y_scale=out_act.scale, y_zero_point=out_act.zero_point)
@@ -231,6 +235,7 @@ class Quantizer:
             y = b.op("qgemm", xq, *consts, a_scale=xa.scale, a_zero_point=xa.zero_point, b_scales=w_scales, **attrs)
         if h.pool_relu is not None:
             self.subst.replace(h.pool_relu.outputs[0], h.pool_relu.inputs[0])
+            self.aliases[h.pool_relu.outputs[0].id] = h.pool_relu.inputs[0]
         folded = "".join(f" + {n.op}" for n in h.absorbed)
         what = f"{y.producer.op}{folded}, {xa.dtype} in"
         if out_q:
@@ -246,6 +251,7 @@ class Quantizer:
 
     def rewrite_commuting(self, node: Node, b: Emitter) -> bool:
         x = node.inputs[0]
+        x = self.aliases.get(x.id, x)
         if len(node.inputs) != 1 or x.id not in self.quantized:
             return False
         xq, act = self.quantized[x.id]

@@ -1,15 +1,15 @@
 """CPU pooling: one vectorised pass per kernel offset over strided window views.
 
-Padded buffers keep their fill (-inf for max, 0 for average) in the border from plan build on;
-only the interior is rewritten per call. Written against an array module ``xp`` (numpy here),
-so the GPU back end registers the same kernels over CuPy.
+Padded buffers keep their fill (-inf for max, a uint8 / int8 input's least value; 0 for average)
+in the border from plan build on; only the interior is rewritten per call. Written against an
+array module ``xp`` (numpy here), so the GPU back end registers the same kernels over CuPy.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from ...backend.registry import register_kernel
-from ...ops.pool import avg_divisor
+from ...ops.pool import avg_divisor, lowest
 
 
 class _Pool:
@@ -40,7 +40,7 @@ class _Pool:
 
 
 def max_pool2d(ctx, xp=np):
-    pool = _Pool(ctx.in_shapes[0], ctx.out_shapes[0], ctx.attrs, ctx.dtype, -np.inf, xp)
+    pool = _Pool(ctx.in_shapes[0], ctx.out_shapes[0], ctx.attrs, ctx.dtype, lowest(ctx.dtype), xp)
     first, rest = pool.offsets()[0], pool.offsets()[1:]
 
     def run(ins, outs):
