@@ -140,7 +140,9 @@ def test_conv_and_inner_products_become_int8_and_match_the_float_simulation():
     assert ip2.attrs["out_dtype"] == "float32" and not ip2.attrs["relu"]
     assert ctx.notes == [
         "quantize: conv1: int8: qconv2d + relu, uint8 in, uint8 out",
+        "quantize: relu1: int8: folded into conv1",
         "quantize: ip1: int8: qgemm + add + relu, uint8 in, uint8 out",
+        "quantize: relu2: int8: folded into ip1",
         "quantize: ip2: int8: qgemm + add, uint8 in, float32 out (no scale for its output)"]
     got = run(g, X)
     sim = simulated(X)

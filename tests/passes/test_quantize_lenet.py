@@ -83,5 +83,6 @@ def test_compile_explain_says_which_layers_became_int8(lenet, capsys):
         "quantize: conv2: int8: qconv2d + relu, uint8 in, uint8 out",
         "quantize: pool2: int8: max_pool2d on uint8 (commutes with quantization: keeps its input's scale)",
         "quantize: ip1: int8: qgemm + add + relu, uint8 in, uint8 out",
+        "quantize: relu3: int8: folded into ip1",
         "quantize: ip2: int8: qgemm + add, uint8 in, float32 out (no quantized layer reads it)",
         "quantize: prob: float: listed float: softmax"], out

@@ -44,7 +44,7 @@ from .rewrite import Emitter, Substitution, constant_value, kept_ids
 HEADS = ("conv2d", "matmul")
 # ops that commute with per-tensor quantization: y(dequantize(q)) == dequantize(y(q)) exactly
 COMMUTING = ("reshape", "max_pool2d")
-# what the pass says about an op of a layer that is neither a head nor commuting
+# ops no layer's verdict is about (a quantized layer's weights are constants too)
 PLUMBING = ("constant", "scalar")
 
 
@@ -169,6 +169,8 @@ class Quantizer:
         self.verdicts: dict[str, str] = {}                  # layer -> what became of it
         self.heads: dict[int, Head | str] = {}
         self.aliases: dict[int, Value] = {}                 # a folded ReLU's result -> the pooling it equals
+        self.order = dict.fromkeys(layer_of(n) for n in graph.nodes if n.op not in PLUMBING)   # layers, in order
+        self.folded: dict[str, str] = {}                    # layer -> the quantized layer it went into
         self.others: dict[str, str] = {}                    # layer -> its first op without a quantized form
 
     def head(self, node: Node) -> Head | str:
@@ -236,6 +238,8 @@ class Quantizer:
         if h.pool_relu is not None:
             self.subst.replace(h.pool_relu.outputs[0], h.pool_relu.inputs[0])
             self.aliases[h.pool_relu.outputs[0].id] = h.pool_relu.inputs[0]
+        for n in h.absorbed:                 # an in-place ReLU layer says where it went
+            self.folded.setdefault(layer_of(n), f"int8: folded into {layer_of(h.node)}")
         folded = "".join(f" + {n.op}" for n in h.absorbed)
         what = f"{y.producer.op}{folded}, {xa.dtype} in"
         if out_q:
@@ -303,12 +307,12 @@ class Quantizer:
 
     def notes(self) -> None:
         """One line per layer: a head's or a commuting op's verdict before any other op's."""
-        order = dict.fromkeys(layer_of(n) for n in self.graph.nodes if n.op not in PLUMBING)
+        order = self.order
         for layer in [*order, *self.verdicts]:
             if layer in self.float_reasons and layer not in self.verdicts:
                 self.verdicts[layer] = f"float: {self.float_reasons[layer]}"
-        for layer in dict.fromkeys([*order, *self.verdicts]):
-            text = self.verdicts.get(layer) or self.others.get(layer)
+        for layer in dict.fromkeys([*order, *self.verdicts, *self.folded]):
+            text = self.verdicts.get(layer) or self.folded.get(layer) or self.others.get(layer)
             if text:
                 self.ctx.note(f"quantize: {layer}: {text}")
 
