@@ -1,0 +1,126 @@
+"""The observers' ranges against ONNX Runtime's own calibrators fed the same arrays in the same
+batches: MinMaxCalibrater's ranges, and HistogramCollector's percentile and entropy thresholds,
+symmetric and not, over data whose later batches reach past the first's range (so the
+histogram grows as ORT grows it), with outliers, all positive, all zero, and a tensor of one
+value."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from toolkit.errors import UserError
+from toolkit.quantization.calibrate import HistogramObserver, MinMaxObserver, make_observer
+
+calibrate = pytest.importorskip("onnxruntime.quantization.calibrate")
+
+
+def batches(seed=0, count=6):
+    """name -> list of float32 batches of activations' shapes."""
+    rng = np.random.default_rng(seed)
+    out = {
+        # a conv's output: normal, later batches wider
+        "conv": [rng.normal(0.1, 1.0 + k, (4, 3, 5, 5)).astype(np.float32) for k in range(count)],
+        # after a ReLU: all >= 0, mostly zeros, a long tail and one outlier
+        "relu": [np.maximum(rng.standard_t(3, (4, 50)), 0).astype(np.float32) for _ in range(count)],
+        # all negative, the first batch widest (the histogram never grows)
+        "neg": [(-rng.exponential(2.0 / (k + 1), (8, 16)) - 0.5).astype(np.float32) for k in range(count)],
+        "zero": [np.zeros((2, 3), np.float32) for _ in range(count)],
+        "const": [np.full((3, 4), 1.5, np.float32) for _ in range(count)],
+    }
+    out["relu"][3][0, 0] = 80.0
+    return out
+
+
+def feed(observer, data):
+    for k in range(len(next(iter(data.values())))):
+        observer.update({name: arrays[k] for name, arrays in data.items()})
+    return observer.ranges()
+
+
+def ort_histogram(method, symmetric, data, num_bins, percentile=99.999, num_quantized_bins=128):
+    collector = calibrate.HistogramCollector(method, symmetric, num_bins, num_quantized_bins, percentile, "same")
+    for k in range(len(next(iter(data.values())))):
+        collector.collect({name: arrays[k] for name, arrays in data.items()})
+    return {name: (float(v[0]), float(v[1])) for name, v in collector.compute_collection_result().items()}
+
+
+def assert_ranges(got, want):
+    assert set(got) == set(want)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-6, atol=0, err_msg=name)
+
+
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_minmax_equals_onnx_runtimes_minmax_calibrater(symmetric):
+    data = batches()
+    got = feed(MinMaxObserver(symmetric), data)
+    # ORT's own reduction of per-batch ReduceMin/ReduceMax (MinMaxCalibrater.compute_data's rule)
+    for name, arrays in data.items():
+        lo = np.nanmin([a.min() for a in arrays])
+        hi = np.nanmax([a.max() for a in arrays])
+        if symmetric:
+            hi = np.nanmax([abs(lo), abs(hi)])
+            lo = -hi
+        assert got[name] == (float(lo), float(hi))
+    assert got["neg"][1] < 0 if not symmetric else got["neg"][1] > 0
+
+
+@pytest.mark.parametrize("symmetric", [False, True])
+@pytest.mark.parametrize("percentile", [99.999, 99.0, 90.0])
+def test_percentile_equals_onnx_runtimes_histogram_collector(symmetric, percentile):
+    data = {k: v for k, v in batches(1).items() if k != "zero"}
+    got = feed(HistogramObserver("percentile", symmetric, percentile=percentile), data)
+    want = ort_histogram("percentile", symmetric, data, 2048, percentile)
+    assert_ranges(got, want)
+    # the percentile clips: the outlier 80 is outside relu's 99% range
+    if percentile == 99.0:
+        assert got["relu"][1] < 80.0
+
+
+@pytest.mark.parametrize("num_bins,names,symmetric", [
+    (2048, ("neg", "zero", "const"), False),       # TensorRT's 2048 bins, each histogram of one width
+    (128, None, False),                             # few bins that the later batches' reach grows
+    (128, None, True)])                             # (ORT's entropy ignores symmetric: so here)
+def test_entropy_equals_onnx_runtimes_histogram_collector(num_bins, names, symmetric):
+    data = {k: v for k, v in batches(2).items() if names is None or k in names}
+    got = feed(HistogramObserver("entropy", symmetric, num_bins=num_bins), data)
+    want = ort_histogram("entropy", symmetric, data, num_bins)
+    assert_ranges(got, want)
+    if names is None:
+        # the KL search clips relu's long tail: its threshold well inside the outlier
+        assert 0 < got["relu"][1] < 40.0 and got["relu"][0] == 0.0
+        assert got["conv"][0] < -5 and got["conv"][1] > 5
+
+
+def test_entropy_of_sparse_heavy_tailed_samples_equals_onnx_runtimes():
+    """Few values over many bins: each quantized level spread over its bins as an integer (ORT
+    stores q as int64), which moves the threshold here."""
+    data = {f"t{seed}": [np.random.default_rng(seed).standard_t(2, n).astype(np.float32)]
+            for seed, n in ((2, 500), (35, 500), (37, 1000))}      # samples where rounding q would move it
+    got = feed(HistogramObserver("entropy", num_bins=512), data)
+    assert_ranges(got, ort_histogram("entropy", False, data, 512))
+    assert all(got[k][1] < v[0].max() and got[k][0] > v[0].min() for k, v in data.items())    # tails clipped
+
+
+def test_histograms_hold_bins_not_activations():
+    """Memory flat over many batches: what an observer holds does not grow with the batches fed
+    while their range stays put (a histogram of the values, never the values)."""
+    rng = np.random.default_rng(3)
+    observer = HistogramObserver("entropy")
+    sizes = []
+    for k in range(200):
+        observer.update({"t": np.clip(rng.normal(0, 1, (16, 64)), -4, 4).astype(np.float32)})
+        if k in (10, 199):
+            sizes.append(sum(np.asarray(x).nbytes for x in observer.histograms["t"]))
+    assert sizes[0] == sizes[1] < 40_000       # 2048 int64 counts and their float32 edges
+    assert observer.histograms["t"][0].sum() == 200 * 16 * 64
+
+
+def test_make_observer_checks_its_arguments():
+    assert isinstance(make_observer("minmax"), MinMaxObserver)
+    assert make_observer("entropy").num_bins == 2048 and make_observer("percentile").percentile == 99.999
+    for method, options, said in [("kl", {}, "not one of minmax, percentile, entropy"),
+                                  ("minmax", {"num_bins": 3}, "takes no num_bins"),
+                                  ("percentile", {"percentile": 101}, "not between 0 and 100")]:
+        with pytest.raises(UserError, match=said):
+            make_observer(method, **options)

@@ -1,0 +1,232 @@
+"""Observers that turn named tensors, fed batch by batch, into the range each is quantized over:
+MinMax (the running minimum and maximum), Percentile (a histogram's central ``percentile``)
+and Entropy (the clipping threshold whose 128-level histogram is nearest the float one in KL
+divergence, TensorRT's method). Each holds a few numbers or a histogram per tensor, never
+the activations, so memory stays flat however many batches are fed.
+
+The results equal ONNX Runtime's calibrators' (onnxruntime/quantization/calibrate.py:
+``MinMaxCalibrater`` and ``HistogramCollector``) fed the same arrays in the same batches: the
+same histograms, grown the same way when a later batch reaches further, and the same
+float32 arithmetic in the KL search. ORT's ``EntropyCalibrater`` defaults to 128 bins, which
+leaves its search one candidate (the whole range); here entropy keeps TensorRT's 2048."""
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+
+from ..errors import UserError
+
+METHODS = ("minmax", "percentile", "entropy")
+DEFAULT_PERCENTILE = 99.999
+DEFAULT_BINS = {"percentile": 2048, "entropy": 2048}
+QUANTIZED_BINS = 128
+
+
+class MinMaxObserver:
+    """The running min and max of each tensor; ``symmetric``: (-m, m) with m the larger
+    magnitude (ORT's MinMaxCalibrater without its moving average)."""
+
+    method = "minmax"
+
+    def __init__(self, symmetric: bool = False):
+        self.symmetric = symmetric
+        self.seen: dict[str, tuple[np.float32, np.float32]] = {}
+
+    def update(self, arrays: Mapping[str, np.ndarray]) -> None:
+        for name, array in arrays.items():
+            array = np.asarray(array)
+            if array.size == 0:
+                continue
+            lo, hi = np.nanmin(array), np.nanmax(array)
+            if name in self.seen:
+                lo, hi = min(self.seen[name][0], lo), max(self.seen[name][1], hi)
+            self.seen[name] = (lo, hi)
+
+    def ranges(self) -> dict[str, tuple[float, float]]:
+        out = {}
+        for name, (lo, hi) in self.seen.items():
+            if self.symmetric:
+                m = max(abs(lo), abs(hi))
+                lo, hi = -m, m
+            out[name] = (float(lo), float(hi))
+        return out
+
+
+class HistogramObserver:
+    """A histogram per tensor; ``ranges`` reads the percentile or entropy range off it.
+    Percentile with ``symmetric`` bins the magnitudes from their smallest to largest and keeps
+    (-t, t); otherwise the histogram is of the values over (-t, t) with t the largest
+    magnitude seen, widened by whole bins of the same width when a batch reaches past it (the
+    counts so far keep their bins). Either range is then clipped to the values' min and max."""
+
+    def __init__(self, method: str = "percentile", symmetric: bool = False, num_bins: int | None = None,
+                 num_quantized_bins: int = QUANTIZED_BINS, percentile: float = DEFAULT_PERCENTILE):
+        if method not in ("percentile", "entropy"):
+            raise UserError(f"histogram calibration method '{method}' is not 'percentile' or 'entropy'")
+        if not 0 <= percentile <= 100:
+            raise UserError(f"percentile {percentile} is not between 0 and 100")
+        self.method, self.symmetric, self.percentile = method, symmetric, percentile
+        self.num_bins = DEFAULT_BINS[method] if num_bins is None else int(num_bins)
+        self.num_quantized_bins = int(num_quantized_bins)
+        if self.num_bins < 1 or self.num_quantized_bins < 1:
+            raise UserError("a histogram needs at least one bin")
+        # name -> (counts, edges, min, max[, threshold])
+        self.histograms: dict[str, tuple] = {}
+
+    @property
+    def _of_magnitudes(self) -> bool:
+        return self.method == "percentile" and self.symmetric
+
+    def update(self, arrays: Mapping[str, np.ndarray]) -> None:
+        for name, array in arrays.items():
+            flat = np.asarray(array).reshape(-1)
+            if flat.dtype == np.float64:
+                flat = flat.astype(np.float32)     # ORT's histograms are of float32 tensors
+            if self._of_magnitudes:
+                self._add_magnitudes(name, flat)
+            else:
+                self._add_values(name, flat)
+
+    def _add_magnitudes(self, name: str, flat: np.ndarray) -> None:
+        lo, hi = _min_max(flat)
+        flat = np.absolute(flat)
+        if name not in self.histograms:
+            counts, edges = np.histogram(flat, bins=self.num_bins)
+            self.histograms[name] = (counts, edges.astype(flat.dtype), lo, hi)
+            return
+        old_counts, edges, old_lo, old_hi = self.histograms[name]
+        top = np.nanmax(flat)
+        if top > edges[-1]:
+            width = edges[1] - edges[0]
+            # more bins of the same width up to the new largest magnitude (np.arange may add one past it)
+            edges = np.hstack((edges, np.arange(edges[-1] + width, top + width, width)))
+        counts, edges = np.histogram(flat, bins=edges)
+        counts[:len(old_counts)] += old_counts
+        self.histograms[name] = (counts, edges.astype(flat.dtype), min(old_lo, lo), max(old_hi, hi))
+
+    def _add_values(self, name: str, flat: np.ndarray) -> None:
+        lo, hi = _min_max(flat)
+        threshold = np.array(max(abs(lo), abs(hi)), dtype=flat.dtype)
+        if name not in self.histograms:
+            counts, edges = np.histogram(flat, self.num_bins, range=(-threshold, threshold))
+            self.histograms[name] = (counts, edges, lo, hi, threshold)
+            return
+        old_counts, old_edges, old_lo, old_hi, old_threshold = self.histograms[name]
+        lo, hi = min(old_lo, lo), max(old_hi, hi)
+        if threshold <= old_threshold:
+            counts, _ = np.histogram(flat, len(old_counts), range=(-old_threshold, old_threshold))
+            self.histograms[name] = (counts + old_counts, old_edges, lo, hi, old_threshold)
+            return
+        if old_threshold == 0:
+            counts, edges = np.histogram(flat, len(old_counts), range=(-threshold, threshold))
+            counts += old_counts
+        else:
+            # widen both sides by whole bins of the old width, so the old counts keep their bins
+            old_bins = len(old_counts)
+            stride = 2 * old_threshold / old_bins
+            half = int((threshold - old_threshold) // stride + 1)
+            bins = old_bins + 2 * half
+            threshold = half * stride + old_threshold
+            counts, edges = np.histogram(flat, bins, range=(-threshold, threshold))
+            counts[half:bins - half] += old_counts
+        self.histograms[name] = (counts, edges, lo, hi, threshold)
+
+    def ranges(self) -> dict[str, tuple[float, float]]:
+        if self.method == "percentile":
+            return {name: self._percentile_range(h) for name, h in self.histograms.items()}
+        return {name: _entropy_range(h, self.num_quantized_bins) for name, h in self.histograms.items()}
+
+    def _percentile_range(self, histogram: tuple) -> tuple[float, float]:
+        counts, edges, lo, hi = histogram[:4]
+        total = counts.sum()
+        if total == 0:
+            return float(lo), float(hi)
+        cdf = np.cumsum(counts / total)
+        if self.symmetric:
+            right = edges[np.searchsorted(cdf, self.percentile / 100.0)]
+            left = -right
+        else:
+            cut = (100.0 - self.percentile) / 200.0
+            left, right = edges[np.searchsorted(cdf, cut)], edges[np.searchsorted(cdf, 1.0 - cut)]
+        return float(max(left, lo)), float(min(right, hi))
+
+
+def _min_max(flat: np.ndarray):
+    if flat.size == 0:
+        return np.array(0, dtype=flat.dtype), np.array(0, dtype=flat.dtype)
+    return np.nanmin(flat), np.nanmax(flat)
+
+
+def _smooth(p: np.ndarray, eps: float = 0.0001) -> np.ndarray | None:
+    """Zero bins given ``eps``, taken off the others (the KL divergence needs no zero in q)."""
+    is_zeros = (p == 0).astype(np.float32)
+    is_nonzeros = (p != 0).astype(np.float32)
+    n_zeros = is_zeros.sum()
+    n_nonzeros = p.size - n_zeros
+    if not n_nonzeros:
+        return None
+    eps1 = eps * float(n_zeros) / float(n_nonzeros)
+    smoothed = p.astype(np.float32)
+    smoothed += eps * is_zeros + (-eps1) * is_nonzeros
+    return smoothed
+
+
+def _kl(p: np.ndarray, q: np.ndarray) -> np.float32:
+    """sum p log(p / q) of the two normalised, in float32."""
+    p = p / np.sum(p, axis=0, keepdims=True)
+    q = q / np.sum(q, axis=0, keepdims=True)
+    terms = np.empty(p.shape, dtype=p.dtype)
+    terms[:] = p * np.log(p / q)
+    terms[(p == 0) & (q >= 0)] = 0
+    terms[~((p > 0) & (q > 0))] = np.inf
+    return np.sum(terms, axis=0).astype(np.float32)
+
+
+def _entropy_range(histogram: tuple, num_quantized_bins: int) -> tuple[float, float]:
+    """The symmetric window of the histogram, centred on its zero bin, whose clipped
+    distribution p is nearest (KL) its ``num_quantized_bins``-level quantization q; then clipped
+    to the values' min and max."""
+    counts, edges, lo, hi = histogram[:4]
+    bins = counts.size
+    zero_bin = bins // 2
+    half_q = num_quantized_bins // 2
+    best, best_div = (np.float32(0), np.float32(0)), None
+    for i in range(half_q, zero_bin + 1):
+        start, end = zero_bin - i, min(zero_bin + i + 1, bins)
+        sliced = counts[start:end]
+        p = sliced.copy()
+        p[0] += counts[:start].sum()          # what the window clips joins its end bins
+        p[-1] += counts[end:].sum()
+        nonzeros = (p != 0).astype(np.int64)
+        merged = sliced.size // num_quantized_bins
+        whole = num_quantized_bins * merged
+        quantized = sliced[:whole].reshape(num_quantized_bins, merged).sum(axis=1) if merged else \
+            np.zeros(num_quantized_bins, dtype=np.int64)
+        quantized[-1] += sliced[whole:].sum()
+        # each level spread over its bins that p has counts in (to an integer, as ORT stores it)
+        norm = nonzeros[:whole].reshape(num_quantized_bins, merged).sum(axis=1) if merged else \
+            np.zeros(num_quantized_bins, dtype=np.int64)
+        spread = np.zeros(num_quantized_bins, dtype=np.int64)
+        used = norm != 0
+        spread[used] = (quantized[used] / norm[used]).astype(np.int64)
+        q = np.zeros(p.size, dtype=np.int64)
+        q[:whole] = np.repeat(spread, merged)
+        p, q = _smooth(p), _smooth(q)
+        div = np.float32(np.inf) if p is None or q is None else _kl(p, q)
+        if best_div is None or div < best_div:       # the first of equal divergences, as argmin
+            best, best_div = (edges[start], edges[end]), div
+    left, right = best
+    return float(max(left, lo)), float(min(right, hi))
+
+
+def make_observer(method: str = "minmax", symmetric: bool = False, **options):
+    """An observer for ``method`` (one of METHODS); ``options``: ``num_bins``,
+    ``num_quantized_bins``, ``percentile`` of the histogram methods."""
+    if method not in METHODS:
+        raise UserError(f"calibration method '{method}' is not one of {', '.join(METHODS)}")
+    if method == "minmax":
+        if options:
+            raise UserError(f"minmax calibration takes no {', '.join(sorted(options))}")
+        return MinMaxObserver(symmetric)
+    return HistogramObserver(method, symmetric, **options)
