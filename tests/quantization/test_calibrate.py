@@ -50,19 +50,51 @@ def assert_ranges(got, want):
         np.testing.assert_allclose(got[name], want[name], rtol=1e-6, atol=0, err_msg=name)
 
 
+def ort_calibrater(folder, method, data, **extra):
+    """ONNX Runtime's own calibrater (create_calibrator) run over ``data``'s batches: an ONNX
+    model of one Identity per tensor, its inputs the tensors, so that ORT calibrates them."""
+    import onnx
+    from onnx import TensorProto, helper
+    names = list(data)
+    graph = helper.make_graph([helper.make_node("Identity", [n], [n + "_out"]) for n in names], "calibrated",
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in names],
+                              [helper.make_tensor_value_info(n + "_out", TensorProto.FLOAT, None) for n in names])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), folder / "m.onnx")
+
+    class Reader(calibrate.CalibrationDataReader):
+        def __init__(self):
+            self.batches = iter(range(len(data[names[0]])))
+
+        def get_next(self):
+            k = next(self.batches, None)
+            return None if k is None else {n: data[n][k] for n in names}
+
+    calibrater = calibrate.create_calibrator(folder / "m.onnx", calibrate_method=method,
+                                             augmented_model_path=str(folder / "augmented.onnx"), extra_options=extra)
+    calibrater.collect_data(Reader())
+    return {name: tuple(float(np.asarray(x).reshape(())) for x in v.range_value[:2])
+            for name, v in calibrater.compute_data().data.items() if name in data}
+
+
 @pytest.mark.parametrize("symmetric", [False, True])
-def test_minmax_equals_onnx_runtimes_minmax_calibrater(symmetric):
+def test_minmax_equals_onnx_runtimes_minmax_calibrater(symmetric, tmp_path):
     data = batches()
     got = feed(MinMaxObserver(symmetric), data)
-    # ORT's own reduction of per-batch ReduceMin/ReduceMax (MinMaxCalibrater.compute_data's rule)
-    for name, arrays in data.items():
-        lo = np.nanmin([a.min() for a in arrays])
-        hi = np.nanmax([a.max() for a in arrays])
-        if symmetric:
-            hi = np.nanmax([abs(lo), abs(hi)])
-            lo = -hi
-        assert got[name] == (float(lo), float(hi))
-    assert got["neg"][1] < 0 if not symmetric else got["neg"][1] > 0
+    assert got == ort_calibrater(tmp_path, calibrate.CalibrationMethod.MinMax, data, symmetric=symmetric)
+    assert got["relu"] == ((-80.0, 80.0) if symmetric else (0.0, 80.0))
+
+
+@pytest.mark.parametrize("method,extra", [("Entropy", {"num_bins": 512}), ("Percentile", {"symmetric": False}),
+                                          ("Percentile", {"symmetric": True, "percentile": 99.0})])
+def test_histograms_of_all_batches_at_once_equal_onnx_runtimes_calibraters(method, extra, tmp_path):
+    """ORT's histogram calibraters keep every batch and make one histogram of them all: the
+    observer fed them as one array gives the same ranges."""
+    data = batches(4)
+    whole = {name: [np.stack(arrays)] for name, arrays in data.items()}
+    observer = HistogramObserver(method.lower(), extra.get("symmetric", False), extra.get("num_bins"),
+                                 percentile=extra.get("percentile", 99.999))
+    want = ort_calibrater(tmp_path, getattr(calibrate.CalibrationMethod, method), data, **extra)
+    assert_ranges(feed(observer, whole), want)
 
 
 @pytest.mark.parametrize("symmetric", [False, True])
