@@ -8,9 +8,10 @@ quantization against ONNX Runtime's own quantize_data; and the shape rules' mess
 
 The weights fed to ONNX Runtime's integer kernels are 7-bit (|w| <= 63): on an AVX2 processor
 without VNNI its u8 x s8 kernels sum pairs of products with vpmaddubsw, which saturates at 32767
-(255 * 127 * 2 does not fit), so full-range weights give it wrong sums (measured here: ConvInteger
-and MatMulInteger off by thousands); its own quantizer's ``reduce_range`` exists for that. The
-full range is checked against numpy's int64 sums in tests/kernels/test_quant_kernels.py."""
+(255 * 127 * 2 does not fit), so full-range weights give it wrong results (measured on this
+machine's AMD EPYC: MatMulInteger's sums off by up to 51311 in 70% of the outputs, QLinearConv's
+outputs off by up to 8 steps; ConvInteger exact); its own quantizer's ``reduce_range`` exists for
+that. The full range is checked against numpy's int64 sums in tests/kernels/test_quant_kernels.py."""
 from __future__ import annotations
 
 import numpy as np
@@ -147,6 +148,12 @@ def test_qconv2d_sums_equal_conv_integer(case):
     np.testing.assert_array_equal(acc, expected)
     with_bias = qconv2d_accumulate(x, w, bias, attrs["stride"], attrs["pad"], attrs["dilation"], attrs["group"], zp)
     np.testing.assert_array_equal(with_bias, expected + bias.reshape(1, -1, 1, 1))
+    # ConvInteger is exact with full-range weights too (-128 included)
+    w = np.random.default_rng(9).integers(-128, 128, w.shape).astype(np.int8)
+    expected = run_ort("ConvInteger", [("x", x)], [("w", w), ("xz", _zp(x.dtype, zp))], TensorProto.INT32,
+                       **_onnx_conv_attrs(attrs))
+    acc = qconv2d_accumulate(x, w, None, attrs["stride"], attrs["pad"], attrs["dilation"], attrs["group"], zp)
+    np.testing.assert_array_equal(acc, expected)
 
 
 @pytest.mark.parametrize("case", CONV_CASES, ids=lambda c: f"{c[0]}-{c[3]}-g{c[4]}")
