@@ -103,3 +103,27 @@ def test_a_mistake_is_one_line(call, said):
     with pytest.raises(UserError, match=said) as caught:
         collect_ranges(**args)
     assert "\n" not in str(caught.value)
+
+
+def test_calibrated_scales_quantize_lenet_to_the_fp32_accuracy(digits, tmp_path):
+    """The ranges of 256 seeded examples, as the net file's quantization section: the int8 net
+    (the quantize pass) predicts the 359 held-out digits as the fp32 net does."""
+    import yaml
+
+    from toolkit.quantization.scales import quantization_section
+    from toolkit.training.feeding import load_data, train_spec
+    net = load_net("zoo:lenet")
+    train, test = load_data(net, train_spec(net))              # transformed: pixels / 16
+    raw = {"data": train.arrays["data"] * np.float32(16)}
+    ranges = collect_ranges("zoo:lenet", None, raw, TOPS[:-1], "percentile", max_examples=256)
+    section = quantization_section(ranges, calibration={"method": "percentile", "examples": 256, "data": "train"})
+    section["float"] = [{"layer": "prob", "reason": "softmax"}]
+    path = tmp_path / "lenet_int8.yaml"
+    path.write_text(open(net.file).read() + yaml.safe_dump({"quantization": section}))
+    weights = net.weights_or_published(None)
+    pixels = test.arrays["data"] * np.float32(16)
+    fp32 = toolkit.load("zoo:lenet").infer(pixels)["prob"]
+    int8 = toolkit.load(str(path), weights=weights).infer(pixels)["prob"]
+    assert 0 < np.abs(int8 - fp32).max() < 0.1
+    assert np.mean(int8.argmax(1) == fp32.argmax(1)) >= 0.99
+    assert np.mean(int8.argmax(1) == test.arrays["label"]) >= 0.98

@@ -64,3 +64,22 @@ def test_a_bad_range_or_dtype_is_one_line(rmin, rmax, dtype, said):
     with pytest.raises(UserError, match=said) as caught:
         scale_zero_point(rmin, rmax, dtype)
     assert "\n" not in str(caught.value)
+
+
+def test_the_net_files_section_holds_each_scale_exactly_and_passes_its_schema():
+    import yaml
+
+    from schemas.quantization import QuantizationSpec
+    from toolkit.quantization.scales import quantization_section
+    ranges = {"data": (0.0, 1.0), "conv1": (0.0, 3.4478285), "ip2": (-16.56165, 23.959057)}
+    section = quantization_section(ranges, calibration={"method": "minmax", "examples": 256, "data": "d.csv"})
+    read = yaml.safe_load(yaml.safe_dump({"quantization": section}))["quantization"]
+    spec = QuantizationSpec.model_validate(read)
+    for name, (lo, hi) in ranges.items():
+        scale, zero_point = ort(lo, hi, "uint8", False)
+        given = spec.activations[name]
+        assert np.float32(given.scale) == np.float32(scale) and given.scale == scale
+        assert (given.zero_point, given.dtype) == (zero_point, "uint8")
+    assert spec.calibration.method == "minmax" and spec.calibration.examples == 256
+    assert quantization_section({"x": (-1.0, 2.0)}, "int8")["activations"]["x"] == {
+        "scale": float(np.float32(2.0 / 127)), "zero_point": 0, "dtype": "int8"}

@@ -72,3 +72,18 @@ def scales_of(ranges: dict[str, tuple[float, float]], dtype: str = "uint8",
               symmetric: bool | None = None) -> dict[str, tuple[float, int]]:
     """``scale_zero_point`` of each named range (what ``collect_ranges`` returns)."""
     return {name: scale_zero_point(lo, hi, dtype, symmetric) for name, (lo, hi) in ranges.items()}
+
+
+def quantization_section(ranges: dict[str, tuple[float, float]], dtype: str = "uint8", symmetric: bool | None = None,
+                         calibration: dict | None = None) -> dict:
+    """The net file's ``quantization`` section (docs/spec.md, schemas/quantization.py) for
+    ``ranges``: each top's scale, zero point and dtype, and ``calibration`` (method, examples,
+    data[, percentile]) for the record when given. Each scale is the Python float equal to the
+    float32 scale, so that YAML's repr of it reads back to exactly that float32."""
+    activations = {}
+    for name, (scale, zero_point) in scales_of(ranges, dtype, symmetric).items():
+        activations[name] = {"scale": scale, "zero_point": zero_point, "dtype": dtype}
+    section: dict = {"activations": activations}
+    if calibration is not None:
+        section["calibration"] = dict(calibration)
+    return section
