@@ -148,6 +148,17 @@ def test_histograms_hold_bins_not_activations():
     assert observer.histograms["t"][0].sum() == 200 * 16 * 64
 
 
+@pytest.mark.parametrize("method,symmetric", [("entropy", False), ("percentile", True)])
+def test_a_histogram_that_would_grow_without_bound_is_refused_in_one_line(method, symmetric):
+    observer = HistogramObserver(method, symmetric)
+    observer.update({"t": np.linspace(-1e-3, 1e-3, 100, dtype=np.float32)})
+    observer.update({"t": np.float32([0.5])})                       # 500 times as far: 1 million bins
+    assert observer.histograms["t"][0].size > 500_000
+    with pytest.raises(UserError, match="'t': a batch reaches so far past") as caught:
+        observer.update({"t": np.float32([5.0])})                   # 5,000 times: 10 million bins
+    assert "\n" not in str(caught.value)
+
+
 def test_make_observer_checks_its_arguments():
     assert isinstance(make_observer("minmax"), MinMaxObserver)
     assert make_observer("entropy").num_bins == 2048 and make_observer("percentile").percentile == 99.999

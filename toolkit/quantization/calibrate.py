@@ -21,6 +21,9 @@ METHODS = ("minmax", "percentile", "entropy")
 DEFAULT_PERCENTILE = 99.999
 DEFAULT_BINS = {"percentile": 2048, "entropy": 2048}
 QUANTIZED_BINS = 128
+# a histogram widened past this many bins (a batch reaching thousands of times past the first
+# one's range) is refused rather than grown: ORT would grow it without bound
+MAX_BINS = 1 << 22
 
 
 class MinMaxObserver:
@@ -100,6 +103,7 @@ class HistogramObserver:
         if top > edges[-1]:
             width = edges[1] - edges[0]
             # more bins of the same width up to the new largest magnitude (np.arange may add one past it)
+            _check_bins(name, int((top - edges[-1]) / width) + len(edges))
             edges = np.hstack((edges, np.arange(edges[-1] + width, top + width, width)))
         counts, edges = np.histogram(flat, bins=edges)
         counts[:len(old_counts)] += old_counts
@@ -127,6 +131,7 @@ class HistogramObserver:
             stride = 2 * old_threshold / old_bins
             half = int((threshold - old_threshold) // stride + 1)
             bins = old_bins + 2 * half
+            _check_bins(name, bins)
             threshold = half * stride + old_threshold
             counts, edges = np.histogram(flat, bins, range=(-threshold, threshold))
             counts[half:bins - half] += old_counts
@@ -150,6 +155,13 @@ class HistogramObserver:
             cut = (100.0 - self.percentile) / 200.0
             left, right = edges[np.searchsorted(cdf, cut)], edges[np.searchsorted(cdf, 1.0 - cut)]
         return float(max(left, lo)), float(min(right, hi))
+
+
+def _check_bins(name: str, bins: int) -> None:
+    if bins > MAX_BINS:
+        raise UserError(f"calibration of '{name}': a batch reaches so far past the first batches' range that its "
+                        f"histogram would need {bins} bins (at most {MAX_BINS}); calibrate with minmax, or with "
+                        "larger batches")
 
 
 def _min_max(flat: np.ndarray):
