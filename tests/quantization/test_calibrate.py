@@ -161,6 +161,8 @@ def test_a_histogram_that_would_grow_without_bound_is_refused_in_one_line(method
 
 def test_make_observer_checks_its_arguments():
     assert isinstance(make_observer("minmax"), MinMaxObserver)
+    # ONNX Runtime's create_calibrator defaults: percentile of the magnitudes, the others not
+    assert [make_observer(m).symmetric for m in ("minmax", "percentile", "entropy")] == [False, True, False]
     assert make_observer("entropy").num_bins == 2048 and make_observer("percentile").percentile == 99.999
     for method, options, said in [("kl", {}, "not one of minmax, percentile, entropy"),
                                   ("minmax", {"num_bins": 3}, "takes no num_bins"),

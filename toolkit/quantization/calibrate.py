@@ -232,11 +232,14 @@ def _entropy_range(histogram: tuple, num_quantized_bins: int) -> tuple[float, fl
     return float(max(left, lo)), float(min(right, hi))
 
 
-def make_observer(method: str = "minmax", symmetric: bool = False, **options):
+def make_observer(method: str = "minmax", symmetric: bool | None = None, **options):
     """An observer for ``method`` (one of METHODS); ``options``: ``num_bins``,
-    ``num_quantized_bins``, ``percentile`` of the histogram methods."""
+    ``num_quantized_bins``, ``percentile`` of the histogram methods. ``symmetric`` None: ONNX
+    Runtime's defaults (create_calibrator): percentile of the magnitudes, the others not."""
     if method not in METHODS:
         raise UserError(f"calibration method '{method}' is not one of {', '.join(METHODS)}")
+    if symmetric is None:
+        symmetric = method == "percentile"
     if method == "minmax":
         if options:
             raise UserError(f"minmax calibration takes no {', '.join(sorted(options))}")

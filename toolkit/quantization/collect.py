@@ -92,16 +92,18 @@ def float_tops(net, dtype: str = "float32") -> list[str]:
 
 
 def collect_ranges(net, weights: "str | Mapping[str, np.ndarray] | None", data: "Mapping[str, np.ndarray] | RowSource",
-                   tops: Iterable[str] | None = None, method: str = "minmax", symmetric: bool = False, *,
+                   tops: Iterable[str] | None = None, method: str = "minmax", symmetric: bool | None = None, *,
                    max_examples: int = DEFAULT_EXAMPLES, batch_size: int = DEFAULT_BATCH, seed: int = 0,
                    device: str = "cpu", transform: bool = True, overrides=(), say=None,
                    **options) -> dict[str, tuple[float, float]]:
     """The range (min, max as floats) of each of ``tops`` (default: ``float_tops``) over the
     calibration ``data``, by ``method`` (``minmax``, ``percentile``, ``entropy``; ``symmetric``
-    and ``options`` as ``make_observer`` takes them). ``net``: a file, ``zoo:NAME`` or a loaded
-    Net; ``weights``: a weights file (None: a zoo model's published weights) or arrays by name.
-    An input's range is that of the transformed inputs fed; every other top's that of the
-    values the fp32 infer plan computes for it. ``say``: a function of one line for progress."""
+    (None: ONNX Runtime's default for the method) and ``options`` as ``make_observer`` takes
+    them). ``net``: a file, ``zoo:NAME`` or a loaded Net; ``weights``: a weights file (None: a
+    zoo model's published weights) or arrays by name. ``overrides``: parsed ``--set`` pairs
+    (frontend/spec.py's ``parse_overrides``). An input's range is that of the transformed inputs
+    fed; every other top's that of the values the fp32 infer plan computes for it. ``say``: a
+    function of one line, told the examples fed after each batch."""
     if method not in METHODS:
         raise UserError(f"calibration method '{method}' is not one of {', '.join(METHODS)}")
     observer = make_observer(method, symmetric, **options)
