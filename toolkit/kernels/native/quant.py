@@ -174,6 +174,30 @@ static void tk_q_im2row(const int16_t *xs, int64_t C, int64_t H, int64_t W, int6
         }
     }
 }
+/* depthwise (one input channel per group): output channel o of image n, directly. The plane is
+   copied shifted and padded (the padding 0: the shifted zero point) into the thread's scratch,
+   then each output row sums its taps in int32, vectorised along the row, and is stored. */
+static void tk_q_dw_plane(const void *x, int64_t is_signed, int64_t H, int64_t W, int64_t zp, const int8_t *w,
+                          int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh,
+                          int64_t dw, int64_t OH, int64_t OW, int16_t *xpad, int32_t *acc, const int32_t *bias,
+                          const float *mult, int64_t kind, int64_t lo, int64_t hi, int64_t yzp, int64_t relu,
+                          void *out, int64_t at) {
+    int64_t PW = W + 2 * pw, PH = H + 2 * ph;
+    memset(xpad, 0, PH * PW * sizeof(int16_t));
+    for (int64_t h = 0; h < H; h++) tk_q_shift((const char *)x + h * W, is_signed, W, zp, xpad + (h + ph) * PW + pw);
+    for (int64_t oh = 0; oh < OH; oh++) {
+        for (int64_t ow = 0; ow < OW; ow++) acc[ow] = 0;
+        for (int64_t ki = 0; ki < kh; ki++)
+            for (int64_t kj = 0; kj < kw; kj++) {
+                int32_t wv = w[ki * kw + kj];
+                const int16_t *src = xpad + (oh * sh + ki * dh) * PW + kj * dw;
+                if (sw == 1) for (int64_t ow = 0; ow < OW; ow++) acc[ow] += wv * src[ow];
+                else for (int64_t ow = 0; ow < OW; ow++) acc[ow] += wv * src[ow * sw];
+            }
+        tk_q_store(acc, OW, bias ? bias[0] : 0, mult[0], (int)kind, (float)lo, (float)hi, (int32_t)yzp, (int)relu,
+                   out, at + oh * OW, 1);
+    }
+}
 """
 
 
@@ -246,15 +270,18 @@ def qconv2d_native(ctx, ins, outs):
     bias = Buf("bias", "int32", s.o) if len(ins) == 3 else None
     mult = Buf("mult", "float32", s.o)
     y = Buf("y", out_dtype, s.n * s.o * s.p, const=False)
+    is_signed = i64(int(x.dtype == "int8"))
+    head = [x, w] + ([bias] if bias else []) + [mult, y]
+    head_arrays = [ins[0], ins[1]] + ([ins[2]] if bias else []) + [_mult(attrs, "x_scale", "w_scales", out_dtype),
+                                                                   outs[0]]
+    if s.g > 1 and s.cg == 1:
+        return _depthwise(ctx, s, x, w, bias, mult, y, head_arrays, head, is_signed, out_dtype)
     xs = Buf("xs", "int16", s.n * image, const=False)
     wp = Buf("wp", "int16", s.o * s.k, const=False)
     rows = Buf("rows", "int16", ctx.threads * ROWS_PER_TILE * s.k, const=False)
-    params = [x, w] + ([bias] if bias else []) + [mult, y, xs, wp, rows]
-    arrays = [ins[0], ins[1]] + ([ins[2]] if bias else []) + [
-        _mult(attrs, "x_scale", "w_scales", out_dtype), outs[0], np.zeros(xs.size, np.int16),
-        np.zeros(wp.size, np.int16), np.zeros(rows.size, np.int16)]
+    params = head + [xs, wp, rows]
+    arrays = head_arrays + [np.zeros(xs.size, np.int16), np.zeros(wp.size, np.int16), np.zeros(rows.size, np.int16)]
     parallel = ctx.threads > 1
-    is_signed = i64(int(x.dtype == "int8"))
     r, t, img, g, p0, p1, slot = (names.var(v) for v in ("r", "t", "img", "g", "p0", "p1", "slot"))
     # every image's rows, shifted and transposed to NHWC
     nhwc = For(r, i64(0), i64(s.n * s.h), [
@@ -276,3 +303,25 @@ def qconv2d_native(ctx, ins, outs):
                              i64(s.p)), SOURCE)],
         parallel=parallel)
     return NativeCall(Kernel("qconv2d", params, [nhwc, pack, tile], ctx.threads), arrays)
+
+
+def _depthwise(ctx, s: ConvShape, x, w, bias, mult, y, arrays, params, is_signed, out_dtype) -> NativeCall:
+    """One parallel iteration per (image, output channel) plane: ``tk_q_dw_plane``. im2row would
+    copy each input value kh*kw times for kh*kw multiply-adds per output (MobileNet's 3x3
+    layers: 9.4 ms against 0.28 ms for the float32 depthwise kernel at [1, 32, 112, 112])."""
+    names = Names()
+    padded = (s.h + 2 * s.ph) * (s.w + 2 * s.pw)
+    xpad = Buf("xpad", "int16", ctx.threads * padded, const=False)
+    acc = Buf("acc", "int32", ctx.threads * s.ow, const=False)
+    t, img, o, slot = (names.var(v) for v in ("t", "img", "o", "slot"))
+    image = s.c * s.h * s.w
+    plane = For(t, i64(0), i64(s.n * s.o), [
+        Let(slot, ThreadIndex()), Let(img, t // s.o), Let(o, t % s.o),
+        Extern("tk_q_dw_plane", (
+            (x, img * image + (o // s.og) * (s.h * s.w)), is_signed, i64(s.h), i64(s.w),
+            i64(ctx.attrs["x_zero_point"]), (w, o * (s.kh * s.kw)), i64(s.kh), i64(s.kw), i64(s.sh), i64(s.sw),
+            i64(s.ph), i64(s.pw), i64(s.dh), i64(s.dw), i64(s.oh), i64(s.ow), (xpad, slot * padded),
+            (acc, slot * s.ow), (bias, o) if bias else None, (mult, o), *_store_args(ctx.attrs, out_dtype),
+            (y, i64(0)), t * s.p), SOURCE)], parallel=ctx.threads > 1)
+    return NativeCall(Kernel("qconv2d_dw", params + [xpad, acc], [plane], ctx.threads),
+                      arrays + [np.zeros(xpad.size, np.int16), np.zeros(acc.size, np.int32)])
