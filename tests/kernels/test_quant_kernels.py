@@ -242,3 +242,40 @@ def test_ties_round_half_to_even(native):
                                               x_zero_point=0, w_scales=b_scales, **oa)))
     assert expected[0][1, 0] == -50 and expected[0][3, 0] == -48   # -48.5 -> -48, -97 * 0.5
     check(nodes, expected, native)
+
+
+GPU_SCRIPT = """
+import numpy as np
+from toolkit.backend.registry import KERNELS, load_device
+load_device("gpu")
+from toolkit.ir.graph import Graph, TensorType, Value
+from toolkit.ops import Builder
+from toolkit.runtime.plan import Plan, RuntimeState
+rng = np.random.default_rng(0)
+g = Graph("q")
+feeds = {"x": rng.standard_normal((2, 3, 6, 6)).astype(np.float32),
+         "w": rng.integers(-127, 128, (4, 3, 3, 3)).astype(np.int8),
+         "b": rng.integers(-500, 500, 4).astype(np.int32)}
+x, w, b = (Value(TensorType(a.shape, str(a.dtype)), name=k) for k, a in feeds.items())
+g.inputs.update(x=x, w=w, b=b)
+B = Builder(g, "q")
+q = B.op("quantize_linear", x, scale=0.02, zero_point=128, dtype="uint8")
+y = B.op("qconv2d", q, w, b, stride=(1, 1), pad=(1, 1), dilation=(1, 1), group=1, x_scale=0.02, x_zero_point=128,
+         w_scales=(0.01, 0.02, 0.01, 0.03), relu=True, out_dtype="uint8", y_scale=0.05, y_zero_point=0)
+g.outputs["y"] = B.op("dequantize_linear", y, scale=0.05, zero_point=0)
+outs = {}
+for device in ("cpu", "gpu"):
+    plan = Plan(g, {}, {}, device, RuntimeState(np.random.default_rng(0)), native=False)
+    outs[device] = np.asarray(plan.run(feeds)["y"])
+    assert plan.capture_blocker is None or device == "gpu"
+assert np.array_equal(outs["cpu"], outs["gpu"]) and outs["cpu"].max() > 0
+print("ok")
+"""
+
+
+def test_a_gpu_plan_runs_the_int8_ops(tmp_path):
+    """No int8 GPU kernels: the GPU's entries run the numpy kernels on host copies (here on the
+    CuPy stand-in of tests/runtime), equal to the CPU plan."""
+    from tests.runtime.gpu_stand_in import STAND_IN, run_stand_in
+    result = run_stand_in(STAND_IN + GPU_SCRIPT, tmp_path)
+    assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-3000:]

@@ -26,7 +26,7 @@ registered.
 from __future__ import annotations
 
 from .. import control as _control
-from . import arrays, blas, collective, dispatched, dnn, fused, rows  # noqa: F401  (each registers its kernels)
+from . import arrays, blas, collective, dispatched, dnn, fused, quant, rows  # noqa: F401  (each registers its kernels)
 from .dispatched import DISPATCHED  # noqa: F401
 
 _control.register("gpu")
