@@ -67,7 +67,7 @@ ALLOWED: dict[str, set[str]] = {
                                       "toolkit/frontend", "toolkit/compile", "toolkit/training", "toolkit/zoo",
                                       "toolkit/inference"},
     "toolkit/api": GROUND | {"toolkit/ir", "toolkit/backend", "toolkit/runtime", "toolkit/frontend", "toolkit/compile",
-                             "toolkit/training", "toolkit/zoo", "toolkit/inference"},
+                             "toolkit/training", "toolkit/zoo", "toolkit/inference", "toolkit/quantization"},
     # the faces: anything below them
     "toolkit/commands": None,
     "toolkit/cli": None,

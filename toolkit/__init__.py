@@ -1,12 +1,12 @@
 """A declarative deep-learning toolkit: Caffe-style YAML nets compiled to optimised dataflow graphs."""
 from .version import __version__
 
-__all__ = ["Net", "load", "train", "Model", "UserError", "__version__"]
+__all__ = ["Net", "load", "train", "quantize", "Model", "UserError", "__version__"]
 
 
 def __getattr__(name: str):
     # lazy: `import toolkit` (and every CLI start) stays free of numpy and the compiler
-    if name in ("Net", "load", "train", "Model"):
+    if name in ("Net", "load", "train", "quantize", "Model"):
         from . import api
         return getattr(api, name)
     if name == "UserError":

@@ -511,3 +511,53 @@ def train(net: NetSource | None = None, *, out: str | None = None, resume: str |
     return train_net(loaded, device, out=out, resume=resume, weights=weights, allow_missing=allow_missing,
                      overrides=overrides, set_texts=texts,
                      disable=disabled_passes(loaded, _pass_names(disable), False), stream=stream)
+
+
+def quantize(net: NetSource, *, calibrate: "Mapping[str, np.ndarray] | str | os.PathLike", out: str | os.PathLike,
+             weights: str | os.PathLike | None = None, method: str = "minmax", examples: int = 256,
+             dtype: str = "uint8", keep_float: Sequence[str] = (),
+             set: Mapping[str, object] | Sequence[str] | None = None):  # noqa: A002  (the CLI's name)
+    """Quantize a float model to int8 as ``toolkit quantize`` does, and write its model folder.
+
+    Args:
+        net: a file path, ``zoo:NAME``, a YAML string, a dict or a ``toolkit.Net`` (float: no
+            quantization section of its own).
+        calibrate: calibration data: arrays by input name, or an ``.npz`` file of them (the
+            input transform is applied to them, as ``Model.infer`` applies it).
+        out: the model folder to write, new or empty: ``net.yaml`` with its ``quantization``
+            section (docs/spec.md section 10) and ``model.safetensors``.
+        weights: the float weights (``.safetensors``). Default: a zoo model's published weights.
+        method: ``"minmax"``, ``"percentile"`` (99.999) or ``"entropy"`` (KL divergence).
+        examples: how many calibration examples are drawn, in a seeded order.
+        dtype: the activations' type, ``"uint8"`` (with a zero point) or ``"int8"`` (symmetric).
+        keep_float: layers to keep in float; softmax layers always are.
+        set: overrides, as ``--set`` does.
+
+    Returns:
+        What was written: its ``folder``, ``net_file``, ``weights_file``, the ``tops`` given a
+            scale, the ``float_layers`` (name: why) and the number of ``examples`` used.
+            ``toolkit.load(result.net_file, weights=result.weights_file)`` runs it.
+
+    Raises:
+        toolkit.UserError: a problem with the net, the weights, the data or an argument, with the
+            message the command would print.
+    """
+    from .quantization.model import quantize_model
+
+    loaded = _net(net, _overrides(set))
+    weights_file = loaded.default_weights(_text_arg("weights", weights))
+    if weights_file is None:
+        raise UserError("quantize: no weights to quantize: give weights=FILE")
+    if isinstance(calibrate, (str, os.PathLike)):
+        path = os.fspath(calibrate)
+        if not path.endswith(".npz"):
+            raise UserError(f"quantize: calibrate={path!r}: give arrays by input name or an .npz file of them")
+        from .fileio import open_regular
+        with open_regular(path) as f, np.load(f, allow_pickle=False) as arrays:
+            data, name = {k: arrays[k] for k in arrays.files}, os.path.basename(path)
+    elif isinstance(calibrate, Mapping):
+        data, name = dict(calibrate), "arrays"
+    else:
+        raise TypeError(f"calibrate: expected arrays by input name or an .npz path, not {type(calibrate).__name__}")
+    return quantize_model(loaded, weights_file, data, _text_arg("out", out, allow_none=False), data_name=name,
+                          method=method, max_examples=examples, dtype=dtype, keep_float=list(keep_float))

@@ -173,6 +173,25 @@ COMMANDS: tuple[Command, ...] = (
                     "gradient all-reduce buckets (what `mpiexec -n RANKS toolkit train` runs)"),
         WEIGHTS.but(help="weights to freeze into infer and test graphs (default: the fillers')"),
         DEVICE, *OPTIMIZE, SET)),
+    Command("quantize", "an int8 model folder from a float model and calibration data", run="quantize_cmd:run_quantize",
+            options=(
+        NET, WEIGHTS.but(help="the float weights, .safetensors (default for zoo:NAME: the published weights)"),
+        option("--calibrate", action="extend", nargs="+", required=True, metavar="[NAME=]FILE",
+               help="calibration data, read as infer reads --input (CSV, .npz, images, folders); keep it apart "
+                    "from the data you measure accuracy on"),
+        option("--out", required=True, metavar="DIR",
+               help="the quantized model folder to write (new or empty): net.yaml with its quantization "
+                    "section, model.safetensors"),
+        option("--method", choices=["minmax", "percentile", "entropy"], default="minmax",
+               help="how each activation's range is found: minmax (default; measured best on the zoo's nets), "
+                    "percentile (99.999) or entropy (KL divergence, TensorRT's)"),
+        option("--examples", type=positive_int, default=256, metavar="N",
+               help="calibration examples drawn, in a seeded order (default 256)"),
+        option("--dtype", choices=["uint8", "int8"], default="uint8",
+               help="the activations' type: uint8 with a zero point (default) or symmetric int8"),
+        option("--float", action="append", default=None, metavar="LAYER",
+               help="a layer to keep in float (repeatable); softmax layers always are"),
+        SET)),
     Command("graph", "draw a phase's graph, before or after the passes, as .svg or .dot", run="graph_cmd:run_graph",
             options=(
         NET, phase("infer", help="train adds the generated backward pass and the solver's updates"),

@@ -1,0 +1,117 @@
+"""A quantized model folder from a float one: ``toolkit quantize`` and ``toolkit.quantize``.
+
+The folder is what any other model folder is (``net.yaml``, ``model.safetensors``, and the
+``input.json`` of the run it came from), so ``infer``, ``serve``, ``bench`` and ``toolkit.load``
+take it as it is. Its net is the float net rendered (bases merged, ``--set`` applied) with a
+``quantization`` section (docs/spec.md section 10): each float top's activation scale and zero
+point from calibration, the layers that stay float and why, and how the scales were found. The
+weights stay float32 in the file: the quantize pass makes the per-channel int8 weights from them
+when a plan is built, so the float net and its int8 form are one file each, never out of step.
+
+Softmax layers stay float (their outputs are probabilities that int8 would flatten), as do the
+layers the caller lists.
+"""
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Mapping
+
+import numpy as np
+
+from ..errors import UserError
+from ..fileio import atomic_write
+from .collect import DEFAULT_EXAMPLES, RowSource, collect_ranges
+from .scales import quantization_section
+
+# layer types whose outputs stay float, and why (shown by `toolkit compile --explain`)
+FLOAT_TYPES = {"Softmax": "softmax: probabilities stay float"}
+INPUT_FILE = "input.json"
+
+
+@dataclass
+class QuantizedModel:
+    """What ``quantize_model`` wrote."""
+    folder: Path
+    net_file: Path
+    weights_file: Path
+    tops: list[str]                                  # the tops given a scale
+    float_layers: dict[str, str] = field(default_factory=dict)   # layer -> why it stays float
+    examples: int = 0
+
+
+def _float_layers(net, asked: Iterable[str]) -> dict[str, str]:
+    layers = {layer.name: layer.type for layer in net.spec.layers}
+    chosen = {name: FLOAT_TYPES[kind] for name, kind in layers.items() if kind in FLOAT_TYPES}
+    for name in asked:
+        if name not in layers:
+            raise UserError(f"--float {name}: the net has no layer of that name")
+        chosen.setdefault(name, "asked to stay float")
+    return chosen
+
+
+def _check_out(out: Path) -> None:
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UserError(f"--out {out}: exists and is not an empty folder; name a new folder")
+
+
+def _section_text(section: dict, float_layers: dict[str, str]) -> str:
+    """The section as block YAML, one top per line; floats by repr, which reads back exactly."""
+    lines = ["quantization:", "  activations:"]
+    for name, entry in section["activations"].items():
+        lines.append(f"    {name}: {{scale: {entry['scale']!r}, zero_point: {entry['zero_point']}, "
+                     f"dtype: {entry['dtype']}}}")
+    if float_layers:
+        lines.append("  float:")
+        lines += [f"    - {{layer: {name}, reason: {_quoted(why)}}}" for name, why in float_layers.items()]
+    record = section.get("calibration")
+    if record:
+        fields = ", ".join(f"{k}: {_quoted(v) if isinstance(v, str) else repr(v)}" for k, v in record.items())
+        lines.append(f"  calibration: {{{fields}}}")
+    return "\n".join(lines) + "\n"
+
+
+def _quoted(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def quantize_model(net, weights_file: str | Path, data: "Mapping[str, np.ndarray] | RowSource", out: str | Path, *,
+                   data_name: str, method: str = "minmax", max_examples: int = DEFAULT_EXAMPLES,
+                   dtype: str = "uint8", keep_float: Iterable[str] = (), say=None) -> QuantizedModel:
+    """Calibrates ``net`` (a loaded Net, no quantization section of its own) with ``weights_file``
+    over ``data`` (arrays by input name, or a row stream as ``toolkit infer`` opens its inputs)
+    and writes the quantized model folder ``out`` (new, or an empty folder)."""
+    from ..frontend.render import render_net
+    out = Path(out)
+    _check_out(out)
+    if getattr(net.spec, "quantization", None) is not None:
+        raise UserError(f"{net.file}: the net is quantized already (it has a quantization section); "
+                        "quantize its float net")
+    weights_file = Path(weights_file)
+    if weights_file.suffix != ".safetensors":
+        raise UserError(f"{weights_file}: write the weights as .safetensors to quantize them (a model folder's "
+                        "weights file)")
+    float_layers = _float_layers(net, keep_float)
+    fed = []
+    ranges = collect_ranges(net, str(weights_file), data, method=method, max_examples=max_examples,
+                            say=lambda line: fed.append(line) or (say(line) if say else None))
+    examples = min(max_examples, _rows(data))
+    section = quantization_section(ranges, dtype, calibration={"method": method, "examples": examples,
+                                                                 "data": data_name})
+    text = render_net(net, folder=out).rstrip("\n") + "\n" + _section_text(section, float_layers)
+    out.mkdir(parents=True, exist_ok=True)
+    weights_out = out / "model.safetensors"
+    atomic_write(weights_out, lambda tmp: shutil.copyfile(weights_file, tmp))
+    about = Path(net.file).parent / INPUT_FILE
+    if about.is_file():
+        atomic_write(out / INPUT_FILE, lambda tmp: shutil.copyfile(about, tmp))
+    net_out = out / "net.yaml"
+    atomic_write(net_out, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+    return QuantizedModel(out, net_out, weights_out, list(section["activations"]), float_layers, examples)
+
+
+def _rows(data) -> int:
+    if isinstance(data, Mapping):
+        return len(next(iter(data.values())))
+    return data.rows
