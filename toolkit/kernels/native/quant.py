@@ -7,8 +7,10 @@ turns that reduction into AVX2's vpmaddwd (pairs of products added in int32, nev
 unlike vpmaddubsw, whose int16 sums of u8 x s8 pairs saturate. Each step sums one row of A
 against four rows of B, so each load of A serves four multiply-adds.
 
-- qgemm: the activations [M, K] are shifted and widened once per run, the weight [N, K] widened;
-  the tiles (blocks of rows by blocks of columns) run in parallel.
+- qgemm: the activations [M, K] are shifted and widened once per run; the weight [N, K] is
+  widened too where M is large, else read as int8 and widened as it is loaded (a batch-1 fully
+  connected layer reads its weight once: widening it first doubled the time); the tiles (blocks
+  of rows by blocks of columns) run in parallel.
 - qconv2d: each image is shifted, widened and transposed to NHWC (a parallel pass over its
   rows), so that a window's row of the im2row matrix is kh*kw contiguous copies of Cg channels
   (zeros where the window leaves the image: the shifted zero point); the weight is packed to
@@ -38,8 +40,13 @@ MAX_K = (2 ** 31 - 1) // (255 * 128)     # products of at most 255 * 128: the su
 ROWS_PER_TILE = 64                       # rows of A per tile (im2row: 64 * K int16 in L2)
 COLS_PER_TILE = 64                       # columns (output channels) per qgemm tile
 KINDS = {"float32": 0, "uint8": 1, "int8": 2}
+# qgemm widens its weight to int16 once per run from this many rows of A on; below, the tile
+# widens each weight vector as it loads it. Measured on AlexNet's fc6 ([M, 9216] x [4096, 9216],
+# one core of the 2-core AMD EPYC): M = 1 5.6 ms against 12.0 widened first, M = 16 23 against
+# 40, M = 64 131 against 116
+WIDEN_FROM_ROWS = 32
 
-SOURCE = r"""
+_SOURCE = r"""
 /* int8 GEMM tiles and their requantizing store (kernels/native/quant.py) */
 #define TK_Q_ROWS 64
 /* out[at + i*stride] = store(acc[i] + bias) for i in [0, count): one output channel's run, a
@@ -73,50 +80,7 @@ static void tk_q_store(const int32_t *acc, int64_t count, int32_t bias, float mu
 #undef TK_Q_V
 }
 
-/* No `omp simd reduction` on these sums: with it gcc 12 widens each product to int32 (vpmullw and
-   unpacks); without it, it recognises the widening dot product and emits vpmaddwd. */
-static inline int32_t tk_q_dot(const int16_t *a, const int16_t *b, int64_t K) {
-    int32_t s = 0;
-    for (int64_t k = 0; k < K; k++) s += (int32_t)a[k] * (int32_t)b[k];
-    return s;
-}
-
-/* out[m*sm + n*sn] = store(sum_k A[m*lda + k] * B[n*ldb + k] + bias[n]) for m in [m0, m1), n in [n0, n1).
-   Four rows of B against one row of A at a time, B's four rows (4 * K int16) kept in L1 while
-   every row of A streams past them: measured on a 64 x 576 x 64 tile, this order and shape ran
-   at 52 GMAC/s where 2 x 4 sums with A's rows outside (B's from L2) ran at 35, gcc spilling the
-   2 x 4 form's operands to the stack. */
-static void tk_q_tile(const int16_t *A, int64_t lda, int64_t m0, int64_t m1, const int16_t *B, int64_t ldb,
-                      int64_t n0, int64_t n1, int64_t K, const int32_t *bias, const float *mult, int64_t kind,
-                      int64_t lo, int64_t hi, int64_t zp, int64_t relu, void *out, int64_t sm, int64_t sn) {
-    int32_t acc[4][TK_Q_ROWS];
-    float flo = (float)lo, fhi = (float)hi;
-    for (int64_t r0 = m0; r0 < m1; r0 += TK_Q_ROWS) {
-        int64_t r1 = r0 + TK_Q_ROWS < m1 ? r0 + TK_Q_ROWS : m1;
-        for (int64_t n = n0; n < n1; n += 4) {
-            int64_t cols = n1 - n < 4 ? n1 - n : 4;
-            if (cols == 4) {
-                const int16_t *b0 = B + n * ldb, *b1 = b0 + ldb, *b2 = b1 + ldb, *b3 = b2 + ldb;
-                for (int64_t m = r0; m < r1; m++) {
-                    const int16_t *a0 = A + m * lda;
-                    int32_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-                    for (int64_t k = 0; k < K; k++) {
-                        int32_t x0 = a0[k];
-                        s0 += x0 * b0[k]; s1 += x0 * b1[k]; s2 += x0 * b2[k]; s3 += x0 * b3[k];
-                    }
-                    acc[0][m - r0] = s0; acc[1][m - r0] = s1; acc[2][m - r0] = s2; acc[3][m - r0] = s3;
-                }
-            } else {
-                for (int64_t j = 0; j < cols; j++)
-                    for (int64_t m = r0; m < r1; m++) acc[j][m - r0] = tk_q_dot(A + m * lda, B + (n + j) * ldb, K);
-            }
-            for (int64_t j = 0; j < cols; j++)
-                tk_q_store(acc[j], r1 - r0, bias ? bias[n + j] : 0, mult[n + j], (int)kind, flo, fhi, (int32_t)zp,
-                           (int)relu, out, r0 * sm + (n + j) * sn, sm);
-        }
-    }
-}
-
+TILES
 /* dst[i] = src[i] - zp as int16, for n elements of uint8 (is_signed 0) or int8 */
 static void tk_q_shift(const void *src, int64_t is_signed, int64_t n, int64_t zp, int16_t *dst) {
     if (is_signed) {
@@ -201,6 +165,59 @@ static void tk_q_dw_plane(const void *x, int64_t is_signed, int64_t H, int64_t W
 """
 
 
+# the dot products and the tile, for B held as int16 (widened once per run: the convolutions'
+# packed weights, which every row of A meets) and as int8 (widened as it is loaded, vpmovsxbw:
+# a GEMM of a few rows, where widening the whole weight first would cost as much as the products)
+_TILE = r"""/* No `omp simd reduction` on these sums: with it gcc 12 widens each product to int32 (vpmullw and
+   unpacks); without it, it recognises the widening dot product and emits vpmaddwd. */
+static inline int32_t tk_q_dotSUFFIX(const int16_t *a, const BTYPE *b, int64_t K) {
+    int32_t s = 0;
+    for (int64_t k = 0; k < K; k++) s += (int32_t)a[k] * (int32_t)b[k];
+    return s;
+}
+
+/* out[m*sm + n*sn] = store(sum_k A[m*lda + k] * B[n*ldb + k] + bias[n]) for m in [m0, m1), n in [n0, n1).
+   Four rows of B against one row of A at a time, B's four rows (4 * K int16) kept in L1 while
+   every row of A streams past them: measured on a 64 x 576 x 64 tile, this order and shape ran
+   at 52 GMAC/s where 2 x 4 sums with A's rows outside (B's from L2) ran at 35, gcc spilling the
+   2 x 4 form's operands to the stack. */
+static void tk_q_tileSUFFIX(const int16_t *A, int64_t lda, int64_t m0, int64_t m1, const BTYPE *B, int64_t ldb,
+                      int64_t n0, int64_t n1, int64_t K, const int32_t *bias, const float *mult, int64_t kind,
+                      int64_t lo, int64_t hi, int64_t zp, int64_t relu, void *out, int64_t sm, int64_t sn) {
+    int32_t acc[4][TK_Q_ROWS];
+    float flo = (float)lo, fhi = (float)hi;
+    for (int64_t r0 = m0; r0 < m1; r0 += TK_Q_ROWS) {
+        int64_t r1 = r0 + TK_Q_ROWS < m1 ? r0 + TK_Q_ROWS : m1;
+        for (int64_t n = n0; n < n1; n += 4) {
+            int64_t cols = n1 - n < 4 ? n1 - n : 4;
+            if (cols == 4) {
+                const BTYPE *b0 = B + n * ldb, *b1 = b0 + ldb, *b2 = b1 + ldb, *b3 = b2 + ldb;
+                for (int64_t m = r0; m < r1; m++) {
+                    const int16_t *a0 = A + m * lda;
+                    int32_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+                    for (int64_t k = 0; k < K; k++) {
+                        int32_t x0 = a0[k];
+                        s0 += x0 * b0[k]; s1 += x0 * b1[k]; s2 += x0 * b2[k]; s3 += x0 * b3[k];
+                    }
+                    acc[0][m - r0] = s0; acc[1][m - r0] = s1; acc[2][m - r0] = s2; acc[3][m - r0] = s3;
+                }
+            } else {
+                for (int64_t j = 0; j < cols; j++)
+                    for (int64_t m = r0; m < r1; m++)
+                        acc[j][m - r0] = tk_q_dotSUFFIX(A + m * lda, B + (n + j) * ldb, K);
+            }
+            for (int64_t j = 0; j < cols; j++)
+                tk_q_store(acc[j], r1 - r0, bias ? bias[n + j] : 0, mult[n + j], (int)kind, flo, fhi, (int32_t)zp,
+                           (int)relu, out, r0 * sm + (n + j) * sn, sm);
+        }
+    }
+}
+
+"""
+SOURCE = _SOURCE.replace("TILES\n", _TILE.replace("SUFFIX", "").replace("BTYPE", "int16_t") +
+                         _TILE.replace("SUFFIX", "_b8").replace("BTYPE", "int8_t"))
+
+
 def _store_args(attrs, out_dtype: str):
     """(kind, lo, hi, zp, relu) of the fused store, as tk_q_tile takes them."""
     relu = bool(attrs.get("relu", False))
@@ -234,26 +251,31 @@ def qgemm_native(ctx, ins, outs):
     mult = Buf("mult", "float32", n)
     y = Buf("y", out_dtype, m * n, const=False)
     a16 = Buf("a16", "int16", m * k, const=False)
-    b16 = Buf("b16", "int16", n * k, const=False)
     mult_arr = _mult(attrs, "a_scale", "b_scales", out_dtype)
-    params = [a, b] + ([bias] if bias else []) + [mult, y, a16, b16]
-    arrays = [ins[0], ins[1]] + ([ins[2]] if bias else []) + [mult_arr, outs[0], np.zeros(m * k, np.int16),
-                                                             np.zeros(n * k, np.int16)]
+    params = [a, b] + ([bias] if bias else []) + [mult, y, a16]
+    arrays = [ins[0], ins[1]] + ([ins[2]] if bias else []) + [mult_arr, outs[0], np.zeros(m * k, np.int16)]
     row, t, m0, n0 = names.var("row"), names.var("t"), names.var("m0"), names.var("n0")
     is_signed = i64(int(a.dtype == "int8"))
     parallel = ctx.threads > 1
-    shift = For(row, i64(0), i64(m), [Extern("tk_q_shift", ((a, row * k), is_signed, i64(k), i64(attrs["a_zero_point"]),
-                                                            (a16, row * k)), SOURCE)], parallel=parallel and m > 1)
-    widen = Extern("tk_q_shift", ((b, i64(0)), i64(1), i64(n * k), i64(0), (b16, i64(0))), SOURCE)
+    steps = [For(row, i64(0), i64(m), [Extern("tk_q_shift", ((a, row * k), is_signed, i64(k),
+                                                             i64(attrs["a_zero_point"]), (a16, row * k)), SOURCE)],
+                 parallel=parallel and m > 1)]
+    if m < WIDEN_FROM_ROWS:
+        fn, weight = "tk_q_tile_b8", b          # each weight row meets few rows: widened as loaded
+    else:
+        fn, weight = "tk_q_tile", Buf("b16", "int16", n * k, const=False)
+        params.append(weight)
+        arrays.append(np.zeros(n * k, np.int16))
+        steps.append(Extern("tk_q_shift", ((b, i64(0)), i64(1), i64(n * k), i64(0), (weight, i64(0))), SOURCE))
     n_tiles = -(-n // COLS_PER_TILE)
     tiles = -(-m // ROWS_PER_TILE) * n_tiles
-    tile = For(t, i64(0), i64(tiles), [
+    steps.append(For(t, i64(0), i64(tiles), [
         Let(m0, (t // n_tiles) * ROWS_PER_TILE), Let(n0, (t % n_tiles) * COLS_PER_TILE),
-        Extern("tk_q_tile", ((a16, i64(0)), i64(k), m0, _min(m0 + ROWS_PER_TILE, i64(m)), (b16, i64(0)), i64(k),
-                             n0, _min(n0 + COLS_PER_TILE, i64(n)), i64(k), (bias, i64(0)) if bias else None,
-                             (mult, i64(0)), *_store_args(attrs, out_dtype), (y, i64(0)), i64(n), i64(1)), SOURCE)],
-        parallel=parallel and tiles > 1)
-    return NativeCall(Kernel("qgemm", params, [shift, widen, tile], ctx.threads), arrays)
+        Extern(fn, ((a16, i64(0)), i64(k), m0, _min(m0 + ROWS_PER_TILE, i64(m)), (weight, i64(0)), i64(k),
+                    n0, _min(n0 + COLS_PER_TILE, i64(n)), i64(k), (bias, i64(0)) if bias else None,
+                    (mult, i64(0)), *_store_args(attrs, out_dtype), (y, i64(0)), i64(n), i64(1)), SOURCE)],
+        parallel=parallel and tiles > 1))
+    return NativeCall(Kernel("qgemm", params, steps, ctx.threads), arrays)
 
 
 @register_native("qconv2d", "cpu")
