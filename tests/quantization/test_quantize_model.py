@@ -75,7 +75,8 @@ def test_mistakes_are_one_line_and_write_nothing(splits, tmp_path):
     (taken / "notes.txt").write_text("mine")
     cases = [
         (("--out", taken), f"error: --out {taken}: exists and is not an empty folder; name a new folder\n"),
-        (("--out", tmp_path / "a", "--float", "softmax"), "error: --float softmax: the net has no layer of that name\n"),
+        (("--out", tmp_path / "a", "--float", "softmax"),
+         "error: --float softmax: the net has no layer of that name\n"),
     ]
     for extra, said in cases:
         r = cli("quantize", "zoo:lenet", "--calibrate", train, *extra)
