@@ -42,6 +42,12 @@ import pytest  # noqa: E402
 from tests.tiers import FAST, NATIVE_FOLDERS, NOT_FAST, NUMPY_KERNELS, listed  # noqa: E402
 from toolkit import settings  # noqa: E402
 
+# The process's settings are read from its environment once and kept (toolkit/settings.py): read
+# them now, with the defaults above, before a test in a native folder sets TOOLKIT_NATIVE=1 for
+# its child processes. Read first inside that test, the native switch would be the process's
+# own from then on, and the numpy-tier tests after it in this process would run native kernels.
+settings.current()
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -61,6 +67,9 @@ def kernels_of_the_folder(request, monkeypatch):
     monkeypatch.setenv("TOOLKIT_NATIVE", "1")
     with settings.use(native=True):
         yield
+    # what comes back after the block is the numpy default, not this test's variable: else every
+    # numpy-tier test after this one in the process would run native kernels
+    assert not settings.current().native, "the native switch outlived its test (settings read too late)"
 
 
 @pytest.hookimpl(tryfirst=True)           # before -m reads the marks
