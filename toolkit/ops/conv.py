@@ -29,18 +29,23 @@ def _conv_infer(types, attrs):
     need_float(x)
     need_rank(x, 4, "convolution input")
     need_rank(w, 4, "convolution weight")
+    return [TensorType(conv_output_shape(x.shape, w.shape, attrs), x.dtype)]
+
+
+def conv_output_shape(x_shape, w_shape, attrs, op: str = "") -> tuple:
+    """[N, O, OH, OW] of a convolution of an input [N, C, H, W] by a weight [O, C/group, kH, kW],
+    the channels and groups checked (the float and the int8 convolution alike); ``op`` names the
+    op in the messages ("qconv2d "), empty for conv2d."""
     group = attrs["group"]
-    n, c, h, wd = x.shape
-    o, cg, kh, kw = w.shape
+    n, c, h, wd = x_shape
+    o, cg, kh, kw = w_shape
     if c != cg * group:
-        raise ShapeError(f"input has {c} channels but the weight {fmt_shape(w.shape)} with group={group} "
+        raise ShapeError(f"{op}input has {c} channels but the weight {fmt_shape(w_shape)} with group={group} "
                          f"expects {cg * group}")
     if o % group:
-        raise ShapeError(f"num_output {o} is not divisible by group {group}")
+        raise ShapeError(f"{op}num_output {o} is not divisible by group {group}")
     (sh, sw), (ph, pw), (dh, dw) = attrs["stride"], attrs["pad"], attrs["dilation"]
-    oh = conv_out_size(h, kh, sh, ph, dh)
-    ow = conv_out_size(wd, kw, sw, pw, dw)
-    return [TensorType((n, o, oh, ow), x.dtype)]
+    return (n, o, conv_out_size(h, kh, sh, ph, dh), conv_out_size(wd, kw, sw, pw, dw))
 
 
 def _windows(xp, i, j, oh, ow, attrs):

@@ -26,7 +26,7 @@ import numpy as np
 
 from ..ir.graph import FLOAT_DTYPES, QUANT_DTYPES, TensorType
 from .base import OpDef, ShapeError, register
-from .conv import _groups, _windows, conv_out_size
+from .conv import _groups, _windows, conv_out_size, conv_output_shape
 from .rules import fmt_shape, need_rank
 
 QRANGE = {"uint8": (0, 255), "int8": (-128, 127)}
@@ -171,16 +171,7 @@ def _qconv_infer(types, attrs):
     _zero_point(attrs.get("x_zero_point"), x.dtype, "qconv2d x_zero_point")
     _w_scales(attrs.get("w_scales"), o, "qconv2d w_scales")
     out = _out_attrs(attrs)
-    group = attrs["group"]
-    n, c, h, wd = x.shape
-    _, cg, kh, kw = w.shape
-    if c != cg * group:
-        raise ShapeError(f"qconv2d input has {c} channels but the weight {fmt_shape(w.shape)} with group={group} "
-                         f"expects {cg * group}")
-    if o % group:
-        raise ShapeError(f"qconv2d num_output {o} is not divisible by group {group}")
-    (sh, sw), (ph, pw), (dh, dw) = attrs["stride"], attrs["pad"], attrs["dilation"]
-    return [TensorType((n, o, conv_out_size(h, kh, sh, ph, dh), conv_out_size(wd, kw, sw, pw, dw)), out)]
+    return [TensorType(conv_output_shape(x.shape, w.shape, attrs, "qconv2d "), out)]
 
 
 def qconv2d_accumulate(x, w, bias, stride, pad, dilation, group, x_zero_point) -> np.ndarray:
