@@ -87,5 +87,11 @@ def test_mistakes_are_one_line_and_write_nothing(splits, tmp_path):
     r = cli("quantize", done / "net.yaml", "--weights", done / "model.safetensors", "--calibrate", train,
             "--out", tmp_path / "twice")
     assert r.status == 2 and r.err.count("\n") == 1 and "is quantized already" in r.err, r.err
+    from safetensors.numpy import load_file
+    np.savez(tmp_path / "w.npz", **load_file(done / "model.safetensors"))
+    r = cli("quantize", "zoo:lenet", "--weights", tmp_path / "w.npz", "--calibrate", train, "--out", tmp_path / "c")
+    assert (r.status, r.err) == (2, f"error: {tmp_path / 'w.npz'}: write the weights as .safetensors to quantize "
+                                    "them (a model folder's weights file)\n")
+    assert not (tmp_path / "c").exists()
     with pytest.raises(toolkit.UserError, match=r"calibrate='x\.csv': give arrays by input name or an \.npz"):
         toolkit.quantize("zoo:lenet", calibrate="x.csv", out=tmp_path / "b")
