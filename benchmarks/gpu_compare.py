@@ -2,7 +2,7 @@
 """GPU timings of nets in the toolkit (its cupy back end) and in PyTorch on CUDA.
 
     python benchmarks/gpu_compare.py [NET.yaml ...] --batch 64 [--batch 256] [--dtype float16]
-                                     [--iters 50] [--rounds 5] [--torch-compile] [--json]
+                                     [--iters 50] [--rounds 5] [--torch-compile] [--channels-last] [--json]
 
 For each net, on the same inputs and starting weights (already on the GPU for all):
 
@@ -46,9 +46,12 @@ def parse_args(argv=None):
     p.add_argument("--iters", type=int, default=50)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--warmup", type=int, default=10)
-    p.add_argument("--dtype", choices=["float32", "float16"], action="append",
-                   help="repeatable (default: float32); float16 is mixed precision on both sides: the "
-                        "toolkit's --dtype float16, torch.autocast (and a GradScaler for the train step)")
+    p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], action="append",
+                   help="repeatable (default: float32); a half type is mixed precision on both sides: the "
+                        "toolkit's --dtype, torch.autocast (and a GradScaler for float16's train step)")
+    p.add_argument("--channels-last", action="store_true",
+                   help="run PyTorch's module and 4-D inputs in channels_last, as its users train with "
+                        "half types (benchmarks/gpu_real_nets.py always does)")
     p.add_argument("--torch-compile", action="store_true",
                    help="also time torch.compile(mode='reduce-overhead') (compiles take a while)")
     p.add_argument("--im2col", action="store_true",
@@ -86,7 +89,7 @@ def measure(net_path: Path, batch: int, train: bool, dtype: str, args) -> dict:
     from toolkit.zoo.resolve import load_net
 
     net = load_net(str(net_path))
-    half = dtype == "float16"
+    half = dtype != "float32"
     from toolkit.kernels.gpu import dnn
     dnn.CHOSEN.clear()
     plans = {}
@@ -104,7 +107,10 @@ def measure(net_path: Path, batch: int, train: bool, dtype: str, args) -> dict:
     peer.load({k: v for k, v in weights.items() if "@" not in k})
     peer.module.to("cuda")
     t_in = {k: torch.from_numpy(np.ascontiguousarray(v)).cuda() for k, v in inputs.items() if not k.startswith("@")}
-    autocast = torch.autocast("cuda", dtype=torch.float16, enabled=half)
+    if args.channels_last:
+        peer.module.to(memory_format=torch.channels_last)
+        t_in = {k: v.contiguous(memory_format=torch.channels_last) if v.dim() == 4 else v for k, v in t_in.items()}
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16 if dtype == "bfloat16" else torch.float16, enabled=half)
     compiled = None
     if args.torch_compile:
         # dynamo's cache is keyed by the forward's code, which every net's translation shares:
@@ -118,7 +124,7 @@ def measure(net_path: Path, batch: int, train: bool, dtype: str, args) -> dict:
             lr = net.spec.train.solver.base_lr if net.spec.train else 0.01
             params = [p for p in peer.params.values() if p.requires_grad]
             opt = torch.optim.SGD(params, lr=lr, momentum=solver.momentum, weight_decay=solver.weight_decay)
-            scaler = torch.amp.GradScaler("cuda", enabled=half)
+            scaler = torch.amp.GradScaler("cuda", enabled=dtype == "float16")
 
             def run_torch():
                 opt.zero_grad(set_to_none=True)
