@@ -87,6 +87,9 @@ KNOBS: tuple[Knob, ...] = (
          "capture a GPU plan's run as a CUDA graph and replay it with one launch"),
     Knob("cudnn", "switch", True, "TOOLKIT_CUDNN",
          "GPU convolutions through cuDNN (off: im2col and cuBLAS)"),
+    Knob("channel_reductions", "switch", True, "TOOLKIT_CHANNEL_REDUCTIONS",
+         "GPU sums and means over every axis but the channels (BatchNorm's statistics) by the "
+         "toolkit's own two-stage kernel (off: CuPy's reduction)"),
     Knob("cublas_library", "path", None, "TOOLKIT_CUBLAS_LIBRARY",
          "the libcublas file to load (default: the one CuPy uses)"),
     Knob("cublaslt_library", "path", None, "TOOLKIT_CUBLASLT_LIBRARY",

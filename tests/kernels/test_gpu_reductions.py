@@ -1,0 +1,163 @@
+"""The GPU's per-channel sums and means (kernels/gpu/channel_reductions.py): reduce_sum and
+reduce_mean over every axis but the channels, against numpy's float64 sums, on odd shapes and
+each float dtype, with other axes left to the CuPy reduction. Unmarked: on the numpy stand-in for
+CuPy, the kernels compiled for the host (one-lane warps). Marked ``gpu``: the same on a device at
+ResNet-50's size, and a BatchNorm net's train steps with and without the kernels."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tests.runtime.gpu_stand_in import CXX, RAW_MODULE, ROOT, STAND_IN, run_stand_in
+from toolkit.backend.devices import gpu_available
+
+needs_cxx = pytest.mark.skipif(CXX is None, reason="emulating CUDA kernels needs a C++ compiler (g++ or c++)")
+needs_gpu = pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU with cupy (run on a GPU machine)")
+
+# run by the stand-in script and by the device tests alike
+HELPERS = textwrap.dedent("""
+    import numpy as np
+    from toolkit.backend.registry import load_device
+    load_device("gpu")
+    from toolkit.ir.graph import Graph, TensorType, Value
+    from toolkit.ops import Builder
+    from toolkit.runtime.plan import Plan, RuntimeState
+
+    def reduce_on_gpu(x, op, axes, keepdims):
+        g = Graph("reduce")
+        v = g.inputs["x"] = Value(TensorType(tuple(x.shape), str(x.dtype)), name="x")
+        g.outputs["y"] = Builder(g, "r").op(op, v, axes=tuple(axes), keepdims=keepdims)
+        plan = Plan(g, {}, {}, "gpu", RuntimeState(np.random.default_rng(0)), native=False)
+        out = plan.run({"x": x})["y"]
+        return out.get() if hasattr(out, "get") else np.array(out)
+
+    def channel_axes(rank):
+        return tuple(i for i in range(rank) if i != 1)
+
+    TOLERANCE = {"float64": 1e-12, "float32": 1e-6, "float16": 2e-3}
+
+    def check(shape, dtype, op, axes, keepdims, seed=0):
+        # values of one sign and signed ones: a relative error on sums that cancel is read
+        # against the sum of magnitudes
+        rng = np.random.default_rng(seed)
+        for values in (rng.uniform(0.5, 1.5, shape), rng.standard_normal(shape)):
+            x = values.astype(dtype)
+            got = reduce_on_gpu(x, op, axes, keepdims)
+            exact = x.astype(np.float64)
+            want = np.sum(exact, axis=axes, keepdims=keepdims)
+            size = np.sum(np.abs(exact), axis=axes, keepdims=keepdims)
+            if op == "reduce_mean":
+                count = exact.size // max(1, want.size)
+                want, size = want / count, size / count
+            assert got.shape == want.shape and got.dtype == x.dtype, (shape, dtype, got.shape, got.dtype)
+            error = np.max(np.abs(got.astype(np.float64) - want) / np.maximum(size, 1e-300), initial=0.0)
+            # float16 also rounds its result to 11 bits
+            assert error <= TOLERANCE[dtype], (shape, dtype, op, axes, keepdims, error)
+            again = reduce_on_gpu(x, op, axes, keepdims)
+            same_bits = np.array_equal(got.reshape(-1).view(np.uint8), again.reshape(-1).view(np.uint8))
+            assert same_bits, ("not repeatable", shape, dtype)
+""")
+
+STAND_IN_SCRIPT = STAND_IN + RAW_MODULE + HELPERS + textwrap.dedent("""
+    from toolkit.kernels.gpu import channel_reductions, cuda
+
+    def kernels_run():
+        return {name for _src, name in cuda._FUNCTIONS if name.startswith("tk_channel")}
+
+    # [N, C, H, W] with C = 3 and HW = 7x5, N = 1 and 5; a channel long enough for several
+    # spans (two stages); [N, C] over its batch; [N, C, L]
+    shapes = [(1, 3, 7, 5), (5, 3, 7, 5), (4, 3, 41, 37), (5, 3), (7, 2, 9)]
+    for dtype in ("float32", "float64", "float16"):
+        for shape in shapes:
+            for op in ("reduce_sum", "reduce_mean"):
+                for keepdims in (True, False):
+                    check(shape, dtype, op, channel_axes(len(shape)), keepdims)
+    assert kernels_run() == {"tk_channel_partials", "tk_channel_finish"}, kernels_run()
+    # spans: enough warps to fill the device, none shorter than MIN_SPAN
+    chunks_for, geometry = channel_reductions.chunks_for, channel_reductions.channel_geometry
+    assert chunks_for(4, 3, 41 * 37) > 1                          # the two-stage path was taken
+    assert chunks_for(64, 256, 56 * 56) == channel_reductions.TARGET_WARPS // 256      # res2 at batch 64
+    assert chunks_for(64, 2048, 7 * 7) == -(-64 * 49 // channel_reductions.MIN_SPAN)   # res5
+    assert chunks_for(2, 3, 5) == 1
+    assert geometry((64, 256, 56, 56), (0, -1, -2)) == (64, 256, 3136)
+    assert geometry((8, 10), (0,)) == (8, 10, 1)
+    assert geometry((8, 10, 3, 3), (0, 2)) is None and geometry((8,), (0,)) is None
+    # other axes: the CuPy reduction this kernel keeps as its fallback
+    for axes in ((0,), (1,), (2, 3), (0, 1, 2, 3)):
+        check((5, 3, 7, 5), "float32", "reduce_sum", axes, False)
+    print("ok")
+""")
+
+
+@needs_cxx
+def test_channel_sums_and_means_equal_numpy_on_the_stand_in(tmp_path):
+    result = run_stand_in(STAND_IN_SCRIPT, tmp_path)
+    assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-3000:]
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16"])
+def test_channel_reductions_equal_numpy_on_the_device(dtype):
+    namespace: dict = {}
+    exec(HELPERS, namespace)
+    check = namespace["check"]
+    for shape in [(1, 3, 7, 5), (5, 3, 7, 5), (4, 3, 41, 37), (5, 3), (7, 2, 9)]:
+        for op in ("reduce_sum", "reduce_mean"):
+            for keepdims in (True, False):
+                check(shape, dtype, op, namespace["channel_axes"](len(shape)), keepdims)
+    if dtype != "float64":
+        for op in ("reduce_sum", "reduce_mean"):
+            check((64, 256, 56, 56), dtype, op, (0, 2, 3), True)
+
+
+# zoo:resnet's train steps (BatchNorm in every block, SGD with momentum and weight decay) on the
+# GPU with the channel kernels and with the setting off (CuPy's reductions): losses and weights
+# equal to float32 rounding, and the channel kernels ran only where they were on
+TRAIN_SCRIPT = textwrap.dedent("""
+    import sys
+    import numpy as np
+    from toolkit import settings
+    from toolkit.frontend import Net
+    from toolkit.benchmarking import bench_plan
+    from toolkit.kernels.gpu import cuda
+
+    def steps(path, batch, on):
+        with settings.use(channel_reductions=on):
+            before = set(cuda._FUNCTIONS)
+            plan, inputs = bench_plan(Net.load(path), batch, True, device="gpu")
+            ran = {name for _src, name in set(cuda._FUNCTIONS) - before if name.startswith("tk_channel")}
+            losses = [float(_host(plan.run(inputs)["loss"])) for _ in range(3)]
+            weights = {k: _host(plan.memory.storage_of[w.value.id].external) for k, w in plan.graph.weights.items()}
+        return losses, weights, ran
+
+    def _host(a):
+        return a.get() if hasattr(a, "get") else np.array(a)
+
+    path, batch = sys.argv[1], int(sys.argv[2])
+    on, off = steps(path, batch, True), steps(path, batch, False)
+    assert "tk_channel_partials" in on[2] and not off[2], (on[2], off[2])
+    np.testing.assert_allclose(on[0], off[0], rtol=1e-5, atol=1e-6)
+    assert on[1].keys() == off[1].keys() and on[1]
+    for k in on[1]:
+        np.testing.assert_allclose(on[1][k], off[1][k], rtol=1e-5, atol=1e-6, err_msg=k)
+    print("losses", on[0], off[0])
+    print("ok")
+""")
+
+
+@needs_cxx
+def test_a_batchnorm_net_trains_alike_with_and_without_the_channel_kernels_on_the_stand_in(tmp_path):
+    result = run_stand_in(STAND_IN + RAW_MODULE + TRAIN_SCRIPT, tmp_path, ROOT / "zoo" / "resnet" / "net.yaml", 8)
+    assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-3000:]
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_a_batchnorm_net_trains_alike_with_and_without_the_channel_kernels_on_the_device():
+    result = subprocess.run([sys.executable, "-c", TRAIN_SCRIPT, str(ROOT / "zoo" / "resnet" / "net.yaml"), "64"],
+                            capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-3000:]
