@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tests.ops import op_cases_conv_pool_fused, op_cases_math
+from tests.ops import op_cases_conv_pool_fused, op_cases_math, op_cases_nhwc
 from tests.ops.op_case_makers import Case
 from toolkit.ir.graph import Graph, TensorType, Value
 from toolkit.ops import OPS, Builder
@@ -16,7 +16,7 @@ from toolkit.runtime.plan import Plan, RuntimeState
 __all__ = ["CASES", "Case", "DETERMINISTIC", "DTYPES", "GRAD_CASES", "RANDOM", "TOL", "assert_close",
            "build_loss_graph", "feeds", "float_indices", "one_node_graph", "run_plan", "upcast"]
 
-CASES: list[Case] = op_cases_math.CASES + op_cases_conv_pool_fused.CASES
+CASES: list[Case] = op_cases_math.CASES + op_cases_conv_pool_fused.CASES + op_cases_nhwc.CASES
 DTYPES = ("float32", "float64")
 TOL = {"float32": 1e-5, "float64": 1e-12}
 

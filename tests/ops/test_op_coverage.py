@@ -43,6 +43,9 @@ NO_GRAD_RULE = {
     "fused_elementwise": "made by a fusion pass after autodiff: the backward pass is already ops",
     "conv2d_blocked": "made by the layout pass, which leaves graphs with a backward pass alone",
     "max_pool2d_blocked": "made by the layout pass, which leaves graphs with a backward pass alone",
+    "nhwc_conv2d": "made by the layout pass, which leaves graphs with a backward pass alone",
+    "nhwc_max_pool2d": "made by the layout pass, which leaves graphs with a backward pass alone",
+    "nhwc_avg_pool2d": "made by the layout pass, which leaves graphs with a backward pass alone",
     "fused_epilogue": "made by a fusion pass after autodiff: the backward pass is already ops",
     "matmul_bias_gradient": "made by a fusion pass after autodiff, from gradient ops",
     **{op: "int8 quantization is made from a trained graph for inference; rounding has no useful gradient"

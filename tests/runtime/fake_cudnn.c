@@ -1,6 +1,6 @@
 /* A stand-in for libcudnn on the host, for the GPU back end's tests without a GPU: the entry
  * points toolkit/kernels/gpu/dnn.py calls, with cuDNN's semantics (NCHW tensors with explicit
- * strides, KCRS filters, groups, padding, stride, dilation, alpha and beta), computed by direct
+ * strides, KCRS or KRSC (NHWC) filters, groups, padding, stride, dilation, alpha and beta), computed by direct
  * loops on host memory (the numpy stand-in for CuPy keeps "device" arrays there).
  *
  * It checks what dnn.py must get right: every descriptor's dimensions against the others (a
@@ -37,7 +37,7 @@ int cudnnSetTensor4dDescriptorEx(void *d, int type, int n, int c, int h, int w, 
 }
 int cudnnCreateFilterDescriptor(void **d) { *d = calloc(1, sizeof(filter)); return OK; }
 int cudnnSetFilter4dDescriptor(void *d, int type, int format, int k, int c, int h, int w) {
-    if (format != 0) return NOT_SUPPORTED;
+    if (format != 0 && format != 1) return NOT_SUPPORTED;     /* NCHW (KCRS) or NHWC (KRSC) */
     *(filter *)d = (filter){type, format, k, c, h, w};
     return OK;
 }
@@ -107,7 +107,10 @@ static void store(void *p, int type, long i, double v) {
 }
 static double scalar(const void *p, int type) { return type == DOUBLE ? *(const double *)p : *(const float *)p; }
 static long at(const tensor *t, int n, int c, int h, int w) { return (long)n * t->ns + (long)c * t->cs + (long)h * t->hs + (long)w * t->ws; }
-static long at_filter(const filter *f, int k, int c, int h, int w) { return (((long)k * f->c + c) * f->h + h) * f->w + w; }
+static long at_filter(const filter *f, int k, int c, int h, int w) {
+    if (f->format == 1) return (((long)k * f->h + h) * f->w + w) * f->c + c;        /* KRSC */
+    return (((long)k * f->c + c) * f->h + h) * f->w + w;
+}
 
 /* every (image, output channel, output position, input channel, kernel offset) with the input
  * element inside the image: visit(x index, w index, y index) */

@@ -8,6 +8,7 @@ from . import (  # noqa: F401  (registration)
     indexing,
     layout,
     linalg,
+    nhwc,
     pool,
     precision,
     quant,

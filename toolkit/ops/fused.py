@@ -158,7 +158,7 @@ register(OpDef("fused_elementwise", _elementwise_infer, _elementwise_reference, 
 
 
 # -- epilogues --------------------------------------------------------------------------------
-EPILOGUE_HEADS = ("matmul", "conv2d", "conv2d_max_pool2d", "conv2d_grad_input", "conv2d_blocked")
+EPILOGUE_HEADS = ("matmul", "conv2d", "conv2d_max_pool2d", "conv2d_grad_input", "conv2d_blocked", "nhwc_conv2d")
 
 
 def store_program(program, outputs, residual_ok) -> tuple[int | None, bool] | None:

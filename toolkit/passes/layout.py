@@ -1,5 +1,6 @@
 """The layout pass: which convolutions run in the blocked channel layout (NCHW16c, ops/layout.py),
-with the reorders between layouts as graph ops, placed so that two never meet.
+with the reorders between layouts as graph ops, placed so that two never meet. This is the
+host's rule; on a GPU the pass puts half-precision convolutions channels last (layout_nhwc.py).
 
 The cost rule, from measurements on an AMD EPYC (Zen 4) core (one thread, each convolution
 alone with its ReLU; the README's real-nets section has the whole nets):
@@ -51,6 +52,7 @@ from ..backend.registry import KERNELS
 from ..ir.graph import Graph, Node, Value
 from ..ops.base import get_op
 from .context import PassContext
+from .layout_nhwc import choose_channels_last
 from .rewrite import Emitter, Substitution, constant_value
 
 MAP_REDUCTIONS = ("reduce_mean", "reduce_sum", "reduce_max")
@@ -397,6 +399,13 @@ class _Rewriter:
 
 
 def choose_layout(graph: Graph, ctx: PassContext) -> bool:
+    """The layout pass: a GPU's convolutions channels last where layout_nhwc.py's rule picks them,
+    the host's blocked where this module's does."""
+    on_gpu = choose_channels_last(graph, ctx)
+    return _choose_blocked(graph, ctx) or on_gpu
+
+
+def _choose_blocked(graph: Graph, ctx: PassContext) -> bool:
     """Rewrite the convolutions the cost rule (module docstring) picks into the blocked layout."""
     where = ctx.placement(graph)
     host = [n for n in graph.nodes if KERNELS.fusion_pays("conv2d_blocked", where.node(n), "float32")]

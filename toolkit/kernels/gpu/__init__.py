@@ -10,6 +10,7 @@ a GPU is asked for.
   arrays.py's im2col convolutions as the fallback.
 - ``arrays.py``: convolution (im2col + cuBLAS), pooling, the losses, accuracy and dropout,
   written once against an array module and shared with the CPU where they can be.
+- ``nhwc.py``: the channels-last layout's convolution through cuDNN, its reorders and pooling.
 - ``rows.py``: one CUDA kernel each for softmax, log-softmax, the NLL loss and its gradient,
   accuracy and the finiteness check of loss scaling (each several CuPy kernels otherwise).
 - ``fused.py``: the fused groups, rendered to CUDA by the kernel generator's GPU dialect and
@@ -26,7 +27,7 @@ registered.
 from __future__ import annotations
 
 from .. import control as _control
-from . import arrays, blas, collective, dispatched, dnn, fused, quant, rows  # noqa: F401  (each registers its kernels)
+from . import arrays, blas, collective, dispatched, dnn, fused, nhwc, quant, rows  # noqa: F401  (each registers its kernels)
 from .dispatched import DISPATCHED  # noqa: F401
 
 _control.register("gpu")

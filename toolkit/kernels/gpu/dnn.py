@@ -47,7 +47,7 @@ from . import blas
 # cudnnDataType_t, cudnnTensorFormat_t, cudnnConvolutionMode_t, cudnnMathType_t,
 # cudnnDeterminism_t (cudnn_graph.h / cudnn_cnn.h, unchanged from cuDNN 7 to 9)
 DATA_FLOAT, DATA_DOUBLE, DATA_HALF = 0, 1, 2
-FORMAT_NCHW = 0
+FORMAT_NCHW, FORMAT_NHWC = 0, 1
 CROSS_CORRELATION = 1
 MATH_DEFAULT, MATH_TENSOR_OP, MATH_TENSOR_OP_ALLOW_CONVERSION, MATH_FMA = 0, 1, 2, 3
 DETERMINISTIC = 1
@@ -193,17 +193,22 @@ def _descriptor(create: str, set_: str, *args) -> ctypes.c_void_p:
     return desc
 
 
-def tensor_descriptor(shape, data_type: int) -> ctypes.c_void_p:
-    """A packed NCHW tensor of ``shape``."""
+def tensor_descriptor(shape, data_type: int, layout: str = "nchw") -> ctypes.c_void_p:
+    """A packed tensor of the NCHW ``shape``, held NCHW or, with ``layout="nhwc"``, channels last
+    (cuDNN reads the layout from the strides)."""
     n, c, h, w = (int(v) for v in shape)
+    strides = (c * h * w, h * w, w, 1) if layout == "nchw" else (h * w * c, 1, w * c, c)
     return _descriptor("cudnnCreateTensorDescriptor", "cudnnSetTensor4dDescriptorEx", data_type,
-                       n, c, h, w, c * h * w, h * w, w, 1)
+                       n, c, h, w, *strides)
 
 
 class Convolution:
-    """One convolution's descriptors, for one direction, with its algorithm chosen."""
+    """One convolution's descriptors, for one direction, with its algorithm chosen. The shapes
+    are NCHW and OIHW whatever the ``layout``: "nhwc" holds the images channels last and the
+    filter as [O, kH, kW, C/group] (cuDNN's NHWC filter format, which its Tensor Core kernels
+    read without a transpose)."""
 
-    def __init__(self, direction: str, x_shape, w_shape, y_shape, attrs, dtype):
+    def __init__(self, direction: str, x_shape, w_shape, y_shape, attrs, dtype, layout: str = "nchw"):
         dtype = np.dtype(dtype)
         if dtype not in TYPES:
             raise Unsupported(f"cuDNN convolutions take float16, float32 and float64, not {dtype}")
@@ -212,10 +217,10 @@ class Convolution:
         self.data_type, compute, self.math, scalar = TYPES[dtype]
         self.one, self.zero = scalar(1.0), scalar(0.0)
         (sh, sw), (ph, pw), (dh, dw) = attrs["stride"], attrs["pad"], attrs["dilation"]
-        self.x = tensor_descriptor(x_shape, self.data_type)
-        self.y = tensor_descriptor(y_shape, self.data_type)
+        self.x = tensor_descriptor(x_shape, self.data_type, layout)
+        self.y = tensor_descriptor(y_shape, self.data_type, layout)
         self.w = _descriptor("cudnnCreateFilterDescriptor", "cudnnSetFilter4dDescriptor", self.data_type,
-                             FORMAT_NCHW, *(int(v) for v in w_shape))
+                             FORMAT_NCHW if layout == "nchw" else FORMAT_NHWC, *(int(v) for v in w_shape))
         self.conv = _descriptor("cudnnCreateConvolutionDescriptor", "cudnnSetConvolution2dDescriptor",
                                 ph, pw, sh, sw, dh, dw, CROSS_CORRELATION, compute)
         lib = library()

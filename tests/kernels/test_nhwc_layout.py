@@ -1,0 +1,208 @@
+"""The channels-last layout on a GPU (passes/layout_nhwc.py, ops/nhwc.py, kernels/gpu/nhwc.py).
+
+Unmarked tests run on the numpy stand-in for CuPy with the host build of cuDNN's entry points
+(tests/runtime/fake_cudnn.c, which reads NHWC strides and the KRSC filter): the channels-last
+ops' GPU kernels equal the CPU's on the op table's cases, through cuDNN; a ResNet block
+(conv-BN-ReLU-conv-BN-add-ReLU-pool) in float16 compiles for the GPU to channels-last
+convolutions with one reorder in and one out, equal to the same graph without the pass and to
+the CPU's float32; what the rule keeps NCHW (float32, a lone convolution, a train step, cuDNN
+switched off) stays NCHW. The ``gpu`` test runs the block on a device."""
+from __future__ import annotations
+
+import json
+import textwrap
+
+import numpy as np
+import pytest
+
+from tests.runtime.gpu_stand_in import CXX, RAW_MODULE, STAND_IN, run_stand_in
+from toolkit.backend.devices import gpu_available
+
+needs_cxx = pytest.mark.skipif(CXX is None, reason="emulating CUDA kernels needs a C++ compiler (g++ or c++)")
+
+NHWC_OPS = ("to_nhwc", "from_nhwc", "nhwc_conv2d", "nhwc_max_pool2d", "nhwc_avg_pool2d")
+
+BLOCK = textwrap.dedent("""\
+    name: block
+    inputs:
+      data: {shape: [N, 16, 8, 8], dtype: float32}
+    layers:
+      - {name: conv1, type: Convolution, bottom: data, top: conv1, num_output: 16, kernel_size: 3, pad: 1, bias_term: false}
+      - {name: bn1, type: BatchNorm, bottom: conv1, top: conv1}
+      - {name: relu1, type: ReLU, bottom: conv1, top: conv1}
+      - {name: conv2, type: Convolution, bottom: conv1, top: conv2, num_output: 16, kernel_size: 3, pad: 1, bias_term: false}
+      - {name: bn2, type: BatchNorm, bottom: conv2, top: conv2}
+      - {name: add, type: Eltwise, bottom: [data, conv2], top: add}
+      - {name: relu2, type: ReLU, bottom: add, top: add}
+      - {name: pool, type: Pooling, bottom: add, top: pool, pool: max, kernel_size: 3, stride: 2, pad: 1}
+    outputs: [pool]
+""")
+
+# one conv between two ops that cannot follow the layout: its reorders cost what it saves
+LONE = textwrap.dedent("""\
+    name: lone
+    inputs:
+      data: {shape: [N, 8, 6, 6], dtype: float32}
+    layers:
+      - {name: soft_in, type: Softmax, bottom: data, top: soft_in}
+      - {name: conv, type: Convolution, bottom: soft_in, top: conv, num_output: 8, kernel_size: 3, pad: 1}
+      - {name: soft_out, type: Softmax, bottom: conv, top: soft_out}
+    outputs: [soft_out]
+""")
+
+# (how, the net, batch, dtype, disable, train) -> the graph's ops, its layout notes, its outputs
+PLANS_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    from toolkit.backend.registry import load_device
+    from toolkit.benchmarking import bench_plan
+    from toolkit.compile import optimize
+    from toolkit.frontend import Net
+    load_device("gpu")
+    from toolkit.kernels.gpu import nhwc
+    report = []
+    for path, device, dtype, disable, train in json.loads(sys.argv[1]):
+        net = Net.load(path)
+        plan, inputs = bench_plan(net, 2, train, dtype=dtype, disable=tuple(disable), device=device)
+        outs = {k: np.array(v, dtype=np.float64).tolist() for k, v in plan.run(inputs).items()} if not train else {}
+        ops = [n.attrs["head"] if n.op == "fused_epilogue" else n.op for n in plan.graph.nodes]
+        notes = []
+        if not train:
+            optimize(net.graph("infer", dtype), tuple(disable), net.init_weights(seed=0, dtype=dtype), device,
+                     check=True, notes=notes)
+        report.append({"ops": ops, "notes": [n for n in notes if n.startswith("choose_layout")], "outs": outs})
+    report.append(sorted(f"{how}: {why}" for (how, why), _n in nhwc.CHOSEN.items()))
+    print(json.dumps(report))
+""")
+
+
+def _plans(tmp_path, runs, **env) -> tuple[list[dict], list[str]]:
+    result = run_stand_in(STAND_IN + RAW_MODULE + PLANS_SCRIPT, tmp_path, json.dumps(runs), env_extra=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    return report[:-1], report[-1]
+
+
+def _net(tmp_path, text: str, name: str) -> str:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+@needs_cxx
+def test_a_resnet_block_in_float16_runs_channels_last_with_one_reorder_each_way(tmp_path):
+    block = _net(tmp_path, BLOCK, "block")
+    (cpu, nchw, nhwc), chosen = _plans(tmp_path, [[block, "cpu", None, [], False],
+                                                  [block, "gpu", "float16", ["choose_layout"], False],
+                                                  [block, "gpu", "float16", [], False]])
+    assert "nhwc_conv2d" not in nchw["ops"] and nchw["ops"].count("conv2d") == 2, nchw["ops"]
+    assert nhwc["ops"].count("nhwc_conv2d") == 2 and "conv2d" not in nhwc["ops"], nhwc["ops"]
+    assert nhwc["ops"].count("to_nhwc") == 1 and nhwc["ops"].count("from_nhwc") == 1, nhwc["ops"]
+    assert "nhwc_max_pool2d" in nhwc["ops"] and "max_pool2d" not in nhwc["ops"], nhwc["ops"]
+    assert nhwc["notes"] == ["choose_layout: 2 of 2 convolutions channels last (NHWC) on the GPU, 4 op(s) follow "
+                             "the layout; reorders: 1 to NHWC, 1 back to NCHW"], nhwc["notes"]
+    assert nchw["notes"] == []
+    assert chosen == ["cudnn: "], chosen
+    want = np.array(cpu["outs"]["pool"])
+    got, plain = np.array(nhwc["outs"]["pool"]), np.array(nchw["outs"]["pool"])
+    assert want.shape == got.shape == (2, 16, 4, 4)
+    scale = float(np.abs(want).max())
+    np.testing.assert_allclose(got, plain, rtol=0, atol=1e-3 * scale)         # both float16 through cuDNN
+    np.testing.assert_allclose(got, want, rtol=0, atol=4e-3 * scale)          # float16 against float32
+
+
+@needs_cxx
+def test_what_the_rule_keeps_nchw_stays_nchw(tmp_path):
+    from tests.runtime.gpu_stand_in import ROOT
+    block, lone = _net(tmp_path, BLOCK, "block"), _net(tmp_path, LONE, "lone")
+    (fp32, single, train), _chosen = _plans(tmp_path, [[block, "gpu", "float32", [], False],
+                                                       [lone, "gpu", "float16", [], False],
+                                                       [str(ROOT / "zoo" / "resnet" / "net.yaml"), "gpu", "float16",
+                                                        [], True]])
+    for report in (fp32, single, train):
+        assert not set(NHWC_OPS) & set(report["ops"]), report["ops"]
+        assert report["notes"] == [], report["notes"]
+    (off,), chosen = _plans(tmp_path, [[block, "gpu", "float16", [], False]], TOOLKIT_CUDNN="0")
+    assert not set(NHWC_OPS) & set(off["ops"]) and chosen == [], (off["ops"], chosen)
+
+
+@needs_cxx
+def test_inception_and_the_small_resnet_in_float16_equal_their_nchw_plans(tmp_path):
+    """A concatenation along channels, a max pooling of the block's input and global average
+    pooling follow the layout: one reorder in, none out (the pooled [N, C, 1, 1] is a reshape)."""
+    from tests.runtime.gpu_stand_in import ROOT
+    for path in (ROOT / "benchmarks" / "nets" / "inception.yaml", ROOT / "zoo" / "resnet" / "net.yaml"):
+        (nchw, nhwc), _chosen = _plans(tmp_path, [[str(path), "gpu", "float16", ["choose_layout"], False],
+                                                  [str(path), "gpu", "float16", [], False]])
+        assert nhwc["ops"].count("from_nhwc") == 0 and nhwc["ops"].count("to_nhwc") <= 1, (path, nhwc["ops"])
+        assert "conv2d" not in nhwc["ops"], nhwc["ops"]
+        for k, want in nchw["outs"].items():
+            np.testing.assert_allclose(nhwc["outs"][k], want, rtol=0, atol=1e-3, err_msg=str(path))
+
+
+CASES_SCRIPT = textwrap.dedent("""
+    import sys
+    from tests.runtime.gpu_stand_in import compare_case
+    from tests.ops.op_cases import CASES, feeds, one_node_graph
+    from toolkit.backend.registry import load_device
+    load_device("gpu")
+    from toolkit.kernels.gpu import nhwc
+    ran = 0
+    for dtype in ("float32", "float16"):
+        for case in CASES:
+            if case.op in sys.argv[1].split(","):
+                compare_case(case, dtype, feeds, one_node_graph)
+                ran += 1
+    print(ran, sorted(how for how, _why in nhwc.CHOSEN))
+""")
+
+
+@needs_cxx
+def test_the_channels_last_kernels_on_the_gpu_equal_the_cpu_kernels(tmp_path):
+    result = run_stand_in(STAND_IN + RAW_MODULE + CASES_SCRIPT, tmp_path, ",".join(NHWC_OPS))
+    assert result.returncode == 0, result.stderr[-3000:]
+    ran, how = result.stdout.strip().splitlines()[-1].split(" ", 1)
+    assert int(ran) == 2 * 21 and set(eval(how)) == {"cudnn"}, result.stdout
+
+
+def test_the_cpu_kernels_of_the_channels_last_ops_equal_their_references(rng):
+    """The numpy kernels (the im2col fallback of the GPU's convolution among them) against
+    ops/nhwc.py's references, which go through the NCHW ones."""
+    from tests.ops.op_cases import CASES, feeds, one_node_graph
+    from toolkit.runtime.plan import Plan, RuntimeState
+    for case in [c for c in CASES if c.op in NHWC_OPS]:
+        arrays = case.inputs("float32")
+        graph, _vals, y = one_node_graph(case, arrays, case.attrs_for("float32"))
+        graph.outputs["y"] = y
+        got = Plan(graph, {}, {}, "cpu", RuntimeState(rng), native=False).run(feeds(arrays))["y"]
+        want = case.ref(*[a.astype(np.float64) for a in arrays])
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=case.id)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU with cupy (run on a GPU machine)")
+def test_a_resnet_block_channels_last_on_the_device(tmp_path):
+    """The block at batch 8 in float16 on the device: channels last (one reorder each way, the
+    convolutions on cuDNN's NHWC kernels) equals NCHW within 1e-2 of the output's scale."""
+    from toolkit.backend.registry import load_device
+    from toolkit.benchmarking import bench_plan
+    from toolkit.frontend import Net
+    load_device("gpu")
+    from toolkit.kernels.gpu import dnn, nhwc
+    if dnn.unavailable():
+        pytest.skip(dnn.unavailable())
+    net = Net.load(_net(tmp_path, BLOCK.replace("[N, 16, 8, 8]", "[N, 64, 56, 56]").replace(
+        "num_output: 16", "num_output: 64"), "block"))
+    nhwc.CHOSEN.clear()
+    outs, ops = {}, {}
+    for label, disable in (("nchw", ("choose_layout",)), ("nhwc", ())):
+        plan, inputs = bench_plan(net, 8, False, dtype="float16", disable=disable, device="gpu")
+        out = plan.run(inputs)["pool"]
+        outs[label] = np.asarray(out.get() if hasattr(out, "get") else out, dtype=np.float32)
+        ops[label] = [n.attrs["head"] if n.op == "fused_epilogue" else n.op for n in plan.graph.nodes]
+    assert ops["nhwc"].count("nhwc_conv2d") == 2 and ops["nhwc"].count("to_nhwc") == 1, ops["nhwc"]
+    assert ops["nhwc"].count("from_nhwc") == 1 and "nhwc_conv2d" not in ops["nchw"], ops
+    assert set(how for how, _why in nhwc.CHOSEN) == {"cudnn"}, nhwc.CHOSEN
+    scale = float(np.abs(outs["nchw"]).max())
+    assert np.isfinite(outs["nhwc"]).all() and scale > 0
+    np.testing.assert_allclose(outs["nhwc"], outs["nchw"], rtol=0, atol=1e-2 * scale)

@@ -1,0 +1,338 @@
+"""The layout pass on a GPU: which convolutions run channels last (NHWC, ops/nhwc.py), with the
+ops that follow them and the reorders between layouts as graph ops, placed so that two never
+meet. layout.py's ``choose_layout`` runs this for the GPU's nodes and its blocked layout for the
+host's.
+
+The cost rule:
+
+- cuDNN's Tensor Core kernels for float16 read NHWC images and a [O, kH, kW, C/group] filter;
+  given NCHW, cuDNN transposes the input into NHWC and the output back around the kernel (the
+  ``nchwToNhwc`` and ``nhwcToNchw`` kernels of an NCHW half-precision profile). So a float16
+  convolution saves, channels last, about one read and write of its input and of its output
+  (``saving_elements``), and a reorder at a region's border costs the same one read and write
+  of the value it reorders: the convolutions are grouped into regions (convolutions joined
+  through the ops that follow the layout), and a region goes channels last when its
+  convolutions' input and output elements exceed the elements reordered at its borders. A lone
+  convolution between two NCHW ops saves nothing (its reorders are the transposes cuDNN would
+  have made) and stays NCHW; a ResNet's body is one region, one reorder in and one out.
+- float32 (and float64) stay NCHW: without Tensor Cores (the toolkit's float32 is held to FMA
+  math) cuDNN's NCHW kernels need no transposes. Whether TF32 changes that is for a
+  measurement on the device to say (benchmarks/gpu_real_nets.py's rows with and without
+  ``--disable choose_layout``); until then the rule is: half types channels last, the rest NCHW.
+- Only where cuDNN runs the convolution (the kernel's ``fusion_pays``: loaded and switched on;
+  the fallback is the NCHW im2col kernel between two copies), with a weight known when the
+  graph is compiled (reordered once, to the filter layout above, there), on concrete map and
+  channel sizes, and not in a train step: its gradient kernels read NCHW, so a graph with
+  gradient ops stays NCHW (training runs NCHW).
+
+What follows the layout: elementwise ops (an operand of shape [C, 1, 1] or [N, C, 1, 1] is
+relabelled as [1, 1, C] or [N, 1, 1, C], a free reshape, so per-channel constants, a folded
+BatchNorm's scale and shift, biases and residual sums follow), a concatenation along channels
+(axis 3), max and average pooling (``nhwc_*_pool2d``), and reductions over the map (global
+pooling: axes 1 and 2; kept dims [N, 1, 1, C] are [N, C, 1, 1] by a reshape). Anything else
+reads the NCHW form: one ``from_nhwc`` per value, made once, and a value that was reordered
+back and is wanted channels last again is taken from where it came (the cancelled pair never
+exists).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..backend.registry import KERNELS
+from ..ir.graph import Graph, Node, Value
+from ..ops.base import get_op
+from .context import PassContext
+from .rewrite import Emitter, Substitution, constant_value
+
+HALF_TYPES = ("float16",)                  # the dtypes whose cuDNN kernels want channels last
+MAP_REDUCTIONS = ("reduce_mean", "reduce_sum", "reduce_max")
+POOLS = {"max_pool2d": "nhwc_max_pool2d", "avg_pool2d": "nhwc_avg_pool2d"}
+REORDERS = ("to_nhwc", "from_nhwc")
+
+
+def _image(v: Value) -> bool:
+    """A 4-d value with concrete channel counts and maps (the batch may be symbolic)."""
+    return v.rank == 4 and all(isinstance(d, int) for d in v.shape[1:])
+
+
+def _per_image(v: Value) -> int:
+    return int(np.prod(v.shape[1:]))
+
+
+def _same_memory(v: Value) -> bool:
+    """Whether an image's NCHW and NHWC forms are the same memory ([N, C, 1, 1], [N, 1, H, W]):
+    a reshape, not a reorder, between them."""
+    return tuple(v.shape[2:]) == (1, 1) or v.shape[1] == 1
+
+
+def _relabelled(v: Value) -> tuple | None:
+    """The channels-last shape of an operand that is one value per channel ([C, 1, 1] or
+    [N|1, C, 1, 1]), which is the same memory: None for any other shape."""
+    if v.rank == 3 and tuple(v.shape[1:]) == (1, 1):
+        return (1, 1, v.shape[0])
+    if v.rank == 4 and tuple(v.shape[2:]) == (1, 1):
+        return (v.shape[0], 1, 1, v.shape[1])
+    return None
+
+
+def _over_the_map(node: Node) -> bool:
+    """A reduction over an image's H and W axes (global pooling)."""
+    return (node.op in MAP_REDUCTIONS and _image(node.inputs[0])
+            and tuple(sorted(a % 4 for a in node.attrs["axes"])) == (2, 3))
+
+
+def _could_follow(node: Node) -> list[Value]:
+    """The image operands an op would take channels last if it followed the layout ([] if it
+    cannot)."""
+    if len(node.outputs) != 1:
+        return []
+    out = node.outputs[0]
+    if _over_the_map(node):
+        return [node.inputs[0]]
+    if not _image(out):
+        return []
+    opdef = get_op(node.op)
+    if opdef.elementwise and opdef.pure:
+        images = [v for v in node.inputs if tuple(v.shape) == tuple(out.shape)]
+        others = [v for v in node.inputs if tuple(v.shape) != tuple(out.shape)]
+        if all((v.type.numel == 1 and v.rank <= 1) or _relabelled(v) is not None for v in others):
+            return images
+        return []
+    if node.op == "concat" and node.attrs["axis"] % 4 == 1 and all(_image(v) for v in node.inputs):
+        return list(node.inputs)
+    if node.op in POOLS:
+        return [node.inputs[0]]
+    return []
+
+
+def saving_elements(node: Node) -> int:
+    """What one image's convolution saves channels last: cuDNN's transposes of its input and
+    output around an NCHW half-precision kernel, in elements read and written once."""
+    return _per_image(node.inputs[0]) + _per_image(node.outputs[0])
+
+
+def why_not_channels_last(node: Node, device) -> str | None:
+    """None when ``node`` (a conv2d on a GPU) can run channels last, else why not, in a few words."""
+    x, w = node.inputs[0], node.inputs[1]
+    if x.dtype not in HALF_TYPES:
+        return f"{x.dtype}: its cuDNN kernels take NCHW as fast"
+    if not _image(x):
+        return "a symbolic map size"
+    if constant_value(w) is None:
+        return "weights fed at run time"
+    if not KERNELS.fusion_pays("nhwc_conv2d", device, x.dtype, node):
+        return "cuDNN does not run it"
+    return None
+
+
+class _Regions:
+    """Union-find over value ids."""
+
+    def __init__(self):
+        self.parent: dict[int, int] = {}
+
+    def find(self, a: int) -> int:
+        self.parent.setdefault(a, a)
+        while self.parent[a] != a:
+            self.parent[a] = self.parent[self.parent[a]]
+            a = self.parent[a]
+        return a
+
+    def union(self, a: int, b: int) -> None:
+        self.parent[self.find(a)] = self.find(b)
+
+
+def worthwhile(graph: Graph, candidates: list[Node], followers: set[int]) -> tuple[set[int], set[int]]:
+    """(ids of the candidates in regions whose saving exceeds the elements their borders reorder,
+    ids of the ops that would follow the layout in those regions)."""
+    regions = _Regions()
+    follow_inputs = {}
+    for node in graph.nodes:
+        if id(node) in followers:
+            operands = _could_follow(node)
+            if operands:
+                follow_inputs[id(node)] = operands
+                for v in operands:
+                    regions.union(v.id, node.outputs[0].id)
+    cand_ids = {id(n) for n in candidates}
+    for node in candidates:
+        regions.union(node.inputs[0].id, node.outputs[0].id)
+    members = cand_ids | set(follow_inputs)
+    produced_by = {id(node): node.outputs[0].id for node in graph.nodes if id(node) in members}
+    produced_inside = set(produced_by.values())
+    saving: dict[int, int] = {}
+    cost: dict[int, int] = {}
+    for node in candidates:
+        root = regions.find(node.outputs[0].id)
+        saving[root] = saving.get(root, 0) + saving_elements(node)
+    readers = graph.consumers()
+    kept = {v.id for v in graph.outputs.values()} | {v.id for v in graph.updates.values()}
+    seen = set()
+    for node in graph.nodes:
+        if id(node) not in members:
+            continue
+        values = ([node.inputs[0]] if id(node) in cand_ids else follow_inputs[id(node)]) + [node.outputs[0]]
+        for v in values:
+            if v.id in seen or _same_memory(v):           # relabelled, not reordered
+                continue
+            seen.add(v.id)
+            enters = v.id not in produced_inside
+            leaves = v.id in produced_inside and (v.id in kept or any(id(r) not in members
+                                                                      for r in readers.get(v.id, [])))
+            if enters or leaves:
+                root = regions.find(v.id)
+                cost[root] = cost.get(root, 0) + _per_image(v)
+    paid = {root for root, saved in saving.items() if saved > cost.get(root, 0)}
+    return ({id(n) for n in candidates if regions.find(n.outputs[0].id) in paid},
+            {i for i in follow_inputs if regions.find(produced_by[i]) in paid})
+
+
+class _Rewriter:
+    """Walks the nodes in order, emitting the new list: channels-last convolutions, the ops that
+    follow them, and the reorders where a layout meets the other."""
+
+    def __init__(self, region: set[int]):
+        self.region = region                      # ids of the ops the regions chosen hold
+        self.nodes: list[Node] = []
+        self.nhwc: dict[int, Value] = {}          # NCHW value id -> its channels-last form
+        self.only_nhwc: set[int] = set()          # NCHW values that exist only channels last
+        self.plain: dict[int, Value] = {}         # NCHW value id -> its reordered-back form
+        self.subst = Substitution()
+        self.reorders = {op: 0 for op in REORDERS}
+        self.followers = 0
+
+    def emit(self, scope: str, op: str, *inputs: Value, **attrs) -> Value:
+        e = Emitter(scope)
+        out = e.op(op, *inputs, **attrs)
+        self.nodes += e.take()
+        if op in self.reorders:
+            self.reorders[op] += 1
+        return out
+
+    def relabel(self, v: Value, shape: tuple, scope: str) -> Value:
+        return self.emit(scope, "reshape", v, shape=shape)
+
+    def to_nhwc(self, v: Value, scope: str) -> Value:
+        if v.id not in self.nhwc:
+            n, c, h, w = v.shape
+            self.nhwc[v.id] = (self.relabel(v, (n, h, w, c), scope) if _same_memory(v)
+                               else self.emit(scope, "to_nhwc", v))
+        return self.nhwc[v.id]
+
+    def to_plain(self, v: Value) -> Value:
+        """The NCHW form of a value that may exist only channels last."""
+        if v.id not in self.only_nhwc:
+            return v
+        if v.id not in self.plain:
+            y = self.nhwc[v.id]
+            scope = y.producer.scope
+            p = self.relabel(y, tuple(v.shape), scope) if _same_memory(v) else self.emit(scope, "from_nhwc", y)
+            self.plain[v.id] = p
+            self.nhwc[p.id] = y                   # wanted channels last again: the source, no reorder
+            self.subst.replace(v, p)
+        return self.plain[v.id]
+
+    def produce(self, old: Value, new: Value) -> None:
+        self.nhwc[old.id] = new
+        self.only_nhwc.add(old.id)
+
+    def constant(self, like: Value, value: np.ndarray) -> Value:
+        value.flags.writeable = False
+        return self.emit(like.producer.scope, "constant", value=value)
+
+    # -- per node -----------------------------------------------------------------------------
+    def convolution(self, node: Node) -> None:
+        x, w = node.inputs[0], node.inputs[1]
+        xn = self.nhwc.get(x.id) or self.to_nhwc(x, node.scope)
+        weight = np.ascontiguousarray(constant_value(w).transpose(0, 2, 3, 1))      # OIHW -> O kH kW I
+        attrs = {k: node.attrs[k] for k in ("stride", "pad", "dilation", "group")}
+        y = self.emit(node.scope, "nhwc_conv2d", xn, self.constant(w, weight), *node.inputs[2:], **attrs)
+        self.produce(node.outputs[0], y)
+
+    def operand(self, v: Value, image_shape, scope: str) -> Value | None:
+        """``v`` as an operand of an elementwise op on channels-last images: its channels-last
+        form, a scalar as it is, a per-channel value relabelled; None where it cannot follow."""
+        if v.id in self.nhwc:
+            return self.nhwc[v.id]
+        if tuple(v.shape) == tuple(image_shape):
+            return self.to_nhwc(v, scope)
+        if v.type.numel == 1 and v.rank <= 1:
+            return v
+        shape = _relabelled(v)
+        return None if shape is None else self.relabel(v, shape, scope)
+
+    def follow(self, node: Node) -> bool:
+        """Emit ``node`` on channels-last operands when it is in a region chosen (an input
+        pooled before the convolution that reads it, a branch of a concatenation) or one of its
+        inputs exists only channels last, and the rest can follow; whether it did."""
+        if not (id(node) in self.region or any(v.id in self.only_nhwc for v in node.inputs)) \
+                or not _could_follow(node):
+            return False
+        opdef = get_op(node.op)
+        out = node.outputs[0]
+        if _over_the_map(node):
+            x = node.inputs[0]
+            r = self.emit(node.scope, node.op, self.nhwc.get(x.id) or self.to_nhwc(x, node.scope), axes=(1, 2),
+                          keepdims=True)
+            # [N, 1, 1, C] is [N, C, 1, 1] and [N, C]: a reshape, no reorder
+            self.subst.replace(out, self.relabel(r, tuple(out.shape), node.scope))
+            self.followers += 1
+            return True
+        if opdef.elementwise and opdef.pure:
+            operands = [self.operand(v, out.shape, node.scope) for v in node.inputs]
+            if any(o is None for o in operands):
+                return False
+            y = self.emit(node.scope, node.op, *operands, **node.attrs)
+        elif node.op == "concat":
+            y = self.emit(node.scope, "concat", *[self.nhwc.get(v.id) or self.to_nhwc(v, node.scope)
+                                                  for v in node.inputs], axis=3)
+        elif node.op in POOLS:
+            x = node.inputs[0]
+            y = self.emit(node.scope, POOLS[node.op], self.nhwc.get(x.id) or self.to_nhwc(x, node.scope),
+                          **node.attrs)
+        else:
+            return False
+        self.produce(out, y)
+        self.followers += 1
+        return True
+
+    def keep(self, node: Node) -> None:
+        node.inputs = [self.to_plain(self.subst.resolve(v)) for v in node.inputs]
+        self.nodes.append(node)
+
+
+def choose_channels_last(graph: Graph, ctx: PassContext) -> bool:
+    """Rewrite the GPU convolutions the cost rule (module docstring) picks into the channels-last
+    layout; whether it changed the graph."""
+    where = ctx.placement(graph)
+    on_gpu = {id(n) for n in graph.nodes if not where.node(n).host_memory}
+    convs = [n for n in graph.nodes if n.op == "conv2d" and id(n) in on_gpu]
+    if not convs or any("_grad" in node.op for node in graph.nodes):
+        return False                 # a train step: the gradient kernels read NCHW
+    reasons = [(n, why_not_channels_last(n, where.node(n))) for n in convs]
+    chosen, region = worthwhile(graph, [n for n, why in reasons if why is None], on_gpu)
+    reasons = [(n, "saves less than its reorders cost" if why is None and id(n) not in chosen else why)
+               for n, why in reasons]
+    if not chosen:
+        return False                 # notes are changes (context.py): what stayed NCHW rides on one
+    rw = _Rewriter(region)
+    for node in graph.nodes:
+        node.inputs = [rw.subst.resolve(v) for v in node.inputs]
+        if id(node) in chosen:
+            rw.convolution(node)
+        elif not (id(node) in on_gpu and rw.follow(node)):
+            rw.keep(node)
+    for name, v in list(graph.outputs.items()):
+        graph.outputs[name] = rw.to_plain(rw.subst.resolve(v))
+    for name, v in list(graph.updates.items()):
+        graph.updates[name] = rw.to_plain(rw.subst.resolve(v))
+    graph.nodes = rw.nodes
+    rw.subst.apply(graph)
+    ctx.note(f"choose_layout: {len(chosen)} of {len(convs)} convolutions channels last (NHWC) on the GPU, "
+             f"{rw.followers} op(s) follow the layout; "
+             f"reorders: {rw.reorders['to_nhwc']} to NHWC, {rw.reorders['from_nhwc']} back to NCHW")
+    kept = [f"{n.scope} ({why})" for n, why in reasons if why is not None]
+    if kept:
+        shown = ", ".join(kept[:6]) + (f", and {len(kept) - 6} more" if len(kept) > 6 else "")
+        ctx.note(f"choose_layout: kept NCHW on the GPU: {shown}")
+    return True
