@@ -2,7 +2,7 @@
 registers, discriminated on ``type``."""
 from __future__ import annotations
 
-from typing import Annotated, Any, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import AfterValidator, BaseModel, Field, StrictInt, model_validator
 
@@ -50,6 +50,8 @@ def build_net_model(layer_models: list[type[LayerBase]]) -> type[BaseModel]:
         optimize: Optional[OptimizeSpec] = None
         # int8 post-training quantization of the infer phase: scales per top, float layers
         quantization: Optional[QuantizationSpec] = None
+        # the float32 math policy on the GPU: strict FMA or TF32 convolutions (docs/spec.md)
+        precision: Optional[Literal["strict", "tf32"]] = None
         # an extension: sizes per symbolic dimension that infer and serve compile plans for
         # (the batch's, a sequence length's), unless --buckets says otherwise
         buckets: BucketsSpec = None

@@ -25,6 +25,7 @@ GOOD = {
     "seconds": [("2.5", 2.5), ("300", 300.0), ("1e-3", 0.001)],
     "path": [("some/where", Path("some/where")), ("~/x", Path("~/x").expanduser())],
     "list": [("a", ("a",)), ("a, b,,c ", ("a", "b", "c"))],
+    "choice": [("tf32", "tf32"), (" STRICT ", "strict")],      # the one choice knob: precision
 }
 BAD = {
     "switch": ["2", "maybe", "enabled"],
@@ -32,10 +33,12 @@ BAD = {
     "seconds": ["abc", "0", "-5", "inf", "nan"],
     "path": [],
     "list": [],
+    "choice": ["fp32", "tf", "1"],
 }
 ACCEPTED = {
     "switch": "on or off (1/0, on/off, yes/no, true/false)",
     "seconds": "a number of seconds above 0",
+    "choice": "strict or tf32",
 }
 
 

@@ -24,6 +24,7 @@ from .commands.options import (
     NET,
     NO_TRANSFORM,
     OPTIMIZE,
+    PRECISION,
     SET,
     TRAIN_DTYPES,
     WEIGHTS,
@@ -79,7 +80,7 @@ COMMANDS: tuple[Command, ...] = (
         option("--top", type=positive_int, default=None, metavar="K",
                help="print each example's K best classes (score, index, name where known), and write "
                     "them to a .csv --output"),
-        LABELS, SET.but(help="override any key of the net file, as for train"), DEVICE, DTYPE, BUCKETS,
+        LABELS, SET.but(help="override any key of the net file, as for train"), DEVICE, DTYPE, PRECISION, BUCKETS,
         option("--chunk-rows", type=positive_int, default=None, metavar="N",
                help="rows read and run at a time (default: 4 x the largest bucket); memory stays flat"),
         option("--warm", action="store_true", help="build and run every bucket's plan before the first chunk"),
@@ -119,6 +120,7 @@ COMMANDS: tuple[Command, ...] = (
         option("--warmup", type=int, default=5, help="untimed iterations first (default 5)"),
         DEVICE, DTYPE.but(help="float16 and bfloat16 accumulate in float32; with --train they mean mixed "
                                "precision; on cpu they run through float32 kernels"),
+        PRECISION,
         option("--dim", action="append", default=[], metavar="NAME=SIZE",
                help="value of another symbolic dimension, e.g. T=32"),
         option("--lr", type=float, default=None,
@@ -148,6 +150,7 @@ COMMANDS: tuple[Command, ...] = (
                           help="float16/bfloat16: mixed precision (GEMMs and convolutions in that type, float32 "
                                "master weights, dynamic loss scaling), as train.solver.mixed_precision; float32: "
                                "without it"),
+        PRECISION,
         *OPTIMIZE)),
     Command("test", "run the test phase over the net's test data and print the metrics", run="train_cmd:run_test",
             options=(NET, WEIGHTS, SET, DEVICE, *OPTIMIZE)),
@@ -296,7 +299,10 @@ def main(argv: list[str] | None = None) -> int:
         args.argv = list(sys.argv[1:] if argv is None else argv)     # what a rank process re-runs
         from . import settings
         settings.current()             # every TOOLKIT_* variable read once: a bad value stops here
-        return runner(args.command)(args) or 0
+        # --precision (train, infer, bench) is the precision setting for the command's whole run
+        chosen = {"precision": args.precision} if getattr(args, "precision", None) else {}
+        with settings.use(**chosen):
+            return runner(args.command)(args) or 0
     except UserError as e:
         for problem in e.problems:
             print(problem, file=sys.stderr)

@@ -48,8 +48,8 @@ OFF_WORDS = ("0", "off", "no", "false")
 class Knob:
     """One setting. ``kind`` says how its text is read and what a value may be:
     switch (on/off), count (a whole number from ``minimum``), seconds (a number above 0),
-    path (a file or folder, as given), list (comma-separated texts). ``default`` None means
-    "decided at run time" (``help`` says how)."""
+    path (a file or folder, as given), list (comma-separated texts), choice (one of ``choices``).
+    ``default`` None means "decided at run time" (``help`` says how)."""
     name: str
     kind: str
     default: Any
@@ -57,6 +57,7 @@ class Knob:
     help: str
     minimum: int = 1
     also_off: tuple[str, ...] = ()      # further words that mean off, kept from older releases
+    choices: tuple[str, ...] = ()       # the words a choice knob takes
 
 
 KNOBS: tuple[Knob, ...] = (
@@ -90,6 +91,16 @@ KNOBS: tuple[Knob, ...] = (
     Knob("channel_reductions", "switch", True, "TOOLKIT_CHANNEL_REDUCTIONS",
          "GPU sums and means over every axis but the channels (BatchNorm's statistics) by the "
          "toolkit's own two-stage kernel (off: CuPy's reduction)"),
+    # None: the net file's ``precision`` key decides, else strict (kernels/gpu/dnn.py's policy)
+    Knob("precision", "choice", None, "TOOLKIT_PRECISION",
+         "float32 math on the GPU: strict (FMA, equal to the CPU to float32 rounding) or tf32 (cuDNN "
+         "convolutions may use TF32 tensor cores, as PyTorch's default; GEMMs stay float32); overrides "
+         "a net file's precision key (default: the net file's, else strict)", choices=("strict", "tf32")),
+    # ResNet-50's fast cuDNN algorithms at batch 256 want tens to a few hundred MiB; 256 per stream
+    # leaves them in reach while the activations keep the rest of the device
+    Knob("cudnn_workspace_mb", "count", 256, "TOOLKIT_CUDNN_WORKSPACE_MB",
+         "MiB of workspace one cuDNN convolution may use on a stream; algorithms that want more are "
+         "passed over, and a weight gradient whose im2col column buffer would be larger goes to cuDNN"),
     Knob("cublas_library", "path", None, "TOOLKIT_CUBLAS_LIBRARY",
          "the libcublas file to load (default: the one CuPy uses)"),
     Knob("cublaslt_library", "path", None, "TOOLKIT_CUBLASLT_LIBRARY",
@@ -109,7 +120,7 @@ KNOBS: tuple[Knob, ...] = (
 )
 
 _BY_NAME = {k.name: k for k in KNOBS}
-_KIND_TYPES = {"switch": bool, "count": int, "seconds": float, "path": Path, "list": tuple}
+_KIND_TYPES = {"switch": bool, "count": int, "seconds": float, "path": Path, "list": tuple, "choice": str}
 
 Settings = dataclasses.make_dataclass(
     "Settings",
@@ -124,7 +135,8 @@ def _accepted(knob: Knob, short: bool = False) -> str:
             "count": f"a whole number from {knob.minimum}",
             "seconds": "a number of seconds above 0",
             "path": "a path",
-            "list": "comma-separated texts"}[knob.kind]
+            "list": "comma-separated texts",
+            "choice": ("/" if short else " or ").join(knob.choices)}[knob.kind]
 
 
 def _parse(knob: Knob, text: str):
@@ -150,6 +162,9 @@ def _parse(knob: Knob, text: str):
         return Path(text).expanduser()
     elif knob.kind == "list":
         return tuple(item.strip() for item in text.split(",") if item.strip())
+    elif knob.kind == "choice":
+        if word.lower() in knob.choices:
+            return word.lower()
     raise UserError(f"{knob.variable}={text}: expected {_accepted(knob)}")
 
 
@@ -183,7 +198,8 @@ def _checked(name: str, value):
           "count": isinstance(value, int) and not isinstance(value, bool) and value >= knob.minimum,
           "seconds": isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < math.inf,
           "path": isinstance(value, (str, os.PathLike)),
-          "list": isinstance(value, (str, tuple, list)) and all(isinstance(v, str) for v in value)}[knob.kind]
+          "list": isinstance(value, (str, tuple, list)) and all(isinstance(v, str) for v in value),
+          "choice": value in knob.choices}[knob.kind]
     if not ok:
         raise UserError(f"setting {name}={value!r}: expected {_accepted(knob)}")
     if knob.kind == "seconds":
@@ -227,6 +243,12 @@ def use(**knobs) -> Iterator["Settings"]:
     finally:
         with _lock:
             _active = before
+
+
+def precision_policy(declared: str | None = None) -> str:
+    """The float32 math policy on the GPU: the ``precision`` setting where given, else
+    ``declared`` (a net file's ``precision`` key), else strict."""
+    return current().precision or declared or "strict"
 
 
 def knob_for_variable(variable: str) -> Knob:

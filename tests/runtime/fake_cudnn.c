@@ -7,8 +7,9 @@
  * binding that passes descriptors in the wrong order fails), the output size cuDNN computes, and
  * the algorithm choice: its heuristics rank a non-deterministic algorithm (0) first, which the
  * toolkit must pass over, then algorithm 1, which needs a workspace of WORKSPACE bytes that the
- * call must be given. The marker below is the CUDA dialect's float16 conversions, pasted in by
- * the test. */
+ * call must be given. It records the math type each direction ran with (fake_cudnn_math) and,
+ * for float32 with any math but FMA, reads the operands as TF32, as tensor cores do. The marker
+ * below is the CUDA dialect's float16 conversions, pasted in by the test. */
 #include <stdlib.h>
 #include <string.h>
 #include <math.h>
@@ -60,24 +61,33 @@ static int consistent(const tensor *x, const filter *w, const convolution *cv, c
     return (oh == y->h && ow == y->w) ? OK : BAD_PARAM;
 }
 
-static int heuristics(int status, int requested, int *returned, perf *out) {
+/* The math type each direction's last call ran with (forward, data, filter; -1 before any), for
+ * the tests to read: the precision policy must reach every direction's descriptor. */
+int fake_cudnn_math[3] = {-1, -1, -1};
+enum { FMA_MATH = 3 };
+/* Set for the duration of a float32 call whose math is not FMA: its operands are read as TF32
+ * (10 bits of mantissa, rounded to nearest even), as tensor cores read them. */
+static int tf32_operands;
+
+static int heuristics(int status, const convolution *cv, int requested, int *returned, perf *out) {
     if (status != OK) return status;
     if (requested < 2) return BAD_PARAM;
     memset(out, 0, 2 * sizeof(perf));
-    out[0] = (perf){0, OK, 0.1f, 0, 0, 0, {0}};            /* faster, but non-deterministic */
-    out[1] = (perf){GOOD_ALGO, OK, 0.2f, WORKSPACE, 1, 0, {0}};
+    /* ranked with the descriptor's math type, as cuDNN ranks algorithms per math type */
+    out[0] = (perf){0, OK, 0.1f, 0, 0, cv->math, {0}};            /* faster, but non-deterministic */
+    out[1] = (perf){GOOD_ALGO, OK, 0.2f, WORKSPACE, 1, cv->math, {0}};
     *returned = 2;
     return OK;
 }
 
 int cudnnGetConvolutionForwardAlgorithm_v7(void *h, void *x, void *w, void *cv, void *y, int req, int *ret, perf *p) {
-    return heuristics(consistent(x, w, cv, y), req, ret, p);
+    return heuristics(consistent(x, w, cv, y), cv, req, ret, p);
 }
 int cudnnGetConvolutionBackwardDataAlgorithm_v7(void *h, void *w, void *dy, void *cv, void *dx, int req, int *ret, perf *p) {
-    return heuristics(consistent(dx, w, cv, dy), req, ret, p);
+    return heuristics(consistent(dx, w, cv, dy), cv, req, ret, p);
 }
 int cudnnGetConvolutionBackwardFilterAlgorithm_v7(void *h, void *x, void *dy, void *cv, void *dw, int req, int *ret, perf *p) {
-    return heuristics(consistent(x, dw, cv, dy), req, ret, p);
+    return heuristics(consistent(x, dw, cv, dy), cv, req, ret, p);
 }
 
 static int size_of(int status, int algo, size_t *bytes) {
@@ -95,8 +105,16 @@ int cudnnGetConvolutionBackwardFilterWorkspaceSize(void *h, void *x, void *dy, v
     return size_of(consistent(x, dw, cv, dy), algo, b);
 }
 
+static float to_tf32(float v) {
+    unsigned int bits;
+    memcpy(&bits, &v, 4);
+    if ((bits & 0x7f800000u) != 0x7f800000u)                      /* inf and nan stay */
+        bits = (bits + 0xfffu + ((bits >> 13) & 1u)) & ~0x1fffu;
+    memcpy(&v, &bits, 4);
+    return v;
+}
 static double load(const void *p, int type, long i) {
-    if (type == FLOAT) return ((const float *)p)[i];
+    if (type == FLOAT) return tf32_operands ? to_tf32(((const float *)p)[i]) : ((const float *)p)[i];
     if (type == DOUBLE) return ((const double *)p)[i];
     return tk_h2f(((const unsigned short *)p)[i]);
 }
@@ -142,10 +160,13 @@ int cudnnConvolutionForward(void *h, const void *alpha, const tensor *xd, const 
                             const tensor *yd, void *y) {
     int status = usable(consistent(xd, wd, cv, yd), algo, ws, bytes);
     if (status != OK) return status;
+    fake_cudnn_math[0] = cv->math;
+    tf32_operands = wd->type == FLOAT && cv->math != FMA_MATH;
     long count = (long)yd->n * yd->c * yd->h * yd->w;
     double *sum = calloc(count, sizeof(double));
 #define FWD(xi, wi, yi) sum[(((long)n_ * yd->c + o_) * yd->h + i_) * yd->w + j_] += load(x, xd->type, xi) * load(w, wd->type, wi)
     EACH_TAP(xd, wd, cv, yd, FWD)
+    tf32_operands = 0;
     double a = scalar(alpha, cv->compute), b = scalar(beta, cv->compute);
     for (int n = 0; n < yd->n; n++) for (int c = 0; c < yd->c; c++) for (int i = 0; i < yd->h; i++) for (int j = 0; j < yd->w; j++) {
         long yi = at(yd, n, c, i, j);
@@ -160,12 +181,15 @@ int cudnnConvolutionBackwardData(void *h, const void *alpha, const filter *wd, c
                                  const void *beta, const tensor *dxd, void *dx) {
     int status = usable(consistent(dxd, wd, cv, dyd), algo, ws, bytes);
     if (status != OK) return status;
+    fake_cudnn_math[1] = cv->math;
+    tf32_operands = wd->type == FLOAT && cv->math != FMA_MATH;
     long count = (long)dxd->n * dxd->c * dxd->h * dxd->w;
     double *sum = calloc(count, sizeof(double));
     /* packed index of the input element from its strided one: recomputed from the loop's own values */
 #define BWD_DATA(xi, wi, yi) sum[(((long)n_ * dxd->c + g_ * wd->c + c_) * dxd->h + (i_ * cv->sh - cv->ph + p_ * cv->dh)) * dxd->w \
                                  + (j_ * cv->sw - cv->pw + q_ * cv->dw)] += load(dy, dyd->type, yi) * load(w, wd->type, wi)
     EACH_TAP(dxd, wd, cv, dyd, BWD_DATA)
+    tf32_operands = 0;
     double a = scalar(alpha, cv->compute), b = scalar(beta, cv->compute);
     for (int n = 0; n < dxd->n; n++) for (int c = 0; c < dxd->c; c++) for (int i = 0; i < dxd->h; i++) for (int j = 0; j < dxd->w; j++) {
         long xi = at(dxd, n, c, i, j);
@@ -180,10 +204,13 @@ int cudnnConvolutionBackwardFilter(void *h, const void *alpha, const tensor *xd,
                                    const void *beta, const filter *dwd, void *dw) {
     int status = usable(consistent(xd, dwd, cv, dyd), algo, ws, bytes);
     if (status != OK) return status;
+    fake_cudnn_math[2] = cv->math;
+    tf32_operands = dwd->type == FLOAT && cv->math != FMA_MATH;
     long count = (long)dwd->k * dwd->c * dwd->h * dwd->w;
     double *sum = calloc(count, sizeof(double));
 #define BWD_FILTER(xi, wi, yi) sum[wi] += load(x, xd->type, xi) * load(dy, dyd->type, yi)
     EACH_TAP(xd, dwd, cv, dyd, BWD_FILTER)
+    tf32_operands = 0;
     double a = scalar(alpha, cv->compute), b = scalar(beta, cv->compute);
     for (long i = 0; i < count; i++)
         store(dw, dwd->type, i, a * sum[i] + (b != 0 ? b * load(dw, dwd->type, i) : 0));

@@ -41,6 +41,7 @@ class KernelContext:
     share: int = 0                        # which share of a split op (its rows): keys its scratch
     threads: int = 1                      # threads the plan runs on (native kernels' parallel loops)
     reuse_memory: bool = True             # whether the plan reuses buffers (a body's plan follows)
+    precision: str | None = None          # the graph's float32 math policy (Graph.precision)
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from ..compile import disabled_passes, solver_config
 from ..errors import UserError
 from ..frontend import Net
 from ..frontend.spec import parse_overrides
+from ..settings import precision_policy
 from ..zoo.resolve import load_net
 from .bench_layers import format_table, json_rows, per_layer_table
 
@@ -57,6 +58,8 @@ def run_bench(args) -> int:
     report = {
         "net": net.name, "mode": "train" if args.train else "infer", "batch": args.batch,
         "device": str(args.device), "dtype": args.dtype or "float32", "iters": args.iters,
+        # the float32 math policy of the GPU's convolutions (a host device's math is always strict)
+        "precision": "strict" if args.device.host_memory else precision_policy(net.spec.precision),
         "solver": solver.type if args.train else None,
         "optimized": not args.no_optimize, "disabled": list(disable), "median_ms": round(median, 4),
         "p10_ms": round(float(np.percentile(times, 10)), 4),
@@ -75,7 +78,8 @@ def run_bench(args) -> int:
     if args.json:
         print(json.dumps(report))
         return 0
-    print(f"{report['net']} {report['mode']} batch {args.batch} on {args.device} ({report['dtype']}): "
+    math = "" if args.device.host_memory else f", {report['precision']}"
+    print(f"{report['net']} {report['mode']} batch {args.batch} on {args.device} ({report['dtype']}{math}): "
           f"median {median:.3f} ms (p10 {report['p10_ms']:.3f}, p90 {report['p90_ms']:.3f}), "
           f"{report['items_per_s']:.0f} items/s, {len(plan.calls)} kernel calls, "
           f"{plan.peak_bytes / 2**20:.1f} MiB arena")

@@ -108,6 +108,12 @@ WEIGHTS = option("--weights", help="weights file (default for zoo:NAME: the mode
 DEVICE = option("--device", type=device, default="cpu", help=_device_help)
 DTYPE = option("--dtype", choices=FLOAT_DTYPES, default=None,
                help="float16 and bfloat16 accumulate in float32; on cpu they run as float32")
+# the float32 math policy on the GPU; main() puts it in force as the precision setting, over the
+# TOOLKIT_PRECISION variable and the net file's precision key
+PRECISION = option("--precision", choices=["strict", "tf32"], default=None,
+                   help="float32 math on the GPU: strict (FMA, equal to the CPU to float32 rounding) or tf32 "
+                        "(cuDNN convolutions on TF32 tensor cores, as PyTorch's default; GEMMs stay float32); "
+                        "default: TOOLKIT_PRECISION, else the net file's precision key, else strict")
 BUCKETS = option("--buckets", type=buckets, default=None,
                  help="batch bucket sizes, e.g. 1,2,4,8; or buckets per symbolic dimension, e.g. "
                       "'N=1,8,32 T=16,64,256' (a sequence is padded up to its bucket; default: the net file's "

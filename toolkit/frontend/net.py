@@ -226,6 +226,7 @@ class Net:
         graph.layer_devices = {layer.name: layer.device for layer in self.spec.layers if layer.device}
         # what the quantize pass rewrites: the infer phase of a net with a quantization section
         graph.quantization = self.spec.quantization if phase == "infer" else None
+        graph.precision = self.spec.precision
         if outputs is None and phase == "infer" and self.spec.outputs:
             outputs = list(self.spec.outputs)
         if outputs is not None:

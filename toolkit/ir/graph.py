@@ -132,6 +132,9 @@ class Graph:
     # the net's quantization section (schemas/quantization.py) on an infer graph whose net has
     # one: what the quantize pass (passes/quantize.py) rewrites it by; None elsewhere
     quantization: Any = None
+    # the net's float32 math policy on the GPU (its ``precision`` key: "strict" or "tf32"; None:
+    # not said), which the GPU's convolution kernels read (kernels/gpu/dnn.py)
+    precision: str | None = None
 
     def symbols(self) -> set[str]:
         out: set[str] = set()
@@ -193,6 +196,7 @@ def copy_graph(graph: Graph, values: dict[int, Value] | None = None) -> Graph:
     copied.losses = dict(graph.losses)
     copied.layer_devices = dict(graph.layer_devices)
     copied.quantization = graph.quantization
+    copied.precision = graph.precision
     return copied
 
 

@@ -67,6 +67,7 @@ def optimize_bodies(graph: Graph, ctx: PassContext) -> bool:
     for node in graph.nodes:
         for body in bodies_of(node):
             body.graph.layer_devices = graph.layer_devices
+            body.graph.precision = graph.precision
             before = len(body.graph.nodes)
             changed |= _run_stages(body.graph, inner, None, None)
             if len(body.graph.nodes) != before:

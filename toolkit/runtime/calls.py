@@ -119,7 +119,7 @@ class CallMaker:
         built = self.built
         bindings, shapes = built.sized if sized else (built.bindings, built.shapes)
         return kernel_context(node, shapes, bindings, built.placement.node(node), self.execution,
-                              share=self.share_of.get(id(node), 0))
+                              share=self.share_of.get(id(node), 0), precision=built.graph.precision)
 
     @contextlib.contextmanager
     def building(self, node: Node):

@@ -94,12 +94,13 @@ def kernel_dtype(node: Node) -> str:
 
 
 def kernel_context(node: Node, shapes, bindings, device: Device, execution: Execution,
-                   share: int = 0) -> KernelContext:
+                   share: int = 0, precision: str | None = None) -> KernelContext:
     """What a kernel factory is handed for ``node`` under ``shapes`` and ``bindings`` (numbers,
     or ``SizeInt`` ones for a builder whose kernels take sizes at run time). ``share``: which
-    scratch set it borrows (steps that may run at once each have their own)."""
+    scratch set it borrows (steps that may run at once each have their own). ``precision``: the
+    graph's float32 math policy (``Graph.precision``)."""
     return KernelContext(node, bind_attrs(node.attrs, bindings),
                          [shapes[v.id] for v in node.inputs], [shapes[v.id] for v in node.outputs],
                          kernel_dtype(node), device, execution.runtime, device.xp, share=share,
                          threads=1 if execution.concurrent else execution.threads,
-                         reuse_memory=execution.reuse_memory)
+                         reuse_memory=execution.reuse_memory, precision=precision)

@@ -6,8 +6,11 @@ The forward convolution (``conv2d`` with its bias, also as the head of a fused e
 the input gradient (``conv2d_grad_input``) take over from the im2col kernels of arrays.py, which
 stay as each one's fallback: when cuDNN cannot be loaded, when the ``cudnn`` setting is off
 (``TOOLKIT_CUDNN=0``), for a dtype cuDNN does not take, or when cuDNN offers no algorithm for the
-shapes. The weight gradient (``conv2d_grad_weight``) has a cuDNN kernel too, but stays on im2col
-by default, which measured faster (``CUDNN_OPS`` below).
+shapes. The weight gradient (``conv2d_grad_weight``) goes to cuDNN or stays on im2col + cuBLAS
+per convolution, when the plan is built (``weight_gradient_route``): cuDNN where im2col's column
+buffer would be larger than the workspace bound, else whichever of the two measures faster on the
+device, the choice kept for the process so that every plan of it (captured or kernel by kernel)
+computes that gradient the same way.
 
 What is decided when the plan is built, once per convolution:
 - the descriptors (NCHW, packed; an input or output the plan hands over with other strides goes
@@ -19,19 +22,26 @@ What is decided when the plan is built, once per convolution:
   differently from one run to the next and the non-deterministic weight-gradient algorithms sum
   with atomics: either would break bit-for-bit reproducible training and the check that a
   captured plan equals the same plan run kernel by kernel;
-- the math: float32 is restricted to FMA kernels (``CUDNN_FMA_MATH``; cuDNN's default math
-  would run it as TF32 on Ampere and later, and the CPU and cuBLAS paths do not), float16 may use
-  Tensor Cores and accumulates in float32.
+- the math: float32 follows the precision policy (``policy``): ``strict`` (the default) holds it
+  to FMA kernels (``CUDNN_FMA_MATH``), so results equal the CPU's to float32 rounding; ``tf32``
+  is PyTorch's default (``torch.backends.cudnn.allow_tf32``): cuDNN's default math, which lets
+  all three directions run on TF32 tensor cores on Ampere and later (cuBLAS's GEMMs stay float32
+  under both, as PyTorch's ``matmul.allow_tf32`` default). float16 may use Tensor Cores and
+  accumulates in float32.
+- the workspace: at most the ``cudnn_workspace_mb`` setting per stream; an algorithm that wants
+  more is passed over.
 
 The handle is per (device, thread), given the current stream before a call on a new stream, with
-a workspace of its own per stream, allocated once from the device and never freed, so a captured
-call never allocates. The library is the one the NVIDIA wheels' locator finds (the
+a workspace of its own per stream, allocated from the device on a plan's first, eager run (grown
+there when a later plan needs more, the smaller one kept) and never freed, so a captured call
+never allocates. The library is the one the NVIDIA wheels' locator finds (the
 ``nvidia-cudnn`` wheel PyTorch and CuPy use), else the loader's search;
 the ``cudnn_library`` setting (``TOOLKIT_CUDNN_LIBRARY``) names another file.
 """
 from __future__ import annotations
 
 import ctypes
+import statistics
 import threading
 from collections import Counter
 
@@ -41,7 +51,7 @@ from ...backend.devices import gpu_module
 from ...backend.registry import KERNELS, SPECIALISED
 from ...ops.conv import conv_out_size
 from ...ops.fused import split_attrs
-from ...settings import current, off_text
+from ...settings import current, off_text, precision_policy
 from . import blas
 
 # cudnnDataType_t, cudnnTensorFormat_t, cudnnConvolutionMode_t, cudnnMathType_t,
@@ -52,16 +62,29 @@ CROSS_CORRELATION = 1
 MATH_DEFAULT, MATH_TENSOR_OP, MATH_TENSOR_OP_ALLOW_CONVERSION, MATH_FMA = 0, 1, 2, 3
 DETERMINISTIC = 1
 
-# dtype -> (tensor data type, compute type, math type asked for, ctypes type of alpha and beta)
+# dtype -> (tensor data type, compute type, math type asked for under the strict policy, ctypes
+# type of alpha and beta)
 TYPES = {
     np.dtype(np.float32): (DATA_FLOAT, DATA_FLOAT, MATH_FMA, ctypes.c_float),
     np.dtype(np.float64): (DATA_DOUBLE, DATA_DOUBLE, MATH_FMA, ctypes.c_double),
     np.dtype(np.float16): (DATA_HALF, DATA_FLOAT, MATH_TENSOR_OP, ctypes.c_float),
 }
-
-# Each stream's workspace; algorithms that want more are passed over.
-WORKSPACE_BYTES = 64 << 20
+# the math type float32 asks for under each policy: tf32 as PyTorch sets it with allow_tf32
+# (cuDNN's default math, which may convert to TF32; FMA only when TF32 is not allowed)
+FLOAT32_MATH = {"strict": MATH_FMA, "tf32": MATH_DEFAULT}
 MAX_ALGORITHMS = 16
+
+
+def policy(ctx=None) -> str:
+    """The float32 math policy in force for a kernel built from ``ctx``: the ``precision`` setting
+    (``TOOLKIT_PRECISION``, ``--precision``) where given, else the net file's ``precision`` key
+    (``ctx.precision``), else strict."""
+    return precision_policy(getattr(ctx, "precision", None))
+
+
+def workspace_limit() -> int:
+    """The most bytes of workspace one convolution may use (the ``cudnn_workspace_mb`` setting)."""
+    return current().cudnn_workspace_mb << 20
 
 
 class CudnnError(RuntimeError):
@@ -160,20 +183,25 @@ class Handle:
         check(self.lib.cudnnCreate(ctypes.byref(raw)), "cudnnCreate")
         self.raw = raw
         self.stream: int | None = None
-        self.workspaces: dict[int, object] = {}
+        self.workspaces: dict[int, tuple[int, object]] = {}      # stream -> (bytes, memory)
+        self.outgrown: list = []       # smaller workspaces a captured graph may still point at
 
-    def on_current_stream(self) -> tuple[ctypes.c_void_p, int]:
-        """The raw handle, set to the current stream, and that stream's workspace address."""
+    def on_current_stream(self, need: int = 0) -> tuple[ctypes.c_void_p, int]:
+        """The raw handle, set to the current stream, and the address of that stream's workspace,
+        of at least ``need`` bytes."""
         stream = blas.stream_pointer()
         if stream != self.stream:
             check(self.lib.cudnnSetStream(self.raw, ctypes.c_void_p(stream)), "cudnnSetStream")
             self.stream = stream
-        space = self.workspaces.get(stream)
-        if space is None:
+        size, space = self.workspaces.get(stream, (-1, None))
+        if size < max(need, 1):
+            if space is not None:
+                self.outgrown.append(space)
+            size = max(need, 1)
             cp = gpu_module()
             memory = getattr(getattr(cp.cuda, "memory", None), "Memory", None)
-            space = self.workspaces[stream] = (memory(WORKSPACE_BYTES) if memory is not None
-                                               else cp.empty(WORKSPACE_BYTES, np.uint8))
+            space = memory(size) if memory is not None else cp.empty(size, np.uint8)
+            self.workspaces[stream] = (size, space)
         return self.raw, (space.ptr if hasattr(space, "ptr") else blas.pointer(space))
 
 
@@ -208,13 +236,16 @@ class Convolution:
     filter as [O, kH, kW, C/group] (cuDNN's NHWC filter format, which its Tensor Core kernels
     read without a transpose)."""
 
-    def __init__(self, direction: str, x_shape, w_shape, y_shape, attrs, dtype, layout: str = "nchw"):
+    def __init__(self, direction: str, x_shape, w_shape, y_shape, attrs, dtype, layout: str = "nchw",
+                 precision: str = "strict"):
         dtype = np.dtype(dtype)
         if dtype not in TYPES:
             raise Unsupported(f"cuDNN convolutions take float16, float32 and float64, not {dtype}")
         if min(*x_shape, *w_shape, *y_shape) == 0:
             raise Unsupported("an empty tensor")
         self.data_type, compute, self.math, scalar = TYPES[dtype]
+        if dtype == np.float32:
+            self.math = FLOAT32_MATH[precision]
         self.one, self.zero = scalar(1.0), scalar(0.0)
         (sh, sw), (ph, pw), (dh, dw) = attrs["stride"], attrs["pad"], attrs["dilation"]
         self.x = tensor_descriptor(x_shape, self.data_type, layout)
@@ -240,18 +271,19 @@ class Convolution:
         perfs = (AlgoPerf * MAX_ALGORITHMS)()
         count = ctypes.c_int(0)
         check(getattr(lib, heuristic)(raw, *self.order, MAX_ALGORITHMS, ctypes.byref(count), perfs), heuristic)
-        passed = []
+        passed, limit = [], workspace_limit()
         for perf in perfs[:count.value]:
             if perf.status != 0 or perf.determinism != DETERMINISTIC:
                 continue
             if self.math == MATH_FMA and perf.math_type in (MATH_TENSOR_OP, MATH_TENSOR_OP_ALLOW_CONVERSION):
                 continue                       # TF32 for float32: not what the other paths compute
-            if self.math == MATH_TENSOR_OP:
+            if self.math != MATH_FMA:
+                # each algorithm of the ranking runs with the math type cuDNN ranked it with
                 check(lib.cudnnSetConvolutionMathType(self.conv, perf.math_type), "cudnnSetConvolutionMathType")
             size = ctypes.c_size_t(0)
             if getattr(lib, size_call)(raw, *self.order, perf.algo, ctypes.byref(size)) != 0:
                 continue
-            if size.value <= WORKSPACE_BYTES:
+            if size.value <= limit:
                 return perf.algo, size.value
             passed.append(f"algorithm {perf.algo} wants {size.value} bytes of workspace")
         raise Unsupported("cuDNN offers no deterministic algorithm for these shapes"
@@ -259,7 +291,7 @@ class Convolution:
 
     def __call__(self, a, b, out, beta=None) -> None:
         """out = conv(a, b) in this direction: a and b are the call's two operands in its order."""
-        raw, workspace = handle().on_current_stream()
+        raw, workspace = handle().on_current_stream(self.workspace_bytes)
         check(self.call(raw, ctypes.byref(self.one), self.order[0], ctypes.c_void_p(blas.pointer(a)),
                         self.order[1], ctypes.c_void_p(blas.pointer(b)), self.conv, self.algo,
                         ctypes.c_void_p(workspace), self.workspace_bytes,
@@ -304,9 +336,9 @@ def _bias_adder(channels: int, y_shape, dtype):
     return add
 
 
-def _forward(x_shape, w_shape, y_shape, attrs, dtype, has_bias: bool):
+def _forward(x_shape, w_shape, y_shape, attrs, dtype, has_bias: bool, precision: str = "strict"):
     """f(ins, y): y = conv(x, w) (+ b), y packed."""
-    conv = Convolution("forward", x_shape, w_shape, y_shape, attrs, dtype)
+    conv = Convolution("forward", x_shape, w_shape, y_shape, attrs, dtype, precision=precision)
     add_bias = _bias_adder(w_shape[0], y_shape, dtype) if has_bias else None
     x_in, w_in = _Packed(), _Packed()
 
@@ -319,7 +351,7 @@ def _forward(x_shape, w_shape, y_shape, attrs, dtype, has_bias: bool):
 
 def conv2d(ctx):
     forward = _forward(ctx.in_shapes[0], ctx.in_shapes[1], ctx.out_shapes[0], ctx.attrs, ctx.dtype,
-                       len(ctx.in_shapes) == 3)
+                       len(ctx.in_shapes) == 3, policy(ctx))
     y_out = _Packed()
 
     def run(ins, outs):
@@ -340,7 +372,7 @@ def conv2d_max_pool2d(ctx):
     (sh, sw), (ph, pw), (dh, dw) = conv_attrs["stride"], conv_attrs["pad"], conv_attrs["dilation"]
     conv_shape = (n, o, conv_out_size(h, kh, sh, ph, dh), conv_out_size(w, kw, sw, pw, dw))
     forward = _forward(ctx.in_shapes[0], ctx.in_shapes[1], conv_shape, conv_attrs, ctx.dtype,
-                       len(ctx.in_shapes) == 3)
+                       len(ctx.in_shapes) == 3, policy(ctx))
     conv_out = cp.empty(conv_shape, ctx.dtype)
     out_h, out_w = ctx.out_shapes[0][2:]
     (pkh, pkw), (psh, psw) = pool["kernel"], pool["stride"]
@@ -370,40 +402,119 @@ def _gradient(conv: Convolution):
 
 def conv2d_grad_input(ctx):
     g_shape, w_shape = ctx.in_shapes
-    return _gradient(Convolution("data", ctx.out_shapes[0], w_shape, g_shape, ctx.attrs, ctx.dtype))
+    return _gradient(Convolution("data", ctx.out_shapes[0], w_shape, g_shape, ctx.attrs, ctx.dtype,
+                                 precision=policy(ctx)))
 
 
 def conv2d_grad_weight(ctx):
     g_shape, x_shape = ctx.in_shapes
-    return _gradient(Convolution("filter", x_shape, ctx.out_shapes[0], g_shape, ctx.attrs, ctx.dtype))
+    return _gradient(Convolution("filter", x_shape, ctx.out_shapes[0], g_shape, ctx.attrs, ctx.dtype,
+                                 precision=policy(ctx)))
 
 
 BUILDERS = {"conv2d": conv2d, "conv2d_max_pool2d": conv2d_max_pool2d,
             "conv2d_grad_input": conv2d_grad_input, "conv2d_grad_weight": conv2d_grad_weight}
 
-# The ops that go through cuDNN by default. The weight gradient stays on im2col + cuBLAS: on an
-# H100 (benchmarks/gpu_conv.py, batch 64, float32) cuDNN's deterministic weight-gradient
-# algorithms took 138 us over ResNet's six where im2col took 91 (1x1 and 16-channel 3x3 layers
-# 1.5x to 4.2x slower), while forward and input-gradient convolutions were 1.7x to 3.6x faster.
+# The ops that always go through cuDNN: forward and input-gradient convolutions measured 1.7x to
+# 3.6x faster than im2col on an H100 (benchmarks/gpu_conv.py, batch 64, float32). The weight
+# gradient is measured per convolution instead (``weight_gradient_route``): on the small ResNet's
+# layers at batch 64 cuDNN's deterministic weight-gradient algorithms took 138 us where im2col
+# took 91 (1x1 and 16-channel 3x3 layers 1.5x to 4.2x slower), but im2col's column buffer grows
+# with the batch and the image (gigabytes for ResNet-50's first layers at batch 256).
 CUDNN_OPS = {"conv2d", "conv2d_max_pool2d", "conv2d_grad_input"}
-WEIGHT_GRADIENT_REASON = ("weight gradients stay on im2col + cuBLAS, which measured faster than cuDNN's "
-                          "deterministic algorithms")
+WEIGHT_GRADIENT_REASON = "im2col + cuBLAS measured faster than cuDNN's deterministic algorithms"
+UNTIMED_REASON = "no device clock to measure the weight gradient's two routes by: im2col + cuBLAS"
+TIMING_RUNS = 5
 
 # what each convolution kernel built so far ran on: ("cudnn", op) or ("im2col", why), for
 # benchmarks and tests to read
 CHOSEN: Counter = Counter()
+# each weight gradient's route, decided once in the process: key -> ("cudnn" or "im2col", why)
+WEIGHT_GRADIENT_ROUTES: dict[tuple, tuple[str, str]] = {}
+# the median seconds each route measured where both were timed: key -> {"cudnn": s, "im2col": s}
+WEIGHT_GRADIENT_TIMES: dict[tuple, dict[str, float]] = {}
+
+
+def column_bytes(x_shape, w_shape, g_shape, dtype) -> int:
+    """The bytes of im2col's column buffer for a weight gradient (kernels/cpu/conv.py's ``cols``:
+    every kernel tap of every input channel at every output position of every image)."""
+    n, c = x_shape[:2]
+    _o, _cg, kh, kw = w_shape
+    oh, ow = g_shape[2:]
+    return int(c) * int(kh) * int(kw) * int(n) * int(oh) * int(ow) * np.dtype(dtype).itemsize
+
+
+def seconds_on_device(run, shapes: list, out_shape, dtype) -> float | None:
+    """The median time of ``run`` over ``TIMING_RUNS`` runs after one untimed, on seeded inputs
+    of ``shapes``, by CUDA events on the current stream; None where the array module has no
+    events to time by (the numpy stand-in for CuPy: its tests replace this function)."""
+    cp = gpu_module()
+    events = getattr(cp.cuda, "Event", None)
+    if events is None:
+        return None
+    rng = np.random.default_rng(0)
+    ins = [cp.asarray(rng.standard_normal(shape).astype(dtype)) for shape in shapes]
+    outs = [cp.empty(out_shape, dtype)]
+    run(ins, outs)
+    samples = []
+    for _ in range(TIMING_RUNS):
+        start, end = events(), events()
+        start.record()
+        run(ins, outs)
+        end.record()
+        end.synchronize()
+        samples.append(cp.cuda.get_elapsed_time(start, end) / 1e3)
+    return statistics.median(samples)
+
+
+def weight_gradient_route(ctx, cudnn_run, im2col_factory) -> tuple[str, str, object]:
+    """(route, why, run) for a weight gradient whose cuDNN kernel is ``cudnn_run``: cuDNN where
+    im2col's column buffer would be over the workspace bound; else whichever measures faster,
+    each timed once (``seconds_on_device``; im2col where nothing can be timed). The choice is
+    kept per (shapes, attributes, dtype, policy, bound) for the process, so that two plans of one
+    net (captured and kernel by kernel) compute the gradient alike."""
+    g_shape, x_shape = (tuple(int(v) for v in s) for s in ctx.in_shapes)
+    w_shape = tuple(int(v) for v in ctx.out_shapes[0])
+    key = (g_shape, x_shape, w_shape, tuple(sorted((k, repr(v)) for k, v in ctx.attrs.items())),
+           str(np.dtype(ctx.dtype)), policy(ctx), workspace_limit())
+    known = WEIGHT_GRADIENT_ROUTES.get(key)
+    if known is not None:
+        route, why = known
+        return route, why, cudnn_run if route == "cudnn" else im2col_factory(ctx)
+    columns, limit = column_bytes(x_shape, w_shape, g_shape, ctx.dtype), workspace_limit()
+    if columns > limit:
+        route, why, run = "cudnn", (f"im2col's column buffer would take {columns / 2**20:,.0f} MiB, over the "
+                                    f"{limit >> 20} MiB workspace bound"), cudnn_run
+    else:
+        im2col_run = im2col_factory(ctx)
+        times = {name: seconds_on_device(candidate, [g_shape, x_shape], w_shape, ctx.dtype)
+                 for name, candidate in (("cudnn", cudnn_run), ("im2col", im2col_run))}
+        WEIGHT_GRADIENT_TIMES[key] = times
+        if None in times.values():
+            route, why, run = "im2col", UNTIMED_REASON, im2col_run
+        elif times["cudnn"] < times["im2col"]:
+            route, why, run = "cudnn", "cuDNN measured faster than im2col + cuBLAS", cudnn_run
+        else:
+            route, why, run = "im2col", WEIGHT_GRADIENT_REASON, im2col_run
+    WEIGHT_GRADIENT_ROUTES[key] = (route, why)
+    return route, why, run
 
 
 def _choosing(op: str, builder, fallback):
     def factory(ctx):
-        why = unavailable() or (None if op in CUDNN_OPS else WEIGHT_GRADIENT_REASON)
+        why = unavailable()
         if why is None:
             try:
                 run = builder(ctx)
-                CHOSEN["cudnn", op] += 1
-                return run
             except Unsupported as e:
                 why = str(e)
+            else:
+                if op in CUDNN_OPS:
+                    CHOSEN["cudnn", op] += 1
+                    return run
+                route, why, run = weight_gradient_route(ctx, run, fallback)
+                CHOSEN[("cudnn", op) if route == "cudnn" else ("im2col", why)] += 1
+                return run
         CHOSEN["im2col", why] += 1
         return fallback(ctx)
     factory.__name__ = f"{op}_cudnn_or_im2col"

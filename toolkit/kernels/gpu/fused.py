@@ -73,7 +73,7 @@ def fused_epilogue_gpu(ctx: KernelContext):
     group = tuple(ctx.out_shapes[0])
     head_node = Node(head, ctx.node.inputs[:k], head_attrs, ctx.node.scope)
     head_ctx = KernelContext(head_node, head_attrs, ctx.in_shapes[:k], [group], ctx.dtype, ctx.device,
-                             ctx.runtime, ctx.xp)
+                             ctx.runtime, ctx.xp, precision=ctx.precision)
     head_fn = KERNELS.lookup(head, ctx.device, ctx.dtype).factory(head_ctx)
     program = _program_call(ctx, "tk_epilogue", head=True)
     head_buffer = None
