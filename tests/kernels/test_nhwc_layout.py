@@ -27,10 +27,12 @@ BLOCK = textwrap.dedent("""\
     inputs:
       data: {shape: [N, 16, 8, 8], dtype: float32}
     layers:
-      - {name: conv1, type: Convolution, bottom: data, top: conv1, num_output: 16, kernel_size: 3, pad: 1, bias_term: false}
+      - {name: conv1, type: Convolution, bottom: data, top: conv1, num_output: 16, kernel_size: 3, pad: 1,
+         bias_term: false}
       - {name: bn1, type: BatchNorm, bottom: conv1, top: conv1}
       - {name: relu1, type: ReLU, bottom: conv1, top: conv1}
-      - {name: conv2, type: Convolution, bottom: conv1, top: conv2, num_output: 16, kernel_size: 3, pad: 1, bias_term: false}
+      - {name: conv2, type: Convolution, bottom: conv1, top: conv2, num_output: 16, kernel_size: 3, pad: 1,
+         bias_term: false}
       - {name: bn2, type: BatchNorm, bottom: conv2, top: conv2}
       - {name: add, type: Eltwise, bottom: [data, conv2], top: add}
       - {name: relu2, type: ReLU, bottom: add, top: add}
@@ -140,6 +142,33 @@ def test_inception_and_the_small_resnet_in_float16_equal_their_nchw_plans(tmp_pa
             np.testing.assert_allclose(nhwc["outs"][k], want, rtol=0, atol=1e-3, err_msg=str(path))
 
 
+NETS_SCRIPT = textwrap.dedent("""
+    import json, sys
+    from toolkit.backend.registry import load_device
+    from toolkit.compile import optimize
+    from toolkit.frontend import Net
+    load_device("gpu")
+    net = Net.load(sys.argv[1])
+    notes = []
+    graph = optimize(net.graph("infer", "float16"), (), net.init_weights(seed=0, dtype="float16"), "gpu", notes=notes)
+    ops = [n.attrs["head"] if n.op == "fused_epilogue" else n.op for n in graph.nodes]
+    print(json.dumps({op: ops.count(op) for op in ("conv2d", "nhwc_conv2d", "to_nhwc", "from_nhwc")}))
+""")
+
+
+@needs_cxx
+@pytest.mark.parametrize("name, convolutions, back", [("resnet50", 53, 0), ("mobilenet_v2", 53, 0),
+                                                      ("inception", 6, 0), ("vgg16", 13, 1)])
+def test_the_real_nets_in_float16_compile_channels_last_with_one_reorder_in(tmp_path, name, convolutions, back):
+    """Every convolution of the benchmark nets channels last, the image reordered once; none
+    back where global pooling ends the body (a reshape), one where VGG's classifier flattens."""
+    from tests.runtime.gpu_stand_in import ROOT
+    result = run_stand_in(STAND_IN + NETS_SCRIPT, tmp_path, ROOT / "benchmarks" / "nets" / f"{name}.yaml")
+    assert result.returncode == 0, result.stderr[-3000:]
+    counts = json.loads(result.stdout.strip().splitlines()[-1])
+    assert counts == {"conv2d": 0, "nhwc_conv2d": convolutions, "to_nhwc": 1, "from_nhwc": back}, counts
+
+
 CASES_SCRIPT = textwrap.dedent("""
     import sys
     from tests.runtime.gpu_stand_in import compare_case
@@ -206,3 +235,32 @@ def test_a_resnet_block_channels_last_on_the_device(tmp_path):
     scale = float(np.abs(outs["nchw"]).max())
     assert np.isfinite(outs["nhwc"]).all() and scale > 0
     np.testing.assert_allclose(outs["nhwc"], outs["nchw"], rtol=0, atol=1e-2 * scale)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU with cupy (run on a GPU machine)")
+def test_resnet50_in_float16_channels_last_on_the_device():
+    """ResNet-50's infer graph at batch 4 in float16: every convolution channels last on cuDNN,
+    one reorder in (the image) and none out (global pooling's [N, C, 1, 1] is a reshape), the
+    class probabilities equal the NCHW plan's within 1e-2."""
+    from tests.runtime.gpu_stand_in import ROOT
+    from toolkit.backend.registry import load_device
+    from toolkit.benchmarking import bench_plan
+    from toolkit.frontend import Net
+    load_device("gpu")
+    from toolkit.kernels.gpu import dnn, nhwc
+    if dnn.unavailable():
+        pytest.skip(dnn.unavailable())
+    net = Net.load(str(ROOT / "benchmarks" / "nets" / "resnet50.yaml"))
+    nhwc.CHOSEN.clear()
+    outs, ops = {}, {}
+    for label, disable in (("nchw", ("choose_layout",)), ("nhwc", ())):
+        plan, inputs = bench_plan(net, 4, False, dtype="float16", disable=disable, device="gpu")
+        out = next(iter(plan.run(inputs).values()))
+        outs[label] = np.asarray(out.get() if hasattr(out, "get") else out, dtype=np.float32)
+        ops[label] = [n.attrs["head"] if n.op == "fused_epilogue" else n.op for n in plan.graph.nodes]
+    assert ops["nhwc"].count("nhwc_conv2d") == ops["nchw"].count("conv2d") == 53, (ops["nhwc"], ops["nchw"])
+    assert ops["nhwc"].count("to_nhwc") == 1 and ops["nhwc"].count("from_nhwc") == 0, ops["nhwc"]
+    assert nhwc.CHOSEN["cudnn", ""] == 53, nhwc.CHOSEN
+    assert np.isfinite(outs["nhwc"]).all()
+    np.testing.assert_allclose(outs["nhwc"], outs["nchw"], rtol=0, atol=1e-2)
