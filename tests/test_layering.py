@@ -51,7 +51,7 @@ ALLOWED: dict[str, set[str]] = {
                                  "toolkit/passes", "toolkit/frontend"},
     "toolkit/training": GROUND | {"schemas", "toolkit/arrayfiles", "toolkit/ir", "toolkit/ops", "toolkit/backend",
                                   "toolkit/optim", "toolkit/passes", "toolkit/runtime", "toolkit/frontend",
-                                  "toolkit/weights", "toolkit/compile"},
+                                  "toolkit/weights", "toolkit/compile", "toolkit/distributed"},
     # the plan `toolkit bench`, the tests and the benchmarks time (beside training: above compile)
     "toolkit/benchmarking": GROUND | {"toolkit/ir", "toolkit/backend", "toolkit/optim", "toolkit/passes",
                                       "toolkit/runtime", "toolkit/frontend", "toolkit/compile"},

@@ -141,14 +141,3 @@ def test_sync_batchnorm_on_a_non_batch_axis_is_an_error_at_the_layer(tmp_path):
         "every BatchNorm input, as the first one has it (8); got [4, 8]")
     train_graph(Net.load(str(net_file)), data_parallel=DataParallel(sync_batchnorm=False))   # per rank: fine
 
-
-def test_data_parallel_on_a_gpu_is_refused_with_one_line(tmp_path):
-    from toolkit.distributed.comm import Solo
-    from toolkit.errors import UserError
-    from toolkit.training.trainer import Trainer
-
-    class TwoRanks(Solo):
-        size = 2
-    with pytest.raises(UserError) as e:
-        Trainer(Net.load(str(ROOT / "zoo/lenet/net.yaml")), tmp_path, device="gpu", comm=TwoRanks())
-    assert str(e.value) == "error: data-parallel training runs on the CPU for now (--device cpu)"

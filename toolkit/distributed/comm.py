@@ -58,6 +58,18 @@ class Solo:
         """Each rank's process id, by rank."""
         return [os.getpid()]
 
+    def gather_all(self, value) -> list:
+        """Every rank's ``value`` (any picklable object), by rank, on every rank."""
+        return [value]
+
+    def local_rank(self) -> int:
+        """This rank's number among the ranks on its machine (which GPU it takes)."""
+        return 0
+
+    # the GPU sums of this rank (distributed/nccl.py's DeviceSums) when NCCL runs, else None:
+    # the GPU's collective kernels then stage through host memory
+    device_sums = None
+
     def abort(self, code: int) -> None:
         raise SystemExit(code)
 
@@ -113,6 +125,17 @@ class MpiCommunicator(Solo):
 
     def pids(self) -> list[int]:
         return self.comm.allgather(os.getpid())
+
+    def gather_all(self, value) -> list:
+        return self._blocked(lambda: self.comm.allgather(value))
+
+    def local_rank(self) -> int:
+        # the ranks that share this machine's memory are the ranks on this machine
+        local = self.comm.Split_type(self.MPI.COMM_TYPE_SHARED)
+        try:
+            return local.Get_rank()
+        finally:
+            local.Free()
 
     def abort(self, code: int) -> None:
         self.comm.Abort(code)

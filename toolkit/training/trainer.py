@@ -67,7 +67,7 @@ class Trainer:
         data_parallel = None
         if self.comm:
             if not device.host_memory:
-                raise UserError("data-parallel training runs on the CPU for now (--device cpu)")
+                self.device = device = self._rank_gpu(device)
             d = spec.distributed
             data_parallel = DataParallel(d.bucket_mb, d.overlap, d.sync_batchnorm)
         bucketed = bucketed_dimensions(net)   # sequences of different lengths: the graphs read theirs
@@ -105,6 +105,27 @@ class Trainer:
         # under mixed precision the loss scale after each step is logged beside the loss
         self.extra_scalars = [SCALE_OUTPUT] if SCALE_OUTPUT in self.graph.outputs else []
         self._stop: int | None = None
+
+    def _rank_gpu(self, device: Device) -> Device:
+        """One GPU per rank: ``gpu`` (``gpu:0``) is the GPU of the rank's place among the ranks on
+        its machine, modulo their count; a GPU named by a higher index is kept as named. The
+        gradients are summed by NCCL there, or through host memory where NCCL cannot run; rank 0
+        says which in one line."""
+        from ..distributed.nccl import start_device_sums
+        cp = device.xp
+        if device.index == 0:
+            device = type(device)(self.comm.local_rank() % cp.cuda.runtime.getDeviceCount())
+        device.check_exists()
+        # the rank's GPU is the process's current device, as a one-GPU process's is gpu:0: every
+        # array and kernel the plans do not place is there
+        chosen = cp.cuda.Device(device.index)
+        if hasattr(chosen, "use"):
+            chosen.use()
+        sums, line = start_device_sums(self.comm, cp, device.index)
+        self.comm.device_sums = sums
+        if self.rank == 0:
+            print(line, file=self.stream or sys.stderr, flush=True)
+        return device
 
     # -- state ------------------------------------------------------------------------------------
     def _initial_weights(self, path: str | None, allow_missing: bool = False) -> dict[str, np.ndarray]:
