@@ -208,7 +208,7 @@ def test_a_killed_rank_stops_the_gpu_job_naming_it(tmp_path):
 
 # which GPU each rank trains on, and whether its train step is captured whole
 PLACES = textwrap.dedent("""
-    import sys
+    import hashlib, sys
     from pathlib import Path
     from toolkit.distributed.comm import MpiCommunicator, use
     from toolkit.frontend import Net
@@ -221,6 +221,8 @@ PLACES = textwrap.dedent("""
     plan, = trainer.train_plans.plans.values()
     print(f"rank {comm.rank}: {trainer.device}, captured {plan.graph_run is not None and plan.graph_run.captured}, "
           f"{plan.capture_blocker}")
+    state = b"".join(v.tobytes() for _, v in sorted(trainer.host_store().items()))
+    print("state", hashlib.sha256(state).hexdigest(), file=sys.stderr)
 """)
 
 
@@ -236,6 +238,8 @@ def test_each_rank_takes_its_own_gpu_and_its_train_step_is_captured_with_the_sum
                           capture_output=True, text=True, timeout=300, env=stand_in_env(tmp_path, gpus=gpus))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert sorted(proc.stdout.strip().splitlines()) == said, proc.stdout
+    states = re.findall(r"^state (\w+)$", proc.stderr, re.M)     # every rank holds the same weights and slots
+    assert len(states) == 2 and states[0] == states[1], proc.stderr[-3000:]
 
 
 # the stand-in itself, called as the toolkit calls CuPy's binding: each rule broken on purpose
@@ -381,6 +385,7 @@ def test_two_ranks_on_one_gpu_stage_through_host_memory_after_one_line(tmp_path)
     if cupy.cuda.runtime.getDeviceCount() != 1:
         pytest.skip("two ranks share one GPU only on a machine with one")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "MPI_"))}
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")     # should it be Open MPI's, as root
     sets = ["--set", "train.max_iter=20", "--set", "train.display=1", "--set", "train.test_interval=1000"]
     one = subprocess.run([*TOOLKIT, "train", "zoo/lenet/net.yaml", "--device", "gpu", "--out", str(tmp_path / "one"),
                           "--set", "train.data.batch_size=64", *sets], cwd=ROOT, capture_output=True, text=True,

@@ -117,14 +117,14 @@ def start_device_sums(comm, cp, device_index: int) -> tuple[DeviceSums | None, s
     every rank of ``comm`` calls it."""
     nccl = nccl_module(cp)
     why = None
-    if nccl is None:
-        why = "this CuPy has no NCCL (install the gpu extra's nvidia-nccl wheel)"
     keys = comm.gather_all(_device_key(cp, device_index))
-    if why is None and len(set(keys)) < len(keys):
+    if len(set(keys)) < len(keys):           # first: no NCCL would take this job
         shared = next(k for k in keys if keys.count(k) > 1)
         ranks = [r for r, k in enumerate(keys) if k == shared]
         why = (f"ranks {', '.join(map(str, ranks))} share one GPU ({shared[1]} on {shared[0]}), "
                f"and NCCL takes one rank per GPU")
+    elif nccl is None:
+        why = "this CuPy has no NCCL (install the gpu extra's nvidia-nccl wheel)"
     reasons = comm.gather_all(why or "")               # every rank decides alike, by the first reason
     if any(reasons):
         return None, _staged_line(next(text for text in reasons if text))
