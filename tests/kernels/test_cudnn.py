@@ -9,9 +9,11 @@ with its forward and input-gradient convolutions on cuDNN and its weight gradien
 route a (replaced) timer says is faster, captured or not; a weight gradient's route is cuDNN
 where im2col's column buffer is over the workspace bound, else the faster, kept per shapes, dtype
 and policy; the float32 policy (the net file's ``precision`` key, the setting over it) reaches
-every direction's math type (the fake records it, and reads TF32 operands where it is not FMA).
-The ``gpu`` tests do the same on a device, and hold tf32 to strict, cuDNN's weight gradient to
-im2col's."""
+every direction's math type (the fake records it, and reads TF32 operands where it is not FMA);
+LeNet's mixed-precision bfloat16 step runs its convolutions whose operands were rounded to
+bfloat16 on bfloat16 copies through cuDNN (CUDNN_DATA_BFLOAT16), as the CPU's emulation computes
+them. The ``gpu`` tests do the same on a device, and hold tf32 to strict, cuDNN's weight gradient
+to im2col's, a bfloat16 convolution to float32's."""
 from __future__ import annotations
 
 import json
@@ -252,6 +254,49 @@ def test_the_precision_policy_reaches_every_direction_from_the_net_file_or_the_s
                     "bench": fma}, seen
 
 
+BFLOAT16_SCRIPT = textwrap.dedent("""
+    import ctypes, sys
+    import numpy as np
+    from toolkit.frontend import Net
+    from toolkit.benchmarking import bench_plan
+    from toolkit.backend.registry import load_device
+    load_device("gpu")
+    from toolkit.kernels.gpu import dnn
+    dnn.CUDNN_OPS = set(dnn.BUILDERS)          # every direction through cuDNN
+    seen = (ctypes.c_int * 3).in_dll(dnn.library(), "fake_cudnn_type")
+    lenet = Net.load(sys.argv[1])
+    runs = {}
+    for device, capture in (("cpu", None), ("gpu", None), ("gpu", False)):
+        plan, inputs = bench_plan(lenet, 4, True, "bfloat16", device=device, capture=capture)
+        runs[device, capture] = [{k: np.array(v) for k, v in plan.run(inputs).items()} for _ in range(3)]
+    for a, b in zip(runs["gpu", None], runs["gpu", False]):
+        for k in b:
+            assert np.array_equal(a[k], b[k]), k                     # captured == kernel by kernel
+    worst = 0.0
+    for step, (want, got) in enumerate(zip(runs["cpu", None], runs["gpu", None])):
+        for k in want:
+            scale = max(1.0, float(np.abs(want[k]).max()))
+            worst = max(worst, float(np.abs(got[k] - want[k]).max()) / scale)
+    assert worst < 2e-2, worst
+    print("types", list(seen))
+    print("bfloat16", sorted(dnn.IN_BFLOAT16.items()))
+""")
+
+
+@needs_cxx
+def test_bfloat16_convolutions_run_in_bfloat16_through_cudnn_and_train_lenet_as_the_cpu_emulation(tmp_path):
+    from tests.runtime.gpu_stand_in import ROOT
+    result = run_stand_in(STAND_IN + RAW_MODULE + BFLOAT16_SCRIPT, tmp_path, ROOT / "zoo" / "lenet" / "net.yaml")
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = dict(line.split(" ", 1) for line in result.stdout.strip().splitlines())
+    assert lines["types"] == "[9, 9, 9]", lines          # CUDNN_DATA_BFLOAT16 in the three directions
+    # both plans' two forward convolutions, conv2's input gradient and conv1's weight gradient (its
+    # operand the input cast to bfloat16); conv2's weight gradient reads a ReLU's gradient and
+    # the pooled activations, no rounded value: float32, rounded after
+    counts = dict(eval(lines["bfloat16"]))
+    assert counts == {"conv2d": 4, "conv2d_grad_input": 2, "conv2d_grad_weight": 2}, counts
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU with cupy (run on a GPU machine)")
 @pytest.mark.parametrize("dtype", ["float32", "float64", "float16"])
@@ -291,14 +336,20 @@ def _device_operands(op: str, dtype=np.float32):
     return [g, x], DEVICE_W, conv2d_grad_weight_reference(g, x, kernel=DEVICE_W[2:], **geometry)
 
 
-def _on_device(build, op: str, inputs, out_shape, dtype="float32", precision=None):
-    """``build(ctx)``'s kernel run once on the device: its output as a float64 numpy array."""
+def _on_device(build, op: str, inputs, out_shape, dtype="float32", precision=None, rounded_to=None):
+    """``build(ctx)``'s kernel run once on the device: its output as a float64 numpy array.
+    ``rounded_to``: the node's operands are values rounded to that type (as passes/precision.py
+    stores a cast to bfloat16 on a device without bfloat16 arrays)."""
     import cupy as cp
 
     from toolkit.backend.devices import parse_device
     from toolkit.backend.registry import KernelContext
-    from toolkit.ir.graph import Node
-    ctx = KernelContext(Node(op, [], dict(DEVICE_ATTRS), "device_check"), dict(DEVICE_ATTRS),
+    from toolkit.ir.graph import Node, TensorType, Value
+    operands = []
+    for a in inputs:
+        rounding = Node("round_precision", [], {"dtype": rounded_to}, "device_check") if rounded_to else None
+        operands.append(Value(TensorType(a.shape, dtype), rounding))
+    ctx = KernelContext(Node(op, operands, dict(DEVICE_ATTRS), "device_check"), dict(DEVICE_ATTRS),
                         [a.shape for a in inputs], [out_shape], dtype, parse_device("gpu"), xp=cp,
                         precision=precision)
     out = cp.zeros(out_shape, dtype)
@@ -370,3 +421,25 @@ def test_the_weight_gradient_through_cudnn_equals_im2col_and_is_chosen_over_the_
     times = [t for key, t in dnn.WEIGHT_GRADIENT_TIMES.items() if key[0] == (8, 64, 28, 28)]
     assert times and all(v is not None and v > 0 for v in times[0].values()), times
     print("weight gradient route", route, times[0])
+
+
+@pytest.mark.parametrize("op", ["conv2d", "conv2d_grad_input", "conv2d_grad_weight"])
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU with cupy (run on a GPU machine)")
+def test_a_bfloat16_convolution_through_cudnn_is_within_2e_2_of_float32_on_the_device(op):
+    from toolkit.ops.precision import round_to_bfloat16
+    from toolkit.settings import use
+    dnn = _device_dnn()
+    inputs, out_shape, _want = _device_operands(op)
+    inputs = [round_to_bfloat16(a.astype(np.float32)) for a in inputs]      # bfloat16 values, as float32
+    with use(precision="strict"):
+        float32 = _on_device(dnn.BUILDERS[op], op, inputs, out_shape)
+        built = []
+        bfloat16 = _on_device(lambda ctx: built.append(dnn.BUILDERS[op](ctx)) or built[0], op, inputs, out_shape,
+                              rounded_to="bfloat16")
+    assert built[0].operands == "bfloat16", built[0].operands
+    # the result is bfloat16 (8 bits of mantissa) widened to float32
+    as_bits = bfloat16.astype(np.float32).view(np.uint32)
+    assert not np.any(as_bits & 0xFFFF), "a bfloat16 result has no low 16 bits"
+    assert _relative(bfloat16, float32) < 2e-2, (op, _relative(bfloat16, float32))
+    print(op, "bfloat16 vs float32", _relative(bfloat16, float32))

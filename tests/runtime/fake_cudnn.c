@@ -7,7 +7,8 @@
  * binding that passes descriptors in the wrong order fails), the output size cuDNN computes, and
  * the algorithm choice: its heuristics rank a non-deterministic algorithm (0) first, which the
  * toolkit must pass over, then algorithm 1, which needs a workspace of WORKSPACE bytes that the
- * call must be given. It records the math type each direction ran with (fake_cudnn_math) and,
+ * call must be given. It records the math and data types each direction ran with
+ * (fake_cudnn_math, fake_cudnn_type: float, double, half or bfloat16) and,
  * for float32 with any math but FMA, reads the operands as TF32, as tensor cores do. The marker
  * below is the CUDA dialect's float16 conversions, pasted in by the test. */
 #include <stdlib.h>
@@ -17,7 +18,7 @@
 TK_HALF_HELPERS
 
 enum { OK = 0, BAD_PARAM = 2000, NOT_SUPPORTED = 3000 };
-enum { FLOAT = 0, DOUBLE = 1, HALF = 2 };
+enum { FLOAT = 0, DOUBLE = 1, HALF = 2, BFLOAT16 = 9 };
 enum { WORKSPACE = 256, GOOD_ALGO = 1 };
 
 typedef struct { int type, n, c, h, w, ns, cs, hs, ws; } tensor;
@@ -55,6 +56,7 @@ int cudnnSetConvolutionMathType(void *d, int math) { ((convolution *)d)->math = 
 static int consistent(const tensor *x, const filter *w, const convolution *cv, const tensor *y) {
     if (x->type != w->type || y->type != w->type || cv->mode != 1) return BAD_PARAM;
     if ((w->type == DOUBLE) != (cv->compute == DOUBLE)) return BAD_PARAM;
+    if ((w->type == HALF || w->type == BFLOAT16) && cv->compute != FLOAT) return BAD_PARAM;
     if (x->c != w->c * cv->groups || w->k % cv->groups || y->c != w->k || y->n != x->n) return BAD_PARAM;
     int oh = (x->h + 2 * cv->ph - cv->dh * (w->h - 1) - 1) / cv->sh + 1;
     int ow = (x->w + 2 * cv->pw - cv->dw * (w->w - 1) - 1) / cv->sw + 1;
@@ -64,6 +66,7 @@ static int consistent(const tensor *x, const filter *w, const convolution *cv, c
 /* The math type each direction's last call ran with (forward, data, filter; -1 before any), for
  * the tests to read: the precision policy must reach every direction's descriptor. */
 int fake_cudnn_math[3] = {-1, -1, -1};
+int fake_cudnn_type[3] = {-1, -1, -1};             /* and the data type of its tensors */
 enum { FMA_MATH = 3 };
 /* Set for the duration of a float32 call whose math is not FMA: its operands are read as TF32
  * (10 bits of mantissa, rounded to nearest even), as tensor cores read them. */
@@ -113,14 +116,29 @@ static float to_tf32(float v) {
     memcpy(&v, &bits, 4);
     return v;
 }
+/* bfloat16: the top 16 bits of a float32, rounded to nearest even (a NaN stays a NaN) */
+static float bf16_load(unsigned short h) {
+    unsigned int bits = (unsigned int)h << 16;
+    float v;
+    memcpy(&v, &bits, 4);
+    return v;
+}
+static unsigned short bf16_store(float v) {
+    unsigned int bits;
+    memcpy(&bits, &v, 4);
+    if ((bits & 0x7f800000u) == 0x7f800000u && (bits & 0x7fffffu)) return (unsigned short)((bits >> 16) | 0x40u);
+    return (unsigned short)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
 static double load(const void *p, int type, long i) {
     if (type == FLOAT) return tf32_operands ? to_tf32(((const float *)p)[i]) : ((const float *)p)[i];
     if (type == DOUBLE) return ((const double *)p)[i];
+    if (type == BFLOAT16) return bf16_load(((const unsigned short *)p)[i]);
     return tk_h2f(((const unsigned short *)p)[i]);
 }
 static void store(void *p, int type, long i, double v) {
     if (type == FLOAT) ((float *)p)[i] = (float)v;
     else if (type == DOUBLE) ((double *)p)[i] = v;
+    else if (type == BFLOAT16) ((unsigned short *)p)[i] = bf16_store((float)v);
     else ((unsigned short *)p)[i] = tk_f2h((float)v);
 }
 static double scalar(const void *p, int type) { return type == DOUBLE ? *(const double *)p : *(const float *)p; }
@@ -161,6 +179,7 @@ int cudnnConvolutionForward(void *h, const void *alpha, const tensor *xd, const 
     int status = usable(consistent(xd, wd, cv, yd), algo, ws, bytes);
     if (status != OK) return status;
     fake_cudnn_math[0] = cv->math;
+    fake_cudnn_type[0] = wd->type;
     tf32_operands = wd->type == FLOAT && cv->math != FMA_MATH;
     long count = (long)yd->n * yd->c * yd->h * yd->w;
     double *sum = calloc(count, sizeof(double));
@@ -182,6 +201,7 @@ int cudnnConvolutionBackwardData(void *h, const void *alpha, const filter *wd, c
     int status = usable(consistent(dxd, wd, cv, dyd), algo, ws, bytes);
     if (status != OK) return status;
     fake_cudnn_math[1] = cv->math;
+    fake_cudnn_type[1] = wd->type;
     tf32_operands = wd->type == FLOAT && cv->math != FMA_MATH;
     long count = (long)dxd->n * dxd->c * dxd->h * dxd->w;
     double *sum = calloc(count, sizeof(double));
@@ -205,6 +225,7 @@ int cudnnConvolutionBackwardFilter(void *h, const void *alpha, const tensor *xd,
     int status = usable(consistent(xd, dwd, cv, dyd), algo, ws, bytes);
     if (status != OK) return status;
     fake_cudnn_math[2] = cv->math;
+    fake_cudnn_type[2] = dwd->type;
     tf32_operands = dwd->type == FLOAT && cv->math != FMA_MATH;
     long count = (long)dwd->k * dwd->c * dwd->h * dwd->w;
     double *sum = calloc(count, sizeof(double));

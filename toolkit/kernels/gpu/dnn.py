@@ -27,7 +27,8 @@ What is decided when the plan is built, once per convolution:
   is PyTorch's default (``torch.backends.cudnn.allow_tf32``): cuDNN's default math, which lets
   all three directions run on TF32 tensor cores on Ampere and later (cuBLAS's GEMMs stay float32
   under both, as PyTorch's ``matmul.allow_tf32`` default). float16 may use Tensor Cores and
-  accumulates in float32.
+  accumulates in float32; so does bfloat16, which CuPy cannot hold: a float32 convolution with
+  an operand rounded to bfloat16 (``operand_type``) runs on bfloat16 copies of its operands.
 - the workspace: at most the ``cudnn_workspace_mb`` setting per stream; an algorithm that wants
   more is passed over.
 
@@ -57,6 +58,7 @@ from . import blas
 # cudnnDataType_t, cudnnTensorFormat_t, cudnnConvolutionMode_t, cudnnMathType_t,
 # cudnnDeterminism_t (cudnn_graph.h / cudnn_cnn.h, unchanged from cuDNN 7 to 9)
 DATA_FLOAT, DATA_DOUBLE, DATA_HALF = 0, 1, 2
+DATA_BFLOAT16 = 9                      # cuDNN 8.1 and later
 FORMAT_NCHW, FORMAT_NHWC = 0, 1
 CROSS_CORRELATION = 1
 MATH_DEFAULT, MATH_TENSOR_OP, MATH_TENSOR_OP_ALLOW_CONVERSION, MATH_FMA = 0, 1, 2, 3
@@ -69,6 +71,10 @@ TYPES = {
     np.dtype(np.float64): (DATA_DOUBLE, DATA_DOUBLE, MATH_FMA, ctypes.c_double),
     np.dtype(np.float16): (DATA_HALF, DATA_FLOAT, MATH_TENSOR_OP, ctypes.c_float),
 }
+# bfloat16 operands (uint16 arrays holding a bfloat16's bits: CuPy has no bfloat16), summed in
+# float32 on tensor cores
+BFLOAT16 = "bfloat16"
+BFLOAT16_TYPES = (DATA_BFLOAT16, DATA_FLOAT, MATH_TENSOR_OP, ctypes.c_float)
 # the math type float32 asks for under each policy: tf32 as PyTorch sets it with allow_tf32
 # (cuDNN's default math, which may convert to TF32; FMA only when TF32 is not allowed)
 FLOAT32_MATH = {"strict": MATH_FMA, "tf32": MATH_DEFAULT}
@@ -184,6 +190,7 @@ class Handle:
         self.raw = raw
         self.stream: int | None = None
         self.workspaces: dict[int, tuple[int, object]] = {}      # stream -> (bytes, memory)
+        self.scratches: dict[int, object] = {}                    # stream -> uint16 array
         self.outgrown: list = []       # smaller workspaces a captured graph may still point at
 
     def on_current_stream(self, need: int = 0) -> tuple[ctypes.c_void_p, int]:
@@ -203,6 +210,17 @@ class Handle:
             space = memory(size) if memory is not None else cp.empty(size, np.uint8)
             self.workspaces[stream] = (size, space)
         return self.raw, (space.ptr if hasattr(space, "ptr") else blas.pointer(space))
+
+    def scratch(self, elements: int):
+        """The current stream's uint16 scratch (bfloat16 operands), of at least ``elements``:
+        grown like the workspace, on a plan's first, eager run."""
+        stream = blas.stream_pointer()
+        space = self.scratches.get(stream)
+        if space is None or space.size < elements:
+            if space is not None:
+                self.outgrown.append(space)
+            space = self.scratches[stream] = gpu_module().empty(max(elements, 1), np.uint16)
+        return space
 
 
 _handles = threading.local()
@@ -238,12 +256,13 @@ class Convolution:
 
     def __init__(self, direction: str, x_shape, w_shape, y_shape, attrs, dtype, layout: str = "nchw",
                  precision: str = "strict"):
-        dtype = np.dtype(dtype)
-        if dtype not in TYPES:
-            raise Unsupported(f"cuDNN convolutions take float16, float32 and float64, not {dtype}")
+        if dtype != BFLOAT16:
+            dtype = np.dtype(dtype)
+            if dtype not in TYPES:
+                raise Unsupported(f"cuDNN convolutions take float16, bfloat16, float32 and float64, not {dtype}")
         if min(*x_shape, *w_shape, *y_shape) == 0:
             raise Unsupported("an empty tensor")
-        self.data_type, compute, self.math, scalar = TYPES[dtype]
+        self.data_type, compute, self.math, scalar = BFLOAT16_TYPES if dtype == BFLOAT16 else TYPES[dtype]
         if dtype == np.float32:
             self.math = FLOAT32_MATH[precision]
         self.one, self.zero = scalar(1.0), scalar(0.0)
@@ -336,9 +355,93 @@ def _bias_adder(channels: int, y_shape, dtype):
     return add
 
 
-def _forward(x_shape, w_shape, y_shape, attrs, dtype, has_bias: bool, precision: str = "strict"):
+def operand_type(ctx) -> str:
+    """The type a float32 convolution's operands are summed in: bfloat16 where one of them is a
+    value rounded to bfloat16 (mixed precision in bfloat16 on a device without bfloat16 arrays:
+    passes/precision.py stores each bfloat16 value as float32, each cast to it a
+    ``round_precision``, and rounds the result of every convolution whose operands are bfloat16),
+    else the kernel's dtype. A convolution reached only through other ops (a gradient after a
+    ReLU's) stays float32, its result rounded all the same."""
+    if np.dtype(ctx.dtype) == np.float32:
+        for v in getattr(ctx.node, "inputs", ()):
+            producer = getattr(v, "producer", None)
+            if producer is not None and producer.op == "round_precision" and producer.attrs.get("dtype") == BFLOAT16:
+                return BFLOAT16
+    return str(np.dtype(ctx.dtype))
+
+
+# float32 <-> bfloat16 bits, rounding to nearest even (a NaN stays a NaN), one thread per element
+# in a grid-stride loop
+BFLOAT16_SOURCE = r"""
+union tk_bits { float f; unsigned int u; };
+extern "C" __global__ void tk_to_bfloat16(const float *x, unsigned short *y, long n) {
+    for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long)blockDim.x * gridDim.x) {
+        union tk_bits b;
+        b.f = x[i];
+        if ((b.u & 0x7f800000u) == 0x7f800000u && (b.u & 0x7fffffu)) y[i] = (unsigned short)((b.u >> 16) | 0x40u);
+        else y[i] = (unsigned short)((b.u + 0x7fffu + ((b.u >> 16) & 1u)) >> 16);
+    }
+}
+extern "C" __global__ void tk_from_bfloat16(const unsigned short *x, float *y, long n) {
+    for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long)blockDim.x * gridDim.x) {
+        union tk_bits b;
+        b.u = (unsigned int)x[i] << 16;
+        y[i] = b.f;
+    }
+}
+"""
+
+
+class _InBfloat16:
+    """A bfloat16 convolution on float32 arrays: both operands converted into bfloat16 buffers,
+    the convolution on them, its bfloat16 result widened into the float32 output (which the
+    graph then rounds to bfloat16 again: a no-op). The buffers are parts of the stream's own
+    scratch (``Handle.scratch``), shared by every convolution run on that stream one after
+    another, so a net's bfloat16 copies take the largest convolution's room, not the sum."""
+
+    ALIGN = 128                  # elements (256 bytes) between the parts, as cuDNN's kernels like
+
+    def __init__(self, conv: Convolution, a_shape, b_shape, out_shape):
+        from .cuda import MAX_BLOCKS, THREADS_PER_BLOCK, compiled_source
+        self.conv = conv
+        self.parts, start = [], 0
+        for shape in (a_shape, b_shape, out_shape):
+            size = int(np.prod(shape, dtype=np.int64))
+            self.parts.append((start, size, tuple(int(v) for v in shape)))
+            start += -(-size // self.ALIGN) * self.ALIGN
+        self.elements = start
+        self.to_bits = compiled_source(BFLOAT16_SOURCE, "tk_to_bfloat16")
+        self.from_bits = compiled_source(BFLOAT16_SOURCE, "tk_from_bfloat16")
+        self.grid = lambda n: ((max(1, min(MAX_BLOCKS, -(-n // THREADS_PER_BLOCK))),), (THREADS_PER_BLOCK,))
+
+    def __call__(self, a, b, out) -> None:
+        scratch = handle().scratch(self.elements)
+        a_bits, b_bits, out_bits = (scratch[o:o + n].reshape(shape) for o, n, shape in self.parts)
+        for src, bits in ((a, a_bits), (b, b_bits)):
+            self.to_bits(*self.grid(bits.size), (src, bits, np.int64(bits.size)))
+        self.conv(a_bits, b_bits, out_bits)
+        self.from_bits(*self.grid(out_bits.size), (out_bits, out, np.int64(out_bits.size)))
+
+
+# each op the bfloat16 convolutions ran, for benchmarks and tests to read
+IN_BFLOAT16: Counter = Counter()
+
+
+def _convolution(direction: str, x_shape, w_shape, y_shape, attrs, dtype, precision: str, operands: str):
+    """call(a, b, out) for ``direction`` on packed arrays of ``dtype``: cuDNN in that type, or on
+    bfloat16 copies of the operands where ``operands`` is bfloat16 (``operand_type``)."""
+    if operands != BFLOAT16:
+        return Convolution(direction, x_shape, w_shape, y_shape, attrs, dtype, precision=precision)
+    conv = Convolution(direction, x_shape, w_shape, y_shape, attrs, BFLOAT16)
+    shapes = {"forward": (x_shape, w_shape, y_shape), "data": (w_shape, y_shape, x_shape),
+              "filter": (x_shape, y_shape, w_shape)}[direction]
+    return _InBfloat16(conv, *shapes)
+
+
+def _forward(x_shape, w_shape, y_shape, attrs, dtype, has_bias: bool, precision: str = "strict",
+             operands: str | None = None):
     """f(ins, y): y = conv(x, w) (+ b), y packed."""
-    conv = Convolution("forward", x_shape, w_shape, y_shape, attrs, dtype, precision=precision)
+    conv = _convolution("forward", x_shape, w_shape, y_shape, attrs, dtype, precision, operands or str(dtype))
     add_bias = _bias_adder(w_shape[0], y_shape, dtype) if has_bias else None
     x_in, w_in = _Packed(), _Packed()
 
@@ -350,8 +453,9 @@ def _forward(x_shape, w_shape, y_shape, attrs, dtype, has_bias: bool, precision:
 
 
 def conv2d(ctx):
+    operands = operand_type(ctx)
     forward = _forward(ctx.in_shapes[0], ctx.in_shapes[1], ctx.out_shapes[0], ctx.attrs, ctx.dtype,
-                       len(ctx.in_shapes) == 3, policy(ctx))
+                       len(ctx.in_shapes) == 3, policy(ctx), operands)
     y_out = _Packed()
 
     def run(ins, outs):
@@ -359,6 +463,7 @@ def conv2d(ctx):
         forward(ins, y)
         if y is not outs[0]:
             gpu_module().copyto(outs[0], y)
+    run.operands = operands
     return run
 
 
@@ -387,7 +492,7 @@ def conv2d_max_pool2d(ctx):
     return run
 
 
-def _gradient(conv: Convolution):
+def _gradient(conv):
     """run(ins, outs) for a gradient op whose inputs are (output gradient, the other operand):
     cuDNN takes the other operand first."""
     g_in, other_in, out = _Packed(), _Packed(), _Packed()
@@ -402,14 +507,20 @@ def _gradient(conv: Convolution):
 
 def conv2d_grad_input(ctx):
     g_shape, w_shape = ctx.in_shapes
-    return _gradient(Convolution("data", ctx.out_shapes[0], w_shape, g_shape, ctx.attrs, ctx.dtype,
-                                 precision=policy(ctx)))
+    operands = operand_type(ctx)
+    run = _gradient(_convolution("data", ctx.out_shapes[0], w_shape, g_shape, ctx.attrs, ctx.dtype,
+                                 policy(ctx), operands))
+    run.operands = operands
+    return run
 
 
 def conv2d_grad_weight(ctx):
     g_shape, x_shape = ctx.in_shapes
-    return _gradient(Convolution("filter", x_shape, ctx.out_shapes[0], g_shape, ctx.attrs, ctx.dtype,
-                                 precision=policy(ctx)))
+    operands = operand_type(ctx)
+    run = _gradient(_convolution("filter", x_shape, ctx.out_shapes[0], g_shape, ctx.attrs, ctx.dtype,
+                                 policy(ctx), operands))
+    run.operands = operands
+    return run
 
 
 BUILDERS = {"conv2d": conv2d, "conv2d_max_pool2d": conv2d_max_pool2d,
@@ -476,7 +587,7 @@ def weight_gradient_route(ctx, cudnn_run, im2col_factory) -> tuple[str, str, obj
     g_shape, x_shape = (tuple(int(v) for v in s) for s in ctx.in_shapes)
     w_shape = tuple(int(v) for v in ctx.out_shapes[0])
     key = (g_shape, x_shape, w_shape, tuple(sorted((k, repr(v)) for k, v in ctx.attrs.items())),
-           str(np.dtype(ctx.dtype)), policy(ctx), workspace_limit())
+           getattr(cudnn_run, "operands", str(np.dtype(ctx.dtype))), policy(ctx), workspace_limit())
     known = WEIGHT_GRADIENT_ROUTES.get(key)
     if known is not None:
         route, why = known
@@ -509,11 +620,14 @@ def _choosing(op: str, builder, fallback):
             except Unsupported as e:
                 why = str(e)
             else:
-                if op in CUDNN_OPS:
-                    CHOSEN["cudnn", op] += 1
-                    return run
-                route, why, run = weight_gradient_route(ctx, run, fallback)
-                CHOSEN[("cudnn", op) if route == "cudnn" else ("im2col", why)] += 1
+                if op not in CUDNN_OPS:
+                    route, why, run = weight_gradient_route(ctx, run, fallback)
+                    if route != "cudnn":
+                        CHOSEN["im2col", why] += 1
+                        return run
+                CHOSEN["cudnn", op] += 1
+                if getattr(run, "operands", None) == BFLOAT16:
+                    IN_BFLOAT16[op] += 1
                 return run
         CHOSEN["im2col", why] += 1
         return fallback(ctx)
