@@ -59,6 +59,51 @@ HELPERS = textwrap.dedent("""
             again = reduce_on_gpu(x, op, axes, keepdims)
             same_bits = np.array_equal(got.reshape(-1).view(np.uint8), again.reshape(-1).view(np.uint8))
             assert same_bits, ("not repeatable", shape, dtype)
+
+    # BatchNorm's sums as fused_reduce programs over x [N, C, ...], m [1, C, 1, ...], s a scalar:
+    # the variance's square(x - m), the backward's dy * (x - m) * s and a lone product
+    PROGRAMS = {
+        "square(x - m)": ((("sub", (("x", 0), ("x", 1)), ()), ("square", (("t", 0),), ())), (0, 1)),
+        "dy * (x - m) * s": ((("sub", (("x", 1), ("x", 2)), ()), ("mul", (("x", 0), ("t", 0)), ()),
+                              ("mul", (("t", 1), ("x", 3)), ())), (0, 0, 1, 2)),
+        "dy * x": ((("mul", (("x", 0), ("x", 1)), ()),), (0, 0)),
+    }
+
+    def fused_on(device, arrays, program, mean, keepdims):
+        g = Graph("fused")
+        vals = []
+        for k, a in enumerate(arrays):
+            vals.append(Value(TensorType(tuple(a.shape), str(a.dtype)), name=f"x{k}"))
+            g.inputs[f"x{k}"] = vals[-1]
+        axes = channel_axes(arrays[0].ndim)
+        g.outputs["y"] = Builder(g, "f").op("fused_reduce", *vals, program=program, outputs=(len(program) - 1,),
+                                            axes=axes, keepdims=keepdims, mean=mean)
+        plan = Plan(g, {}, {}, device, RuntimeState(np.random.default_rng(0)), native=False)
+        out = plan.run({f"x{k}": a for k, a in enumerate(arrays)})["y"]
+        return out.get() if hasattr(out, "get") else np.array(out)
+
+    def check_fused(shape, dtype, name, mean, keepdims, seed=0):
+        from toolkit.ops.fused_reduce import _reference
+        program, kinds = PROGRAMS[name]
+        rng = np.random.default_rng(seed)
+        channel = (1, shape[1]) + (1,) * (len(shape) - 2)
+        made = {0: shape, 1: channel, 2: ()}
+        arrays = [np.asarray(rng.standard_normal(made[k])).astype(dtype) for k in kinds]
+        got = fused_on("gpu", arrays, program, mean, keepdims)
+        exact = [a.astype(np.float64) for a in arrays]
+        want = _reference(*exact, program=program, outputs=(len(program) - 1,), axes=channel_axes(len(shape)),
+                          keepdims=keepdims, mean=mean)
+        # the magnitudes summed: the program's value with every operand made positive
+        size = _reference(*[np.abs(a) for a in exact], program=program, outputs=(len(program) - 1,),
+                          axes=channel_axes(len(shape)), keepdims=keepdims, mean=mean)
+        size = np.abs(size) + np.abs(want)
+        assert got.shape == want.shape and got.dtype == arrays[0].dtype, (name, got.shape, want.shape)
+        error = np.max(np.abs(got.astype(np.float64) - want) / np.maximum(size, 1e-300), initial=0.0)
+        # float16 rounds each product to 11 bits, as the tensor it stands for would be
+        assert error <= 4 * TOLERANCE[dtype], (shape, dtype, name, mean, keepdims, error)
+        if dtype != "float16":      # the CPU's kernel (float16 is the GPU's alone)
+            cpu = fused_on("cpu", arrays, program, mean, keepdims)
+            np.testing.assert_allclose(cpu, got, rtol=1e-5 if dtype == "float32" else 1e-12, atol=1e-6 * size.max())
 """)
 
 STAND_IN_SCRIPT = STAND_IN + RAW_MODULE + HELPERS + textwrap.dedent("""
@@ -85,6 +130,11 @@ STAND_IN_SCRIPT = STAND_IN + RAW_MODULE + HELPERS + textwrap.dedent("""
     assert geometry((64, 256, 56, 56), (0, -1, -2)) == (64, 256, 3136)
     assert geometry((8, 10), (0,)) == (8, 10, 1)
     assert geometry((8, 10, 3, 3), (0, 2)) is None and geometry((8,), (0,)) is None
+    for dtype in ("float32", "float64", "float16"):
+        for shape in ((1, 3, 7, 5), (5, 3, 7, 5), (4, 3, 41, 37), (5, 3)):
+            for name in PROGRAMS:
+                for mean in (False, True):
+                    check_fused(shape, dtype, name, mean, keepdims=mean)
     # other axes: the CuPy reduction this kernel keeps as its fallback
     for axes in ((0,), (1,), (2, 3), (0, 1, 2, 3)):
         check((5, 3, 7, 5), "float32", "reduce_sum", axes, False)
@@ -109,14 +159,20 @@ def test_channel_reductions_equal_numpy_on_the_device(dtype):
         for op in ("reduce_sum", "reduce_mean"):
             for keepdims in (True, False):
                 check(shape, dtype, op, namespace["channel_axes"](len(shape)), keepdims)
+        for name in namespace["PROGRAMS"]:
+            for mean in (False, True):
+                namespace["check_fused"](shape, dtype, name, mean, keepdims=mean)
     if dtype != "float64":
         for op in ("reduce_sum", "reduce_mean"):
             check((64, 256, 56, 56), dtype, op, (0, 2, 3), True)
+        for name in namespace["PROGRAMS"]:
+            namespace["check_fused"]((64, 256, 56, 56), dtype, name, True, keepdims=True)
 
 
 # zoo:resnet's train steps (BatchNorm in every block, SGD with momentum and weight decay) on the
-# GPU with the channel kernels and with the setting off (CuPy's reductions): losses and weights
-# equal to float32 rounding, and the channel kernels ran only where they were on
+# GPU with the channel kernels and fused reductions and with the setting off (CuPy's reductions,
+# nothing fused): losses and weights equal to float32 rounding, and to the CPU's losses; the
+# channel kernels ran and the fused reductions were made only where the setting was on
 TRAIN_SCRIPT = textwrap.dedent("""
     import sys
     import numpy as np
@@ -130,6 +186,8 @@ TRAIN_SCRIPT = textwrap.dedent("""
             before = set(cuda._FUNCTIONS)
             plan, inputs = bench_plan(Net.load(path), batch, True, device="gpu")
             ran = {name for _src, name in set(cuda._FUNCTIONS) - before if name.startswith("tk_channel")}
+            fused = sum(n.op == "fused_reduce" for n in plan.graph.nodes)
+            assert (fused >= 14) == on, (on, fused)      # 7 BatchNorms: the variance and a backward sum each
             losses = [float(_host(plan.run(inputs)["loss"])) for _ in range(3)]
             weights = {k: _host(plan.memory.storage_of[w.value.id].external) for k, w in plan.graph.weights.items()}
         return losses, weights, ran
@@ -144,7 +202,11 @@ TRAIN_SCRIPT = textwrap.dedent("""
     assert on[1].keys() == off[1].keys() and on[1]
     for k in on[1]:
         np.testing.assert_allclose(on[1][k], off[1][k], rtol=1e-5, atol=1e-6, err_msg=k)
-    print("losses", on[0], off[0])
+    cpu_plan, cpu_inputs = bench_plan(Net.load(path), batch, True, device="cpu")
+    cpu = [float(cpu_plan.run(cpu_inputs)["loss"]) for _ in range(3)]
+    assert not any(n.op == "fused_reduce" for n in cpu_plan.graph.nodes)      # it pays on the GPU only
+    np.testing.assert_allclose(on[0], cpu, rtol=1e-4)
+    print("losses", on[0], off[0], cpu)
     print("ok")
 """)
 

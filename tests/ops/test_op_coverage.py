@@ -25,6 +25,8 @@ TABLE_EXCLUSIONS: dict[str, str] = {
     "allreduce_wait": "the other half of that pair: tests/parallel/test_collectives.py",
     "matmul_bias_gradient": "two outputs (the table's cases have one): tests/runtime/test_capture.py checks "
                             "its CPU kernel and the GPU's against numpy, and the pass that makes it",
+    "fused_reduce": "its program is an attribute the table's cases cannot vary: tests/kernels/test_gpu_reductions.py "
+                    "checks its CPU kernel and the GPU's against numpy, and the pass that makes it",
     **{op: "int8 quantization (integer inputs, no float32/float64 form): tests/ops/test_quant_ops.py checks its "
             "reference against ONNX Runtime, tests/kernels/test_quant_kernels.py its kernels against the reference"
        for op in ("quantize_linear", "dequantize_linear", "qconv2d", "qgemm")},
@@ -48,6 +50,7 @@ NO_GRAD_RULE = {
     "nhwc_avg_pool2d": "made by the layout pass, which leaves graphs with a backward pass alone",
     "fused_epilogue": "made by a fusion pass after autodiff: the backward pass is already ops",
     "matmul_bias_gradient": "made by a fusion pass after autodiff, from gradient ops",
+    "fused_reduce": "made by a fusion pass after autodiff: the backward pass is already ops",
     **{op: "int8 quantization is made from a trained graph for inference; rounding has no useful gradient"
        for op in ("quantize_linear", "dequantize_linear", "qconv2d", "qgemm")},
 }

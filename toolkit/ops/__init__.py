@@ -5,6 +5,7 @@ from . import (  # noqa: F401  (registration)
     conv,
     elementwise,
     fused,
+    fused_reduce,
     indexing,
     layout,
     linalg,

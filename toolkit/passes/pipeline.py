@@ -31,6 +31,7 @@ from .context import PassContext
 from .control import eliminate_dead_branches
 from .cse import eliminate_common
 from .fuse import fuse_conv_max_pool, fuse_elementwise, fuse_epilogue
+from .fuse_reductions import fuse_reductions
 from .gemm import batch_gemms
 from .layout import choose_layout
 from .place import place_devices
@@ -110,6 +111,9 @@ PIPELINE: list[Stage] = [
     Stage("fuse_bias_gradient", fuse_bias_gradient,
           "a weight gradient g^T x and the bias gradient (g's row sum) as one GEMM with a bias-gradient "
           "epilogue, where the device's kernel pays"),
+    Stage("fuse_reductions", fuse_reductions,
+          "a per-channel sum or mean (BatchNorm's statistics and their gradients) of an elementwise group read "
+          "by nothing else as one kernel that computes the group as it reduces, where the device's kernel pays"),
     Stage("optimize_bodies", optimize_bodies,
           "the whole pipeline on every loop and if body"),
     Stage("place_devices", place_devices,
