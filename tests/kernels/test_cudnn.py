@@ -89,6 +89,8 @@ LENET_SCRIPT = textwrap.dedent("""
     timed = []
     def fake_timer(run, shapes, out_shape, dtype):
         # the stand-in has no device to time: the route named on the command line is the faster
+        if "epilogue" in run.__qualname__ or "two_kernels" in run.__qualname__:
+            return None                                 # a fused epilogue's: not measured here
         route = "cudnn" if "_gradient" in run.__qualname__ else "im2col"
         timed.append((route, tuple(out_shape)))
         return 1.0 if route == faster else 2.0
@@ -297,6 +299,59 @@ def test_bfloat16_convolutions_run_in_bfloat16_through_cudnn_and_train_lenet_as_
     assert counts == {"conv2d": 4, "conv2d_grad_input": 2, "conv2d_grad_weight": 2}, counts
 
 
+EPILOGUE_SCRIPT = textwrap.dedent("""
+    import ctypes, sys
+    import numpy as np
+    from toolkit.frontend import Net
+    from toolkit.benchmarking import bench_plan
+    from toolkit.backend.registry import load_device
+    load_device("gpu")
+    from toolkit.kernels.gpu import dnn
+    faster = sys.argv[2]
+    timed = []
+    def fake_timer(run, shapes, out_shape, dtype):
+        route = "one call" if "epilogue_convolution" in run.__qualname__ else "two kernels"
+        timed.append(route)
+        return 1.0 if route == faster else 2.0
+    if faster != "untimed":
+        dnn.seconds_on_device = fake_timer
+    calls = ctypes.c_int.in_dll(dnn.library(), "fake_cudnn_fused_calls")
+    resnet = Net.load(sys.argv[1])
+    outs = {}
+    for device, capture in (("cpu", None), ("gpu", None), ("gpu", False)):
+        plan, inputs = bench_plan(resnet, 2, False, device=device, capture=capture)
+        outs[device, capture] = [{k: np.array(v) for k, v in plan.run(inputs).items()} for _ in range(2)]
+    for a, b in zip(outs["gpu", None], outs["gpu", False]):
+        for k in b:
+            assert np.array_equal(a[k], b[k]), k
+    for want, got in zip(outs["cpu", None], outs["gpu", None]):
+        for k in want:
+            np.testing.assert_allclose(got[k], want[k], rtol=2e-5, atol=1e-6, err_msg=k)
+    print("fused", sorted(dnn.FUSED.items()))
+    print("calls", calls.value)
+    print("timed", len(timed))
+""")
+
+
+@needs_cxx
+@pytest.mark.parametrize("faster", ["one call", "two kernels", "untimed"])
+def test_resnet_infers_as_the_cpu_with_its_conv_bias_relu_epilogues_in_one_cudnn_call_where_faster(tmp_path, faster):
+    from tests.runtime.gpu_stand_in import ROOT
+    result = run_stand_in(STAND_IN + RAW_MODULE + EPILOGUE_SCRIPT, tmp_path, ROOT / "zoo" / "resnet" / "net.yaml",
+                          faster)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = dict(line.split(" ", 1) for line in result.stdout.strip().splitlines())
+    fused, calls, timed = dict(eval(lines["fused"])), int(lines["calls"]), int(lines["timed"])
+    if faster == "one call":
+        # both plans' epilogues, with and without the residual add, each run twice by cuDNN
+        assert fused["relu(conv + b)"] > 0 and fused["relu(conv + b + z)"] > 0, fused
+        assert calls >= 2 * sum(fused.values()), (calls, fused)
+        # each shape timed once, both ways: the second plan's epilogues are decided already
+        assert 0 < timed < 2 * sum(fused.values()) and timed % 2 == 0, (timed, fused)
+    else:
+        assert fused == {} and calls == 0, (fused, calls)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU with cupy (run on a GPU machine)")
 @pytest.mark.parametrize("dtype", ["float32", "float64", "float16"])
@@ -443,3 +498,27 @@ def test_a_bfloat16_convolution_through_cudnn_is_within_2e_2_of_float32_on_the_d
     assert not np.any(as_bits & 0xFFFF), "a bfloat16 result has no low 16 bits"
     assert _relative(bfloat16, float32) < 2e-2, (op, _relative(bfloat16, float32))
     print(op, "bfloat16 vs float32", _relative(bfloat16, float32))
+
+
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU with cupy (run on a GPU machine)")
+def test_conv_bias_residual_relu_in_one_cudnn_call_equals_the_cpu_on_the_device(residual):
+    import cupy as cp
+
+    from toolkit.ops.conv import conv2d_reference
+    from toolkit.settings import use
+    dnn = _device_dnn()
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal(DEVICE_X), rng.standard_normal(DEVICE_W) / 24
+    b, z = rng.standard_normal(DEVICE_W[0]), rng.standard_normal(DEVICE_X)
+    geometry = {k: DEVICE_ATTRS[k] for k in ("stride", "pad", "dilation", "group")}
+    want = np.maximum(conv2d_reference(x, w, b, **geometry) + (z if residual else 0), 0)
+    with use(precision="strict"):
+        fused = dnn.BiasActivation(DEVICE_X, DEVICE_W, DEVICE_X, dict(DEVICE_ATTRS), "float32", "strict")
+        x_d, w_d, b_d, z_d = (cp.asarray(a.astype(np.float32)) for a in (x, w, b, z))
+        y = cp.zeros(DEVICE_X, np.float32)
+        fused(x_d, w_d, b_d, z_d if residual else None, y)
+        cp.cuda.Device().synchronize()
+    got = cp.asnumpy(y).astype(np.float64)
+    assert _relative(got, want) < 1e-5, _relative(got, want)

@@ -9,7 +9,8 @@
  * toolkit must pass over, then algorithm 1, which needs a workspace of WORKSPACE bytes that the
  * call must be given. It records the math and data types each direction ran with
  * (fake_cudnn_math, fake_cudnn_type: float, double, half or bfloat16) and,
- * for float32 with any math but FMA, reads the operands as TF32, as tensor cores do. The marker
+ * for float32 with any math but FMA, reads the operands as TF32, as tensor cores do; it counts
+ * the fused forward calls (fake_cudnn_fused_calls). The marker
  * below is the CUDA dialect's float16 conversions, pasted in by the test. */
 #include <stdlib.h>
 #include <string.h>
@@ -251,5 +252,47 @@ int cudnnAddTensor(void *h, const void *alpha, const tensor *ad, const void *a, 
         double av = load(a, ad->type, at(ad, ad->n == 1 ? 0 : n, ad->c == 1 ? 0 : k, ad->h == 1 ? 0 : i, ad->w == 1 ? 0 : j));
         store(c, cd->type, ci, al * av + be * load(c, cd->type, ci));
     }
+    return OK;
+}
+
+/* y = act(alpha1 conv(x, w) + alpha2 z + bias), act a ReLU (which only the implicit precomputed
+ * GEMM, algorithm 1, may run) or the identity; z is read before y is written, element by element */
+typedef struct { int mode, nan; double coef; } activation;
+enum { ACTIVATION_RELU = 1, ACTIVATION_IDENTITY = 5, IMPLICIT_PRECOMP_GEMM = 1 };
+int fake_cudnn_fused_calls = 0;
+
+int cudnnCreateActivationDescriptor(void **d) { *d = calloc(1, sizeof(activation)); return OK; }
+int cudnnSetActivationDescriptor(void *d, int mode, int nan, double coef) {
+    if (mode != ACTIVATION_RELU && mode != ACTIVATION_IDENTITY) return NOT_SUPPORTED;
+    *(activation *)d = (activation){mode, nan, coef};
+    return OK;
+}
+
+int cudnnConvolutionBiasActivationForward(void *h, const void *alpha1, const tensor *xd, const void *x, const filter *wd,
+                                          const void *w, const convolution *cv, int algo, void *ws, size_t bytes,
+                                          const void *alpha2, const tensor *zd, const void *z, const tensor *bd,
+                                          const void *bias, const activation *act, const tensor *yd, void *y) {
+    int status = usable(consistent(xd, wd, cv, yd), algo, ws, bytes);
+    if (status != OK) return status;
+    if (act->mode == ACTIVATION_RELU && algo != IMPLICIT_PRECOMP_GEMM) return NOT_SUPPORTED;
+    if (zd->n != yd->n || zd->c != yd->c || zd->h != yd->h || zd->w != yd->w || zd->type != yd->type) return BAD_PARAM;
+    if (bd->n != 1 || bd->c != yd->c || bd->h != 1 || bd->w != 1 || bd->type != yd->type) return BAD_PARAM;
+    fake_cudnn_math[0] = cv->math;
+    fake_cudnn_type[0] = wd->type;
+    tf32_operands = wd->type == FLOAT && cv->math != FMA_MATH;
+    long count = (long)yd->n * yd->c * yd->h * yd->w;
+    double *sum = calloc(count, sizeof(double));
+    EACH_TAP(xd, wd, cv, yd, FWD)
+    tf32_operands = 0;
+    double a1 = scalar(alpha1, cv->compute), a2 = scalar(alpha2, cv->compute);
+    for (int n = 0; n < yd->n; n++) for (int c = 0; c < yd->c; c++) for (int i = 0; i < yd->h; i++) for (int j = 0; j < yd->w; j++) {
+        long yi = at(yd, n, c, i, j);
+        double v = a1 * sum[(((long)n * yd->c + c) * yd->h + i) * yd->w + j] + load(bias, bd->type, at(bd, 0, c, 0, 0));
+        if (a2 != 0) v += a2 * load(z, zd->type, at(zd, n, c, i, j));
+        if (act->mode == ACTIVATION_RELU) v = (v != v) ? v : (v > 0 ? v : 0);       /* NaN propagates */
+        store(y, yd->type, yi, v);
+    }
+    free(sum);
+    fake_cudnn_fused_calls++;
     return OK;
 }

@@ -4,7 +4,9 @@ writes half-precision buffers and computes in float32 registers.
 
 - ``fused_elementwise``: one kernel reads the group's inputs and writes its outputs once.
 - ``fused_epilogue``: a GEMM whose program is ``h + b`` or ``relu(h + b)`` is one cuBLASLt call
-  with the bias (and ReLU) in its epilogue (lt.py); otherwise the head (a cuBLAS GEMM, or the
+  with the bias (and ReLU) in its epilogue (lt.py); a convolution with its bias whose program is
+  ``relu(h)`` or ``relu(h + z)`` is one cudnnConvolutionBiasActivationForward where that
+  measures faster (dnn.py's ``epilogue_convolution``); otherwise the head (a cuBLAS GEMM, or the
   im2col convolution) writes the first output's array, and one kernel then reads it as the head
   and overwrites it element by element (each element's reads come before its writes, in one
   thread).
@@ -24,6 +26,7 @@ from ...ops.fused import head_parts
 from ..cpu.fused import ProgramRunner, elementwise_inplace_pairs
 from ..native.elementwise import _arrays_for, elementwise_kernel
 from .cuda import launcher
+from .dnn import epilogue_convolution
 from .lt import epilogue_gemm
 
 cp = gpu_module()
@@ -81,13 +84,22 @@ def fused_epilogue_gpu(ctx: KernelContext):
         # the runner may write output 0 while a later step still reads the head: keep it apart
         program = _runner(ctx, head=True)
         head_buffer = cp.empty(group, ctx.dtype)
-    # h + b or relu(h + b) after a GEMM: one cuBLASLt call with the bias (and ReLU) in its epilogue
-    one_call = epilogue_gemm(ctx, head_attrs, k) if head == "matmul" else None
+
+    def two_kernels(ins, outs):
+        target = outs[0] if head_buffer is None else head_buffer
+        head_fn(ins[:k], [target])
+        program(ins, outs, target)
+
+    # h + b or relu(h + b) after a GEMM: one cuBLASLt call with the bias (and ReLU) in its
+    # epilogue; relu(conv + b (+ z)): one cuDNN call
+    one_call = None
+    if head == "matmul":
+        one_call = epilogue_gemm(ctx, head_attrs, k)
+    elif head == "conv2d":
+        one_call = epilogue_convolution(ctx, head_attrs, k, two_kernels)
 
     def run(ins, outs):
         if one_call is not None and one_call(ins, outs):
             return
-        target = outs[0] if head_buffer is None else head_buffer
-        head_fn(ins[:k], [target])
-        program(ins, outs, target)
+        two_kernels(ins, outs)
     return run
