@@ -30,6 +30,9 @@ TABLE_EXCLUSIONS: dict[str, str] = {
     **{op: "int8 quantization (integer inputs, no float32/float64 form): tests/ops/test_quant_ops.py checks its "
             "reference against ONNX Runtime, tests/kernels/test_quant_kernels.py its kernels against the reference"
        for op in ("quantize_linear", "dequantize_linear", "qconv2d", "qgemm")},
+    **{op: "int8 quantization (integer inputs, no float32/float64 form): tests/quantization/test_int8_ops.py checks "
+            "its kernel against an integer reference and ONNX Runtime's contrib op"
+       for op in ("qadd", "qconcat", "qavg_pool2d", "qglobal_avg_pool")},
 }
 
 # Ops (not named *_grad, not constants, not random) that legitimately have no gradient rule.
@@ -52,7 +55,8 @@ NO_GRAD_RULE = {
     "matmul_bias_gradient": "made by a fusion pass after autodiff, from gradient ops",
     "fused_reduce": "made by a fusion pass after autodiff: the backward pass is already ops",
     **{op: "int8 quantization is made from a trained graph for inference; rounding has no useful gradient"
-       for op in ("quantize_linear", "dequantize_linear", "qconv2d", "qgemm")},
+       for op in ("quantize_linear", "dequantize_linear", "qconv2d", "qgemm", "qadd", "qconcat", "qavg_pool2d",
+                  "qglobal_avg_pool")},
 }
 CONSTANT_OPS = {"scalar", "constant"}
 # gradient helpers: named *_grad or *_grad_<what> (conv2d_grad_input, conv2d_grad_weight)

@@ -271,3 +271,181 @@ def test_max_pooling_keeps_the_int8_region_and_commutes_exactly():
         for j in range(3):
             want = np.maximum(want, padded[:, :, i:i + 5:2, j:j + 5:2])
     assert np.mean(np.isclose(got, want, atol=1e-6, rtol=0)) > 0.999
+
+
+# -- int8 through a residual add, global average pooling, average pooling and a concatenation --------
+WR = RNG.normal(0, 0.3, (4, 4, 3, 3)).astype(np.float32)
+BR = RNG.normal(0, 0.1, 4).astype(np.float32)
+WF = RNG.normal(0, 0.5, (3, 4)).astype(np.float32)
+BF = RNG.normal(0, 0.1, 3).astype(np.float32)
+
+
+def conv_op(t, x, w, b, scope, top):
+    bld = Builder(t.g, scope)
+    c = bld.op("conv2d", x, bld.op("constant", value=w), bld.op("constant", value=b), stride=(1, 1), pad=(1, 1),
+               dilation=(1, 1), group=1)
+    c.name = top
+    return c
+
+
+def named(t, scope, op, *xs, top, **attrs):
+    v = Builder(t.g, scope).op(op, *xs, **attrs)
+    v.name = top
+    return v
+
+
+def resnet_floats(x):
+    """The residual net in float64: conv1 (+ReLU) -> conv2 -> conv1 + conv2 (+ReLU) -> mean over
+    H and W -> fc. Each top's value, for the scales."""
+    c1 = np.maximum(conv(x.astype(np.float64), W1, B1), 0)
+    c2 = conv(c1, WR, BR)
+    res = np.maximum(c1 + c2, 0)
+    pool = res.mean(axis=(2, 3), keepdims=True)
+    return {"data": x, "conv1": c1, "conv2": c2, "res": res, "pool": pool, "fc": pool.reshape(len(x), 4) @ WF.T + BF}
+
+
+def minmax(v, dtype="uint8"):
+    from toolkit.quantization.scales import scale_zero_point
+    scale, zp = scale_zero_point(float(v.min()), float(v.max()), dtype)
+    return {"scale": scale, "zero_point": zp, "dtype": dtype}
+
+
+def resnet_net(dtype="uint8"):
+    t = Tiny()
+    x = t.input("data", (N, 2, 6, 6), "float32")
+    x.name = "data"
+    c1 = named(t, "relu1", "relu", conv_op(t, x, W1, B1, "conv1", "conv1"), top="conv1")
+    c2 = conv_op(t, c1, WR, BR, "conv2", "conv2")
+    res = named(t, "res_relu", "relu", named(t, "res", "add", c1, c2, top="res"), top="res")
+    pool = named(t, "pool", "reduce_mean", res, axes=(2, 3), keepdims=True, top="pool")
+    b = Builder(t.g, "fc")
+    fc = b.add(b.op("matmul", b.reshape(pool, (N, 4)), b.op("constant", value=WF), trans_a=False, trans_b=True),
+               b.op("constant", value=BF))
+    fc.name = "fc"
+    t.out("fc", fc)
+    floats = resnet_floats(X)
+    t.g.quantization = section({k: minmax(v, dtype) for k, v in floats.items() if k != "fc"})
+    return t.g, floats
+
+
+def simulated_resnet(x, acts):
+    """The int8 net as dequantize(quantize(v)) at each top's parameters, weights and biases rounded
+    as the interface says, in float64."""
+    def fq_act(v, top):
+        a = acts[top]
+        lo, hi = (0, 255) if a["dtype"] == "uint8" else (-128, 127)
+        return fq(v, a["scale"], a["zero_point"], lo, hi)
+    s = {k: a["scale"] for k, a in acts.items()}
+    w1, ws1 = fq_weights(W1)
+    c1 = fq_act(np.maximum(conv(fq_act(x, "data"), w1, fq_bias(B1, s["data"], ws1)), 0), "conv1")
+    wr, wsr = fq_weights(WR)
+    c2 = fq_act(conv(c1, wr, fq_bias(BR, s["conv1"], wsr)), "conv2")
+    res = fq_act(np.maximum(c1 + c2, 0), "res")
+    pool = fq_act(res.mean(axis=(2, 3)), "pool")
+    wf, wsf = fq_weights(WF)
+    return pool @ wf.T + fq_bias(BF, s["pool"], wsf)
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8"])
+def test_a_residual_block_and_global_pooling_stay_int8(dtype):
+    """conv -> conv -> residual add (+ReLU) -> global average pooling -> InnerProduct: int8 from the
+    input's one quantize_linear to the classifier's float32 output, no dequantize_linear between
+    (the add and the pooling used to dequantize their inputs and quantize their results again:
+    three quantize_linear and three dequantize_linear); within two output steps of the float net
+    and the float simulation's numbers."""
+    g, floats = resnet_net(dtype)
+    ctx = PassContext()
+    g = apply(g, quantize, eliminate_dead_code, ctx=ctx)
+    verify(g)
+    assert (ops(g).count("quantize_linear"), ops(g).count("dequantize_linear")) == (1, 0)
+    assert not {"conv2d", "matmul", "add", "relu", "reduce_mean"} & set(ops(g)), ops(g)
+    qadd, = [n for n in g.nodes if n.op == "qadd"]
+    pool, = [n for n in g.nodes if n.op == "qglobal_avg_pool"]
+    assert qadd.attrs["relu"] and [x.producer.op for x in qadd.inputs] == ["qconv2d", "qconv2d"]
+    assert pool.inputs[0] is qadd.outputs[0] and pool.outputs[0].dtype == dtype
+    acts = g.quantization.activations
+    assert (qadd.attrs["y_scale"], qadd.attrs["y_zero_point"]) == (acts["res"].scale, acts["res"].zero_point)
+    assert f"quantize: res: int8: qadd + relu, {dtype} + {dtype} in, {dtype} out" in ctx.notes
+    assert "quantize: res_relu: int8: folded into res" in ctx.notes
+    assert f"quantize: pool: int8: qglobal_avg_pool, {dtype} in, {dtype} out" in ctx.notes
+    assert f"quantize: conv2: int8: qconv2d, {dtype} in, {dtype} out" in ctx.notes
+    got = np.array(Plan(g, {"N": 6}, {}).run({"data": X})["fc"])
+    ref, _ = interpret(g, {"data": X}, {})
+    np.testing.assert_array_equal(got, ref["fc"])
+    sim = simulated_resnet(X, {k: v.model_dump() for k, v in acts.items()})
+    exact = floats["fc"]
+    # the stated bound: two steps of the pooled value through the classifier's weights
+    bound = 2 * acts["pool"].scale * np.abs(WF).sum(axis=1).max()
+    assert np.abs(got - exact).max() < bound, (np.abs(got - exact).max(), bound)
+    # and it is quantization that is seen: the simulation is much nearer than the float net
+    assert np.abs(got - sim).max() < 0.3 * np.abs(exact - sim).max() + 1e-6, (np.abs(got - sim).max(),
+                                                                               np.abs(exact - sim).max())
+
+
+def test_a_residual_add_of_a_float_layer_quantizes_that_input_once():
+    """conv2 listed float: the add reads its float result quantized at conv2's top (one more
+    quantize_linear), and stays int8."""
+    g, _ = resnet_net()
+    g.quantization = section({k: v.model_dump() for k, v in g.quantization.activations.items()},
+                             float_layers=[{"layer": "conv2", "reason": "measured"}])
+    ctx = PassContext()
+    g = apply(g, quantize, eliminate_dead_code, ctx=ctx)
+    assert ops(g).count("qadd") == 1 and ops(g).count("conv2d") == 1
+    q = [n for n in g.nodes if n.op == "quantize_linear"]
+    assert sorted(n.attrs["scale"] for n in q) == sorted([g.quantization.activations["data"].scale,
+                                                          g.quantization.activations["conv2"].scale])
+    # conv2 reads conv1 as float: one dequantize_linear, after conv1
+    assert [n.inputs[0].producer.op for n in g.nodes if n.op == "dequantize_linear"] == ["qconv2d"]
+
+
+def test_an_add_without_a_scale_for_its_result_stays_float_and_says_why():
+    g, _ = resnet_net()
+    acts = {k: v.model_dump() for k, v in g.quantization.activations.items() if k != "res"}
+    g.quantization = section(acts)
+    ctx = PassContext()
+    g = apply(g, quantize, eliminate_dead_code, ctx=ctx)
+    assert "qadd" not in ops(g) and "add" in ops(g)
+    assert "quantize: res: float: no scale for its output" in ctx.notes
+
+
+def test_average_pooling_and_a_concatenation_stay_int8():
+    """conv1 (+ReLU) -> 3x3 average pooling (stride 1, pad 1) -> concat(conv1, pooled) -> flatten ->
+    InnerProduct: the pooling's result has a scale of its own, so the concatenation copies one
+    input and requantizes the other."""
+    t = Tiny()
+    x = t.input("data", (N, 2, 6, 6), "float32")
+    x.name = "data"
+    c1 = named(t, "relu1", "relu", conv_op(t, x, W1, B1, "conv1", "conv1"), top="conv1")
+    pooled = named(t, "pool", "avg_pool2d", c1, kernel=(3, 3), stride=(1, 1), pad=(1, 1), ceil_mode=False,
+                   count_include_pad=False, top="pool")
+    cat = named(t, "cat", "concat", c1, pooled, axis=1, top="cat")
+    t.out("cat", cat)
+    t.out("conv1", c1)
+    b = Builder(t.g, "ip")
+    t.out("ip", b.op("matmul", b.reshape(cat, (N, 288)), b.op("constant", value=np.tile(W2, 2)),
+                     trans_a=False, trans_b=True))
+    c1f = float_net(X, "conv1")
+    pf = np.array(interpret(t.g, {"data": X}, {})[0]["cat"])[:, 4:]
+    acts = {"data": SCALES["data"], "conv1": minmax(c1f), "pool": minmax(pf), "cat": minmax(c1f)}
+    t.g.quantization = section(acts)
+    ctx = PassContext()
+    g = apply(t.g, quantize, eliminate_dead_code, ctx=ctx)
+    assert (ops(g).count("quantize_linear"), ops(g).count("qavg_pool2d"), ops(g).count("qconcat")) == (1, 1, 1)
+    assert "avg_pool2d" not in ops(g) and "concat" not in ops(g)
+    assert "quantize: pool: int8: qavg_pool2d, uint8 in, uint8 out" in ctx.notes
+    assert "quantize: cat: int8: qconcat, 2 x uint8 in, uint8 out" in ctx.notes
+    qcat, = [n for n in g.nodes if n.op == "qconcat"]
+    assert [x.producer.op for x in qcat.inputs] == ["qconv2d", "qavg_pool2d"]
+    vals, _ = interpret(g, {"data": X}, {})
+    outs = Plan(g, {"N": 6}, {}).run({"data": X})
+    np.testing.assert_array_equal(np.array(outs["ip"]), vals["ip"])
+    # the concatenation's int8 result, read back through its dequantize: conv1's values copied
+    # (same parameters), the pooled ones requantized; against the float values within a step
+    got, c1q = np.array(outs["cat"]), np.array(outs["conv1"])
+    np.testing.assert_array_equal(got[:, :4], c1q)
+    padded = np.pad(c1q.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    ones = np.pad(np.ones((6, 6)), 1)
+    sums = sum(padded[:, :, i:i + 6, j:j + 6] for i in range(3) for j in range(3))
+    mean = sums / sum(ones[i:i + 6, j:j + 6] for i in range(3) for j in range(3))
+    # the mean of conv1's int8 values, rounded once at the pooling's scale, once at the concat's
+    assert np.abs(got[:, 4:] - mean).max() <= (acts["pool"]["scale"] + acts["cat"]["scale"]) / 2 + 1e-6

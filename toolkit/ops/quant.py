@@ -1,5 +1,6 @@
 """int8 post-training quantization's ops: quantize_linear, dequantize_linear, qconv2d and qgemm,
-and the helpers that quantize a layer's weights and bias (per output channel, symmetric).
+qadd, qconcat, qavg_pool2d and qglobal_avg_pool (int8 kept through residual adds, concatenations
+and average pooling), and the helpers that quantize a layer's weights and bias (per output channel, symmetric).
 
 The definitions follow ONNX's QuantizeLinear / DequantizeLinear / QLinearConv, written so that a
 kernel in C reproduces them bit for bit (docs/spec.md, int8 quantization):
@@ -25,7 +26,7 @@ import math
 import numpy as np
 
 from ..ir.graph import FLOAT_DTYPES, QUANT_DTYPES, TensorType
-from .base import OpDef, ShapeError, register
+from .base import OpDef, ShapeError, get_op, register
 from .conv import _groups, _windows, conv_out_size, conv_output_shape
 from .rules import fmt_shape, need_rank
 
@@ -265,6 +266,169 @@ def quantize_bias(b, x_scale, w_scales) -> np.ndarray:
     return q.astype(np.int32)
 
 
+# -- qadd, qconcat, qavg_pool2d, qglobal_avg_pool: int8 between the quantized layers -------------------
+def _requantized(v, y_zero_point, out_dtype, relu=False):
+    """A float32 value in output steps (v = real / y_scale) to the output dtype: clamped to the
+    range less the zero point (integer bounds, so clamping before rounding is clamping after),
+    rounded half to even, the zero point added; under ``relu`` nothing below the zero point."""
+    lo, hi = QRANGE[out_dtype]
+    lo = max(lo, y_zero_point) if relu else lo
+    v = np.clip(v, np.float32(lo - y_zero_point), np.float32(hi - y_zero_point))
+    return (np.rint(v) + np.float32(y_zero_point)).astype(out_dtype)
+
+
+def scale_ratio(scale, y_scale) -> np.float32:
+    """float32(scale) / float32(y_scale), one float32 division (as ONNX Runtime's QLinearAdd)."""
+    return np.float32(scale) / np.float32(y_scale)
+
+
+def _out_quant(attrs, what: str) -> str:
+    out = attrs.get("out_dtype")
+    if out not in QUANT_DTYPES:
+        raise ShapeError(f"{what} out_dtype must be {' or '.join(QUANT_DTYPES)}, got {out!r}")
+    _scale(attrs.get("y_scale"), f"{what} y_scale")
+    _zero_point(attrs.get("y_zero_point"), out, f"{what} y_zero_point")
+    return out
+
+
+def _qadd_infer(types, attrs):
+    if len(types) != 2:
+        raise ShapeError(f"qadd takes two inputs, got {len(types)}")
+    a, b = types
+    for t, name in ((a, "a"), (b, "b")):
+        _quant_input(t, f"qadd {name}")
+        _scale(attrs.get(f"{name}_scale"), f"qadd {name}_scale")
+        _zero_point(attrs.get(f"{name}_zero_point"), t.dtype, f"qadd {name}_zero_point")
+    if tuple(a.shape) != tuple(b.shape):
+        raise ShapeError(f"qadd inputs differ in shape: {fmt_shape(a.shape)} and {fmt_shape(b.shape)} "
+                         "(no broadcasting)")
+    if not isinstance(attrs.get("relu", False), bool):
+        raise ShapeError(f"relu must be true or false, got {attrs.get('relu')!r}")
+    return [TensorType(tuple(a.shape), _out_quant(attrs, "qadd"))]
+
+
+def qadd_reference(a, b, *, a_scale, a_zero_point, b_scale, b_zero_point, y_scale, y_zero_point, out_dtype,
+                   relu=False):
+    """ONNX Runtime's QLinearAdd: (a - za) * (sa / sy) + (b - zb) * (sb / sy) in float32 (each
+    operation one rounding, no fused multiply-add), then the requantizing store."""
+    va = (a.astype(np.int32) - np.int32(a_zero_point)).astype(np.float32) * scale_ratio(a_scale, y_scale)
+    vb = (b.astype(np.int32) - np.int32(b_zero_point)).astype(np.float32) * scale_ratio(b_scale, y_scale)
+    return _requantized(va + vb, y_zero_point, out_dtype, relu)
+
+
+def _qconcat_infer(types, attrs):
+    if not types:
+        raise ShapeError("qconcat takes at least one input")
+    for t in types:
+        _quant_input(t, "qconcat input")
+    scales, zero_points = attrs.get("x_scales"), attrs.get("x_zero_points")
+    if not (isinstance(scales, tuple) and isinstance(zero_points, tuple)
+            and len(scales) == len(zero_points) == len(types)):
+        raise ShapeError(f"qconcat needs one x_scale and one x_zero_point per input ({len(types)})")
+    for t, s, z in zip(types, scales, zero_points):
+        _scale(s, "qconcat x_scale")
+        _zero_point(z, t.dtype, "qconcat x_zero_point")
+    out = _out_quant(attrs, "qconcat")
+    float_types = [TensorType(tuple(t.shape), "float32") for t in types]
+    shape = get_op("concat").infer(float_types, {"axis": attrs.get("axis")})[0].shape
+    return [TensorType(tuple(shape), out)]
+
+
+def requantize_values(x, x_scale, x_zero_point, y_scale, y_zero_point, out_dtype):
+    """x at another scale: quantize_linear(dequantize_linear(x)) (ONNX Runtime's QLinearConcat),
+    or x itself where the parameters are the same."""
+    if (float(x_scale), int(x_zero_point), str(x.dtype)) == (float(y_scale), int(y_zero_point), out_dtype):
+        return x
+    return quantize_linear_reference(dequantize_linear_reference(x, x_scale, x_zero_point), y_scale, y_zero_point,
+                                     out_dtype)
+
+
+def qconcat_reference(*xs, axis, x_scales, x_zero_points, y_scale, y_zero_point, out_dtype):
+    return np.concatenate([requantize_values(x, s, z, y_scale, y_zero_point, out_dtype)
+                           for x, s, z in zip(xs, x_scales, x_zero_points)], axis=axis)
+
+
+def _pool_quant_attrs(x, attrs, what):
+    _quant_input(x, f"{what} input")
+    need_rank(x, 4, f"{what} input")
+    _scale(attrs.get("x_scale"), f"{what} x_scale")
+    _zero_point(attrs.get("x_zero_point"), x.dtype, f"{what} x_zero_point")
+    return _out_quant(attrs, what)
+
+
+def _qavg_infer(types, attrs):
+    if len(types) != 1:
+        raise ShapeError(f"qavg_pool2d takes one input, got {len(types)}")
+    x, = types
+    out = _pool_quant_attrs(x, attrs, "qavg_pool2d")
+    float_attrs = {k: attrs[k] for k in ("kernel", "stride", "pad", "ceil_mode")}
+    shape = get_op("max_pool2d").infer([TensorType(tuple(x.shape), "float32")], float_attrs)[0].shape
+    return [TensorType(tuple(shape), out)]
+
+
+def average_multipliers(x_scale, y_scale, counts) -> np.ndarray:
+    """Per window, the float32 factor its int32 sum is multiplied by: x_scale / (y_scale * count),
+    in float64, then rounded."""
+    return (np.float64(x_scale) / (np.float64(y_scale) * np.asarray(counts, dtype=np.float64))).astype(np.float32)
+
+
+def qavg_pool2d_accumulate(x, kernel, stride, pad, ceil_mode, x_zero_point) -> np.ndarray:
+    """Each window's int32 sum of x - x_zero_point (padding contributes 0: it is the zero point)."""
+    from .pool import padded_input, window
+    attrs = dict(kernel=kernel, stride=stride, pad=pad, ceil_mode=ceil_mode)
+    xp, oh, ow = padded_input(x.astype(np.int32) - np.int32(x_zero_point), attrs, 0)
+    acc = np.zeros(x.shape[:2] + (oh, ow), dtype=np.int64)
+    for i in range(kernel[0]):
+        for j in range(kernel[1]):
+            acc += window(xp, i, j, oh, ow, attrs)
+    return check_int32(acc, "qavg_pool2d")
+
+
+def qavg_pool2d_reference(x, *, kernel, stride, pad, ceil_mode, count_include_pad, x_scale, x_zero_point, y_scale,
+                          y_zero_point, out_dtype):
+    """Average pooling on quantized values: int32 sums, one rounding at the end,
+    round_half_even(float32(sum) * float32(x_scale / (y_scale * count))) + y_zero_point, with
+    count_include_pad and ceil_mode as float average pooling (ops/pool.py)."""
+    from .pool import avg_divisor
+    acc = qavg_pool2d_accumulate(x, kernel, stride, pad, ceil_mode, x_zero_point)
+    counts = avg_divisor(x.shape[2], x.shape[3], acc.shape[2], acc.shape[3],
+                         dict(kernel=kernel, stride=stride, pad=pad, count_include_pad=count_include_pad))
+    return _requantized(acc.astype(np.float32) * average_multipliers(x_scale, y_scale, counts), y_zero_point,
+                        out_dtype)
+
+
+def _qglobal_infer(types, attrs):
+    if len(types) != 1:
+        raise ShapeError(f"qglobal_avg_pool takes one input, got {len(types)}")
+    x, = types
+    out = _pool_quant_attrs(x, attrs, "qglobal_avg_pool")
+    n, c = x.shape[:2]
+    return [TensorType((n, c, 1, 1) if attrs.get("keepdims", True) else (n, c), out)]
+
+
+def qglobal_avg_pool_reference(x, *, x_scale, x_zero_point, y_scale, y_zero_point, out_dtype, keepdims=True):
+    """The mean over each channel's H x W as qavg_pool2d computes it (ONNX Runtime's
+    QLinearGlobalAveragePool): an int32 sum, one rounding."""
+    n, c, h, w = x.shape
+    acc = check_int32(x.astype(np.int64).reshape(n, c, h * w).sum(axis=2) - np.int64(x_zero_point) * h * w,
+                      "qglobal_avg_pool")
+    m = average_multipliers(x_scale, y_scale, h * w)
+    y = _requantized(acc.astype(np.float32) * m, y_zero_point, out_dtype)
+    return y.reshape(n, c, 1, 1) if keepdims else y
+
+
+def _qpool_flops(ins, outs, attrs):
+    return ins[0].numel
+
+
+register(OpDef("qadd", _qadd_infer, qadd_reference, flops=_elementwise_flops, batch_rows=True,
+               doc="quantized a + b (ONNX Runtime's QLinearAdd) requantized to y_scale, with an optional ReLU"))
+register(OpDef("qconcat", _qconcat_infer, qconcat_reference, flops=_elementwise_flops, batch_rows=True,
+               doc="quantized concatenation: each input requantized to the output's scale, copied where equal"))
+register(OpDef("qavg_pool2d", _qavg_infer, qavg_pool2d_reference, flops=_qpool_flops, batch_rows=True,
+               doc="average pooling of uint8/int8 values: int32 sums, one rounding to the output's scale"))
+register(OpDef("qglobal_avg_pool", _qglobal_infer, qglobal_avg_pool_reference, flops=_qpool_flops,
+               batch_rows=True, doc="the mean of each channel of uint8/int8 values: int32 sums, one rounding"))
 register(OpDef("quantize_linear", _quantize_infer, quantize_linear_reference, flops=_elementwise_flops,
                batch_rows=True, doc="float to uint8/int8: clamp(round_half_even(x / scale) + zero_point)"))
 register(OpDef("dequantize_linear", _dequantize_infer, dequantize_linear_reference, flops=_elementwise_flops,

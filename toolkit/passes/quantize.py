@@ -13,9 +13,11 @@ result some quantized layer reads (directly, or through ops that commute with qu
 it quantized at its top's scale; one whose result only float ops read writes float32 straight from
 its int32 sums (no second rounding). Reshape commutes with quantization, and so does max pooling
 (max of (q - zp) * s is (max q - zp) * s): they run on the quantized value, carrying its scale,
-where their op takes the quantized dtype; average pooling does not (its mean is rounded again) and
-stays float: the value is dequantized before it and quantized again after it where a quantized
-layer reads it.
+where their op takes the quantized dtype. A residual add (a ReLU after it folded in), a
+concatenation, average pooling and global average pooling (reduce_mean over H and W) do not
+commute, but have int8 forms of their own (qadd, qconcat, qavg_pool2d, qglobal_avg_pool) that
+requantize to their top's scale: where their inputs and their top have scales they run on the
+int8 values, so a ResNet block or an Inception module stays int8 from end to end.
 
 Where it runs in the pipeline: after ``fold_batch_norm`` and the canonical passes that follow it,
 so that the weights it quantizes are constants (an infer graph's frozen weights, a BatchNorm already
@@ -44,6 +46,9 @@ from .rewrite import Emitter, Substitution, constant_value, kept_ids
 HEADS = ("conv2d", "matmul")
 # ops that commute with per-tensor quantization: y(dequantize(q)) == dequantize(y(q)) exactly
 COMMUTING = ("reshape", "max_pool2d")
+# ops with an int8 form of their own, requantized to their top's scale: a residual add (ReLU folded
+# in), a concatenation, average pooling and a global average pooling (reduce_mean over H and W)
+INT8_OPS = ("add", "concat", "avg_pool2d", "reduce_mean")
 # ops no layer's verdict is about (a quantized layer's weights are constants too)
 PLUMBING = ("constant", "scalar")
 
@@ -54,6 +59,16 @@ class Act:
     scale: float
     zero_point: int
     dtype: str
+
+
+@dataclass
+class Int8Op:
+    """An add, concat or average pooling that runs on int8: its result's parameters and the ReLU
+    folded into it (an add's)."""
+    node: Node
+    out: Value                       # the last value of the match: what its readers read
+    act: Act
+    relu: Node | None = None
 
 
 @dataclass
@@ -168,6 +183,7 @@ class Quantizer:
         self.quantized: dict[int, tuple[Value, Act]] = {}   # original value id -> its quantized form
         self.verdicts: dict[str, str] = {}                  # layer -> what became of it
         self.heads: dict[int, Head | str] = {}
+        self.int8_ops: dict[int, Int8Op | str] = {}
         self.aliases: dict[int, Value] = {}                 # a folded ReLU's result -> the pooling it equals
         self.order = dict.fromkeys(layer_of(n) for n in graph.nodes if n.op not in PLUMBING)   # layers, in order
         self.folded: dict[str, str] = {}                    # layer -> the quantized layer it went into
@@ -178,12 +194,54 @@ class Quantizer:
             self.heads[id(node)] = match_head(node, self.readers, self.kept)
         return self.heads[id(node)]
 
+    def has_scale(self, v: Value) -> bool:
+        return any(u.id in self.params or u.id in self.quantized for u in (v, self.aliases.get(v.id, v)))
+
+    def int8_op(self, node: Node) -> Int8Op | str:
+        """The int8 form of an add, concat or average pooling, or why it has none."""
+        if id(node) not in self.int8_ops:
+            self.int8_ops[id(node)] = self._match_int8_op(node)
+        return self.int8_ops[id(node)]
+
+    def _match_int8_op(self, node: Node) -> Int8Op | str:
+        if layer_of(node) in self.float_reasons:
+            return self.float_reasons[layer_of(node)]
+        out = node.outputs[0]
+        if out.dtype != "float32" or any(x.dtype != "float32" for x in node.inputs):
+            return f"{node.op} in {out.dtype}: only float32 layers are quantized"
+        if node.op == "add":
+            if any(constant_value(x) is not None for x in node.inputs):
+                return "add of a constant (a bias): only an add of two computed values runs in int8"
+            if any(tuple(x.shape) != tuple(out.shape) for x in node.inputs):
+                return "add with broadcasting: only an add of two values of one shape runs in int8"
+        elif node.op == "reduce_mean":
+            if node.inputs[0].rank != 4 or sorted(a % 4 for a in node.attrs["axes"]) != [2, 3]:
+                return "a mean over other axes than H and W (only global average pooling runs in int8)"
+        elif node.op == "avg_pool2d" and not accepts("max_pool2d", node.inputs[0].type, node.attrs):
+            return "avg_pool2d's window does not fit"
+        missing = [x for x in node.inputs if not self.has_scale(x)]
+        if missing:
+            return f"no scale for its input{_named(missing[0])}"
+        relu = None
+        if node.op == "add":
+            uses = self.readers.get(out.id, [])
+            if len(uses) == 1 and uses[0].op == "relu" and out.id not in self.kept:
+                relu = uses[0]
+        last = relu.outputs[0] if relu is not None else out
+        act = self.params.get(last.id)
+        if act is None:
+            return "no scale for its output"
+        return Int8Op(node, last, act, relu)
+
     def int8_reader(self, v: Value, through: Node | None = None, seen: int = 0) -> bool:
-        """Some reader of ``v`` would take it quantized: a head not listed float, or a commuting
-        op whose result such a head reads (``through``: a ReLU folded into the head, looked past)."""
+        """Some reader of ``v`` would take it quantized: a head not listed float, an add, concat or
+        average pooling with an int8 form, or a commuting op whose result such a reader reads
+        (``through``: a ReLU folded into the head, looked past)."""
         for r in self.readers.get(v.id, []):
             if r.op in HEADS and layer_of(r) not in self.float_reasons and r.inputs[0] is v \
                     and isinstance(self.head(r), Head):
+                return True
+            if r.op in INT8_OPS and isinstance(self.int8_op(r), Int8Op):
                 return True
             if (r.op in COMMUTING or r is through) and seen < 16 \
                     and self.int8_reader(r.outputs[0], through, seen + 1):
@@ -253,6 +311,43 @@ class Quantizer:
             self.verdict(h.node, f"int8: {what}, float32 out ({why})")
         return True
 
+    def rewrite_int8_op(self, node: Node, b: Emitter) -> bool:
+        """An add, concat or average pooling on the int8 values of its inputs, its result at its
+        top's scale (a following ReLU folded into an add)."""
+        match = self.int8_op(node)
+        if isinstance(match, str):
+            self.verdict(node, f"float: {match}")
+            return False
+        forms = [self.input_form(x, b) for x in node.inputs]
+        if any(f is None for f in forms):
+            self.verdict(node, "float: no scale for an input")
+            return False
+        act = match.act
+        out = dict(y_scale=act.scale, y_zero_point=act.zero_point, out_dtype=act.dtype)
+        (xq, xa), a = forms[0], node.attrs
+        if node.op == "add":
+            (yq, ya), = forms[1:]
+            y = b.op("qadd", xq, yq, a_scale=xa.scale, a_zero_point=xa.zero_point, b_scale=ya.scale,
+                     b_zero_point=ya.zero_point, relu=match.relu is not None, **out)
+        elif node.op == "concat":
+            y = b.op("qconcat", *(q for q, _ in forms), axis=a["axis"], x_scales=tuple(f.scale for _, f in forms),
+                     x_zero_points=tuple(f.zero_point for _, f in forms), **out)
+        elif node.op == "avg_pool2d":
+            y = b.op("qavg_pool2d", xq, kernel=a["kernel"], stride=a["stride"], pad=a["pad"], ceil_mode=a["ceil_mode"],
+                     count_include_pad=a["count_include_pad"], x_scale=xa.scale, x_zero_point=xa.zero_point, **out)
+        else:
+            y = b.op("qglobal_avg_pool", xq, keepdims=a["keepdims"], x_scale=xa.scale, x_zero_point=xa.zero_point,
+                     **out)
+        self.quantized[match.out.id] = (y, act)
+        self.subst.replace(match.out, b.op("dequantize_linear", y, scale=act.scale, zero_point=act.zero_point))
+        folded = ""
+        if match.relu is not None:
+            self.folded.setdefault(layer_of(match.relu), f"int8: folded into {layer_of(node)}")
+            folded = " + relu"
+        ins = " + ".join(f.dtype for _, f in forms) if node.op != "concat" else f"{len(forms)} x {xa.dtype}"
+        self.verdict(node, f"int8: {y.producer.op}{folded}, {ins} in, {act.dtype} out")
+        return True
+
     def rewrite_commuting(self, node: Node, b: Emitter) -> bool:
         x = node.inputs[0]
         x = self.aliases.get(x.id, x)
@@ -290,7 +385,12 @@ class Quantizer:
                         skip.update(id(n) for n in h.absorbed)
             elif node.op in COMMUTING:
                 done = self.rewrite_commuting(node, b)
-            if not done and node.op not in PLUMBING + HEADS:
+            elif node.op in INT8_OPS:
+                done = self.rewrite_int8_op(node, b)
+                match = self.int8_ops.get(id(node))
+                if done and match.relu is not None:
+                    skip.add(id(match.relu))
+            if not done and node.op not in PLUMBING + HEADS + INT8_OPS:
                 self.others.setdefault(layer_of(node), f"float: {node.op} on a float input" if node.op in COMMUTING
                                        else f"float: {node.op} has no quantized form")
             nodes.append(node)

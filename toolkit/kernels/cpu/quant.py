@@ -1,4 +1,5 @@
-"""numpy kernels of the int8 ops (ops/quant.py): quantize/dequantize, and qconv2d / qgemm as
+"""numpy kernels of the int8 ops (ops/quant.py): quantize/dequantize, qadd, qconcat, the average
+poolings, and qconv2d / qgemm as
 one float64 GEMM each (im2col for the convolution), requantized by the same float32 steps as the
 ops' definition, so that they equal the references bit for bit.
 
@@ -12,7 +13,14 @@ import numpy as np
 
 from ...backend.registry import register_kernel
 from ...ops.conv import _windows
-from ...ops.quant import QRANGE, output_multipliers
+from ...ops.quant import (
+    QRANGE,
+    average_multipliers,
+    output_multipliers,
+    qavg_pool2d_accumulate,
+    requantize_values,
+    scale_ratio,
+)
 
 PRODUCT_MAX = 255 * 128
 INT32 = np.iinfo(np.int32)
@@ -121,4 +129,91 @@ def qconv2d_cpu(ctx):
         if len(ins) == 3:
             acc += ins[2].reshape(1, -1, 1)
         store(acc.reshape(n, o, oh, ow), outs[0])
+    return run
+
+
+# -- int8 between the quantized layers: qadd, qconcat, qavg_pool2d, qglobal_avg_pool ------------------
+# The ops' definitions are float32 steps on whole arrays; these kernels take the same steps with the
+# per-plan constants (scale ratios, bounds, each window's multiplier) worked out once, when the plan
+# is built. They serve every machine until native ones exist.
+def _store(out_dtype: str, y_zero_point: int, relu: bool = False):
+    """v (float32, in output steps) -> ``out``: clamp, round half to even, add the zero point."""
+    lo, hi = QRANGE[out_dtype]
+    lo = max(lo, y_zero_point) if relu else lo
+    lo_v, hi_v, zp = np.float32(lo - y_zero_point), np.float32(hi - y_zero_point), np.float32(y_zero_point)
+
+    def run(v, out):
+        np.clip(v, lo_v, hi_v, out=v)
+        np.rint(v, out=v)
+        v += zp
+        out[...] = v
+    return run
+
+
+@register_kernel("qadd", "cpu")
+def qadd_cpu(ctx):
+    a = ctx.attrs
+    ra, rb = scale_ratio(a["a_scale"], a["y_scale"]), scale_ratio(a["b_scale"], a["y_scale"])
+    za, zb = np.float32(a["a_zero_point"]), np.float32(a["b_zero_point"])
+    store = _store(a["out_dtype"], a["y_zero_point"], a.get("relu", False))
+
+    def run(ins, outs):
+        # q - zp is exact in float32 (|q - zp| <= 255), as the definition's int32 difference
+        va = ins[0].astype(np.float32)
+        va -= za
+        va *= ra
+        vb = ins[1].astype(np.float32)
+        vb -= zb
+        vb *= rb
+        va += vb
+        store(va, outs[0])
+    return run
+
+
+@register_kernel("qconcat", "cpu")
+def qconcat_cpu(ctx):
+    a = ctx.attrs
+    axis = a["axis"] % len(ctx.out_shapes[0])
+    params = list(zip(a["x_scales"], a["x_zero_points"]))
+
+    def run(ins, outs):
+        start = 0
+        for x, (s, z) in zip(ins, params):
+            part = [slice(None)] * outs[0].ndim
+            part[axis] = slice(start, start + x.shape[axis])
+            outs[0][tuple(part)] = requantize_values(x, s, z, a["y_scale"], a["y_zero_point"], a["out_dtype"])
+            start += x.shape[axis]
+    return run
+
+
+@register_kernel("qavg_pool2d", "cpu")
+def qavg_pool2d_cpu(ctx):
+    from ...ops.pool import avg_divisor
+    a = ctx.attrs
+    n, c, h, w = ctx.in_shapes[0]
+    _, _, oh, ow = ctx.out_shapes[0]
+    counts = avg_divisor(h, w, oh, ow, a)
+    m = average_multipliers(a["x_scale"], a["y_scale"], counts)
+    store = _store(a["out_dtype"], a["y_zero_point"])
+    keys = ("kernel", "stride", "pad", "ceil_mode", "x_zero_point")
+
+    def run(ins, outs):
+        acc = qavg_pool2d_accumulate(ins[0], *(a[k] for k in keys))
+        store(acc.astype(np.float32) * m, outs[0])
+    return run
+
+
+@register_kernel("qglobal_avg_pool", "cpu")
+def qglobal_avg_pool_cpu(ctx):
+    a = ctx.attrs
+    n, c, h, w = ctx.in_shapes[0]
+    m = average_multipliers(a["x_scale"], a["y_scale"], h * w)
+    offset = np.int64(a["x_zero_point"]) * h * w
+    store = _store(a["out_dtype"], a["y_zero_point"])
+
+    def run(ins, outs):
+        x = ins[0]
+        # an int64 sum of at most 255 * H * W, the zero points' share taken off once
+        acc = x.reshape(x.shape[0], x.shape[1], -1).sum(axis=2, dtype=np.int64) - offset
+        store(acc.astype(np.float32).reshape(outs[0].shape) * m, outs[0])
     return run
