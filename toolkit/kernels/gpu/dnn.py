@@ -682,16 +682,16 @@ def column_bytes(x_shape, w_shape, g_shape, dtype) -> int:
 
 
 def seconds_on_device(run, shapes: list, out_shape, dtype) -> float | None:
-    """The median time of ``run`` over ``TIMING_RUNS`` runs after one untimed, on seeded inputs
+    """The median time of ``run`` over ``TIMING_RUNS`` runs after one untimed, on random inputs
     of ``shapes``, by CUDA events on the current stream; None where the array module has no
     events to time by (the numpy stand-in for CuPy: its tests replace this function)."""
     cp = gpu_module()
     events = getattr(cp.cuda, "Event", None)
     if events is None:
         return None
-    rng = np.random.default_rng(0)
-    ins = [cp.asarray(rng.standard_normal(shape).astype(dtype)) for shape in shapes]
-    outs = [cp.empty(out_shape, dtype)]
+    # drawn on the device: a batch-256 activation is hundreds of MB, slow to draw on the host
+    ins = [cp.random.standard_normal(tuple(shape)).astype(dtype) for shape in shapes]
+    outs = [cp.empty(tuple(out_shape), dtype)]
     run(ins, outs)
     samples = []
     for _ in range(TIMING_RUNS):
@@ -701,6 +701,11 @@ def seconds_on_device(run, shapes: list, out_shape, dtype) -> float | None:
         end.record()
         end.synchronize()
         samples.append(cp.cuda.get_elapsed_time(start, end) / 1e3)
+    del ins, outs
+    # the inputs' blocks back to the device, not kept in CuPy's pool beside the plan's memory
+    pool = getattr(cp, "get_default_memory_pool", None)
+    if pool is not None:
+        pool().free_all_blocks()
     return statistics.median(samples)
 
 
