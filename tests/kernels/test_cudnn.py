@@ -238,6 +238,12 @@ POLICY_SCRIPT = textwrap.dedent("""
     main(["bench", str(tf32_file), "--batch", "2", "--iters", "1", "--warmup", "0", "--train", "--device", "gpu",
           "--precision", "strict", "--json"])
     print("bench", list(seen))
+    # toolkit compile on the GPU says it too: the net file's key, no setting over it
+    import contextlib, io, json
+    text = io.StringIO()
+    with contextlib.redirect_stdout(text):
+        main(["compile", str(tf32_file), "--device", "gpu", "--json"])
+    print("compile", json.loads(text.getvalue())["precision"])
 """)
 
 
@@ -248,6 +254,7 @@ def test_the_precision_policy_reaches_every_direction_from_the_net_file_or_the_s
                           tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.strip().splitlines()
+    assert lines.pop() == "compile tf32", lines
     report = json.loads(lines.pop(-2))
     assert (report["precision"], report["device"], report["mode"]) == ("strict", "gpu", "train"), report
     seen = dict(line.split(" [") for line in lines)

@@ -19,6 +19,7 @@ from ..passes.pipeline import PassRecord, memory_reuse
 from ..passes.pipeline import contracts as pass_contracts
 from ..runtime.plan import Plan, memory_figures
 from ..runtime.session import batch_symbol
+from ..settings import precision_policy
 from ..training.feeding import train_spec
 from ..zoo.resolve import load_net
 
@@ -97,6 +98,8 @@ def run_compile(args) -> int:
     }
     if any(d.graphs for d in plan.build.devices):     # runtime/capture.py
         report["cuda_graph"] = {"captured": plan.graph_run is not None, "why_not": plan.capture_blocker}
+        # the float32 math policy of the GPU's convolutions (docs/spec.md, "float32 math on the GPU")
+        report["precision"] = precision_policy(graph.precision)
     if data_parallel is not None:
         buckets = bucket_summary(graph)
         report["allreduce"] = {"ranks": args.ranks, "bucket_mb": data_parallel.bucket_mb, "buckets": len(buckets),
@@ -143,6 +146,8 @@ def _print_explain(report: dict, args, symbol: str | None, disable) -> None:
     if graph_run is not None:
         print("CUDA graph: " + ("captured after the first run, then one launch per run" if graph_run["captured"]
                                 else f"not captured, the run is kernel by kernel: {graph_run['why_not']}"))
+        print(f"float32 convolutions: {report['precision']} ("
+              + ("cuDNN's FMA math" if report["precision"] == "strict" else "TF32 tensor cores allowed") + ")")
     if "allreduce" in report:
         a = report["allreduce"]
         print(f"gradient all-reduce over {a['ranks']} ranks: {a['buckets']} bucket(s) of about {a['bucket_mb']:g} MB, "
