@@ -61,49 +61,62 @@ HELPERS = textwrap.dedent("""
             assert same_bits, ("not repeatable", shape, dtype)
 
     # BatchNorm's sums as fused_reduce programs over x [N, C, ...], m [1, C, 1, ...], s a scalar:
-    # the variance's square(x - m), the backward's dy * (x - m) * s and a lone product
+    # (program, each operand's kind: 0 whole, 1 per channel, 2 one value, the outputs). The
+    # variance's square(x - m); the backward's dy * (x - m) * s and a lone product; and the
+    # backward's sums of dy, dy * x_hat and dy * w * xc in one pass (an operand reduced as it is)
     PROGRAMS = {
-        "square(x - m)": ((("sub", (("x", 0), ("x", 1)), ()), ("square", (("t", 0),), ())), (0, 1)),
+        "square(x - m)": ((("sub", (("x", 0), ("x", 1)), ()), ("square", (("t", 0),), ())), (0, 1), (("t", 1),)),
         "dy * (x - m) * s": ((("sub", (("x", 1), ("x", 2)), ()), ("mul", (("x", 0), ("t", 0)), ()),
-                              ("mul", (("t", 1), ("x", 3)), ())), (0, 0, 1, 2)),
-        "dy * x": ((("mul", (("x", 0), ("x", 1)), ()),), (0, 0)),
+                              ("mul", (("t", 1), ("x", 3)), ())), (0, 0, 1, 2), (("t", 2),)),
+        "dy * x": ((("mul", (("x", 0), ("x", 1)), ()),), (0, 0), (("t", 0),)),
+        "dy, dy * x_hat, dy * w * xc": ((("mul", (("x", 0), ("x", 1)), ()), ("mul", (("x", 0), ("x", 2)), ()),
+                                         ("mul", (("t", 1), ("x", 3)), ())), (0, 0, 1, 0),
+                                        (("x", 0), ("t", 0), ("t", 2))),
     }
 
-    def fused_on(device, arrays, program, mean, keepdims):
+    def fused_on(device, arrays, program, outputs, means, keepdims):
         g = Graph("fused")
         vals = []
         for k, a in enumerate(arrays):
             vals.append(Value(TensorType(tuple(a.shape), str(a.dtype)), name=f"x{k}"))
             g.inputs[f"x{k}"] = vals[-1]
         axes = channel_axes(arrays[0].ndim)
-        g.outputs["y"] = Builder(g, "f").op("fused_reduce", *vals, program=program, outputs=(len(program) - 1,),
-                                            axes=axes, keepdims=keepdims, mean=mean)
+        ys = Builder(g, "f").op_multi("fused_reduce", *vals, program=program, outputs=outputs, means=means,
+                                      axes=axes, keepdims=keepdims)
+        for k, y in enumerate(ys):
+            g.outputs[f"y{k}"] = y
         plan = Plan(g, {}, {}, device, RuntimeState(np.random.default_rng(0)), native=False)
-        out = plan.run({f"x{k}": a for k, a in enumerate(arrays)})["y"]
-        return out.get() if hasattr(out, "get") else np.array(out)
+        got = plan.run({f"x{k}": a for k, a in enumerate(arrays)})
+        return [got[f"y{k}"].get() if hasattr(got[f"y{k}"], "get") else np.array(got[f"y{k}"])
+                for k in range(len(ys))]
 
     def check_fused(shape, dtype, name, mean, keepdims, seed=0):
         from toolkit.ops.fused_reduce import _reference
-        program, kinds = PROGRAMS[name]
+        program, kinds, outputs = PROGRAMS[name]
+        means = tuple(mean if k % 2 == 0 else not mean for k in range(len(outputs)))   # both kinds in one node
         rng = np.random.default_rng(seed)
         channel = (1, shape[1]) + (1,) * (len(shape) - 2)
         made = {0: shape, 1: channel, 2: ()}
         arrays = [np.asarray(rng.standard_normal(made[k])).astype(dtype) for k in kinds]
-        got = fused_on("gpu", arrays, program, mean, keepdims)
+        got = fused_on("gpu", arrays, program, outputs, means, keepdims)
         exact = [a.astype(np.float64) for a in arrays]
-        want = _reference(*exact, program=program, outputs=(len(program) - 1,), axes=channel_axes(len(shape)),
-                          keepdims=keepdims, mean=mean)
-        # the magnitudes summed: the program's value with every operand made positive
-        size = _reference(*[np.abs(a) for a in exact], program=program, outputs=(len(program) - 1,),
-                          axes=channel_axes(len(shape)), keepdims=keepdims, mean=mean)
-        size = np.abs(size) + np.abs(want)
-        assert got.shape == want.shape and got.dtype == arrays[0].dtype, (name, got.shape, want.shape)
-        error = np.max(np.abs(got.astype(np.float64) - want) / np.maximum(size, 1e-300), initial=0.0)
-        # float16 rounds each product to 11 bits, as the tensor it stands for would be
-        assert error <= 4 * TOLERANCE[dtype], (shape, dtype, name, mean, keepdims, error)
+        attrs = dict(program=program, outputs=outputs, means=means, axes=channel_axes(len(shape)), keepdims=keepdims)
+        want = _reference(*exact, **attrs)
+        # the magnitudes summed: the program's values with every operand made positive
+        size = _reference(*[np.abs(a) for a in exact], **attrs)
+        want, size = (want, size) if len(outputs) > 1 else ((want,), (size,))
+        assert len(got) == len(want), (name, len(got))
+        for k, (g_k, w_k, s_k) in enumerate(zip(got, want, size)):
+            s_k = np.abs(s_k) + np.abs(w_k)
+            assert g_k.shape == w_k.shape and g_k.dtype == arrays[0].dtype, (name, k, g_k.shape, w_k.shape)
+            error = np.max(np.abs(g_k.astype(np.float64) - w_k) / np.maximum(s_k, 1e-300), initial=0.0)
+            # float16 rounds each product to 11 bits, as the tensor it stands for would be
+            assert error <= 4 * TOLERANCE[dtype], (shape, dtype, name, k, means, keepdims, error)
         if dtype != "float16":      # the CPU's kernel (float16 is the GPU's alone)
-            cpu = fused_on("cpu", arrays, program, mean, keepdims)
-            np.testing.assert_allclose(cpu, got, rtol=1e-5 if dtype == "float32" else 1e-12, atol=1e-6 * size.max())
+            cpu = fused_on("cpu", arrays, program, outputs, means, keepdims)
+            for k, (c_k, g_k, s_k) in enumerate(zip(cpu, got, size)):
+                np.testing.assert_allclose(c_k, g_k, rtol=1e-5 if dtype == "float32" else 1e-12,
+                                           atol=1e-6 * np.max(np.abs(s_k)), err_msg=f"{name} {k}")
 """)
 
 STAND_IN_SCRIPT = STAND_IN + RAW_MODULE + HELPERS + textwrap.dedent("""
@@ -180,14 +193,19 @@ TRAIN_SCRIPT = textwrap.dedent("""
     from toolkit.frontend import Net
     from toolkit.benchmarking import bench_plan
     from toolkit.kernels.gpu import cuda
+    from toolkit.ops.verify import verify
 
     def steps(path, batch, on):
         with settings.use(channel_reductions=on):
             before = set(cuda._FUNCTIONS)
             plan, inputs = bench_plan(Net.load(path), batch, True, device="gpu")
             ran = {name for _src, name in set(cuda._FUNCTIONS) - before if name.startswith("tk_channel")}
-            fused = sum(n.op == "fused_reduce" for n in plan.graph.nodes)
-            assert (fused >= 14) == on, (on, fused)      # 7 BatchNorms: the variance and a backward sum each
+            fused = sum(len(n.outputs) for n in plan.graph.nodes if n.op == "fused_reduce")
+            several = sum(len(n.outputs) > 1 for n in plan.graph.nodes if n.op == "fused_reduce")
+            # 7 BatchNorms: the variance and a backward sum each; the backward's sums of dy, dy * x_hat
+            # and dy * w * xc as one node (two BatchNorms of one residual sum share their dy's sum)
+            assert (fused >= 14 and several >= 5) == on and (fused == 0) == (not on), (on, fused, several)
+            verify(plan.graph)
             losses = [float(_host(plan.run(inputs)["loss"])) for _ in range(3)]
             weights = {k: _host(plan.memory.storage_of[w.value.id].external) for k, w in plan.graph.weights.items()}
         return losses, weights, ran

@@ -1,11 +1,14 @@
-"""fused_reduce: a sum or mean over every axis but the channels (axis 1) of an elementwise
-program's one output, the program evaluated inside the reduction so that its result is never
-written to memory: BatchNorm's variance (the mean of square(x - mean)) and its backward pass's
-sums (of dy * xc, of dy) read their operands once. Made after autodiff by the fuse_reductions
-pass (passes/fuse_reductions.py), on a device whose kernel pays, so it needs no gradient rule.
+"""fused_reduce: sums or means over every axis but the channels (axis 1) of values an elementwise
+program computes from its operands, the program evaluated inside the reduction so that no value
+is written to memory, and every operand read once however many of the sums read it: BatchNorm's
+variance (the mean of square(x - mean)), and its backward pass's sums of dy, dy * x_hat and
+dy * xc in one pass over dy. Made after autodiff by the fuse_reductions pass
+(passes/fuse_reductions.py), on a device whose kernel pays, so it needs no gradient rule.
 
-Attributes: ``program`` and ``outputs`` (one step) as fused_elementwise's (ops/fused.py), no
-views; ``axes`` and ``keepdims`` as reduce_sum's; ``mean`` (divide by the reduced count).
+Attributes: ``program`` as fused_elementwise's (ops/fused.py; no views); ``outputs``: what each
+output reduces, a reference as a step's arguments are (``("t", j)`` a step, ``("x", i)`` an
+operand as it is); ``means``: per output, whether it is divided by the reduced count; ``axes``
+and ``keepdims`` as reduce_sum's, shared by every output.
 """
 from __future__ import annotations
 
@@ -15,25 +18,35 @@ from .base import OpDef, ShapeError, get_op, register
 from .fused import program_types, run_program
 
 
+def _reduced_values(attrs, inputs: list, steps: list) -> list:
+    return [steps[ref[1]] if ref[0] == "t" else inputs[ref[1]] for ref in attrs["outputs"]]
+
+
 def _infer(types, attrs):
-    if len(attrs["outputs"]) != 1:
-        raise ShapeError("a fused reduction reduces one program output")
-    steps = program_types(attrs["program"], list(types))
-    group = steps[attrs["outputs"][0]]
-    return get_op("reduce_sum").infer([group], {"axes": attrs["axes"], "keepdims": attrs["keepdims"]})
+    if not attrs["outputs"] or len(attrs["means"]) != len(attrs["outputs"]):
+        raise ShapeError("a fused reduction needs outputs, and a mean flag for each")
+    steps = program_types(attrs["program"], list(types)) if attrs["program"] else []
+    values = _reduced_values(attrs, list(types), steps)
+    if len({(t.shape, t.dtype) for t in values}) != 1:
+        raise ShapeError(f"a fused reduction's values differ in shape or dtype: {values}")
+    reduce = {"axes": attrs["axes"], "keepdims": attrs["keepdims"]}
+    return [get_op("reduce_sum").infer([t], reduce)[0] for t in values]
 
 
-def _reference(*arrays, program, outputs, axes, keepdims, mean):
-    value = run_program(program, list(arrays))[outputs[0]]
-    reduce = np.mean if mean else np.sum
-    return reduce(value, axis=tuple(axes), keepdims=keepdims)
+def _reference(*arrays, program, outputs, means, axes, keepdims):
+    steps = run_program(program, list(arrays)) if program else []
+    results = tuple((np.mean if mean else np.sum)(value, axis=tuple(axes), keepdims=keepdims)
+                    for value, mean in zip(_reduced_values({"outputs": outputs}, list(arrays), steps), means))
+    return results if len(results) > 1 else results[0]
 
 
 def _flops(ins, outs, attrs):
-    steps = program_types(attrs["program"], list(ins))
-    return get_op("fused_elementwise").flops(ins, [], {"program": attrs["program"]}) + steps[-1].numel
+    program = attrs["program"]
+    steps = program_types(program, list(ins)) if program else []
+    elementwise = get_op("fused_elementwise").flops(ins, [], {"program": program}) if program else 0
+    return elementwise + sum(t.numel for t in _reduced_values(attrs, list(ins), steps))
 
 
 register(OpDef("fused_reduce", _infer, _reference, None, _flops, fused=True,
-               doc="reduce_sum/reduce_mean over every axis but the channels of an elementwise program's "
-                   "output, computed inside the reduction; made by the fuse_reductions pass"))
+               doc="sums/means over every axis but the channels of values an elementwise program computes, "
+                   "in one pass over its operands; made by the fuse_reductions pass"))

@@ -4,6 +4,11 @@ group's program is evaluated inside the reduction and its result, an activation-
 never written nor read back. BatchNorm in training makes these: its variance is the mean of
 square(x - mean), and its backward pass sums dy * xc and dy per channel.
 
+Then reductions of that kind that read a whole operand in common (the backward pass's sums of dy,
+dy * x_hat and dy * w * xc) become one fused_reduce of several outputs, which reads each operand
+once: placed before the first of them where every operand is made by then, else after the last
+where none of their results is read before.
+
 It fires where the device has a kernel that pays (a GPU's two-stage channel reduction, while
 the ``channel_reductions`` setting is on), for operands read whole, per channel or as one value.
 Runs after the elementwise fusion, so the groups it absorbs are already formed; the fused node
@@ -14,8 +19,9 @@ from __future__ import annotations
 from ..backend.registry import KERNELS
 from ..ir.graph import Graph, Node, Value
 from ..ops.base import get_op
+from ..ops.fused import program_types
 from .context import PassContext
-from .rewrite import reader_counts
+from .rewrite import kept_ids, reader_counts
 
 REDUCTIONS = ("reduce_sum", "reduce_mean")
 DTYPES = ("float32", "float64", "float16")       # the channel kernel's (bfloat16 is not among them)
@@ -77,8 +83,14 @@ def _operand_fits(v: Value, group: Value) -> bool:
 
 def fuse_reductions(graph: Graph, ctx: PassContext) -> bool:
     """Each per-channel reduce_sum / reduce_mean whose input is read by nothing else and computed by
-    an elementwise group or op on the same device becomes a fused_reduce of the steps it needs;
-    a group loses that output (and goes when it has none left)."""
+    an elementwise group or op on the same device becomes a fused_reduce of the steps it needs (a
+    group loses that output, and goes when it has none left); then per-channel reductions that
+    read a whole operand in common become one fused_reduce of several outputs."""
+    absorbed = _absorb_producers(graph, ctx)
+    return _merge_siblings(graph, ctx) or absorbed
+
+
+def _absorb_producers(graph: Graph, ctx: PassContext) -> bool:
     where = ctx.placement(graph)
     producer_of = {v.id: n for n in graph.nodes for v in n.outputs}
     readers = reader_counts(graph)
@@ -99,8 +111,8 @@ def fuse_reductions(graph: Graph, ctx: PassContext) -> bool:
             continue
         program, output, operands = found
         fused = Node("fused_reduce", operands,
-                     {"program": program, "outputs": (output,), "axes": tuple(node.attrs["axes"]),
-                      "keepdims": node.attrs["keepdims"], "mean": node.op == "reduce_mean"}, node.scope)
+                     {"program": program, "outputs": (("t", output),), "means": (node.op == "reduce_mean",),
+                      "axes": tuple(node.attrs["axes"]), "keepdims": node.attrs["keepdims"]}, node.scope)
         fused.outputs = list(node.outputs)
         for out in fused.outputs:
             out.producer = fused
@@ -134,3 +146,121 @@ def _without_outputs(group: Node, gone: set[int]) -> Node | None:
     for out in smaller.outputs:
         out.producer = smaller
     return smaller
+
+
+# -- siblings: reductions reading a whole operand in common, one pass over it -------------------
+MAX_OUTPUTS = 4          # each output keeps four sums per lane: registers, not memory
+
+
+def _member(node: Node, where, ctx_device) -> tuple | None:
+    """(program, outputs, means, operands, key) of a per-channel reduction that may join others,
+    key what must be equal to join (device, dtype, the reduced values' shape, axes, keepdims)."""
+    if node.op == "fused_reduce":
+        program, outputs, means = node.attrs["program"], tuple(node.attrs["outputs"]), tuple(node.attrs["means"])
+        operands = list(node.inputs)
+        first = outputs[0]
+        shape = (operands[first[1]].shape if first[0] == "x" else
+                 program_types(program, [v.type for v in operands])[first[1]].shape)
+    elif node.op in REDUCTIONS and _channel_axes(node) and node.inputs[0].dtype in DTYPES:
+        program, outputs, means, operands = (), (("x", 0),), (node.op == "reduce_mean",), [node.inputs[0]]
+        shape = node.inputs[0].shape
+        if not KERNELS.fusion_pays("fused_reduce", where.node(node), node.inputs[0].dtype, node):
+            return None
+    else:
+        return None
+    rank = len(shape)
+    axes = tuple(sorted(a % rank for a in node.attrs["axes"]))
+    key = (where.node(node), node.outputs[0].dtype, tuple(shape), axes, node.attrs["keepdims"])
+    return program, outputs, means, operands, key
+
+
+def _whole(operands, shape) -> set[int]:
+    return {v.id for v in operands if tuple(v.shape) == tuple(shape)}
+
+
+def _merged(members: list[Node], parts: list[tuple]) -> Node:
+    """One fused_reduce computing every member's outputs, in the members' order."""
+    operands, place = [], {}
+    program, outputs, means = [], [], []
+    for prog, outs, mns, ops, _key in parts:
+        local = []
+        for v in ops:
+            if v.id not in place:
+                place[v.id] = len(operands)
+                operands.append(v)
+            local.append(place[v.id])
+        base = len(program)
+
+        def ref(r, base=base, local=local):
+            return ("t", r[1] + base) if r[0] == "t" else ("x", local[r[1]])
+        program += [(op, tuple(ref(r) for r in args), attrs) for op, args, attrs in prog]
+        outputs += [ref(r) for r in outs]
+        means += list(mns)
+    first = members[0]
+    node = Node("fused_reduce", operands, {"program": tuple(program), "outputs": tuple(outputs),
+                                           "means": tuple(means), "axes": tuple(first.attrs["axes"]),
+                                           "keepdims": first.attrs["keepdims"]}, first.scope)
+    node.outputs = [o for m in members for o in m.outputs]
+    for out in node.outputs:
+        out.producer = node
+    return node
+
+
+def _merge_siblings(graph: Graph, ctx: PassContext) -> bool:
+    where = ctx.placement(graph)
+    position = {id(n): i for i, n in enumerate(graph.nodes)}
+    produced_at = {v.id: position[id(n)] for n in graph.nodes for v in n.outputs}
+    first_read: dict[int, float] = {v: float("inf") for v in kept_ids(graph)}
+    for n in graph.nodes:
+        for v in n.inputs:
+            first_read[v.id] = min(first_read.get(v.id, float("inf")), position[id(n)])
+    parts = {id(n): _member(n, where, ctx.device) for n in graph.nodes}
+
+    def placement(group: list[Node]) -> int | None:
+        """Where the merged node may stand: before the first member, if every operand is made
+        by then; else after the last, if no output is read before; else nowhere."""
+        first, last = min(position[id(m)] for m in group), max(position[id(m)] for m in group)
+        if all(produced_at.get(v.id, -1) < first for m in group for v in m.inputs):
+            return first
+        if all(first_read.get(o.id, float("inf")) > last for m in group for o in m.outputs):
+            return last
+        return None
+
+    merged_at: dict[int, Node] = {}         # position -> the merged node standing there
+    gone: set[int] = set()                  # id(member) merged into another node
+    for node in graph.nodes:
+        part = parts[id(node)]
+        if part is None or id(node) in gone:
+            continue
+        key = part[4]
+        group, shared, outputs = [node], _whole(part[3], key[2]), len(part[1])
+        for other in graph.nodes[position[id(node)] + 1:]:
+            other_part = parts[id(other)]
+            if (other_part is None or id(other) in gone or other_part[4] != key
+                    or not shared & _whole(other_part[3], key[2])
+                    or outputs + len(other_part[1]) > MAX_OUTPUTS or placement(group + [other]) is None):
+                continue
+            group.append(other)
+            shared |= _whole(other_part[3], key[2])
+            outputs += len(other_part[1])
+        if len(group) < 2:
+            continue
+        at = placement(group)
+        merged_at[at] = _merged(group, [parts[id(m)] for m in group])
+        gone |= {id(m) for m in group}
+        for m in group:         # the next groups' placements see this one where it now stands
+            for o in m.outputs:
+                produced_at[o.id] = at
+            for v in m.inputs:
+                first_read[v.id] = min(first_read.get(v.id, float("inf")), at)
+        ctx.note(f"fuse_reductions: {len(group)} reductions read {key[2]} once at {node.scope}")
+    if not merged_at:
+        return False
+    nodes = []
+    for i, n in enumerate(graph.nodes):
+        if i in merged_at:
+            nodes.append(merged_at[i])
+        if id(n) not in gone:
+            nodes.append(n)
+    graph.nodes = nodes
+    return True

@@ -10,8 +10,10 @@ from ...ops.base import get_op
 @register_kernel("fused_reduce", "cpu", fusion_pays=False)
 def fused_reduce_cpu(ctx: KernelContext):
     reference = get_op("fused_reduce").reference
-    attrs = {k: ctx.attrs[k] for k in ("program", "outputs", "axes", "keepdims", "mean")}
+    attrs = {k: ctx.attrs[k] for k in ("program", "outputs", "means", "axes", "keepdims")}
 
     def run(ins, outs):
-        outs[0][...] = reference(*ins, **attrs)
+        results = reference(*ins, **attrs)
+        for out, result in zip(outs, results if len(outs) > 1 else (results,)):
+            out[...] = result
     return run

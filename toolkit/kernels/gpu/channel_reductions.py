@@ -14,10 +14,12 @@ bit for bit and runs repeat exactly. Sums are float32 for float16 and float32, f
 float64 (as the fallback's are). Where a channel fits one span stage one writes the result.
 
 ``fused_reduce`` (ops/fused_reduce.py, made by passes/fuse_reductions.py) runs the same two
-stages over an elementwise program's value instead of a stored array: ``tk_value`` is the
-program's steps rendered by the fused groups' generator (native/elementwise.py's program_body,
-codegen's CUDA dialect), each operand read at the element, at its channel or as its one value,
-the result rounded to the storage type as the tensor it replaces would have been.
+stages over up to four values an elementwise program computes, each summed by its own lanes'
+sums, so that no value is stored and each operand is read once: ``tk_values`` is the program's
+steps rendered by the fused groups' generator (native/elementwise.py's program_body, codegen's
+CUDA dialect), each operand read at the element, at its channel or as its one value, each value
+rounded to the storage type as the tensor it replaces would have been. A plain reduction is the
+one-output case whose value is its operand.
 
 Other axes, other layouts and empty arrays keep the kernel this one specialises (dispatched.py's
 CuPy reduction), as every reduction does with the ``channel_reductions`` setting off. Compiled
@@ -55,29 +57,36 @@ MAX_CHUNKS = 1024
 FULL, CHANNEL, SCALAR = "full", "channel", "scalar"
 
 
-def _value_function(dtype: str, kinds: tuple[str, ...], program=None, output: int = 0) -> str:
-    """``A tk_value(i, c, x0, x1, ...)``: the value reduced at element i (of channel c). Plain:
-    x0[i]. Fused: the program's step ``output`` rendered by the fused groups' generator, its
-    result rounded to the storage type as the tensor it stands for would be."""
+def _value_function(dtype: str, kinds: tuple[str, ...], program=(), outputs=(("x", 0),)) -> str | None:
+    """``tk_values(i, c, x0, x1, ..., v)``: the values reduced at element i (of channel c) into
+    v[0..K-1]. An output naming an operand reads it; one naming a step runs the program's steps
+    as the fused groups' generator renders them, the value rounded to the storage type as the
+    tensor it stands for would be."""
     params = ", ".join(f"const T *x{k}" for k in range(len(kinds)))
-    head = f"__device__ inline A tk_value(long long tk_i, long long tk_c, {params}) {{"
-    if program is None:
-        return f"{head}\n    return LD(x0[tk_i]);\n}}\n"
-    names = Names()
-    operands = {("x", k): Buf(f"x{k}", dtype, 1) for k in range(len(kinds))}
+    lines = [f"__device__ inline void tk_values(long long tk_i, long long tk_c, {params}, A *tk_v) {{"]
     index = {FULL: Var("tk_i", "int64"), CHANNEL: Var("tk_c", "int64"), SCALAR: lift(0, "int64")}
-    slot = Buf("tk_slot", dtype, 1, const=False)
+    steps = sorted({ref[1] for ref in outputs if ref[0] == "t"})
+    if steps:
+        operands = {("x", k): Buf(f"x{k}", dtype, 1) for k in range(len(kinds))}
+        slot = Buf("tk_slot", dtype, len(steps), const=False)
 
-    def index_of(key):
-        return lift(0, "int64") if key[0] == "o" else index[kinds[key[1]]]
-    body = program_body(program, (output,), operands, COMPUTE_DTYPE.get(dtype, dtype), index_of, [slot], names)
-    if body is None:
-        return None
-    lines = CudaDialect().stmts(body, 1, None, True)
-    return "\n".join([head, "    T tk_slot[1];", *lines, "    return LD(tk_slot[0]);", "}"]) + "\n"
+        def index_of(key):
+            return lift(key[1], "int64") if key[0] == "o" else index[kinds[key[1]]]
+        body = program_body(program, tuple(steps), operands, COMPUTE_DTYPE.get(dtype, dtype), index_of,
+                            [slot] * len(steps), Names())
+        if body is None:
+            return None
+        lines += [f"    T tk_slot[{len(steps)}];", *CudaDialect().stmts(body, 1, None, True)]
+    for k, ref in enumerate(outputs):
+        if ref[0] == "t":
+            lines.append(f"    tk_v[{k}] = LD(tk_slot[{steps.index(ref[1])}]);")
+        else:
+            where = CudaDialect().expr(index[kinds[ref[1]]])
+            lines.append(f"    tk_v[{k}] = LD(x{ref[1]}[{where}]);")
+    return "\n".join(lines + ["}"]) + "\n"
 
 
-def _unit(dtype: str, kinds: tuple[str, ...] = (FULL,), program=None, output: int = 0) -> str | None:
+def _unit(dtype: str, kinds: tuple[str, ...] = (FULL,), program=(), outputs=(("x", 0),)) -> str | None:
     # rows.py's warp helpers and types; imported here, as rows.py imports dispatched.py, which
     # imports this module
     from .rows import PRELUDE, _types
@@ -87,17 +96,22 @@ typedef {t} T;
 typedef {a} A;
 #define LD(X) ((A){ld % "X"})
 #define ST(X) ({st % "(X)"})
+#define K {len(outputs)}
 """
-    value = _value_function(dtype, kinds, program, output) if dtype in STORAGE else None
+    value = _value_function(dtype, kinds, program, outputs) if dtype in STORAGE else None
     if value is None:
         return None
     params = ", ".join(f"const T *x{k}" for k in range(len(kinds)))
     args = ", ".join(f"x{k}" for k in range(len(kinds)))
+    outs = ", ".join(f"T *out{k}" for k in range(len(outputs)))
     # the generator's helpers (max/min with numpy's NaN rules, INFINITY, NAN) without a kernel
     return PRELUDE + CudaDialect().unit([]) + types + value + f"""
-/* the sum of channel c's elements j in [j0, j1) of its n * hw (j = image * hw + position), by one warp */
-__device__ inline A tk_span_sum({params}, long c, long channels, long hw, long j0, long j1, long lane) {{
-    A s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+/* the K sums of channel c's elements j in [j0, j1) of its n * hw (j = image * hw + position), by one
+   warp: each lane keeps four sums of each (loads in flight), added in a fixed order */
+__device__ inline void tk_span_sums({params}, long c, long channels, long hw, long j0, long j1, long lane,
+                                    A *sums) {{
+    A s[K][4], v[K];
+    for (int q = 0; q < K; q++) s[q][0] = s[q][1] = s[q][2] = s[q][3] = 0;
     long j = j0;
     while (j < j1) {{
         long image = j / hw, first = j - image * hw;
@@ -105,42 +119,54 @@ __device__ inline A tk_span_sum({params}, long c, long channels, long hw, long j
         long long run = (image * channels + c) * hw + first;
         long k = lane;
         for (; k + 3 * TK_WARP < count; k += 4 * TK_WARP) {{
-            s0 += tk_value(run + k, c, {args}); s1 += tk_value(run + k + TK_WARP, c, {args});
-            s2 += tk_value(run + k + 2 * TK_WARP, c, {args}); s3 += tk_value(run + k + 3 * TK_WARP, c, {args});
+#pragma unroll
+            for (int u = 0; u < 4; u++) {{
+                tk_values(run + k + u * TK_WARP, c, {args}, v);
+                for (int q = 0; q < K; q++) s[q][u] += v[q];
+            }}
         }}
-        for (; k < count; k += TK_WARP) s0 += tk_value(run + k, c, {args});
+        for (; k < count; k += TK_WARP) {{
+            tk_values(run + k, c, {args}, v);
+            for (int q = 0; q < K; q++) s[q][0] += v[q];
+        }}
         j += count;
     }}
-    return tk_warp_sum((s0 + s1) + (s2 + s3));
+    for (int q = 0; q < K; q++) sums[q] = tk_warp_sum((s[q][0] + s[q][1]) + (s[q][2] + s[q][3]));
 }}
 
-/* stage one: warp (c, p) sums span p of channel c into partial[c * chunks + p], or, with one
-   span per channel, writes out[c] = sum * scale */
-extern "C" __global__ void tk_channel_partials({params}, A *partial, T *out, long n, long channels, long hw,
-                                               long chunks, A scale) {{
+/* stage one: warp (c, p) sums span p of channel c into partial[(q * channels + c) * chunks + p]
+   for each output q, or, with one span per channel, writes out_q[c] = sum * scale_q */
+extern "C" __global__ void tk_channel_partials({params}, A *partial, {outs}, const A *scales, long n,
+                                               long channels, long hw, long chunks) {{
+    T *out[K] = {{{", ".join(f"out{k}" for k in range(len(outputs)))}}};
     long lane = threadIdx.x % TK_WARP;
     long warps = (long)gridDim.x * blockDim.x / TK_WARP;
     long per_channel = n * hw, span = (per_channel + chunks - 1) / chunks;
     for (long w = ((long)blockIdx.x * blockDim.x + threadIdx.x) / TK_WARP; w < channels * chunks; w += warps) {{
         long c = w / chunks, p = w % chunks;
         long j0 = p * span, j1 = j0 + span < per_channel ? j0 + span : per_channel;
-        A s = tk_span_sum({args}, c, channels, hw, j0 < per_channel ? j0 : per_channel, j1, lane);
+        A sums[K];
+        tk_span_sums({args}, c, channels, hw, j0 < per_channel ? j0 : per_channel, j1, lane, sums);
         if (lane == 0) {{
-            if (chunks == 1) out[c] = ST(s * scale);
-            else partial[w] = s;
+            for (int q = 0; q < K; q++) {{
+                if (chunks == 1) out[q][c] = ST(sums[q] * scales[q]);
+                else partial[q * channels * chunks + w] = sums[q];
+            }}
         }}
     }}
 }}
 
-/* stage two: out[c] = (the sum of channel c's partials) * scale, one warp per channel */
-extern "C" __global__ void tk_channel_finish(const A *partial, T *out, long channels, long chunks, A scale) {{
+/* stage two: out_q[c] = (the sum of output q's partials of channel c) * scale_q, a warp each */
+extern "C" __global__ void tk_channel_finish(const A *partial, {outs}, const A *scales, long channels,
+                                             long chunks) {{
+    T *out[K] = {{{", ".join(f"out{k}" for k in range(len(outputs)))}}};
     long lane = threadIdx.x % TK_WARP;
     long warps = (long)gridDim.x * blockDim.x / TK_WARP;
-    for (long c = ((long)blockIdx.x * blockDim.x + threadIdx.x) / TK_WARP; c < channels; c += warps) {{
+    for (long r = ((long)blockIdx.x * blockDim.x + threadIdx.x) / TK_WARP; r < K * channels; r += warps) {{
         A s = 0;
-        for (long p = lane; p < chunks; p += TK_WARP) s += partial[c * chunks + p];
+        for (long p = lane; p < chunks; p += TK_WARP) s += partial[r * chunks + p];
         s = tk_warp_sum(s);
-        if (lane == 0) out[c] = ST(s * scale);
+        if (lane == 0) out[r / channels][r % channels] = ST(s * scales[r / channels]);
     }}
 }}
 """
@@ -186,28 +212,30 @@ def operand_kinds(in_shapes, group_shape) -> tuple[str, ...] | None:
     return tuple(kinds)
 
 
-def _launcher(ctx, group_shape, kinds, program=None, output=0, mean=None):
+def _launcher(ctx, group_shape, kinds, program=(), outputs=(("x", 0),), means=(False,)):
     """run(ins, outs) of the two stages over ``group_shape``, or None where they do not apply."""
     geometry = channel_geometry(group_shape, ctx.attrs["axes"])
     if ctx.dtype not in STORAGE or geometry is None or 0 in geometry or kinds is None:
         return None
-    unit = _unit(ctx.dtype, kinds, program, output)
+    unit = _unit(ctx.dtype, kinds, program, tuple(outputs))
     if unit is None:
         return None
     n, channels, hw = geometry
     chunks = chunks_for(n, channels, hw)
     accumulator = np.float64 if ctx.dtype == "float64" else np.float32
-    scale = accumulator(1.0 / (n * hw) if mean else 1.0)
+    scales = cp.asarray(np.array([1.0 / (n * hw) if mean else 1.0 for mean in means], accumulator))
     partials = compiled_source(unit, "tk_channel_partials")
     finish = compiled_source(unit, "tk_channel_finish") if chunks > 1 else None
-    partial = cp.empty((channels * chunks if chunks > 1 else 1,), accumulator)   # scratch: fixed address
-    sizes = (np.int64(n), np.int64(channels), np.int64(hw), np.int64(chunks), scale)
-    grid_one, grid_two = _grid(channels * chunks), _grid(channels)
+    # scratch of a fixed address (a captured graph replays it): each output's partial sums
+    partial = cp.empty((len(outputs) * channels * chunks if chunks > 1 else 1,), accumulator)
+    sizes = (np.int64(n), np.int64(channels), np.int64(hw), np.int64(chunks))
+    grid_one, grid_two = _grid(channels * chunks), _grid(len(outputs) * channels)
 
     def run(ins, outs):
-        partials(grid_one, (THREADS_PER_BLOCK,), tuple(ins) + (partial, outs[0]) + sizes)
+        partials(grid_one, (THREADS_PER_BLOCK,), tuple(ins) + (partial,) + tuple(outs) + (scales,) + sizes)
         if finish is not None:
-            finish(grid_two, (THREADS_PER_BLOCK,), (partial, outs[0], np.int64(channels), np.int64(chunks), scale))
+            finish(grid_two, (THREADS_PER_BLOCK,),
+                   (partial,) + tuple(outs) + (scales, np.int64(channels), np.int64(chunks)))
     return run
 
 
@@ -217,7 +245,8 @@ def _contiguous(arrays) -> bool:
 
 def _channel_factory(mean: bool, fallback):
     def factory(ctx):
-        fast = _launcher(ctx, tuple(ctx.in_shapes[0]), (FULL,), mean=mean) if current().channel_reductions else None
+        on = current().channel_reductions
+        fast = _launcher(ctx, tuple(ctx.in_shapes[0]), (FULL,), means=(mean,)) if on else None
         if fast is None:
             return fallback(ctx)
         slow = fallback(ctx)
@@ -236,18 +265,21 @@ def _fused_pays(node) -> bool:
 
 @register_kernel("fused_reduce", "gpu", fusion_pays=_fused_pays)
 def fused_reduce_gpu(ctx):
-    """The program evaluated inside the two stages: its result is never written. The pass makes
-    this node only where the operands are whole, per channel or single (``operand_kinds``)."""
-    program, (output,) = ctx.attrs["program"], ctx.attrs["outputs"]
-    group_shape = tuple(program_shapes(ctx.attrs["program"], ctx.in_shapes, ctx.dtype)[output])
+    """Every output's sums in the same two stages, the program evaluated inside them: no value
+    is written, each operand is read once. The pass makes this node only where the operands are
+    whole, per channel or single (``operand_kinds``)."""
+    program, outputs = ctx.attrs["program"], tuple(ctx.attrs["outputs"])
+    steps = program_shapes(program, ctx.in_shapes, ctx.dtype) if program else []
+    first = outputs[0]
+    group_shape = tuple(steps[first[1]] if first[0] == "t" else ctx.in_shapes[first[1]])
     kinds = operand_kinds(ctx.in_shapes, group_shape)
-    fast = _launcher(ctx, group_shape, kinds, program, output, ctx.attrs["mean"])
+    fast = _launcher(ctx, group_shape, kinds, program, outputs, tuple(ctx.attrs["means"]))
     if fast is None:
         raise ValueError(f"fused_reduce cannot run {ctx.node.scope} on the GPU: operands {ctx.in_shapes}, "
                          f"axes {ctx.attrs['axes']}, dtype {ctx.dtype}")
 
     def run(ins, outs):
-        if not _contiguous(list(ins) + [outs[0]]):
+        if not _contiguous(list(ins) + list(outs)):
             raise ValueError(f"fused_reduce {ctx.node.scope}: an operand is not contiguous")
         fast(ins, outs)
     return run
