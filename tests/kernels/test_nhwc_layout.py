@@ -5,8 +5,10 @@ Unmarked tests run on the numpy stand-in for CuPy with the host build of cuDNN's
 ops' GPU kernels equal the CPU's on the op table's cases, through cuDNN; a ResNet block
 (conv-BN-ReLU-conv-BN-add-ReLU-pool) in float16 compiles for the GPU to channels-last
 convolutions with one reorder in and one out, equal to the same graph without the pass and to
-the CPU's float32; what the rule keeps NCHW (float32, a lone convolution, a train step, cuDNN
-switched off) stays NCHW. The ``gpu`` test runs the block on a device."""
+the CPU's float32; a float16 train step runs its convolutions of every direction channels last
+and takes the NCHW step's losses; what the rule keeps NCHW (float32, a lone convolution, cuDNN
+switched off) stays NCHW. The ``gpu`` tests run the block, ResNet-50 and the train step on a
+device."""
 from __future__ import annotations
 
 import json
@@ -20,7 +22,8 @@ from toolkit.backend.devices import gpu_available
 
 needs_cxx = pytest.mark.skipif(CXX is None, reason="emulating CUDA kernels needs a C++ compiler (g++ or c++)")
 
-NHWC_OPS = ("to_nhwc", "from_nhwc", "nhwc_conv2d", "nhwc_max_pool2d", "nhwc_avg_pool2d")
+NHWC_OPS = ("to_nhwc", "from_nhwc", "nhwc_conv2d", "nhwc_max_pool2d", "nhwc_avg_pool2d", "nhwc_conv2d_backward_data",
+            "nhwc_conv2d_backward_filter", "nhwc_max_pool2d_backward", "nhwc_avg_pool2d_backward")
 
 BLOCK = textwrap.dedent("""\
     name: block
@@ -119,7 +122,7 @@ def test_what_the_rule_keeps_nchw_stays_nchw(tmp_path):
     block, lone = _net(tmp_path, BLOCK, "block"), _net(tmp_path, LONE, "lone")
     (fp32, single, train), _chosen = _plans(tmp_path, [[block, "gpu", "float32", [], False],
                                                        [lone, "gpu", "float16", [], False],
-                                                       [str(ROOT / "zoo" / "resnet" / "net.yaml"), "gpu", "float16",
+                                                       [str(ROOT / "zoo" / "resnet" / "net.yaml"), "gpu", "float32",
                                                         [], True]])
     for report in (fp32, single, train):
         assert not set(NHWC_OPS) & set(report["ops"]), report["ops"]
@@ -140,6 +143,60 @@ def test_inception_and_the_small_resnet_in_float16_equal_their_nchw_plans(tmp_pa
         assert "conv2d" not in nhwc["ops"], nhwc["ops"]
         for k, want in nchw["outs"].items():
             np.testing.assert_allclose(nhwc["outs"][k], want, rtol=0, atol=1e-3, err_msg=str(path))
+
+
+TRAIN_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    from toolkit.backend.registry import load_device
+    from toolkit.benchmarking import bench_plan
+    from toolkit.frontend import Net
+    load_device("gpu")
+    net = Net.load(sys.argv[1])
+    report = {}
+    for label, disable in (("nchw", ("choose_layout",)), ("nhwc", ())):
+        plan, inputs = bench_plan(net, int(sys.argv[2]), True, dtype="float16", disable=disable, device="gpu")
+        ops = [n.attrs["head"] if n.op == "fused_epilogue" else n.op for n in plan.graph.nodes]
+        losses = []
+        for _ in range(3):
+            loss = plan.run(inputs)["loss"]
+            losses.append(float(np.asarray(loss.get() if hasattr(loss, "get") else loss, dtype=np.float64)))
+        report[label] = {"ops": {op: ops.count(op) for op in set(ops)}, "losses": losses}
+    print(json.dumps(report))
+""")
+
+
+def train_report(run, net_path, batch: int) -> dict:
+    """The ops and the first three losses of a float16 train step, NCHW and channels last;
+    ``run(script, *args)`` runs the script on the stand-in or on the device."""
+    return json.loads(run(TRAIN_SCRIPT, net_path, batch).strip().splitlines()[-1])
+
+
+def check_train_report(report: dict, rtol: float) -> None:
+    nchw, nhwc = report["nchw"]["ops"], report["nhwc"]["ops"]
+    for op, channels_last in (("conv2d", "nhwc_conv2d"), ("conv2d_grad_input", "nhwc_conv2d_backward_data"),
+                              ("conv2d_grad_weight", "nhwc_conv2d_backward_filter")):
+        assert nhwc.get(channels_last) == nchw[op] and op not in nhwc, (op, nchw, nhwc)
+    # the 1-channel image and global pooling's [N, C, 1, 1] are reshapes: no reorder at all
+    assert nhwc.get("to_nhwc", 0) == 0 and nhwc.get("from_nhwc", 0) == 0, nhwc
+    np.testing.assert_allclose(report["nhwc"]["losses"], report["nchw"]["losses"], rtol=rtol)
+
+
+@needs_cxx
+def test_a_float16_train_step_runs_every_convolution_channels_last_with_the_nchw_losses(tmp_path):
+    """The small ResNet's mixed-precision step: forward, input-gradient and weight-gradient
+    convolutions through cuDNN channels last, BatchNorm's training statistics and their
+    gradients, pooling and the residual sums following; three steps' losses equal the NCHW
+    step's (float16 activations summed in another order: 1e-3)."""
+    from tests.runtime.gpu_stand_in import ROOT
+
+    def on_stand_in(script, *args):
+        result = run_stand_in(STAND_IN + RAW_MODULE + script, tmp_path, *args)
+        assert result.returncode == 0, result.stderr[-3000:]
+        return result.stdout
+    report = train_report(on_stand_in, ROOT / "zoo" / "resnet" / "net.yaml", 4)
+    check_train_report(report, rtol=1e-3)
+    assert report["nhwc"]["ops"]["nhwc_conv2d_backward_filter"] == 6, report["nhwc"]["ops"]
 
 
 NETS_SCRIPT = textwrap.dedent("""
@@ -191,7 +248,7 @@ def test_the_channels_last_kernels_on_the_gpu_equal_the_cpu_kernels(tmp_path):
     result = run_stand_in(STAND_IN + RAW_MODULE + CASES_SCRIPT, tmp_path, ",".join(NHWC_OPS))
     assert result.returncode == 0, result.stderr[-3000:]
     ran, how = result.stdout.strip().splitlines()[-1].split(" ", 1)
-    assert int(ran) == 2 * 21 and set(eval(how)) == {"cudnn"}, result.stdout
+    assert int(ran) == 2 * 35 and set(eval(how)) == {"cudnn"}, result.stdout
 
 
 def test_the_cpu_kernels_of_the_channels_last_ops_equal_their_references(rng):
@@ -264,3 +321,21 @@ def test_resnet50_in_float16_channels_last_on_the_device():
     assert nhwc.CHOSEN["cudnn", ""] == 53, nhwc.CHOSEN
     assert np.isfinite(outs["nhwc"]).all()
     np.testing.assert_allclose(outs["nhwc"], outs["nchw"], rtol=0, atol=1e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU with cupy (run on a GPU machine)")
+def test_a_float16_train_step_channels_last_on_the_device():
+    """The small ResNet's mixed-precision step at batch 64 on the device: every convolution
+    direction channels last on cuDNN, three steps' losses equal the NCHW step's within 2e-2."""
+    import subprocess
+    import sys
+
+    from tests.runtime.gpu_stand_in import ROOT
+
+    def on_device(script, *args):
+        result = subprocess.run([sys.executable, "-c", script, *map(str, args)], capture_output=True, text=True,
+                                cwd=ROOT, timeout=600)
+        assert result.returncode == 0, result.stderr[-3000:]
+        return result.stdout
+    check_train_report(train_report(on_device, ROOT / "zoo" / "resnet" / "net.yaml", 64), rtol=2e-2)

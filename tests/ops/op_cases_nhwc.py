@@ -4,9 +4,10 @@ NCHW ops between permutes."""
 from __future__ import annotations
 
 import numpy as np
+import torch
 import torch.nn.functional as F
 
-from tests.ops.op_case_makers import Case, case_adder, distinct, tn, tt, uni
+from tests.ops.op_case_makers import Case, case_adder, distinct, tn, tt, uni, vjp
 
 CASES: list[Case] = []
 case = case_adder(CASES)
@@ -74,3 +75,44 @@ for pid, xs, kernel, stride, pad, ceil in POOL:
             return tn(y).transpose(0, 2, 3, 1)
         case("nhwc_avg_pool2d", f"{pid}-cip{cip}", lambda r, nx=nx: [uni(r, nx)], _avgp,
              attrs=dict(kernel=kernel, stride=stride, pad=pad, ceil_mode=ceil, count_include_pad=cip))
+
+
+# the gradients of a train step, channels last: the NCHW cases' PyTorch gradients between permutes
+def _nchw(a):
+    return a.transpose(0, 3, 1, 2)
+
+
+def _nhwc(a):
+    return np.ascontiguousarray(a.transpose(0, 2, 3, 1))
+
+
+for cid, xs, ws, stride, pad, dil, group in CONV:
+    attrs = dict(stride=stride, pad=pad, dilation=dil, group=group)
+
+    def _conv(x, w, stride=stride, pad=pad, dil=dil, group=group):
+        return F.conv2d(x, w, stride=stride, padding=pad, dilation=dil, groups=group)
+    ys = tuple(_conv(torch.zeros(xs, dtype=torch.float64), torch.zeros(ws, dtype=torch.float64)).shape)
+    nys, nws, nxs = (ys[0], ys[2], ys[3], ys[1]), (ws[0], ws[2], ws[3], ws[1]), (xs[0], xs[2], xs[3], xs[1])
+    case("nhwc_conv2d_backward_data", cid, lambda r, nys=nys, nws=nws: [uni(r, nys), uni(r, nws)],
+         lambda g, w, _conv=_conv, xs=xs: _nhwc(vjp(_conv, [np.zeros(xs), _nchw(w)], _nchw(g), index=0)),
+         attrs=dict(attrs, input_hw=xs[2:]))
+    case("nhwc_conv2d_backward_filter", cid, lambda r, nys=nys, nxs=nxs: [uni(r, nys), uni(r, nxs)],
+         lambda g, x, _conv=_conv, ws=ws: _nhwc(vjp(_conv, [_nchw(x), np.zeros(ws)], _nchw(g), index=1)),
+         attrs=dict(attrs, kernel=ws[2:]))
+
+for pid, xs, kernel, stride, pad, ceil in POOL:
+    nx = (xs[0], xs[2], xs[3], xs[1])
+    pattrs = dict(kernel=kernel, stride=stride, pad=pad, ceil_mode=ceil)
+
+    def _maxp(x, kernel=kernel, stride=stride, pad=pad, ceil=ceil):
+        return F.max_pool2d(x, kernel, stride, pad, ceil_mode=ceil)
+    ys = tuple(_maxp(torch.zeros(xs, dtype=torch.float64)).shape)
+    ny = (ys[0], ys[2], ys[3], ys[1])
+    case("nhwc_max_pool2d_backward", pid, lambda r, ny=ny, nx=nx: [uni(r, ny), distinct(r, nx)],
+         lambda g, x, f=_maxp: _nhwc(vjp(f, [_nchw(x)], _nchw(g))), attrs=pattrs)
+
+    def _avgp(x, kernel=kernel, stride=stride, pad=pad, ceil=ceil):
+        return F.avg_pool2d(x, kernel, stride, pad, ceil_mode=ceil, count_include_pad=True)
+    case("nhwc_avg_pool2d_backward", pid, lambda r, ny=ny: [uni(r, ny)],
+         lambda g, f=_avgp, xs=xs: _nhwc(vjp(f, [np.zeros(xs)], _nchw(g))),
+         attrs=dict(pattrs, count_include_pad=True, input_hw=xs[2:]))

@@ -1,13 +1,17 @@
 """The channels-last layout (NHWC, as PyTorch's ``channels_last`` and cuDNN's Tensor Core kernels
 take it): an image [N, C, H, W] held as [N, H, W, C], the channels of one position side by side.
 
-Five ops, all made by the layout pass on a GPU (passes/layout_nhwc.py) after autodiff:
+The ops, all made by the layout pass on a GPU (passes/layout_nhwc.py) after autodiff:
 - ``to_nhwc`` / ``from_nhwc``: the reorders between NCHW and NHWC; each is the other's gradient.
 - ``nhwc_conv2d``: conv2d on NHWC input and output, the weight [O, kH, kW, C/group] (cuDNN's
   NHWC filter format, KRSC: the pass reorders a constant weight once, when it compiles), the
   optional bias [O]. Attributes: conv2d's.
 - ``nhwc_max_pool2d`` / ``nhwc_avg_pool2d``: the pooling ops on NHWC input and output, with
   their attributes.
+- the gradients of a train step: ``nhwc_conv2d_backward_data`` (g NHWC, weight [O, kH, kW, C/group]:
+  the input's gradient NHWC), ``nhwc_conv2d_backward_filter`` (g and x NHWC: the weight's gradient
+  [O, kH, kW, C/group]), ``nhwc_max_pool2d_backward`` and ``nhwc_avg_pool2d_backward``, each with the
+  attributes of the NCHW op it stands for.
 
 Elementwise ops, reductions over the map and concatenation along channels need no NHWC form:
 the pass runs them on the 4-d arrays with their axes and per-channel constants rearranged.
@@ -18,8 +22,26 @@ import numpy as np
 
 from ..ir.graph import TensorType
 from .base import Builder, OpDef, ShapeError, register
-from .conv import _conv_flops, _conv_infer, conv2d_reference
-from .pool import _pool_flops, _pool_infer, avg_pool2d_reference, max_pool2d_reference
+from .conv import (
+    _conv_flops,
+    _conv_infer,
+    _grad_input_flops,
+    _grad_input_infer,
+    _grad_weight_flops,
+    _grad_weight_infer,
+    conv2d_grad_input_reference,
+    conv2d_grad_weight_reference,
+    conv2d_reference,
+)
+from .pool import (
+    _avg_grad_infer,
+    _pool_flops,
+    _pool_infer,
+    avg_pool2d_grad_reference,
+    avg_pool2d_reference,
+    max_pool2d_grad_reference,
+    max_pool2d_reference,
+)
 from .rules import need_rank
 
 TO_NHWC, TO_NCHW = (0, 2, 3, 1), (0, 3, 1, 2)
@@ -97,6 +119,33 @@ def nhwc_avg_pool2d_reference(x, kernel, stride, pad, ceil_mode, count_include_p
                                                   count_include_pad))
 
 
+def _as_nchw(types):
+    """NHWC image and KRSC filter types (every 4-d one) as the NCHW op's: the same permutation."""
+    return [TensorType(nchw_shape(t.shape), t.dtype) if t.rank == 4 else t for t in types]
+
+
+def _nchw_form(infer):
+    """The infer function of an op that is the NCHW op ``infer`` on channels-last 4-d operands."""
+    def channels_last(types, attrs):
+        for t in types:
+            need_rank(t, 4, "a channels-last gradient's operand")
+        return [TensorType(nhwc_shape(t.shape), t.dtype) for t in infer(_as_nchw(types), attrs)]
+    return channels_last
+
+
+def _nchw_reference(reference):
+    """The reference of an op that is the NCHW op ``reference`` on channels-last 4-d operands."""
+    def channels_last(*arrays, **attrs):
+        return to_nhwc_reference(reference(*[from_nhwc_reference(a) for a in arrays], **attrs))
+    return channels_last
+
+
+def _flops_of(flops):
+    def channels_last(ins, outs, attrs):
+        return flops(_as_nchw(ins), _as_nchw(outs), attrs)
+    return channels_last
+
+
 def _no_flops(ins, outs, attrs):
     return 0          # data movement is not arithmetic
 
@@ -111,3 +160,16 @@ register(OpDef("nhwc_max_pool2d", _pool_infer_nhwc, nhwc_max_pool2d_reference, N
                batch_rows=True, doc="max_pool2d on NHWC input and output"))
 register(OpDef("nhwc_avg_pool2d", _pool_infer_nhwc, nhwc_avg_pool2d_reference, None, _pool_flops,
                batch_rows=True, doc="avg_pool2d on NHWC input and output"))
+register(OpDef("nhwc_conv2d_backward_data", _nchw_form(_grad_input_infer),
+               _nchw_reference(conv2d_grad_input_reference), None, _flops_of(_grad_input_flops), batch_rows=True,
+               doc="conv2d_grad_input on NHWC g and result, weight [O, kH, kW, C/group]"))
+register(OpDef("nhwc_conv2d_backward_filter", _nchw_form(_grad_weight_infer),
+               _nchw_reference(conv2d_grad_weight_reference), None, _flops_of(_grad_weight_flops), batch_sum=True,
+               doc="conv2d_grad_weight on NHWC g and x, the result [O, kH, kW, C/group]"))
+register(OpDef("nhwc_max_pool2d_backward", _nchw_form(lambda types, attrs: [types[1]]),
+               _nchw_reference(max_pool2d_grad_reference), None,
+               lambda i, o, a: i[0].numel * a["kernel"][0] * a["kernel"][1], batch_rows=True,
+               doc="max_pool2d_grad on NHWC g, x and result"))
+register(OpDef("nhwc_avg_pool2d_backward", _nchw_form(_avg_grad_infer), _nchw_reference(avg_pool2d_grad_reference),
+               None, lambda i, o, a: i[0].numel * a["kernel"][0] * a["kernel"][1], batch_rows=True,
+               doc="avg_pool2d_grad on NHWC g and result"))

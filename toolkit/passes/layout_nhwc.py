@@ -20,19 +20,27 @@ The cost rule:
   measurement on the device to say (benchmarks/gpu_real_nets.py's rows with and without
   ``--disable choose_layout``); until then the rule is: half types channels last, the rest NCHW.
 - Only where cuDNN runs the convolution (the kernel's ``fusion_pays``: loaded and switched on;
-  the fallback is the NCHW im2col kernel between two copies), with a weight known when the
-  graph is compiled (reordered once, to the filter layout above, there), on concrete map and
-  channel sizes, and not in a train step: its gradient kernels read NCHW, so a graph with
-  gradient ops stays NCHW (training runs NCHW).
+  the fallback is the NCHW im2col kernel between two copies), on concrete map and channel sizes.
+  A weight known when the graph is compiled is reordered to the filter layout above there,
+  once; a weight fed at run time (a train step's) by a transpose each run, a weight's worth of
+  elements.
+- A train step's convolutions of every direction count alike: the input gradient
+  (``nhwc_conv2d_backward_data``: the output gradient and the result NHWC) and the weight
+  gradient (``nhwc_conv2d_backward_filter``: the output gradient and the input NHWC, the result
+  [O, kH, kW, C/group] transposed back to the OIHW the optimizer reads).
 
 What follows the layout: elementwise ops (an operand of shape [C, 1, 1] or [N, C, 1, 1] is
 relabelled as [1, 1, C] or [N, 1, 1, C], a free reshape, so per-channel constants, a folded
-BatchNorm's scale and shift, biases and residual sums follow), a concatenation along channels
-(axis 3), max and average pooling (``nhwc_*_pool2d``), and reductions over the map (global
-pooling: axes 1 and 2; kept dims [N, 1, 1, C] are [N, C, 1, 1] by a reshape). Anything else
-reads the NCHW form: one ``from_nhwc`` per value, made once, and a value that was reordered
-back and is wanted channels last again is taken from where it came (the cancelled pair never
-exists).
+BatchNorm's scale and shift, biases and residual sums follow, and in a train step the
+activations' gradients and casts), a concatenation along channels (axis 3) and a slice of
+channels (its gradient), max and average
+pooling and their gradients (``nhwc_*_pool2d``, ``nhwc_*_pool2d_backward``), reductions over the
+map and maybe the batch too (global pooling, BatchNorm's statistics in training: each axis moved
+to its NHWC place; kept dims [N|1, 1, 1, C] are [N|1, C, 1, 1] by a reshape), and their
+gradients, a per-channel value spread over an image (``reduce_mean_grad``, ``broadcast_to``).
+Anything else (a flatten into a classifier, a softmax over channels) reads the NCHW form: one
+``from_nhwc`` per value, made once, and a value that was reordered back and is wanted channels
+last again is taken from where it came (the cancelled pair never exists).
 """
 from __future__ import annotations
 
@@ -46,7 +54,13 @@ from .rewrite import Emitter, Substitution, constant_value
 
 HALF_TYPES = ("float16",)                  # the dtypes whose cuDNN kernels want channels last
 MAP_REDUCTIONS = ("reduce_mean", "reduce_sum", "reduce_max")
-POOLS = {"max_pool2d": "nhwc_max_pool2d", "avg_pool2d": "nhwc_avg_pool2d"}
+POOLS = {"max_pool2d": "nhwc_max_pool2d", "avg_pool2d": "nhwc_avg_pool2d",
+         "max_pool2d_grad": "nhwc_max_pool2d_backward", "avg_pool2d_grad": "nhwc_avg_pool2d_backward"}
+SPREADS = ("reduce_mean_grad", "broadcast_to")   # a per-channel value spread over an image
+CONVOLUTIONS = {"conv2d": "nhwc_conv2d", "conv2d_grad_input": "nhwc_conv2d_backward_data",
+                "conv2d_grad_weight": "nhwc_conv2d_backward_filter"}
+NHWC_AXIS = {0: 0, 1: 3, 2: 1, 3: 2}            # an NCHW axis's place in NHWC
+TO_KRSC, FROM_KRSC = (0, 2, 3, 1), (0, 3, 1, 2)
 REORDERS = ("to_nhwc", "from_nhwc")
 
 
@@ -61,8 +75,8 @@ def _per_image(v: Value) -> int:
 
 def _same_memory(v: Value) -> bool:
     """Whether an image's NCHW and NHWC forms are the same memory ([N, C, 1, 1], [N, 1, H, W]):
-    a reshape, not a reorder, between them."""
-    return tuple(v.shape[2:]) == (1, 1) or v.shape[1] == 1
+    a reshape, not a reorder, between them (any value of another rank: a reduction's result)."""
+    return v.rank != 4 or tuple(v.shape[2:]) == (1, 1) or v.shape[1] == 1
 
 
 def _relabelled(v: Value) -> tuple | None:
@@ -76,51 +90,63 @@ def _relabelled(v: Value) -> tuple | None:
 
 
 def _over_the_map(node: Node) -> bool:
-    """A reduction over an image's H and W axes (global pooling)."""
+    """A reduction over an image's H and W axes, and maybe more (global pooling, BatchNorm's
+    statistics over N, H and W): its result is the same memory in either layout."""
     return (node.op in MAP_REDUCTIONS and _image(node.inputs[0])
-            and tuple(sorted(a % 4 for a in node.attrs["axes"])) == (2, 3))
+            and {2, 3} <= {a % 4 for a in node.attrs["axes"]})
 
 
-def _could_follow(node: Node) -> list[Value]:
-    """The image operands an op would take channels last if it followed the layout ([] if it
+def _images(node: Node) -> list[Value]:
+    """A convolution's images, the one it reads first: conv2d's input and output, the input
+    gradient's output gradient and result, the weight gradient's output gradient and input."""
+    if node.op == "conv2d_grad_weight":
+        return [node.inputs[0], node.inputs[1]]
+    return [node.inputs[0], node.outputs[0]]
+
+
+def _could_follow(node: Node) -> list[Value] | None:
+    """The image operands an op would take channels last if it followed the layout (None if it
     cannot)."""
     if len(node.outputs) != 1:
-        return []
+        return None
     out = node.outputs[0]
     if _over_the_map(node):
         return [node.inputs[0]]
     if not _image(out):
-        return []
+        return None
     opdef = get_op(node.op)
     if opdef.elementwise and opdef.pure:
         images = [v for v in node.inputs if tuple(v.shape) == tuple(out.shape)]
         others = [v for v in node.inputs if tuple(v.shape) != tuple(out.shape)]
         if all((v.type.numel == 1 and v.rank <= 1) or _relabelled(v) is not None for v in others):
             return images
-        return []
+        return None
     if node.op == "concat" and node.attrs["axis"] % 4 == 1 and all(_image(v) for v in node.inputs):
         return list(node.inputs)
+    if node.op == "slice" and node.attrs["axis"] % 4 == 1 and _image(node.inputs[0]):
+        return [node.inputs[0]]          # a concatenation's gradient: its parts' channels
     if node.op in POOLS:
-        return [node.inputs[0]]
-    return []
+        return [v for v in node.inputs if _image(v)]
+    if node.op in SPREADS and (node.inputs[0].type.numel == 1 or _relabelled(node.inputs[0]) is not None):
+        return []
+    return None
 
 
 def saving_elements(node: Node) -> int:
-    """What one image's convolution saves channels last: cuDNN's transposes of its input and
-    output around an NCHW half-precision kernel, in elements read and written once."""
-    return _per_image(node.inputs[0]) + _per_image(node.outputs[0])
+    """What one image's convolution (of any direction) saves channels last: cuDNN's transposes
+    of its two images around an NCHW half-precision kernel, in elements read and written once."""
+    return sum(_per_image(v) for v in _images(node))
 
 
 def why_not_channels_last(node: Node, device) -> str | None:
-    """None when ``node`` (a conv2d on a GPU) can run channels last, else why not, in a few words."""
-    x, w = node.inputs[0], node.inputs[1]
-    if x.dtype not in HALF_TYPES:
-        return f"{x.dtype}: its cuDNN kernels take NCHW as fast"
-    if not _image(x):
+    """None when ``node`` (a convolution of any direction on a GPU) can run channels last, else
+    why not, in a few words."""
+    images = _images(node)
+    if images[0].dtype not in HALF_TYPES:
+        return f"{images[0].dtype}: its cuDNN kernels take NCHW as fast"
+    if not all(_image(v) for v in images):
         return "a symbolic map size"
-    if constant_value(w) is None:
-        return "weights fed at run time"
-    if not KERNELS.fusion_pays("nhwc_conv2d", device, x.dtype, node):
+    if not KERNELS.fusion_pays("nhwc_conv2d", device, images[0].dtype, node):
         return "cuDNN does not run it"
     return None
 
@@ -150,20 +176,23 @@ def worthwhile(graph: Graph, candidates: list[Node], followers: set[int]) -> tup
     for node in graph.nodes:
         if id(node) in followers:
             operands = _could_follow(node)
-            if operands:
+            if operands is not None:
                 follow_inputs[id(node)] = operands
                 for v in operands:
                     regions.union(v.id, node.outputs[0].id)
     cand_ids = {id(n) for n in candidates}
     for node in candidates:
-        regions.union(node.inputs[0].id, node.outputs[0].id)
+        first, second = _images(node)
+        regions.union(first.id, second.id)
     members = cand_ids | set(follow_inputs)
-    produced_by = {id(node): node.outputs[0].id for node in graph.nodes if id(node) in members}
+    # the values the members make channels last (a weight gradient makes none)
+    produced_by = {id(node): node.outputs[0].id for node in graph.nodes
+                   if id(node) in members and node.op != "conv2d_grad_weight"}
     produced_inside = set(produced_by.values())
     saving: dict[int, int] = {}
     cost: dict[int, int] = {}
     for node in candidates:
-        root = regions.find(node.outputs[0].id)
+        root = regions.find(_images(node)[0].id)
         saving[root] = saving.get(root, 0) + saving_elements(node)
     readers = graph.consumers()
     kept = {v.id for v in graph.outputs.values()} | {v.id for v in graph.updates.values()}
@@ -171,7 +200,7 @@ def worthwhile(graph: Graph, candidates: list[Node], followers: set[int]) -> tup
     for node in graph.nodes:
         if id(node) not in members:
             continue
-        values = ([node.inputs[0]] if id(node) in cand_ids else follow_inputs[id(node)]) + [node.outputs[0]]
+        values = _images(node) if id(node) in cand_ids else follow_inputs[id(node)] + [node.outputs[0]]
         for v in values:
             if v.id in seen or _same_memory(v):           # relabelled, not reordered
                 continue
@@ -183,7 +212,7 @@ def worthwhile(graph: Graph, candidates: list[Node], followers: set[int]) -> tup
                 root = regions.find(v.id)
                 cost[root] = cost.get(root, 0) + _per_image(v)
     paid = {root for root, saved in saving.items() if saved > cost.get(root, 0)}
-    return ({id(n) for n in candidates if regions.find(n.outputs[0].id) in paid},
+    return ({id(n) for n in candidates if regions.find(_images(n)[0].id) in paid},
             {i for i in follow_inputs if regions.find(produced_by[i]) in paid})
 
 
@@ -197,6 +226,7 @@ class _Rewriter:
         self.nhwc: dict[int, Value] = {}          # NCHW value id -> its channels-last form
         self.only_nhwc: set[int] = set()          # NCHW values that exist only channels last
         self.plain: dict[int, Value] = {}         # NCHW value id -> its reordered-back form
+        self.filters: dict[int, Value] = {}       # OIHW weight id -> its [O, kH, kW, C/group] form
         self.subst = Substitution()
         self.reorders = {op: 0 for op in REORDERS}
         self.followers = 0
@@ -240,13 +270,30 @@ class _Rewriter:
         value.flags.writeable = False
         return self.emit(like.producer.scope, "constant", value=value)
 
+    def filter(self, w: Value, scope: str) -> Value:
+        """An OIHW weight as [O, kH, kW, C/group]: reordered once when the graph is compiled where
+        it is a constant, else by a transpose each run (a train step's weights), made once."""
+        if w.id not in self.filters:
+            weight = constant_value(w)
+            self.filters[w.id] = (self.constant(w, np.ascontiguousarray(weight.transpose(TO_KRSC)))
+                                  if weight is not None else self.emit(scope, "transpose", w, perm=TO_KRSC))
+        return self.filters[w.id]
+
     # -- per node -----------------------------------------------------------------------------
     def convolution(self, node: Node) -> None:
-        x, w = node.inputs[0], node.inputs[1]
-        xn = self.nhwc.get(x.id) or self.to_nhwc(x, node.scope)
-        weight = np.ascontiguousarray(constant_value(w).transpose(0, 2, 3, 1))      # OIHW -> O kH kW I
-        attrs = {k: node.attrs[k] for k in ("stride", "pad", "dilation", "group")}
-        y = self.emit(node.scope, "nhwc_conv2d", xn, self.constant(w, weight), *node.inputs[2:], **attrs)
+        """A convolution of any direction channels last: conv2d and the input gradient make an
+        NHWC image; the weight gradient's [O, kH, kW, C/group] result is transposed back to the
+        OIHW the optimizer reads (a weight's worth of elements)."""
+        images = [self.nhwc.get(v.id) or self.to_nhwc(v, node.scope) for v in _images(node)
+                  if v.producer is not node]
+        op = CONVOLUTIONS[node.op]
+        if node.op == "conv2d_grad_weight":
+            dw = self.emit(node.scope, op, *images, **node.attrs)
+            self.subst.replace(node.outputs[0], self.emit(node.scope, "transpose", dw, perm=FROM_KRSC))
+            return
+        attrs = ({k: node.attrs[k] for k in ("stride", "pad", "dilation", "group")} if node.op == "conv2d"
+                 else node.attrs)
+        y = self.emit(node.scope, op, images[0], self.filter(node.inputs[1], node.scope), *node.inputs[2:], **attrs)
         self.produce(node.outputs[0], y)
 
     def operand(self, v: Value, image_shape, scope: str) -> Value | None:
@@ -266,16 +313,27 @@ class _Rewriter:
         pooled before the convolution that reads it, a branch of a concatenation) or one of its
         inputs exists only channels last, and the rest can follow; whether it did."""
         if not (id(node) in self.region or any(v.id in self.only_nhwc for v in node.inputs)) \
-                or not _could_follow(node):
+                or _could_follow(node) is None:
             return False
         opdef = get_op(node.op)
         out = node.outputs[0]
         if _over_the_map(node):
             x = node.inputs[0]
-            r = self.emit(node.scope, node.op, self.nhwc.get(x.id) or self.to_nhwc(x, node.scope), axes=(1, 2),
+            axes = tuple(sorted(NHWC_AXIS[a % 4] for a in node.attrs["axes"]))
+            r = self.emit(node.scope, node.op, self.nhwc.get(x.id) or self.to_nhwc(x, node.scope), axes=axes,
                           keepdims=True)
-            # [N, 1, 1, C] is [N, C, 1, 1] and [N, C]: a reshape, no reorder
+            # with H and W reduced, [N|1, 1, 1, C|1] is the NCHW result's memory: a reshape, no reorder
             self.subst.replace(out, self.relabel(r, tuple(out.shape), node.scope))
+            self.followers += 1
+            return True
+        if node.op in SPREADS:
+            g = node.inputs[0]
+            shape = None if g.type.numel == 1 else _relabelled(g)
+            spread = self.nhwc.get(g.id) or (self.relabel(g, shape, node.scope) if shape is not None else g)
+            attrs = dict(node.attrs, shape=tuple(out.shape[i] for i in (0, 2, 3, 1)))
+            if "axes" in attrs:
+                attrs["axes"] = tuple(sorted(NHWC_AXIS[a % 4] for a in attrs["axes"]))
+            self.produce(out, self.emit(node.scope, node.op, spread, **attrs))
             self.followers += 1
             return True
         if opdef.elementwise and opdef.pure:
@@ -286,10 +344,13 @@ class _Rewriter:
         elif node.op == "concat":
             y = self.emit(node.scope, "concat", *[self.nhwc.get(v.id) or self.to_nhwc(v, node.scope)
                                                   for v in node.inputs], axis=3)
-        elif node.op in POOLS:
+        elif node.op == "slice":
             x = node.inputs[0]
-            y = self.emit(node.scope, POOLS[node.op], self.nhwc.get(x.id) or self.to_nhwc(x, node.scope),
-                          **node.attrs)
+            y = self.emit(node.scope, "slice", self.nhwc.get(x.id) or self.to_nhwc(x, node.scope),
+                          **dict(node.attrs, axis=3))
+        elif node.op in POOLS:
+            y = self.emit(node.scope, POOLS[node.op], *[self.nhwc.get(v.id) or self.to_nhwc(v, node.scope)
+                                                        for v in node.inputs], **node.attrs)
         else:
             return False
         self.produce(out, y)
@@ -306,9 +367,9 @@ def choose_channels_last(graph: Graph, ctx: PassContext) -> bool:
     layout; whether it changed the graph."""
     where = ctx.placement(graph)
     on_gpu = {id(n) for n in graph.nodes if not where.node(n).host_memory}
-    convs = [n for n in graph.nodes if n.op == "conv2d" and id(n) in on_gpu]
-    if not convs or any("_grad" in node.op for node in graph.nodes):
-        return False                 # a train step: the gradient kernels read NCHW
+    convs = [n for n in graph.nodes if n.op in CONVOLUTIONS and id(n) in on_gpu]
+    if not convs:
+        return False
     reasons = [(n, why_not_channels_last(n, where.node(n))) for n in convs]
     chosen, region = worthwhile(graph, [n for n, why in reasons if why is None], on_gpu)
     reasons = [(n, "saves less than its reorders cost" if why is None and id(n) not in chosen else why)

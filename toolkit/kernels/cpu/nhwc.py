@@ -13,8 +13,8 @@ import numpy as np
 from ...backend.registry import register_kernel
 from ...ops.nhwc import TO_NCHW, TO_NHWC, nchw_shape
 from ...ops.pool import avg_divisor, lowest
-from .conv import conv2d
-from .pool import _Pool
+from .conv import conv2d, conv2d_grad_input, conv2d_grad_weight
+from .pool import _Pool, avg_pool2d_grad, max_pool2d_grad
 
 
 def to_nhwc(ctx, xp=np):
@@ -81,8 +81,60 @@ def nhwc_avg_pool2d(ctx, xp=np):
     return run
 
 
+def _nchw_shapes(shapes):
+    return [nchw_shape(s) if len(s) == 4 else tuple(s) for s in shapes]
+
+
+def _between_copies(nchw_builder, ctx, xp):
+    """The NCHW kernel ``nchw_builder`` makes, on NCHW copies of the 4-d inputs (images NHWC,
+    filters [O, kH, kW, C/group]: one permutation), its output permuted back."""
+    inner = nchw_builder(replace(ctx, in_shapes=_nchw_shapes(ctx.in_shapes), out_shapes=_nchw_shapes(ctx.out_shapes)),
+                         xp)
+    staged = [xp.empty(s, ctx.dtype) if len(s) == 4 else None for s in _nchw_shapes(ctx.in_shapes)]
+    y = xp.empty(nchw_shape(ctx.out_shapes[0]), ctx.dtype)
+
+    def run(ins, outs):
+        for stage, a in zip(staged, ins):
+            if stage is not None:
+                xp.copyto(stage, a.transpose(TO_NCHW))
+        inner([a if stage is None else stage for stage, a in zip(staged, ins)], [y])
+        xp.copyto(outs[0], y.transpose(TO_NHWC))
+    return run
+
+
+def _on_views(nchw_builder, ctx, xp):
+    """The NCHW kernel ``nchw_builder`` makes, on [N, C, H, W] views of the channels-last arrays
+    (pooling's kernels index windows of them and write through ``out=``)."""
+    inner = nchw_builder(replace(ctx, in_shapes=_nchw_shapes(ctx.in_shapes), out_shapes=_nchw_shapes(ctx.out_shapes)),
+                         xp)
+
+    def run(ins, outs):
+        inner([a.transpose(TO_NCHW) for a in ins], [o.transpose(TO_NCHW) for o in outs])
+    return run
+
+
+def nhwc_conv2d_backward_data(ctx, xp=np):
+    return _between_copies(conv2d_grad_input, ctx, xp)
+
+
+def nhwc_conv2d_backward_filter(ctx, xp=np):
+    return _between_copies(conv2d_grad_weight, ctx, xp)
+
+
+def nhwc_max_pool2d_backward(ctx, xp=np):
+    return _on_views(max_pool2d_grad, ctx, xp)
+
+
+def nhwc_avg_pool2d_backward(ctx, xp=np):
+    return _on_views(avg_pool2d_grad, ctx, xp)
+
+
 # the same builders over numpy here; the GPU back end registers them over CuPy
 NHWC_KERNELS = {"to_nhwc": to_nhwc, "from_nhwc": from_nhwc, "nhwc_conv2d": nhwc_conv2d,
-                "nhwc_max_pool2d": nhwc_max_pool2d, "nhwc_avg_pool2d": nhwc_avg_pool2d}
+                "nhwc_max_pool2d": nhwc_max_pool2d, "nhwc_avg_pool2d": nhwc_avg_pool2d,
+                "nhwc_conv2d_backward_data": nhwc_conv2d_backward_data,
+                "nhwc_conv2d_backward_filter": nhwc_conv2d_backward_filter,
+                "nhwc_max_pool2d_backward": nhwc_max_pool2d_backward,
+                "nhwc_avg_pool2d_backward": nhwc_avg_pool2d_backward}
 for _op, _builder in NHWC_KERNELS.items():
     register_kernel(_op, "cpu", fusion_pays=False)(_builder)

@@ -4,7 +4,8 @@ Core kernels for float16 read without the transposes an NCHW convolution pays in
 the reorders and pooling are the CPU kernels' array programs over CuPy (one transposing copy
 per reorder, one strided pass per pooling window offset).
 
-The convolution falls back to the NCHW im2col kernel between reorders (kernels/cpu/nhwc.py over
+The convolutions (forward, and the input and weight gradients of a train step) fall back to the
+NCHW im2col kernels between reorders (kernels/cpu/nhwc.py over
 CuPy) when cuDNN cannot run it (not loaded, ``TOOLKIT_CUDNN=0``, no algorithm for the shapes),
 and the layout pass asks this kernel's ``fusion_pays`` before it makes the op: only with cuDNN
 loaded does channels-last pay.
@@ -50,17 +51,50 @@ def cudnn_nhwc_conv2d(ctx):
     return run
 
 
-def nhwc_conv2d(ctx):
-    why = dnn.unavailable()
-    if why is None:
-        try:
-            run = cudnn_nhwc_conv2d(ctx)
-            CHOSEN["cudnn", ""] += 1
-            return run
-        except dnn.Unsupported as e:
-            why = str(e)
-    CHOSEN["im2col", why] += 1
-    return NHWC_KERNELS["nhwc_conv2d"](ctx, GPU_ARRAYS)
+def _gradient(conv: dnn.Convolution):
+    """run(ins, outs) for a gradient op whose inputs are (output gradient, the other operand):
+    cuDNN takes the other operand first."""
+    g_in, other_in, out = dnn._Packed(), dnn._Packed(), dnn._Packed()
+    cp = gpu_module()
+
+    def run(ins, outs):
+        target = out.target(outs[0])
+        conv(other_in.read(ins[1]), g_in.read(ins[0]), target)
+        if target is not outs[0]:
+            cp.copyto(outs[0], target)
+    return run
+
+
+def cudnn_nhwc_conv2d_backward_data(ctx):
+    g_shape, (o, kh, kw, cg) = nchw_shape(ctx.in_shapes[0]), ctx.in_shapes[1]
+    return _gradient(dnn.Convolution("data", nchw_shape(ctx.out_shapes[0]), (o, cg, kh, kw), g_shape, ctx.attrs,
+                                     ctx.dtype, layout="nhwc"))
+
+
+def cudnn_nhwc_conv2d_backward_filter(ctx):
+    g_shape, x_shape = nchw_shape(ctx.in_shapes[0]), nchw_shape(ctx.in_shapes[1])
+    return _gradient(dnn.Convolution("filter", x_shape, nchw_shape(ctx.out_shapes[0]), g_shape, ctx.attrs, ctx.dtype,
+                                     layout="nhwc"))
+
+
+def _cudnn_or_im2col(op: str, through_cudnn):
+    def factory(ctx):
+        why = dnn.unavailable()
+        if why is None:
+            try:
+                run = through_cudnn(ctx)
+                CHOSEN["cudnn", ""] += 1
+                return run
+            except dnn.Unsupported as e:
+                why = str(e)
+        CHOSEN["im2col", why] += 1
+        return NHWC_KERNELS[op](ctx, GPU_ARRAYS)
+    factory.__name__ = f"{op}_cudnn_or_im2col"
+    return factory
+
+
+CUDNN_BUILDERS = {"nhwc_conv2d": cudnn_nhwc_conv2d, "nhwc_conv2d_backward_data": cudnn_nhwc_conv2d_backward_data,
+                  "nhwc_conv2d_backward_filter": cudnn_nhwc_conv2d_backward_filter}
 
 
 def channels_last_pays(node=None) -> bool:
@@ -69,7 +103,8 @@ def channels_last_pays(node=None) -> bool:
     return dnn.unavailable() is None
 
 
-register_kernel("nhwc_conv2d", "gpu", fusion_pays=channels_last_pays)(nhwc_conv2d)
 for _op, _builder in NHWC_KERNELS.items():
-    if _op != "nhwc_conv2d":
+    if _op in CUDNN_BUILDERS:
+        register_kernel(_op, "gpu", fusion_pays=channels_last_pays)(_cudnn_or_im2col(_op, CUDNN_BUILDERS[_op]))
+    else:
         register_kernel(_op, "gpu")(_over_cupy(_builder))
