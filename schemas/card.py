@@ -10,6 +10,7 @@ from typing import Annotated, Optional
 from pydantic import Field, StrictInt, model_validator
 
 from .base import Strict
+from .quantization import CalibrationRecord
 
 # A model's name is also a folder name: no leading dot (hidden, or '..'), no slash.
 ZooName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$", max_length=100)]
@@ -53,6 +54,9 @@ class ModelCard(Strict):
     classes: Optional[Annotated[StrictInt, Field(ge=1)]] = None
     # the training data, bundled so that others can reproduce and verify the metric
     data_files: list[CardFile] = []
+    # an int8 model's calibration (its net's quantization.calibration): method, examples, dtype,
+    # the data's files and rows, the toolkit that quantized it
+    calibration: Optional[CalibrationRecord] = None
 
     @model_validator(mode="after")
     def _distinct_files(self) -> "ModelCard":

@@ -8,7 +8,9 @@ quantization of the infer phase.
       float:                          # layers that stay float, each with why (a name alone: "listed")
         - prob
         - {layer: ip2, reason: measured better in float}
-      calibration: {method: minmax, examples: 256, data: heldout.npz}   # for the record
+      calibration:                    # for the record: what produced the scales
+        {method: minmax, examples: 256, data: heldout.npz, dtype: uint8,
+         files: [{file: heldout.npz, rows: 359}], toolkit_version: 0.1.0}
 
 What the schema cannot say (a zero point in its dtype's range, a top or layer the net has) is
 checked against the net when it loads (toolkit/frontend/quant_checks.py), at the key's line.
@@ -43,12 +45,22 @@ class FloatLayer(Strict):
     reason: Reason
 
 
+class CalibrationFile(Strict):
+    """One file of the calibration data and how many rows (examples) it held."""
+    file: Annotated[str, Field(min_length=1)]
+    rows: Annotated[StrictInt, Field(ge=0)]
+
+
 class CalibrationRecord(Strict):
-    """How the scales were found: recorded, not acted on."""
+    """How the scales were found: recorded, not acted on (``toolkit quantize`` writes it, a zoo
+    card carries it)."""
     method: Literal["minmax", "percentile", "entropy"]
     examples: PositiveInt
     data: Annotated[str, Field(min_length=1)]
     percentile: Optional[Percentile] = None
+    dtype: Optional[Literal["uint8", "int8"]] = None          # the activations'
+    files: list[CalibrationFile] = []                         # the data's files, each with its rows
+    toolkit_version: Optional[Annotated[str, Field(min_length=1)]] = None
 
 
 class QuantizationSpec(Strict):

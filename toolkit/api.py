@@ -555,9 +555,11 @@ def quantize(net: NetSource, *, calibrate: "Mapping[str, np.ndarray] | str | os.
         from .fileio import open_regular
         with open_regular(path) as f, np.load(f, allow_pickle=False) as arrays:
             data, name = {k: arrays[k] for k in arrays.files}, os.path.basename(path)
+        files = [(name, len(next(iter(data.values()))))] if data else []
     elif isinstance(calibrate, Mapping):
-        data, name = dict(calibrate), "arrays"
+        data, name, files = dict(calibrate), "arrays", []
     else:
         raise TypeError(f"calibrate: expected arrays by input name or an .npz path, not {type(calibrate).__name__}")
     return quantize_model(loaded, weights_file, data, _text_arg("out", out, allow_none=False), data_name=name,
-                          method=method, max_examples=examples, dtype=dtype, keep_float=list(keep_float))
+                          method=method, max_examples=examples, dtype=dtype, keep_float=list(keep_float),
+                          data_files=files)

@@ -42,7 +42,9 @@ def test_the_command_writes_a_model_folder_whose_int8_net_scores_as_the_float_on
     assert list(section["activations"]) == ["data", "conv1", "pool1", "conv2", "pool2", "ip1", "ip2", "prob"]
     # the input transform scales the pixels to [0, 1]: uint8 steps of 1/255 from zero
     assert section["activations"]["data"] == {"scale": np.float32(1 / 255).item(), "zero_point": 0, "dtype": "uint8"}
-    assert section["calibration"] == {"method": "minmax", "examples": 256, "data": "train.csv"}
+    assert section["calibration"] == {"method": "minmax", "examples": 256, "data": "train.csv", "dtype": "uint8",
+                                      "files": [{"file": "train.csv", "rows": 1438}],
+                                      "toolkit_version": toolkit.__version__}
     assert section["float"] == [{"layer": "prob", "reason": "softmax: probabilities stay float"}]
     int8 = _accuracy(out / "net.yaml", str(out / "model.safetensors"), x, y)
     float32 = _accuracy("zoo:lenet", None, x, y)
@@ -61,7 +63,8 @@ def test_every_method_and_int8_activations_from_python(splits, tmp_path, method)
     result = toolkit.quantize("zoo:lenet", calibrate={"data": train_x[:512]}, out=tmp_path / method,
                               method=method, dtype="int8", examples=128)
     section = yaml.safe_load(result.net_file.read_text())["quantization"]
-    assert section["calibration"] == {"method": method, "examples": 128, "data": "arrays"}
+    assert section["calibration"] == {"method": method, "examples": 128, "data": "arrays", "dtype": "int8",
+                                      "toolkit_version": toolkit.__version__}
     assert all(a["dtype"] == "int8" and a["zero_point"] == 0 for a in section["activations"].values())
     int8 = _accuracy(result.net_file, str(result.weights_file), x, y)
     assert abs(int8 - FLOAT_ACCURACY) <= 0.005, (method, int8)
@@ -95,3 +98,80 @@ def test_mistakes_are_one_line_and_write_nothing(splits, tmp_path):
     assert not (tmp_path / "c").exists()
     with pytest.raises(toolkit.UserError, match=r"calibrate='x\.csv': give arrays by input name or an \.npz"):
         toolkit.quantize("zoo:lenet", calibrate="x.csv", out=tmp_path / "b")
+
+
+# -- the record: what produced a quantized model, in its folder and on its zoo card -------------------
+def test_the_zoo_card_of_a_quantized_model_carries_its_calibration(splits, tmp_path):
+    import re
+
+    from toolkit import settings
+    from toolkit.zoo.card import read_card
+    folder, _, _ = splits
+    np.savez(tmp_path / "calib.npz", data=np.loadtxt(folder / "train.csv", delimiter=",", skiprows=1,
+                                                    dtype=np.float32)[:100, :64].reshape(-1, 1, 8, 8))
+    out = tmp_path / "lenet-int8"
+    r = cli("quantize", "zoo:lenet", "--calibrate", tmp_path / "calib.npz", "--out", out, "--examples", "64",
+            "--method", "percentile", "--dtype", "int8")
+    assert r.status == 0, r.err
+    record = yaml.safe_load((out / "net.yaml").read_text())["quantization"]["calibration"]
+    assert record == {"method": "percentile", "examples": 64, "data": "calib.npz", "dtype": "int8",
+                      "files": [{"file": "calib.npz", "rows": 100}], "toolkit_version": toolkit.__version__}
+    zoo = tmp_path / "zoo"
+    r = cli("zoo", "publish", out, "--to", zoo, "--name", "lenet-int8", "--licence", "CC0-1.0", "--task", "digits")
+    assert r.status == 0, r.err
+    card, _ = read_card(zoo / "lenet-int8" / "README.md")
+    assert card.calibration.model_dump(exclude_none=True) == record
+    assert "\ncalibration:\n  method: percentile\n  examples: 64\n" in (zoo / "lenet-int8" / "README.md").read_text()
+    r = cli("zoo", "verify", zoo / "lenet-int8", "--no-test")
+    assert r.status == 0, r.out + r.err
+    with settings.use(zoo=(str(zoo),)):
+        r = cli("zoo", "show", "lenet-int8")
+    assert r.status == 0, r.err
+    assert re.search(rf"calibration: int8: int8 activations, scales by percentile over 64 examples of calib\.npz "
+                     rf"\(100 rows\); toolkit {re.escape(toolkit.__version__)}\n", r.out), r.out
+    # a float model's card has no calibration
+    r = cli("zoo", "show", "lenet")
+    assert r.status == 0 and "calibration:" not in r.out
+
+
+def test_bench_names_int8_in_its_heading(splits, tmp_path):
+    folder, _, _ = splits
+    out = tmp_path / "lenet-int8"
+    r = cli("quantize", "zoo:lenet", "--calibrate", folder / "train.csv", "--out", out, "--examples", "32")
+    assert r.status == 0, r.err
+    r = cli("bench", out / "net.yaml", "--weights", out / "model.safetensors", "--batch", "2", "--iters", "2")
+    # conv1, pool1, conv2, pool2, ip1 and ip2 run in int8 (relu3 folded into ip1); prob stays float
+    assert r.status == 0 and "lenet infer batch 2 on cpu (int8: 6 of 7 layers; float32 elsewhere): median" in r.out, \
+        r.out + r.err
+    r = cli("bench", out / "net.yaml", "--weights", out / "model.safetensors", "--batch", "2", "--iters", "2",
+            "--disable", "quantize")
+    assert r.status == 0 and "(float32): median" in r.out, r.out
+    r = cli("bench", "zoo:lenet", "--batch", "2", "--iters", "2", "--json")
+    assert r.status == 0 and "int8_layers" not in r.out
+
+
+# -- held-out accuracy of a net with residual adds ------------------------------------------------------
+RESNET_FLOAT_ACCURACY = 0.988858
+
+
+def test_zoo_resnet_int8_scores_as_its_float_net_on_held_out_digits(tmp_path):
+    """zoo:resnet (BatchNorm folded, two residual adds, global average pooling) calibrated on its
+    training split and scored on its held-out split: every layer but the softmax in int8, the
+    accuracy within 0.5 points of the float net's."""
+    for split in ("train", "test"):
+        assert cli("data", "zoo:resnet", "--split", split, "--out", tmp_path / f"{split}.csv").status == 0
+    table = np.loadtxt(tmp_path / "test.csv", delimiter=",", skiprows=1, dtype=np.float32)
+    x, y = table[:, :64].reshape(-1, 1, 8, 8), table[:, 64].astype(np.int64)
+    out = tmp_path / "resnet-int8"
+    r = cli("quantize", "zoo:resnet", "--calibrate", tmp_path / "train.csv", "--out", out)
+    assert r.status == 0, r.err
+    r = cli("compile", out / "net.yaml", "--explain")
+    assert r.status == 0, r.err
+    for line in ("res1: int8: qadd + relu, uint8 + uint8 in, uint8 out", "res2: int8: qadd + relu, uint8 + uint8 in",
+                 "pool: int8: qglobal_avg_pool, uint8 in, uint8 out", "res1_relu: int8: folded into res1"):
+        assert f"quantize: {line}" in r.out, r.out
+    ops_line = next(line for line in r.out.splitlines() if line.startswith("ops:"))
+    assert "quantize_linear 1," in ops_line and "dequantize_linear" not in ops_line, ops_line
+    int8 = _accuracy(out / "net.yaml", str(out / "model.safetensors"), x, y)
+    float32 = _accuracy("zoo:resnet", None, x, y)
+    assert float32 == pytest.approx(RESNET_FLOAT_ACCURACY, abs=1e-4) and abs(int8 - float32) <= 0.005, (int8, float32)

@@ -41,6 +41,15 @@ def _with_objective(net: Net) -> Net:
     return net
 
 
+def _int8_layers(net: Net, plan, train: bool) -> tuple[int, int] | None:
+    """(int8 layers, layers) of a quantized net's infer plan; None where nothing runs in int8."""
+    if train or getattr(net.spec, "quantization", None) is None or not hasattr(plan, "graph"):
+        return None
+    from ..passes.quantize import int8_layers
+    counted = int8_layers(plan.graph)
+    return counted if counted[0] else None
+
+
 def run_bench(args) -> int:
     args.device = check_device(args.device)
     args.dtype = resolve_train_dtype(args.dtype, args.device) if args.train else resolve_dtype(args.dtype, args.device)
@@ -67,6 +76,9 @@ def run_bench(args) -> int:
         "items_per_s": round(args.batch / (median / 1e3), 1),
         "kernel_calls": len(plan.calls), "peak_bytes": plan.peak_bytes,
     }
+    int8 = _int8_layers(net, plan, args.train)
+    if int8 is not None:
+        report["int8_layers"] = {"int8": int8[0], "layers": int8[1]}
     rows = None
     if profiles is not None:
         phase = "train" if args.train else "infer"
@@ -79,7 +91,10 @@ def run_bench(args) -> int:
         print(json.dumps(report))
         return 0
     math = "" if args.device.host_memory else f", {report['precision']}"
-    print(f"{report['net']} {report['mode']} batch {args.batch} on {args.device} ({report['dtype']}{math}): "
+    kind = report["dtype"]
+    if int8 is not None:       # a quantized net: how much of it runs in int8
+        kind = f"int8: {int8[0]} of {int8[1]} layers" + ("" if int8[0] == int8[1] else f"; {kind} elsewhere")
+    print(f"{report['net']} {report['mode']} batch {args.batch} on {args.device} ({kind}{math}): "
           f"median {median:.3f} ms (p10 {report['p10_ms']:.3f}, p90 {report['p90_ms']:.3f}), "
           f"{report['items_per_s']:.0f} items/s, {len(plan.calls)} kernel calls, "
           f"{plan.peak_bytes / 2**20:.1f} MiB arena")

@@ -32,10 +32,22 @@ def run_quantize(args) -> int:
                      image_reader=transform.image_reader if transform else None,
                      note=lambda line: print(line, file=sys.stderr)) as stream:
         model = quantize_model(net, weights, stream, args.out, data_name=names, method=args.method,
-                               max_examples=args.examples, dtype=args.dtype, keep_float=args.float or ())
+                               max_examples=args.examples, dtype=args.dtype, keep_float=args.float or (),
+                               data_files=_files_and_rows(stream))
     kept = ", ".join(f"{name} ({why})" for name, why in model.float_layers.items()) or "none"
     print(f"quantized {net.name}: {len(model.tops)} tops calibrated by {args.method} over {model.examples} "
           f"examples of {names}; {args.dtype} activations, int8 weights per channel; float layers: {kept}")
     print(f"wrote {model.net_file} and {model.weights_file}; `toolkit compile {model.net_file} --explain` "
           "says which layers run in int8")
     return 0
+
+
+def _files_and_rows(stream) -> list[tuple[str, int]]:
+    """Each calibration file's name and the rows it holds (a file read for several inputs, as an
+    .npz is, counted once)."""
+    found: dict[str, int] = {}
+    for rows in stream.inputs.values():
+        for piece, path in rows.pieces:
+            if piece.rows is not None:
+                found.setdefault(Path(path).name, piece.rows)
+    return list(found.items())

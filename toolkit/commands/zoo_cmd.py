@@ -8,7 +8,7 @@ from pathlib import Path
 from ..errors import UserError, notice
 from ..fileio import atomic_write
 from ..zoo.cache import cached_copy, cached_elsewhere, cached_models
-from ..zoo.card import CARD, decimal_size, parse_card, read_card, read_card_text, sha256_file
+from ..zoo.card import CARD, calibration_line, decimal_size, parse_card, read_card, read_card_text, sha256_file
 from ..zoo.resolve import find, model_name, not_found
 from ..zoo.sources import SHIPPED, Unreachable, configured_sources, index_entry, scan_cards, shipped_zoo_dir
 
@@ -112,6 +112,7 @@ def _show(args) -> int:
               *[("weights", _file_line(w) + ("  (default)" if i == 0 and len(card.weights) > 1 else ""))
                 for i, w in enumerate(card.weights)],
               *([("classes", f"{card.classes} names, in {card.input.file}")] if card.classes else []),
+              *([("calibration", calibration_line(card.calibration))] if card.calibration else []),
               ("reproduce", card.reproduce), ("toolkit", card.toolkit_version), ("files", where)]
     for key, value in fields:
         print(f"  {key + ':':<13}{value}")

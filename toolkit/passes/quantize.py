@@ -434,3 +434,23 @@ def quantize(graph: Graph, ctx: PassContext) -> bool:
         return Quantizer(graph, section, ctx).run()
     except ShapeError as e:
         raise UserError(f"quantize: {e}") from None
+
+
+QUANTIZED_OPS = ("qconv2d", "qgemm", "qadd", "qconcat", "qavg_pool2d", "qglobal_avg_pool")
+BOUNDARY_OPS = ("quantize_linear", "dequantize_linear")
+
+
+def int8_layers(graph: Graph) -> tuple[int, int]:
+    """(layers that run in int8, layers with work) in a compiled graph: a layer runs in int8 where
+    one of its ops is a quantized op or computes a uint8/int8 value (max pooling on int8); the
+    quantize_linear and dequantize_linear at a region's edges are no layer's work, and a ReLU
+    folded into the layer before it has none of its own."""
+    from ..ir.graph import QUANT_DTYPES
+    layers: dict[str, bool] = {}
+    for node in graph.nodes:
+        if node.op in PLUMBING + BOUNDARY_OPS:
+            continue
+        int8 = node.op in QUANTIZED_OPS or any(v.dtype in QUANT_DTYPES for v in node.outputs)
+        layer = layer_of(node)
+        layers[layer] = layers.get(layer, False) or int8
+    return sum(layers.values()), len(layers)

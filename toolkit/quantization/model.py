@@ -67,8 +67,13 @@ def _section_text(section: dict, float_layers: dict[str, str]) -> str:
         lines += [f"    - {{layer: {name}, reason: {_quoted(why)}}}" for name, why in float_layers.items()]
     record = section.get("calibration")
     if record:
-        fields = ", ".join(f"{k}: {_quoted(v) if isinstance(v, str) else repr(v)}" for k, v in record.items())
-        lines.append(f"  calibration: {{{fields}}}")
+        lines.append("  calibration:")
+        for key, value in record.items():
+            if key == "files" and value:
+                lines.append("    files:")
+                lines += [f"      - {{file: {_quoted(f['file'])}, rows: {f['rows']}}}" for f in value]
+            elif value is not None and key != "files":
+                lines.append(f"    {key}: {_quoted(value) if isinstance(value, str) else repr(value)}")
     return "\n".join(lines) + "\n"
 
 
@@ -78,11 +83,15 @@ def _quoted(text: str) -> str:
 
 def quantize_model(net, weights_file: str | Path, data: "Mapping[str, np.ndarray] | RowSource", out: str | Path, *,
                    data_name: str, method: str = "minmax", max_examples: int = DEFAULT_EXAMPLES,
-                   dtype: str = "uint8", keep_float: Iterable[str] = (), say=None) -> QuantizedModel:
+                   dtype: str = "uint8", keep_float: Iterable[str] = (), say=None,
+                   data_files: Iterable[tuple[str, int]] = ()) -> QuantizedModel:
     """Calibrates ``net`` (a loaded Net, no quantization section of its own) with ``weights_file``
     over ``data`` (arrays by input name, or a row stream as ``toolkit infer`` opens its inputs)
-    and writes the quantized model folder ``out`` (new, or an empty folder)."""
+    and writes the quantized model folder ``out`` (new, or an empty folder). Its section records
+    what produced it: the method, the examples drawn, the activations' dtype, ``data_files``
+    (each file's name and row count) and the toolkit's version."""
     from ..frontend.render import render_net
+    from ..version import __version__
     out = Path(out)
     _check_out(out)
     if getattr(net.spec, "quantization", None) is not None:
@@ -97,8 +106,10 @@ def quantize_model(net, weights_file: str | Path, data: "Mapping[str, np.ndarray
     ranges = collect_ranges(net, str(weights_file), data, method=method, max_examples=max_examples,
                             say=lambda line: fed.append(line) or (say(line) if say else None))
     examples = min(max_examples, _rows(data))
-    section = quantization_section(ranges, dtype, calibration={"method": method, "examples": examples,
-                                                                 "data": data_name})
+    record = {"method": method, "examples": examples, "data": data_name, "dtype": dtype,
+              "files": [{"file": name, "rows": int(rows)} for name, rows in data_files],
+              "toolkit_version": __version__}
+    section = quantization_section(ranges, dtype, calibration=record)
     text = render_net(net, folder=out).rstrip("\n") + "\n" + _section_text(section, float_layers)
     out.mkdir(parents=True, exist_ok=True)
     weights_out = out / "model.safetensors"

@@ -152,10 +152,22 @@ def render_front_matter(fields: dict) -> str:
 
 def render_card(card: ModelCard, body: str) -> str:
     fields = card.model_dump(mode="json")
-    for key, empty in (("input", None), ("classes", None), ("data_files", [])):   # optional keys: left out when unused
+    for key, empty in (("input", None), ("classes", None), ("data_files", []),
+                       ("calibration", None)):   # optional keys: left out when unused
         if fields.get(key) == empty:
             del fields[key]
+    if fields.get("calibration"):            # the record as written, less its unset keys
+        fields["calibration"] = {k: v for k, v in fields["calibration"].items() if v not in (None, [])}
     return render_front_matter(fields) + body
+
+
+def calibration_line(record) -> str:
+    """A card's calibration record in one line (``toolkit zoo show``)."""
+    files = ", ".join(f"{f.file} ({f.rows} rows)" for f in record.files) or record.data
+    how = record.method + (f" {record.percentile:g}" if record.percentile is not None else "")
+    dtype = f"{record.dtype} activations, " if record.dtype else ""
+    version = f"; toolkit {record.toolkit_version}" if record.toolkit_version else ""
+    return f"int8: {dtype}scales by {how} over {record.examples} examples of {files}{version}"
 
 
 def write_card(path: Path, card: ModelCard, body: str) -> None:

@@ -212,7 +212,8 @@ def publish(dir: Path | str, to_folder: Path | str, name: str | None = None, lic
                    "toolkit_version": __version__,
                    "input": _entry(INPUT_FILE, input_bytes) if input_bytes is not None else None,
                    "classes": len(classes) if classes else None,
-                   "data_files": [_entry(f, b) for f, b in carried.items()]}
+                   "data_files": [_entry(f, b) for f, b in carried.items()],
+                   "calibration": _calibration_of(net)}
     try:
         card = ModelCard.model_validate(card_fields)
     except ValidationError as e:
@@ -251,6 +252,14 @@ def publish(dir: Path | str, to_folder: Path | str, name: str | None = None, lic
         write_bytes(target / CARD, files[CARD])
     models = write_index(to)
     return Published(target, card, measured, bool(differing), len(models))
+
+
+def _calibration_of(net) -> dict | None:
+    """A quantized net's calibration record, for its card (None for a float net)."""
+    section = getattr(net.spec, "quantization", None)
+    if section is None or section.calibration is None:
+        return None
+    return section.calibration.model_dump(mode="json")
 
 
 def _mean_to_carry(net) -> tuple[tuple, str, bytes, str] | None:
