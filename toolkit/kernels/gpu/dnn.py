@@ -377,7 +377,7 @@ def operand_type(ctx) -> str:
     else the kernel's dtype. A convolution reached only through other ops (a gradient after a
     ReLU's) stays float32, its result rounded all the same."""
     if np.dtype(ctx.dtype) == np.float32:
-        for v in getattr(ctx.node, "inputs", ()):
+        for v in getattr(getattr(ctx, "node", None), "inputs", ()):
             producer = getattr(v, "producer", None)
             if producer is not None and producer.op == "round_precision" and producer.attrs.get("dtype") == BFLOAT16:
                 return BFLOAT16
