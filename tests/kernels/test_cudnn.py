@@ -168,6 +168,8 @@ ROUTE_SCRIPT = textwrap.dedent("""
     small = (4, 16, 8, 8)
     assert route(ctx(small, 32)) == ("im2col", dnn.WEIGHT_GRADIENT_REASON)
     assert timings == [("cudnn", small), ("im2col", small)], timings
+    assert {"shapes": "g[4, 32, 8, 8] x[4, 16, 8, 8] w[32, 16, 3, 3] float32 strict", "route": "im2col",
+            "why": dnn.WEIGHT_GRADIENT_REASON, "cudnn_us": 2e6, "im2col_us": 1e6} in dnn.decisions()["weight_gradients"]
     speeds.update(cudnn=0.5)                         # a second measurement would now choose cuDNN
     assert route(ctx(small, 32))[0] == "im2col" and len(timings) == 2, timings
     # the policy is part of the key: under tf32 the same shapes are timed anew

@@ -776,3 +776,21 @@ def _specialiser(op: str, builder):
 # the cuDNN kernels in place of arrays.py's im2col ones, each keeping its im2col kernel as the fallback
 for _op, _builder in BUILDERS.items():
     KERNELS.specialise(_op, "gpu", SPECIALISED)(_specialiser(_op, _builder))
+
+
+def decisions() -> dict:
+    """What this process's GPU convolutions were built as, for benchmarks to print: the kernels
+    by route, the ops run in bfloat16, the fused epilogues, and each weight gradient's route with
+    the two times it measured (microseconds; absent where it was not timed)."""
+    def shapes(key):
+        return f"g{list(key[0])} x{list(key[1])} w{list(key[2])} {key[4]} {key[5]}"
+    return {
+        "kernels": {f"{how}: {what}": n for (how, what), n in sorted(CHOSEN.items())},
+        "bfloat16": dict(IN_BFLOAT16),
+        "fused_epilogues": dict(FUSED),
+        "weight_gradients": [
+            {"shapes": shapes(key), "route": route, "why": why,
+             **{f"{name}_us": round(t * 1e6, 1) for name, t in WEIGHT_GRADIENT_TIMES.get(key, {}).items()
+                if t is not None}}
+            for key, (route, why) in WEIGHT_GRADIENT_ROUTES.items()],
+    }
