@@ -13,6 +13,7 @@ import pytest
 from toolkit import settings
 from toolkit.codegen import toolchain
 from toolkit.ir.graph import Graph, TensorType, Value
+from toolkit.kernels.native import quant_packed
 from toolkit.ops import Builder
 from toolkit.runtime.plan import Plan, RuntimeState
 
@@ -190,18 +191,116 @@ def test_qgemm_kernels_equal_the_integer_reference(native):
 def test_quantize_dequantize_kernels_equal_the_references(native):
     from toolkit.ops.quant import dequantize_linear_reference, quantize_linear_reference
     rng = np.random.default_rng(3)
-    x = np.concatenate([(rng.standard_normal(1000) * 4).astype(np.float32),
+    # 40006 values: the native kernel's chunks of 16384 and a tail
+    x = np.concatenate([(rng.standard_normal(40000) * 4).astype(np.float32),
                         np.float32([1e9, -1e9, 0.25, 0.75, -0.25, 2.5])]).reshape(2, -1)
+    x[0, :4] = (np.nan, np.inf, -np.inf, 2.5e-9)         # NaN to 0 (numpy's cast), the infinities clamped
     nodes, expected = [], []
     for dtype, zp, scale in (("uint8", 0, 0.031), ("uint8", 140, 0.5), ("int8", -20, 0.031)):
         q = quantize_linear_reference(x, scale, zp, dtype)
         nodes += [("quantize_linear", [x], dict(scale=scale, zero_point=zp, dtype=dtype)),
                   ("dequantize_linear", [q], dict(scale=scale, zero_point=zp))]
         expected += [q, dequantize_linear_reference(q, scale, zp)]
-    # the quantize kernels ran on numpy either way: they have no native builder
-    got, _ = run_plan(nodes, native)
+    got, impls = run_plan(nodes, native)
+    # quantize_linear has a native kernel; dequantize_linear runs numpy everywhere
+    assert impls[::2] == ["native" if native else "numpy"] * 3
     for g, e in zip(got, expected):
         np.testing.assert_array_equal(g, e)
+
+
+# -- the packed AVX2 kernels (kernels/native/quant_packed.py) with frozen weights ---------------------
+PACKED = pytest.mark.skipif(not (HAVE_CC and quant_packed.available()), reason="no C compiler or no AVX2")
+# (x dtype, zp, x shape, w shape, group, stride, pad, dilation): stride 1 reads the packed planes
+# in place (positions on the padded width, in blocks of 256), other strides gather blocks of
+# windows; output channels not a multiple of the tile's 6, odd channel counts (a pair's empty
+# half), positions not a multiple of 16, depthwise in and out of its vector path
+PACKED_CONV_SHAPES = [
+    ("uint8", 3, (2, 6, 9, 11), (13, 6, 3, 3), 1, (1, 1), (1, 1), (1, 1)),
+    ("uint8", 250, (1, 4, 30, 30), (7, 4, 3, 3), 1, (1, 1), (1, 1), (1, 1)),     # 4 blocks of positions
+    ("int8", -7, (1, 5, 10, 7), (8, 5, 3, 3), 1, (2, 2), (1, 1), (1, 1)),        # gathered, odd C
+    ("uint8", 90, (1, 3, 40, 40), (6, 3, 3, 3), 1, (2, 1), (1, 0), (1, 1)),      # gathered, 2 blocks
+    ("uint8", 200, (2, 9, 6, 6), (9, 3, 3, 3), 3, (1, 1), (2, 2), (2, 2)),       # grouped, dilated
+    ("uint8", 0, (1, 32, 17, 5), (20, 32, 1, 1), 1, (1, 1), (0, 0), (1, 1)),     # 1x1
+    ("int8", 9, (1, 7, 9, 9), (5, 7, 1, 1), 1, (2, 2), (0, 0), (1, 1)),          # 1x1, stride 2
+    ("uint8", 128, (1, 4, 20, 37), (4, 1, 3, 3), 4, (1, 1), (1, 1), (1, 1)),     # depthwise, vectors + tail
+    ("int8", -128, (2, 3, 19, 23), (6, 1, 5, 5), 3, (2, 2), (2, 2), (1, 1)),     # depthwise x2, stride 2
+]
+# (a dtype, zp, M, K, N): from 4 rows on; odd K, blocks of 64 rows
+PACKED_GEMM_SHAPES = [("uint8", 31, 37, 75, 23), ("int8", -1, 4, 2, 1), ("uint8", 255, 130, 33, 70)]
+
+
+def frozen_plan(nodes, threads):
+    """A plan of ``nodes`` (op, x, weight, bias or None, attrs) whose weights and biases are
+    constants, as a quantized model's are: its outputs and the plan."""
+    graph = Graph("frozen")
+    feeds = {}
+    for j, (op, x, w, bias, attrs) in enumerate(nodes):
+        b = Builder(graph, f"q{j}")
+        v = Value(TensorType(tuple(x.shape), str(x.dtype)), name=f"x{j}")
+        graph.inputs[v.name], feeds[v.name] = v, x
+        consts = [b.op("constant", value=w)] + ([b.op("constant", value=bias)] if bias is not None else [])
+        graph.outputs[f"y{j}"] = b.op(op, v, *consts, **attrs)
+    plan = Plan(graph, {}, {}, runtime=RuntimeState(np.random.default_rng(0)), native=True, threads=threads)
+    outs = plan.run(feeds)
+    return [np.array(outs[f"y{j}"]) for j in range(len(nodes))], plan
+
+
+@PACKED
+@pytest.mark.parametrize("threads", [1, 2])
+def test_packed_kernels_with_frozen_weights_equal_the_integer_reference(threads):
+    """The weights packed once as the plan is built (no packing step in the plan's C), every
+    output equal to the integer reference."""
+    nodes, expected = [], []
+    for c, case in enumerate(PACKED_CONV_SHAPES):
+        x, w, bias, w_scales, attrs = conv_inputs(case, seed=100 + c)
+        zp, x_scale = case[1], 0.011
+        out_dtype, relu = OUTS[c % len(OUTS)]
+        with_bias = c % 3 != 1
+        acc = conv_sums(x, w, bias if with_bias else None, attrs["stride"], attrs["pad"], attrs["dilation"],
+                        attrs["group"], zp)
+        oa = out_attrs(acc, x_scale, w_scales, out_dtype, relu)
+        expected.append(requantize(acc, x_scale, w_scales, relu, out_dtype, oa.get("y_scale"), oa.get("y_zero_point")))
+        nodes.append(("qconv2d", x, w, bias if with_bias else None,
+                      dict(**attrs, x_scale=x_scale, x_zero_point=zp, w_scales=w_scales, **oa)))
+    for c, (dtype, zp, m, k, n) in enumerate(PACKED_GEMM_SHAPES):
+        rng = np.random.default_rng(200 + c)
+        lo, hi = RANGE[dtype]
+        a = rng.integers(lo, hi + 1, (m, k)).astype(dtype)
+        b = rng.integers(-128, 128, (n, k)).astype(np.int8)
+        b.flat[0] = -128
+        bias = rng.integers(-30000, 30000, n).astype(np.int32)
+        b_scales = tuple(float(s) for s in rng.uniform(0.002, 0.02, n))
+        out_dtype, relu = OUTS[(c + 2) % len(OUTS)]
+        acc = (a.astype(np.int64) - zp) @ b.astype(np.int64).T + (bias if c != 1 else 0)
+        oa = out_attrs(acc, 0.02, b_scales, out_dtype, relu)
+        expected.append(requantize(acc, 0.02, b_scales, relu, out_dtype, oa.get("y_scale"), oa.get("y_zero_point")))
+        nodes.append(("qgemm", a, b, bias if c != 1 else None,
+                      dict(a_scale=0.02, a_zero_point=zp, b_scales=b_scales, **oa)))
+    got, plan = frozen_plan(nodes, threads)
+    assert set(plan.impls) == {"native"}, plan.impls
+    source = plan.native_source
+    for fn in ("tk_q8_conv_direct", "tk_q8_conv_gather", "tk_q8_dw_plane", "tk_q8_qgemm_rows"):
+        assert f"{fn}(wp" in source or f"{fn}(x" in source or f"{fn}(a" in source, fn
+    assert source.count("tk_q8_pack_weight(") == 1       # its definition: no step packs a weight per run
+    for (op, _, _, _, attrs), g, e in zip(nodes, got, expected):
+        assert g.dtype == e.dtype
+        np.testing.assert_array_equal(g, e, err_msg=f"{op} {attrs}")
+
+
+@PACKED
+def test_weights_given_at_run_time_are_packed_by_the_plan():
+    """A weight fed at run time is packed by a step of the plan on every run (the frozen case's
+    packing in numpy and this one in C give the same words)."""
+    case = PACKED_CONV_SHAPES[2]
+    x, w, bias, w_scales, attrs = conv_inputs(case, seed=7)
+    attrs = dict(**attrs, x_scale=0.01, x_zero_point=case[1], w_scales=w_scales, out_dtype="float32")
+    graph_nodes = [("qconv2d", [x, w, bias], attrs)]
+    (got,), _ = run_plan(graph_nodes, True)
+    (frozen,), plan = frozen_plan([("qconv2d", x, w, bias, attrs)], 1)
+    acc = conv_sums(x, w, bias, attrs["stride"], attrs["pad"], attrs["dilation"], attrs["group"], case[1])
+    want = requantize(acc, 0.01, w_scales, False, "float32")
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(frozen, want)
 
 
 @pytest.mark.skipif(not HAVE_CC, reason="no C compiler")
@@ -249,6 +348,7 @@ import numpy as np
 from toolkit.backend.registry import KERNELS, load_device
 load_device("gpu")
 from toolkit.ir.graph import Graph, TensorType, Value
+from toolkit.kernels.native import quant_packed
 from toolkit.ops import Builder
 from toolkit.runtime.plan import Plan, RuntimeState
 rng = np.random.default_rng(0)

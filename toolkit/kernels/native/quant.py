@@ -1,5 +1,10 @@
-"""Native int8 kernels: qgemm and qconv2d (ops/quant.py) as integer GEMM tiles in portable C,
-the bias, requantization and ReLU fused into the store.
+"""Native int8 kernels: qgemm, qconv2d and quantize_linear (ops/quant.py), the bias,
+requantization and ReLU fused into the store.
+
+On a processor with AVX2 the convolutions, the GEMMs of 4 rows or more and the depthwise
+convolutions run the packed kernels of quant_packed.py (vpmaddwd tiles; a frozen weight packed
+once when the plan is built; a stride-1 convolution read from its packed image without im2col).
+Elsewhere, and for a GEMM of fewer rows, the portable tiles below run:
 
 The tile widens both operands to int16 (activations shifted by their zero point, so in
 [-255, 255]; weights in [-128, 127]) and sums int16 x int16 products in int32: the compiler
@@ -31,10 +36,12 @@ from __future__ import annotations
 import numpy as np
 
 from ...backend.registry import register_native
-from ...codegen.loops import Buf, Extern, For, Kernel, Let, Names, ThreadIndex, select
+from ...codegen.loops import Buf, Extern, For, Kernel, Let, Names, ThreadIndex, lift, select
 from ...codegen.native import NativeCall
 from ...ops.quant import QRANGE, output_multipliers
+from . import quant_packed
 from .conv_parts import ConvShape, i64
+from .winograd import constant_weight
 
 MAX_K = (2 ** 31 - 1) // (255 * 128)     # products of at most 255 * 128: the sum stays in int32
 ROWS_PER_TILE = 64                       # rows of A per tile (im2row: 64 * K int16 in L2)
@@ -45,6 +52,13 @@ KINDS = {"float32": 0, "uint8": 1, "int8": 2}
 # one core of the 2-core AMD EPYC): M = 1 5.6 ms against 12.0 widened first, M = 16 23 against
 # 40, M = 64 131 against 116
 WIDEN_FROM_ROWS = 32
+# the packed GEMM (quant_packed.py, AVX2) runs qgemm from this many rows of A on: its tile spans
+# 16 rows, so fewer waste most of it, and a batch-1 layer reads its weight once either way
+PACKED_FROM_ROWS = 4
+QGEMM_ROWS = 64                          # rows of A per packed qgemm block (its thread's scratch)
+DIRECT_BLOCK = 256                       # positions per parallel block of a stride-1 convolution
+GATHER_BYTES = 96 << 10                  # a gathered block's windows: within the core's L2 share
+GATHER_MAX = 256
 
 _SOURCE = r"""
 /* int8 GEMM tiles and their requantizing store (kernels/native/quant.py) */
@@ -244,6 +258,8 @@ def qgemm_native(ctx, ins, outs):
     if k > MAX_K or k == 0:
         return None
     attrs, out_dtype = ctx.attrs, str(outs[0].dtype)
+    if quant_packed.available() and m >= PACKED_FROM_ROWS:
+        return _packed_qgemm(ctx, ins, outs, m, k, n)
     names = Names()
     a = Buf("a", str(ins[0].dtype), m * k)
     b = Buf("b", "int8", n * k)
@@ -297,7 +313,11 @@ def qconv2d_native(ctx, ins, outs):
     head_arrays = [ins[0], ins[1]] + ([ins[2]] if bias else []) + [_mult(attrs, "x_scale", "w_scales", out_dtype),
                                                                    outs[0]]
     if s.g > 1 and s.cg == 1:
+        if quant_packed.available() and s.kh * s.kw <= quant_packed.DW_MAX_TAPS:
+            return _packed_depthwise(ctx, s, head, head_arrays, is_signed)
         return _depthwise(ctx, s, x, w, bias, mult, y, head_arrays, head, is_signed, out_dtype)
+    if quant_packed.available():
+        return _packed_conv(ctx, s, w, head, head_arrays, is_signed)
     xs = Buf("xs", "int16", s.n * image, const=False)
     wp = Buf("wp", "int16", s.o * s.k, const=False)
     rows = Buf("rows", "int16", ctx.threads * ROWS_PER_TILE * s.k, const=False)
@@ -347,3 +367,156 @@ def _depthwise(ctx, s: ConvShape, x, w, bias, mult, y, arrays, params, is_signed
             (y, i64(0)), t * s.p), SOURCE)], parallel=ctx.threads > 1)
     return NativeCall(Kernel("qconv2d_dw", params + [xpad, acc], [plane], ctx.threads),
                       arrays + [np.zeros(xpad.size, np.int16), np.zeros(acc.size, np.int32)])
+
+
+def _packed_weight(ctx, w: Buf, groups: int, og: int, cg: int, taps: int):
+    """(the packed weight's buffer, its array, the steps that pack it): a constant weight is
+    packed here, once, when the plan is built; one given at run time by a step on every run."""
+    frozen = constant_weight(ctx)
+    words = quant_packed.packed_words(groups, og, cg, taps)
+    wp = Buf("wp", "int32", words, const=frozen is not None)
+    if frozen is not None:
+        return wp, quant_packed.pack_weight(np.asarray(frozen, np.int8).reshape(groups * og, cg, taps, 1), groups), []
+    step = Extern("tk_q8_pack_weight", ((w, i64(0)), i64(groups), i64(og), i64(cg), i64(taps), (wp, i64(0))),
+                  quant_packed.C_SOURCE)
+    return wp, np.zeros(words, np.int32), [step]
+
+
+def _packed_conv(ctx, s: ConvShape, w: Buf, head: list, head_arrays: list, is_signed) -> NativeCall:
+    """qconv2d on the packed int8 GEMM (quant_packed.py): every image's channel pairs packed into
+    padded planes once per run, then blocks of output positions in parallel, each against all of
+    its group's output channels; a stride-1 convolution reads the planes in place, any other
+    gathers each block's windows into the thread's scratch first."""
+    attrs, out_dtype = ctx.attrs, str(head_arrays[-1].dtype)
+    names = Names()
+    x, bias, mult, y = head[0], (head[2] if len(head) == 5 else None), head[-2], head[-1]
+    npair = quant_packed.pairs(s.cg)
+    prow, pcol = s.h + 2 * s.ph, s.w + 2 * s.pw
+    plane = prow * pcol
+    taps = s.kh * s.kw
+    # the direct tiles read up to a tile's width (and the widest tap) past the last plane's end
+    slack = quant_packed.NC + (s.kw - 1) * s.dw + pcol
+    planes = Buf("planes", "int32", s.n * s.g * npair * plane + slack, const=False)
+    wp, wp_array, prologue = _packed_weight(ctx, w, s.g, s.og, s.cg, taps)
+    params, arrays = head + [planes, wp], head_arrays + [np.zeros(planes.size, np.int32), wp_array]
+    parallel = ctx.threads > 1
+    t, img, g, pr, q0, slot = (names.var(v) for v in ("t", "img", "g", "pr", "q0", "slot"))
+    second = i64(1) if s.cg % 2 == 0 else select(pr.lt(npair - 1), i64(1), i64(0))
+    pack = For(t, i64(0), i64(s.n * s.g * npair), [
+        Let(img, t // (s.g * npair)), Let(g, (t // npair) % s.g), Let(pr, t % npair),
+        Extern("tk_q8_pack_plane", ((x, (img * s.c + g * s.cg + 2 * pr) * (s.h * s.w)), second, is_signed,
+                                    i64(s.h), i64(s.w), i64(attrs["x_zero_point"]), i64(s.ph), i64(s.pw),
+                                    i64(prow), i64(pcol), (planes, t * plane)), quant_packed.C_SOURCE)],
+        parallel=parallel)
+    store = (*_store_args(attrs, out_dtype), (y, (img * s.o + g * s.og) * s.p), i64(s.p))
+    group_words = quant_packed.packed_words(1, s.og, s.cg, taps)
+    common = ((wp, g * group_words), i64(s.og), (planes, (img * s.g + g) * (npair * plane)), i64(plane),
+              i64(npair))
+    channel = ((bias, g * s.og) if bias else None, (mult, g * s.og))
+    if (s.sh, s.sw) == (1, 1):
+        qend = s.oh * pcol                  # positions on the padded width
+        block = DIRECT_BLOCK
+        blocks = -(-qend // block)
+        tile = Extern("tk_q8_conv_direct", (*common, i64(s.kh), i64(s.kw), i64(s.dh), i64(s.dw), q0,
+                                            _min(q0 + block, i64(qend)), i64(qend), i64(pcol), i64(s.ow), *channel,
+                                            *store), quant_packed.C_SOURCE)
+    else:
+        block = gather_width(taps, npair)
+        blocks = -(-s.p // block)
+        scratch = Buf("scratch", "int32", ctx.threads * taps * npair * block, const=False)
+        params.append(scratch)
+        arrays.append(np.zeros(scratch.size, np.int32))
+        tile = Extern("tk_q8_conv_gather", (*common, i64(s.kh), i64(s.kw), i64(s.sh), i64(s.sw), i64(s.dh),
+                                            i64(s.dw), q0, _min(q0 + block, i64(s.p)), i64(s.p), i64(pcol),
+                                            i64(s.ow), (scratch, slot * (taps * npair * block)), i64(block),
+                                            *channel, *store), quant_packed.C_SOURCE)
+    tiles = For(t, i64(0), i64(s.n * s.g * blocks), [
+        Let(slot, ThreadIndex()), Let(img, t // (s.g * blocks)), Let(g, (t // blocks) % s.g),
+        Let(q0, (t % blocks) * block), tile], parallel=parallel)
+    return NativeCall(Kernel("qconv2d_packed", params, prologue + [pack, tiles], ctx.threads), arrays)
+
+
+def gather_width(taps: int, npair: int) -> int:
+    """Positions per gathered block: a multiple of the tile's 16 whose windows (taps * npair
+    words each) fill at most GATHER_BYTES of scratch, at least one tile."""
+    per_position = taps * npair * 4
+    return max(quant_packed.NC, min(GATHER_MAX, GATHER_BYTES // per_position) // quant_packed.NC * quant_packed.NC)
+
+
+def _packed_qgemm(ctx, ins, outs, m: int, k: int, n: int) -> NativeCall:
+    """qgemm on the packed int8 GEMM: blocks of A's rows packed as pairs into the thread's
+    scratch, then multiplied by every packed weight row (the output channels on the tile's
+    broadcast side, A's rows along its vectors)."""
+    attrs, out_dtype = ctx.attrs, str(outs[0].dtype)
+    names = Names()
+    a = Buf("a", str(ins[0].dtype), m * k)
+    b = Buf("b", "int8", n * k)
+    bias = Buf("bias", "int32", n) if len(ins) == 3 else None
+    mult = Buf("mult", "float32", n)
+    y = Buf("y", out_dtype, m * n, const=False)
+    npair = quant_packed.pairs(k)
+    width = min(QGEMM_ROWS, -(-m // quant_packed.NC) * quant_packed.NC)
+    wp, wp_array, prologue = _packed_weight(ctx, b, 1, n, k, 1)
+    rows = Buf("rows", "int32", ctx.threads * npair * width, const=False)
+    params = [a, b] + ([bias] if bias else []) + [mult, y, wp, rows]
+    arrays = [ins[0], ins[1]] + ([ins[2]] if bias else []) + [_mult(attrs, "a_scale", "b_scales", out_dtype),
+                                                              outs[0], wp_array, np.zeros(rows.size, np.int32)]
+    t, m0, slot = names.var("t"), names.var("m0"), names.var("slot")
+    blocks = -(-m // width)
+    tiles = For(t, i64(0), i64(blocks), [
+        Let(slot, ThreadIndex()), Let(m0, t * width),
+        Extern("tk_q8_qgemm_rows", ((a, i64(0)), i64(int(a.dtype == "int8")), m0, _min(m0 + width, i64(m)), i64(m),
+                                    i64(k), i64(attrs["a_zero_point"]), (rows, slot * (npair * width)), i64(width),
+                                    (wp, i64(0)), i64(n), (bias, i64(0)) if bias else None, (mult, i64(0)),
+                                    *_store_args(attrs, out_dtype), (y, i64(0))),
+               quant_packed.C_SOURCE)], parallel=ctx.threads > 1 and blocks > 1)
+    return NativeCall(Kernel("qgemm_packed", params, prologue + [tiles], ctx.threads), arrays)
+
+
+def _packed_depthwise(ctx, s: ConvShape, head: list, head_arrays: list, is_signed) -> NativeCall:
+    """A depthwise qconv2d (one input channel per group) as ``tk_q8_dw_plane`` per (image,
+    output channel) in parallel: float32 FMAs on the shifted plane, exact for its few taps."""
+    names = Names()
+    x, w, bias, mult, y = head[0], head[1], (head[2] if len(head) == 5 else None), head[-2], head[-1]
+    out_dtype = str(head_arrays[-1].dtype)
+    padded = (s.h + 2 * s.ph) * (s.w + 2 * s.pw)
+    xpad = Buf("xpad", "float32", ctx.threads * padded, const=False)
+    t, img, o, slot = (names.var(v) for v in ("t", "img", "o", "slot"))
+    image = s.c * s.h * s.w
+    plane = For(t, i64(0), i64(s.n * s.o), [
+        Let(slot, ThreadIndex()), Let(img, t // s.o), Let(o, t % s.o),
+        Extern("tk_q8_dw_plane", (
+            (x, img * image + (o // s.og) * (s.h * s.w)), is_signed, i64(s.h), i64(s.w),
+            i64(ctx.attrs["x_zero_point"]), (w, o * (s.kh * s.kw)), i64(s.kh), i64(s.kw), i64(s.sh), i64(s.sw),
+            i64(s.ph), i64(s.pw), i64(s.dh), i64(s.dw), i64(s.oh), i64(s.ow), (xpad, slot * padded),
+            (bias, o) if bias else None, (mult, o), *_store_args(ctx.attrs, out_dtype), (y, t * s.p)),
+            quant_packed.C_SOURCE)], parallel=ctx.threads > 1)
+    return NativeCall(Kernel("qconv2d_dw_packed", head + [xpad], [plane], ctx.threads),
+                      head_arrays + [np.zeros(xpad.size, np.float32)])
+
+
+QUANTIZE_CHUNK = 1 << 14                 # elements per parallel chunk of quantize_linear
+
+
+@register_native("quantize_linear", "cpu")
+def quantize_linear_native(ctx, ins, outs):
+    """float32 to uint8 / int8 in C (``tk_q8_quantize``): at a quantized net's entry the numpy
+    kernel's several passes and its call cost more than a small convolution."""
+    if str(ins[0].dtype) != "float32":
+        return None
+    attrs, dtype = ctx.attrs, str(outs[0].dtype)
+    size = int(np.prod(ctx.in_shapes[0]))
+    zp = attrs["zero_point"]
+    lo, hi = QRANGE[dtype]
+    x = Buf("x", "float32", size)
+    y = Buf("y", dtype, size, const=False)
+    names = Names()
+    c, start = names.var("c"), names.var("start")
+    chunks = -(-size // QUANTIZE_CHUNK)
+    body = For(c, i64(0), i64(chunks), [
+        Let(start, c * QUANTIZE_CHUNK),
+        Extern("tk_q8_quantize", ((x, start), _min(i64(size) - start, i64(QUANTIZE_CHUNK)),
+                                  lift(float(np.float32(attrs["scale"])), "float32"), lift(float(lo - zp), "float32"),
+                                  lift(float(hi - zp), "float32"), i64(zp), i64(KINDS[dtype]), (y, start)),
+               quant_packed.C_SOURCE)], parallel=ctx.threads > 1 and chunks > 1)
+    return NativeCall(Kernel("quantize_linear", [x, y], [body], ctx.threads), [ins[0], outs[0]])
