@@ -209,3 +209,15 @@ def test_qglobal_avg_pool_equals_the_integer_reference_and_onnxruntime(dtype, hw
                   {"sx": f32(0.037), "zx": q(dtype, zx), "sy": f32(0.021), "zy": q(dtype, zy)},
                   ["x", "sx", "zx", "sy", "zy"], channels_last=0)
     np.testing.assert_array_equal(ort, got)
+
+
+
+def test_qglobal_avg_pool_over_a_large_image_equals_the_reference():
+    """257 x 257 values: sums that may pass float32's exact integers (2**24) take the kernel's int64
+    path, equal to the reference's int64 sums."""
+    x = random_q(np.random.default_rng(7), (1, 3, 257, 257), "uint8")
+    params = dict(x_scale=0.037, x_zero_point=3, y_scale=0.021, y_zero_point=5, out_dtype="uint8")
+    got = run_kernel("qglobal_avg_pool", [x], keepdims=False, **params)
+    sums = x.reshape(3, -1).astype(np.int64).sum(axis=1) - 3 * 257 * 257
+    want = [store(f32(s) * f32(0.037 / (0.021 * 257 * 257)), 5, "uint8") for s in sums]
+    np.testing.assert_array_equal(got, [want])
