@@ -413,7 +413,7 @@ def _packed_conv(ctx, s: ConvShape, w: Buf, head: list, head_arrays: list, is_si
     common = ((wp, g * group_words), i64(s.og), (planes, (img * s.g + g) * (npair * plane)), i64(plane),
               i64(npair))
     channel = ((bias, g * s.og) if bias else None, (mult, g * s.og))
-    if (s.sh, s.sw) == (1, 1):
+    if (s.sh, s.sw) == (1, 1) and reads_in_place(s, pcol):
         qend = s.oh * pcol                  # positions on the padded width
         block = DIRECT_BLOCK
         blocks = -(-qend // block)
@@ -434,6 +434,16 @@ def _packed_conv(ctx, s: ConvShape, w: Buf, head: list, head_arrays: list, is_si
         Let(slot, ThreadIndex()), Let(img, t // (s.g * blocks)), Let(g, (t // blocks) % s.g),
         Let(q0, (t % blocks) * block), tile], parallel=parallel)
     return NativeCall(Kernel("qconv2d_packed", params, prologue + [pack, tiles], ctx.threads), arrays)
+
+
+def reads_in_place(s: ConvShape, pcol: int) -> bool:
+    """Whether a stride-1 convolution's tiles read its packed planes in place: where its rows
+    hold a whole tile (shorter rows are stored element by element, the tile crossing them) and
+    counting positions on the padded width costs at most a quarter more tiles than gathering
+    the windows. Measured on LeNet's 3x3 layer over 4 x 4 images (batch 16, one core of the
+    AMD EPYC): 0.042 ms in place (2 tiles per channel for 16 positions), 0.023 gathered."""
+    tile = quant_packed.NC
+    return s.ow >= tile and -(-s.oh * pcol // tile) * 4 <= -(-s.p // tile) * 5
 
 
 def gather_width(taps: int, npair: int) -> int:

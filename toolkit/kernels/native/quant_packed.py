@@ -135,7 +135,8 @@ static void tk_q8_store(const int32_t *acc, int32_t bias, float mult, int kind, 
     int32_t vi[TK_Q8_NC];
     float vf[TK_Q8_NC];
     int64_t r0 = q0 / pw, c0 = q0 % pw;
-    int whole = c0 + TK_Q8_NC <= ow && q0 + TK_Q8_NC <= qend && sq == 1;
+    /* all 16 contiguous in out: within one row, or rows without dropped columns (pw == ow) */
+    int whole = (pw == ow || c0 + TK_Q8_NC <= ow) && q0 + TK_Q8_NC <= qend && sq == 1;
 #ifdef __AVX2__
     __m256 m = _mm256_set1_ps(mult);
     __m256i bv = _mm256_set1_epi32(bias);
@@ -182,15 +183,15 @@ static void tk_q8_store(const int32_t *acc, int32_t bias, float mult, int kind, 
         }
     }
 #endif
-    for (int j = 0; j < TK_Q8_NC; j++) {
-        int64_t q = q0 + j;
-        if (q >= qend) break;
-        int64_t r = q / pw, c = q % pw;
-        if (c >= ow) continue;
-        int64_t e = at + (r * ow + c) * sq;
-        if (kind == 0) ((float *)out)[e] = vf[j];
-        else if (kind == 1) ((uint8_t *)out)[e] = (uint8_t)vi[j];
-        else ((int8_t *)out)[e] = (int8_t)vi[j];
+    int64_t r = r0, c = c0;
+    for (int j = 0; j < TK_Q8_NC && q0 + j < qend; j++) {
+        if (c < ow) {
+            int64_t e = at + (r * ow + c) * sq;
+            if (kind == 0) ((float *)out)[e] = vf[j];
+            else if (kind == 1) ((uint8_t *)out)[e] = (uint8_t)vi[j];
+            else ((int8_t *)out)[e] = (int8_t)vi[j];
+        }
+        if (++c == pw) { c = 0; r++; }
     }
 }
 
