@@ -172,13 +172,14 @@ def train_report(run, net_path, batch: int) -> dict:
     return json.loads(run(TRAIN_SCRIPT, net_path, batch).strip().splitlines()[-1])
 
 
-def check_train_report(report: dict, rtol: float) -> None:
+def check_train_report(report: dict, rtol: float, reorders_in: int = 0) -> None:
+    """Every convolution direction channels last; ``reorders_in`` to NHWC (the small ResNet's
+    1-channel image is a reshape) and none back (global pooling's [N, C, 1, 1] is a reshape)."""
     nchw, nhwc = report["nchw"]["ops"], report["nhwc"]["ops"]
     for op, channels_last in (("conv2d", "nhwc_conv2d"), ("conv2d_grad_input", "nhwc_conv2d_backward_data"),
                               ("conv2d_grad_weight", "nhwc_conv2d_backward_filter")):
         assert nhwc.get(channels_last) == nchw[op] and op not in nhwc, (op, nchw, nhwc)
-    # the 1-channel image and global pooling's [N, C, 1, 1] are reshapes: no reorder at all
-    assert nhwc.get("to_nhwc", 0) == 0 and nhwc.get("from_nhwc", 0) == 0, nhwc
+    assert nhwc.get("to_nhwc", 0) == reorders_in and nhwc.get("from_nhwc", 0) == 0, nhwc
     np.testing.assert_allclose(report["nhwc"]["losses"], report["nchw"]["losses"], rtol=rtol)
 
 
@@ -197,6 +198,9 @@ def test_a_float16_train_step_runs_every_convolution_channels_last_with_the_nchw
     report = train_report(on_stand_in, ROOT / "zoo" / "resnet" / "net.yaml", 4)
     check_train_report(report, rtol=1e-3)
     assert report["nhwc"]["ops"]["nhwc_conv2d_backward_filter"] == 6, report["nhwc"]["ops"]
+    # Inception's module: its concatenation's gradient (slices of channels) follows the layout too
+    report = train_report(on_stand_in, ROOT / "benchmarks" / "nets" / "inception.yaml", 1)
+    check_train_report(report, rtol=1e-3, reorders_in=1)
 
 
 NETS_SCRIPT = textwrap.dedent("""
@@ -209,7 +213,11 @@ NETS_SCRIPT = textwrap.dedent("""
     notes = []
     graph = optimize(net.graph("infer", "float16"), (), net.init_weights(seed=0, dtype="float16"), "gpu", notes=notes)
     ops = [n.attrs["head"] if n.op == "fused_epilogue" else n.op for n in graph.nodes]
-    print(json.dumps({op: ops.count(op) for op in ("conv2d", "nhwc_conv2d", "to_nhwc", "from_nhwc")}))
+    counts = {op: ops.count(op) for op in ("conv2d", "nhwc_conv2d", "to_nhwc", "from_nhwc")}
+    # two reorders never meet: neither reads the other's result
+    counts["meeting"] = sum(n.op in ("to_nhwc", "from_nhwc") and n.inputs[0].producer is not None
+                            and n.inputs[0].producer.op in ("to_nhwc", "from_nhwc") for n in graph.nodes)
+    print(json.dumps(counts))
 """)
 
 
@@ -223,7 +231,7 @@ def test_the_real_nets_in_float16_compile_channels_last_with_one_reorder_in(tmp_
     result = run_stand_in(STAND_IN + NETS_SCRIPT, tmp_path, ROOT / "benchmarks" / "nets" / f"{name}.yaml")
     assert result.returncode == 0, result.stderr[-3000:]
     counts = json.loads(result.stdout.strip().splitlines()[-1])
-    assert counts == {"conv2d": 0, "nhwc_conv2d": convolutions, "to_nhwc": 1, "from_nhwc": back}, counts
+    assert counts == {"conv2d": 0, "nhwc_conv2d": convolutions, "to_nhwc": 1, "from_nhwc": back, "meeting": 0}, counts
 
 
 CASES_SCRIPT = textwrap.dedent("""
