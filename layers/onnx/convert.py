@@ -63,6 +63,8 @@ def dims_of(a: np.ndarray) -> tuple[Dim, ...]:
 # of them
 CONVERTERS: dict = {}
 FOLDERS: list = []
+# (domain, op type) of the ops outside ONNX's own domain that a converter reads (ONNX Runtime's QGemm)
+DOMAIN_OPS: set = set()
 
 
 class NodeError(Exception):
@@ -83,12 +85,22 @@ class Importer:
         self.node = None
         self.b = builder or Builder(graph, "")
         self.scope = scope                         # prefixed to the nodes' names as the ops' scope
+        # the nodes around each value, for converters that read a pattern (ops/quantized.py)
+        self.producers: dict[str, object] = {}    # ONNX name -> the node that gives it
+        self.readers: dict[str, list] = {}        # ONNX name -> the nodes that read it
+        self.graph_outputs: set[str] = set()
+        self.arrays: dict[str, np.ndarray] = {}   # the initializers as the file holds them
 
-    def initializers(self, arrays: dict[str, np.ndarray], weight) -> None:
+    def initializers(self, arrays: dict[str, np.ndarray], weight, nodes=()) -> None:
         """Floats of more than one element become weights through ``weight(name, array)`` (a
-        Value); the rest stay constants."""
+        Value); the rest stay constants, and so do the scales and zero points that ``nodes``'
+        quantized ops read (per-channel scales are not parameters)."""
+        from .ops.quantized import quantization_parameters
+        constants = quantization_parameters(nodes)
+        self.arrays.update(arrays)
         for name, arr in arrays.items():
-            self.env[name] = weight(name, arr) if arr.dtype.kind == "f" and arr.size > 1 else arr
+            parameter = arr.dtype.kind == "f" and arr.size > 1 and name not in constants
+            self.env[name] = weight(name, arr) if parameter else arr
 
     # -- values -------------------------------------------------------------------------------
     def value(self, name: str, like: Value | None = None) -> Value:
@@ -127,10 +139,16 @@ class Importer:
     # -- nodes --------------------------------------------------------------------------------
     def run_nodes(self, nodes) -> None:
         fold = FOLDERS[0]
+        nodes = list(nodes)
+        for node in nodes:
+            for name in node.output:
+                self.producers[name] = node
+            for name in node.input:
+                self.readers.setdefault(name, []).append(node)
         for node in nodes:
             self.node = node
             self.b.scope = self.scope + (node.name or (node.output[0] if node.output else node.op_type))
-            if node.domain not in ("", "ai.onnx"):
+            if node.domain not in ("", "ai.onnx") and (node.domain, node.op_type) not in DOMAIN_OPS:
                 self._unsupported(node)
             ins = [self.env.get(n) if n else None for n in node.input]
             for n, x in zip(node.input, ins):
@@ -293,7 +311,8 @@ def import_proto(model, path: str, float_dtype: str = "float32") -> Imported:
         graph.weights[key] = Weight(key, value, True, {"type": "constant", "value": 0.0}, layer=key)
         weights[key] = arr.astype(value.dtype, copy=False)
         return value
-    imp.initializers(initial, weight)
+    imp.initializers(initial, weight, model.graph.node)
+    imp.graph_outputs = {o.name for o in model.graph.output}
     imp.run_nodes(model.graph.node)
     for info in model.graph.output:
         out = imp.env.get(info.name)

@@ -120,7 +120,8 @@ def _convert(p: OnnxParams, path: str, loaded, inputs, outputs: list[str], botto
         return stand_in
     nodes, reads = needed(loaded.model.graph.node, outputs)
     # only what the tops depend on: a cut-off classifier declares no parameters
-    imp.initializers({k: v for k, v in loaded.arrays.items() if k in reads}, weight)
+    imp.initializers({k: v for k, v in loaded.arrays.items() if k in reads}, weight, nodes)
+    imp.graph_outputs = set(outputs)
     tops: list[Value] = []
     failure = None
     try:

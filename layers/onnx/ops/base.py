@@ -3,7 +3,7 @@ helpers several families use (a float input, a binary op's operands, an image in
 per-axis attributes, an axes input, the largest value along axes)."""
 from __future__ import annotations
 
-from toolkit.ir.graph import FLOAT_DTYPES, Value
+from toolkit.ir.graph import FLOAT_DTYPES, QUANT_DTYPES, Value
 
 from ..convert import CONVERTERS, Importer, NodeError, is_const
 
@@ -17,10 +17,11 @@ def converts(*ops: str):
     return register
 
 
-def float_input(imp: Importer, name: str) -> Value:
-    """The input ``name`` as a Value; refused unless it holds floats."""
+def float_input(imp: Importer, name: str, quantized: bool = False) -> Value:
+    """The input ``name`` as a Value; refused unless it holds floats (or uint8/int8 where the op
+    takes ``quantized`` values too)."""
     x = imp.value(name)
-    if x.dtype not in FLOAT_DTYPES:
+    if x.dtype not in FLOAT_DTYPES and not (quantized and x.dtype in QUANT_DTYPES):
         imp.fail(f"input '{name}' is {x.dtype}; this op is computed for floats here")
     return x
 
@@ -35,9 +36,9 @@ def operand_pair(imp: Importer, node, a: Value, b_name: str) -> tuple[Value, Val
     return a, b
 
 
-def image_input(imp, node, name: str) -> tuple[Value, bool]:
+def image_input(imp, node, name: str, quantized: bool = False) -> tuple[Value, bool]:
     """The input as [N, C, H, W]: a 1-d signal [N, C, L] gets H = 1 (returned True)."""
-    x = float_input(imp, name)
+    x = float_input(imp, name, quantized)
     if x.rank == 3:
         return imp.b.reshape(x, (x.shape[0], x.shape[1], 1, x.shape[2])), True
     if x.rank != 4:

@@ -7,6 +7,10 @@ from .base import converts, float_input, image_input, two_axes
 
 @converts("Conv")
 def _conv(imp, node):
+    from .quantized import qdq_conv
+    fused = qdq_conv(imp, node)          # a dequantized input and int8 weight: one qconv2d
+    if fused is not None:
+        return fused
     if float_input(imp, node.input[0]).rank == 5:
         from ..windows import conv3d
         return [conv3d(imp, node, imp.value(node.input[0]))]

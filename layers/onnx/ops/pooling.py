@@ -2,6 +2,8 @@
 allows, else the windows written out), GlobalAveragePool and GlobalMaxPool."""
 from __future__ import annotations
 
+from toolkit.ir.graph import FLOAT_DTYPES
+
 from ..windows import pad_explicit, pool_size, spatial_pads
 from .base import converts, float_input, image_input, reduce_max, two_axes
 
@@ -14,7 +16,9 @@ class _Unequal(Exception):
 def _pool(imp, node):
     if node.op_type == "MaxPool" and len(node.output) > 1 and node.output[1]:
         imp.fail("the indices output of MaxPool has no counterpart here")
-    x = float_input(imp, node.input[0])
+    # max pooling commutes with quantization: a quantized MaxPool (the QOperator format) pools the integers
+    quantized = node.op_type == "MaxPool"
+    x = float_input(imp, node.input[0], quantized)
     spatial = x.rank - 2
     if spatial < 1:
         imp.fail(f"{node.op_type} of a rank-{x.rank} input has no counterpart here")
@@ -24,6 +28,8 @@ def _pool(imp, node):
             return _pool_primitive(imp, node)
         except _Unequal:
             pass
+    if x.dtype not in FLOAT_DTYPES:
+        imp.fail(f"max pooling of {x.dtype} with this padding or dilation has no counterpart here")
     from ..windows import window_pool
     kernel = [int(k) for k in imp.attr(node, "kernel_shape")]
     strides = [int(s) for s in imp.attr(node, "strides", [1] * spatial)]
@@ -36,7 +42,7 @@ def _pool(imp, node):
 def _pool_primitive(imp, node):
     """Pooling of 1-d and 2-d images without dilation onto max_pool2d/avg_pool2d; padding they
     cannot express raises _Unequal."""
-    x, one_d = image_input(imp, node, node.input[0])
+    x, one_d = image_input(imp, node, node.input[0], node.op_type == "MaxPool")
     kernel = two_axes(imp.attr(node, "kernel_shape"), one_d, 1)
     strides = two_axes(imp.attr(node, "strides", [1] * (2 - one_d)), one_d, 1)
     dilations = [1, 1]

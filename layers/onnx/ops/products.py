@@ -8,6 +8,10 @@ from .base import converts
 
 @converts("MatMul")
 def _matmul(imp, node):
+    from .quantized import qdq_product
+    fused = qdq_product(imp, node)       # a dequantized input and int8 weight: one qgemm
+    if fused is not None:
+        return fused
     a0, b0 = imp.env[node.input[0]], imp.env[node.input[1]]
     like = a0 if isinstance(a0, Value) else b0
     a, b = imp.value(node.input[0], like), imp.value(node.input[1], like)
@@ -28,6 +32,10 @@ def _matmul(imp, node):
 
 @converts("Gemm")
 def _gemm(imp, node):
+    from .quantized import qdq_product
+    fused = qdq_product(imp, node)
+    if fused is not None:
+        return fused
     a0 = imp.env[node.input[0]]
     a = imp.value(node.input[0]) if isinstance(a0, Value) else None
     w = imp.value(node.input[1], a)

@@ -1,0 +1,543 @@
+"""ONNX's quantized ops onto the toolkit's int8 ops (toolkit/ops/quant.py): QuantizeLinear,
+DequantizeLinear, QLinearConv, QLinearMatMul, ConvInteger, MatMulInteger and ONNX Runtime's QGemm
+(the QOperator format of its ``quantize_static``), and the QDQ format's
+DequantizeLinear -> Conv / Gemm / MatMul -> QuantizeLinear as one qconv2d or qgemm.
+
+QuantizeLinear and quantize_linear are one definition (float32 division, round half to even,
+saturation), as are DequantizeLinear and dequantize_linear. A convolution or product whose input is
+dequantized per tensor and whose weight is a dequantized int8 constant with zero points 0 (ONNX
+Runtime's symmetric weights, per tensor or per output channel) runs as qconv2d / qgemm on the
+integers: the sums are exact, and the output is quantized by the QuantizeLinear that reads it
+(through a Relu, folded in) or left float. ONNX Runtime runs these patterns the same way (it fuses
+them into QLinearConv / QGemm), so the results agree within one step of the output's scale: ONNX
+Runtime forms the requantization factor in float32, the toolkit in float64 and then rounds. What
+has no integer form here (a float op between a DequantizeLinear and a QuantizeLinear, asymmetric
+weights in the QDQ format) stays float, which computes what the model says.
+
+ConvInteger and MatMulInteger, and the quantized ops whose weights the int8 ops do not take (uint8,
+or zero points other than 0), sum the integers in float64, which is exact.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from toolkit.ir.graph import FLOAT_DTYPES, QUANT_DTYPES, Value
+
+from ..convert import DOMAIN_OPS, is_const
+from .base import converts
+
+# ops that commute with per-tensor quantization (q(op(dq(x))) == op(x) on the integers), as the
+# quantize pass (toolkit/passes/quantize.py) keeps them
+COMMUTING = ("reshape", "max_pool2d")
+# the inputs of each quantized op that are scales or zero points: constants, never parameters
+QUANT_PARAMS = {"QuantizeLinear": (1, 2), "DequantizeLinear": (1, 2), "QLinearConv": (1, 2, 4, 5, 6, 7),
+                "QLinearMatMul": (1, 2, 4, 5, 6, 7), "QGemm": (1, 2, 4, 5, 7, 8), "MatMulInteger": (2, 3),
+                "ConvInteger": (2, 3)}
+DOMAIN_OPS.add(("com.microsoft", "QGemm"))
+
+
+def quantization_parameters(nodes) -> set[str]:
+    """The names the model's quantized ops read as scales or zero points (kept as constants)."""
+    names = set()
+    for node in nodes:
+        for i in QUANT_PARAMS.get(node.op_type, ()):
+            if i < len(node.input) and node.input[i]:
+                names.add(node.input[i])
+    return names
+
+
+# -- reading scales and zero points ------------------------------------------------------------------
+def _array(imp, name: str, what: str) -> np.ndarray:
+    x = imp.env.get(name)
+    if is_const(x):
+        return x
+    raw = getattr(imp, "arrays", {}).get(name)
+    if raw is not None:
+        return raw
+    imp.fail(f"{what} ('{name}') must be known when the model is imported, not computed at run time")
+
+
+def _qtype(imp, node, zp_index: int, default: str = "uint8") -> tuple[np.ndarray, str]:
+    """The zero point (an array) and the quantized type it gives (uint8 where it is left out)."""
+    name = imp.optional(node, zp_index)
+    if name is None:
+        return np.zeros((), default), default
+    zp = _array(imp, name, "the zero point")
+    dtype = str(zp.dtype)
+    if dtype not in QUANT_DTYPES:
+        imp.fail(f"a zero point of type {dtype}: only uint8 and int8 quantization has a counterpart here")
+    return zp, dtype
+
+
+def _per_tensor(imp, node, scale_index: int, zp_index: int, what: str) -> tuple[float, int, str]:
+    """(scale, zero point, dtype) of a per-tensor quantization; refused where it is per axis."""
+    scale = np.asarray(_array(imp, node.input[scale_index], f"the {what} scale"), np.float32)
+    zp, dtype = _qtype(imp, node, zp_index, _output_dtype(imp, node))
+    if scale.size != 1 or zp.size != 1:
+        imp.fail(f"the {what} is quantized per axis ({scale.size} scales); only weights are, here")
+    s = float(scale.reshape(()))
+    if not (np.isfinite(s) and s > 0):
+        imp.fail(f"the {what} scale is {s}; a quantization scale must be positive and finite")
+    return s, int(zp.reshape(())), dtype
+
+
+def _channel_scales(imp, scale_name: str, zp_name: str | None, channels: int, what: str) -> tuple[float, ...] | None:
+    """One scale per output channel for a symmetric int8 weight (zero points all 0); None where
+    the weight has other zero points."""
+    scales = np.asarray(_array(imp, scale_name, f"the {what} scale"), np.float32).reshape(-1)
+    if zp_name is not None and np.any(_array(imp, zp_name, f"the {what} zero point") != 0):
+        return None
+    if scales.size == 1:
+        scales = np.repeat(scales, channels)
+    if scales.size != channels:
+        imp.fail(f"the {what} has {scales.size} scales for {channels} output channels")
+    if not np.all(np.isfinite(scales) & (scales > 0)):
+        imp.fail(f"the {what} has a scale that is not positive and finite")
+    return tuple(float(s) for s in scales)
+
+
+def _same(a: dict, scale: float, zp: int, dtype: str) -> bool:
+    return a["scale"] == scale and a["zero_point"] == zp and a.get("dtype", dtype) == dtype
+
+
+# -- QuantizeLinear / DequantizeLinear ----------------------------------------------------------------
+def _per_axis(imp, node, x: Value, one):
+    """A per-axis QuantizeLinear / DequantizeLinear of a computed value: ``one(slice, scale, zero
+    point)`` for each index of the axis, concatenated (activations are quantized per tensor; this
+    is for models that quantize a value per channel)."""
+    if imp.attr(node, "block_size", 0):
+        imp.fail("blocked quantization (block_size) has no counterpart here")
+    axis = int(imp.attr(node, "axis", 1)) % x.rank
+    scales = np.asarray(_array(imp, node.input[1], "the scale"), np.float32).reshape(-1)
+    zp, dtype = _qtype(imp, node, 2, _output_dtype(imp, node))
+    zps = np.broadcast_to(zp.reshape(-1), scales.shape)
+    if not isinstance(x.shape[axis], int) or x.shape[axis] != scales.size:
+        imp.fail(f"{scales.size} scales for axis {axis} of a value of shape {list(x.shape)}")
+    if not np.all(np.isfinite(scales) & (scales > 0)):
+        imp.fail("a quantization scale that is not positive and finite")
+    pieces = [one(imp.b.op("slice", x, axis=axis, start=i, stop=i + 1), float(scales[i]), int(zps[i]), dtype)
+              for i in range(scales.size)]
+    return pieces[0] if len(pieces) == 1 else imp.b.op("concat", *pieces, axis=axis)
+
+
+def _output_dtype(imp, node) -> str:
+    """QuantizeLinear's output_dtype attribute (opset 21), uint8 where neither it nor a zero point says."""
+    number = imp.attr(node, "output_dtype", 0) if node.op_type == "QuantizeLinear" else 0
+    if number in (0, None):
+        return "uint8"
+    from toolkit.onnxtypes import ONNX_ELEMENT_TYPES
+    dtype = ONNX_ELEMENT_TYPES.get(number)
+    if dtype not in QUANT_DTYPES:
+        imp.fail("only uint8 and int8 quantization has a counterpart here")
+    return dtype
+
+
+@converts("QuantizeLinear")
+def _quantize(imp, node):
+    x = imp.value(node.input[0])
+    if x.dtype not in FLOAT_DTYPES:
+        imp.fail(f"input '{node.input[0]}' is {x.dtype}; QuantizeLinear quantizes floats")
+    if np.size(_array(imp, node.input[1], "the scale")) != 1:
+        return [_per_axis(imp, node, x, lambda v, s, z, d: imp.b.op("quantize_linear", v, scale=s, zero_point=z,
+                                                                    dtype=d))]
+    scale, zp, dtype = _per_tensor(imp, node, 1, 2, "value")
+    quantized = _requantized(imp, x, scale, zp, dtype)
+    if quantized is not None:
+        return [quantized]
+    return [imp.b.op("quantize_linear", x, scale=scale, zero_point=zp, dtype=dtype)]
+
+
+def _requantized(imp, x: Value, scale: float, zp: int, dtype: str) -> Value | None:
+    """The quantized value that ``x`` is the dequantized form of, in the same scale and zero point
+    (through reshapes, max pooling, and a ReLU the quantized op already applied), else None: a
+    QuantizeLinear after a DequantizeLinear of the same parameters gives back its integers."""
+    chain = []
+    v = x
+    while v.producer is not None and v.producer.op in COMMUTING + ("relu",):
+        chain.append(v.producer)
+        v = v.producer.inputs[0]
+    node = v.producer
+    if node is None or node.op != "dequantize_linear" or not _same(node.attrs, scale, zp, dtype):
+        return None
+    q = node.inputs[0]
+    if q.dtype != dtype:
+        return None
+    for op_node in reversed(chain):
+        if op_node.op == "relu":
+            source = q.producer
+            # max(q, zp) is q where the quantized op applied the ReLU itself
+            if source is None or source.op not in ("qconv2d", "qgemm") or not source.attrs.get("relu"):
+                return None
+            continue
+        q = imp.b.op(op_node.op, q, **op_node.attrs)
+    return q
+
+
+@converts("DequantizeLinear")
+def _dequantize(imp, node):
+    x = imp.value(node.input[0])
+    if x.dtype not in QUANT_DTYPES:
+        imp.fail(f"input '{node.input[0]}' is {x.dtype}, computed at run time: only uint8 and int8 values are "
+                 "dequantized here")
+    if np.size(_array(imp, node.input[1], "the scale")) != 1:
+        return [_per_axis(imp, node, x, lambda v, s, z, d: imp.b.op("dequantize_linear", v, scale=s,
+                                                                    zero_point=z))]
+    scale, zp, _dtype = _per_tensor(imp, node, 1, 2, "value")
+    if _dtype != x.dtype and imp.optional(node, 2) is not None:
+        imp.fail(f"the zero point is {_dtype}, the input is {x.dtype}")
+    return [imp.b.op("dequantize_linear", x, scale=scale, zero_point=zp)]
+
+
+# -- the QDQ format: DequantizeLinear -> Conv / Gemm / MatMul -> QuantizeLinear -------------------------
+def _dequantized_input(imp, name: str):
+    """(the quantized value, scale, zero point) where ``name`` is a per-tensor dequantization."""
+    v = imp.env.get(name)
+    if not isinstance(v, Value) or v.producer is None or v.producer.op != "dequantize_linear":
+        return None
+    a = v.producer.attrs
+    return v.producer.inputs[0], a["scale"], a["zero_point"]
+
+
+def _int8_weight(imp, name: str, channel_axis: int):
+    """(int8 weight, per-channel scales) where ``name`` is a DequantizeLinear of an int8 constant
+    with zero points 0, per tensor or per ``channel_axis``; else None."""
+    node = imp.producers.get(name)
+    if node is None or node.op_type != "DequantizeLinear" or not is_const(imp.env.get(node.input[0])):
+        return None
+    w = imp.env[node.input[0]]
+    if w.dtype != np.int8 or w.ndim < 2:
+        return None
+    scale = np.asarray(_array(imp, node.input[1], "the weight scale"))
+    axis = int(imp.attr(node, "axis", 1)) % w.ndim
+    if scale.size != 1 and axis != channel_axis:
+        return None
+    scales = _channel_scales(imp, node.input[1], imp.optional(node, 2), w.shape[channel_axis], "weight")
+    return (w, scales) if scales is not None else None
+
+
+def _int32_bias(imp, name: str | None, x_scale: float, w_scales: tuple, channels: int):
+    """The bias as int32 sums in the scale x_scale * w_scale: a DequantizeLinear of int32 in that
+    scale as it is (ONNX Runtime's), any other constant bias quantized; None where there is no
+    bias, False where the bias is computed at run time."""
+    if name is None:
+        return None
+    node = imp.producers.get(name)
+    wanted = np.float64(x_scale) * np.asarray(w_scales, np.float64)
+    if node is not None and node.op_type == "DequantizeLinear" and is_const(imp.env.get(node.input[0])):
+        raw = imp.env[node.input[0]]
+        scale = np.asarray(_array(imp, node.input[1], "the bias scale"), np.float64).reshape(-1)
+        zp = imp.optional(node, 2)
+        zero = zp is None or not np.any(_array(imp, zp, "the bias zero point"))
+        if raw.dtype == np.int32 and raw.shape == (channels,) and zero and \
+                np.allclose(scale, wanted, rtol=1e-6, atol=0):
+            return raw
+    bias = imp.env.get(name)
+    if not is_const(bias) or bias.size != channels:
+        return False
+    from toolkit.ops.quant import quantize_bias
+    try:
+        return quantize_bias(np.asarray(bias, np.float64).reshape(-1), x_scale, w_scales)
+    except ValueError:
+        return False
+
+
+def _output_form(imp, node) -> tuple[dict, bool]:
+    """How a quantized op's output is stored: (out_dtype/y_scale/y_zero_point, relu), quantized
+    where the node's one reader is a per-tensor QuantizeLinear, directly or through a Relu."""
+    readers = imp.readers.get(node.output[0], [])
+    relu = False
+    if len(readers) == 1 and readers[0].op_type == "Relu" and node.output[0] not in imp.graph_outputs:
+        relu = True
+        readers = imp.readers.get(readers[0].output[0], [])
+        if readers and readers[0].output[0] in imp.graph_outputs:
+            readers = []
+    if len(readers) != 1 or readers[0].op_type != "QuantizeLinear" or node.output[0] in imp.graph_outputs:
+        return {"out_dtype": "float32"}, False
+    try:
+        scale, zp, dtype = _per_tensor(imp, readers[0], 1, 2, "output")
+    except Exception:
+        return {"out_dtype": "float32"}, False
+    return {"out_dtype": dtype, "y_scale": scale, "y_zero_point": zp}, relu
+
+
+def _stored(imp, y: Value, out: dict) -> Value:
+    """A quantized op's output as the float value the ONNX node gives (its QuantizeLinear then
+    takes the integers back)."""
+    if out["out_dtype"] == "float32":
+        return y
+    return imp.b.op("dequantize_linear", y, scale=out["y_scale"], zero_point=out["y_zero_point"])
+
+
+def _conv_geometry(imp, node, x: Value, w_shape) -> dict:
+    from ..windows import spatial_pads
+    if x.rank != 4 or len(w_shape) != 4:
+        imp.fail("a quantized convolution of 2-d images only ([N, C, H, W])")
+    kernel = [int(k) for k in w_shape[2:]]
+    strides = [int(s) for s in imp.attr(node, "strides", [1, 1])]
+    dilations = [int(d) for d in imp.attr(node, "dilations", [1, 1])]
+    begin, end = spatial_pads(imp, node, x, kernel, strides, dilations)
+    if begin != end:
+        imp.fail(f"a quantized convolution padded unequally ({begin} before, {end} after) has no counterpart here")
+    return dict(stride=tuple(strides), pad=tuple(int(p) for p in begin), dilation=tuple(dilations),
+                group=int(imp.attr(node, "group", 1)))
+
+
+def qdq_conv(imp, node) -> list | None:
+    """A Conv reading a dequantized input and a dequantized int8 weight as one qconv2d; None
+    where the pattern does not hold (the float Conv then computes it)."""
+    source = _dequantized_input(imp, node.input[0])
+    if source is None:
+        return None
+    xq, x_scale, x_zp = source
+    weight = _int8_weight(imp, node.input[1], 0)
+    if weight is None or xq.rank != 4 or weight[0].ndim != 4:
+        return None
+    w, w_scales = weight
+    bias = _int32_bias(imp, imp.optional(node, 2), x_scale, w_scales, w.shape[0])
+    if bias is False:
+        return None
+    geometry = _conv_geometry(imp, node, xq, w.shape)
+    out, relu = _output_form(imp, node)
+    inputs = [xq, imp.b.op("constant", value=np.ascontiguousarray(w))]
+    if bias is not None:
+        inputs.append(imp.b.op("constant", value=np.asarray(bias, np.int32)))
+    y = imp.b.op("qconv2d", *inputs, **geometry, x_scale=x_scale, x_zero_point=x_zp, w_scales=w_scales,
+                 relu=relu, **out)
+    return [_stored(imp, y, out)]
+
+
+def qdq_product(imp, node) -> list | None:
+    """A Gemm (alpha 1, A not transposed) or a MatMul of a 2-d dequantized input by a dequantized
+    int8 weight as one qgemm; None where the pattern does not hold."""
+    source = _dequantized_input(imp, node.input[0])
+    if source is None or source[0].rank != 2:
+        return None
+    xq, x_scale, x_zp = source
+    gemm = node.op_type == "Gemm"
+    if gemm and (imp.attr(node, "transA", 0) or float(imp.attr(node, "alpha", 1.0)) != 1.0):
+        return None
+    trans_b = bool(imp.attr(node, "transB", 0)) if gemm else False
+    weight = _int8_weight(imp, node.input[1], 0 if trans_b else 1)
+    if weight is None or weight[0].ndim != 2:
+        return None
+    w, w_scales = weight
+    w_rows = w if trans_b else w.T                 # qgemm's b is [N, K]
+    channels = w_rows.shape[0]
+    bias_name = imp.optional(node, 2) if gemm else None
+    if bias_name is not None and float(imp.attr(node, "beta", 1.0)) != 1.0:
+        return None
+    if bias_name is not None:
+        b = imp.env.get(bias_name)
+        if not (is_const(b) and b.size == channels) and imp.producers.get(bias_name) is None:
+            return None
+    bias = _int32_bias(imp, bias_name, x_scale, w_scales, channels)
+    if bias is False:
+        return None
+    out, relu = _output_form(imp, node)
+    inputs = [xq, imp.b.op("constant", value=np.ascontiguousarray(w_rows))]
+    if bias is not None:
+        inputs.append(imp.b.op("constant", value=np.asarray(bias, np.int32)))
+    y = imp.b.op("qgemm", *inputs, a_scale=x_scale, a_zero_point=x_zp, b_scales=w_scales, relu=relu, **out)
+    return [_stored(imp, y, out)]
+
+
+# -- the QOperator format -----------------------------------------------------------------------------
+def _quantized_value(imp, name: str) -> Value:
+    x = imp.value(name)
+    if x.dtype not in QUANT_DTYPES:
+        imp.fail(f"input '{name}' is {x.dtype}, where a uint8 or int8 value is read")
+    return x
+
+
+def _const_int8(imp, name: str, what: str) -> np.ndarray:
+    w = imp.const(name, what)
+    if w.dtype != np.int8:
+        imp.fail(f"{what} ('{name}') is {w.dtype}: only int8 weights have a counterpart here")
+    return w
+
+
+def _symmetric(imp, node, scale_index: int, zp_index: int, channels: int) -> tuple[float, ...]:
+    scales = _channel_scales(imp, node.input[scale_index], imp.optional(node, zp_index), channels, "weight")
+    if scales is None:
+        imp.fail("a weight with zero points other than 0 (asymmetric) has no counterpart here: quantize the "
+                 "weights symmetrically (ONNX Runtime's default for int8 weights)")
+    return scales
+
+
+def _int32_const(imp, name: str | None, channels: int):
+    if name is None:
+        return None
+    b = imp.const(name, "the bias")
+    if b.dtype != np.int32 or b.size != channels:
+        imp.fail(f"the bias ('{name}') is {b.dtype} of {b.size} values, where int32 of {channels} is read")
+    return imp.b.op("constant", value=np.asarray(b, np.int32).reshape(-1))
+
+
+# -- integer sums in float64 ----------------------------------------------------------------------------
+# Where the int8 ops do not fit (uint8 or asymmetric weights, products of more than two axes,
+# unequal padding), the integers are summed in float64: every product is below 2**16 and every sum
+# below 2**53, so the sums are exact, and the requantization follows ONNX's reference (the factor
+# x_scale * w_scale / y_scale in float32, the zero point added before rounding).
+def _shifted(imp, x: Value, zero_point: int) -> Value:
+    xf = imp.b.op("cast", x, dtype="float64")
+    return imp.b.sub(xf, imp.b.scalar(float(zero_point), "float64")) if zero_point else xf
+
+
+def _weight_minus_zero(imp, w: np.ndarray, zp_name: str | None, channel_axis: int) -> np.ndarray:
+    wf = w.astype(np.float64)
+    if zp_name is not None:
+        zp = np.asarray(_array(imp, zp_name, "the weight zero point"), np.float64)
+        if zp.size > 1:
+            shape = [1] * w.ndim
+            shape[channel_axis] = -1
+            zp = zp.reshape(shape)
+        wf = wf - zp
+    return wf
+
+
+def _float64_conv(imp, node, x: Value, x_zp: int, w: np.ndarray, w_zp: str | None, bias: np.ndarray | None):
+    from ..windows import pad_explicit, spatial_pads
+    if x.rank != 4 or w.ndim != 4:
+        imp.fail("a quantized convolution of 2-d images only ([N, C, H, W])")
+    kernel = [int(k) for k in w.shape[2:]]
+    strides = [int(v) for v in imp.attr(node, "strides", [1, 1])]
+    dilations = [int(v) for v in imp.attr(node, "dilations", [1, 1])]
+    xf = _shifted(imp, x, x_zp)
+    begin, end = spatial_pads(imp, node, x, kernel, strides, dilations)
+    symmetric = [lo if lo == hi else 0 for lo, hi in zip(begin, end)]
+    # the padding is the zero point, 0 once shifted
+    xf = pad_explicit(imp, xf, [lo - s for lo, s in zip(begin, symmetric)], [hi - s for hi, s in zip(end, symmetric)])
+    inputs = [xf, imp.b.op("constant", value=_weight_minus_zero(imp, w, w_zp, 0))]
+    if bias is not None:
+        inputs.append(imp.b.op("constant", value=np.asarray(bias, np.float64).reshape(-1)))
+    return imp.b.op("conv2d", *inputs, stride=tuple(strides), pad=tuple(symmetric), dilation=tuple(dilations),
+                    group=int(imp.attr(node, "group", 1)))
+
+
+def _float64_matmul(imp, a: Value, a_zp: int, b: np.ndarray, b_zp: str | None) -> Value:
+    if a.rank < 2 or b.ndim < 2:
+        imp.fail("a quantized product of vectors has no counterpart here (A and B of rank 2 or more)")
+    wf = _weight_minus_zero(imp, b, b_zp, b.ndim - 1)
+    return imp.b.op("matmul", _shifted(imp, a, a_zp), imp.b.op("constant", value=wf),
+                    trans_a=False, trans_b=False)
+
+
+def _requantized_sums(imp, node, acc: Value, x_scale: float, scale_index: int, channel_axis: int, y_index: int):
+    """ONNX's reference requantization of float64 sums: rint(acc * (x_scale * w_scale / y_scale)
+    + y_zero_point), saturated."""
+    w_scales = np.asarray(_array(imp, node.input[scale_index], "the weight scale"), np.float32).reshape(-1)
+    y_scale, y_zp, y_dtype = _per_tensor(imp, node, y_index, y_index + 1, "output")
+    factor = (np.float32(x_scale) * w_scales / np.float32(y_scale)).astype(np.float32).astype(np.float64)
+    if factor.size > 1:
+        shape = [1] * acc.rank
+        shape[channel_axis] = -1
+        v = imp.b.mul(acc, imp.b.op("constant", value=factor.reshape(shape)))
+    else:
+        v = imp.b.scale(acc, float(factor[0]))
+    if y_zp:
+        v = imp.b.add(v, imp.b.scalar(float(y_zp), "float64"))
+    return imp.b.op("quantize_linear", v, scale=1.0, zero_point=0, dtype=y_dtype)
+
+
+def _int8_fits(imp, w: np.ndarray, zp_name: str | None) -> bool:
+    return w.dtype == np.int8 and (zp_name is None or not np.any(_array(imp, zp_name, "the weight zero point")))
+
+
+@converts("QLinearConv")
+def _qlinear_conv(imp, node):
+    x = _quantized_value(imp, node.input[0])
+    x_scale, x_zp, x_dtype = _per_tensor(imp, node, 1, 2, "input")
+    w = imp.const(node.input[3], "the weight")
+    bias_name = imp.optional(node, 8)
+    if w.ndim == 4 and x.rank == 4 and _int8_fits(imp, w, node.input[5]):
+        geometry = None
+        try:
+            geometry = _conv_geometry(imp, node, x, w.shape)
+        except Exception:           # unequal padding: the float64 sums below
+            geometry = None
+        if geometry is not None:
+            w_scales = _symmetric(imp, node, 4, 5, w.shape[0])
+            y_scale, y_zp, y_dtype = _per_tensor(imp, node, 6, 7, "output")
+            inputs = [x, imp.b.op("constant", value=np.ascontiguousarray(w))]
+            bias = _int32_const(imp, bias_name, w.shape[0])
+            if bias is not None:
+                inputs.append(bias)
+            return [imp.b.op("qconv2d", *inputs, **geometry, x_scale=x_scale, x_zero_point=x_zp,
+                             w_scales=w_scales, relu=False, out_dtype=y_dtype, y_scale=y_scale, y_zero_point=y_zp)]
+    bias = imp.const(bias_name, "the bias") if bias_name is not None else None
+    acc = _float64_conv(imp, node, x, x_zp, w, imp.optional(node, 5), bias)
+    return [_requantized_sums(imp, node, acc, x_scale, 4, 1, 6)]
+
+
+def _matrix(imp, x: Value, what: str) -> Value:
+    if x.rank != 2:
+        imp.fail(f"{what} has rank {x.rank}: quantized products of 2-d matrices only")
+    return x
+
+
+@converts("QLinearMatMul")
+def _qlinear_matmul(imp, node):
+    a = _quantized_value(imp, node.input[0])
+    a_scale, a_zp, _ = _per_tensor(imp, node, 1, 2, "input")
+    b = imp.const(node.input[3], "B")
+    if a.rank == 2 and b.ndim == 2 and _int8_fits(imp, b, node.input[5]):
+        b_scales = _symmetric(imp, node, 4, 5, b.shape[1])
+        y_scale, y_zp, y_dtype = _per_tensor(imp, node, 6, 7, "output")
+        return [imp.b.op("qgemm", a, imp.b.op("constant", value=np.ascontiguousarray(b.T)), a_scale=a_scale,
+                         a_zero_point=a_zp, b_scales=b_scales, relu=False, out_dtype=y_dtype, y_scale=y_scale,
+                         y_zero_point=y_zp)]
+    acc = _float64_matmul(imp, a, a_zp, b, imp.optional(node, 5))
+    return [_requantized_sums(imp, node, acc, a_scale, 4, acc.rank - 1, 6)]
+
+
+@converts("QGemm")
+def _qgemm(imp, node):
+    """ONNX Runtime's QGemm (com.microsoft): A x B (+ int32 C), quantized where y_scale is given."""
+    if imp.attr(node, "transA", 0) or float(imp.attr(node, "alpha", 1.0)) != 1.0:
+        imp.fail("QGemm with transA or an alpha other than 1 has no counterpart here")
+    a = _matrix(imp, _quantized_value(imp, node.input[0]), "A")
+    a_scale, a_zp, _ = _per_tensor(imp, node, 1, 2, "input")
+    b = _const_int8(imp, node.input[3], "B")
+    rows = b if imp.attr(node, "transB", 0) else b.T
+    b_scales = _symmetric(imp, node, 4, 5, rows.shape[0])
+    inputs = [a, imp.b.op("constant", value=np.ascontiguousarray(rows))]
+    bias = _int32_const(imp, imp.optional(node, 6), rows.shape[0])
+    if bias is not None:
+        inputs.append(bias)
+    out = {"out_dtype": "float32"}
+    if imp.optional(node, 7) is not None:
+        y_scale, y_zp, y_dtype = _per_tensor(imp, node, 7, 8, "output")
+        out = {"out_dtype": y_dtype, "y_scale": y_scale, "y_zero_point": y_zp}
+    return [imp.b.op("qgemm", *inputs, a_scale=a_scale, a_zero_point=a_zp, b_scales=b_scales, relu=False, **out)]
+
+
+def _integer_sums(imp, y: Value) -> Value:
+    """float sums as the int32 the op gives."""
+    return imp.b.op("cast", y, dtype="int32")
+
+
+def _input_zero_point(imp, node, x: Value) -> int:
+    name = imp.optional(node, 2)
+    if name is None:
+        return 0
+    zp = _array(imp, name, "the input zero point")
+    if zp.size != 1:
+        imp.fail("an input zero point per axis has no counterpart here")
+    if str(zp.dtype) != x.dtype:
+        imp.fail(f"the input zero point is {zp.dtype}, the input is {x.dtype}")
+    return int(zp.reshape(()))
+
+
+@converts("ConvInteger")
+def _conv_integer(imp, node):
+    x = _quantized_value(imp, node.input[0])
+    w = imp.const(node.input[1], "the weight")
+    x_zp = _input_zero_point(imp, node, x)
+    return [_integer_sums(imp, _float64_conv(imp, node, x, x_zp, w, imp.optional(node, 3), None))]
+
+
+@converts("MatMulInteger")
+def _matmul_integer(imp, node):
+    a = _quantized_value(imp, node.input[0])
+    b = imp.const(node.input[1], "B")
+    return [_integer_sums(imp, _float64_matmul(imp, a, _input_zero_point(imp, node, a), b, imp.optional(node, 3)))]
