@@ -23,6 +23,20 @@ def transform_record(net) -> dict | None:
     return None if transform is None else transform.record()
 
 
+# the passes after ``quantize``, which turn the int8 graph into kernels' forms (blocked layouts,
+# fused epilogues) that ONNX has no node for
+AFTER_QUANTIZE = ("choose_layout", "batch_gemms", "fuse_conv_max_pool", "fuse_elementwise", "fuse_epilogue",
+                  "fuse_bias_gradient", "fuse_reductions")
+
+
+def quantized_graph(graph, weights):
+    """The infer graph of a net with a quantization section as ``toolkit infer`` runs it: its
+    weights frozen and the passes through ``quantize`` run (int8 convolutions and products with
+    their int8 weights and int32 biases as constants), written by onnx_quant.py as QDQ."""
+    from ..compile import optimize
+    return optimize(graph, AFTER_QUANTIZE, dict(weights))
+
+
 def _onnx(args) -> int:
     try:
         import onnx  # noqa: F401
@@ -41,6 +55,9 @@ def _onnx(args) -> int:
     refuse_own_inputs("-o", out, [out], net_inputs(net, weights_path))
     weights = net.load_weights(weights_path, dtype="float32")
     graph = net.graph(args.phase, "float32")
+    quantized = getattr(graph, "quantization", None) is not None
+    if quantized:
+        graph, weights = quantized_graph(graph, weights), {}
     metadata = {"toolkit.net": net.name, "toolkit.phase": args.phase}
     record = transform_record(net)
     in_graph = record is not None and not args.no_transform
@@ -55,6 +72,10 @@ def _onnx(args) -> int:
     data = model.SerializeToString()
     atomic_write(out, lambda tmp: Path(tmp).write_bytes(data))
     dynamic = sorted({d.dim_param for v in model.graph.input for d in v.type.tensor_type.shape.dim if d.dim_param})
+    if quantized:
+        qdq = sum(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in model.graph.node)
+        print(f"int8: the quantized layers as QDQ ({qdq} QuantizeLinear/DequantizeLinear nodes, int8 weights per "
+              "output channel)", file=sys.stderr)
     print(f"wrote {out}: {net.name} ({args.phase} phase), opset {model.opset_import[0].version}, "
           f"{len(model.graph.node)} nodes, {len(model.graph.initializer)} initializers, "
           f"{len(data) / 1e6:.1f} MB" + (f"; dynamic: {', '.join(dynamic)}" if dynamic else ""))

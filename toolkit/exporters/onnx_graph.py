@@ -25,7 +25,7 @@ from ..errors import UserError
 from ..ir.dims import Sym
 from ..ir.graph import Graph, Node
 from ..onnxtypes import ONNX_TYPE_NUMBER
-from . import onnx_control, onnx_primitives  # noqa: F401  (imported for their converters)
+from . import onnx_control, onnx_primitives, onnx_quant  # noqa: F401  (imported for their converters)
 from .onnx_writer import ExportError, ExportModel, Scope, UniqueNames, convert_nodes, dim_param, value_info
 
 __all__ = ["DEFAULT_OPSET", "MIN_OPSET", "ExportError", "export_graph"]
