@@ -172,9 +172,10 @@ def structure_of(g):
     return [(n.op, tuple(v.id for v in n.inputs)) for n in g.nodes]
 
 
-@pytest.mark.parametrize("make", [lambda: net(None), lambda: net(section(), phase="test")],
-                         ids=["no-section", "test-phase"])
-def test_nothing_without_a_section_or_outside_the_infer_phase(make):
+@pytest.mark.parametrize("make", [lambda: net(None), lambda: net(section(), phase="train"),
+                                  lambda: net(section(), weight_input=True, phase="test")],
+                         ids=["no-section", "train-phase", "test-phase-of-a-training-run"])
+def test_nothing_without_a_section_or_in_the_train_phase(make):
     g = make()
     before = structure_of(g)
     ctx = PassContext()

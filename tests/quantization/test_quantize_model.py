@@ -175,3 +175,25 @@ def test_zoo_resnet_int8_scores_as_its_float_net_on_held_out_digits(tmp_path):
     int8 = _accuracy(out / "net.yaml", str(out / "model.safetensors"), x, y)
     float32 = _accuracy("zoo:resnet", None, x, y)
     assert float32 == pytest.approx(RESNET_FLOAT_ACCURACY, abs=1e-4) and abs(int8 - float32) <= 0.005, (int8, float32)
+
+
+def test_toolkit_test_of_a_quantized_model_scores_the_int8_net(splits, tmp_path):
+    """The test phase is quantized too: its loss is the int8 net's (the mean -log of the infer
+    phase's int8 probabilities of the true digits), not the float net's, so a published card's
+    metric is the int8 model's."""
+    import json
+    folder, x, y = splits
+    out = tmp_path / "lenet-int8"
+    r = cli("quantize", "zoo:lenet", "--calibrate", folder / "train.csv", "--out", out, "--examples", "64")
+    assert r.status == 0, r.err
+    r = cli("test", out / "net.yaml", "--weights", out / "model.safetensors")
+    assert r.status == 0, r.err
+    int8 = json.loads(r.out)
+    float32 = json.loads(cli("test", "zoo:lenet").out)
+    prob = toolkit.load(out / "net.yaml", weights=str(out / "model.safetensors")).infer(data=x)["prob"]
+    loss = float(-np.log(prob[np.arange(len(y)), y].astype(np.float64)).mean())
+    assert int8["loss"] == pytest.approx(loss, abs=2e-6) and abs(int8["loss"] - float32["loss"]) > 1e-4, \
+        (int8, float32, loss)
+    assert int8["accuracy"] == pytest.approx(float((prob.argmax(axis=1) == y).mean()), abs=1e-6)
+    r = cli("compile", out / "net.yaml", "--phase", "test", "--explain")
+    assert r.status == 0 and "quantize: conv1: int8: qconv2d + relu, uint8 in, uint8 out" in r.out, r.out

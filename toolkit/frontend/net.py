@@ -224,8 +224,9 @@ class Net:
             raise SpecError(*lowered.problems)
         graph, blobs = lowered.graph, lowered.blobs
         graph.layer_devices = {layer.name: layer.device for layer in self.spec.layers if layer.device}
-        # what the quantize pass rewrites: the infer phase of a net with a quantization section
-        graph.quantization = self.spec.quantization if phase == "infer" else None
+        # what the quantize pass rewrites: the infer phase of a net with a quantization section,
+        # and its test phase, which measures the int8 net (toolkit test, a published card's metric)
+        graph.quantization = self.spec.quantization if phase in ("infer", "test") else None
         graph.precision = self.spec.precision
         if outputs is None and phase == "infer" and self.spec.outputs:
             outputs = list(self.spec.outputs)

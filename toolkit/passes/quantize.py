@@ -1,4 +1,5 @@
-"""int8 post-training quantization of an infer graph, from the net's ``quantization`` section
+"""int8 post-training quantization of an infer graph (and of a test graph with frozen weights, so
+that ``toolkit test`` scores the int8 net), from the net's ``quantization`` section
 (docs/spec.md section 10; schemas/quantization.py): each convolution and InnerProduct whose input
 has a scale becomes qconv2d / qgemm (ops/quant.py) with int8 weights per output channel and an
 int32 bias, a ReLU on its result folded in.
@@ -49,6 +50,10 @@ COMMUTING = ("reshape", "max_pool2d")
 # ops with an int8 form of their own, requantized to their top's scale: a residual add (ReLU folded
 # in), a concatenation, average pooling and a global average pooling (reduce_mean over H and W)
 INT8_OPS = ("add", "concat", "avg_pool2d", "reduce_mean")
+# the phases a quantization section rewrites: what the model runs (infer) and what measures it
+# (test: ``toolkit test`` and a published card's metric score the int8 net, not the float one it
+# came from); a train graph's weights are not constants, and training a quantized net is not done
+QUANTIZED_PHASES = ("infer", "test")
 # ops no layer's verdict is about (a quantized layer's weights are constants too)
 PLUMBING = ("constant", "scalar")
 
@@ -426,8 +431,10 @@ def quantize(graph: Graph, ctx: PassContext) -> bool:
     dequantize_linear where the int8 region begins and ends (an infer graph whose net has a
     quantization section; any other graph is left as it is)."""
     section = graph.quantization
-    if section is None or graph.phase != "infer":
+    if section is None or graph.phase not in QUANTIZED_PHASES:
         return False
+    if graph.phase == "test" and graph.weights:
+        return False               # a training run's test pass reads live weights: it scores the float net
     if any(n.op in ("qconv2d", "qgemm") for n in graph.nodes):
         return False               # already quantized (a graph optimised a second time)
     try:
