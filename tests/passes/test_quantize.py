@@ -351,9 +351,9 @@ def simulated_resnet(x, acts):
 def test_a_residual_block_and_global_pooling_stay_int8(dtype):
     """conv -> conv -> residual add (+ReLU) -> global average pooling -> InnerProduct: int8 from the
     input's one quantize_linear to the classifier's float32 output, no dequantize_linear between
-    (the add and the pooling used to dequantize their inputs and quantize their results again:
-    three quantize_linear and three dequantize_linear); within two output steps of the float net
-    and the float simulation's numbers."""
+    (the add and the pooling used to run in float: conv1's result dequantized for the add, the
+    pooled value quantized again for the classifier, two quantize_linear and one dequantize_linear);
+    within a stated bound of the float net, and nearer the float simulation of the int8 net."""
     g, floats = resnet_net(dtype)
     ctx = PassContext()
     g = apply(g, quantize, eliminate_dead_code, ctx=ctx)
