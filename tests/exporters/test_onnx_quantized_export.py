@@ -1,6 +1,7 @@
 """``toolkit export onnx`` of a quantized model folder (``toolkit quantize``'s) writes QDQ:
 QuantizeLinear / DequantizeLinear around Conv and Gemm, the weights int8 initializers dequantized
-per output channel (axis 0), the biases int32; ONNX Runtime runs it to the outputs of the
+per output channel (axis 0), the biases int32, and around the residual adds and the global
+average pooling of zoo:resnet; ONNX Runtime runs it to the outputs of the
 toolkit's own int8 run (its fused integer kernels and its unfused float reading of the QDQ
 graph both), the net's input transform in front as for a float net; and the toolkit imports the
 written model back onto its int8 ops, equal to the folder's run.
@@ -25,12 +26,16 @@ from toolkit.training.data import load_digits  # noqa: E402
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
-    """zoo:lenet quantized on 256 training digits and exported; (folder result, model path, the
+    return _exported(tmp_path_factory, "lenet")
+
+
+def _exported(tmp_path_factory, name: str):
+    """zoo:NAME quantized on 256 training digits and exported; (folder result, model path, the
     held-out digits, the folder's probabilities on them)."""
     folder = tmp_path_factory.mktemp("quantized")
     pixels, _ = load_digits()
-    result = toolkit.quantize("zoo:lenet", calibrate={"data": pixels[:256]}, out=str(folder / "lenet-int8"))
-    path = folder / "lenet-int8.onnx"
+    result = toolkit.quantize(f"zoo:{name}", calibrate={"data": pixels[:256]}, out=str(folder / f"{name}-int8"))
+    path = folder / f"{name}-int8.onnx"
     r = cli("export", "onnx", result.net_file, "--weights", result.weights_file, "-o", path)
     assert r.status == 0, r.err
     assert "QDQ" in r.err
@@ -79,6 +84,30 @@ def test_onnx_runtime_runs_it_to_the_toolkits_outputs(exported, fused):
     assert np.abs(got - probabilities).max() < 1e-5
     assert (got.argmax(axis=1) == probabilities.argmax(axis=1)).all()
     assert np.median(probabilities.max(axis=1)) > 0.9
+
+
+def test_a_residual_net_with_global_pooling_exports_too(tmp_path_factory):
+    """zoo:resnet: two residual adds (ReLU folded in) and global average pooling in int8, written
+    as DequantizeLinear -> Add / GlobalAveragePool -> QuantizeLinear."""
+    _, path, heldout, probabilities = _exported(tmp_path_factory, "resnet")
+    model = onnx.load(str(path))
+    producer = {o: n for n in model.graph.node for o in n.output}
+    readers = {}
+    for n in model.graph.node:
+        for name in n.input:
+            readers.setdefault(name, []).append(n)
+    for op in ("Add", "GlobalAveragePool"):
+        found = [n for n in model.graph.node if n.op_type == op]
+        assert found, op
+        for node in found:
+            assert all(producer[i].op_type == "DequantizeLinear" for i in node.input)
+            after = readers[node.output[0]][0]
+            after = readers[after.output[0]][0] if after.op_type == "Relu" else after
+            assert after.op_type == "QuantizeLinear"
+    for fused in (True, False):
+        got = _session(path, fused).run(None, {"data": heldout})[0]
+        assert np.abs(got - probabilities).max() < 2e-5
+        assert (got.argmax(axis=1) == probabilities.argmax(axis=1)).all()
 
 
 def test_the_exported_model_imports_back_onto_the_int8_ops(exported):
