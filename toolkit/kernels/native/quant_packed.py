@@ -88,29 +88,39 @@ C_SOURCE = r"""
 /* acc[i][j] = sum_t sum_p W[(t*npair + p)*MR + i] . B[p*plane + off[t] + j], int16 pairs into int32.
    Not inlined: gcc 12 compiled the inlined copy's loop 1.7x slower (a 3x3 layer of 64 channels
    on a 56 x 56 image, one core of the AMD EPYC: 2.6 ms against 1.6) */
-static __attribute__((noinline)) void tk_q8_tile(const int32_t *restrict w, const int32_t *restrict b, int64_t plane,
-                              const int64_t *off, int64_t taps, int64_t npair, int32_t *restrict acc) {
+static __attribute__((noinline, noclone)) void tk_q8_tile(const int32_t *restrict w, const int32_t *restrict b,
+                                                          int64_t plane, const int64_t *off, int64_t taps,
+                                                          int64_t npair, int32_t *restrict acc) {
 #ifdef __AVX2__
-    __m256i c[TK_Q8_MR][2];
-    _Pragma("GCC unroll 6") for (int i = 0; i < TK_Q8_MR; i++) c[i][0] = c[i][1] = _mm256_setzero_si256();
+    /* twelve named accumulators, each broadcast and each accumulator pinned to a register
+       where it is used (the empty asm statements): otherwise gcc 12 hoisted the broadcasts
+       ahead of the multiplies or unrolled the loop and, out of registers, kept accumulators on
+       the stack in some builds (the loop 2-4x slower) */
+    __m256i c00 = _mm256_setzero_si256(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00,
+            c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
     for (int64_t t = 0; t < taps; t++) {
         const int32_t *bt = b + off[t];
         const int32_t *wt = w + t * npair * TK_Q8_MR;
-        for (int64_t p = 0; p < npair; p++) {
+        _Pragma("GCC unroll 1") for (int64_t p = 0; p < npair; p++) {
             __m256i b0 = _mm256_loadu_si256((const __m256i *)(bt + p * plane));
             __m256i b1 = _mm256_loadu_si256((const __m256i *)(bt + p * plane + 8));
             const int32_t *wp = wt + p * TK_Q8_MR;
-            _Pragma("GCC unroll 6") for (int i = 0; i < TK_Q8_MR; i++) {
-                __m256i wi = _mm256_set1_epi32(wp[i]);
-                c[i][0] = _mm256_add_epi32(c[i][0], _mm256_madd_epi16(wi, b0));
-                c[i][1] = _mm256_add_epi32(c[i][1], _mm256_madd_epi16(wi, b1));
-            }
+            __m256i wi;
+#define TK_Q8_ROW(i)                                               \
+            wi = _mm256_set1_epi32(wp[i]);                         \
+            __asm__ volatile("" : "+x"(wi));                       \
+            c##i##0 = _mm256_add_epi32(c##i##0, _mm256_madd_epi16(wi, b0)); \
+            c##i##1 = _mm256_add_epi32(c##i##1, _mm256_madd_epi16(wi, b1)); \
+            __asm__("" : "+x"(c##i##0), "+x"(c##i##1));
+            TK_Q8_ROW(0) TK_Q8_ROW(1) TK_Q8_ROW(2) TK_Q8_ROW(3) TK_Q8_ROW(4) TK_Q8_ROW(5)
+#undef TK_Q8_ROW
         }
     }
-    _Pragma("GCC unroll 6") for (int i = 0; i < TK_Q8_MR; i++) {
-        _mm256_storeu_si256((__m256i *)(acc + i * TK_Q8_NC), c[i][0]);
-        _mm256_storeu_si256((__m256i *)(acc + i * TK_Q8_NC + 8), c[i][1]);
-    }
+#define TK_Q8_OUT(i)                                                       \
+    _mm256_storeu_si256((__m256i *)(acc + i * TK_Q8_NC), c##i##0);         \
+    _mm256_storeu_si256((__m256i *)(acc + i * TK_Q8_NC + 8), c##i##1);
+    TK_Q8_OUT(0) TK_Q8_OUT(1) TK_Q8_OUT(2) TK_Q8_OUT(3) TK_Q8_OUT(4) TK_Q8_OUT(5)
+#undef TK_Q8_OUT
 #else
     for (int i = 0; i < TK_Q8_MR * TK_Q8_NC; i++) acc[i] = 0;
     for (int64_t t = 0; t < taps; t++)
