@@ -221,3 +221,39 @@ def test_qglobal_avg_pool_over_a_large_image_equals_the_reference():
     sums = x.reshape(3, -1).astype(np.int64).sum(axis=1) - 3 * 257 * 257
     want = [store(f32(s) * f32(0.037 / (0.021 * 257 * 257)), 5, "uint8") for s in sums]
     np.testing.assert_array_equal(got, [want])
+
+
+GPU_SCRIPT = """
+import numpy as np
+from toolkit.backend.registry import load_device
+load_device("gpu")
+from toolkit.ir.graph import Graph, TensorType, Value
+from toolkit.ops import Builder
+from toolkit.runtime.plan import Plan, RuntimeState
+rng = np.random.default_rng(0)
+feeds = {k: rng.integers(0, 256, (2, 4, 6, 6)).astype(np.uint8) for k in ("a", "b")}
+g = Graph("q")
+a, b = (Value(TensorType((2, 4, 6, 6), "uint8"), name=k) for k in feeds)
+g.inputs.update(a=a, b=b)
+B = Builder(g, "q")
+out = dict(y_scale=0.05, y_zero_point=10, out_dtype="uint8")
+s = B.op("qadd", a, b, a_scale=0.03, a_zero_point=120, b_scale=0.02, b_zero_point=100, relu=True, **out)
+c = B.op("qconcat", s, b, axis=1, x_scales=(0.05, 0.02), x_zero_points=(10, 100), **out)
+p = B.op("qavg_pool2d", c, kernel=(3, 3), stride=(2, 2), pad=(1, 1), ceil_mode=False, count_include_pad=False,
+         x_scale=0.05, x_zero_point=10, y_scale=0.04, y_zero_point=3, out_dtype="uint8")
+g.outputs["y"] = B.op("qglobal_avg_pool", p, keepdims=True, x_scale=0.04, x_zero_point=3, **out)
+outs = {}
+for device in ("cpu", "gpu"):
+    plan = Plan(g, {}, {}, device, RuntimeState(np.random.default_rng(0)), native=False)
+    outs[device] = np.asarray(plan.run(feeds)["y"])
+assert np.array_equal(outs["cpu"], outs["gpu"]) and outs["cpu"].max() > 10
+print("ok")
+"""
+
+
+def test_a_gpu_plan_runs_them_on_the_host(tmp_path):
+    """No int8 GPU kernels: a GPU plan's entries run the numpy kernels on host copies (here on the
+    CuPy stand-in of tests/runtime), equal to the CPU plan."""
+    from tests.runtime.gpu_stand_in import STAND_IN, run_stand_in
+    result = run_stand_in(STAND_IN + GPU_SCRIPT, tmp_path)
+    assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-3000:]

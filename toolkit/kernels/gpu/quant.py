@@ -11,7 +11,8 @@ from ...backend.registry import KERNELS, register_kernel
 from .. import cpu  # noqa: F401  (the numpy kernels these run)
 
 cp = gpu_module()
-QUANT_OPS = ("quantize_linear", "dequantize_linear", "qconv2d", "qgemm")
+QUANT_OPS = ("quantize_linear", "dequantize_linear", "qconv2d", "qgemm", "qadd", "qconcat", "qavg_pool2d",
+             "qglobal_avg_pool")
 
 
 def _on_host(cpu_factory):
