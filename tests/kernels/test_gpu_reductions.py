@@ -34,8 +34,9 @@ HELPERS = textwrap.dedent("""
         out = plan.run({"x": x})["y"]
         return out.get() if hasattr(out, "get") else np.array(out)
 
-    def channel_axes(rank):
-        return tuple(i for i in range(rank) if i != 1)
+    def channel_axes(rank, last=False):
+        # every axis but the channels': axis 1, or the last (channels last; [N, C] is both)
+        return tuple(range(rank - 1)) if last else tuple(i for i in range(rank) if i != 1)
 
     TOLERANCE = {"float64": 1e-12, "float32": 1e-6, "float16": 2e-3}
 
@@ -74,13 +75,13 @@ HELPERS = textwrap.dedent("""
                                         (("x", 0), ("t", 0), ("t", 2))),
     }
 
-    def fused_on(device, arrays, program, outputs, means, keepdims):
+    def fused_on(device, arrays, program, outputs, means, keepdims, last=False):
         g = Graph("fused")
         vals = []
         for k, a in enumerate(arrays):
             vals.append(Value(TensorType(tuple(a.shape), str(a.dtype)), name=f"x{k}"))
             g.inputs[f"x{k}"] = vals[-1]
-        axes = channel_axes(arrays[0].ndim)
+        axes = channel_axes(arrays[0].ndim, last)
         ys = Builder(g, "f").op_multi("fused_reduce", *vals, program=program, outputs=outputs, means=means,
                                       axes=axes, keepdims=keepdims)
         for k, y in enumerate(ys):
@@ -90,17 +91,18 @@ HELPERS = textwrap.dedent("""
         return [got[f"y{k}"].get() if hasattr(got[f"y{k}"], "get") else np.array(got[f"y{k}"])
                 for k in range(len(ys))]
 
-    def check_fused(shape, dtype, name, mean, keepdims, seed=0):
+    def check_fused(shape, dtype, name, mean, keepdims, seed=0, last=False):
         from toolkit.ops.fused_reduce import _reference
         program, kinds, outputs = PROGRAMS[name]
         means = tuple(mean if k % 2 == 0 else not mean for k in range(len(outputs)))   # both kinds in one node
         rng = np.random.default_rng(seed)
-        channel = (1, shape[1]) + (1,) * (len(shape) - 2)
+        channel = (1,) * (len(shape) - 1) + shape[-1:] if last else (1, shape[1]) + (1,) * (len(shape) - 2)
         made = {0: shape, 1: channel, 2: ()}
         arrays = [np.asarray(rng.standard_normal(made[k])).astype(dtype) for k in kinds]
-        got = fused_on("gpu", arrays, program, outputs, means, keepdims)
+        got = fused_on("gpu", arrays, program, outputs, means, keepdims, last)
         exact = [a.astype(np.float64) for a in arrays]
-        attrs = dict(program=program, outputs=outputs, means=means, axes=channel_axes(len(shape)), keepdims=keepdims)
+        attrs = dict(program=program, outputs=outputs, means=means, axes=channel_axes(len(shape), last),
+                     keepdims=keepdims)
         want = _reference(*exact, **attrs)
         # the magnitudes summed: the program's values with every operand made positive
         size = _reference(*[np.abs(a) for a in exact], **attrs)
@@ -113,7 +115,7 @@ HELPERS = textwrap.dedent("""
             # float16 rounds each product to 11 bits, as the tensor it stands for would be
             assert error <= 4 * TOLERANCE[dtype], (shape, dtype, name, k, means, keepdims, error)
         if dtype != "float16":      # the CPU's kernel (float16 is the GPU's alone)
-            cpu = fused_on("cpu", arrays, program, outputs, means, keepdims)
+            cpu = fused_on("cpu", arrays, program, outputs, means, keepdims, last)
             for k, (c_k, g_k, s_k) in enumerate(zip(cpu, got, size)):
                 np.testing.assert_allclose(c_k, g_k, rtol=1e-5 if dtype == "float32" else 1e-12,
                                            atol=1e-6 * np.max(np.abs(s_k)), err_msg=f"{name} {k}")
@@ -123,7 +125,7 @@ STAND_IN_SCRIPT = STAND_IN + RAW_MODULE + HELPERS + textwrap.dedent("""
     from toolkit.kernels.gpu import channel_reductions, cuda
 
     def kernels_run():
-        return {name for _src, name in cuda._FUNCTIONS if name.startswith("tk_channel")}
+        return {name for _src, name in cuda._FUNCTIONS if name.startswith(("tk_channel", "tk_column"))}
 
     # [N, C, H, W] with C = 3 and HW = 7x5, N = 1 and 5; a channel long enough for several
     # spans (two stages); [N, C] over its batch; [N, C, L]
@@ -133,21 +135,32 @@ STAND_IN_SCRIPT = STAND_IN + RAW_MODULE + HELPERS + textwrap.dedent("""
             for op in ("reduce_sum", "reduce_mean"):
                 for keepdims in (True, False):
                     check(shape, dtype, op, channel_axes(len(shape)), keepdims)
-    assert kernels_run() == {"tk_channel_partials", "tk_channel_finish"}, kernels_run()
+    # channels last: NHWC over (0, 1, 2) with C = 3 and 5, rows few and many (two stages)
+    last_shapes = [(1, 7, 5, 3), (5, 7, 5, 3), (4, 41, 37, 5), (6, 5)]
+    for dtype in ("float32", "float64", "float16"):
+        for shape in last_shapes:
+            for op in ("reduce_sum", "reduce_mean"):
+                check(shape, dtype, op, channel_axes(len(shape), last=True), op == "reduce_mean")
+    assert kernels_run() == {"tk_channel_partials", "tk_column_partials", "tk_channel_finish"}, kernels_run()
     # spans: enough warps to fill the device, none shorter than MIN_SPAN
     chunks_for, geometry = channel_reductions.chunks_for, channel_reductions.channel_geometry
-    assert chunks_for(4, 3, 41 * 37) > 1                          # the two-stage path was taken
+    assert chunks_for(4, 3, 41 * 37) > 1 and chunks_for(4 * 41 * 37, 5, 1, True) > 1   # two stages ran
     assert chunks_for(64, 256, 56 * 56) == channel_reductions.TARGET_WARPS // 256      # res2 at batch 64
     assert chunks_for(64, 2048, 7 * 7) == -(-64 * 49 // channel_reductions.MIN_SPAN)   # res5
+    assert chunks_for(64 * 56 * 56, 256, 1, True) == channel_reductions.MAX_CHUNKS        # NHWC res2
     assert chunks_for(2, 3, 5) == 1
-    assert geometry((64, 256, 56, 56), (0, -1, -2)) == (64, 256, 3136)
-    assert geometry((8, 10), (0,)) == (8, 10, 1)
+    assert geometry((64, 256, 56, 56), (0, -1, -2)) == (64, 256, 3136, False)
+    assert geometry((64, 56, 56, 256), (0, 1, 2)) == (64 * 56 * 56, 256, 1, True)
+    assert geometry((8, 10), (0,)) == (8, 10, 1, True)
     assert geometry((8, 10, 3, 3), (0, 2)) is None and geometry((8,), (0,)) is None
     for dtype in ("float32", "float64", "float16"):
-        for shape in ((1, 3, 7, 5), (5, 3, 7, 5), (4, 3, 41, 37), (5, 3)):
+        for shape in ((1, 3, 7, 5), (5, 3, 7, 5), (4, 3, 41, 37)):
             for name in PROGRAMS:
                 for mean in (False, True):
                     check_fused(shape, dtype, name, mean, keepdims=mean)
+        for shape in ((5, 7, 5, 3), (4, 41, 37, 5), (5, 3)):
+            for name in PROGRAMS:
+                check_fused(shape, dtype, name, True, keepdims=True, last=True)
     # other axes: the CuPy reduction this kernel keeps as its fallback
     for axes in ((0,), (1,), (2, 3), (0, 1, 2, 3)):
         check((5, 3, 7, 5), "float32", "reduce_sum", axes, False)
@@ -281,3 +294,35 @@ def test_the_channel_sum_is_faster_than_cupys_on_resnet50s_largest_activation():
     magnitude = float(cp.sum(cp.abs(x), axis=(0, 2, 3)).max())
     np.testing.assert_allclose(sums[True], sums[False], rtol=0, atol=1e-5 * magnitude)
     assert times[True] <= 1.5 * times[False], times
+
+
+# zoo:resnet on the GPU: the captured train step equals the one run kernel by kernel bit for bit
+# (the channel kernels' sums are taken in a fixed order, no atomics), and mixed precision in
+# float16, its fused reductions among float16 convolutions, trains as the CPU's emulation does
+CAPTURE_SCRIPT = STAND_IN + RAW_MODULE + textwrap.dedent("""
+    import numpy as np
+    from toolkit.frontend import Net
+    from toolkit.benchmarking import bench_plan
+    net = Net.load(sys.argv[1])
+    runs = {}
+    for capture in (None, False):
+        plan, inputs = bench_plan(net, 4, True, device="gpu", capture=capture)
+        assert any(n.op == "fused_reduce" for n in plan.graph.nodes)
+        runs[capture] = [float(plan.run(inputs)["loss"]) for _ in range(4)]
+        assert plan.captured == (capture is None), plan.capture_blocker
+    assert runs[None] == runs[False], runs
+    losses = {}
+    for device in ("gpu", "cpu"):
+        plan, inputs = bench_plan(net, 8, True, dtype="float16", device=device)
+        if device == "gpu":         # BatchNorm's statistics stay float32 under mixed precision
+            assert any(n.op == "fused_reduce" for n in plan.graph.nodes)
+        losses[device] = [float(plan.run(inputs)["loss"]) for _ in range(3)]
+    np.testing.assert_allclose(losses["gpu"], losses["cpu"], rtol=5e-3)
+    print("ok")
+""")
+
+
+@needs_cxx
+def test_a_captured_batchnorm_step_equals_kernel_by_kernel_and_float16_trains_on_the_stand_in(tmp_path):
+    result = run_stand_in(CAPTURE_SCRIPT, tmp_path, ROOT / "zoo" / "resnet" / "net.yaml")
+    assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-3000:]

@@ -1,4 +1,5 @@
-"""fused_reduce: sums or means over every axis but the channels (axis 1) of values an elementwise
+"""fused_reduce: sums or means over every axis but the channels (axis 1 of [N, C, ...], or the last
+of a channels-last [..., C]) of values an elementwise
 program computes from its operands, the program evaluated inside the reduction so that no value
 is written to memory, and every operand read once however many of the sums read it: BatchNorm's
 variance (the mean of square(x - mean)), and its backward pass's sums of dy, dy * x_hat and

@@ -1,8 +1,9 @@
-"""fuse_reductions: a reduce_sum / reduce_mean over every axis but the channels whose input is an
-elementwise group (or one elementwise op) read by nothing else becomes one ``fused_reduce``: the
-group's program is evaluated inside the reduction and its result, an activation-sized tensor, is
-never written nor read back. BatchNorm in training makes these: its variance is the mean of
-square(x - mean), and its backward pass sums dy * xc and dy per channel.
+"""fuse_reductions: a reduce_sum / reduce_mean over every axis but the channels (axis 1 of NCHW,
+the last of a channels-last NHWC) whose input is an elementwise group (or one elementwise op)
+read by nothing else becomes one ``fused_reduce``: the group's program is evaluated inside the
+reduction and its result, an activation-sized tensor, is never written nor read back. BatchNorm
+in training makes these: its variance is the mean of square(x - mean), and its backward pass
+sums dy * xc and dy per channel.
 
 Then reductions of that kind that read a whole operand in common (the backward pass's sums of dy,
 dy * x_hat and dy * w * xc) become one fused_reduce of several outputs, which reads each operand
@@ -27,10 +28,16 @@ REDUCTIONS = ("reduce_sum", "reduce_mean")
 DTYPES = ("float32", "float64", "float16")       # the channel kernel's (bfloat16 is not among them)
 
 
-def _channel_axes(node: Node) -> bool:
+def _channel_axis(node: Node) -> int | None:
+    """The channel axis of a reduction over every other axis: 1 of [N, C, ...], or the last of a
+    channels-last [..., C] (and of [N, C]); None for a reduction of any other axes."""
     rank = node.inputs[0].rank
     axes = tuple(sorted(a % rank for a in node.attrs["axes"])) if rank else ()
-    return rank >= 2 and axes == tuple(i for i in range(rank) if i != 1)
+    if rank >= 2 and axes == tuple(range(rank - 1)):
+        return rank - 1
+    if rank >= 3 and axes == tuple(i for i in range(rank) if i != 1):
+        return 1
+    return None
 
 
 def _cone(program, step: int):
@@ -68,9 +75,9 @@ def _program(producer: Node, value: Value):
     return None
 
 
-def _operand_fits(v: Value, group: Value) -> bool:
-    """``v`` is read whole (the group's shape), per channel ([C] broadcast as [1, C, 1, ...]),
-    or as one value, in the group's dtype."""
+def _operand_fits(v: Value, group: Value, axis: int) -> bool:
+    """``v`` is read whole (the group's shape), per channel ([C] broadcast along the channel
+    ``axis``), or as one value, in the group's dtype."""
     if v.dtype != group.dtype:
         return False
     if tuple(v.shape) == tuple(group.shape) or v.type.numel == 1:
@@ -78,7 +85,7 @@ def _operand_fits(v: Value, group: Value) -> bool:
     if v.rank > group.rank:
         return False
     padded = (1,) * (group.rank - v.rank) + tuple(v.shape)
-    return padded[1] == group.shape[1] and all(d == 1 for i, d in enumerate(padded) if i != 1)
+    return padded[axis] == group.shape[axis] and all(d == 1 for i, d in enumerate(padded) if i != axis)
 
 
 def fuse_reductions(graph: Graph, ctx: PassContext) -> bool:
@@ -97,7 +104,8 @@ def _absorb_producers(graph: Graph, ctx: PassContext) -> bool:
     replaced: dict[int, Node] = {}          # id(reduction) -> the fused node at its place
     taken: dict[int, set[int]] = {}         # id(group) -> ids of its outputs now computed by a fused node
     for node in graph.nodes:
-        if node.op not in REDUCTIONS or not _channel_axes(node):
+        axis = _channel_axis(node) if node.op in REDUCTIONS else None
+        if axis is None:
             continue
         x = node.inputs[0]
         producer = producer_of.get(x.id)
@@ -106,7 +114,7 @@ def _absorb_producers(graph: Graph, ctx: PassContext) -> bool:
         found = _program(producer, x)
         device = where.node(node)
         if (found is None or x.dtype not in DTYPES or where.node(producer) != device
-                or not all(_operand_fits(v, x) for v in found[2])
+                or not all(_operand_fits(v, x, axis) for v in found[2])
                 or not KERNELS.fusion_pays("fused_reduce", device, x.dtype, node)):
             continue
         program, output, operands = found
@@ -161,7 +169,7 @@ def _member(node: Node, where, ctx_device) -> tuple | None:
         first = outputs[0]
         shape = (operands[first[1]].shape if first[0] == "x" else
                  program_types(program, [v.type for v in operands])[first[1]].shape)
-    elif node.op in REDUCTIONS and _channel_axes(node) and node.inputs[0].dtype in DTYPES:
+    elif node.op in REDUCTIONS and _channel_axis(node) is not None and node.inputs[0].dtype in DTYPES:
         program, outputs, means, operands = (), (("x", 0),), (node.op == "reduce_mean",), [node.inputs[0]]
         shape = node.inputs[0].shape
         if not KERNELS.fusion_pays("fused_reduce", where.node(node), node.inputs[0].dtype, node):

@@ -1,17 +1,20 @@
-"""Sums and means per channel: ``reduce_sum`` / ``reduce_mean`` over every axis but axis 1 of an
-[N, C, ...] array (BatchNorm's batch statistics over NCHW's (0, 2, 3) or [N, C]'s (0,), and their
-gradients, the bias gradient of a convolution), in two CUDA launches where CuPy's generic
-reduction spends one block per channel walking the array with an index division per element.
+"""Sums and means per channel: ``reduce_sum`` / ``reduce_mean`` over every axis but the channels of
+an [N, C, ...] or a channels-last [..., C] array (BatchNorm's batch statistics over NCHW's
+(0, 2, 3), NHWC's (0, 1, 2) or [N, C]'s (0,), their gradients, a convolution's bias gradient), in
+two CUDA launches where CuPy's generic reduction spends one block per channel walking the array
+with an index division per element.
 
-The per-channel elements are N runs of HW contiguous values (HW = the product of the axes after
-C). Stage one splits each channel's N * HW elements into ``chunks`` equal spans and gives each
-(channel, span) a warp: the lanes stride over each contiguous run (coalesced reads), each lane
-keeps four sums (loads in flight, shorter float chains), and the warp adds its lanes by a fixed
-shuffle tree into one partial per (channel, span). Stage two gives each channel a warp that adds
-its spans' partials the same way and scales (1 / count for a mean). No atomics: every sum is
-taken in an order fixed by the shape alone, so a captured plan equals the kernel-by-kernel one
-bit for bit and runs repeat exactly. Sums are float32 for float16 and float32, float64 for
-float64 (as the fallback's are). Where a channel fits one span stage one writes the result.
+Channels first, each channel's elements are N runs of HW contiguous values (HW = the product of
+the axes after C). Stage one splits each channel's N * HW elements into ``chunks`` equal spans
+and gives each (channel, span) a warp: the lanes stride over each contiguous run (coalesced
+reads), each lane keeps four sums (loads in flight, shorter float chains), and the warp adds its
+lanes by a fixed shuffle tree into one partial per (channel, span). Channels last, stage one
+gives each (channel, span of rows) a thread, a warp's threads reading neighbouring channels of a
+row (coalesced), four sums each. Stage two gives each channel a warp that adds its spans'
+partials by the same tree and scales (1 / count for a mean). No atomics: every sum is taken in an
+order fixed by the shape alone, so a captured plan equals the kernel-by-kernel one bit for bit
+and runs repeat exactly. Sums are float32 for float16 and float32, float64 for float64 (as the
+fallback's are). Where a channel fits one span stage one writes the result.
 
 ``fused_reduce`` (ops/fused_reduce.py, made by passes/fuse_reductions.py) runs the same two
 stages over up to four values an elementwise program computes, each summed by its own lanes'
@@ -51,6 +54,8 @@ TARGET_WARPS = 16384
 # ...but no span shorter than this many elements (a lane's loop of 32 reads amortises its setup)
 MIN_SPAN = 1024
 MAX_CHUNKS = 1024
+# channels last: a thread sums one channel over a span of at least this many rows
+MIN_ROWS = 32
 
 
 # where a fused reduction's operand is read: every element, its channel's entry, or its one value
@@ -156,6 +161,38 @@ extern "C" __global__ void tk_channel_partials({params}, A *partial, {outs}, con
     }}
 }}
 
+/* stage one, channels last ([rows, C]): thread (c, p) sums channel c over row span p, the
+   threads of a warp reading neighbouring channels of a row (coalesced); each thread keeps four
+   sums of each output, added in a fixed order. Partials as tk_channel_partials lays them out */
+extern "C" __global__ void tk_column_partials({params}, A *partial, {outs}, const A *scales, long rows,
+                                              long channels, long chunks) {{
+    T *out[K] = {{{", ".join(f"out{k}" for k in range(len(outputs)))}}};
+    long threads = (long)gridDim.x * blockDim.x;
+    long span = (rows + chunks - 1) / chunks;
+    for (long t = (long)blockIdx.x * blockDim.x + threadIdx.x; t < channels * chunks; t += threads) {{
+        long c = t % channels, p = t / channels;
+        long r = p * span, r1 = r + span < rows ? r + span : rows;
+        A s[K][4], v[K];
+        for (int q = 0; q < K; q++) s[q][0] = s[q][1] = s[q][2] = s[q][3] = 0;
+        for (; r + 3 < r1; r += 4) {{
+#pragma unroll
+            for (int u = 0; u < 4; u++) {{
+                tk_values((r + u) * channels + c, c, {args}, v);
+                for (int q = 0; q < K; q++) s[q][u] += v[q];
+            }}
+        }}
+        for (; r < r1; r++) {{
+            tk_values(r * channels + c, c, {args}, v);
+            for (int q = 0; q < K; q++) s[q][0] += v[q];
+        }}
+        for (int q = 0; q < K; q++) {{
+            A sum = (s[q][0] + s[q][1]) + (s[q][2] + s[q][3]);
+            if (chunks == 1) out[q][c] = ST(sum * scales[q]);
+            else partial[(q * channels + c) * chunks + p] = sum;
+        }}
+    }}
+}}
+
 /* stage two: out_q[c] = (the sum of output q's partials of channel c) * scale_q, a warp each */
 extern "C" __global__ void tk_channel_finish(const A *partial, {outs}, const A *scales, long channels,
                                              long chunks) {{
@@ -172,18 +209,24 @@ extern "C" __global__ void tk_channel_finish(const A *partial, {outs}, const A *
 """
 
 
-def channel_geometry(shape, axes) -> tuple[int, int, int] | None:
-    """(n, channels, hw) where ``axes`` are every axis of ``shape`` but axis 1, else None."""
+def channel_geometry(shape, axes) -> tuple[int, int, int, bool] | None:
+    """(n, channels, hw, last) where ``axes`` are every axis of ``shape`` but the channels':
+    axis 1 of [N, C, ...] (n = N, hw the product after C), or the last axis of a channels-last
+    [..., C] (last, n the product before C, hw = 1); [N, C] over N is the latter. Else None."""
     rank = len(shape)
-    if rank < 2 or tuple(sorted(a % rank for a in axes)) != tuple(i for i in range(rank) if i != 1):
-        return None
-    hw = int(np.prod(shape[2:], dtype=np.int64))
-    return int(shape[0]), int(shape[1]), hw
+    axes = tuple(sorted(a % rank for a in axes)) if rank else ()
+    if rank >= 2 and axes == tuple(range(rank - 1)):
+        return int(np.prod(shape[:-1], dtype=np.int64)), int(shape[-1]), 1, True
+    if rank >= 3 and axes == tuple(i for i in range(rank) if i != 1):
+        return int(shape[0]), int(shape[1]), int(np.prod(shape[2:], dtype=np.int64)), False
+    return None
 
 
-def chunks_for(n: int, channels: int, hw: int) -> int:
-    """How many spans each channel is split into: enough warps to fill the device, spans long
-    enough to pay for themselves."""
+def chunks_for(n: int, channels: int, hw: int, last: bool = False) -> int:
+    """How many spans each channel is split into: enough warps (a thread per channel and span,
+    channels last) to fill the device, spans long enough to pay for themselves."""
+    if last:
+        return max(1, min(-(-TARGET_WARPS * 32 // channels), -(-n // MIN_ROWS), MAX_CHUNKS))
     by_device = -(-TARGET_WARPS // channels)
     by_length = -(-(n * hw) // MIN_SPAN)
     return max(1, min(by_device, by_length, MAX_CHUNKS))
@@ -193,9 +236,10 @@ def _grid(warps: int) -> tuple[int]:
     return (max(1, min(MAX_BLOCKS, -(-warps * 32 // THREADS_PER_BLOCK))),)
 
 
-def operand_kinds(in_shapes, group_shape) -> tuple[str, ...] | None:
-    """How a fused reduction reads each operand of a [N, C, ...] group: every element, one per
-    channel ([C] broadcast as [1, C, 1, ...]), or one value; None for any other broadcast."""
+def operand_kinds(in_shapes, group_shape, axis: int = 1) -> tuple[str, ...] | None:
+    """How a fused reduction reads each operand of a group whose channels are ``axis``: every
+    element, one per channel ([C] broadcast along the channel axis), or one value; None for any
+    other broadcast."""
     rank, kinds = len(group_shape), []
     for shape in in_shapes:
         shape = tuple(shape)
@@ -204,8 +248,8 @@ def operand_kinds(in_shapes, group_shape) -> tuple[str, ...] | None:
             kinds.append(FULL)
         elif int(np.prod(shape, dtype=np.int64)) == 1:
             kinds.append(SCALAR)
-        elif len(shape) <= rank and padded[1] == group_shape[1] and \
-                all(d == 1 for i, d in enumerate(padded) if i != 1):
+        elif len(shape) <= rank and padded[axis] == group_shape[axis] and \
+                all(d == 1 for i, d in enumerate(padded) if i != axis):
             kinds.append(CHANNEL)
         else:
             return None
@@ -215,21 +259,26 @@ def operand_kinds(in_shapes, group_shape) -> tuple[str, ...] | None:
 def _launcher(ctx, group_shape, kinds, program=(), outputs=(("x", 0),), means=(False,)):
     """run(ins, outs) of the two stages over ``group_shape``, or None where they do not apply."""
     geometry = channel_geometry(group_shape, ctx.attrs["axes"])
-    if ctx.dtype not in STORAGE or geometry is None or 0 in geometry or kinds is None:
+    if ctx.dtype not in STORAGE or geometry is None or 0 in geometry[:3] or kinds is None:
         return None
     unit = _unit(ctx.dtype, kinds, program, tuple(outputs))
     if unit is None:
         return None
-    n, channels, hw = geometry
-    chunks = chunks_for(n, channels, hw)
+    n, channels, hw, last = geometry
+    chunks = chunks_for(n, channels, hw, last)
     accumulator = np.float64 if ctx.dtype == "float64" else np.float32
     scales = cp.asarray(np.array([1.0 / (n * hw) if mean else 1.0 for mean in means], accumulator))
-    partials = compiled_source(unit, "tk_channel_partials")
+    partials = compiled_source(unit, "tk_column_partials" if last else "tk_channel_partials")
     finish = compiled_source(unit, "tk_channel_finish") if chunks > 1 else None
     # scratch of a fixed address (a captured graph replays it): each output's partial sums
     partial = cp.empty((len(outputs) * channels * chunks if chunks > 1 else 1,), accumulator)
-    sizes = (np.int64(n), np.int64(channels), np.int64(hw), np.int64(chunks))
-    grid_one, grid_two = _grid(channels * chunks), _grid(len(outputs) * channels)
+    if last:
+        sizes = (np.int64(n), np.int64(channels), np.int64(chunks))
+        grid_one = (max(1, min(MAX_BLOCKS, -(-channels * chunks // THREADS_PER_BLOCK))),)
+    else:
+        sizes = (np.int64(n), np.int64(channels), np.int64(hw), np.int64(chunks))
+        grid_one = _grid(channels * chunks)
+    grid_two = _grid(len(outputs) * channels)
 
     def run(ins, outs):
         partials(grid_one, (THREADS_PER_BLOCK,), tuple(ins) + (partial,) + tuple(outs) + (scales,) + sizes)
@@ -272,7 +321,9 @@ def fused_reduce_gpu(ctx):
     steps = program_shapes(program, ctx.in_shapes, ctx.dtype) if program else []
     first = outputs[0]
     group_shape = tuple(steps[first[1]] if first[0] == "t" else ctx.in_shapes[first[1]])
-    kinds = operand_kinds(ctx.in_shapes, group_shape)
+    geometry = channel_geometry(group_shape, ctx.attrs["axes"])
+    axis = len(group_shape) - 1 if geometry is not None and geometry[3] else 1
+    kinds = operand_kinds(ctx.in_shapes, group_shape, axis)
     fast = _launcher(ctx, group_shape, kinds, program, outputs, tuple(ctx.attrs["means"]))
     if fast is None:
         raise ValueError(f"fused_reduce cannot run {ctx.node.scope} on the GPU: operands {ctx.in_shapes}, "
