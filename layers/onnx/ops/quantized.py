@@ -1,7 +1,9 @@
 """ONNX's quantized ops onto the toolkit's int8 ops (toolkit/ops/quant.py): QuantizeLinear,
-DequantizeLinear, QLinearConv, QLinearMatMul, ConvInteger, MatMulInteger and ONNX Runtime's QGemm
-(the QOperator format of its ``quantize_static``), and the QDQ format's
-DequantizeLinear -> Conv / Gemm / MatMul -> QuantizeLinear as one qconv2d or qgemm.
+DequantizeLinear, QLinearConv, QLinearMatMul, ConvInteger, MatMulInteger and ONNX Runtime's QGemm,
+QLinearAdd, QLinearConcat, QLinearAveragePool and QLinearGlobalAveragePool (the QOperator format of
+its ``quantize_static``), and the QDQ format's DequantizeLinear -> Conv / Gemm / MatMul ->
+QuantizeLinear as one qconv2d or qgemm (and an Add, a Concat, an AveragePool or a
+GlobalAveragePool between them as qadd, qconcat, qavg_pool2d or qglobal_avg_pool).
 
 QuantizeLinear and quantize_linear are one definition (float32 division, round half to even,
 saturation), as are DequantizeLinear and dequantize_linear. A convolution or product whose input is
@@ -32,15 +34,20 @@ COMMUTING = ("reshape", "max_pool2d")
 # the inputs of each quantized op that are scales or zero points: constants, never parameters
 QUANT_PARAMS = {"QuantizeLinear": (1, 2), "DequantizeLinear": (1, 2), "QLinearConv": (1, 2, 4, 5, 6, 7),
                 "QLinearMatMul": (1, 2, 4, 5, 6, 7), "QGemm": (1, 2, 4, 5, 7, 8), "MatMulInteger": (2, 3),
-                "ConvInteger": (2, 3)}
-DOMAIN_OPS.add(("com.microsoft", "QGemm"))
+                "ConvInteger": (2, 3), "QLinearAdd": (1, 2, 4, 5, 6, 7), "QLinearAveragePool": (1, 2, 3, 4),
+                "QLinearGlobalAveragePool": (1, 2, 3, 4)}
+DOMAIN_OPS.update(("com.microsoft", op) for op in ("QGemm", "QLinearAdd", "QLinearConcat", "QLinearAveragePool",
+                                                   "QLinearGlobalAveragePool"))
 
 
 def quantization_parameters(nodes) -> set[str]:
     """The names the model's quantized ops read as scales or zero points (kept as constants)."""
     names = set()
     for node in nodes:
-        for i in QUANT_PARAMS.get(node.op_type, ()):
+        # QLinearConcat: the output's scale and zero point, then (value, scale, zero point) per input
+        positions = [i for i in range(len(node.input)) if i % 3 != 2] if node.op_type == "QLinearConcat" else \
+            QUANT_PARAMS.get(node.op_type, ())
+        for i in positions:
             if i < len(node.input) and node.input[i]:
                 names.add(node.input[i])
     return names
@@ -142,9 +149,52 @@ def _quantize(imp, node):
                                                                     dtype=d))]
     scale, zp, dtype = _per_tensor(imp, node, 1, 2, "value")
     quantized = _requantized(imp, x, scale, zp, dtype)
+    if quantized is None:
+        quantized = _int8_form(imp, x, {"y_scale": scale, "y_zero_point": zp, "out_dtype": dtype})
     if quantized is not None:
         return [quantized]
     return [imp.b.op("quantize_linear", x, scale=scale, zero_point=zp, dtype=dtype)]
+
+
+def _dequantized_value(v: Value):
+    """(the quantized value, scale, zero point) where ``v`` is a per-tensor dequantization."""
+    node = v.producer
+    if node is None or node.op != "dequantize_linear":
+        return None
+    return node.inputs[0], node.attrs["scale"], node.attrs["zero_point"]
+
+
+def _int8_form(imp, x: Value, out: dict) -> Value | None:
+    """A residual add (a ReLU after it folded in), a concatenation, average pooling or a global
+    average pooling of dequantized values whose result is quantized, as the int8 op that computes
+    it on the integers (qadd, qconcat, qavg_pool2d, qglobal_avg_pool: ONNX Runtime's QLinearAdd,
+    QLinearConcat, QLinearAveragePool and QLinearGlobalAveragePool, which it fuses the same
+    pattern into); else None."""
+    node, relu = x.producer, False
+    if node is not None and node.op == "relu":
+        node, relu = node.inputs[0].producer, True
+    if node is None:
+        return None
+    sources = [_dequantized_value(v) for v in node.inputs]
+    if not sources or any(s is None for s in sources):
+        return None
+    b = imp.b
+    if node.op == "add" and len(sources) == 2 and tuple(node.inputs[0].shape) == tuple(node.inputs[1].shape):
+        (a, sa, za), (c, sc, zc) = sources
+        return b.op("qadd", a, c, a_scale=sa, a_zero_point=za, b_scale=sc, b_zero_point=zc, relu=relu, **out)
+    if relu:
+        return None
+    if node.op == "concat":
+        return b.op("qconcat", *(q for q, _, _ in sources), axis=node.attrs["axis"],
+                    x_scales=tuple(s for _, s, _ in sources), x_zero_points=tuple(z for _, _, z in sources), **out)
+    (q, s, z), = sources[:1]
+    a = node.attrs
+    if node.op == "avg_pool2d":
+        return b.op("qavg_pool2d", q, kernel=a["kernel"], stride=a["stride"], pad=a["pad"], ceil_mode=a["ceil_mode"],
+                    count_include_pad=a["count_include_pad"], x_scale=s, x_zero_point=z, **out)
+    if node.op == "reduce_mean" and q.rank == 4 and tuple(a["axes"]) == (2, 3):
+        return b.op("qglobal_avg_pool", q, keepdims=bool(a.get("keepdims", True)), x_scale=s, x_zero_point=z, **out)
+    return None
 
 
 def _requantized(imp, x: Value, scale: float, zp: int, dtype: str) -> Value | None:
@@ -541,3 +591,69 @@ def _matmul_integer(imp, node):
     a = _quantized_value(imp, node.input[0])
     b = imp.const(node.input[1], "B")
     return [_integer_sums(imp, _float64_matmul(imp, a, _input_zero_point(imp, node, a), b, imp.optional(node, 3)))]
+
+
+# -- ONNX Runtime's quantized ops of the com.microsoft domain (its QOperator format) ---------------------
+def _output(imp, node, scale_index: int) -> dict:
+    scale, zp, dtype = _per_tensor(imp, node, scale_index, scale_index + 1, "output")
+    return {"y_scale": scale, "y_zero_point": zp, "out_dtype": dtype}
+
+
+@converts("QLinearAdd")
+def _qlinear_add(imp, node):
+    a, c = _quantized_value(imp, node.input[0]), _quantized_value(imp, node.input[3])
+    sa, za, _ = _per_tensor(imp, node, 1, 2, "A")
+    sc, zc, _ = _per_tensor(imp, node, 4, 5, "B")
+    if tuple(a.shape) != tuple(c.shape):
+        imp.fail(f"QLinearAdd of shapes {list(a.shape)} and {list(c.shape)}: broadcasting has no int8 form here")
+    return [imp.b.op("qadd", a, c, a_scale=sa, a_zero_point=za, b_scale=sc, b_zero_point=zc, relu=False,
+                     **_output(imp, node, 6))]
+
+
+@converts("QLinearConcat")
+def _qlinear_concat(imp, node):
+    if (len(node.input) - 2) % 3 or len(node.input) < 5:
+        imp.fail("QLinearConcat takes the output's scale and zero point, then a value, scale and zero point per input")
+    values, scales, zero_points = [], [], []
+    for i in range(2, len(node.input), 3):
+        values.append(_quantized_value(imp, node.input[i]))
+        s, z, _ = _per_tensor(imp, node, i + 1, i + 2, "input")
+        scales.append(s)
+        zero_points.append(z)
+    axis = int(imp.attr(node, "axis")) % values[0].rank
+    return [imp.b.op("qconcat", *values, axis=axis, x_scales=tuple(scales), x_zero_points=tuple(zero_points),
+                     **_output(imp, node, 0))]
+
+
+def _channels_first(imp, node):
+    if imp.attr(node, "channels_last", 0):
+        imp.fail("channels_last has no counterpart here: the toolkit's images are [N, C, H, W]")
+
+
+@converts("QLinearAveragePool")
+def _qlinear_average_pool(imp, node):
+    from ..windows import spatial_pads
+    _channels_first(imp, node)
+    x = _quantized_value(imp, node.input[0])
+    if x.rank != 4:
+        imp.fail("QLinearAveragePool of 2-d images only ([N, C, H, W])")
+    kernel = [int(k) for k in imp.attr(node, "kernel_shape")]
+    strides = [int(v) for v in imp.attr(node, "strides", [1, 1])]
+    begin, end = spatial_pads(imp, node, x, kernel, strides, [1, 1])
+    if begin != end or any(p > k // 2 for p, k in zip(begin, kernel)):
+        imp.fail(f"QLinearAveragePool padded {begin} before and {end} after has no counterpart here")
+    s, z, _ = _per_tensor(imp, node, 1, 2, "input")
+    return [imp.b.op("qavg_pool2d", x, kernel=tuple(kernel), stride=tuple(strides), pad=tuple(begin),
+                     ceil_mode=bool(imp.attr(node, "ceil_mode", 0)),
+                     count_include_pad=bool(imp.attr(node, "count_include_pad", 0)), x_scale=s, x_zero_point=z,
+                     **_output(imp, node, 3))]
+
+
+@converts("QLinearGlobalAveragePool")
+def _qlinear_global_average_pool(imp, node):
+    _channels_first(imp, node)
+    x = _quantized_value(imp, node.input[0])
+    if x.rank != 4:
+        imp.fail("QLinearGlobalAveragePool of 2-d images only ([N, C, H, W])")
+    s, z, _ = _per_tensor(imp, node, 1, 2, "input")
+    return [imp.b.op("qglobal_avg_pool", x, keepdims=True, x_scale=s, x_zero_point=z, **_output(imp, node, 3))]
