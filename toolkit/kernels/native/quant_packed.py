@@ -87,33 +87,60 @@ C_SOURCE = r"""
 
 /* acc[i][j] = sum_t sum_p W[(t*npair + p)*MR + i] . B[p*plane + off[t] + j], int16 pairs into int32.
    Not inlined: gcc 12 compiled the inlined copy's loop 1.7x slower (a 3x3 layer of 64 channels
-   on a 56 x 56 image, one core of the AMD EPYC: 2.6 ms against 1.6) */
+   on a 56 x 56 image, one core of the AMD EPYC: 2.6 ms against 1.6). The AVX2 step is assembly
+   (AT&T syntax, as gcc and clang take it); every other compiler target runs the plain C below. */
 static __attribute__((noinline, noclone)) void tk_q8_tile(const int32_t *restrict w, const int32_t *restrict b,
                                                           int64_t plane, const int64_t *off, int64_t taps,
                                                           int64_t npair, int32_t *restrict acc) {
 #ifdef __AVX2__
-    /* twelve named accumulators, each broadcast and each accumulator pinned to a register
-       where it is used (the empty asm statements): otherwise gcc 12 hoisted the broadcasts
-       ahead of the multiplies or unrolled the loop and, out of registers, kept accumulators on
-       the stack in some builds (the loop 2-4x slower) */
+    /* One step (a pair of channels) in assembly: twelve accumulators, the two vectors of B and
+       two temporaries are the sixteen ymm registers. Written with intrinsics, gcc 12 either kept
+       some accumulators on the stack or added a register copy per multiply-add depending on the
+       unit around the tile (a loop 1.5-4x slower). */
     __m256i c00 = _mm256_setzero_si256(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00,
-            c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+            c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00, t0, t1;
     for (int64_t t = 0; t < taps; t++) {
         const int32_t *bt = b + off[t];
         const int32_t *wt = w + t * npair * TK_Q8_MR;
-        _Pragma("GCC unroll 1") for (int64_t p = 0; p < npair; p++) {
+        for (int64_t p = 0; p < npair; p++) {
             __m256i b0 = _mm256_loadu_si256((const __m256i *)(bt + p * plane));
             __m256i b1 = _mm256_loadu_si256((const __m256i *)(bt + p * plane + 8));
-            const int32_t *wp = wt + p * TK_Q8_MR;
-            __m256i wi;
-#define TK_Q8_ROW(i)                                               \
-            wi = _mm256_set1_epi32(wp[i]);                         \
-            __asm__ volatile("" : "+x"(wi));                       \
-            c##i##0 = _mm256_add_epi32(c##i##0, _mm256_madd_epi16(wi, b0)); \
-            c##i##1 = _mm256_add_epi32(c##i##1, _mm256_madd_epi16(wi, b1)); \
-            __asm__("" : "+x"(c##i##0), "+x"(c##i##1));
-            TK_Q8_ROW(0) TK_Q8_ROW(1) TK_Q8_ROW(2) TK_Q8_ROW(3) TK_Q8_ROW(4) TK_Q8_ROW(5)
-#undef TK_Q8_ROW
+            __asm__(
+                "vpbroadcastd 0(%[w]), %[t0]\n\t"
+                "vpmaddwd %[b0], %[t0], %[t1]\n\t"
+                "vpaddd %[t1], %[c00], %[c00]\n\t"
+                "vpmaddwd %[b1], %[t0], %[t1]\n\t"
+                "vpaddd %[t1], %[c01], %[c01]\n\t"
+                "vpbroadcastd 4(%[w]), %[t0]\n\t"
+                "vpmaddwd %[b0], %[t0], %[t1]\n\t"
+                "vpaddd %[t1], %[c10], %[c10]\n\t"
+                "vpmaddwd %[b1], %[t0], %[t1]\n\t"
+                "vpaddd %[t1], %[c11], %[c11]\n\t"
+                "vpbroadcastd 8(%[w]), %[t0]\n\t"
+                "vpmaddwd %[b0], %[t0], %[t1]\n\t"
+                "vpaddd %[t1], %[c20], %[c20]\n\t"
+                "vpmaddwd %[b1], %[t0], %[t1]\n\t"
+                "vpaddd %[t1], %[c21], %[c21]\n\t"
+                "vpbroadcastd 12(%[w]), %[t0]\n\t"
+                "vpmaddwd %[b0], %[t0], %[t1]\n\t"
+                "vpaddd %[t1], %[c30], %[c30]\n\t"
+                "vpmaddwd %[b1], %[t0], %[t1]\n\t"
+                "vpaddd %[t1], %[c31], %[c31]\n\t"
+                "vpbroadcastd 16(%[w]), %[t0]\n\t"
+                "vpmaddwd %[b0], %[t0], %[t1]\n\t"
+                "vpaddd %[t1], %[c40], %[c40]\n\t"
+                "vpmaddwd %[b1], %[t0], %[t1]\n\t"
+                "vpaddd %[t1], %[c41], %[c41]\n\t"
+                "vpbroadcastd 20(%[w]), %[t0]\n\t"
+                "vpmaddwd %[b0], %[t0], %[t1]\n\t"
+                "vpaddd %[t1], %[c50], %[c50]\n\t"
+                "vpmaddwd %[b1], %[t0], %[t1]\n\t"
+                "vpaddd %[t1], %[c51], %[c51]\n\t"
+                : [c00] "+x"(c00), [c01] "+x"(c01), [c10] "+x"(c10), [c11] "+x"(c11), [c20] "+x"(c20),
+                  [c21] "+x"(c21), [c30] "+x"(c30), [c31] "+x"(c31), [c40] "+x"(c40), [c41] "+x"(c41),
+                  [c50] "+x"(c50), [c51] "+x"(c51), [t0] "=&x"(t0), [t1] "=&x"(t1)
+                : [b0] "x"(b0), [b1] "x"(b1), [w] "r"(wt + p * TK_Q8_MR),
+                  "m"(*(const int32_t (*)[TK_Q8_MR])(wt + p * TK_Q8_MR)));
         }
     }
 #define TK_Q8_OUT(i)                                                       \
