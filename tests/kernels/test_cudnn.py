@@ -33,7 +33,7 @@ CASES_SCRIPT = textwrap.dedent("""
     from tests.ops.op_cases import CASES, feeds, one_node_graph
     from toolkit.backend.registry import load_device
     load_device("gpu")
-    from toolkit.kernels.gpu import dnn
+    from toolkit.kernels.gpu import dnn, dnn_bfloat16, dnn_epilogue, dnn_routes
     dnn.CUDNN_OPS = set(dnn.BUILDERS)          # the weight gradient's cuDNN kernel too
     dtypes = sys.argv[1].split(",")
     ran, failures = 0, []
@@ -84,7 +84,7 @@ LENET_SCRIPT = textwrap.dedent("""
     from toolkit.benchmarking import bench_plan
     from toolkit.backend.registry import load_device
     load_device("gpu")
-    from toolkit.kernels.gpu import dnn
+    from toolkit.kernels.gpu import dnn, dnn_bfloat16, dnn_epilogue, dnn_routes
     faster = sys.argv[2]
     timed = []
     def fake_timer(run, shapes, out_shape, dtype):
@@ -94,7 +94,7 @@ LENET_SCRIPT = textwrap.dedent("""
         route = "cudnn" if "_gradient" in run.__qualname__ else "im2col"
         timed.append((route, tuple(out_shape)))
         return 1.0 if route == faster else 2.0
-    dnn.seconds_on_device = fake_timer
+    dnn_routes.seconds_on_device = fake_timer
     lenet = Net.load(sys.argv[1])
     runs = {}
     for device, capture in (("cpu", None), ("gpu", None), ("gpu", False)):
@@ -133,13 +133,13 @@ ROUTE_SCRIPT = textwrap.dedent("""
     from toolkit.backend.registry import load_device
     from toolkit.settings import use
     load_device("gpu")
-    from toolkit.kernels.gpu import dnn
+    from toolkit.kernels.gpu import dnn, dnn_bfloat16, dnn_epilogue, dnn_routes
     timings, builds = [], []
     speeds = {}
     def fake_timer(run, shapes, out_shape, dtype):
         timings.append((run.route, tuple(shapes[1])))
         return speeds[run.route]
-    original, dnn.seconds_on_device = dnn.seconds_on_device, fake_timer
+    original, dnn_routes.seconds_on_device = dnn_routes.seconds_on_device, fake_timer
     def candidate(route):
         def run(ins, outs):
             pass
@@ -154,22 +154,23 @@ ROUTE_SCRIPT = textwrap.dedent("""
         return types.SimpleNamespace(in_shapes=[(n, o, h, w), x_shape], out_shapes=[(o, x_shape[1], 3, 3)],
                                      attrs=attrs, dtype="float32", precision=precision)
     def route(c):
-        got, why, run = dnn.weight_gradient_route(c, candidate("cudnn"), im2col_factory)
+        got, why, run = dnn_routes.weight_gradient_route(c, candidate("cudnn"), im2col_factory)
         assert run.route == got, (got, run.route)
         return got, why
     # ResNet-50's first 3x3 layer at batch 256: 64 channels x 9 taps x 256 x 56 x 56 floats of columns
     big = (256, 64, 56, 56)
-    assert dnn.column_bytes(big, (64, 64, 3, 3), (256, 64, 56, 56), "float32") == 64 * 9 * 256 * 56 * 56 * 4
+    assert dnn_routes.column_bytes(big, (64, 64, 3, 3), (256, 64, 56, 56), "float32") == 64 * 9 * 256 * 56 * 56 * 4
     speeds.update(cudnn=2.0, im2col=1.0)             # im2col faster where both are timed
     got, why = route(ctx(big, 64))
     assert got == "cudnn" and "1,764 MiB, over the 256 MiB workspace bound" in why, why
     assert timings == [] and builds == [], (timings, builds)
     # small: both timed once, the faster kept, and the choice kept for the process
     small = (4, 16, 8, 8)
-    assert route(ctx(small, 32)) == ("im2col", dnn.WEIGHT_GRADIENT_REASON)
+    assert route(ctx(small, 32)) == ("im2col", dnn_routes.WEIGHT_GRADIENT_REASON)
     assert timings == [("cudnn", small), ("im2col", small)], timings
     assert {"shapes": "g[4, 32, 8, 8] x[4, 16, 8, 8] w[32, 16, 3, 3] float32 strict", "route": "im2col",
-            "why": dnn.WEIGHT_GRADIENT_REASON, "cudnn_us": 2e6, "im2col_us": 1e6} in dnn.decisions()["weight_gradients"]
+            "why": dnn_routes.WEIGHT_GRADIENT_REASON, "cudnn_us": 2e6,
+            "im2col_us": 1e6} in dnn_routes.decisions()["weight_gradients"]
     speeds.update(cudnn=0.5)                         # a second measurement would now choose cuDNN
     assert route(ctx(small, 32))[0] == "im2col" and len(timings) == 2, timings
     # the policy is part of the key: under tf32 the same shapes are timed anew
@@ -181,8 +182,8 @@ ROUTE_SCRIPT = textwrap.dedent("""
         got, why = route(ctx((64, 16, 8, 8), 32))
         assert got == "cudnn" and "2 MiB, over the 1 MiB workspace bound" in why and len(timings) == 4, (why, timings)
     # where nothing can be timed (the stand-in's own clock), im2col, as before the measurement
-    dnn.seconds_on_device = original
-    assert route(ctx((2, 8, 8, 8), 8)) == ("im2col", dnn.UNTIMED_REASON)
+    dnn_routes.seconds_on_device = original
+    assert route(ctx((2, 8, 8, 8), 8)) == ("im2col", dnn_routes.UNTIMED_REASON)
     print("ok")
 """)
 
@@ -202,7 +203,7 @@ POLICY_SCRIPT = textwrap.dedent("""
     from toolkit.backend.registry import load_device
     from toolkit.settings import use
     load_device("gpu")
-    from toolkit.kernels.gpu import dnn
+    from toolkit.kernels.gpu import dnn, dnn_bfloat16, dnn_epilogue, dnn_routes
     dnn.CUDNN_OPS = set(dnn.BUILDERS)          # every direction through cuDNN
     seen = (ctypes.c_int * 3).in_dll(dnn.library(), "fake_cudnn_math")
     plain = Path(sys.argv[1]).read_text()
@@ -272,7 +273,7 @@ BFLOAT16_SCRIPT = textwrap.dedent("""
     from toolkit.benchmarking import bench_plan
     from toolkit.backend.registry import load_device
     load_device("gpu")
-    from toolkit.kernels.gpu import dnn
+    from toolkit.kernels.gpu import dnn, dnn_bfloat16, dnn_epilogue, dnn_routes
     dnn.CUDNN_OPS = set(dnn.BUILDERS)          # every direction through cuDNN
     seen = (ctypes.c_int * 3).in_dll(dnn.library(), "fake_cudnn_type")
     lenet = Net.load(sys.argv[1])
@@ -290,7 +291,7 @@ BFLOAT16_SCRIPT = textwrap.dedent("""
             worst = max(worst, float(np.abs(got[k] - want[k]).max()) / scale)
     assert worst < 2e-2, worst
     print("types", list(seen))
-    print("bfloat16", sorted(dnn.IN_BFLOAT16.items()))
+    print("bfloat16", sorted(dnn_bfloat16.IN_BFLOAT16.items()))
 """)
 
 
@@ -315,7 +316,7 @@ EPILOGUE_SCRIPT = textwrap.dedent("""
     from toolkit.benchmarking import bench_plan
     from toolkit.backend.registry import load_device
     load_device("gpu")
-    from toolkit.kernels.gpu import dnn
+    from toolkit.kernels.gpu import dnn, dnn_bfloat16, dnn_epilogue, dnn_routes
     faster = sys.argv[2]
     timed = []
     def fake_timer(run, shapes, out_shape, dtype):
@@ -323,7 +324,7 @@ EPILOGUE_SCRIPT = textwrap.dedent("""
         timed.append(route)
         return 1.0 if route == faster else 2.0
     if faster != "untimed":
-        dnn.seconds_on_device = fake_timer
+        dnn_routes.seconds_on_device = fake_timer
     calls = ctypes.c_int.in_dll(dnn.library(), "fake_cudnn_fused_calls")
     resnet = Net.load(sys.argv[1])
     outs = {}
@@ -336,7 +337,7 @@ EPILOGUE_SCRIPT = textwrap.dedent("""
     for want, got in zip(outs["cpu", None], outs["gpu", None]):
         for k in want:
             np.testing.assert_allclose(got[k], want[k], rtol=2e-5, atol=1e-6, err_msg=k)
-    print("fused", sorted(dnn.FUSED.items()))
+    print("fused", sorted(dnn_routes.FUSED.items()))
     print("calls", calls.value)
     print("timed", len(timed))
 """)
@@ -459,9 +460,9 @@ def test_tf32_is_within_1e_2_of_strict_and_strict_within_1e_5_of_the_cpu_on_the_
 @pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU with cupy (run on a GPU machine)")
 def test_the_weight_gradient_through_cudnn_equals_im2col_and_is_chosen_over_the_bound_on_the_device():
     from toolkit.kernels.cpu.conv import CONV_KERNELS
-    from toolkit.kernels.gpu import arrays
     from toolkit.settings import use
     dnn = _device_dnn()
+    from toolkit.kernels.gpu import arrays, dnn_routes
     op = "conv2d_grad_weight"
     inputs, out_shape, want = _device_operands(op)
     with use(precision="strict"):
@@ -474,15 +475,15 @@ def test_the_weight_gradient_through_cudnn_equals_im2col_and_is_chosen_over_the_
     big = types.SimpleNamespace(in_shapes=[(256, 64, 56, 56), (256, 64, 56, 56)], out_shapes=[(64, 64, 3, 3)],
                                 attrs=dict(DEVICE_ATTRS), dtype="float32", precision="strict")
     with use(cudnn_workspace_mb=256):
-        route, why, _run = dnn.weight_gradient_route(big, "cudnn kernel", lambda ctx: "im2col kernel")
+        route, why, _run = dnn_routes.weight_gradient_route(big, "cudnn kernel", lambda ctx: "im2col kernel")
     assert route == "cudnn" and "over the 256 MiB workspace bound" in why, why
     # a small layer is timed on the device, both routes, and the choice kept
     with use(precision="strict"):
         small = types.SimpleNamespace(in_shapes=[(8, 64, 28, 28), DEVICE_X], out_shapes=[DEVICE_W],
                                       attrs=dict(DEVICE_ATTRS), dtype="float32", precision="strict")
         built = dnn.BUILDERS[op](small)
-        route, why, _run = dnn.weight_gradient_route(small, built, arrays._over_cupy(CONV_KERNELS[op]))
-    times = [t for key, t in dnn.WEIGHT_GRADIENT_TIMES.items() if key[0] == (8, 64, 28, 28)]
+        route, why, _run = dnn_routes.weight_gradient_route(small, built, arrays._over_cupy(CONV_KERNELS[op]))
+    times = [t for key, t in dnn_routes.WEIGHT_GRADIENT_TIMES.items() if key[0] == (8, 64, 28, 28)]
     assert times and all(v is not None and v > 0 for v in times[0].values()), times
     print("weight gradient route", route, times[0])
 
@@ -517,14 +518,15 @@ def test_conv_bias_residual_relu_in_one_cudnn_call_equals_the_cpu_on_the_device(
 
     from toolkit.ops.conv import conv2d_reference
     from toolkit.settings import use
-    dnn = _device_dnn()
+    _device_dnn()
+    from toolkit.kernels.gpu import dnn_epilogue
     rng = np.random.default_rng(0)
     x, w = rng.standard_normal(DEVICE_X), rng.standard_normal(DEVICE_W) / 24
     b, z = rng.standard_normal(DEVICE_W[0]), rng.standard_normal(DEVICE_X)
     geometry = {k: DEVICE_ATTRS[k] for k in ("stride", "pad", "dilation", "group")}
     want = np.maximum(conv2d_reference(x, w, b, **geometry) + (z if residual else 0), 0)
     with use(precision="strict"):
-        fused = dnn.BiasActivation(DEVICE_X, DEVICE_W, DEVICE_X, dict(DEVICE_ATTRS), "float32", "strict")
+        fused = dnn_epilogue.BiasActivation(DEVICE_X, DEVICE_W, DEVICE_X, dict(DEVICE_ATTRS), "float32", "strict")
         x_d, w_d, b_d, z_d = (cp.asarray(a.astype(np.float32)) for a in (x, w, b, z))
         y = cp.zeros(DEVICE_X, np.float32)
         fused(x_d, w_d, b_d, z_d if residual else None, y)

@@ -7,7 +7,9 @@ a GPU is asked for.
 - ``blas.py``: GEMMs through a cuBLAS handle of our own with its own workspace (ctypes), which
   a CUDA graph can capture (CuPy's cuBLAS calls refuse to be captured).
 - ``dnn.py``: convolutions through a cuDNN handle of our own (ctypes), capturable, with
-  arrays.py's im2col convolutions as the fallback.
+  arrays.py's im2col convolutions as the fallback; ``dnn_routes.py`` decides and records which
+  route each takes (the float32 policy, the measured choices), ``dnn_bfloat16.py`` runs
+  bfloat16 ones on bfloat16 copies, ``dnn_epilogue.py`` a conv + bias (+ add) + ReLU in one call.
 - ``arrays.py``: convolution (im2col + cuBLAS), pooling, the losses, accuracy and dropout,
   written once against an array module and shared with the CPU where they can be.
 - ``nhwc.py``: the channels-last layout's convolution through cuDNN, its reorders and pooling.

@@ -7,7 +7,7 @@ the input gradient (``conv2d_grad_input``) take over from the im2col kernels of 
 stay as each one's fallback: when cuDNN cannot be loaded, when the ``cudnn`` setting is off
 (``TOOLKIT_CUDNN=0``), for a dtype cuDNN does not take, or when cuDNN offers no algorithm for the
 shapes. The weight gradient (``conv2d_grad_weight``) goes to cuDNN or stays on im2col + cuBLAS
-per convolution, when the plan is built (``weight_gradient_route``): cuDNN where im2col's column
+per convolution, when the plan is built (dnn_routes.py's ``weight_gradient_route``): cuDNN where im2col's column
 buffer would be larger than the workspace bound, else whichever of the two measures faster on the
 device, the choice kept for the process so that every plan of it (captured or kernel by kernel)
 computes that gradient the same way.
@@ -22,13 +22,13 @@ What is decided when the plan is built, once per convolution:
   differently from one run to the next and the non-deterministic weight-gradient algorithms sum
   with atomics: either would break bit-for-bit reproducible training and the check that a
   captured plan equals the same plan run kernel by kernel;
-- the math: float32 follows the precision policy (``policy``): ``strict`` (the default) holds it
+- the math: float32 follows the precision policy (dnn_routes.py's ``policy``): ``strict`` (the default) holds it
   to FMA kernels (``CUDNN_FMA_MATH``), so results equal the CPU's to float32 rounding; ``tf32``
   is PyTorch's default (``torch.backends.cudnn.allow_tf32``): cuDNN's default math, which lets
   all three directions run on TF32 tensor cores on Ampere and later (cuBLAS's GEMMs stay float32
   under both, as PyTorch's ``matmul.allow_tf32`` default). float16 may use Tensor Cores and
   accumulates in float32; so does bfloat16, which CuPy cannot hold: a float32 convolution with
-  an operand rounded to bfloat16 (``operand_type``) runs on bfloat16 copies of its operands.
+  an operand rounded to bfloat16 runs on bfloat16 copies of its operands (dnn_bfloat16.py).
 - the workspace: at most the ``cudnn_workspace_mb`` setting per stream; an algorithm that wants
   more is passed over.
 
@@ -42,9 +42,7 @@ the ``cudnn_library`` setting (``TOOLKIT_CUDNN_LIBRARY``) names another file.
 from __future__ import annotations
 
 import ctypes
-import statistics
 import threading
-from collections import Counter
 
 import numpy as np
 
@@ -52,8 +50,10 @@ from ...backend.devices import gpu_module
 from ...backend.registry import KERNELS, SPECIALISED
 from ...ops.conv import conv_out_size
 from ...ops.fused import split_attrs
-from ...settings import current, off_text, precision_policy
+from ...settings import current, off_text
 from . import blas
+from .dnn_bfloat16 import BFLOAT16, IN_BFLOAT16, InBfloat16, operand_type
+from .dnn_routes import CHOSEN, policy, weight_gradient_route, workspace_limit
 
 # cudnnDataType_t, cudnnTensorFormat_t, cudnnConvolutionMode_t, cudnnMathType_t,
 # cudnnDeterminism_t (cudnn_graph.h / cudnn_cnn.h, unchanged from cuDNN 7 to 9)
@@ -72,25 +72,12 @@ TYPES = {
     np.dtype(np.float16): (DATA_HALF, DATA_FLOAT, MATH_TENSOR_OP, ctypes.c_float),
 }
 # bfloat16 operands (uint16 arrays holding a bfloat16's bits: CuPy has no bfloat16), summed in
-# float32 on tensor cores
-BFLOAT16 = "bfloat16"
+# float32 on tensor cores (dnn_bfloat16.py)
 BFLOAT16_TYPES = (DATA_BFLOAT16, DATA_FLOAT, MATH_TENSOR_OP, ctypes.c_float)
 # the math type float32 asks for under each policy: tf32 as PyTorch sets it with allow_tf32
 # (cuDNN's default math, which may convert to TF32; FMA only when TF32 is not allowed)
 FLOAT32_MATH = {"strict": MATH_FMA, "tf32": MATH_DEFAULT}
 MAX_ALGORITHMS = 16
-
-
-def policy(ctx=None) -> str:
-    """The float32 math policy in force for a kernel built from ``ctx``: the ``precision`` setting
-    (``TOOLKIT_PRECISION``, ``--precision``) where given, else the net file's ``precision`` key
-    (``ctx.precision``), else strict."""
-    return precision_policy(getattr(ctx, "precision", None))
-
-
-def workspace_limit() -> int:
-    """The most bytes of workspace one convolution may use (the ``cudnn_workspace_mb`` setting)."""
-    return current().cudnn_workspace_mb << 20
 
 
 class CudnnError(RuntimeError):
@@ -369,190 +356,6 @@ def _bias_adder(channels: int, y_shape, dtype):
     return add
 
 
-def operand_type(ctx) -> str:
-    """The type a float32 convolution's operands are summed in: bfloat16 where one of them is a
-    value rounded to bfloat16 (mixed precision in bfloat16 on a device without bfloat16 arrays:
-    passes/precision.py stores each bfloat16 value as float32, each cast to it a
-    ``round_precision``, and rounds the result of every convolution whose operands are bfloat16),
-    else the kernel's dtype. A convolution reached only through other ops (a gradient after a
-    ReLU's) stays float32, its result rounded all the same."""
-    if np.dtype(ctx.dtype) == np.float32:
-        for v in getattr(getattr(ctx, "node", None), "inputs", ()):
-            producer = getattr(v, "producer", None)
-            if producer is not None and producer.op == "round_precision" and producer.attrs.get("dtype") == BFLOAT16:
-                return BFLOAT16
-    return str(np.dtype(ctx.dtype))
-
-
-# float32 <-> bfloat16 bits, rounding to nearest even (a NaN stays a NaN), one thread per element
-# in a grid-stride loop
-BFLOAT16_SOURCE = r"""
-union tk_bits { float f; unsigned int u; };
-extern "C" __global__ void tk_to_bfloat16(const float *x, unsigned short *y, long n) {
-    for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long)blockDim.x * gridDim.x) {
-        union tk_bits b;
-        b.f = x[i];
-        if ((b.u & 0x7f800000u) == 0x7f800000u && (b.u & 0x7fffffu)) y[i] = (unsigned short)((b.u >> 16) | 0x40u);
-        else y[i] = (unsigned short)((b.u + 0x7fffu + ((b.u >> 16) & 1u)) >> 16);
-    }
-}
-extern "C" __global__ void tk_from_bfloat16(const unsigned short *x, float *y, long n) {
-    for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long)blockDim.x * gridDim.x) {
-        union tk_bits b;
-        b.u = (unsigned int)x[i] << 16;
-        y[i] = b.f;
-    }
-}
-"""
-
-
-class _InBfloat16:
-    """A bfloat16 convolution on float32 arrays: both operands converted into bfloat16 buffers,
-    the convolution on them, its bfloat16 result widened into the float32 output (which the
-    graph then rounds to bfloat16 again: a no-op). The buffers are parts of the stream's own
-    scratch (``Handle.scratch``), shared by every convolution run on that stream one after
-    another, so a net's bfloat16 copies take the largest convolution's room, not the sum."""
-
-    ALIGN = 128                  # elements (256 bytes) between the parts, as cuDNN's kernels like
-
-    def __init__(self, conv: Convolution, a_shape, b_shape, out_shape):
-        from .cuda import MAX_BLOCKS, THREADS_PER_BLOCK, compiled_source
-        self.conv = conv
-        self.parts, start = [], 0
-        for shape in (a_shape, b_shape, out_shape):
-            size = int(np.prod(shape, dtype=np.int64))
-            self.parts.append((start, size, tuple(int(v) for v in shape)))
-            start += -(-size // self.ALIGN) * self.ALIGN
-        self.elements = start
-        self.to_bits = compiled_source(BFLOAT16_SOURCE, "tk_to_bfloat16")
-        self.from_bits = compiled_source(BFLOAT16_SOURCE, "tk_from_bfloat16")
-        self.grid = lambda n: ((max(1, min(MAX_BLOCKS, -(-n // THREADS_PER_BLOCK))),), (THREADS_PER_BLOCK,))
-
-    def __call__(self, a, b, out) -> None:
-        scratch = handle().scratch(self.elements)
-        a_bits, b_bits, out_bits = (scratch[o:o + n].reshape(shape) for o, n, shape in self.parts)
-        for src, bits in ((a, a_bits), (b, b_bits)):
-            self.to_bits(*self.grid(bits.size), (src, bits, np.int64(bits.size)))
-        self.conv(a_bits, b_bits, out_bits)
-        self.from_bits(*self.grid(out_bits.size), (out_bits, out, np.int64(out_bits.size)))
-
-
-# each op the bfloat16 convolutions ran, for benchmarks and tests to read
-IN_BFLOAT16: Counter = Counter()
-
-# cudnnConvolutionFwdAlgo_t: the one algorithm cudnnConvolutionBiasActivationForward runs a ReLU
-# with; cudnnActivationMode_t, cudnnNanPropagation_t
-IMPLICIT_PRECOMP_GEMM = 1
-ACTIVATION_RELU, PROPAGATE_NAN = 1, 1
-
-
-def relu_epilogue(program, outputs, views, k: int, n_inputs: int) -> tuple[bool, int | None] | None:
-    """(True, residual input's position or None) when a convolution-with-bias head's epilogue
-    program is exactly ``relu(h)`` or ``relu(h + z)`` with only the ReLU leaving the group (what
-    cudnnConvolutionBiasActivationForward computes); None otherwise."""
-    if any(views or ()) or k != 3:
-        return None
-    steps = tuple((step[0], tuple(tuple(a) for a in step[1]), tuple(step[2])) for step in program)
-    if steps == (("relu", (("h",),), ()),) and tuple(outputs) == (0,):
-        return True, None
-    if len(steps) != 2 or tuple(outputs) != (1,) or steps[1] != ("relu", (("t", 0),), ()):
-        return None
-    op, args, extra = steps[0]
-    if op != "add" or extra or len(args) != 2 or ("h",) not in args:
-        return None
-    other = args[0] if args[1] == ("h",) else args[1]
-    if other[0] != "x" or not k <= other[1] < n_inputs:
-        return None
-    return True, other[1]
-
-
-class BiasActivation:
-    """y = relu(conv(x, w) + b (+ z)) in one cuDNN call, with the algorithm it allows a ReLU."""
-
-    def __init__(self, x_shape, w_shape, y_shape, attrs, dtype, precision: str):
-        lib = library()
-        if not getattr(lib, "fused_forward", False):
-            raise Unsupported("this cuDNN has no cudnnConvolutionBiasActivationForward")
-        conv = self.conv = Convolution("forward", x_shape, w_shape, y_shape, attrs, dtype, precision=precision)
-        if conv.math != MATH_FMA:       # the ranking left the descriptor at its own choice's math
-            check(lib.cudnnSetConvolutionMathType(conv.conv, conv.math), "cudnnSetConvolutionMathType")
-        raw, _ = handle().on_current_stream()
-        size = ctypes.c_size_t(0)
-        status = lib.cudnnGetConvolutionForwardWorkspaceSize(raw, conv.x, conv.w, conv.conv, conv.y,
-                                                             IMPLICIT_PRECOMP_GEMM, ctypes.byref(size))
-        if status != 0 or size.value > workspace_limit():
-            raise Unsupported("no implicit precomputed GEMM within the workspace bound")
-        self.workspace_bytes = size.value
-        self.bias = tensor_descriptor((1, int(w_shape[0]), 1, 1), conv.data_type)
-        self.activation = _descriptor("cudnnCreateActivationDescriptor", "cudnnSetActivationDescriptor",
-                                      ACTIVATION_RELU, PROPAGATE_NAN, ctypes.c_double(0.0))
-
-    def __call__(self, x, w, b, z, y) -> None:
-        conv, lib = self.conv, library()
-        raw, workspace = handle().on_current_stream(self.workspace_bytes)
-        check(lib.cudnnConvolutionBiasActivationForward(
-            raw, ctypes.byref(conv.one), conv.x, ctypes.c_void_p(blas.pointer(x)), conv.w,
-            ctypes.c_void_p(blas.pointer(w)), conv.conv, IMPLICIT_PRECOMP_GEMM, ctypes.c_void_p(workspace),
-            self.workspace_bytes, ctypes.byref(conv.zero if z is None else conv.one), conv.y,
-            ctypes.c_void_p(blas.pointer(y if z is None else z)), self.bias, ctypes.c_void_p(blas.pointer(b)),
-            self.activation, conv.y, ctypes.c_void_p(blas.pointer(y))), "cudnnConvolutionBiasActivationForward")
-
-
-# (shapes, attributes, dtype, policy, residual or not) -> whether the fused call measured faster
-FUSED_ROUTES: dict[tuple, bool] = {}
-# each fused epilogue built as one cuDNN call, by its form
-FUSED: Counter = Counter()
-
-
-def epilogue_convolution(ctx, head_attrs, k: int, separate):
-    """run(ins, outs) -> True doing a fused epilogue's convolution, bias, residual add and ReLU in
-    one cudnnConvolutionBiasActivationForward, where the group is exactly that, cuDNN takes it,
-    and it measures faster than ``separate`` (the head's kernel then the epilogue's, timed once
-    per shapes, dtype and policy in the process; where nothing can be timed, the two kernels
-    stay). None where it does not apply; the run returns False for operands not contiguous."""
-    if unavailable() or str(np.dtype(ctx.dtype)) not in ("float32", "float16"):
-        return None
-    found = relu_epilogue(ctx.attrs["program"], ctx.attrs["outputs"], ctx.attrs.get("views"), k, len(ctx.in_shapes))
-    if found is None or len(ctx.out_shapes) != 1:
-        return None
-    _relu, residual = found
-    x_shape, w_shape, b_shape = (tuple(int(v) for v in s) for s in ctx.in_shapes[:3])
-    y_shape = tuple(int(v) for v in ctx.out_shapes[0])
-    if b_shape not in ((w_shape[0],), (1, w_shape[0], 1, 1)) or operand_type(ctx) == BFLOAT16:
-        return None
-    if residual is not None and tuple(ctx.in_shapes[residual]) != y_shape:
-        return None
-    if any(getattr(v, "dtype", ctx.dtype) != ctx.dtype for v in getattr(ctx.node, "inputs", ())):
-        return None
-    key = (x_shape, w_shape, y_shape, tuple(sorted((n, repr(v)) for n, v in head_attrs.items())),
-           str(np.dtype(ctx.dtype)), policy(ctx), residual is not None)
-    if FUSED_ROUTES.get(key) is False:
-        return None
-    try:
-        fused = BiasActivation(x_shape, w_shape, y_shape, head_attrs, ctx.dtype, policy(ctx))
-    except (Unsupported, CudnnError):
-        FUSED_ROUTES[key] = False
-        return None
-
-    def run(ins, outs) -> bool:
-        operands = [ins[0], ins[1], ins[2], None if residual is None else ins[residual], outs[0]]
-        if not all(a is None or a.flags.c_contiguous for a in operands):
-            return False
-        fused(*operands)
-        return True
-
-    if key not in FUSED_ROUTES:
-        try:
-            times = [seconds_on_device(candidate, ctx.in_shapes, y_shape, ctx.dtype) for candidate in (run, separate)]
-        except CudnnError:                # cuDNN refused it when it ran: the two kernels stay
-            times = [None]
-        FUSED_ROUTES[key] = None not in times and times[0] < times[1]
-    if not FUSED_ROUTES[key]:
-        return None
-    FUSED["relu(conv + b + z)" if residual is not None else "relu(conv + b)"] += 1
-    return run
-
-
 def _convolution(direction: str, x_shape, w_shape, y_shape, attrs, dtype, precision: str, operands: str):
     """call(a, b, out) for ``direction`` on packed arrays of ``dtype``: cuDNN in that type, or on
     bfloat16 copies of the operands where ``operands`` is bfloat16 (``operand_type``)."""
@@ -561,7 +364,7 @@ def _convolution(direction: str, x_shape, w_shape, y_shape, attrs, dtype, precis
     conv = Convolution(direction, x_shape, w_shape, y_shape, attrs, BFLOAT16)
     shapes = {"forward": (x_shape, w_shape, y_shape), "data": (w_shape, y_shape, x_shape),
               "filter": (x_shape, y_shape, w_shape)}[direction]
-    return _InBfloat16(conv, *shapes)
+    return InBfloat16(conv, *shapes, scratch=lambda elements: handle().scratch(elements))
 
 
 def _forward(x_shape, w_shape, y_shape, attrs, dtype, has_bias: bool, precision: str = "strict",
@@ -654,92 +457,11 @@ BUILDERS = {"conv2d": conv2d, "conv2d_max_pool2d": conv2d_max_pool2d,
 
 # The ops that always go through cuDNN: forward and input-gradient convolutions measured 1.7x to
 # 3.6x faster than im2col on an H100 (benchmarks/gpu_conv.py, batch 64, float32). The weight
-# gradient is measured per convolution instead (``weight_gradient_route``): on the small ResNet's
+# gradient is measured per convolution instead (dnn_routes.py): on the small ResNet's
 # layers at batch 64 cuDNN's deterministic weight-gradient algorithms took 138 us where im2col
 # took 91 (1x1 and 16-channel 3x3 layers 1.5x to 4.2x slower), but im2col's column buffer grows
 # with the batch and the image (gigabytes for ResNet-50's first layers at batch 256).
 CUDNN_OPS = {"conv2d", "conv2d_max_pool2d", "conv2d_grad_input"}
-WEIGHT_GRADIENT_REASON = "im2col + cuBLAS measured faster than cuDNN's deterministic algorithms"
-UNTIMED_REASON = "no device clock to measure the weight gradient's two routes by: im2col + cuBLAS"
-TIMING_RUNS = 5
-
-# what each convolution kernel built so far ran on: ("cudnn", op) or ("im2col", why), for
-# benchmarks and tests to read
-CHOSEN: Counter = Counter()
-# each weight gradient's route, decided once in the process: key -> ("cudnn" or "im2col", why)
-WEIGHT_GRADIENT_ROUTES: dict[tuple, tuple[str, str]] = {}
-# the median seconds each route measured where both were timed: key -> {"cudnn": s, "im2col": s}
-WEIGHT_GRADIENT_TIMES: dict[tuple, dict[str, float]] = {}
-
-
-def column_bytes(x_shape, w_shape, g_shape, dtype) -> int:
-    """The bytes of im2col's column buffer for a weight gradient (kernels/cpu/conv.py's ``cols``:
-    every kernel tap of every input channel at every output position of every image)."""
-    n, c = x_shape[:2]
-    _o, _cg, kh, kw = w_shape
-    oh, ow = g_shape[2:]
-    return int(c) * int(kh) * int(kw) * int(n) * int(oh) * int(ow) * np.dtype(dtype).itemsize
-
-
-def seconds_on_device(run, shapes: list, out_shape, dtype) -> float | None:
-    """The median time of ``run`` over ``TIMING_RUNS`` runs after one untimed, on random inputs
-    of ``shapes``, by CUDA events on the current stream; None where the array module has no
-    events to time by (the numpy stand-in for CuPy: its tests replace this function)."""
-    cp = gpu_module()
-    events = getattr(cp.cuda, "Event", None)
-    if events is None:
-        return None
-    # drawn on the device: a batch-256 activation is hundreds of MB, slow to draw on the host
-    ins = [cp.random.standard_normal(tuple(shape)).astype(dtype) for shape in shapes]
-    outs = [cp.empty(tuple(out_shape), dtype)]
-    run(ins, outs)
-    samples = []
-    for _ in range(TIMING_RUNS):
-        start, end = events(), events()
-        start.record()
-        run(ins, outs)
-        end.record()
-        end.synchronize()
-        samples.append(cp.cuda.get_elapsed_time(start, end) / 1e3)
-    del ins, outs
-    # the inputs' blocks back to the device, not kept in CuPy's pool beside the plan's memory
-    pool = getattr(cp, "get_default_memory_pool", None)
-    if pool is not None:
-        pool().free_all_blocks()
-    return statistics.median(samples)
-
-
-def weight_gradient_route(ctx, cudnn_run, im2col_factory) -> tuple[str, str, object]:
-    """(route, why, run) for a weight gradient whose cuDNN kernel is ``cudnn_run``: cuDNN where
-    im2col's column buffer would be over the workspace bound; else whichever measures faster,
-    each timed once (``seconds_on_device``; im2col where nothing can be timed). The choice is
-    kept per (shapes, attributes, dtype, policy, bound) for the process, so that two plans of one
-    net (captured and kernel by kernel) compute the gradient alike."""
-    g_shape, x_shape = (tuple(int(v) for v in s) for s in ctx.in_shapes)
-    w_shape = tuple(int(v) for v in ctx.out_shapes[0])
-    key = (g_shape, x_shape, w_shape, tuple(sorted((k, repr(v)) for k, v in ctx.attrs.items())),
-           getattr(cudnn_run, "operands", str(np.dtype(ctx.dtype))), policy(ctx), workspace_limit())
-    known = WEIGHT_GRADIENT_ROUTES.get(key)
-    if known is not None:
-        route, why = known
-        return route, why, cudnn_run if route == "cudnn" else im2col_factory(ctx)
-    columns, limit = column_bytes(x_shape, w_shape, g_shape, ctx.dtype), workspace_limit()
-    if columns > limit:
-        route, why, run = "cudnn", (f"im2col's column buffer would take {columns / 2**20:,.0f} MiB, over the "
-                                    f"{limit >> 20} MiB workspace bound"), cudnn_run
-    else:
-        im2col_run = im2col_factory(ctx)
-        times = {name: seconds_on_device(candidate, [g_shape, x_shape], w_shape, ctx.dtype)
-                 for name, candidate in (("cudnn", cudnn_run), ("im2col", im2col_run))}
-        WEIGHT_GRADIENT_TIMES[key] = times
-        if None in times.values():
-            route, why, run = "im2col", UNTIMED_REASON, im2col_run
-        elif times["cudnn"] < times["im2col"]:
-            route, why, run = "cudnn", "cuDNN measured faster than im2col + cuBLAS", cudnn_run
-        else:
-            route, why, run = "im2col", WEIGHT_GRADIENT_REASON, im2col_run
-    WEIGHT_GRADIENT_ROUTES[key] = (route, why)
-    return route, why, run
 
 
 def _choosing(op: str, builder, fallback):
@@ -777,20 +499,3 @@ def _specialiser(op: str, builder):
 for _op, _builder in BUILDERS.items():
     KERNELS.specialise(_op, "gpu", SPECIALISED)(_specialiser(_op, _builder))
 
-
-def decisions() -> dict:
-    """What this process's GPU convolutions were built as, for benchmarks to print: the kernels
-    by route, the ops run in bfloat16, the fused epilogues, and each weight gradient's route with
-    the two times it measured (microseconds; absent where it was not timed)."""
-    def shapes(key):
-        return f"g{list(key[0])} x{list(key[1])} w{list(key[2])} {key[4]} {key[5]}"
-    return {
-        "kernels": {f"{how}: {what}": n for (how, what), n in sorted(CHOSEN.items())},
-        "bfloat16": dict(IN_BFLOAT16),
-        "fused_epilogues": dict(FUSED),
-        "weight_gradients": [
-            {"shapes": shapes(key), "route": route, "why": why,
-             **{f"{name}_us": round(t * 1e6, 1) for name, t in WEIGHT_GRADIENT_TIMES.get(key, {}).items()
-                if t is not None}}
-            for key, (route, why) in WEIGHT_GRADIENT_ROUTES.items()],
-    }

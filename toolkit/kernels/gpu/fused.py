@@ -6,7 +6,7 @@ writes half-precision buffers and computes in float32 registers.
 - ``fused_epilogue``: a GEMM whose program is ``h + b`` or ``relu(h + b)`` is one cuBLASLt call
   with the bias (and ReLU) in its epilogue (lt.py); a convolution with its bias whose program is
   ``relu(h)`` or ``relu(h + z)`` is one cudnnConvolutionBiasActivationForward where that
-  measures faster (dnn.py's ``epilogue_convolution``); otherwise the head (a cuBLAS GEMM, or the
+  measures faster (dnn_epilogue.py); otherwise the head (a cuBLAS GEMM, or the
   im2col convolution) writes the first output's array, and one kernel then reads it as the head
   and overwrites it element by element (each element's reads come before its writes, in one
   thread).
@@ -26,7 +26,7 @@ from ...ops.fused import head_parts
 from ..cpu.fused import ProgramRunner, elementwise_inplace_pairs
 from ..native.elementwise import _arrays_for, elementwise_kernel
 from .cuda import launcher
-from .dnn import epilogue_convolution
+from .dnn_epilogue import epilogue_convolution
 from .lt import epilogue_gemm
 
 cp = gpu_module()
