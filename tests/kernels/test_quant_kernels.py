@@ -1,10 +1,12 @@
-"""The int8 kernels (toolkit/kernels/cpu/quant.py, toolkit/kernels/native/quant.py) bit for bit
-against an independent integer reference: numpy int64 sums over explicit windows (no im2col, no
-float GEMM), requantized element by element with numpy float32 scalars. Random shapes reach each
-edge of the native tile (1 row x 4 columns): M = 1, N = 1, odd rows and columns, K = 1 and K not
-a multiple of 16 (a vector of int16), 1x1, 3x3, depthwise, grouped, stride, dilation, padding
-with a nonzero zero point, full-range weights (-128 included) and activations; float32 and
-uint8/int8 outputs, with and without ReLU and bias; one and two threads."""
+"""The int8 kernels (toolkit/kernels/cpu/quant.py, toolkit/kernels/native/quant.py and, on an AVX2
+processor, the packed kernels of toolkit/kernels/native/quant_packed.py) bit for bit against an
+independent integer reference: numpy int64 sums over explicit windows (no im2col, no float GEMM),
+requantized element by element with numpy float32 scalars. Random shapes reach each edge of the
+tiles (the portable 1 row x 4 columns, the packed 6 channels x 16 positions): M = 1, N = 1, odd
+rows and columns, K = 1 and K not a multiple of 16, odd channel counts, 1x1, 3x3, depthwise,
+grouped, stride, dilation, padding with a nonzero zero point, full-range weights (-128 included)
+and activations; float32 and uint8/int8 outputs, with and without ReLU and bias; weights given at
+run time and frozen (packed when the plan is built); one and two threads."""
 from __future__ import annotations
 
 import numpy as np
