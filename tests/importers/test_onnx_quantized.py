@@ -347,3 +347,35 @@ def test_blocked_quantization_is_one_line(tmp_path):
     r = cli("compile", path)
     assert r.status == 2
     assert len(r.err.strip().splitlines()) == 1 and "block_size" in r.err
+
+
+def test_a_convolution_whose_relu_is_a_model_output_stays_float_there(tmp_path):
+    """DequantizeLinear -> Conv -> Relu, the Relu's value an output of the model and read by a
+    QuantizeLinear too: the output is the float ReLU of the convolution, not its quantized form."""
+    rng = np.random.default_rng(5)
+    inits = [numpy_helper.from_array(np.float32(0.02), "xs"), numpy_helper.from_array(np.uint8(120), "xz"),
+             numpy_helper.from_array(rng.integers(-127, 128, (4, 3, 3, 3)).astype(np.int8), "wq"),
+             numpy_helper.from_array(np.float32(0.004), "ws"), numpy_helper.from_array(np.float32(0.05), "ys"),
+             numpy_helper.from_array(np.uint8(0), "yz")]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"]),
+             helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"]),
+             helper.make_node("DequantizeLinear", ["wq", "ws"], ["wd"]),
+             helper.make_node("Conv", ["xd", "wd"], ["c"]),
+             helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("QuantizeLinear", ["r", "ys", "yz"], ["q"]),
+             helper.make_node("DequantizeLinear", ["q", "ys", "yz"], ["d"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 5, 5])],
+                              [helper.make_tensor_value_info("r", TensorProto.FLOAT, None),
+                               helper.make_tensor_value_info("d", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path = tmp_path / "two.onnx"
+    onnx.save(model, str(path))
+    imported = import_proto(model, str(path))
+    x = np.random.default_rng(6).uniform(-2, 2, (1, 3, 5, 5)).astype(np.float32)
+    got = interpret(imported.graph, {"x": x}, {})[0]
+    want = ort_session(path).run(None, {"x": x})
+    np.testing.assert_allclose(got["r"], want[0], rtol=1e-5, atol=1e-6)
+    steps = got["r"] / np.float32(0.05)
+    assert (np.abs(steps - np.rint(steps)) > 0.01).sum() > 5      # float values, not 0.05 steps
+    assert np.abs(got["d"] - want[1]).max() <= 0.05 * 1.001

@@ -25,7 +25,7 @@ import numpy as np
 
 from toolkit.ir.graph import FLOAT_DTYPES, QUANT_DTYPES, Value
 
-from ..convert import DOMAIN_OPS, is_const
+from ..convert import DOMAIN_OPS, NodeError, is_const
 from .base import converts
 
 # ops that commute with per-tensor quantization (q(op(dq(x))) == op(x) on the integers), as the
@@ -294,19 +294,22 @@ def _int32_bias(imp, name: str | None, x_scale: float, w_scales: tuple, channels
 def _output_form(imp, node) -> tuple[dict, bool]:
     """How a quantized op's output is stored: (out_dtype/y_scale/y_zero_point, relu), quantized
     where the node's one reader is a per-tensor QuantizeLinear, directly or through a Relu."""
+    float_out = {"out_dtype": "float32"}, False
+    if node.output[0] in imp.graph_outputs:      # the model gives the float value itself
+        return float_out
     readers = imp.readers.get(node.output[0], [])
     relu = False
-    if len(readers) == 1 and readers[0].op_type == "Relu" and node.output[0] not in imp.graph_outputs:
+    if len(readers) == 1 and readers[0].op_type == "Relu":
+        if readers[0].output[0] in imp.graph_outputs:
+            return float_out
         relu = True
         readers = imp.readers.get(readers[0].output[0], [])
-        if readers and readers[0].output[0] in imp.graph_outputs:
-            readers = []
-    if len(readers) != 1 or readers[0].op_type != "QuantizeLinear" or node.output[0] in imp.graph_outputs:
-        return {"out_dtype": "float32"}, False
+    if len(readers) != 1 or readers[0].op_type != "QuantizeLinear":
+        return float_out
     try:
         scale, zp, dtype = _per_tensor(imp, readers[0], 1, 2, "output")
-    except Exception:
-        return {"out_dtype": "float32"}, False
+    except NodeError:               # a scale computed at run time: the float output is quantized after
+        return float_out
     return {"out_dtype": dtype, "y_scale": scale, "y_zero_point": zp}, relu
 
 
@@ -503,7 +506,7 @@ def _qlinear_conv(imp, node):
         geometry = None
         try:
             geometry = _conv_geometry(imp, node, x, w.shape)
-        except Exception:           # unequal padding: the float64 sums below
+        except NodeError:           # unequal padding: the float64 sums below
             geometry = None
         if geometry is not None:
             w_scales = _symmetric(imp, node, 4, 5, w.shape[0])
