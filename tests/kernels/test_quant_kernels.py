@@ -307,6 +307,31 @@ def test_weights_given_at_run_time_are_packed_by_the_plan():
     np.testing.assert_array_equal(frozen, want)
 
 
+@pytest.mark.parametrize("native", NATIVE)
+def test_int8_max_pooling_kernels_equal_the_reference(native):
+    """Max pooling of uint8 and int8 (a quantized net's pools): padding is the type's least value,
+    so a window's maximum is its largest element inside the image; ragged edges (ceil mode)."""
+    rng = np.random.default_rng(11)
+    nodes, expected = [], []
+    for dtype in ("uint8", "int8"):
+        lo, hi = RANGE[dtype]
+        x = rng.integers(lo, hi + 1, (2, 3, 9, 11)).astype(dtype)
+        x[0, 0, :3, :3] = lo                                   # windows of the least value only
+        for k, stride, pad, ceil in ((2, 2, 0, False), (3, 1, 1, False), (3, 2, 1, True), (2, 2, 0, True)):
+            attrs = dict(kernel=(k, k), stride=(stride, stride), pad=(pad, pad), ceil_mode=ceil)
+            oh = -(-(9 + 2 * pad - k) // stride) + 1 if ceil else (9 + 2 * pad - k) // stride + 1
+            ow = -(-(11 + 2 * pad - k) // stride) + 1 if ceil else (11 + 2 * pad - k) // stride + 1
+            want = np.empty((2, 3, oh, ow), dtype)
+            for i in range(oh):
+                for j in range(ow):
+                    r0, c0 = max(i * stride - pad, 0), max(j * stride - pad, 0)
+                    r1, c1 = min(i * stride - pad + k, 9), min(j * stride - pad + k, 11)
+                    want[:, :, i, j] = x[:, :, r0:r1, c0:c1].max(axis=(2, 3))
+            nodes.append(("max_pool2d", [x], attrs))
+            expected.append(want)
+    check(nodes, expected, native)
+
+
 @pytest.mark.skipif(not HAVE_CC, reason="no C compiler")
 def test_resnet_sized_layer_native_equals_numpy():
     """A ResNet stage-1 3x3 layer at batch 1 (the size the native tiles are built for), native

@@ -3,7 +3,7 @@
 Max pooling runs one (image, channel) plane per iteration, threads over planes. Its gradient
 finds each window's first maximum in row-major order (PyTorch's and the numpy kernel's rule)
 and adds the output gradient there, so overlapping windows accumulate as they should. Padding
-counts as -inf.
+counts as -inf (for int8 and uint8, the type's least value).
 """
 from __future__ import annotations
 
@@ -11,6 +11,9 @@ from ...backend.registry import register_native
 from ...codegen.loops import Buf, For, If, Kernel, Let, Names, Set, Store, lift, maximum, select
 from ...codegen.native import NativeCall
 from .elementwise import FLOATS
+
+# an int8 / uint8 window's starting maximum (padding counts as the type's lowest value)
+QUANT_LOWEST = {"uint8": 0, "int8": -128}
 
 
 def _i(v):
@@ -30,13 +33,16 @@ def _window_max(names, x, plane, h, w, y0, x0, kh, kw, dtype, track: bool, padde
     windows all lie inside, reads without checks so that the compiler can vectorise it."""
     m = names.var("m", dtype)
     arg = names.var("arg")
-    stmts = [Let(m, lift(float("-inf"), dtype)), Let(arg, _i(-1))]
+    lowest = lift(float("-inf"), dtype) if dtype in FLOATS else lift(QUANT_LOWEST[dtype], dtype)
+    stmts = [Let(m, lowest), Let(arg, _i(-1))]
     for di in range(kh):
         for dj in range(kw):
             yy, xx = y0 + di, x0 + dj
             pos = yy * w + xx
             v = x[plane * (h * w) + pos]
-            if not track:
+            if not track and dtype not in FLOATS:         # int8 / uint8: a compare the compiler vectorises
+                update = [Set(m, select(v.gt(m), v, m))]
+            elif not track:
                 update = [Set(m, maximum(m, v))]          # np.maximum: NaN propagates
             else:                                         # strictly greater: the first maximum wins
                 update = [If(v.gt(m), [Set(m, v), Set(arg, pos)])]
@@ -78,7 +84,7 @@ def _window_loops(i, j, geometry, window) -> For:
 @register_native("max_pool2d", "cpu")
 def max_pool2d_native(ctx, ins, outs):
     dtype = ctx.dtype
-    if dtype not in FLOATS:
+    if dtype not in FLOATS and dtype not in QUANT_LOWEST:     # the float types, and int8 models' pools
         return None
     n, c, h, w, oh, ow, kh, kw, sh, sw, ph, pw = _pool_geometry(ctx.in_shapes[0], ctx.out_shapes[0], ctx.attrs)
     names = Names()
