@@ -30,8 +30,8 @@ def exported(tmp_path_factory):
 
 
 def _exported(tmp_path_factory, name: str):
-    """zoo:NAME quantized on 256 training digits and exported; (folder result, model path, the
-    held-out digits, the folder's probabilities on them)."""
+    """zoo:NAME quantized on the first 256 digits and exported; (folder result, model path, the
+    last 359 digits (not the 256 calibrated on), the folder's probabilities on them)."""
     folder = tmp_path_factory.mktemp("quantized")
     pixels, _ = load_digits()
     result = toolkit.quantize(f"zoo:{name}", calibrate={"data": pixels[:256]}, out=str(folder / f"{name}-int8"))
@@ -39,9 +39,9 @@ def _exported(tmp_path_factory, name: str):
     r = cli("export", "onnx", result.net_file, "--weights", result.weights_file, "-o", path)
     assert r.status == 0, r.err
     assert "QDQ" in r.err
-    heldout = pixels[-359:].astype(np.float32)
+    digits = pixels[-359:].astype(np.float32)
     model = toolkit.load(str(result.net_file), weights=str(result.weights_file))
-    return result, path, heldout, model.infer(data=heldout)["prob"]
+    return result, path, digits, model.infer(data=digits)["prob"]
 
 
 def _session(path, fused: bool = True):
@@ -77,8 +77,8 @@ def test_the_model_is_qdq_with_int8_weights_per_channel(exported):
 
 @pytest.mark.parametrize("fused", [True, False], ids=["fused-integer-kernels", "qdq-as-float-ops"])
 def test_onnx_runtime_runs_it_to_the_toolkits_outputs(exported, fused):
-    _, path, heldout, probabilities = exported
-    got = _session(path, fused).run(None, {"data": heldout})[0]
+    _, path, digits, probabilities = exported
+    got = _session(path, fused).run(None, {"data": digits})[0]
     assert got.shape == probabilities.shape
     # the last layer's output is float (it feeds the softmax): the two differ by float rounding
     assert np.abs(got - probabilities).max() < 1e-5
@@ -89,7 +89,7 @@ def test_onnx_runtime_runs_it_to_the_toolkits_outputs(exported, fused):
 def test_a_residual_net_with_global_pooling_exports_too(tmp_path_factory):
     """zoo:resnet: two residual adds (ReLU folded in) and global average pooling in int8, written
     as DequantizeLinear -> Add / GlobalAveragePool -> QuantizeLinear."""
-    _, path, heldout, probabilities = _exported(tmp_path_factory, "resnet")
+    _, path, digits, probabilities = _exported(tmp_path_factory, "resnet")
     model = onnx.load(str(path))
     producer = {o: n for n in model.graph.node for o in n.output}
     readers = {}
@@ -105,17 +105,30 @@ def test_a_residual_net_with_global_pooling_exports_too(tmp_path_factory):
             after = readers[after.output[0]][0] if after.op_type == "Relu" else after
             assert after.op_type == "QuantizeLinear"
     for fused in (True, False):
-        got = _session(path, fused).run(None, {"data": heldout})[0]
+        got = _session(path, fused).run(None, {"data": digits})[0]
         assert np.abs(got - probabilities).max() < 2e-5
         assert (got.argmax(axis=1) == probabilities.argmax(axis=1)).all()
 
 
+def test_the_test_phase_exports_in_int8_too(exported, tmp_path):
+    """--phase test (the int8 net with its loss and accuracy, as ``toolkit test`` measures it):
+    ONNX Runtime's accuracy is the folder's on the same digits."""
+    result, _, digits, probabilities = exported
+    path = tmp_path / "test-phase.onnx"
+    r = cli("export", "onnx", result.net_file, "--weights", result.weights_file, "-o", path, "--phase", "test")
+    assert r.status == 0 and "QDQ" in r.err, r.err
+    _, labels = load_digits()
+    outputs = [o.name for o in onnx.load(str(path)).graph.output]
+    got = dict(zip(outputs, _session(path).run(None, {"data": digits, "label": labels[-359:].astype(np.int64)})))
+    assert float(got["accuracy"]) == pytest.approx((probabilities.argmax(axis=1) == labels[-359:]).mean(), abs=1e-6)
+
+
 def test_the_exported_model_imports_back_onto_the_int8_ops(exported):
     from layers.onnx import import_proto
-    _, path, heldout, probabilities = exported
+    _, path, digits, probabilities = exported
     imported = import_proto(onnx.load(str(path)), str(path))
     ops = [n.op for n in imported.graph.nodes]
     assert ops.count("qconv2d") == 2 and ops.count("qgemm") == 2 and "conv2d" not in ops
     # the model file run as a net: its transform read back from the nodes in front
-    got = toolkit.load(str(path)).infer(data=heldout)
+    got = toolkit.load(str(path)).infer(data=digits)
     np.testing.assert_allclose(next(iter(got.values())), probabilities, rtol=0, atol=1e-6)
