@@ -229,7 +229,8 @@ PLACES = textwrap.dedent("""
     comm = MpiCommunicator()
     sets = [(("train", "max_iter"), 3), (("train", "test_interval"), 100), (("train", "data", "batch_size"), 16)]
     with use(comm):
-        trainer = Trainer(Net.load("zoo/lenet/net.yaml", overrides=sets), Path(sys.argv[1]), device="gpu", comm=comm)
+        trainer = Trainer(Net.load("zoo/lenet/net.yaml", overrides=sets), Path(sys.argv[1]), device=sys.argv[2],
+                          comm=comm)
         assert trainer.run() == 0
     plan, = trainer.train_plans.plans.values()
     print(f"rank {comm.rank}: {trainer.device}, captured {plan.graph_run is not None and plan.graph_run.captured}, "
@@ -241,14 +242,17 @@ PLACES = textwrap.dedent("""
 
 @needs_mpi
 @needs_cxx
-@pytest.mark.parametrize("gpus,said", [
-    (2, ["rank 0: gpu, captured True, None", "rank 1: gpu:1, captured True, None"]),
-    (1, [f"rank {r}: gpu, captured False, layer 'data_parallel': its allreduce_start kernel stages its values "
-         "through host memory" for r in (0, 1)]),
+@pytest.mark.parametrize("gpus,device,said", [
+    (2, "gpu", ["rank 0: gpu, captured True, None", "rank 1: gpu:1, captured True, None"]),
+    (1, "gpu", [f"rank {r}: gpu, captured False, layer 'data_parallel': its allreduce_start kernel stages its values "
+                "through host memory" for r in (0, 1)]),
+    # a GPU named by its index is every rank's: they share it, and the sums go through the host
+    (2, "gpu:1", [f"rank {r}: gpu:1, captured False, layer 'data_parallel': its allreduce_start kernel stages its "
+                  "values through host memory" for r in (0, 1)]),
 ])
-def test_each_rank_takes_its_own_gpu_and_its_train_step_is_captured_with_the_sums(tmp_path, gpus, said):
-    proc = subprocess.run([str(MPIEXEC), "-n", "2", sys.executable, "-c", PLACES, str(tmp_path / "run")], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300, env=stand_in_env(tmp_path, gpus=gpus))
+def test_each_rank_takes_its_own_gpu_and_its_train_step_is_captured_with_the_sums(tmp_path, gpus, device, said):
+    proc = subprocess.run([str(MPIEXEC), "-n", "2", sys.executable, "-c", PLACES, str(tmp_path / "run"), device],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300, env=stand_in_env(tmp_path, gpus=gpus))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert sorted(proc.stdout.strip().splitlines()) == said, proc.stdout
     states = re.findall(r"^state (\w+)$", proc.stderr, re.M)     # every rank holds the same weights and slots
