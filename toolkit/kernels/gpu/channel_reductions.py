@@ -200,9 +200,14 @@ extern "C" __global__ void tk_channel_finish(const A *partial, {outs}, const A *
     long lane = threadIdx.x % TK_WARP;
     long warps = (long)gridDim.x * blockDim.x / TK_WARP;
     for (long r = ((long)blockIdx.x * blockDim.x + threadIdx.x) / TK_WARP; r < K * channels; r += warps) {{
-        A s = 0;
-        for (long p = lane; p < chunks; p += TK_WARP) s += partial[r * chunks + p];
-        s = tk_warp_sum(s);
+        const A *own = partial + r * chunks;
+        A s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+        long p = lane;
+        for (; p + 3 * TK_WARP < chunks; p += 4 * TK_WARP) {{
+            s0 += own[p]; s1 += own[p + TK_WARP]; s2 += own[p + 2 * TK_WARP]; s3 += own[p + 3 * TK_WARP];
+        }}
+        for (; p < chunks; p += TK_WARP) s0 += own[p];
+        A s = tk_warp_sum((s0 + s1) + (s2 + s3));
         if (lane == 0) out[r / channels][r % channels] = ST(s * scales[r / channels]);
     }}
 }}
