@@ -18,14 +18,17 @@ module             ONNX op types
                    Expand Tile Pad ConstantOfShape
 ``reductions``     ReduceMean ReduceSum ReduceSumSquare ReduceL2 ReduceL1 ReduceMax
                    ReduceMin ReduceLogSumExp TopK ArgMax ArgMin
-``quantized``      QuantizeLinear DequantizeLinear QLinearConv QLinearMatMul QGemm
-                   ConvInteger MatMulInteger (and the QDQ format's Conv, Gemm, MatMul)
+``quantized``      QuantizeLinear DequantizeLinear (and the QDQ format's Conv, Gemm,
+                   MatMul, Add, Concat, AveragePool, GlobalAveragePool)
+``qoperator``      QLinearConv QLinearMatMul ConvInteger MatMulInteger, ONNX Runtime's
+                   QGemm QLinearAdd QLinearConcat QLinearAveragePool
+                   QLinearGlobalAveragePool
 =================  =====================================================================
 
 And Or Xor Not ReduceProd Pow are in ``../logic.py``, If Loop Scan in ``../control.py``, RNN
 GRU LSTM in ``../recurrent.py``; ``base`` holds what the families share."""
 # imported for their registrations
-from . import convolution, elementwise, normalization, pooling, products, quantized, reductions, shapes  # noqa: F401
+from . import convolution, elementwise, normalization, pooling, products, qoperator, quantized, reductions, shapes  # noqa: F401,E501
 from .base import axes_input, converts, float_input
 
 __all__ = ["axes_input", "converts", "float_input"]
