@@ -161,6 +161,17 @@ STAND_IN_SCRIPT = STAND_IN + RAW_MODULE + HELPERS + textwrap.dedent("""
         for shape in ((5, 7, 5, 3), (4, 41, 37, 5), (5, 3)):
             for name in PROGRAMS:
                 check_fused(shape, dtype, name, True, keepdims=True, last=True)
+    # a strided operand (the planner leaves none today) is read through a contiguous copy
+    from toolkit.backend.devices import parse_device
+    from toolkit.backend.registry import KERNELS, KernelContext
+    program, _kinds, outputs = PROGRAMS["dy * x"]
+    attrs = {"program": program, "outputs": outputs, "means": (False,), "axes": (0, 2, 3), "keepdims": True}
+    a, b = (np.random.default_rng(1).standard_normal((5, 3, 7, 5)).astype(np.float32) for _ in range(2))
+    ctx = KernelContext(None, attrs, [a.shape, b.shape], [(1, 3, 1, 1)], "float32", parse_device("gpu"), xp=np)
+    out = np.empty((1, 3, 1, 1), np.float32)
+    KERNELS.lookup("fused_reduce", "gpu", "float32").factory(ctx)([np.asfortranarray(a), b], [out])
+    np.testing.assert_allclose(out, np.sum(a.astype(np.float64) * b, axis=(0, 2, 3), keepdims=True), rtol=1e-5,
+                               atol=1e-5)
     # other axes: the CuPy reduction this kernel keeps as its fallback
     for axes in ((0,), (1,), (2, 3), (0, 1, 2, 3)):
         check((5, 3, 7, 5), "float32", "reduce_sum", axes, False)
