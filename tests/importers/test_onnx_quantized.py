@@ -379,3 +379,20 @@ def test_a_convolution_whose_relu_is_a_model_output_stays_float_there(tmp_path):
     steps = got["r"] / np.float32(0.05)
     assert (np.abs(steps - np.rint(steps)) > 0.01).sum() > 5      # float values, not 0.05 steps
     assert np.abs(got["d"] - want[1]).max() <= 0.05 * 1.001
+
+
+def test_a_quantized_model_input_is_one_line(tmp_path):
+    """A net's inputs are floats or indices: a model fed uint8 is refused by the net file, naming
+    the input, before anything is written."""
+    graph = helper.make_graph([helper.make_node("DequantizeLinear", ["x", "s"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.UINT8, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+                              [numpy_helper.from_array(np.float32(0.1), "s")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path = tmp_path / "u8.onnx"
+    onnx.save(model, str(path))
+    r = cli("import", "onnx", path, "--out", tmp_path / "out")
+    assert r.status == 2 and len(r.err.strip().splitlines()) == 1
+    assert "input 'x' is uint8" in r.err and "QuantizeLinear" in r.err
+    assert not (tmp_path / "out").exists()

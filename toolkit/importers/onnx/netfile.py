@@ -65,6 +65,11 @@ def net_dict(model, file: str, name: str) -> dict:
         t = info.type.tensor_type
         if t.elem_type not in ONNX_ELEMENT_TYPES:
             raise UserError(f"{file}: input '{info.name}' is {type_name(t.elem_type)}, which has no counterpart here")
+        if ONNX_ELEMENT_TYPES[t.elem_type] in ("uint8", "int8"):
+            # quantized values live inside a graph; a quantized model takes floats and quantizes them
+            raise UserError(f"{file}: input '{info.name}' is {ONNX_ELEMENT_TYPES[t.elem_type]}: a net's inputs are "
+                            "float or integer indices, not quantized values (quantize a float input inside the "
+                            "model, with QuantizeLinear)")
         dims = []
         for axis, d in enumerate(t.shape.dim):
             if d.HasField("dim_value") and d.dim_value > 0:
