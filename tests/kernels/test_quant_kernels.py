@@ -212,18 +212,19 @@ def test_quantize_dequantize_kernels_equal_the_references(native):
 
 # -- the packed AVX2 kernels (kernels/native/quant_packed.py) with frozen weights ---------------------
 PACKED = pytest.mark.skipif(not (HAVE_CC and quant_packed.available()), reason="no C compiler or no AVX2")
-# (x dtype, zp, x shape, w shape, group, stride, pad, dilation): stride 1 on rows of 16 or more
-# reads the packed planes in place (positions on the padded width, in blocks of 256), other
-# convolutions gather blocks of windows; output channels not a multiple of the tile's 6, odd
-# channel counts (a pair's empty half), positions not a multiple of 16, depthwise in and out of
-# its vector path
+# (x dtype, zp, x shape, w shape, group, stride, pad, dilation): stride 1 reads the packed planes
+# in place (positions on the padded width, in blocks of 256) unless that costs over a quarter
+# more tiles (small images), other convolutions gather blocks of windows; output channels not a
+# multiple of the tile's 6, odd channel counts (a pair's empty half), positions not a multiple
+# of 16, depthwise in and out of its vector path
 PACKED_CONV_SHAPES = [
     ("uint8", 3, (2, 6, 9, 21), (13, 6, 3, 3), 1, (1, 1), (1, 1), (1, 1)),
     ("int8", 100, (1, 4, 30, 30), (7, 4, 3, 3), 1, (1, 1), (1, 1), (1, 1)),      # 4 blocks of positions
     ("int8", -7, (1, 5, 10, 7), (8, 5, 3, 3), 1, (2, 2), (1, 1), (1, 1)),        # gathered, odd C
     ("uint8", 90, (1, 3, 40, 40), (6, 3, 3, 3), 1, (2, 1), (1, 0), (1, 1)),      # gathered, 2 blocks
     ("uint8", 200, (2, 9, 6, 20), (9, 3, 3, 3), 3, (1, 1), (2, 2), (2, 2)),      # grouped, dilated
-    ("uint8", 1, (2, 6, 9, 11), (13, 6, 3, 3), 1, (1, 1), (1, 1), (1, 1)),       # short rows: gathered
+    ("uint8", 1, (2, 6, 9, 11), (13, 6, 3, 3), 1, (1, 1), (1, 1), (1, 1)),       # rows of 11 in place
+    ("int8", 4, (3, 6, 4, 4), (13, 6, 3, 3), 1, (1, 1), (1, 1), (1, 1)),         # 4 x 4: gathered
     ("uint8", 0, (1, 32, 17, 5), (20, 32, 1, 1), 1, (1, 1), (0, 0), (1, 1)),     # 1x1
     ("int8", 9, (1, 7, 9, 9), (5, 7, 1, 1), 1, (2, 2), (0, 0), (1, 1)),          # 1x1, stride 2
     ("uint8", 128, (1, 4, 20, 37), (4, 1, 3, 3), 4, (1, 1), (1, 1), (1, 1)),     # depthwise, vectors + tail
