@@ -314,10 +314,15 @@ static void tk_q8_conv_gather(const int32_t *wp, int64_t og, const int32_t *img,
         for (int64_t pr = 0; pr < npair; pr++) {
             const int32_t *src = img + pr * plane + di * pw + dj;
             int32_t *row = scratch + off[t] + pr * width;
+            /* output row by output row: a loop without a branch per word */
             int64_t r = q0 / ow, c = q0 % ow;
-            for (int64_t q = q0; q < q1; q++) {
-                row[q - q0] = src[r * sh * pw + c * sw];
-                if (++c == ow) { c = 0; r++; }
+            for (int64_t q = q0; q < q1; r++, c = 0) {
+                int64_t n = ow - c < q1 - q ? ow - c : q1 - q;
+                const int32_t *s = src + r * sh * pw + c * sw;
+                int32_t *d = row + (q - q0);
+                if (sw == 1) for (int64_t k = 0; k < n; k++) d[k] = s[k];
+                else for (int64_t k = 0; k < n; k++) d[k] = s[k * sw];
+                q += n;
             }
         }
     }
