@@ -19,7 +19,7 @@ from toolkit.backend.registry import PORTABLE, SPECIALISED, KernelRegistry
 # programs, rows.py and dnn.py specialise some of them
 SHARING = ("dispatched", "arrays", "rows", "dnn")
 # the GPU modules whose kernels have keys of their own, imported before or after the others
-OWN_KEYS = ("blas", "collective", "cuda", "fused", "lt", "quant")
+OWN_KEYS = ("blas", "collective", "cuda", "fused", "lt", "nhwc", "quant")
 
 # One child process with the CuPy stand-in: the common imports once, then one forked process
 # per order. Each makes the GPU package without running its __init__ (which imports every module
