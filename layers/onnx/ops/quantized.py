@@ -15,7 +15,6 @@ them into QLinearConv / QGemm), so the results agree within one step of the outp
 Runtime forms the requantization factor in float32, the toolkit in float64 and then rounds. What
 has no integer form here (a float op between a DequantizeLinear and a QuantizeLinear, asymmetric
 weights in the QDQ format) stays float, which computes what the model says.
-
 """
 from __future__ import annotations
 
