@@ -63,7 +63,11 @@ SITECUSTOMIZE = textwrap.dedent("""
                 self.lib = ctypes.CDLL(lib)
         fake.RawModule = SharedRawModule
         broken = os.environ.get("STAND_IN_BREAK")
-        if broken:                                          # a deliberate mistake the stand-in must catch
+        if broken == "init":                                # NCCL refuses to start (as it would everywhere)
+            def refuse(ndev, uid, nccl_rank):
+                raise RuntimeError("NCCL_ERROR_SYSTEM_ERROR: unhandled system error")
+            fake.cuda.nccl.NcclCommunicator = refuse
+        elif broken:                                        # a deliberate mistake the stand-in must catch
             from toolkit.distributed import nccl as sums
             if broken == "no_wait":
                 sums.DeviceSums.wait = lambda self, bucket: self.pending.pop(bucket)[0]
@@ -104,7 +108,7 @@ def train(out: Path, env: dict, net: str, batch: int, ranks: int, *sets: str,
            "--set", "train.display=1", *[a for s in sets for a in ("--set", s)]]
     if ranks > 1:
         cmd = [str(MPIEXEC), "-n", str(ranks), *cmd]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
     if check:
         assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
@@ -159,12 +163,13 @@ def test_sync_batchnorm_sums_its_statistics_over_nccl(tmp_path):
 
 @needs_mpi
 @needs_cxx
-@pytest.mark.parametrize("gpus,nccl,why", [
-    (1, True, "ranks 0, 1 share one GPU (0000:01:00.0 on "),
-    (2, False, "this CuPy has no NCCL (install the gpu extra's nvidia-nccl wheel)"),
+@pytest.mark.parametrize("gpus,nccl,broken,why", [
+    (1, True, None, "ranks 0, 1 share one GPU (0000:01:00.0 on "),
+    (2, False, None, "this CuPy has no NCCL (install the gpu extra's nvidia-nccl wheel)"),
+    (2, True, "init", "NCCL failed to start on rank 0 (RuntimeError: NCCL_ERROR_SYSTEM_ERROR: unhandled system error)"),
 ])
-def test_where_nccl_cannot_run_the_sums_stage_through_host_memory_said_in_one_line(tmp_path, gpus, nccl, why):
-    env = stand_in_env(tmp_path, gpus=gpus, nccl=nccl)
+def test_where_nccl_cannot_run_the_sums_stage_through_host_memory_said_in_one_line(tmp_path, gpus, nccl, broken, why):
+    env = stand_in_env(tmp_path, gpus=gpus, nccl=nccl, broken=broken)
     sets = ("train.max_iter=6", "train.test_interval=1000")
     train(tmp_path / "one", env, "zoo/lenet/net.yaml", 32, 1, *sets)
     proc = train(tmp_path / "many", env, "zoo/lenet/net.yaml", 16, 2, *sets)

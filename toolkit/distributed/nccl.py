@@ -128,22 +128,35 @@ def start_device_sums(comm, cp, device_index: int) -> tuple[DeviceSums | None, s
     reasons = comm.gather_all(why or "")               # every rank decides alike, by the first reason
     if any(reasons):
         return None, _staged_line(next(text for text in reasons if text))
-    sums, failed = None, ""
-    try:
-        with cp.cuda.Device(device_index):
-            uid = comm.share(nccl.get_unique_id() if comm.rank == 0 else None)
-            communicator = nccl.NcclCommunicator(comm.size, uid, comm.rank)
-            stream = cp.cuda.Stream(non_blocking=True)
-            version = int(nccl.get_version()) if hasattr(nccl, "get_version") else 0
-            sums = DeviceSums(cp, nccl, communicator, stream, version)
-    except Exception as e:                 # the library refused: NCCL's own words
-        failed = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    sums, uid, failed = None, None, ""
+    if comm.rank == 0:
+        try:
+            uid = nccl.get_unique_id()
+        except Exception as e:
+            failed = _words(e)
+    uid = comm.share(uid)                  # every rank reaches this, whatever rank 0 met
+    if uid is None:
+        failed = failed or "rank 0 made no unique id"
+    else:
+        try:
+            with cp.cuda.Device(device_index):
+                communicator = nccl.NcclCommunicator(comm.size, uid, comm.rank)
+                stream = cp.cuda.Stream(non_blocking=True)
+                version = int(nccl.get_version()) if hasattr(nccl, "get_version") else 0
+                sums = DeviceSums(cp, nccl, communicator, stream, version)
+        except Exception as e:
+            failed = _words(e)
     reasons = comm.gather_all(failed)
     if any(reasons):
         rank = next(r for r, text in enumerate(reasons) if text)
         return None, _staged_line(f"NCCL failed to start on rank {rank} ({reasons[rank]})")
     return sums, (f"gradients summed by NCCL {version_text(sums.version)} on the GPUs, one per rank, "
                   f"on a stream of their own")
+
+
+def _words(e: Exception) -> str:
+    """The library's own words for a failure, on one line."""
+    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
 
 
 def _staged_line(why: str) -> str:
