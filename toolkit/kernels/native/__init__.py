@@ -4,4 +4,4 @@ Each module registers builders with ``register_native``; a plan tries them befor
 kernel of the same op and keeps the numpy kernel where a builder declines (a dtype, an attribute
 it does not handle) or where no compiler is present.
 """
-from . import blocked, concat, conv, elementwise, epilogue, pool, quant, reduce, softmax  # noqa: F401
+from . import blocked, concat, conv, elementwise, epilogue, pool, quant, quant_between, reduce, softmax  # noqa: F401
