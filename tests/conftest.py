@@ -88,6 +88,13 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "gpu" in item.keywords:
                 item.add_marker(skip)
+    # the longer variants run when asked for (make test-slow: -m slow), not in the whole suite,
+    # which stays inside CI's time on two cores
+    if "slow" not in (config.option.markexpr or ""):
+        later = pytest.mark.skip(reason="a longer variant: run with -m slow (make test-slow)")
+        for item in items:
+            if "slow" in item.keywords:
+                item.add_marker(later)
 
 
 def pytest_unconfigure(config):

@@ -150,6 +150,7 @@ def test_k_ranks_over_nccl_give_one_process_at_k_times_the_batch(tmp_path, ranks
 
 @needs_mpi
 @needs_cxx
+@pytest.mark.slow          # the small ResNet on three emulated processes: the longest of the file
 def test_sync_batchnorm_sums_its_statistics_over_nccl(tmp_path):
     env = stand_in_env(tmp_path, gpus=2)
     sets = ("train.max_iter=6", "train.test_interval=1000")
@@ -165,8 +166,11 @@ def test_sync_batchnorm_sums_its_statistics_over_nccl(tmp_path):
 @needs_cxx
 @pytest.mark.parametrize("gpus,nccl,broken,why", [
     (1, True, None, "ranks 0, 1 share one GPU (0000:01:00.0 on "),
-    (2, False, None, "this CuPy has no NCCL (install the gpu extra's nvidia-nccl wheel)"),
-    (2, True, "init", "NCCL failed to start on rank 0 (RuntimeError: NCCL_ERROR_SYSTEM_ERROR: unhandled system error)"),
+    # the other two reasons take the same fallback: the longer runs (make test-slow)
+    pytest.param(2, False, None, "this CuPy has no NCCL (install the gpu extra's nvidia-nccl wheel)",
+                 marks=pytest.mark.slow),
+    pytest.param(2, True, "init", "NCCL failed to start on rank 0 (RuntimeError: NCCL_ERROR_SYSTEM_ERROR: unhandled "
+                 "system error)", marks=pytest.mark.slow),
 ])
 def test_where_nccl_cannot_run_the_sums_stage_through_host_memory_said_in_one_line(tmp_path, gpus, nccl, broken, why):
     env = stand_in_env(tmp_path, gpus=gpus, nccl=nccl, broken=broken)
@@ -252,8 +256,8 @@ PLACES = textwrap.dedent("""
     (1, "gpu", [f"rank {r}: gpu, captured False, layer 'data_parallel': its allreduce_start kernel stages its values "
                 "through host memory" for r in (0, 1)]),
     # a GPU named by its index is every rank's: they share it, and the sums go through the host
-    (2, "gpu:1", [f"rank {r}: gpu:1, captured False, layer 'data_parallel': its allreduce_start kernel stages its "
-                  "values through host memory" for r in (0, 1)]),
+    pytest.param(2, "gpu:1", [f"rank {r}: gpu:1, captured False, layer 'data_parallel': its allreduce_start kernel "
+                              "stages its values through host memory" for r in (0, 1)], marks=pytest.mark.slow),
 ])
 def test_each_rank_takes_its_own_gpu_and_its_train_step_is_captured_with_the_sums(tmp_path, gpus, device, said):
     proc = subprocess.run([str(MPIEXEC), "-n", "2", sys.executable, "-c", PLACES, str(tmp_path / "run"), device],
