@@ -33,6 +33,7 @@ class Resumed:
     start: int             # the iteration to continue at
     rng_state: dict        # the dropout generator's state at that iteration
     watch: dict            # the best-model and early-stopping trackers' states
+    routes: object = None  # the GPU routes the run measured (backend/measured.py), unchecked
 
 
 def resume_into(target: str, store: dict[str, np.ndarray], net_name: str, solver: str,
@@ -63,7 +64,7 @@ def resume_into(target: str, store: dict[str, np.ndarray], net_name: str, solver
     if start > max_iter:
         raise UserError(f"{path}: the run is at iteration {start} already and train.max_iter is "
                         f"{max_iter}; to train on, raise it (--set train.max_iter=N)")
-    return Resumed(path, start, ckpt.meta["rng"], ckpt.meta.get("watch") or {})
+    return Resumed(path, start, ckpt.meta["rng"], ckpt.meta.get("watch") or {}, ckpt.meta.get("routes"))
 
 
 def check_not_finished(target: str, resumed: Resumed, spec, max_iter: int) -> None:

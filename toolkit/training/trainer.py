@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from ..backend.devices import CPU, Device, parse_device, to_host
+from ..backend.measured import adopt, recorded
 from ..compile import disabled_passes, optimize, train_graph
 from ..errors import UserError
 from ..frontend import OBJECTIVE, Net
@@ -85,6 +86,12 @@ class Trainer:
             self.runtime.rng.bit_generator.state = resumed.rng_state
             self.start, self.resumed_watch, self.resumed_from = resumed.start, resumed.watch, resumed.path
             check_not_finished(resume, resumed, spec, self.max_iter)
+            if resumed.routes is not None and not device.host_memory:
+                # the routes the run measured, taken again before any plan is built: measured
+                # anew they could differ, and differ in the last bits (docs/spec.md, resume)
+                for line in adopt(device.kind, resumed.routes, resumed.path):
+                    if self.rank == 0:
+                        print(f"{resumed.path}: {line}", file=self.stream or sys.stderr, flush=True)
         if self.comm:                             # every rank starts from rank 0's state
             for k in sorted(self.store):
                 self.comm.broadcast(self.store[k])
@@ -146,6 +153,8 @@ class Trainer:
                 "max_iter": self.max_iter, "seed": self.spec.seed, "global_batch": self.global_batch,
                 "watch": {"best": self.best.state() if self.best else None,
                           "early_stop": self.early_stop.state() if self.early_stop else None}}
+        if not self.device.host_memory:           # what a resume takes again (backend/measured.py)
+            meta["routes"] = recorded(self.device.kind)
         return write_checkpoint(self.out / "checkpoints", Checkpoint(iteration, self.host_store(), meta),
                                 self.spec.keep_last)
 

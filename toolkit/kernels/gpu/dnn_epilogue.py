@@ -23,7 +23,7 @@ from .dnn import (
     unavailable,
 )
 from .dnn_bfloat16 import BFLOAT16, operand_type
-from .dnn_routes import FUSED, policy, workspace_limit
+from .dnn_routes import FUSED, FUSED_ROUTES, policy, workspace_limit
 
 # cudnnConvolutionFwdAlgo_t: the one algorithm cudnnConvolutionBiasActivationForward runs a ReLU
 # with; cudnnActivationMode_t, cudnnNanPropagation_t
@@ -81,10 +81,6 @@ class BiasActivation:
             self.workspace_bytes, ctypes.byref(conv.zero if z is None else conv.one), conv.y,
             ctypes.c_void_p(blas.pointer(y if z is None else z)), self.bias, ctypes.c_void_p(blas.pointer(b)),
             self.activation, conv.y, ctypes.c_void_p(blas.pointer(y))), "cudnnConvolutionBiasActivationForward")
-
-
-# (shapes, attributes, dtype, policy, residual or not) -> whether the fused call measured faster
-FUSED_ROUTES: dict[tuple, bool] = {}
 
 
 def epilogue_convolution(ctx, head_attrs, k: int, separate):

@@ -6,6 +6,11 @@ Each measured choice is made once per (shapes, dtype, policy, ...) in a process,
 plan that needs it is built, so that every plan of the process (captured or kernel by kernel)
 computes alike. ``seconds_on_device`` times on the device; the numpy stand-in for CuPy has no
 clock to time by, and its tests replace the function. ``decisions()`` says what was chosen.
+
+The measured choices are recorded with a training run's checkpoints (``export_routes``) and a
+resumed run takes them again before it builds a plan (``adopt_routes``, through
+backend/measured.py): measured anew, they could differ, and the two routes sum in different
+orders, which would break the exact resume the contract promises.
 """
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ from collections import Counter
 import numpy as np
 
 from ...backend.devices import gpu_module
+from ...backend.measured import register_measured
 from ...settings import current, precision_policy
 from .dnn_bfloat16 import IN_BFLOAT16
 
@@ -44,6 +50,9 @@ FUSED: Counter = Counter()
 WEIGHT_GRADIENT_ROUTES: dict[tuple, tuple[str, str]] = {}
 # the median seconds each route measured where both were timed: key -> {"cudnn": s, "im2col": s}
 WEIGHT_GRADIENT_TIMES: dict[tuple, dict[str, float]] = {}
+# each fused epilogue's choice (dnn_epilogue.py): (shapes, attributes, dtype, policy, residual or
+# not) -> whether the one cuDNN call measured faster (False also where cuDNN refused it)
+FUSED_ROUTES: dict[tuple, bool] = {}
 
 
 def column_bytes(x_shape, w_shape, g_shape, dtype) -> int:
@@ -132,3 +141,89 @@ def decisions() -> dict:
                 if t is not None}}
             for key, (route, why) in WEIGHT_GRADIENT_ROUTES.items()],
     }
+
+
+# -- recording the measured choices with a run, and taking them again on resume ---------------------
+
+def export_routes() -> dict:
+    """The measured choices of this process as JSON data: the weight gradients' routes and the
+    fused epilogues' choices by their keys, and why cuDNN could not run (None where it could)."""
+    from .dnn import unavailable
+    return {"cudnn_unavailable": unavailable(),
+            "weight_gradients": [[_listed(key), route, why] for key, (route, why) in WEIGHT_GRADIENT_ROUTES.items()],
+            "fused_epilogues": [[_listed(key), fused] for key, fused in FUSED_ROUTES.items()]}
+
+
+def adopt_routes(data) -> list[str]:
+    """Installs ``export_routes``' data read back from a run, checked whole first (a ValueError
+    saying what is wrong); returns the line to say where the routes cannot all be taken now."""
+    from .dnn import unavailable
+    if not isinstance(data, dict) or set(data) != {"cudnn_unavailable", "weight_gradients", "fused_epilogues"}:
+        raise ValueError("not a mapping of cudnn_unavailable, weight_gradients and fused_epilogues")
+    then = data["cudnn_unavailable"]
+    if then is not None and not isinstance(then, str):
+        raise ValueError("cudnn_unavailable is neither null nor a reason")
+    gradients, epilogues = data["weight_gradients"], data["fused_epilogues"]
+    if not isinstance(gradients, list) or not isinstance(epilogues, list):
+        raise ValueError("weight_gradients or fused_epilogues is not a list")
+    routes = {}
+    for entry in gradients:
+        if not (isinstance(entry, list) and len(entry) == 3 and entry[1] in ("cudnn", "im2col")
+                and isinstance(entry[2], str)):
+            raise ValueError("a weight gradient's entry is not [key, 'cudnn' or 'im2col', why]")
+        routes[_gradient_key(entry[0])] = (entry[1], entry[2])
+    fused = {}
+    for entry in epilogues:
+        if not (isinstance(entry, list) and len(entry) == 2 and type(entry[1]) is bool):
+            raise ValueError("a fused epilogue's entry is not [key, true or false]")
+        fused[_epilogue_key(entry[0])] = entry[1]
+    now = unavailable()
+    WEIGHT_GRADIENT_ROUTES.update(routes)
+    FUSED_ROUTES.update(fused)
+    if now is not None and (routes or fused):
+        return [f"the run measured its convolutions' routes with cuDNN, which cannot run now ({now}): they run as "
+                "im2col + cuBLAS, so the resumed run is not exact to the last bit"]
+    if now is None and then is not None:
+        return [f"the run trained without cuDNN ({then}), which runs now: its convolutions take cuDNN, so the "
+                "resumed run is not exact to the last bit"]
+    return []
+
+
+def _listed(value):
+    return [_listed(v) for v in value] if isinstance(value, tuple) else value
+
+
+def _shape(value) -> tuple:
+    if not (isinstance(value, list) and len(value) == 4 and all(type(v) is int and 0 <= v < 1 << 40 for v in value)):
+        raise ValueError("a key's shape is not four sizes")
+    return tuple(value)
+
+
+def _attrs(value) -> tuple:
+    if not (isinstance(value, list) and all(isinstance(p, list) and len(p) == 2 and all(isinstance(s, str) for s in p)
+                                            for p in value)):
+        raise ValueError("a key's attributes are not [name, value] pairs of text")
+    return tuple(tuple(p) for p in value)
+
+
+def _gradient_key(value) -> tuple:
+    """weight_gradient_route's key: (g, x, w shapes, attributes, operands, policy, bound)."""
+    if not (isinstance(value, list) and len(value) == 7):
+        raise ValueError("a weight gradient's key is not of seven parts")
+    g, x, w, attrs, operands, chosen_policy, bound = value
+    if not (isinstance(operands, str) and chosen_policy in ("strict", "tf32") and type(bound) is int and bound >= 0):
+        raise ValueError("a weight gradient's key names no dtype, policy or workspace bound")
+    return _shape(g), _shape(x), _shape(w), _attrs(attrs), operands, chosen_policy, bound
+
+
+def _epilogue_key(value) -> tuple:
+    """epilogue_convolution's key: (x, w, y shapes, attributes, dtype, policy, residual or not)."""
+    if not (isinstance(value, list) and len(value) == 7):
+        raise ValueError("a fused epilogue's key is not of seven parts")
+    x, w, y, attrs, dtype, chosen_policy, residual = value
+    if not (isinstance(dtype, str) and chosen_policy in ("strict", "tf32") and type(residual) is bool):
+        raise ValueError("a fused epilogue's key names no dtype, policy or residual")
+    return _shape(x), _shape(w), _shape(y), _attrs(attrs), dtype, chosen_policy, residual
+
+
+register_measured("gpu", "convolution_routes", export_routes, adopt_routes)
