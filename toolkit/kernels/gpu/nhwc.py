@@ -2,7 +2,8 @@
 NHWC tensors and the filter in cuDNN's NHWC format ([O, kH, kW, C/group]), which its Tensor
 Core kernels for float16 read without the transposes an NCHW convolution pays inside cuDNN;
 the reorders and pooling are the CPU kernels' array programs over CuPy (one transposing copy
-per reorder, one strided pass per pooling window offset).
+per reorder, one strided pass per pooling window offset). float32 follows the precision policy
+in the three directions, as the NCHW convolutions do (dnn_routes.py's ``policy``).
 
 The convolutions (forward, and the input and weight gradients of a train step) fall back to the
 NCHW im2col kernels between reorders (kernels/cpu/nhwc.py over
@@ -20,6 +21,7 @@ from ...ops.nhwc import nchw_shape
 from ..cpu.nhwc import NHWC_KERNELS
 from . import dnn
 from .arrays import GPU_ARRAYS
+from .dnn_routes import policy
 
 # what each channels-last convolution built so far ran on: ("cudnn", "") or ("im2col", why)
 CHOSEN: Counter = Counter()
@@ -37,7 +39,7 @@ def cudnn_nhwc_conv2d(ctx):
     over the last axis (cudnnAddTensor's NCHW bias descriptor would not match)."""
     o, kh, kw, cg = ctx.in_shapes[1]
     conv = dnn.Convolution("forward", nchw_shape(ctx.in_shapes[0]), (o, cg, kh, kw), nchw_shape(ctx.out_shapes[0]),
-                           ctx.attrs, ctx.dtype, layout="nhwc")
+                           ctx.attrs, ctx.dtype, layout="nhwc", precision=policy(ctx))
     x_in, w_in, y_out = dnn._Packed(), dnn._Packed(), dnn._Packed()
     cp = gpu_module()
 
@@ -68,13 +70,13 @@ def _gradient(conv: dnn.Convolution):
 def cudnn_nhwc_conv2d_backward_data(ctx):
     g_shape, (o, kh, kw, cg) = nchw_shape(ctx.in_shapes[0]), ctx.in_shapes[1]
     return _gradient(dnn.Convolution("data", nchw_shape(ctx.out_shapes[0]), (o, cg, kh, kw), g_shape, ctx.attrs,
-                                     ctx.dtype, layout="nhwc"))
+                                     ctx.dtype, layout="nhwc", precision=policy(ctx)))
 
 
 def cudnn_nhwc_conv2d_backward_filter(ctx):
     g_shape, x_shape = nchw_shape(ctx.in_shapes[0]), nchw_shape(ctx.in_shapes[1])
     return _gradient(dnn.Convolution("filter", x_shape, nchw_shape(ctx.out_shapes[0]), g_shape, ctx.attrs, ctx.dtype,
-                                     layout="nhwc"))
+                                     layout="nhwc", precision=policy(ctx)))
 
 
 def _cudnn_or_im2col(op: str, through_cudnn):

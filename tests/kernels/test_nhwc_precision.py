@@ -1,0 +1,70 @@
+"""Channels-last convolutions (kernels/gpu/nhwc.py) follow the float32 math policy as the NCHW
+ones do, on the numpy stand-in for CuPy with the host build of cuDNN (which records each
+direction's math type and reads TF32 operands where it is not FMA).
+
+The layout pass keeps float32 NCHW, so each op's kernel is built directly, on a one-node graph
+of the op table's first float32 case: under ``precision: tf32`` (the graph's policy, or the
+setting) cuDNN gets its default math (TF32 allowed) in all three directions, and the result is
+the CPU kernel's within TF32's rounding; under strict it gets FMA and the CPU kernel's result
+within float32's.
+"""
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+
+from tests.runtime.gpu_stand_in import CXX, RAW_MODULE, STAND_IN, run_stand_in
+
+SCRIPT = textwrap.dedent("""
+    import ctypes, json
+    import numpy as np
+    from tests.ops.op_cases import CASES, feeds, one_node_graph
+    from toolkit.backend.registry import load_device
+    from toolkit.runtime.plan import Plan, RuntimeState
+    from toolkit.settings import use
+    load_device("gpu")
+    from toolkit.kernels.gpu import dnn, nhwc
+    seen = (ctypes.c_int * 3).in_dll(dnn.library(), "fake_cudnn_math")
+    DIRECTIONS = {"nhwc_conv2d": 0, "nhwc_conv2d_backward_data": 1, "nhwc_conv2d_backward_filter": 2}
+    def run(case, device, precision):
+        arrays = case.inputs("float32")
+        graph, _vals, y = one_node_graph(case, arrays, case.attrs_for("float32"))
+        graph.outputs["y"] = y
+        graph.precision = precision
+        plan = Plan(graph, {}, {}, device, RuntimeState(np.random.default_rng(0)), native=False)
+        out = plan.run(feeds(arrays))["y"]
+        return np.array(out.get() if hasattr(out, "get") else out, dtype=np.float64)
+    report = {}
+    for op, k in DIRECTIONS.items():
+        case = next(c for c in CASES if c.op == op)
+        want = run(case, "cpu", None)
+        scale = max(1.0, float(np.abs(want).max()))
+        for how in ("strict", "tf32", "setting tf32"):
+            seen[k] = -1
+            if how == "setting tf32":
+                with use(precision="tf32"):
+                    got = run(case, "gpu", None)
+            else:
+                got = run(case, "gpu", how)
+            error = float(np.abs(got - want).max()) / scale
+            report[f"{op} {how}"] = [seen[k], error]
+    print(json.dumps({"report": report, "chosen": sorted(how for how, _why in nhwc.CHOSEN)}))
+""")
+
+
+@pytest.mark.skipif(CXX is None, reason="emulating CUDA kernels needs a C++ compiler (g++ or c++)")
+def test_a_float32_channels_last_convolution_takes_the_tf32_math_in_every_direction(tmp_path):
+    result = run_stand_in(STAND_IN + RAW_MODULE + SCRIPT, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    got = json.loads(result.stdout.strip().splitlines()[-1])
+    assert got["chosen"] == ["cudnn"], got
+    fma, default = 3, 0                   # CUDNN_FMA_MATH; CUDNN_DEFAULT_MATH (TF32 allowed)
+    for name, (math, error) in got["report"].items():
+        if name.endswith("strict"):
+            assert math == fma and error < 1e-5, (name, math, error)
+        else:
+            assert math == default and error < 1e-2, (name, math, error)
+    # TF32 reads 10 bits of mantissa: some direction's tf32 result is not the strict one's
+    assert any(got["report"][name][1] > 1e-5 for name in got["report"] if name.endswith("tf32")), got
