@@ -6,7 +6,7 @@ The layout pass keeps float32 NCHW, so each op's kernel is built directly, on a 
 of the op table's first float32 case: under ``precision: tf32`` (the graph's policy, or the
 setting) cuDNN gets its default math (TF32 allowed) in all three directions, and the result is
 the CPU kernel's within TF32's rounding; under strict it gets FMA and the CPU kernel's result
-within float32's.
+within float32's. The ``gpu`` test holds the same numbers on a device.
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import textwrap
 import pytest
 
 from tests.runtime.gpu_stand_in import CXX, RAW_MODULE, STAND_IN, run_stand_in
+from toolkit.backend.devices import gpu_available
 
 SCRIPT = textwrap.dedent("""
     import ctypes, json
@@ -68,3 +69,35 @@ def test_a_float32_channels_last_convolution_takes_the_tf32_math_in_every_direct
             assert math == default and error < 1e-2, (name, math, error)
     # TF32 reads 10 bits of mantissa: some direction's tf32 result is not the strict one's
     assert any(got["report"][name][1] > 1e-5 for name in got["report"] if name.endswith("tf32")), got
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU with cupy (run on a GPU machine)")
+def test_a_float32_channels_last_convolution_under_tf32_on_the_device():
+    """On the device: each direction of a float32 channels-last convolution, strict within 1e-5
+    of the CPU kernel, tf32 within 1e-2 (cuDNN may keep FMA kernels for the table's small cases)."""
+    import numpy as np
+
+    from tests.ops.op_cases import CASES, feeds, one_node_graph
+    from toolkit.backend.registry import load_device
+    from toolkit.runtime.plan import Plan, RuntimeState
+    load_device("gpu")
+    from toolkit.kernels.gpu import dnn
+    if dnn.unavailable():
+        pytest.skip(dnn.unavailable())
+
+    def run(case, device, precision):
+        arrays = case.inputs("float32")
+        graph, _vals, y = one_node_graph(case, arrays, case.attrs_for("float32"))
+        graph.outputs["y"] = y
+        graph.precision = precision
+        plan = Plan(graph, {}, {}, device, RuntimeState(np.random.default_rng(0)), native=False)
+        out = plan.run(feeds(arrays))["y"]
+        return np.array(out.get() if hasattr(out, "get") else out, dtype=np.float64)
+    for op in ("nhwc_conv2d", "nhwc_conv2d_backward_data", "nhwc_conv2d_backward_filter"):
+        case = next(c for c in CASES if c.op == op)
+        want = run(case, "cpu", None)
+        scale = max(1.0, float(np.abs(want).max()))
+        for precision, tolerance in (("strict", 1e-5), ("tf32", 1e-2)):
+            error = float(np.abs(run(case, "gpu", precision) - want).max()) / scale
+            assert error < tolerance, (op, precision, error)

@@ -7,7 +7,7 @@ the fused epilogue measured faster, checkpointing at 3; a new process whose time
 im2col and the two kernels resumes at 3: it times nothing, takes the recorded routes, and ends
 with the uninterrupted run's weights bit for bit. Without cuDNN the resume says in one line
 that it is not exact; a checkpoint whose recorded routes are corrupt or foreign is refused in one
-line (exit 2); a resume on the CPU ignores them.
+line (exit 2); a resume on the CPU ignores them. The ``gpu`` test does the first on a device.
 """
 from __future__ import annotations
 
@@ -19,8 +19,9 @@ import numpy as np
 import pytest
 
 from tests.runtime.gpu_stand_in import CXX, RAW_MODULE, ROOT, STAND_IN, run_stand_in
+from toolkit.backend.devices import gpu_available
 
-pytestmark = pytest.mark.skipif(CXX is None, reason="emulating CUDA kernels needs a C++ compiler (g++ or c++)")
+needs_cxx = pytest.mark.skipif(CXX is None, reason="emulating CUDA kernels needs a C++ compiler (g++ or c++)")
 
 TRAIN_SCRIPT = textwrap.dedent("""
     import json, sys
@@ -79,6 +80,7 @@ def _checkpoint(run: Path) -> Path:
     return run / "checkpoints" / "iter_0000003.safetensors"
 
 
+@needs_cxx
 def test_a_resumed_gpu_run_takes_the_recorded_routes_and_ends_bit_for_bit_as_the_uninterrupted_run(
         whole_run, tmp_path):
     meta = _meta(_checkpoint(whole_run))
@@ -102,6 +104,7 @@ def test_a_resumed_gpu_run_takes_the_recorded_routes_and_ends_bit_for_bit_as_the
     assert "not exact" not in err, err
 
 
+@needs_cxx
 def test_a_resume_without_cudnn_says_in_one_line_that_it_is_not_exact(whole_run, tmp_path):
     resumed, err = _train(tmp_path, "im2col", "--resume", str(_checkpoint(whole_run)), "--out",
                           str(tmp_path / "resumed"), TOOLKIT_CUDNN="0")
@@ -147,6 +150,7 @@ def _set_list(about):
     about["routes"] = ["cudnn"]
 
 
+@needs_cxx
 @pytest.mark.parametrize("change, says", [
     (_set_route, "a weight gradient's entry is not [key, 'cudnn' or 'im2col', why]"),
     (_set_shape, "a key's shape is not four sizes"),
@@ -166,7 +170,37 @@ def test_a_checkpoint_with_corrupt_or_foreign_routes_is_refused_in_one_line(whol
     assert lines[0].endswith(f"{says})"), lines
 
 
+@needs_cxx
 def test_a_resume_on_the_cpu_ignores_the_recorded_routes(whole_run, tmp_path):
     from toolkit.cli import main
     assert main(["train", "--resume", str(_checkpoint(whole_run)), "--out", str(tmp_path / "cpu")]) == 0
     assert (tmp_path / "cpu" / "model.safetensors").is_file()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU with cupy (run on a GPU machine)")
+def test_a_resumed_run_takes_the_recorded_routes_on_the_device(tmp_path):
+    """On the device: the first run's timer says cuDNN (and the fused call) is faster, the resumed
+    process's says im2col (and two kernels); it takes the recorded routes and ends with the
+    uninterrupted run's weights bit for bit."""
+    import os
+    import subprocess
+    import sys
+
+    def train(faster, *argv):
+        result = subprocess.run([sys.executable, "-c", TRAIN_SCRIPT, faster, "train", *argv, "--device", "gpu"],
+                                capture_output=True, text=True, cwd=ROOT, timeout=600, env=dict(os.environ))
+        assert result.stdout.strip(), result.stderr[-3000:]
+        return json.loads(result.stdout.strip().splitlines()[-1]), result.stderr
+    whole, err = train("cudnn", str(ROOT / "zoo" / "lenet" / "net.yaml"), "--out", str(tmp_path / "whole"), *SETTINGS)
+    assert whole["status"] == 0, err[-3000:]
+    if whole["weight_gradients"] != ["cudnn"]:
+        pytest.skip(f"cuDNN did not take the weight gradients here: {whole}")
+    resumed, err = train("im2col", "--resume", str(_checkpoint(tmp_path / "whole")), "--out", str(tmp_path / "resumed"))
+    assert resumed["status"] == 0, err[-3000:]
+    assert resumed["weight_gradients"] == ["cudnn"] and resumed["fused"] == whole["fused"], resumed
+    assert resumed["timed"] == 0, resumed
+    want, got = _weights(tmp_path / "whole" / "model.safetensors"), _weights(tmp_path / "resumed" / "model.safetensors")
+    differ = {k: float(np.abs(want[k].astype(np.float64) - got[k]).max()) for k in want
+              if not np.array_equal(want[k], got[k])}
+    assert not differ, differ
