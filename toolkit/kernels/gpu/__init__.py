@@ -15,10 +15,12 @@ a GPU is asked for.
 - ``nhwc.py``: the channels-last layout's convolution through cuDNN, its reorders and pooling.
 - ``rows.py``: one CUDA kernel each for softmax, log-softmax, the NLL loss and its gradient,
   accuracy and the finiteness check of loss scaling (each several CuPy kernels otherwise).
+- ``channel_reductions.py``: sums and means over every axis but the channels (BatchNorm's), and
+  the fused reductions that compute what they reduce, as two-stage kernels of our own.
 - ``fused.py``: the fused groups, rendered to CUDA by the kernel generator's GPU dialect and
   compiled once per source text (``cuda.py``).
 
-rows.py's and dnn.py's kernels declare that they take the place of the array programs
+rows.py's, dnn.py's and channel_reductions.py's kernels declare that they take the place of the array programs
 (``KERNELS.specialise`` at ``SPECIALISED`` priority): the registry is the same whatever order
 these modules are imported in (tests/backend/test_kernel_priority.py).
 
@@ -29,7 +31,7 @@ registered.
 from __future__ import annotations
 
 from .. import control as _control
-from . import arrays, blas, collective, dispatched, dnn, fused, nhwc, quant, rows  # noqa: F401  (each registers its kernels)
+from . import arrays, blas, channel_reductions, collective, dispatched, dnn, fused, nhwc, quant, rows  # noqa: F401,E501  (each registers its kernels)
 from .dispatched import DISPATCHED  # noqa: F401
 
 _control.register("gpu")

@@ -63,9 +63,8 @@ def iota_gpu(ctx):
 
 register_kernel("reduce_sum", "gpu")(_reduction_factory("sum"))
 register_kernel("reduce_mean", "gpu")(_reduction_factory("mean"))
-# over BatchNorm's axes (every axis but the channels) a two-stage kernel of its own takes their
-# place, these kept as its fallback
-from . import channel_reductions  # noqa: E402,F401
+# over BatchNorm's axes (every axis but the channels) channel_reductions.py's two-stage kernel
+# takes their place (it specialises these, which stay its fallback)
 
 
 def _softmax_factory(log: bool):
