@@ -26,6 +26,7 @@ CHUNK = 1 << 14                  # elements per parallel chunk of the elementwis
 PLANES_PER_CHUNK = 64            # (image, channel) planes per parallel chunk of the poolings
 SIGNED = {"uint8": 0, "int8": 1}
 INT32_MAX = 2 ** 31 - 1
+MAX_POOL_WIDTH = 1 << 14         # qavg_pool2d's per-row column sums (int32) live on the stack: 64 KiB at most
 
 C_SOURCE = r"""
 /* int8 ops between the quantized layers (kernels/native/quant_between.py): the numpy kernels'
@@ -116,23 +117,28 @@ static void tk_q8_concat_part(const void *x, int64_t n, float xz, float xs, floa
 }
 
 /* qavg_pool2d over planes [0, planes): each window's int32 sum of x - xz over the positions inside
-   the image (padding is the zero point: 0 once shifted), times its multiplier m[i * OW + j] */
+   the image (padding is the zero point: 0 once shifted), times its multiplier m[i * OW + j]. An
+   output row first sums its window's input rows into one int32 per column (a loop the compiler
+   vectorises), then each window adds its kw columns: integer sums, equal in any order. */
 #define TK_Q8_AVG(SUF, TX, TY) \
 static __attribute__((noinline)) void tk_q8_avg_pool_##SUF(const TX *x, int64_t planes, int64_t H, int64_t W, \
         int64_t OH, int64_t OW, int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int32_t xz, \
-        const float *m, float lo, float hi, float zp, TY *y) { \
+        const float *m, float lo, float hi, float zp, TY *y, int32_t *cols) { \
     for (int64_t p = 0; p < planes; p++) { \
         const TX *xp = x + p * H * W; \
         TY *yp = y + p * OH * OW; \
         for (int64_t i = 0; i < OH; i++) { \
             int64_t r0 = i * sh - ph, r1 = r0 + kh; \
             r0 = r0 < 0 ? 0 : r0; r1 = r1 > H ? H : r1; \
+            int32_t shift = (int32_t)(r1 - r0) * xz; \
+            for (int64_t c = 0; c < W; c++) cols[c] = -shift; \
+            for (int64_t r = r0; r < r1; r++) \
+                for (int64_t c = 0; c < W; c++) cols[c] += (int32_t)xp[r * W + c]; \
             for (int64_t j = 0; j < OW; j++) { \
                 int64_t c0 = j * sw - pw, c1 = c0 + kw; \
                 c0 = c0 < 0 ? 0 : c0; c1 = c1 > W ? W : c1; \
                 int32_t acc = 0; \
-                for (int64_t r = r0; r < r1; r++) \
-                    for (int64_t c = c0; c < c1; c++) acc += (int32_t)xp[r * W + c] - xz; \
+                for (int64_t c = c0; c < c1; c++) acc += cols[c]; \
                 float v = (float)acc * m[i * OW + j]; \
                 yp[i * OW + j] = TK_Q8_PUT(TY, v, lo, hi, zp); \
             } \
@@ -141,10 +147,12 @@ static __attribute__((noinline)) void tk_q8_avg_pool_##SUF(const TX *x, int64_t 
 }
 TK_Q8_TYPES(TK_Q8_AVG)
 
+/* cols: W int32 of scratch on the calling thread's stack (W is at most MAX_POOL_WIDTH) */
 static void tk_q8_avg_pool(const void *x, int64_t planes, int64_t H, int64_t W, int64_t OH, int64_t OW, int64_t kh,
                            int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t xz, const float *m,
                            float lo, float hi, float zp, int64_t types, void *y) {
-#define TK_Q8_AVG_ARGS planes, H, W, OH, OW, kh, kw, sh, sw, ph, pw, (int32_t)xz, m, lo, hi, zp, y
+    int32_t cols[W];
+#define TK_Q8_AVG_ARGS planes, H, W, OH, OW, kh, kw, sh, sw, ph, pw, (int32_t)xz, m, lo, hi, zp, y, cols
     switch (types) {
     case 0: tk_q8_avg_pool_uu(x, TK_Q8_AVG_ARGS); break;
     case 1: tk_q8_avg_pool_us(x, TK_Q8_AVG_ARGS); break;
@@ -285,7 +293,9 @@ def qavg_pool2d_native(ctx, ins, outs):
     n, c, h, w = (int(d) for d in ctx.in_shapes[0])
     oh, ow = (int(d) for d in ctx.out_shapes[0][2:])
     (kh, kw), (sh, sw), (ph, pw) = at["kernel"], at["stride"], at["pad"]
-    if x_dtype not in SIGNED or y_dtype not in SIGNED or 0 in (n, c, h, w, oh, ow) or kh * kw * 255 > INT32_MAX:
+    if x_dtype not in SIGNED or y_dtype not in SIGNED or 0 in (n, c, h, w, oh, ow) or w > MAX_POOL_WIDTH:
+        return None
+    if kh * kw * 255 > INT32_MAX:
         return None                                # an int32 sum could overflow: the numpy kernel reports it
     mult = np.ascontiguousarray(average_multipliers(at["x_scale"], at["y_scale"], avg_divisor(h, w, oh, ow, at)),
                                 dtype=np.float32).reshape(-1)
