@@ -26,6 +26,8 @@ from toolkit.ir.graph import Graph, TensorType, Value, Weight
 from toolkit.onnxtypes import ONNX_ELEMENT_TYPES
 from toolkit.ops.base import Builder, ShapeError
 
+from .qparams import quantization_parameters
+
 NUMPY = {"float32": np.float32, "float64": np.float64, "int32": np.int32, "int64": np.int64, "bool": np.bool_,
          "float16": np.float16}
 
@@ -95,7 +97,6 @@ class Importer:
         """Floats of more than one element become weights through ``weight(name, array)`` (a
         Value); the rest stay constants, and so do the scales and zero points that ``nodes``'
         quantized ops read (per-channel scales are not parameters)."""
-        from .ops.quantized import quantization_parameters
         constants = quantization_parameters(nodes)
         self.arrays.update(arrays)
         for name, arr in arrays.items():
