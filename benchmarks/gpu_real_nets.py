@@ -50,6 +50,8 @@ NETS = {"resnet50": ROOT / "benchmarks" / "nets" / "resnet50.yaml",
         "vgg16": ROOT / "benchmarks" / "nets" / "vgg16.yaml",
         "mobilenet_v2": ROOT / "benchmarks" / "nets" / "mobilenet_v2.yaml",
         "googlenet": ROOT / "tests" / "data" / "caffe" / "models_bvlc_googlenet_deploy.prototxt"}
+from benchmarks.gpu_compare import rel_err, timed  # noqa: E402  (the same checks and clock)
+
 TOLERANCE = {"strict": 1e-3, "tf32": 1e-2, "half": 3e-2}
 
 
@@ -85,23 +87,6 @@ def net_file(name: str, mode: str, folder: Path) -> Path:
         return out / "net.yaml"
     from benchmarks.real_nets import trainable
     return trainable(out / "net.yaml")
-
-
-def rel_err(a, b) -> float:
-    import numpy as np
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    scale = max(float(np.abs(a).max(initial=0.0)), float(np.abs(b).max(initial=0.0)), 1e-30)
-    return float(np.abs(a - b).max(initial=0.0)) / scale
-
-
-def timed(fn, sync, iters: int) -> list[float]:
-    out = []
-    for _ in range(iters):
-        start = time.perf_counter()
-        fn()
-        sync()
-        out.append(time.perf_counter() - start)
-    return out
 
 
 def library_of(kernel: str) -> str:
