@@ -53,7 +53,7 @@ from ..ir.graph import Graph, Node, Value
 from ..ops.base import get_op
 from .context import PassContext
 from .layout_nhwc import choose_channels_last
-from .rewrite import Emitter, Substitution, constant_value
+from .rewrite import Emitter, Regions, Substitution, constant_value
 
 MAP_REDUCTIONS = ("reduce_mean", "reduce_sum", "reduce_max")
 BLOCK = 16        # channels a block: one AVX-512 vector of float32 (the kernels' block)
@@ -132,24 +132,6 @@ def saving_ns(node: Node) -> float:
     return flops / BLOCKED_RATE - flops * padding_waste(node) / BLOCKED_RATE
 
 
-class _Regions:
-    """Union-find over value ids: a candidate convolution joins its input and output, an op that
-    would follow the layout joins its image operands and its result."""
-
-    def __init__(self):
-        self.parent: dict[int, int] = {}
-
-    def find(self, a: int) -> int:
-        self.parent.setdefault(a, a)
-        while self.parent[a] != a:
-            self.parent[a] = self.parent[self.parent[a]]
-            a = self.parent[a]
-        return a
-
-    def union(self, a: int, b: int) -> None:
-        self.parent[self.find(a)] = self.find(b)
-
-
 def _over_the_map(node: Node) -> bool:
     """A reduction over an image's H and W axes (global pooling)."""
     return (node.op in MAP_REDUCTIONS and _image(node.inputs[0])
@@ -180,7 +162,7 @@ def _could_follow(node: Node) -> list[Value]:
 
 def worthwhile(graph: Graph, candidates: list[Node], followers: set[int]) -> tuple[set[int], list[Node]]:
     """(ids of the candidates in regions whose saving exceeds their reorders' cost, the others)."""
-    regions = _Regions()
+    regions = Regions()
     follow_inputs = {}
     for node in graph.nodes:
         if id(node) in followers:

@@ -50,7 +50,7 @@ from ..backend.registry import KERNELS
 from ..ir.graph import Graph, Node, Value
 from ..ops.base import get_op
 from .context import PassContext
-from .rewrite import Emitter, Substitution, constant_value
+from .rewrite import Emitter, Regions, Substitution, constant_value
 
 HALF_TYPES = ("float16",)                  # the dtypes whose cuDNN kernels want channels last
 MAP_REDUCTIONS = ("reduce_mean", "reduce_sum", "reduce_max")
@@ -151,27 +151,10 @@ def why_not_channels_last(node: Node, device) -> str | None:
     return None
 
 
-class _Regions:
-    """Union-find over value ids."""
-
-    def __init__(self):
-        self.parent: dict[int, int] = {}
-
-    def find(self, a: int) -> int:
-        self.parent.setdefault(a, a)
-        while self.parent[a] != a:
-            self.parent[a] = self.parent[self.parent[a]]
-            a = self.parent[a]
-        return a
-
-    def union(self, a: int, b: int) -> None:
-        self.parent[self.find(a)] = self.find(b)
-
-
 def worthwhile(graph: Graph, candidates: list[Node], followers: set[int]) -> tuple[set[int], set[int]]:
     """(ids of the candidates in regions whose saving exceeds the elements their borders reorder,
     ids of the ops that would follow the layout in those regions)."""
-    regions = _Regions()
+    regions = Regions()
     follow_inputs = {}
     for node in graph.nodes:
         if id(node) in followers:

@@ -1,5 +1,5 @@
-"""What the passes share for editing a graph: value substitution, constant look-ups, reader counts
-and typed node creation.
+"""What the passes share for editing a graph: value substitution, constant look-ups, reader counts,
+typed node creation, and the regions a layout pass groups values into.
 
 Invariant kept by every helper: a value is only ever replaced by a value of the same type (shape
 and dtype), so a rewrite can never change what a consumer's shape rule sees.
@@ -130,3 +130,20 @@ def constant_node(value: np.ndarray, scope: str) -> Node:
     return emitter.take()[0]
 
 
+class Regions:
+    """Union-find over value ids, for the layout passes (layout.py, layout_nhwc.py): a candidate
+    convolution joins its input and output, an op that would follow the layout joins its image
+    operands and its result, and each region then goes one layout or the other as a whole."""
+
+    def __init__(self):
+        self.parent: dict[int, int] = {}
+
+    def find(self, a: int) -> int:
+        self.parent.setdefault(a, a)
+        while self.parent[a] != a:
+            self.parent[a] = self.parent[self.parent[a]]
+            a = self.parent[a]
+        return a
+
+    def union(self, a: int, b: int) -> None:
+        self.parent[self.find(a)] = self.find(b)
