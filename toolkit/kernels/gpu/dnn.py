@@ -47,13 +47,14 @@ import threading
 import numpy as np
 
 from ...backend.devices import gpu_module
+from ...backend.measured import register_measured
 from ...backend.registry import KERNELS, SPECIALISED
 from ...ops.conv import conv_out_size
 from ...ops.fused import split_attrs
 from ...settings import current, off_text
 from . import blas
 from .dnn_bfloat16 import BFLOAT16, IN_BFLOAT16, InBfloat16, operand_type
-from .dnn_routes import CHOSEN, policy, weight_gradient_route, workspace_limit
+from .dnn_routes import CHOSEN, adopt_routes, export_routes, policy, weight_gradient_route, workspace_limit
 
 # cudnnDataType_t, cudnnTensorFormat_t, cudnnConvolutionMode_t, cudnnMathType_t,
 # cudnnDeterminism_t (cudnn_graph.h / cudnn_cnn.h, unchanged from cuDNN 7 to 9)
@@ -499,3 +500,7 @@ def _specialiser(op: str, builder):
 for _op, _builder in BUILDERS.items():
     KERNELS.specialise(_op, "gpu", SPECIALISED)(_specialiser(_op, _builder))
 
+# a run records the routes measured here with its checkpoints, and a resumed run takes them again
+# (dnn_routes.py; training reaches them through backend/measured.py)
+register_measured("gpu", "convolution_routes", lambda: export_routes(unavailable()),
+                  lambda data: adopt_routes(data, unavailable()))

@@ -20,7 +20,6 @@ from collections import Counter
 import numpy as np
 
 from ...backend.devices import gpu_module
-from ...backend.measured import register_measured
 from ...settings import current, precision_policy
 from .dnn_bfloat16 import IN_BFLOAT16
 
@@ -145,19 +144,19 @@ def decisions() -> dict:
 
 # -- recording the measured choices with a run, and taking them again on resume ---------------------
 
-def export_routes() -> dict:
+def export_routes(cudnn_unavailable: str | None) -> dict:
     """The measured choices of this process as JSON data: the weight gradients' routes and the
-    fused epilogues' choices by their keys, and why cuDNN could not run (None where it could)."""
-    from .dnn import unavailable
-    return {"cudnn_unavailable": unavailable(),
+    fused epilogues' choices by their keys, and why cuDNN could not run (dnn.unavailable(): None
+    where it could)."""
+    return {"cudnn_unavailable": cudnn_unavailable,
             "weight_gradients": [[_listed(key), route, why] for key, (route, why) in WEIGHT_GRADIENT_ROUTES.items()],
             "fused_epilogues": [[_listed(key), fused] for key, fused in FUSED_ROUTES.items()]}
 
 
-def adopt_routes(data) -> list[str]:
+def adopt_routes(data, cudnn_unavailable: str | None) -> list[str]:
     """Installs ``export_routes``' data read back from a run, checked whole first (a ValueError
-    saying what is wrong); returns the line to say where the routes cannot all be taken now."""
-    from .dnn import unavailable
+    saying what is wrong); returns the line to say where the routes cannot all be taken now
+    (``cudnn_unavailable``: dnn.unavailable() in this process)."""
     if not isinstance(data, dict) or set(data) != {"cudnn_unavailable", "weight_gradients", "fused_epilogues"}:
         raise ValueError("not a mapping of cudnn_unavailable, weight_gradients and fused_epilogues")
     then = data["cudnn_unavailable"]
@@ -177,7 +176,7 @@ def adopt_routes(data) -> list[str]:
         if not (isinstance(entry, list) and len(entry) == 2 and type(entry[1]) is bool):
             raise ValueError("a fused epilogue's entry is not [key, true or false]")
         fused[_epilogue_key(entry[0])] = entry[1]
-    now = unavailable()
+    now = cudnn_unavailable
     WEIGHT_GRADIENT_ROUTES.update(routes)
     FUSED_ROUTES.update(fused)
     if now is not None and (routes or fused):
@@ -225,5 +224,3 @@ def _epilogue_key(value) -> tuple:
         raise ValueError("a fused epilogue's key names no dtype, policy or residual")
     return _shape(x), _shape(w), _shape(y), _attrs(attrs), dtype, chosen_policy, residual
 
-
-register_measured("gpu", "convolution_routes", export_routes, adopt_routes)
