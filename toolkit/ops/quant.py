@@ -105,6 +105,9 @@ def _quantize_infer(types, attrs):
 def quantize_linear_reference(x, scale, zero_point, dtype):
     lo, hi = QRANGE[dtype]
     q = np.rint(x.astype(np.float32) / np.float32(scale)).astype(np.float64) + zero_point
+    # NaN quantizes to 0, said here rather than left to the float-to-integer cast (undefined in C,
+    # 0 on x86 with a warning in numpy); the native kernel does the same
+    q = np.where(np.isnan(q), 0.0, q)
     return np.clip(q, lo, hi).astype(dtype)
 
 

@@ -72,6 +72,7 @@ def quantize_linear_cpu(ctx):
         # clamp before adding the zero point: rint(v) may be huge, v + zp then inexact
         np.clip(v, np.float32(lo - zp), np.float32(hi - zp), out=v)
         v += np.float32(zp)
+        np.copyto(v, 0, where=np.isnan(v))       # NaN to 0, as the reference says
         outs[0][...] = v
     return run
 
