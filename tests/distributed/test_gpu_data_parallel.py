@@ -196,7 +196,9 @@ def test_a_sum_that_breaks_what_nccl_requires_stops_the_job(tmp_path, broken, sa
     env = stand_in_env(tmp_path, gpus=2, broken=broken)
     proc = train(tmp_path / "many", env, "zoo/lenet/net.yaml", 16, 2, "train.max_iter=3",
                  "train.distributed.overlap=false", check=False)
-    assert proc.returncode != 0 and said in proc.stderr, proc.stderr[-3000:]
+    # every rank breaks the rule alike, and whichever rank's refusal is printed first stops the job
+    assert proc.returncode != 0 and any(said.replace("rank 0's", f"rank {r}'s") in proc.stderr for r in (0, 1)), \
+        proc.stderr[-3000:]
 
 
 @needs_mpi
