@@ -414,6 +414,10 @@ def test_two_ranks_on_one_gpu_stage_through_host_memory_after_one_line(tmp_path)
         pytest.skip("two ranks share one GPU only on a machine with one")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "MPI_"))}
     env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")     # should it be Open MPI's, as root
+    if not (shutil.which("ssh") or shutil.which("rsh")):
+        # Open MPI refuses to start without a remote shell even for ranks on this host alone
+        # (open-mpi/ompi#12386); no remote launch happens here, so any agent on PATH will do
+        env.setdefault("OMPI_MCA_plm_rsh_agent", "sh")
     sets = ["--set", "train.max_iter=20", "--set", "train.display=1", "--set", "train.test_interval=1000"]
     one = subprocess.run([*TOOLKIT, "train", "zoo/lenet/net.yaml", "--device", "gpu", "--out", str(tmp_path / "one"),
                           "--set", "train.data.batch_size=64", *sets], cwd=ROOT, capture_output=True, text=True,

@@ -427,6 +427,15 @@ def _relative(got, want) -> float:
     return float(np.abs(got - want).max() / np.abs(want).max())
 
 
+def _float32_bound(op: str) -> float:
+    """How far a float32 result may stand from the float64 reference: roundings grow with the
+    square root of the terms each output sums (8 x 28 x 28 = 6,272 for the weight gradient, 576
+    for the others; an H100 measured 1.4e-5 for the weight gradient), never under 1e-5."""
+    n, c, h, w = DEVICE_X
+    terms = n * h * w if op == "conv2d_grad_weight" else c * DEVICE_W[2] * DEVICE_W[3]
+    return max(1e-5, 2.5e-7 * terms ** 0.5)
+
+
 def _device_dnn():
     from toolkit.backend.registry import load_device
     load_device("gpu")
@@ -450,7 +459,7 @@ def test_tf32_is_within_1e_2_of_strict_and_strict_within_1e_5_of_the_cpu_on_the_
     # the net file's key, with no setting over it, is the same policy
     with use(precision=None):
         from_key = _on_device(dnn.BUILDERS[op], op, inputs, out_shape, precision="tf32")
-    assert _relative(strict, want) < 1e-5, (op, _relative(strict, want))
+    assert _relative(strict, want) < _float32_bound(op), (op, _relative(strict, want))
     assert _relative(tf32, strict) < 1e-2, (op, _relative(tf32, strict))
     assert _relative(from_key, strict) < 1e-2, (op, _relative(from_key, strict))
     print(op, "strict vs cpu", _relative(strict, want), "tf32 vs strict", _relative(tf32, strict))
@@ -469,7 +478,7 @@ def test_the_weight_gradient_through_cudnn_equals_im2col_and_is_chosen_over_the_
         cudnn = _on_device(dnn.BUILDERS[op], op, inputs, out_shape)
         im2col = _on_device(arrays._over_cupy(CONV_KERNELS[op]), op, inputs, out_shape)
     assert _relative(cudnn, im2col) < 1e-4, _relative(cudnn, im2col)
-    assert _relative(cudnn, want) < 1e-5, _relative(cudnn, want)
+    assert _relative(cudnn, want) < _float32_bound(op), _relative(cudnn, want)
     # ResNet-50's first 3x3 layer at batch 256: 1,764 MiB of columns, over the 256 MiB bound
     import types
     big = types.SimpleNamespace(in_shapes=[(256, 64, 56, 56), (256, 64, 56, 56)], out_shapes=[(64, 64, 3, 3)],
