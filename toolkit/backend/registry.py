@@ -61,6 +61,10 @@ class KernelEntry:
     # host's compiler and vector width, and the kernel the node has now, decide for the blocked
     # layout's convolution
     fusion_pays: bool | Callable[[Node | None], bool] = True
+    # a fused kernel that loads inputs and stores outputs in these dtypes besides the one it
+    # computes in (ops/fused.py's compute, in_dtypes, out_dtypes): the fuse_casts pass takes
+    # casts between them into it
+    stores: tuple[str, ...] = ()
 
     def host_sync_of(self, node: Node) -> str | None:
         return self.host_sync(node) if callable(self.host_sync) else self.host_sync
@@ -119,13 +123,13 @@ class KernelRegistry:
         return self.natives.get((op, kind))
 
     def register(self, op: str, device: str, dtype: str = "*", inplace=False, host_sync=None, fusion_pays=True,
-                 priority: int = PORTABLE):
+                 priority: int = PORTABLE, stores: tuple[str, ...] = ()):
         """A kernel factory for (op, device kind, dtype) at ``priority``: it is the key's kernel
         unless a registration of a higher priority replaces or specialises it."""
         def wrap(factory: KernelFactory) -> KernelFactory:
             key = (op, device, dtype)
             self._refuse_twice(key, priority, (op, device))
-            self.plain.setdefault(key, {})[priority] = KernelEntry(factory, inplace, host_sync, fusion_pays)
+            self.plain.setdefault(key, {})[priority] = KernelEntry(factory, inplace, host_sync, fusion_pays, stores)
             self._resolve(key)
             return factory
         return wrap
@@ -189,6 +193,11 @@ class KernelRegistry:
             return False
         pays = self.lookup(op, device, dtype).fusion_pays
         return bool(pays(node)) if callable(pays) else pays
+
+    def stores(self, op: str, device: Device | str, dtype: str) -> tuple[str, ...]:
+        """The dtypes ``op``'s kernel for this device and compute dtype loads and stores besides
+        its own (none where no kernel is registered)."""
+        return self.lookup(op, device, dtype).stores if self.has(op, device, dtype) else ()
 
     def lookup(self, op: str, device: Device | str, dtype: str) -> KernelEntry:
         """The kernel of ``op`` for a device's kind and a dtype (the kind's kernels loaded first:

@@ -10,7 +10,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..codegen.loops import Const, call, maximum, select
+from ..codegen.loops import Const, call, lift, maximum, select
 from ..ir.graph import ALL_DTYPES, FLOAT_DTYPES, TensorType
 from .base import Builder, OpDef, ShapeError, register
 from .rules import binary_broadcast, broadcast_shapes, elementwise_flops, like_input, need_float, same_dtype, unary_same
@@ -446,6 +446,26 @@ def _cast(x, out, dtype):
 
 # a change of dtype is no step of a program computed in one dtype: no scalar expression
 _define("cast", _cast, _cast_infer, _cast_grad, in_place=False)
+
+
+def _div_count(x, out, count):
+    return np.divide(x, count, out=out)
+
+
+def _div_count_scalar(x, dtype, count):
+    # lift: a count of run-time sizes (a native kernel taking sizes at run time, a SizeInt) is
+    # worked out when the kernel runs, never baked in from the first batch's size
+    return x / lift(count, dtype)
+
+
+def _div_count_grad(b, node, gouts):
+    return [b.op("div_count", gouts[0], count=node.attrs["count"])]
+
+
+# reduce_mean_grad's g / count as an elementwise op of g's own shape (passes/fuse.py spreads it
+# through the group that reads it, so the full-size spread is never written)
+_define("div_count", _div_count, unary_same, _div_count_grad, in_place=True, scalar=_div_count_scalar,
+        doc="x / count, count a number of elements (symbolic until the plan binds sizes)")
 
 
 def _select_infer(types, attrs):

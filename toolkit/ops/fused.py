@@ -17,6 +17,13 @@ Both fused programs may read an input through a view, ``views[i] = (axis, start,
 when none): a slice along a non-batch axis, such as one branch's columns of a batched GEMM's
 result, read in place instead of copied out first.
 
+fused_elementwise and fused_reduce may also store values in a type other than the one they
+compute in (a mixed-precision step's float16 activations around float32 arithmetic): then
+``compute`` names the program's dtype, ``in_dtypes[i]`` the stored dtype of input i (widened as
+it is read) and, for fused_elementwise, ``out_dtypes[k]`` that of output k (rounded as it is
+written): the casts the passes/fuse_casts.py pass took in, each done where the value is loaded
+or stored. Without ``compute`` every value has the program's dtype.
+
 All are made after autodiff, so none needs a gradient rule.
 """
 from __future__ import annotations
@@ -136,20 +143,49 @@ def viewed_arrays(arrays: list, views) -> list:
     return out
 
 
+def computed_types(types: list[TensorType], attrs) -> list[TensorType]:
+    """The input types a program computes with: each stored input widened to ``compute``."""
+    if "compute" not in attrs:
+        return list(types)
+    stored = attrs["in_dtypes"]
+    if len(stored) != len(types) or any(t.dtype != d for t, d in zip(types, stored)):
+        raise ShapeError(f"a fused op's inputs are stored as {[t.dtype for t in types]}, "
+                         f"not as its in_dtypes {list(stored)}")
+    return [TensorType(t.shape, attrs["compute"]) for t in types]
+
+
+def computed_arrays(arrays: list, attrs) -> list:
+    if "compute" not in attrs:
+        return list(arrays)
+    return [a.astype(attrs["compute"], copy=False) for a in arrays]
+
+
+def stored_types(types: list[TensorType], attrs) -> list[TensorType]:
+    """The output types as stored: rounded to ``out_dtypes`` where it names one."""
+    if "out_dtypes" not in attrs:
+        return list(types)
+    return [TensorType(t.shape, d) for t, d in zip(types, attrs["out_dtypes"])]
+
+
 def _elementwise_infer(types, attrs):
     _check_outputs(attrs)
-    steps = program_types(attrs["program"], viewed_types(types, attrs.get("views")))
-    return [steps[j] for j in attrs["outputs"]]
+    steps = program_types(attrs["program"], viewed_types(computed_types(types, attrs), attrs.get("views")))
+    return stored_types([steps[j] for j in attrs["outputs"]], attrs)
 
 
-def _elementwise_reference(*arrays, program, outputs, views=()):
+def _elementwise_reference(*arrays, program, outputs, views=(), compute=None, in_dtypes=(), out_dtypes=()):
+    if compute is not None:
+        arrays = computed_arrays(list(arrays), {"compute": compute})
     values = run_program(program, viewed_arrays(list(arrays), views))
     result = tuple(values[j] for j in outputs)
+    if out_dtypes:
+        result = tuple(r.astype(d, copy=False) for r, d in zip(result, out_dtypes))
     return result if len(result) > 1 else result[0]
 
 
 def _elementwise_flops(ins, outs, attrs):
-    return program_flops(attrs["program"], program_types(attrs["program"], viewed_types(ins, attrs.get("views"))))
+    types = viewed_types(computed_types(ins, attrs), attrs.get("views"))
+    return program_flops(attrs["program"], program_types(attrs["program"], types))
 
 
 register(OpDef("fused_elementwise", _elementwise_infer, _elementwise_reference, None, _elementwise_flops,

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from ..backend.registry import KERNELS
 from ..ir.graph import Graph, Node, Value
-from ..ops.base import get_op
+from ..ops.base import ShapeError, get_op
 from ..ops.fused import EPILOGUE_HEADS, POOL_PREFIX, make_step, store_program
+from ..ops.reduce import reduced_count
 from .context import PassContext
 from .rewrite import kept_ids
 
@@ -126,11 +127,59 @@ def _replace_group(graph: Graph, members: list[Node], fused: Node, leaving: list
     graph.nodes = [fused if i == last else n for i, n in enumerate(graph.nodes) if id(n) not in gone or i == last]
 
 
+def _spread_by_readers(value: Value, small: Value, readers: list[Node]) -> bool:
+    """Every reader of ``value`` is a fusable elementwise op of ``value``'s type that broadcasts
+    ``small`` in its place to that same type (its shape rule says so, and another operand gives
+    the shape): reading the smaller operand, each computes the same values."""
+    def same_result(r: Node) -> bool:
+        types = [small.type if v.id == value.id else v.type for v in r.inputs]
+        try:
+            return get_op(r.op).infer(types, dict(r.attrs)) == [r.outputs[0].type]
+        except ShapeError:       # a shape rule refusing the smaller operand: no spread
+            return False
+    return bool(readers) and all(
+        _fusable(r) and r.outputs[0].type == value.type
+        and any(v.id != value.id and v.type.shape == value.type.shape for v in r.inputs) and same_result(r)
+        for r in readers)
+
+
+def spread_mean_gradients(graph: Graph, ctx: PassContext) -> bool:
+    """reduce_mean_grad(g) spreads g / count over a whole image: written out, a full-size array
+    that the next elementwise op reads back (two per BatchNorm in a train step). Where every
+    reader is an elementwise op that broadcasts g anyway, the readers take div_count(g) (g's own
+    size) and the spread happens in their registers once they are fused. The division is the
+    one reduce_mean_grad makes, so the values are the same bit for bit."""
+    where = ctx.placement(graph)
+    readers = graph.consumers()
+    kept = kept_ids(graph)
+    changed = False
+    new_nodes: list[Node] = []
+    for node in graph.nodes:
+        out = node.outputs[0] if node.outputs else None
+        if (node.op == "reduce_mean_grad" and out.id not in kept
+                and _spread_by_readers(out, node.inputs[0], readers.get(out.id, []))
+                and all(where.node(r) == where.node(node) for r in readers[out.id])
+                and KERNELS.has("fused_elementwise", where.node(node), out.dtype)):
+            g = node.inputs[0]
+            spread = Node("div_count", [g], {"count": reduced_count(node.attrs["shape"], node.attrs["axes"])},
+                          node.scope)
+            spread.outputs = [Value(g.type, spread)]
+            for r in readers[out.id]:
+                r.inputs = [spread.outputs[0] if v.id == out.id else v for v in r.inputs]
+            new_nodes.append(spread)
+            changed = True
+            ctx.note(f"spread_mean_gradients: {node.scope}: its readers broadcast g / count")
+            continue
+        new_nodes.append(node)
+    graph.nodes = new_nodes
+    return changed
+
+
 def fuse_elementwise(graph: Graph, ctx: PassContext) -> bool:
     """Chains and trees of elementwise ops of one shape and dtype become one fused_elementwise
     op that passes over memory once; values read outside the group become its outputs."""
+    fused_any = spread_mean_gradients(graph, ctx)
     where = ctx.placement(graph)
-    fused_any = False
     owner: dict[int, _Group] = {}
     groups: list[_Group] = []
     order = {id(n): i for i, n in enumerate(graph.nodes)}

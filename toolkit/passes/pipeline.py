@@ -31,6 +31,7 @@ from .context import PassContext
 from .control import eliminate_dead_branches
 from .cse import eliminate_common
 from .fuse import fuse_conv_max_pool, fuse_elementwise, fuse_epilogue
+from .fuse_casts import fuse_casts
 from .fuse_reductions import fuse_reductions
 from .gemm import batch_gemms
 from .layout import choose_layout
@@ -114,6 +115,9 @@ PIPELINE: list[Stage] = [
     Stage("fuse_reductions", fuse_reductions,
           "a per-channel sum or mean (BatchNorm's statistics and their gradients) of an elementwise group read "
           "by nothing else as one kernel that computes the group as it reduces, where the device's kernel pays"),
+    Stage("fuse_casts", fuse_casts,
+          "a mixed-precision step's casts between float16 and float32 done by the fused kernels that load or "
+          "store the value, where the device's fused kernels store both types"),
     Stage("optimize_bodies", optimize_bodies,
           "the whole pipeline on every loop and if body"),
     Stage("place_devices", place_devices,

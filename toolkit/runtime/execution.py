@@ -86,7 +86,10 @@ def choose_execution(devices: list[Device], bindings, threads: int | None, concu
 
 
 def kernel_dtype(node: Node) -> str:
-    """The dtype a node's kernel is chosen by: its first float value's, else its output's."""
+    """The dtype a node's kernel is chosen by: the one a fused op computes in where it stores
+    values in another (ops/fused.py), else its first float value's, else its output's."""
+    if isinstance(node.attrs.get("compute"), str):
+        return node.attrs["compute"]
     for v in list(node.inputs) + node.outputs:
         if v.dtype in FLOAT_DTYPES:
             return v.dtype

@@ -10,7 +10,8 @@ from ...ops.base import get_op
 @register_kernel("fused_reduce", "cpu", fusion_pays=False)
 def fused_reduce_cpu(ctx: KernelContext):
     reference = get_op("fused_reduce").reference
-    attrs = {k: ctx.attrs[k] for k in ("program", "outputs", "means", "axes", "keepdims")}
+    attrs = {k: ctx.attrs[k] for k in ("program", "outputs", "means", "axes", "keepdims", "compute", "in_dtypes")
+             if k in ctx.attrs}
 
     def run(ins, outs):
         results = reference(*ins, **attrs)

@@ -22,7 +22,8 @@ sums, so that no value is stored and each operand is read once: ``tk_values`` is
 steps rendered by the fused groups' generator (native/elementwise.py's program_body, codegen's
 CUDA dialect), each operand read at the element, at its channel or as its one value, each value
 rounded to the storage type as the tensor it replaces would have been. A plain reduction is the
-one-output case whose value is its operand.
+one-output case whose value is its operand. An operand stored in a narrower type than the sums'
+(``in_dtypes``: a float16 activation of a mixed-precision step) is widened as it is read.
 
 Other axes, other layouts and empty arrays keep the kernel this one specialises (dispatched.py's
 CuPy reduction), as every reduction does with the ``channel_reductions`` setting off. Compiled
@@ -62,17 +63,26 @@ MIN_ROWS = 32
 FULL, CHANNEL, SCALAR = "full", "channel", "scalar"
 
 
-def _value_function(dtype: str, kinds: tuple[str, ...], program=(), outputs=(("x", 0),)) -> str | None:
+def _operand_params(dtype: str, kinds: tuple[str, ...], in_dtypes=()) -> str:
+    """The operands' parameters: each of the storage type, or of its own where ``in_dtypes``
+    names one (a float16 operand of a float32 reduction, read as CudaDialect reads it)."""
+    stored = in_dtypes or (dtype,) * len(kinds)
+    return ", ".join(f"const {'T' if d == dtype else CudaDialect.types[d]} *x{k}" for k, d in enumerate(stored))
+
+
+def _value_function(dtype: str, kinds: tuple[str, ...], program=(), outputs=(("x", 0),), in_dtypes=()) -> str | None:
     """``tk_values(i, c, x0, x1, ..., v)``: the values reduced at element i (of channel c) into
     v[0..K-1]. An output naming an operand reads it; one naming a step runs the program's steps
     as the fused groups' generator renders them, the value rounded to the storage type as the
-    tensor it stands for would be."""
-    params = ", ".join(f"const T *x{k}" for k in range(len(kinds)))
+    tensor it stands for would be. ``in_dtypes``: operands stored in another type, widened as
+    they are read."""
+    stored = in_dtypes or (dtype,) * len(kinds)
+    params = _operand_params(dtype, kinds, in_dtypes)
     lines = [f"__device__ inline void tk_values(long long tk_i, long long tk_c, {params}, A *tk_v) {{"]
     index = {FULL: Var("tk_i", "int64"), CHANNEL: Var("tk_c", "int64"), SCALAR: lift(0, "int64")}
     steps = sorted({ref[1] for ref in outputs if ref[0] == "t"})
     if steps:
-        operands = {("x", k): Buf(f"x{k}", dtype, 1) for k in range(len(kinds))}
+        operands = {("x", k): Buf(f"x{k}", stored[k], 1) for k in range(len(kinds))}
         slot = Buf("tk_slot", dtype, len(steps), const=False)
 
         def index_of(key):
@@ -85,13 +95,16 @@ def _value_function(dtype: str, kinds: tuple[str, ...], program=(), outputs=(("x
     for k, ref in enumerate(outputs):
         if ref[0] == "t":
             lines.append(f"    tk_v[{k}] = LD(tk_slot[{steps.index(ref[1])}]);")
+        elif stored[ref[1]] != dtype:
+            load = CudaDialect().expr(Buf(f"x{ref[1]}", stored[ref[1]], 1)[index[kinds[ref[1]]]])
+            lines.append(f"    tk_v[{k}] = (A)({load});")
         else:
             where = CudaDialect().expr(index[kinds[ref[1]]])
             lines.append(f"    tk_v[{k}] = LD(x{ref[1]}[{where}]);")
     return "\n".join(lines + ["}"]) + "\n"
 
 
-def _unit(dtype: str, kinds: tuple[str, ...] = (FULL,), program=(), outputs=(("x", 0),)) -> str | None:
+def _unit(dtype: str, kinds: tuple[str, ...] = (FULL,), program=(), outputs=(("x", 0),), in_dtypes=()) -> str | None:
     # rows.py's warp helpers and types; imported here, as rows.py imports dispatched.py, which
     # imports this module
     from .rows import PRELUDE, _types
@@ -103,10 +116,10 @@ typedef {a} A;
 #define ST(X) ({st % "(X)"})
 #define K {len(outputs)}
 """
-    value = _value_function(dtype, kinds, program, outputs) if dtype in STORAGE else None
+    value = _value_function(dtype, kinds, program, outputs, in_dtypes) if dtype in STORAGE else None
     if value is None:
         return None
-    params = ", ".join(f"const T *x{k}" for k in range(len(kinds)))
+    params = _operand_params(dtype, kinds, in_dtypes)
     args = ", ".join(f"x{k}" for k in range(len(kinds)))
     outs = ", ".join(f"T *out{k}" for k in range(len(outputs)))
     # the generator's helpers (max/min with numpy's NaN rules, INFINITY, NAN) without a kernel
@@ -266,7 +279,7 @@ def _launcher(ctx, group_shape, kinds, program=(), outputs=(("x", 0),), means=(F
     geometry = channel_geometry(group_shape, ctx.attrs["axes"])
     if ctx.dtype not in STORAGE or geometry is None or 0 in geometry[:3] or kinds is None:
         return None
-    unit = _unit(ctx.dtype, kinds, program, tuple(outputs))
+    unit = _unit(ctx.dtype, kinds, program, tuple(outputs), tuple(ctx.attrs.get("in_dtypes", ())))
     if unit is None:
         return None
     n, channels, hw, last = geometry
@@ -317,13 +330,13 @@ def _fused_pays(node) -> bool:
     return bool(current().channel_reductions)
 
 
-@register_kernel("fused_reduce", "gpu", fusion_pays=_fused_pays)
+@register_kernel("fused_reduce", "gpu", fusion_pays=_fused_pays, stores=STORAGE)
 def fused_reduce_gpu(ctx):
     """Every output's sums in the same two stages, the program evaluated inside them: no value
     is written, each operand is read once. The pass makes this node only where the operands are
     whole, per channel or single (``operand_kinds``)."""
     program, outputs = ctx.attrs["program"], tuple(ctx.attrs["outputs"])
-    steps = program_shapes(program, ctx.in_shapes, ctx.dtype) if program else []
+    steps = program_shapes(program, ctx.in_shapes, ctx.dtype) if program else []    # ctx.dtype: the compute dtype
     first = outputs[0]
     group_shape = tuple(steps[first[1]] if first[0] == "t" else ctx.in_shapes[first[1]])
     geometry = channel_geometry(group_shape, ctx.attrs["axes"])

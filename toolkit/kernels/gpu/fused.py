@@ -11,6 +11,9 @@ writes half-precision buffers and computes in float32 registers.
   and overwrites it element by element (each element's reads come before its writes, in one
   thread).
 
+A group that stores values in another dtype than it computes in (``compute``, ``in_dtypes``,
+``out_dtypes``: casts the fuse_casts pass took in) reads and writes them in that dtype.
+
 A program with a step the generator cannot write (none of today's elementwise ops, but the
 table may grow) runs as the CPU's program runner over CuPy arrays instead: one CuPy call per
 step, still on the device.
@@ -40,7 +43,8 @@ def _program_call(ctx: KernelContext, name: str, head: bool):
         return None
     group = tuple(ctx.out_shapes[0])
     built = elementwise_kernel(name, ctx.attrs["program"], ctx.attrs["outputs"], ctx.in_shapes, group, ctx.dtype,
-                               ctx.attrs.get("views", ()), threads=2, head=head, min_parallel=0, flat=True)
+                               ctx.attrs.get("views", ()), threads=2, head=head, min_parallel=0, flat=True,
+                               in_dtypes=ctx.attrs.get("in_dtypes", ()), out_dtypes=ctx.attrs.get("out_dtypes", ()))
     if built is None:
         return None
     kernel, keys = built
@@ -52,6 +56,8 @@ def _program_call(ctx: KernelContext, name: str, head: bool):
 
 
 def _runner(ctx: KernelContext, head: bool):
+    if "compute" in ctx.attrs:
+        return _stored_runner(ctx)
     runner = ProgramRunner(ctx.attrs["program"], ctx.attrs["outputs"], ctx.in_shapes, ctx.out_shapes[0], ctx.dtype,
                            head_shape=tuple(ctx.out_shapes[0]) if head else None, views=ctx.attrs.get("views", ()),
                            scratch=lambda _slot, shape, dtype: cp.empty(shape, dtype))
@@ -61,7 +67,25 @@ def _runner(ctx: KernelContext, head: bool):
     return run
 
 
-@register_kernel("fused_elementwise", "gpu", inplace=elementwise_inplace_pairs)
+def _stored_runner(ctx: KernelContext):
+    """The runner of a group storing values in other dtypes than it computes in (no epilogue
+    does): widened copies of the inputs in, each output step once, rounded copies out."""
+    compute = ctx.attrs["compute"]
+    steps = list(dict.fromkeys(ctx.attrs["outputs"]))
+    runner = ProgramRunner(ctx.attrs["program"], tuple(steps), ctx.in_shapes, ctx.out_shapes[0], compute,
+                           views=ctx.attrs.get("views", ()),
+                           scratch=lambda _slot, shape, dtype: cp.empty(shape, dtype))
+    shape = tuple(ctx.out_shapes[0])
+
+    def run(ins, outs, head_array=None):
+        wide = [cp.empty(shape, compute) for _ in steps]
+        runner([a.astype(compute, copy=False) for a in ins], wide)
+        for out, step in zip(outs, ctx.attrs["outputs"]):
+            out[...] = wide[steps.index(step)]
+    return run
+
+
+@register_kernel("fused_elementwise", "gpu", inplace=elementwise_inplace_pairs, stores=CUDA_DTYPES)
 def fused_elementwise_gpu(ctx: KernelContext):
     program = _program_call(ctx, "tk_fused", head=False) or _runner(ctx, head=False)
 

@@ -102,7 +102,9 @@ def program_body(program, outputs, operands: dict, dtype: str, index_of, out_buf
     """Statements computing one element: Lets per step, Stores per output. ``operands`` maps
     ("x", i) / ("h",) to Bufs; ``index_of(key)`` gives that operand's index expression."""
     body, values, stores = [], [], []
-    out_of = {s: k for k, s in enumerate(outputs)}
+    out_of: dict[int, list[int]] = {}          # a step may leave twice (stored in two dtypes)
+    for k, s in enumerate(outputs):
+        out_of.setdefault(s, []).append(k)
     for s, (op, args, attrs) in enumerate(program):
         a = []
         for ref in args:
@@ -117,8 +119,7 @@ def program_body(program, outputs, operands: dict, dtype: str, index_of, out_buf
         v = names.var("t", dtype)
         body.append(Let(v, expr))
         values.append(v)
-        if s in out_of:
-            k = out_of[s]
+        for k in out_of.get(s, ()):
             stores.append(Store(out_bufs[k], index_of(("o", k)), v))
     # every read of the element before any write: an output may share memory with an input
     # (in-place plans) or, in an epilogue, with the head's result
@@ -127,13 +128,15 @@ def program_body(program, outputs, operands: dict, dtype: str, index_of, out_buf
 
 def elementwise_kernel(name: str, program, outputs, in_shapes, group_shape, dtype: str, views, threads: int,
                        head: bool = False, min_parallel: int = PARALLEL_MIN_ELEMENTS,
-                       flat: bool = False) -> tuple[Kernel, list] | None:
+                       flat: bool = False, in_dtypes=(), out_dtypes=()) -> tuple[Kernel, list] | None:
     """(kernel, parameter keys) of a program over ``group_shape``; None if a step is unsupported.
     Parameter keys: ("x", i) for the inputs the program reads, ("o", k), and ("h",) for a head.
     The outermost loop is parallel from ``min_parallel`` elements (0 for a GPU, whose threads
     need a parallel loop to run at all). ``flat`` makes the nest one parallel loop over every
     element, each dimension's index recovered by division: what a GPU wants, since only the
-    outermost loop is spread over threads (a [2, 64, 28, 28] group would otherwise get 2)."""
+    outermost loop is spread over threads (a [2, 64, 28, 28] group would otherwise get 2).
+    ``in_dtypes`` / ``out_dtypes``: the stored dtype of each input / output where it is not
+    ``dtype`` (ops/fused.py; the CUDA dialect's float16 loads widen and its stores round)."""
     used = sorted({r[1] for _op, args, _a in program for r in args if r[0] == "x"})
     keys = [("x", i) for i in used] + [("o", k) for k in range(len(outputs))] + ([("h",)] if head else [])
     size = size_product(group_shape)
@@ -152,9 +155,10 @@ def elementwise_kernel(name: str, program, outputs, in_shapes, group_shape, dtyp
     bufs = {}
     for n, key in enumerate(keys):
         if key[0] == "x":
-            bufs[key] = Buf(f"x{key[1]}", dtype, int(np.prod(in_shapes[key[1]], dtype=np.int64)))
+            stored = in_dtypes[key[1]] if in_dtypes else dtype
+            bufs[key] = Buf(f"x{key[1]}", stored, int(np.prod(in_shapes[key[1]], dtype=np.int64)))
         elif key[0] == "o":
-            bufs[key] = Buf(f"o{key[1]}", dtype, size, const=False)
+            bufs[key] = Buf(f"o{key[1]}", out_dtypes[key[1]] if out_dtypes else dtype, size, const=False)
         else:
             bufs[key] = Buf("h", dtype, size)
     loop_vars = [names.var("i") for _ in dims]
