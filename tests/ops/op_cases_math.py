@@ -229,6 +229,11 @@ for s, axes in [((6, 3, 4, 5), (0, 2, 3)), ((5, 7), (0,)), ((2, 3, 4), (0, 2))]:
     count = int(np.prod([s[a] for a in axes]))
     case("bessel_correct", f"{s}-{axes}", _bessel_make, _bessel_ref, attrs=dict(count=count))
 
+# a mean's gradient share (reduce_mean_grad's g / count, as the fusion pass spreads it)
+for s, count in [((3, 4), 12), ((1, 5, 1, 1), 49), ((), 7)]:
+    case("div_count", f"{s}/{count}", lambda r, s=s: [uni(r, s)],
+         lambda x, count=count: tn(tt(x) / count), attrs=dict(count=count))
+
 # collectives: in one process (the one-rank communicator) the sum over ranks is the value itself
 for s in [(2, 3), (7,), ()]:
     case("allreduce_sum", f"{s}", lambda r, s=s: [uni(r, s)], lambda x: np.array(np.asarray(x).tolist()))
