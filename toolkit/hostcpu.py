@@ -24,7 +24,7 @@ def affinity_cores() -> int:
     return max(1, os.cpu_count() or 1)
 
 
-def _read(path: Path) -> str | None:
+def _read(path: Path | str) -> str | None:
     try:
         with open(path) as f:
             return f.read(256).strip()
@@ -113,7 +113,7 @@ def usable_cores() -> int:
 def runnable_tasks() -> int | None:
     """The machine's tasks running or waiting to run now, this thread included (the fourth field
     of /proc/loadavg); None where the system does not say."""
-    text = _read(Path("/proc/loadavg"))
+    text = _read("/proc/loadavg")
     try:
         return int(text.split()[3].split("/")[0]) if text else None
     except (IndexError, ValueError):
@@ -130,7 +130,11 @@ def own_run_delay_ns() -> int | None:
     except OSError:
         return None
     for tid in tasks:
-        text = _read(Path("/proc/self/task") / tid / "schedstat")
+        # a plain string, not a Path: a Path interns each part (sys.intern), and each sample's
+        # thread ids, interned and dropped again, used up the interpreter's table of interned
+        # strings, which CPython then rebuilds whole (megabytes in a process that has imported
+        # much), inside whichever plan run took the sample
+        text = _read(f"/proc/self/task/{tid}/schedstat")
         if not text:
             continue
         fields = text.split()

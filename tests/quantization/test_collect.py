@@ -86,13 +86,18 @@ def test_memory_stays_flat_over_many_batches(digits):
     # imports and caches first, the plans of both batch sizes included (1,000 ends with a batch of
     # 8, whose plan would otherwise be built, and its kernels compiled, inside the measurement)
     collect_ranges("zoo:lenet", None, many, method="percentile", max_examples=1000, batch_size=32)
-    peaks = []
-    for examples in (64, 1000):
+    # each size twice, in turn, and the smaller peak of the two: what the interpreter allocates now
+    # and then for the whole process (a table of its own rebuilt, megabytes in a test worker that
+    # has imported much) lands in one run at most, while memory that grows with the batches is
+    # in both
+    peaks: dict[int, list[int]] = {64: [], 1000: []}
+    for examples in (64, 1000, 64, 1000):
         tracemalloc.start()
         collect_ranges("zoo:lenet", None, many, method="percentile", max_examples=examples, batch_size=32)
-        peaks.append(tracemalloc.get_traced_memory()[1])
+        peaks[examples].append(tracemalloc.get_traced_memory()[1])
         tracemalloc.stop()
-    assert peaks[1] < 1.2 * peaks[0] + 500_000 and peaks[1] < 4_000_000, peaks
+    few, lots = min(peaks[64]), min(peaks[1000])
+    assert lots < 1.2 * few + 500_000 and lots < 4_000_000, peaks
 
 
 @pytest.mark.parametrize("call,said", [
