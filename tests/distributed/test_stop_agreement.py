@@ -54,3 +54,27 @@ def test_a_rank_stopped_by_the_others_signal_exits_as_they_do(tmp_path):
     comm.trainer = trainer
     assert trainer.run() == 128 + signal.SIGINT
     assert comm.votes == [0]
+
+
+def test_a_launched_rank_stopped_by_a_signal_ignores_the_copies_still_on_their_way(tmp_path):
+    """The launcher signals every rank in turn and the ranks stop together at the first copy: a
+    rank's own copy landing after its run has ended must not raise KeyboardInterrupt on its way
+    out (it died of SIGINT, and the launcher killed the others: the job ended 9, not 130). A run
+    that is not a launched rank, or that was not stopped by a signal, gets its handlers back."""
+    net = Net.load("zoo/lenet/net.yaml", overrides=[(("train", "max_iter"), 50)])
+    mine = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        comm = OtherRankSignalled(late_at=-1)
+        comm.launched = True
+        trainer = Trainer(net, tmp_path / "launched", comm=comm)
+        comm.trainer = trainer
+        assert trainer.run() == 128 + signal.SIGINT
+        assert {s: signal.getsignal(s) for s in mine} == {s: signal.SIG_IGN for s in mine}
+    finally:
+        for s, handler in mine.items():
+            signal.signal(s, handler)
+    for comm, ends in ((OtherRankSignalled(late_at=-1), 128 + signal.SIGINT), (TwoRanks(late_at=-1), 0)):
+        trainer = Trainer(net, tmp_path / f"{type(comm).__name__}", comm=comm)
+        comm.trainer = trainer
+        assert trainer.run() == ends
+        assert {s: signal.getsignal(s) for s in mine} == mine

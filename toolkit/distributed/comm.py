@@ -19,6 +19,9 @@ class Solo:
     """One rank: every collective is the identity."""
 
     rank, size = 0, 1
+    # a rank process of a job that a launcher started and signals, rank by rank (a Ctrl-C to
+    # mpiexec reaches every rank, each at its own moment)
+    launched = False
 
     def __init__(self):
         self.pending: dict[int, np.ndarray] = {}
@@ -76,6 +79,8 @@ class Solo:
 
 class MpiCommunicator(Solo):
     """MPI_COMM_WORLD through mpi4py."""
+
+    launched = True
 
     def __init__(self):
         super().__init__()

@@ -25,6 +25,8 @@ def stop_job_on_failure(comm):
         _abort(comm, "\n".join(_named(comm, line) for line in lines), 2)
     except KeyboardInterrupt:
         _abort(comm, f"rank {comm.rank} of {comm.size}: interrupted", 130)
+    except GeneratorExit:          # closed unfinished, after an exception left the block: not a failure here
+        raise
     except BaseException as e:              # a bug: its traceback, then the job stops
         traceback.print_exc()
         _abort(comm, f"rank {comm.rank} of {comm.size}: internal error: {type(e).__name__}: {e}", 1)

@@ -255,6 +255,7 @@ class Trainer:
         scalars = StepScalars([OBJECTIVE] + self.loss_tops + self.extra_scalars, self.device, spec.display or 1)
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         last_good: Path | None = self.resumed_from
+        stopped_by = None
         try:
             for i in range(self.start, self.max_iter):
                 record: dict = {}
@@ -302,6 +303,7 @@ class Trainer:
                         save_weights(str(self.out / "model.safetensors"), self.model_weights())
                     progress.message(f"stopped by signal {stop} after iteration {done}; "
                                      f"checkpoint {last_good} (continue with --resume {self.out})")
+                    stopped_by = stop
                     return 128 + stop
             final = self.test()
             test_keys |= set(final)
@@ -325,8 +327,14 @@ class Trainer:
         finally:
             if board is not None:
                 board.close()
+            # a launched rank that stopped by a signal ignores the copies still on their way: the
+            # launcher signals every rank in turn and the ranks stop together at the first copy, so
+            # a rank's own can land after its run has ended, where Python's handler, put back,
+            # raised KeyboardInterrupt on the way out: the rank died of SIGINT without finalizing
+            # MPI, and the launcher killed the others with SIGKILL (the job ended 9, not 130)
+            late = signal.SIG_IGN if stopped_by is not None and self.comm is not None and self.comm.launched else None
             for s, handler in previous.items():
-                signal.signal(s, handler)
+                signal.signal(s, late if late is not None else handler)
 
     def _stop_early(self, i: int, metrics: dict, log, board, progress: Progress, writer: bool, keys: list[str]) -> int:
         """Early stopping after the test at iteration ``i``: the run ends as a finished one does,
