@@ -51,10 +51,13 @@ ALLOWED: dict[str, set[str]] = {
                                  "toolkit/passes", "toolkit/frontend"},
     "toolkit/training": GROUND | {"schemas", "toolkit/arrayfiles", "toolkit/ir", "toolkit/ops", "toolkit/backend",
                                   "toolkit/optim", "toolkit/passes", "toolkit/runtime", "toolkit/frontend",
-                                  "toolkit/weights", "toolkit/compile", "toolkit/distributed"},
+                                  "toolkit/weights", "toolkit/compile", "toolkit/distributed", "toolkit/placement"},
+    # what a placement costs and the placers choosing by it: above the compiler, below training
+    "toolkit/placement": GROUND | {"toolkit/ir", "toolkit/ops", "toolkit/backend", "toolkit/optim", "toolkit/passes",
+                                   "toolkit/runtime", "toolkit/frontend", "toolkit/weights", "toolkit/compile"},
     # the plan `toolkit bench`, the tests and the benchmarks time (beside training: above compile)
     "toolkit/benchmarking": GROUND | {"toolkit/ir", "toolkit/backend", "toolkit/optim", "toolkit/passes",
-                                      "toolkit/runtime", "toolkit/frontend", "toolkit/compile"},
+                                      "toolkit/runtime", "toolkit/frontend", "toolkit/compile", "toolkit/placement"},
     "toolkit/zoo": GROUND | {"schemas", "toolkit/ir", "toolkit/backend", "toolkit/passes",
                              "toolkit/runtime", "toolkit/frontend", "toolkit/weights", "toolkit/compile",
                              "toolkit/training"},
