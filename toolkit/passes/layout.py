@@ -53,7 +53,7 @@ from ..ir.graph import Graph, Node, Value
 from ..ops.base import get_op
 from .context import PassContext
 from .layout_nhwc import choose_channels_last
-from .rewrite import Emitter, Regions, Substitution, constant_value
+from .rewrite import LayoutRewriter, Regions, constant_value
 
 MAP_REDUCTIONS = ("reduce_mean", "reduce_sum", "reduce_max")
 BLOCK = 16        # channels a block: one AVX-512 vector of float32 (the kernels' block)
@@ -234,51 +234,27 @@ def why_not_blocked(node: Node) -> str | None:
     return None
 
 
-class _Rewriter:
+class _Rewriter(LayoutRewriter):
     """Walks the nodes in order, emitting the new list: blocked convolutions, the ops that follow
-    them, and the reorders where a layout meets the other."""
+    them, and the reorders where a layout meets the other (``blocked`` is the base's ``other``)."""
+
+    REORDERS = ("to_blocked", "from_blocked")
 
     def __init__(self, graph: Graph):
+        super().__init__()
         self.graph = graph
-        self.nodes: list[Node] = []
-        self.blocked: dict[int, Value] = {}      # NCHW value id -> its blocked form
-        self.only_blocked: set[int] = set()      # NCHW values that exist only in blocked form
-        self.plain: dict[int, Value] = {}        # NCHW value id -> its reordered-back form
-        self.subst = Substitution()
-        self.reorders = {"to_blocked": 0, "from_blocked": 0}
-        self.followers = 0
-
-    def emit(self, scope: str, op: str, *inputs: Value, **attrs) -> Value:
-        e = Emitter(scope)
-        out = e.op(op, *inputs, **attrs)
-        self.nodes += e.take()
-        if op in self.reorders:
-            self.reorders[op] += 1
-        return out
+        self.blocked = self.other                 # NCHW value id -> its blocked form
+        self.only_blocked = self.only_other       # NCHW values that exist only in blocked form
 
     def to_blocked(self, v: Value, scope: str) -> Value:
         if v.id not in self.blocked:
             self.blocked[v.id] = self.emit(scope, "to_blocked", v, block=BLOCK)
         return self.blocked[v.id]
 
-    def to_plain(self, v: Value) -> Value:
-        """The NCHW form of a value that may exist only blocked."""
-        if v.id not in self.only_blocked:
-            return v
-        if v.id not in self.plain:
-            b = self.blocked[v.id]
-            if v.shape[2:] == (1, 1) and v.shape[1] % BLOCK == 0:   # [N, C/16, 1, 1, 16] is [N, C, 1, 1]
-                p = self.emit(b.producer.scope, "reshape", b, shape=tuple(v.shape))
-            else:
-                p = self.emit(b.producer.scope, "from_blocked", b, block=BLOCK, channels=v.shape[1])
-            self.plain[v.id] = p
-            self.blocked[p.id] = b                # wanted blocked again: the source, no reorder
-            self.subst.replace(v, p)
-        return self.plain[v.id]
-
-    def produce_blocked(self, old: Value, new: Value) -> None:
-        self.blocked[old.id] = new
-        self.only_blocked.add(old.id)
+    def reorder_back(self, v: Value, b: Value) -> Value:
+        if v.shape[2:] == (1, 1) and v.shape[1] % BLOCK == 0:   # [N, C/16, 1, 1, 16] is [N, C, 1, 1]
+            return self.emit(b.producer.scope, "reshape", b, shape=tuple(v.shape))
+        return self.emit(b.producer.scope, "from_blocked", b, block=BLOCK, channels=v.shape[1])
 
     # -- per node -----------------------------------------------------------------------------
     def convolution(self, node: Node) -> None:
@@ -306,7 +282,7 @@ class _Rewriter:
                 bias[:o] = constant_value(params[1])
                 params[1] = self.constant(params[1], bias)
         y = self.emit(node.scope, "conv2d_blocked", xb, *params, block=BLOCK, **attrs)
-        self.produce_blocked(node.outputs[0], y)
+        self.produce(node.outputs[0], y)
 
     def constant(self, like: Value, value: np.ndarray) -> Value:
         value.flags.writeable = False
@@ -371,14 +347,9 @@ class _Rewriter:
             y = r
         else:
             return False
-        self.produce_blocked(out, y)
+        self.produce(out, y)
         self.followers += 1
         return True
-
-    def keep(self, node: Node) -> None:
-        node.inputs = [self.to_plain(self.subst.resolve(v)) for v in node.inputs]
-        self.nodes.append(node)
-
 
 def choose_layout(graph: Graph, ctx: PassContext) -> bool:
     """The layout pass: a GPU's convolutions channels last where layout_nhwc.py's rule picks them,

@@ -50,7 +50,7 @@ from ..backend.registry import KERNELS
 from ..ir.graph import Graph, Node, Value
 from ..ops.base import get_op
 from .context import PassContext
-from .rewrite import Emitter, Regions, Substitution, constant_value
+from .rewrite import LayoutRewriter, Regions, constant_value
 
 HALF_TYPES = ("float16",)                  # the dtypes whose cuDNN kernels want channels last
 MAP_REDUCTIONS = ("reduce_mean", "reduce_sum", "reduce_max")
@@ -199,28 +199,19 @@ def worthwhile(graph: Graph, candidates: list[Node], followers: set[int]) -> tup
             {i for i in follow_inputs if regions.find(produced_by[i]) in paid})
 
 
-class _Rewriter:
+class _Rewriter(LayoutRewriter):
     """Walks the nodes in order, emitting the new list: channels-last convolutions, the ops that
-    follow them, and the reorders where a layout meets the other."""
+    follow them, and the reorders where a layout meets the other (``nhwc`` is the base's
+    ``other``)."""
+
+    REORDERS = REORDERS
 
     def __init__(self, region: set[int]):
+        super().__init__()
         self.region = region                      # ids of the ops the regions chosen hold
-        self.nodes: list[Node] = []
-        self.nhwc: dict[int, Value] = {}          # NCHW value id -> its channels-last form
-        self.only_nhwc: set[int] = set()          # NCHW values that exist only channels last
-        self.plain: dict[int, Value] = {}         # NCHW value id -> its reordered-back form
+        self.nhwc = self.other                    # NCHW value id -> its channels-last form
+        self.only_nhwc = self.only_other          # NCHW values that exist only channels last
         self.filters: dict[int, Value] = {}       # OIHW weight id -> its [O, kH, kW, C/group] form
-        self.subst = Substitution()
-        self.reorders = {op: 0 for op in REORDERS}
-        self.followers = 0
-
-    def emit(self, scope: str, op: str, *inputs: Value, **attrs) -> Value:
-        e = Emitter(scope)
-        out = e.op(op, *inputs, **attrs)
-        self.nodes += e.take()
-        if op in self.reorders:
-            self.reorders[op] += 1
-        return out
 
     def relabel(self, v: Value, shape: tuple, scope: str) -> Value:
         return self.emit(scope, "reshape", v, shape=shape)
@@ -232,22 +223,9 @@ class _Rewriter:
                                else self.emit(scope, "to_nhwc", v))
         return self.nhwc[v.id]
 
-    def to_plain(self, v: Value) -> Value:
-        """The NCHW form of a value that may exist only channels last."""
-        if v.id not in self.only_nhwc:
-            return v
-        if v.id not in self.plain:
-            y = self.nhwc[v.id]
-            scope = y.producer.scope
-            p = self.relabel(y, tuple(v.shape), scope) if _same_memory(v) else self.emit(scope, "from_nhwc", y)
-            self.plain[v.id] = p
-            self.nhwc[p.id] = y                   # wanted channels last again: the source, no reorder
-            self.subst.replace(v, p)
-        return self.plain[v.id]
-
-    def produce(self, old: Value, new: Value) -> None:
-        self.nhwc[old.id] = new
-        self.only_nhwc.add(old.id)
+    def reorder_back(self, v: Value, y: Value) -> Value:
+        scope = y.producer.scope
+        return self.relabel(y, tuple(v.shape), scope) if _same_memory(v) else self.emit(scope, "from_nhwc", y)
 
     def constant(self, like: Value, value: np.ndarray) -> Value:
         value.flags.writeable = False
@@ -339,11 +317,6 @@ class _Rewriter:
         self.produce(out, y)
         self.followers += 1
         return True
-
-    def keep(self, node: Node) -> None:
-        node.inputs = [self.to_plain(self.subst.resolve(v)) for v in node.inputs]
-        self.nodes.append(node)
-
 
 def choose_channels_last(graph: Graph, ctx: PassContext) -> bool:
     """Rewrite the GPU convolutions the cost rule (module docstring) picks into the channels-last

@@ -130,6 +130,59 @@ def constant_node(value: np.ndarray, scope: str) -> Node:
     return emitter.take()[0]
 
 
+class LayoutRewriter:
+    """The walk both layout passes make (layout.py's blocked layout, layout_nhwc.py's channels
+    last): nodes emitted in order into a new list, each NCHW value's form in the other layout
+    (``other``), the values that exist only in that form, their forms reordered back to NCHW
+    (made once, on first demand: ``reorder_back``), and counts of the reorders (the ops named in
+    ``REORDERS``) and of the ops that followed the layout."""
+
+    REORDERS: tuple[str, ...] = ()
+
+    def __init__(self):
+        self.nodes: list[Node] = []
+        self.other: dict[int, Value] = {}        # NCHW value id -> its form in the other layout
+        self.only_other: set[int] = set()        # NCHW values that exist only in that form
+        self.plain: dict[int, Value] = {}        # NCHW value id -> its reordered-back form
+        self.subst = Substitution()
+        self.reorders = {op: 0 for op in self.REORDERS}
+        self.followers = 0
+
+    def emit(self, scope: str, op: str, *inputs: Value, **attrs) -> Value:
+        e = Emitter(scope)
+        out = e.op(op, *inputs, **attrs)
+        self.nodes += e.take()
+        if op in self.reorders:
+            self.reorders[op] += 1
+        return out
+
+    def reorder_back(self, v: Value, y: Value) -> Value:
+        """The NCHW value ``v`` made from its other-layout form ``y``."""
+        raise NotImplementedError
+
+    def to_plain(self, v: Value) -> Value:
+        """The NCHW form of a value that may exist only in the other layout."""
+        if v.id not in self.only_other:
+            return v
+        if v.id not in self.plain:
+            y = self.other[v.id]
+            p = self.reorder_back(v, y)
+            self.plain[v.id] = p
+            self.other[p.id] = y                  # wanted in the other layout again: the source, no reorder
+            self.subst.replace(v, p)
+        return self.plain[v.id]
+
+    def produce(self, old: Value, new: Value) -> None:
+        """``old`` is now made in the other layout only, as ``new``."""
+        self.other[old.id] = new
+        self.only_other.add(old.id)
+
+    def keep(self, node: Node) -> None:
+        """A node that stays NCHW: its inputs in their NCHW form."""
+        node.inputs = [self.to_plain(self.subst.resolve(v)) for v in node.inputs]
+        self.nodes.append(node)
+
+
 class Regions:
     """Union-find over value ids, for the layout passes (layout.py, layout_nhwc.py): a candidate
     convolution joins its input and output, an op that would follow the layout joins its image
