@@ -60,6 +60,38 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
+def torch_runner(peer, net, module, t_in: dict, train: bool, dtype: str, autocast):
+    """One call of ``module``'s step as PyTorch's users write it: inference under ``no_grad`` and
+    ``autocast``; or a train step, SGD with the net's solver (learning rate, momentum, weight
+    decay), the forward pass and loss under ``autocast``, a GradScaler for float16. Returns the
+    outputs (and the loss, under the toolkit's objective name)."""
+    import torch
+
+    from toolkit.compile import solver_config
+    from toolkit.frontend.lower import OBJECTIVE
+    if not train:
+        def run_infer():
+            with torch.no_grad(), autocast:
+                return module(t_in)
+        return run_infer
+    solver = solver_config(net)
+    lr = net.spec.train.solver.base_lr if net.spec.train else 0.01
+    params = [p for p in peer.params.values() if p.requires_grad]
+    opt = torch.optim.SGD(params, lr=lr, momentum=solver.momentum, weight_decay=solver.weight_decay)
+    scaler = torch.amp.GradScaler("cuda", enabled=dtype == "float16")
+
+    def run_train():
+        opt.zero_grad(set_to_none=True)
+        with autocast:
+            out = dict(module(t_in))
+            loss = peer.objective(out)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        return {**out, OBJECTIVE: loss}
+    return run_train
+
+
 def rel_err(a, b) -> float:
     import numpy as np
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
@@ -84,8 +116,6 @@ def measure(net_path: Path, batch: int, train: bool, dtype: str, args) -> dict:
 
     from peers.torch_net import TorchNet
     from toolkit.benchmarking import bench_plan, stand_in_weights
-    from toolkit.compile import solver_config
-    from toolkit.frontend.lower import OBJECTIVE
     from toolkit.zoo.resolve import load_net
 
     net = load_net(str(net_path))
@@ -119,27 +149,7 @@ def measure(net_path: Path, batch: int, train: bool, dtype: str, args) -> dict:
         compiled = torch.compile(peer.module, mode="reduce-overhead")
 
     def torch_step(module):
-        if train:
-            solver = solver_config(net)
-            lr = net.spec.train.solver.base_lr if net.spec.train else 0.01
-            params = [p for p in peer.params.values() if p.requires_grad]
-            opt = torch.optim.SGD(params, lr=lr, momentum=solver.momentum, weight_decay=solver.weight_decay)
-            scaler = torch.amp.GradScaler("cuda", enabled=dtype == "float16")
-
-            def run_torch():
-                opt.zero_grad(set_to_none=True)
-                with autocast:
-                    out = dict(module(t_in))
-                    loss = peer.objective(out)
-                scaler.scale(loss).backward()
-                scaler.step(opt)
-                scaler.update()
-                return {**out, OBJECTIVE: loss}
-        else:
-            def run_torch():
-                with torch.no_grad(), autocast:
-                    return module(t_in)
-        return run_torch
+        return torch_runner(peer, net, module, t_in, train, dtype, autocast)
 
     def host(outs):
         return {k: (v.detach().cpu().numpy() if hasattr(v, "detach") else cupy.asnumpy(cupy.asarray(v)))

@@ -50,7 +50,7 @@ NETS = {"resnet50": ROOT / "benchmarks" / "nets" / "resnet50.yaml",
         "vgg16": ROOT / "benchmarks" / "nets" / "vgg16.yaml",
         "mobilenet_v2": ROOT / "benchmarks" / "nets" / "mobilenet_v2.yaml",
         "googlenet": ROOT / "tests" / "data" / "caffe" / "models_bvlc_googlenet_deploy.prototxt"}
-from benchmarks.gpu_compare import rel_err, timed  # noqa: E402  (the same checks and clock)
+from benchmarks.gpu_compare import rel_err, timed, torch_runner  # noqa: E402  (the same checks, clock, step)
 
 TOLERANCE = {"strict": 1e-3, "tf32": 1e-2, "half": 3e-2}
 
@@ -140,8 +140,6 @@ def measure(name: str, path: Path, batch: int, mode: str, dtype: str, args) -> d
 
     from peers.torch_net import TorchNet
     from toolkit.benchmarking import bench_plan, stand_in_weights
-    from toolkit.compile import solver_config
-    from toolkit.frontend.lower import OBJECTIVE
     from toolkit.zoo.resolve import load_net
 
     train = mode == "train"
@@ -176,27 +174,7 @@ def measure(name: str, path: Path, batch: int, mode: str, dtype: str, args) -> d
     autocast = torch.autocast("cuda", dtype=torch_dtype or torch.float16, enabled=half)
 
     def torch_step(module):
-        if not train:
-            def run_infer():
-                with torch.no_grad(), autocast:
-                    return module(t_in)
-            return run_infer
-        solver = solver_config(net)
-        lr = net.spec.train.solver.base_lr if net.spec.train else 0.01
-        params = [p for p in peer.params.values() if p.requires_grad]
-        opt = torch.optim.SGD(params, lr=lr, momentum=solver.momentum, weight_decay=solver.weight_decay)
-        scaler = torch.amp.GradScaler("cuda", enabled=dtype == "float16")
-
-        def run_train():
-            opt.zero_grad(set_to_none=True)
-            with autocast:
-                out = dict(module(t_in))
-                loss = peer.objective(out)
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
-            return {**out, OBJECTIVE: loss}
-        return run_train
+        return torch_runner(peer, net, module, t_in, train, dtype, autocast)
 
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
