@@ -9,7 +9,7 @@ from toolkit.ir.dims import Sym
 from toolkit.ir.graph import Graph, TensorType, Value, Weight
 from toolkit.ops import Builder
 from toolkit.placement.model import FlopsModel, Link
-from toolkit.placement.placer import layer_groups, place, simulate
+from toolkit.placement.placer import host_sharing, layer_groups, place, simulate
 
 N = Sym.named("N")
 BATCH = {"N": 64}
@@ -159,3 +159,22 @@ def test_layers_fused_into_one_node_are_placed_together():
     y = Builder(g, "conv1+relu1").op("relu", x)
     g.outputs["z"] = Builder(g, "relu1.grad").op("relu", y)
     assert layer_groups(g) == {"conv1": "conv1", "relu1": "conv1"}
+
+
+def test_devices_that_share_the_hosts_cores_take_turns():
+    # cpu and cpu:1 are two arenas on the same cores: run one node at a time, a split only adds
+    # transfers, and the placer keeps every layer on one device
+    net = _two_branches()
+    link = Link(1e-5, 1e10)
+    m = model(link)
+    t, tx, j = net.matmul_seconds(1e9), link.seconds(activation_bytes(512)), net.add_seconds(1e9)
+    serial = host_sharing(["cpu", "cpu:1"])
+    split = simulate(net.g, m, BATCH, "cpu", {"a": "cpu", "b": "cpu:1", "join": "cpu"}, sharing=serial)
+    assert split.seconds == pytest.approx(max(t, tx) + t + tx + j)
+    s = place(net.g, m, BATCH, ["cpu", "cpu:1"], sharing=serial)
+    assert set(s.layers.values()) == {"cpu"} and s.seconds == pytest.approx(2 * t + j)
+    # concurrent waves on two threads run the branches side by side on one device, no transfer
+    waves = host_sharing(["cpu", "cpu:1"], concurrent=True, threads=2)
+    assert simulate(net.g, m, BATCH, "cpu", sharing=waves).seconds == pytest.approx(t + j)
+    s = place(net.g, m, BATCH, ["cpu", "cpu:1"], sharing=waves)
+    assert s.seconds == pytest.approx(t + j)

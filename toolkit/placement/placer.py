@@ -50,6 +50,30 @@ from .model import CostModel, value_bytes
 IMPROVEMENT_ROUNDS = 3
 
 
+@dataclass(frozen=True)
+class Sharing:
+    """Which devices share the cores that run them: ``executor`` {device name: executor name}
+    (devices not named have an executor of their own) and ``lanes`` {executor name: how many
+    nodes it runs at once} (default 1). The slides' model, every device its own processor, is
+    ``Sharing()``; this toolkit's host runtime is ``host_sharing``: ``cpu`` and ``cpu:1`` are two
+    memory arenas on the same cores, so their nodes take turns."""
+    executor: Mapping[str, str] = field(default_factory=dict)
+    lanes: Mapping[str, int] = field(default_factory=dict)
+
+    def of(self, device: Device) -> tuple[str, int]:
+        name = self.executor.get(str(device), str(device))
+        return name, self.lanes.get(name, 1)
+
+
+def host_sharing(devices: Iterable[Device | str], concurrent: bool = False, threads: int = 1) -> Sharing:
+    """How a plan of this toolkit runs ``devices``: every host device (``cpu:N``) on the host's
+    cores, one node at a time (each op splitting its batch over the threads), or with
+    ``concurrent`` (``TOOLKIT_CONCURRENT=1``) ``threads`` nodes at a time whatever their device;
+    a GPU is a processor of its own."""
+    host = [parse_device(d) for d in devices if parse_device(d).host_memory]
+    return Sharing({str(d): "host" for d in host}, {"host": threads if concurrent else 1})
+
+
 @dataclass
 class Schedule:
     """A placement's predicted run: ``layers`` {layer: device name}, ``seconds`` the step time,
@@ -104,11 +128,12 @@ class _Simulation:
     goes)."""
 
     def __init__(self, graph: Graph, model: CostModel, bindings: Mapping[str, int], default: Device,
-                 layer_device: Callable[[str], Device]):
+                 layer_device: Callable[[str], Device], sharing: Sharing | None = None):
         self.graph, self.model, self.bindings, self.default = graph, model, bindings, default
         self.layer_device = layer_device
+        self.sharing = sharing or Sharing()
         self.weight_layer = {w.value.id: w.layer for w in graph.weights.values()}
-        self.free: dict[Device, float] = {}
+        self.free: dict[str, list[float]] = {}      # executor -> when each of its lanes is next free
         self.busy: dict[Device, float] = {}
         self.memory: dict[Device, int] = {}
         self.ready: dict[int, float] = {}           # value id -> when it is made
@@ -138,9 +163,14 @@ class _Simulation:
             return ready
         return self.arrived.get((v.id, device), ready + self.model.transfer_seconds(v, home, device))
 
+    def _lanes(self, device: Device) -> list[float]:
+        name, lanes = self.sharing.of(device)
+        return self.free.setdefault(name, [0.0] * lanes)
+
     def finish_on(self, node: Node, device: Device) -> tuple[float, float]:
-        """(start, finish) of ``node`` were it run on ``device`` next."""
-        start = max([self.free.get(device, 0.0)] + [self.arrival(v, device) for v in node.inputs])
+        """(start, finish) of ``node`` were it run on ``device`` next (on its executor's lane that
+        is free first)."""
+        start = max([min(self._lanes(device))] + [self.arrival(v, device) for v in node.inputs])
         return start, start + self.model.op_seconds(node, device)
 
     def run(self, node: Node, device: Device) -> None:
@@ -152,7 +182,8 @@ class _Simulation:
                 self.arrived.setdefault((v.id, device), self.arrival(v, device))
                 self._hold(v, home)
             self._hold(v, device)
-        self.free[device] = finish
+        lanes = self._lanes(device)
+        lanes[lanes.index(min(lanes))] = finish
         self.busy[device] = self.busy.get(device, 0.0) + (finish - start)
         for v in node.outputs:
             self.home[v.id], self.ready[v.id] = device, finish
@@ -172,7 +203,7 @@ class _Simulation:
         self._hold(out, dst)
 
     def finished(self) -> float:
-        return max(list(self.ready.values()) + list(self.free.values()) + [0.0])
+        return max(list(self.ready.values()) + [t for lanes in self.free.values() for t in lanes] + [0.0])
 
 
 def _schedule(sim: _Simulation, layers: Mapping[str, Device], how: str) -> Schedule:
@@ -184,17 +215,18 @@ def _schedule(sim: _Simulation, layers: Mapping[str, Device], how: str) -> Sched
 
 def simulate(graph: Graph, model: CostModel, bindings: Mapping[str, int], default: Device | str,
              layers: Mapping[str, Device | str] | None = None, order: Iterable[Node] | None = None,
-             how: str = "") -> Schedule:
+             how: str = "", sharing: Sharing | None = None) -> Schedule:
     """The predicted run of ``graph`` with each layer on ``layers``' device (else the graph's own
     ``device:`` keys, else ``default``), its nodes taken in ``order`` (default: the graph's, the
-    order a plan runs them). A ``transfer`` already in the graph is a link's time."""
+    order a plan runs them). A ``transfer`` already in the graph is a link's time. ``sharing``:
+    which devices take turns on the same cores (default: none, each device its own)."""
     default = parse_device(default)
     chosen = {k: parse_device(d) for k, d in (layers if layers is not None else graph.layer_devices).items()}
 
     def layer_device(layer: str) -> Device:
         return chosen.get(layer, default)
 
-    sim = _Simulation(graph, model, bindings, default, layer_device)
+    sim = _Simulation(graph, model, bindings, default, layer_device, sharing)
     for node in (graph.nodes if order is None else order):
         if _runs(node):
             sim.run(node, layer_device(layer_of_scope(node.scope)))
@@ -238,7 +270,8 @@ def _upward_ranks(graph: Graph, model: CostModel, devices: list[Device], binding
 
 
 def _list_schedule(graph: Graph, model: CostModel, bindings, devices: list[Device], default: Device,
-                   groups: Mapping[str, str], needs: Mapping[str, int], ranked: bool, how: str) -> Schedule:
+                   groups: Mapping[str, str], needs: Mapping[str, int], ranked: bool, how: str,
+                   sharing: Sharing | None = None) -> Schedule:
     """Nodes by upward rank (``ranked``) or in the graph's order, each group's device chosen at its
     first node: where that node finishes earliest among the devices with room for the group."""
     chosen: dict[str, Device] = {}
@@ -247,7 +280,7 @@ def _list_schedule(graph: Graph, model: CostModel, bindings, devices: list[Devic
     def layer_device(layer: str) -> Device:
         return chosen.get(groups.get(layer, layer), default)
 
-    sim = _Simulation(graph, model, bindings, default, layer_device)
+    sim = _Simulation(graph, model, bindings, default, layer_device, sharing)
     order = _ranked_order(graph, _upward_ranks(graph, model, devices, bindings)) if ranked else list(graph.nodes)
     for node in order:
         if not _runs(node):
@@ -290,10 +323,11 @@ def _ranked_order(graph: Graph, rank: Mapping[int, float]) -> list[Node]:
 
 
 def place(graph: Graph, model: CostModel, bindings: Mapping[str, int], devices: Iterable[Device | str],
-          default: Device | str | None = None) -> Schedule:
+          default: Device | str | None = None, sharing: Sharing | None = None) -> Schedule:
     """A device for each layer of ``graph`` among ``devices`` (the first is the default: where
-    graph inputs arrive), by HEFT with memory limits, then the guards of the module's docstring.
-    A UserError when no placement fits the devices' memory."""
+    graph inputs arrive), by HEFT with memory limits, then the guards of the module's docstring;
+    ``sharing``: which devices take turns on the same cores. A UserError when no placement fits
+    the devices' memory."""
     devices = list(dict.fromkeys(parse_device(d) for d in devices))
     if not devices:
         raise UserError("placement needs at least one device")
@@ -302,27 +336,28 @@ def place(graph: Graph, model: CostModel, bindings: Mapping[str, int], devices: 
     needs = _group_needs(graph, groups, bindings)
     candidates: list[Schedule] = []
     for d in devices:
-        one = simulate(graph, model, bindings, default, {layer: d for layer in groups}, how=f"every layer on {d}")
+        one = simulate(graph, model, bindings, default, {layer: d for layer in groups}, how=f"every layer on {d}",
+                       sharing=sharing)
         if one.fits(model):
             candidates.append(one)
     for ranked, how in ((True, "HEFT list schedule"), (False, "earliest finish in graph order")):
         try:
-            listed = _list_schedule(graph, model, bindings, devices, default, groups, needs, ranked, how)
+            listed = _list_schedule(graph, model, bindings, devices, default, groups, needs, ranked, how, sharing)
         except UserError:
             if candidates:
                 continue
             raise
         # a plan runs its nodes in the graph's order: predict that, not the list's own order
-        again = simulate(graph, model, bindings, default, listed.layers, how=how)
+        again = simulate(graph, model, bindings, default, listed.layers, how=how, sharing=sharing)
         if again.fits(model):
             candidates.append(again)
     if not candidates:
         raise UserError("no placement over " + ", ".join(map(str, devices)) + " fits their memory")
     best = min(candidates, key=lambda s: s.seconds)
-    return _improve(graph, model, bindings, devices, default, groups, best)
+    return _improve(graph, model, bindings, devices, default, groups, best, sharing)
 
 
-def _improve(graph, model, bindings, devices, default, groups, best: Schedule) -> Schedule:
+def _improve(graph, model, bindings, devices, default, groups, best: Schedule, sharing) -> Schedule:
     """Move one group at a time to another device while that lowers the prediction and fits."""
     members: dict[str, list[str]] = {}
     for layer, group in groups.items():
@@ -334,7 +369,8 @@ def _improve(graph, model, bindings, devices, default, groups, best: Schedule) -
                 if best.layers.get(group) == str(d):
                     continue
                 trial = {**best.layers, **{layer: str(d) for layer in layers}}
-                s = simulate(graph, model, bindings, default, trial, how=best.how + ", improved by moves")
+                s = simulate(graph, model, bindings, default, trial, how=best.how + ", improved by moves",
+                             sharing=sharing)
                 if s.seconds < best.seconds * (1 - 1e-9) and s.fits(model):
                     best, moved = s, True
         if not moved:
