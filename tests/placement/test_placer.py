@@ -178,3 +178,11 @@ def test_devices_that_share_the_hosts_cores_take_turns():
     assert simulate(net.g, m, BATCH, "cpu", sharing=waves).seconds == pytest.approx(t + j)
     s = place(net.g, m, BATCH, ["cpu", "cpu:1"], sharing=waves)
     assert s.seconds == pytest.approx(t + j)
+
+
+def test_a_placement_names_every_layer_of_a_fused_node():
+    net = _two_branches()
+    (node,) = [n for n in net.g.nodes if n.op == "add"]
+    node.scope = "join+join_relu"
+    s = simulate(net.g, model(Link(1e-5, 1e10)), BATCH, "cpu", {"a": "cpu", "b": "cpu:1", "join": "cpu:1"})
+    assert s.layers == {"a": "cpu", "b": "cpu:1", "join": "cpu:1", "join_relu": "cpu:1"}

@@ -108,7 +108,8 @@ def layer_groups(graph: Graph) -> dict[str, str]:
     for node in graph.nodes:
         if node.op in CONSTANT_OPS or node.op == "transfer":
             continue
-        names = [layer_of_scope(part) for part in node.scope.split("+")]
+        # a fusion of many scopes is named "first+3 more": only the first layer is known
+        names = [layer_of_scope(part) for part in node.scope.split("+") if " " not in part]
         first = find(names[0])
         for other in names[1:]:
             root = find(other)
@@ -232,8 +233,10 @@ def simulate(graph: Graph, model: CostModel, bindings: Mapping[str, int], defaul
             sim.run(node, layer_device(layer_of_scope(node.scope)))
         else:
             sim.constant_or_link(node)
-    placed = {layer_of_scope(n.scope) for n in graph.nodes if _runs(n)}
-    return _schedule(sim, {k: layer_device(k) for k in sorted(placed)}, how)
+    # every layer a node came from runs where the node does (``conv1+relu1``: both on conv1's)
+    placed = {layer_of_scope(part): layer_device(layer_of_scope(n.scope))
+              for n in graph.nodes if _runs(n) for part in n.scope.split("+") if " " not in part}
+    return _schedule(sim, dict(sorted(placed.items())), how)
 
 
 def _group_needs(graph: Graph, groups: Mapping[str, str], bindings) -> dict[str, int]:

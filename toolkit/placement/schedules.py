@@ -1,0 +1,187 @@
+"""The three schedules of an Inception block on several devices (TensorFlow's slides: serial,
+parallel, greedy) and the placer's choice, as placements of a net that one simulation predicts.
+
+- **serial**: every layer on one device, run in the graph's order;
+- **parallel**: each branch of a block on its own device, in turn over the devices given (four
+  towers over two devices: the first and third on the first device, the others on the second);
+  what is outside the blocks stays on the first device;
+- **greedy**: each layer, in the graph's order, to the device where its first node finishes
+  first (earliest finish time, no look-ahead);
+- **auto** (``auto``): the placer (placer.py, HEFT with memory limits) on the one-device
+  graph and on that graph with the branches' GEMMs left unbatched, and the parallel placement as
+  one more candidate; the fastest prediction that fits wins.
+
+Each placement is predicted on the graph the compiler makes of it (``placed_graph``: the net's
+layers given those devices, then the whole pass pipeline, transfers included), so fusions a
+placement prevents or allows are counted as they run. A block's branches are found on the
+lowered graph, where each layer is still its own: a layer (or a graph input) read by several
+layers opens a block, and each of those readers starts a branch that goes on while each layer
+has one reader and the next has one producer.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Mapping
+
+from ..backend.devices import Device, parse_device
+from ..backend.placement import layer_of_scope
+from ..compile import optimize, train_graph
+from ..errors import UserError
+from ..frontend import Net
+from ..ir.graph import Graph
+from ..passes.rewrite import CONSTANT_OPS
+from .model import CostModel
+from .placer import Schedule, Sharing, layer_groups, place, simulate
+
+
+def net_graph(net: Net, phase: str, weights: Mapping | None = None) -> Graph:
+    """The lowered graph of ``phase`` (the train step with its backward pass and updates)."""
+    return train_graph(net) if phase == "train" else net.graph(phase)
+
+
+def placed_graph(net: Net, phase: str, layers: Mapping[str, Device | str], device: Device | str,
+                 weights: Mapping | None = None, disable: tuple[str, ...] = ()) -> Graph:
+    """The optimised graph of ``phase`` with each layer on ``layers``' device (replacing the net
+    file's ``device:`` keys), the others on ``device``; ``weights`` frozen in (infer and test);
+    the passes ``disable`` names switched off."""
+    graph = net_graph(net, phase)
+    graph.layer_devices = {k: str(parse_device(d)) for k, d in layers.items()}
+    frozen = dict(weights) if weights is not None and phase != "train" else None
+    return optimize(graph, disable, weights=frozen, device=device, consume_weights=frozen is not None)
+
+
+# the pass that joins layers of parallel branches into one node (their GEMMs batched): the placer
+# looks at the graph with it and without it, since a placement may gain more by splitting the
+# branches over devices than the batching saves
+JOINS_BRANCHES = "batch_gemms"
+
+
+def auto(net: Net, phase: str, model: CostModel, bindings: Mapping[str, int], devices: list[Device | str],
+         sharing: Sharing | None = None, weights: Mapping | None = None,
+         disable: tuple[str, ...] = ()) -> Schedule:
+    """The placer's choice for ``net``: placer.place on the one-device graph, with and without its
+    branches' GEMMs batched, and the block-parallel placement (each block's branches dealt over
+    the devices: a list scheduler decides layer by layer and cannot see that two branches on one
+    device batch their GEMMs again); each predicted on the graph it compiles to, the fastest
+    that fits kept. The first device is the default (where inputs arrive)."""
+    devices = [parse_device(d) for d in devices]
+    candidates: list[tuple[dict[str, str], str]] = []
+    views = [disable] + ([disable + (JOINS_BRANCHES,)] if JOINS_BRANCHES not in disable else [])
+    for view in views:
+        chosen = place(placed_graph(net, phase, {}, devices[0], weights, view), model, bindings, devices,
+                       devices[0], sharing)
+        candidates.append((chosen.layers, chosen.how + ("" if view == disable else f", branches apart "
+                                                                                     f"({JOINS_BRANCHES} off)")))
+    if len(devices) > 1 and blocks(net_graph(net, phase)):
+        candidates.append((parallel(net_graph(net, phase), devices), "each block's branches dealt over the devices"))
+    best: Schedule | None = None
+    for layers, how in candidates:
+        graph = placed_graph(net, phase, layers, devices[0], weights, disable)
+        predicted = simulate(graph, model, bindings, devices[0], sharing=sharing, how=how)
+        if predicted.fits(model) and (best is None or predicted.seconds < best.seconds * (1 - 1e-9)):
+            best = predicted
+    if best is None:
+        raise UserError("no placement over " + ", ".join(map(str, devices)) + " fits their memory")
+    return best
+
+
+def _forward_layers(graph: Graph) -> tuple[list[str], dict[str, set[str]], dict[str, set[str]]]:
+    """The forward layers in order, and who reads whom among them (a graph input is ``<name>``)."""
+    order: list[str] = []
+    made_by: dict[int, str] = {v.id: f"<{name}>" for name, v in graph.inputs.items()}
+    readers: dict[str, set[str]] = {}
+    producers: dict[str, set[str]] = {}
+    for node in graph.nodes:
+        if node.op in CONSTANT_OPS or "." in node.scope:
+            continue                         # a gradient, an update: not the forward structure
+        layer = layer_of_scope(node.scope)
+        if layer not in producers:
+            order.append(layer)
+            producers[layer] = set()
+        for v in node.inputs:
+            source = made_by.get(v.id)
+            if source is not None and source != layer:
+                producers[layer].add(source)
+                readers.setdefault(source, set()).add(layer)
+        for v in node.outputs:
+            made_by[v.id] = layer
+    return order, readers, producers
+
+
+def blocks(graph: Graph) -> list[list[list[str]]]:
+    """The graph's blocks of parallel branches, each branch a list of layers (module docstring)."""
+    order, readers, producers = _forward_layers(graph)
+    position = {layer: i for i, layer in enumerate(order)}
+    found = []
+    for source in [s for s in readers if s.startswith("<")] + order:
+        starts = sorted(readers.get(source, ()), key=position.__getitem__)
+        if len(starts) < 2:
+            continue
+        branches = []
+        for first in starts:
+            branch, layer = [first], first
+            while len(readers.get(layer, ())) == 1:
+                (nxt,) = readers[layer]
+                if len(producers[nxt]) != 1:
+                    break
+                branch.append(nxt)
+                layer = nxt
+            branches.append(branch)
+        found.append(branches)
+    return found
+
+
+def serial(graph: Graph, device: Device | str) -> dict[str, str]:
+    """Every layer on ``device``."""
+    return {layer_of_scope(n.scope): str(parse_device(device)) for n in graph.nodes if n.op not in CONSTANT_OPS}
+
+
+def parallel(graph: Graph, devices: Iterable[Device | str]) -> dict[str, str]:
+    """Each branch of each block on its own device, in turn; the rest on the first device."""
+    names = [str(parse_device(d)) for d in devices]
+    layers = serial(graph, names[0])
+    for branches in blocks(graph):
+        for k, branch in enumerate(branches):
+            for layer in branch:
+                layers[layer] = names[k % len(names)]
+    return layers
+
+
+def greedy(graph: Graph, model: CostModel, bindings: Mapping[str, int], devices: Iterable[Device | str],
+           sharing: Sharing | None = None) -> dict[str, str]:
+    """Each layer, in the graph's order, to the device where its first node finishes first."""
+    from .placer import _group_needs, _list_schedule
+    devices = [parse_device(d) for d in devices]
+    groups = layer_groups(graph)
+    needs = _group_needs(graph, groups, bindings)
+    return _list_schedule(graph, model, bindings, devices, devices[0], groups, needs, False, "greedy",
+                          sharing).layers
+
+
+@dataclass
+class Row:
+    """One placement compared: its name, its {layer: device}, its predicted run."""
+    name: str
+    layers: dict[str, str]
+    predicted: Schedule
+
+
+def compare(net: Net, phase: str, model: CostModel, bindings: Mapping[str, int], devices: list[Device | str],
+            sharing: Sharing | None = None, manual: Mapping[str, Mapping[str, str]] | None = None,
+            weights: Mapping | None = None) -> list[Row]:
+    """Every layer on each device, the three schedules, the placer's choice and ``manual``
+    placements {name: {layer: device}}, each predicted on the graph its placement compiles to."""
+    devices = [parse_device(d) for d in devices]
+    default = devices[0]
+    lowered = net_graph(net, phase)
+    one_device = placed_graph(net, phase, {}, default, weights)
+    candidates: dict[str, dict[str, str]] = {f"serial on {d}": serial(lowered, d) for d in devices}
+    candidates["parallel"] = parallel(lowered, devices)
+    candidates["greedy"] = greedy(one_device, model, bindings, devices, sharing)
+    candidates["auto"] = auto(net, phase, model, bindings, devices, sharing, weights).layers
+    candidates.update({k: dict(v) for k, v in (manual or {}).items()})
+    rows = []
+    for name, layers in candidates.items():
+        graph = placed_graph(net, phase, layers, default, weights)
+        rows.append(Row(name, layers, simulate(graph, model, bindings, default, sharing=sharing, how=name)))
+    return rows
