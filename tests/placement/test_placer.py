@@ -186,3 +186,18 @@ def test_a_placement_names_every_layer_of_a_fused_node():
     node.scope = "join+join_relu"
     s = simulate(net.g, model(Link(1e-5, 1e10)), BATCH, "cpu", {"a": "cpu", "b": "cpu:1", "join": "cpu:1"})
     assert s.layers == {"a": "cpu", "b": "cpu:1", "join": "cpu:1", "join_relu": "cpu:1"}
+
+
+def test_the_hosts_devices_count_their_bytes_together_against_the_hosts_memory():
+    net = Net(512)
+    v = net.dense("first", net.x)
+    net.g.outputs["y"] = net.dense("second", v)
+    weight, act = 512 * 512 * 4, activation_bytes(512)
+    limit = weight + 3 * act       # what forced a split over two separate memories
+    m = model(Link(1e-3, 1e9), memory={"cpu": limit, "cpu:1": limit})
+    split = simulate(net.g, m, BATCH, "cpu", {"first": "cpu", "second": "cpu:1"})
+    assert split.fits(m)
+    # cpu and cpu:1 draw on one memory: the split holds more than the limit in all
+    assert sum(split.memory.values()) > limit and not split.fits(m, host_sharing(["cpu", "cpu:1"]))
+    with pytest.raises(UserError):
+        place(net.g, m, BATCH, ["cpu", "cpu:1"], sharing=host_sharing(["cpu", "cpu:1"]))

@@ -59,10 +59,17 @@ class Sharing:
     memory arenas on the same cores, so their nodes take turns."""
     executor: Mapping[str, str] = field(default_factory=dict)
     lanes: Mapping[str, int] = field(default_factory=dict)
+    # the host's devices draw on one memory: their bytes count together against its limit
+    host_memory_shared: bool = False
 
     def of(self, device: Device) -> tuple[str, int]:
         name = self.executor.get(str(device), str(device))
         return name, self.lanes.get(name, 1)
+
+    def pool(self, device: Device | str) -> str:
+        """The memory ``device`` allocates from: the host's for every ``cpu:N`` where shared."""
+        device = parse_device(device)
+        return "host" if self.host_memory_shared and device.host_memory else str(device)
 
 
 def host_sharing(devices: Iterable[Device | str], concurrent: bool = False, threads: int = 1) -> Sharing:
@@ -71,7 +78,7 @@ def host_sharing(devices: Iterable[Device | str], concurrent: bool = False, thre
     ``concurrent`` (``TOOLKIT_CONCURRENT=1``) ``threads`` nodes at a time whatever their device;
     a GPU is a processor of its own."""
     host = [parse_device(d) for d in devices if parse_device(d).host_memory]
-    return Sharing({str(d): "host" for d in host}, {"host": threads if concurrent else 1})
+    return Sharing({str(d): "host" for d in host}, {"host": threads if concurrent else 1}, host_memory_shared=True)
 
 
 @dataclass
@@ -85,13 +92,16 @@ class Schedule:
     memory: dict[str, int] = field(default_factory=dict)
     how: str = ""
 
-    def fits(self, model: CostModel) -> bool:
-        """Whether every device holds what the placement puts on it."""
-        for name, used in self.memory.items():
-            limit = model.memory_limit(parse_device(name))
-            if limit is not None and used > limit:
-                return False
-        return True
+    def fits(self, model: CostModel, sharing: Sharing | None = None) -> bool:
+        """Whether every device (every memory ``sharing`` pools) holds what the placement puts on it."""
+        sharing = sharing or Sharing()
+        used: dict[str, int] = {}
+        limits: dict[str, int | None] = {}
+        for name, nbytes in self.memory.items():
+            pool = sharing.pool(name)
+            used[pool] = used.get(pool, 0) + nbytes
+            limits[pool] = model.memory_limit(parse_device(name))
+        return all(limits[p] is None or used[p] <= limits[p] for p in used)
 
 
 def layer_groups(graph: Graph) -> dict[str, str]:
@@ -278,7 +288,8 @@ def _list_schedule(graph: Graph, model: CostModel, bindings, devices: list[Devic
     """Nodes by upward rank (``ranked``) or in the graph's order, each group's device chosen at its
     first node: where that node finishes earliest among the devices with room for the group."""
     chosen: dict[str, Device] = {}
-    room = {d: model.memory_limit(d) for d in devices}
+    pool = (sharing or Sharing()).pool
+    room = {pool(d): model.memory_limit(d) for d in devices}
 
     def layer_device(layer: str) -> Device:
         return chosen.get(groups.get(layer, layer), default)
@@ -291,9 +302,9 @@ def _list_schedule(graph: Graph, model: CostModel, bindings, devices: list[Devic
             continue
         group = groups[layer_of_scope(node.scope)]
         if group not in chosen:
-            fits = [d for d in devices if room[d] is None or needs.get(group, 0) <= room[d]]
+            fits = [d for d in devices if room[pool(d)] is None or needs.get(group, 0) <= room[pool(d)]]
             if not fits:
-                left = ", ".join(f"{d} {room[d]}" for d in devices)
+                left = ", ".join(f"{p} {r}" for p, r in room.items())
                 raise UserError(f"layer '{group}' needs {needs.get(group, 0)} bytes and no device has room left "
                                 f"(bytes left: {left}): give more devices or a smaller --batch")
             finishes = {}
@@ -302,8 +313,8 @@ def _list_schedule(graph: Graph, model: CostModel, bindings, devices: list[Devic
                 finishes[d] = sim.finish_on(node, d)[1]
             best = min(fits, key=lambda d: (finishes[d], devices.index(d)))
             chosen[group] = best
-            if room[best] is not None:
-                room[best] -= needs.get(group, 0)
+            if room[pool(best)] is not None:
+                room[pool(best)] -= needs.get(group, 0)
         sim.run(node, chosen[group])
     layers = {layer: chosen[group] for layer, group in groups.items() if group in chosen}
     return _schedule(sim, layers, how)
@@ -341,7 +352,7 @@ def place(graph: Graph, model: CostModel, bindings: Mapping[str, int], devices: 
     for d in devices:
         one = simulate(graph, model, bindings, default, {layer: d for layer in groups}, how=f"every layer on {d}",
                        sharing=sharing)
-        if one.fits(model):
+        if one.fits(model, sharing):
             candidates.append(one)
     for ranked, how in ((True, "HEFT list schedule"), (False, "earliest finish in graph order")):
         try:
@@ -352,7 +363,7 @@ def place(graph: Graph, model: CostModel, bindings: Mapping[str, int], devices: 
             raise
         # a plan runs its nodes in the graph's order: predict that, not the list's own order
         again = simulate(graph, model, bindings, default, listed.layers, how=how, sharing=sharing)
-        if again.fits(model):
+        if again.fits(model, sharing):
             candidates.append(again)
     if not candidates:
         raise UserError("no placement over " + ", ".join(map(str, devices)) + " fits their memory")
@@ -374,7 +385,7 @@ def _improve(graph, model, bindings, devices, default, groups, best: Schedule, s
                 trial = {**best.layers, **{layer: str(d) for layer in layers}}
                 s = simulate(graph, model, bindings, default, trial, how=best.how + ", improved by moves",
                              sharing=sharing)
-                if s.seconds < best.seconds * (1 - 1e-9) and s.fits(model):
+                if s.seconds < best.seconds * (1 - 1e-9) and s.fits(model, sharing):
                     best, moved = s, True
         if not moved:
             break

@@ -78,7 +78,7 @@ def auto(net: Net, phase: str, model: CostModel, bindings: Mapping[str, int], de
     for layers, how in candidates:
         graph = placed_graph(net, phase, layers, devices[0], weights, disable)
         predicted = simulate(graph, model, bindings, devices[0], sharing=sharing, how=how)
-        if predicted.fits(model) and (best is None or predicted.seconds < best.seconds * (1 - 1e-9)):
+        if predicted.fits(model, sharing) and (best is None or predicted.seconds < best.seconds * (1 - 1e-9)):
             best = predicted
     if best is None:
         raise UserError("no placement over " + ", ".join(map(str, devices)) + " fits their memory")
