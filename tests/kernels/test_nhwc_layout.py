@@ -151,11 +151,16 @@ TRAIN_SCRIPT = textwrap.dedent("""
     from toolkit.backend.registry import load_device
     from toolkit.benchmarking import bench_plan
     from toolkit.frontend import Net
+    from toolkit import settings
     load_device("gpu")
     net = Net.load(sys.argv[1])
+    # a train step in float16 (mixed precision), or in float32 under the float32 policy argv[4]
+    dtype = None if len(sys.argv) > 3 and sys.argv[3] == "float32" else "float16"
+    precision = sys.argv[4] if len(sys.argv) > 4 else None
     report = {}
     for label, disable in (("nchw", ("choose_layout",)), ("nhwc", ())):
-        plan, inputs = bench_plan(net, int(sys.argv[2]), True, dtype="float16", disable=disable, device="gpu")
+        with settings.use(precision=precision):
+            plan, inputs = bench_plan(net, int(sys.argv[2]), True, dtype=dtype, disable=disable, device="gpu")
         ops = [n.attrs["head"] if n.op == "fused_epilogue" else n.op for n in plan.graph.nodes]
         losses = []
         for _ in range(3):
@@ -166,10 +171,10 @@ TRAIN_SCRIPT = textwrap.dedent("""
 """)
 
 
-def train_report(run, net_path, batch: int) -> dict:
-    """The ops and the first three losses of a float16 train step, NCHW and channels last;
-    ``run(script, *args)`` runs the script on the stand-in or on the device."""
-    return json.loads(run(TRAIN_SCRIPT, net_path, batch).strip().splitlines()[-1])
+def train_report(run, net_path, batch: int, dtype: str = "float16", precision: str = "strict") -> dict:
+    """The ops and the first three losses of a train step (float16: mixed precision), NCHW and
+    channels last; ``run(script, *args)`` runs the script on the stand-in or on the device."""
+    return json.loads(run(TRAIN_SCRIPT, net_path, batch, dtype, precision).strip().splitlines()[-1])
 
 
 def check_train_report(report: dict, rtol: float, reorders_in: int = 0) -> None:
@@ -201,6 +206,23 @@ def test_a_float16_train_step_runs_every_convolution_channels_last_with_the_nchw
     # Inception's module: its concatenation's gradient (slices of channels) follows the layout too
     report = train_report(on_stand_in, ROOT / "benchmarks" / "nets" / "inception.yaml", 1)
     check_train_report(report, rtol=1e-3, reorders_in=1)
+
+
+@needs_cxx
+def test_a_float32_train_step_goes_channels_last_under_tf32_only(tmp_path):
+    """float32 under the tf32 policy: every convolution direction channels last, the losses the
+    NCHW step's (the stand-in's cuDNN computes in float32 either way; BatchNorm's sums are taken
+    in another order channels last, 3e-5 apart by the third step); under strict, NCHW."""
+    from tests.runtime.gpu_stand_in import ROOT
+
+    def on_stand_in(script, *args):
+        result = run_stand_in(STAND_IN + RAW_MODULE + script, tmp_path, *args)
+        assert result.returncode == 0, result.stderr[-3000:]
+        return result.stdout
+    net = ROOT / "zoo" / "resnet" / "net.yaml"
+    check_train_report(train_report(on_stand_in, net, 4, "float32", "tf32"), rtol=1e-4)
+    strict = train_report(on_stand_in, net, 4, "float32", "strict")
+    assert "nhwc_conv2d" not in strict["nhwc"]["ops"] and strict["nhwc"]["ops"] == strict["nchw"]["ops"], strict
 
 
 NETS_SCRIPT = textwrap.dedent("""

@@ -15,10 +15,11 @@ The cost rule:
   convolutions' input and output elements exceed the elements reordered at its borders. A lone
   convolution between two NCHW ops saves nothing (its reorders are the transposes cuDNN would
   have made) and stays NCHW; a ResNet's body is one region, one reorder in and one out.
-- float32 (and float64) stay NCHW: without Tensor Cores (the toolkit's float32 is held to FMA
-  math) cuDNN's NCHW kernels need no transposes. Whether TF32 changes that is for a
-  measurement on the device to say (benchmarks/gpu_real_nets.py's rows with and without
-  ``--disable choose_layout``); until then the rule is: half types channels last, the rest NCHW.
+- float32 under the strict policy (FMA math, no Tensor Cores) and float64 stay NCHW: cuDNN's
+  NCHW kernels need no transposes. Under the ``tf32`` policy float32 goes channels last like the
+  half types: an H100 profile of ResNet-50's TF32 step showed cuDNN's transposes around every
+  NCHW float32 convolution (whether the whole step gains is still to be timed on a device, with
+  and without ``--disable choose_layout``).
 - Only where cuDNN runs the convolution (the kernel's ``fusion_pays``: loaded and switched on;
   the fallback is the NCHW im2col kernel between two copies), on concrete map and channel sizes.
   A weight known when the graph is compiled is reordered to the filter layout above there,
@@ -49,10 +50,15 @@ import numpy as np
 from ..backend.registry import KERNELS
 from ..ir.graph import Graph, Node, Value
 from ..ops.base import get_op
+from ..settings import precision_policy
 from .context import PassContext
 from .rewrite import LayoutRewriter, Regions, constant_value
 
 HALF_TYPES = ("float16",)                  # the dtypes whose cuDNN kernels want channels last
+# ... and, under the tf32 policy, float32's: an H100's profile of ResNet-50's TF32 train step
+# showed cuDNN transposing every NCHW float32 convolution into NHWC and back around its
+# tensor-core kernel (nchwToNhwcKernel 135 calls, nhwcToNchwKernel 69, 3.5 ms of a 56 ms step)
+TF32_TYPES = ("float32",)
 MAP_REDUCTIONS = ("reduce_mean", "reduce_sum", "reduce_max")
 POOLS = {"max_pool2d": "nhwc_max_pool2d", "avg_pool2d": "nhwc_avg_pool2d",
          "max_pool2d_grad": "nhwc_max_pool2d_backward", "avg_pool2d_grad": "nhwc_avg_pool2d_backward"}
@@ -138,11 +144,13 @@ def saving_elements(node: Node) -> int:
     return sum(_per_image(v) for v in _images(node))
 
 
-def why_not_channels_last(node: Node, device) -> str | None:
+def why_not_channels_last(node: Node, device, precision: str = "strict") -> str | None:
     """None when ``node`` (a convolution of any direction on a GPU) can run channels last, else
-    why not, in a few words."""
+    why not, in a few words. ``precision``: the float32 math policy in force (TF32's tensor-core
+    kernels want NHWC as the half types' do)."""
     images = _images(node)
-    if images[0].dtype not in HALF_TYPES:
+    wanted = HALF_TYPES + (TF32_TYPES if precision == "tf32" else ())
+    if images[0].dtype not in wanted:
         return f"{images[0].dtype}: its cuDNN kernels take NCHW as fast"
     if not all(_image(v) for v in images):
         return "a symbolic map size"
@@ -326,7 +334,8 @@ def choose_channels_last(graph: Graph, ctx: PassContext) -> bool:
     convs = [n for n in graph.nodes if n.op in CONVOLUTIONS and id(n) in on_gpu]
     if not convs:
         return False
-    reasons = [(n, why_not_channels_last(n, where.node(n))) for n in convs]
+    precision = precision_policy(graph.precision)
+    reasons = [(n, why_not_channels_last(n, where.node(n), precision)) for n in convs]
     chosen, region = worthwhile(graph, [n for n, why in reasons if why is None], on_gpu)
     reasons = [(n, "saves less than its reorders cost" if why is None and id(n) not in chosen else why)
                for n, why in reasons]
