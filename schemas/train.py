@@ -82,10 +82,15 @@ class SolverSpec(Strict):
 
 
 class DistributedSpec(Strict):
-    """Data-parallel training under an MPI launcher (docs/spec.md section 8)."""
+    """Data-parallel or pipeline-parallel training under an MPI launcher (docs/spec.md section 8)."""
     sync_batchnorm: bool = False
     bucket_mb: Annotated[float, Field(gt=0)] = 25.0
     overlap: bool = True          # start each bucket's all-reduce during the backward pass
+    # pipeline parallelism (training/pipeline.py): the train step cut into this many stages, one
+    # per rank, each batch run as micro_batches micro-batches on the schedule named
+    stages: PositiveInt = 1
+    micro_batches: PositiveInt = 1
+    schedule: Literal["gpipe"] = "gpipe"
 
 
 class BestSpec(Strict):

@@ -23,6 +23,9 @@ TABLE_EXCLUSIONS: dict[str, str] = {
     "allreduce_start": "one half of a pair sharing a pending request: tests/parallel/test_collectives.py "
                        "checks the pair in one process, tests/parallel/test_data_parallel.py under mpiexec",
     "allreduce_wait": "the other half of that pair: tests/parallel/test_collectives.py",
+    "send": "one half of a pair sharing a mailbox (a message between ranks): tests/distributed/test_pipeline_stages.py "
+            "checks the pair in one process, tests/distributed/test_pipeline.py under mpiexec",
+    "recv": "the other half of that pair: tests/distributed/test_pipeline_stages.py",
     "matmul_bias_gradient": "two outputs (the table's cases have one): tests/runtime/test_capture.py checks "
                             "its CPU kernel and the GPU's against numpy, and the pass that makes it",
     "fused_reduce": "its program is an attribute the table's cases cannot vary: tests/kernels/test_gpu_reductions.py "

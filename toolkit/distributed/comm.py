@@ -27,6 +27,7 @@ class Solo:
         self.pending: dict[int, np.ndarray] = {}
         self.waited_s = 0.0                 # time blocked on collectives, all of them (statistics)
         self.gradient_wait_s = 0.0          # of which: waiting for gradient buckets' sums
+        self.mailbox: dict[int, np.ndarray] = {}   # sent and not yet received, by tag (one process)
 
     def allreduce(self, array: np.ndarray) -> np.ndarray:
         """The sum over ranks of ``array`` (same shape on every rank), as a new array."""
@@ -45,6 +46,27 @@ class Solo:
 
     def sum_floats(self, values: list[float]) -> list[float]:
         return list(values)
+
+    # point-to-point, between the stages of a pipeline (ops/p2p.py). One process holds every
+    # stage: a send leaves its array in a mailbox under its tag, the receive takes it out
+    def send(self, peer: int, tag: int, array: np.ndarray) -> None:
+        """Sends ``array`` to rank ``peer`` without waiting for it to arrive; the array must not
+        change until ``finish_sends`` (or the next send under ``tag``) has returned."""
+        self.mailbox[tag] = array
+
+    def finish_send(self, tag: int) -> None:
+        """Waits until the last send under ``tag`` has left its array (before it is reused)."""
+
+    def finish_sends(self) -> None:
+        """Waits until every send has left its array."""
+
+    def recv(self, peer: int, tag: int, out: np.ndarray | None = None) -> np.ndarray:
+        """The array rank ``peer`` sent under ``tag`` (into ``out`` when given), blocking."""
+        array = self.mailbox.pop(tag)
+        if out is None:
+            return array
+        np.copyto(out, array)
+        return out
 
     def largest(self, value: int) -> int:
         """The largest of the ranks' ``value`` (every rank gets the same answer)."""
@@ -89,6 +111,7 @@ class MpiCommunicator(Solo):
         self.comm = MPI.COMM_WORLD
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         self._requests: dict[int, tuple] = {}
+        self._sends: dict[int, tuple] = {}       # tag -> (request, the array it sends)
 
     def _blocked(self, call):
         start = time.perf_counter()
@@ -114,6 +137,25 @@ class MpiCommunicator(Solo):
         waited = time.perf_counter() - start
         self.waited_s += waited
         self.gradient_wait_s += waited
+        return out
+
+    def send(self, peer: int, tag: int, array: np.ndarray) -> None:
+        self.finish_send(tag)
+        self._sends[tag] = (self.comm.Isend(array, dest=peer, tag=tag), array)
+
+    def finish_send(self, tag: int) -> None:
+        pending = self._sends.pop(tag, None)
+        if pending is not None:
+            self._blocked(pending[0].Wait)
+
+    def finish_sends(self) -> None:
+        for tag in list(self._sends):
+            self.finish_send(tag)
+
+    def recv(self, peer: int, tag: int, out: np.ndarray | None = None) -> np.ndarray:
+        if out is None:
+            raise RuntimeError("the reference interpreter runs send and recv in one process only")
+        self._blocked(lambda: self.comm.Recv(out, source=peer, tag=tag))
         return out
 
     def sum_floats(self, values: list[float]) -> list[float]:

@@ -10,6 +10,7 @@ from . import (  # noqa: F401  (registration)
     layout,
     linalg,
     nhwc,
+    p2p,
     pool,
     precision,
     quant,

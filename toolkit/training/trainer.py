@@ -28,6 +28,7 @@ from .checkpoint import Checkpoint, write_checkpoint
 from .data import BatchOrder
 from .evaluate import mean_outputs, mean_outputs_shared, test_graph
 from .feeding import iteration_feed, load_data, net_dtype, rank_rows, train_spec
+from .pipeline import describe, micro_batch_feed, pipeline_of
 from .plans import PlanCache, compile_reporter
 from .progress import MetricsLog, NoLog, Progress, Silent, plot
 from .resume import check_not_finished, resume_into
@@ -53,8 +54,12 @@ class Trainer:
         self.cfg = SolverConfig.from_spec(spec.solver)
         self.stream = stream
         self.train_set, self.test_set = load_data(net, spec)
-        # the global batch: K ranks read the batches of one process at K x batch_size
-        self.global_batch = spec.data.batch_size * self.ranks
+        # pipeline parallelism: the ranks are the stages of one step (training/pipeline.py)
+        self.pipeline = None
+        if spec.distributed.stages > 1:
+            self.pipeline = pipeline_of(net, self.cfg, spec, self.comm, device, len(self.train_set))
+        # the global batch: K data-parallel ranks read the batches of one process at K x batch_size
+        self.global_batch = spec.data.batch_size * (1 if self.pipeline else self.ranks)
         self.order = BatchOrder(len(self.train_set), self.global_batch, spec.data.shuffle, spec.seed)
         if spec.max_iter:
             self.max_iter = spec.max_iter
@@ -66,14 +71,17 @@ class Trainer:
         self.disable = disabled_passes(net) if disable is None else disable
         self.device = device = parse_device(device)
         data_parallel = None
-        if self.comm:
+        if self.comm and not self.pipeline:
             if not device.host_memory:
                 self.device = device = self._rank_gpu(device)
             d = spec.distributed
             data_parallel = DataParallel(d.bucket_mb, d.overlap, d.sync_batchnorm)
         bucketed = bucketed_dimensions(net)   # sequences of different lengths: the graphs read theirs
-        self.graph = optimize(train_graph(net, self.cfg, data_parallel=data_parallel, bucketed=bucketed), self.disable,
-                              device=device)
+        if self.pipeline:                # the whole step's weights first: a run starts from them all
+            self.graph = self.pipeline.cut.graph
+        else:
+            self.graph = optimize(train_graph(net, self.cfg, data_parallel=data_parallel, bucketed=bucketed),
+                                  self.disable, device=device)
         self.dtype = net_dtype(net)
         self.store = self._initial_weights(weights, allow_missing)
         self.runtime = RuntimeState(np.random.default_rng(spec.seed))
@@ -92,7 +100,13 @@ class Trainer:
                 for line in adopt(device.kind, resumed.routes, resumed.path):
                     if self.rank == 0:
                         print(f"{resumed.path}: {line}", file=self.stream or sys.stderr, flush=True)
-        if self.comm:                             # every rank starts from rank 0's state
+        if self.pipeline:                         # each rank holds its stage's weights alone
+            stage = self.pipeline.cut
+            self.graph = optimize(stage.stage_graph(self.rank), self.disable, device=device)
+            self.store = {k: v for k, v in self.store.items() if stage.weight_stage[k] == self.rank}
+            if self.rank == 0:
+                print(describe(self.pipeline), file=self.stream or sys.stderr, flush=True)
+        elif self.comm:                           # every rank starts from rank 0's state
             for k in sorted(self.store):
                 self.comm.broadcast(self.store[k])
         if not device.host_memory:                # the weights live on the device for the whole run
@@ -100,6 +114,11 @@ class Trainer:
         reuse = memory_reuse(self.disable)
         self.train_plans = PlanCache(self.graph, self.store, self.runtime, device, reuse)
         tg = test_graph(net, self.disable, device=device, bucketed=bucketed) if self.test_set is not None else None
+        if self.pipeline and tg is not None:
+            tg = None
+            if self.rank == 0:
+                print("a pipeline-parallel run does not run test passes yet: test its model.safetensors with "
+                      "`toolkit test`", file=self.stream or sys.stderr, flush=True)
         self.test_plans = (PlanCache(tg, self.store, RuntimeState(np.random.default_rng(0)), device, reuse)
                            if tg else None)
         self.loss_tops = [t for t in self.graph.losses if t not in LOGGED]
@@ -148,18 +167,29 @@ class Trainer:
                 store[name] = initial_state(w)
         return store
 
-    def checkpoint(self, iteration: int) -> Path:
+    def checkpoint(self, iteration: int, whole: dict[str, np.ndarray] | None = None) -> Path:
+        """``whole``: the state of every stage (``gathered``) when this rank holds one stage's."""
         meta = {"net": self.net.name, "solver": self.cfg.type, "rng": self.runtime.rng.bit_generator.state,
                 "max_iter": self.max_iter, "seed": self.spec.seed, "global_batch": self.global_batch,
                 "watch": {"best": self.best.state() if self.best else None,
                           "early_stop": self.early_stop.state() if self.early_stop else None}}
         if not self.device.host_memory:           # what a resume takes again (backend/measured.py)
             meta["routes"] = recorded(self.device.kind)
-        return write_checkpoint(self.out / "checkpoints", Checkpoint(iteration, self.host_store(), meta),
+        return write_checkpoint(self.out / "checkpoints", Checkpoint(iteration, whole or self.host_store(), meta),
                                 self.spec.keep_last)
 
-    def model_weights(self) -> dict[str, np.ndarray]:
-        return {k: v for k, v in self.host_store().items() if not is_slot(k)}
+    def model_weights(self, whole: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        return {k: v for k, v in (whole or self.host_store()).items() if not is_slot(k)}
+
+    def gathered(self) -> dict[str, np.ndarray] | None:
+        """Every stage's weights and slots, on every rank, when the ranks are a pipeline's stages
+        (every rank must call it at the same point); None otherwise."""
+        if not self.pipeline:
+            return None
+        whole: dict[str, np.ndarray] = {}
+        for part in self.comm.gather_all(self.host_store()):
+            whole.update(part)
+        return whole
 
     def host_store(self) -> dict[str, np.ndarray]:
         """The weights and solver slots as host arrays (copies only where they live on a GPU)."""
@@ -175,6 +205,13 @@ class Trainer:
     def launch(self, i: int) -> dict:
         """Runs iteration i; its outputs stay where they were computed (see scalars.py)."""
         rows = self.order.rows(i)
+        if self.pipeline:
+            batch = iteration_feed(self.train_set, rows, self.net, self.spec, i, self.pipeline.forward)
+            feed = micro_batch_feed(batch, self.pipeline.forward, self.pipeline.micro_batches, self.dtype)
+            feed.update(host_values(self.cfg, self.lr_at(i), i + 1, self.dtype))
+            outs = self.train_plans.run({k: v for k, v in feed.items() if k in self.graph.inputs})
+            self.comm.finish_sends()          # this step's sends have left their buffers
+            return outs
         weight = None
         if self.comm:
             rows, weight = rank_rows(rows, self.rank, self.spec.data.batch_size)
@@ -295,12 +332,13 @@ class Trainer:
                         self._stop = stop
                 if snapshot or stop is not None or done == self.max_iter:
                     self._check_finite(i, last_good, progress)   # never checkpoint a nan/inf state
+                whole = self.gathered() if snapshot or stop is not None else None
                 if snapshot and writer:
-                    last_good = self.checkpoint(done)
+                    last_good = self.checkpoint(done, whole)
                 if stop is not None:
                     if writer:
-                        last_good = self.checkpoint(done)
-                        save_weights(str(self.out / "model.safetensors"), self.model_weights())
+                        last_good = self.checkpoint(done, whole)
+                        save_weights(str(self.out / "model.safetensors"), self.model_weights(whole))
                     progress.message(f"stopped by signal {stop} after iteration {done}; "
                                      f"checkpoint {last_good} (continue with --resume {self.out})")
                     stopped_by = stop
@@ -314,9 +352,10 @@ class Trainer:
                 if board is not None:
                     board.write(entry)
             progress.close()
+            whole = self.gathered()
             if writer:
-                last_good = self.checkpoint(self.max_iter)
-                save_weights(str(self.out / "model.safetensors"), self.model_weights())
+                last_good = self.checkpoint(self.max_iter, whole)
+                save_weights(str(self.out / "model.safetensors"), self.model_weights(whole))
                 plot(log.records(), self.out / "loss.png", self.net.name, sorted(test_keys))
             self.final_metrics = final
             return 0

@@ -1,5 +1,5 @@
 """numpy kernels for the CPU; importing this package registers them."""
 from .. import control as _control
-from . import collective, conv, elementwise, fused, fused_reduce, layout, linalg, misc, nhwc, pool, quant, reduce  # noqa: F401  (registration)
+from . import collective, conv, elementwise, fused, fused_reduce, layout, linalg, misc, nhwc, p2p, pool, quant, reduce  # noqa: F401  (registration)
 
 _control.register("cpu")

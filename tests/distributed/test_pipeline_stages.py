@@ -1,0 +1,157 @@
+"""Pipeline stages in one process (training/stages.py, training/pipeline.py, ops/p2p.py): the
+balance is the best cut, the step over M micro-batches cut into K stages with its sends and
+receives gives the update of one process at the whole batch (interpreted and compiled), each
+stage holds its own weights alone, activations go down the stages and their gradients back up,
+and what a pipeline cannot do is one line."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from toolkit.compile import optimize, solver_config, train_graph
+from toolkit.distributed.comm import Solo, use
+from toolkit.errors import UserError
+from toolkit.frontend.net import Net
+from toolkit.ir.graph import Graph, TensorType, Value, Weight
+from toolkit.ops.base import Builder
+from toolkit.ops.interpreter import interpret
+from toolkit.optim.solvers import host_values
+from toolkit.runtime.plan import Plan
+from toolkit.training.pipeline import build_pipeline, check_micro_batches, micro_batch_feed
+from toolkit.training.stages import Stages, balance, cut
+
+LENET = "zoo/lenet/net.yaml"
+
+
+def brute_force_worst(costs, k):
+    best = float("inf")
+    for cuts in itertools.combinations(range(1, len(costs)), k - 1):
+        bounds = [0, *cuts, len(costs)]
+        best = min(best, max(sum(costs[a:b]) for a, b in zip(bounds, bounds[1:])))
+    return best
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_balance_finds_the_cut_with_the_smallest_slowest_stage(seed):
+    rng = np.random.default_rng(seed)
+    costs = [float(c) for c in rng.integers(0, 100, 9)]
+    for k in (1, 2, 3, 4):
+        starts = balance(costs, k)
+        assert starts[0] == 0 and len(starts) == k and starts == sorted(set(starts))
+        bounds = starts + [len(costs)]
+        worst = max(sum(costs[a:b]) for a, b in zip(bounds, bounds[1:]))
+        assert worst == brute_force_worst(costs, k)
+
+
+def lenet_step(rows: int, seed: int = 0):
+    """The one-process train step of LeNet in float64, its weights, a batch and the step's scalars."""
+    net = Net.load(LENET)
+    cfg = solver_config(net)
+    one = train_graph(net, cfg, "float64")
+    rng = np.random.default_rng(seed)
+    weights = {k: 0.1 * rng.standard_normal(tuple(w.value.shape)) for k, w in one.weights.items()}
+    batch = {"data": rng.standard_normal((rows, 1, 8, 8)), "label": rng.integers(0, 10, rows)}
+    return net, cfg, one, weights, batch, host_values(cfg, 0.1, 1, "float64")
+
+
+@pytest.mark.parametrize("stages,micro", [(2, 1), (2, 2), (2, 4), (3, 2), (4, 4)])
+def test_the_cut_step_in_one_process_is_the_step_at_the_whole_batch(stages, micro):
+    net, cfg, one, weights, batch, scalars = lenet_step(16)
+    expected_out, expected = interpret(one, {**batch, **scalars}, weights)
+    p = build_pipeline(net, cfg, stages, micro, 16 // micro, "float64")
+    feed = {**micro_batch_feed(batch, p.forward, micro, "float64"), **scalars}
+    feed = {k: v for k, v in feed.items() if k in p.cut.graph.inputs}
+    with use(Solo()) as comm:
+        out, updates = interpret(p.cut.graph, feed, weights)
+        assert not comm.mailbox                           # every message sent was received
+    assert set(updates) == set(expected)
+    for k in expected:
+        np.testing.assert_allclose(updates[k], expected[k], rtol=1e-12, atol=1e-14, err_msg=k)
+    assert out["@objective"] == pytest.approx(float(expected_out["@objective"]), rel=1e-13)
+    # compiled, with the passes, the plan's kernels send and receive the same
+    compiled_weights = {k: np.array(v) for k, v in weights.items()}
+    with use(Solo()):
+        plan = Plan(optimize(p.cut.graph), {"N": 16 // micro}, compiled_weights)
+        got = plan.run(feed)
+    assert float(got["@objective"]) == pytest.approx(float(expected_out["@objective"]), rel=1e-12)
+    for k in expected:
+        np.testing.assert_allclose(compiled_weights[k], expected[k], rtol=1e-10, atol=1e-12, err_msg=k)
+
+
+def test_each_stage_holds_its_own_weights_and_messages_go_down_then_up():
+    net, cfg, one, *_ = lenet_step(8)
+    p = build_pipeline(net, cfg, 2, 4, 2, "float64")
+    assert p.stages.layers[0][0] == "conv1" and p.stages.layers[-1][-1] == "loss"
+    assert [n for names in p.stages.layers for n in names] == \
+        ["conv1", "relu1", "pool1", "conv2", "relu2", "pool2", "ip1", "relu3", "ip2", "loss"]
+    held = [set(p.cut.stage_graph(s).weights) for s in range(2)]
+    assert held[0].isdisjoint(held[1]) and held[0] | held[1] == set(one.weights)
+    assert "conv1.weight" in held[0] and "conv1.weight@momentum" in held[0] and "ip2.weight" in held[1]
+    for s in range(2):
+        g = p.cut.stage_graph(s)
+        assert set(g.updates) == held[s]
+        assert {"@objective", "loss"} <= set(g.outputs)       # every rank logs the loss
+    sent = p.cut.sent()
+    activations = [r for r in sent if not r["scope"].endswith(".grad.send") and r["type"] != "f64[]"]
+    gradients = [r for r in sent if r["scope"].endswith(".grad.send")]
+    # one activation down and its gradient up per micro-batch; the losses' scalars to rank 0
+    assert len(activations) == len(gradients) == 4
+    assert all(r["from"] == 0 and r["to"] == 1 for r in activations)
+    assert all(r["from"] == 1 and r["to"] == 0 for r in gradients)
+    # the gradient of what went down comes up: same shape, the same bytes (float64, 2 rows)
+    assert {r["type"] for r in activations} == {r["type"] for r in gradients} == {"f64[N, 32, 4, 4]"}
+    assert all(r["bytes"].evaluate({"N": 2}) == 2 * 32 * 4 * 4 * 8 for r in activations + gradients)
+    # the stages are balanced: the larger has the smallest FLOPs any cut gives it
+    assert max(p.stages.flops) == brute_force_worst(
+        [float(x) for x in _layer_flops(p)], 2)
+
+
+def _layer_flops(p):
+    from toolkit.training.stages import layer_flops
+    order = [n for names in p.stages.layers for n in names]
+    flops = layer_flops(p.cut.graph, order, {s: 2 for s in p.cut.graph.symbols()})
+    return [flops[n] for n in order]
+
+
+def test_send_and_recv_carry_a_value_between_stages_in_one_process():
+    g = Graph("infer")
+    x = g.inputs["x"] = Value(TensorType((2, 3), "float32"), name="x")
+    b = Builder(g, "t")
+    token = b.op("send", b.op("mul", x, x), peer=1, tag=7)
+    got = b.op("recv", token, peer=0, tag=7, shape=(2, 3), dtype="float32")
+    g.outputs["y"] = b.op("add", got, x)
+    x_in = np.arange(6, dtype=np.float32).reshape(2, 3)
+    with use(Solo()) as comm:
+        out, _ = interpret(g, {"x": x_in}, {})
+        np.testing.assert_array_equal(out["y"], x_in * x_in + x_in)
+        plan = Plan(g, {}, {})
+        for scale in (1, 2):             # the kernel's buffer is reused from step to step
+            np.testing.assert_array_equal(plan.run({"x": scale * x_in})["y"], (scale * x_in) ** 2 + scale * x_in)
+        assert not comm.mailbox
+
+
+def test_what_a_pipeline_cannot_do_is_one_line():
+    net, cfg, *_ = lenet_step(8)
+    with pytest.raises(UserError, match="at most 10 stages"):
+        build_pipeline(net, cfg, 11, 1, 8)
+    with pytest.raises(UserError, match="does not split into 3 equal micro-batches"):
+        check_micro_batches(32, 1000, 3)
+    with pytest.raises(UserError, match=r"the epoch's last batch, 6 of 1414 rows"):
+        check_micro_batches(32, 1414, 4)          # 1414 = 44 x 32 + 6
+    with pytest.raises(UserError, match="more than the 4 rows"):
+        check_micro_batches(4, 100, 8)
+    check_micro_batches(32, 1408, 4)
+
+
+def test_layers_sharing_a_weight_across_stages_are_refused():
+    g = Graph("train")
+    x = g.inputs["x"] = Value(TensorType((2, 4), "float64"), name="x")
+    w = Value(TensorType((4, 4), "float64"), name="w")
+    g.weights["a.w"] = Weight("a.w", w, True, {"type": "constant", "value": 0.0}, layer="a")
+    h = Builder(g, "a").op("matmul", x, w, trans_a=False, trans_b=False)
+    g.outputs["y"] = Builder(g, "c").op("matmul", h, w, trans_a=False, trans_b=False)   # layer c reads layer a's weight
+    stages = Stages([["a"], ["c"]], [1, 1])
+    with pytest.raises(UserError, match="layers that share a weight must be in one stage"):
+        cut(g, stages)

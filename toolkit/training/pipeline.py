@@ -1,0 +1,159 @@
+"""Pipeline-parallel training: the train step over M micro-batches, cut into K stages, one per
+rank of an MPI job (docs/spec.md section 8, pipeline).
+
+The step is one graph before it is cut: the net's forward pass once per micro-batch (its inputs
+``NAME@m``, the same weights), the objective the sum of each micro-batch's objective times its
+share of the global batch (``@micro_weight{m}``: its rows over the batch's rows, as
+data-parallel ranks weigh theirs), then one backward pass from that sum and one update. The
+gradients reaching each weight are therefore summed over the micro-batches, and the update is
+the update of one process at the whole batch (for losses that are means over the rows).
+
+The schedule is GPipe's: every micro-batch's forward pass, in order, then every backward pass,
+in reverse order (the order autodiff emits them in), then the updates. Each rank runs its
+stage's part of that order; a stage starts micro-batch m+1 as soon as it has sent m on, so the
+stages work at once except at the ends of the step (the bubble, (K-1)/(M+K-1) of it with
+stages of equal time).
+
+BatchNorm computes its batch statistics per micro-batch (a forward pass is a micro-batch's),
+and its running statistics are updated once per micro-batch, in order, as M small batches
+would update them: a net with BatchNorm trains as it would at the micro-batch size, not as one
+process at the whole batch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..compile import add_gradients
+from ..errors import UserError
+from ..frontend import OBJECTIVE, Net
+from ..ir.graph import Graph, Value, copy_nodes
+from ..ops.base import Builder
+from ..optim.solvers import SolverConfig, add_solver, host_input
+from .stages import CutGraph, Stages, cut, partition
+
+MICRO_WEIGHT = "@micro_weight"
+SCHEDULES = ("gpipe",)
+
+
+def micro_name(name: str, m: int) -> str:
+    return f"{name}@{m}"
+
+
+def micro_batch_graph(net: Net, solver: SolverConfig, micro_batches: int, dtype: str | None = None
+                      ) -> tuple[Graph, Graph]:
+    """The train step over ``micro_batches`` micro-batches, uncut, before any pass; and the
+    forward graph of one micro-batch it repeats (whose inputs name what a batch feeds)."""
+    if solver.mixed_precision is not None:
+        raise UserError("train.distributed.stages does not run mixed precision yet: leave out "
+                        "train.solver.mixed_precision")
+    forward = net.graph("train", dtype)
+    step = Graph("train", weights=dict(forward.weights), losses=dict(forward.losses))
+    step.precision = forward.precision
+    b = Builder(step, "pipeline")
+    current = {name: w.value for name, w in forward.weights.items()}   # a state's value after m
+    terms: dict[str, list[Value]] = {name: [] for name in forward.outputs}
+    for m in range(micro_batches):
+        values: dict[int, Value] = {}
+        for name, v in forward.inputs.items():
+            step.inputs[micro_name(name, m)] = values[v.id] = Value(v.type, name=micro_name(name, m))
+        for name, w in forward.weights.items():
+            values[w.value.id] = current[name]
+        step.nodes += copy_nodes(forward.nodes, values)
+        share = host_input(step, f"{MICRO_WEIGHT}{m}", forward.outputs[OBJECTIVE].dtype)
+        for name, v in forward.outputs.items():
+            terms[name].append(b.mul(values[v.id], share))
+        for name, v in forward.updates.items():          # running statistics, micro-batch after micro-batch
+            current[name] = values.get(v.id, v)
+    step.outputs = {name: b.add_all(parts) for name, parts in terms.items()}
+    step.updates = {name: current[name] for name in forward.updates}
+    add_solver(step, add_gradients(step, None, step.outputs[OBJECTIVE]), solver)
+    return step, forward
+
+
+@dataclass
+class Pipeline:
+    """A step cut into stages: the stages, the cut graph, the forward graph of one micro-batch."""
+    stages: Stages
+    cut: CutGraph
+    forward: Graph
+    micro_batches: int
+
+    def bubble(self) -> float:
+        """GPipe's idle share of a step with stages of equal time: (K-1)/(M+K-1)."""
+        k, m = self.stages.count, self.micro_batches
+        return (k - 1) / (m + k - 1)
+
+
+def build_pipeline(net: Net, solver: SolverConfig, stages: int, micro_batches: int, micro_batch_rows: int,
+                   dtype: str | None = None) -> Pipeline:
+    """The step of ``net`` cut into ``stages`` stages balanced by FLOPs at ``micro_batch_rows``
+    rows a micro-batch."""
+    step, forward = micro_batch_graph(net, solver, micro_batches, dtype)
+    bindings = {s: micro_batch_rows for s in step.symbols()}
+    layers = [layer.name for layer in net.spec.layers]
+    chosen = partition(step, layers, stages, bindings)
+    return Pipeline(chosen, cut(step, chosen), forward, micro_batches)
+
+
+def check_micro_batches(batch_size: int, rows: int, micro_batches: int) -> None:
+    """Every batch of a run splits into equal micro-batches (they share one compiled step)."""
+    if micro_batches > batch_size:
+        raise UserError(f"train.distributed.micro_batches is {micro_batches}, more than the "
+                        f"{batch_size} rows of a batch")
+    last = rows % batch_size
+    for size in (batch_size, last) if last else (batch_size,):
+        if size % micro_batches:
+            raise UserError(f"a batch of {size} rows does not split into {micro_batches} equal micro-batches "
+                            f"(train.distributed.micro_batches must divide train.data.batch_size"
+                            + (f" and the epoch's last batch, {last} of {rows} rows)" if last else ")"))
+
+
+def micro_batch_feed(batch: dict[str, np.ndarray], forward: Graph, micro_batches: int,
+                     dtype: str) -> dict[str, np.ndarray]:
+    """A batch's arrays (named as the forward graph's inputs) as the micro-batches' inputs, with
+    each micro-batch's share of the objective."""
+    feed = {}
+    rows = None
+    for name in forward.inputs:
+        parts = np.split(batch[name], micro_batches)
+        rows = len(batch[name])
+        for m, part in enumerate(parts):
+            feed[micro_name(name, m)] = part
+    for m in range(micro_batches):
+        feed[f"{MICRO_WEIGHT}{m}"] = np.asarray(1.0 / micro_batches if rows else 0.0, dtype=dtype)
+    return feed
+
+
+def pipeline_of(net: Net, solver: SolverConfig, spec, comm, device, rows: int) -> Pipeline:
+    """The pipeline a run of ``spec`` (its train section) trains by on this job's ranks, or the
+    one line that says why it cannot."""
+    d = spec.distributed
+    k = d.stages
+    size = comm.size if comm is not None else 1
+    if size == 1:
+        raise UserError(f"train.distributed.stages is {k}: a pipeline runs one stage a rank, under "
+                        f"`mpiexec -n {k} toolkit train ...`")
+    if size % k:
+        raise UserError(f"train.distributed.stages is {k}, which does not divide the job's {size} ranks")
+    if size != k:
+        raise UserError(f"{size} ranks for {k} stages: data-parallel replicas of a pipeline are not built yet; "
+                        f"run `mpiexec -n {k}`")
+    if not device.host_memory:
+        raise UserError(f"a pipeline-parallel run trains on the CPU only, not on {device}")
+    if d.sync_batchnorm:
+        raise UserError("train.distributed.sync_batchnorm is for data-parallel ranks; a pipeline's BatchNorm "
+                        "computes its statistics per micro-batch")
+    batch = spec.data.batch_size
+    check_micro_batches(batch, rows, d.micro_batches)
+    return build_pipeline(net, solver, k, d.micro_batches, batch // d.micro_batches)
+
+
+def describe(p: Pipeline) -> str:
+    """The line a run starts with: each stage's layers and predicted share of the work."""
+    total = sum(p.stages.flops) or 1
+    parts = [f"stage {s}: {names[0]}..{names[-1]} ({len(names)} layers, {100 * f / total:.0f}% of the FLOPs)"
+             for s, (names, f) in enumerate(zip(p.stages.layers, p.stages.flops))]
+    return (f"pipeline of {p.stages.count} stages, {p.micro_batches} micro-batches (gpipe, bubble "
+            f"{p.bubble():.2f} of a step with equal stages): " + "; ".join(parts))

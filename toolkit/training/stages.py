@@ -1,0 +1,266 @@
+"""A train graph cut into pipeline stages, one per rank (docs/spec.md section 8, pipeline).
+
+The stages are runs of consecutive layers in the net's order, balanced by predicted time: each
+layer's FLOPs (its OpDefs' counts, ops/flops.py) over all its work in the train step (forward,
+gradient, update), split so that the slowest stage is as fast as it can be (``balance``: exact,
+by dynamic programming over the cut points). Every node of the graph then belongs to a stage
+(``assign``): a layer's nodes, its gradient's (scope ``LAYER.grad``) and its weights' updates
+(``LAYER.sgd``, ...) to the layer's stage; a node of no layer (the objective, autodiff's seed) to
+the last stage among what it reads, or, reading only inputs, to the stage that reads it.
+
+``cut`` makes the graph of every stage: each value one stage computes and another reads becomes
+a ``send`` on the one and a ``recv`` on the other (ops/p2p.py): the forward activations go down
+the pipeline, their gradients come back up, and the logged losses go from the last stage to
+every other, so that every rank logs and checks the same numbers. A constant (a node that reads
+nothing) is copied to each stage that reads it instead. Every stage's sends and receives are
+chained in the order of the whole graph: with sends that never block, each receive then waits
+only for a send that comes earlier in one global order, which no rank can be stuck before.
+The chained graph, uncut, runs in one process too (the receives take from a mailbox).
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from ..errors import UserError
+from ..ir.dims import evaluate
+from ..ir.graph import Graph, Node, TensorType, Value
+from ..ir.live import keep_live
+from ..ops.base import get_op
+from ..ops.p2p import sent_bytes
+
+# the output that keeps a stage's last send alive (dead-code elimination keeps only what an
+# output or an update needs)
+STAGE_DONE = "@stage_done"
+
+
+def layer_of(scope: str, layers: set[str]) -> str | None:
+    """The layer a node's scope names: the layer itself, or LAYER.grad, LAYER.sgd, ..."""
+    if scope in layers:
+        return scope
+    head = scope
+    while "." in head:
+        head = head.rsplit(".", 1)[0]
+        if head in layers:
+            return head
+    return None
+
+
+def layer_order(graph: Graph, net_layers: list[str]) -> list[str]:
+    """The layers the train graph holds work of, in the net's order."""
+    layers = set(net_layers)
+    present = {layer_of(n.scope, layers) for n in graph.nodes}
+    return [name for name in net_layers if name in present]
+
+
+def layer_flops(graph: Graph, order: list[str], bindings: Mapping[str, int]) -> dict[str, int]:
+    """Each layer's FLOPs in the train step: its forward, gradient and update nodes."""
+    layers = set(order)
+    flops = dict.fromkeys(order, 0)
+    for node in graph.nodes:
+        layer = layer_of(node.scope, layers)
+        count = get_op(node.op).flops
+        if layer is not None and count is not None:
+            types_in, types_out = [v.type for v in node.inputs], [v.type for v in node.outputs]
+            flops[layer] += evaluate(count(types_in, types_out, node.attrs), bindings)
+    return flops
+
+
+def balance(costs: list[float], k: int) -> list[int]:
+    """Where K contiguous non-empty parts of ``costs`` start (the first at 0), chosen so that the
+    largest part's sum is the smallest it can be (exact: dynamic programming over the cuts)."""
+    n = len(costs)
+    if not 1 <= k <= n:
+        raise ValueError(f"{k} parts of {n} items")
+    prefix = [0.0, *itertools.accumulate(costs)]
+    inf = float("inf")
+    # best[j][i]: the smallest largest part of the first i items in j parts; start[j][i]: where
+    # its last part starts
+    best = [[inf] * (n + 1) for _ in range(k + 1)]
+    start = [[0] * (n + 1) for _ in range(k + 1)]
+    best[0][0] = 0.0
+    for j in range(1, k + 1):
+        for i in range(j, n - (k - j) + 1):
+            for s in range(j - 1, i):
+                worst = max(best[j - 1][s], prefix[i] - prefix[s])
+                if worst < best[j][i]:
+                    best[j][i], start[j][i] = worst, s
+    cuts, i = [], n
+    for j in range(k, 0, -1):
+        i = start[j][i]
+        cuts.append(i)
+    return cuts[::-1]
+
+
+@dataclass
+class Stages:
+    """The layers of each stage, and each stage's predicted FLOPs per step."""
+    layers: list[list[str]]
+    flops: list[int]
+
+    @property
+    def count(self) -> int:
+        return len(self.layers)
+
+    def stage_of_layer(self) -> dict[str, int]:
+        return {name: s for s, names in enumerate(self.layers) for name in names}
+
+
+def partition(graph: Graph, net_layers: list[str], k: int, bindings: Mapping[str, int]) -> Stages:
+    """The layers of ``graph`` in ``k`` stages of balanced FLOPs (``bindings``: the sizes they
+    are counted at, a micro-batch)."""
+    order = layer_order(graph, net_layers)
+    if k > len(order):
+        raise UserError(f"train.distributed.stages is {k} but the train step has {len(order)} layers: "
+                        f"at most {len(order)} stages")
+    flops = layer_flops(graph, order, bindings)
+    cuts = balance([float(flops[name]) for name in order], k) + [len(order)]
+    layers = [order[cuts[s]: cuts[s + 1]] for s in range(k)]
+    return Stages(layers, [sum(flops[name] for name in names) for names in layers])
+
+
+def assign(graph: Graph, stages: Stages) -> dict[int, int]:
+    """Each node's stage, by id(node)."""
+    by_layer = stages.stage_of_layer()
+    layers = set(by_layer)
+    where: dict[int, int | None] = {}
+    made_at: dict[int, int] = {}
+    for w in graph.weights.values():
+        if w.layer in by_layer:
+            made_at[w.value.id] = by_layer[w.layer]
+    for node in graph.nodes:
+        layer = layer_of(node.scope, layers)
+        if layer is not None:
+            s = by_layer[layer]
+        else:
+            known = [made_at[v.id] for v in node.inputs if v.id in made_at]
+            s = max(known) if known else None
+        where[id(node)] = s
+        if s is not None:
+            made_at.update((o.id, s) for o in node.outputs)
+    # what reads only inputs and constants goes where it is read
+    readers: dict[int, list[Node]] = graph.consumers()
+    for node in reversed(graph.nodes):
+        if where[id(node)] is None:
+            read_at = [where[id(r)] for o in node.outputs for r in readers.get(o.id, ()) if where[id(r)] is not None]
+            where[id(node)] = min(read_at) if read_at else stages.count - 1
+    return where
+
+
+@dataclass
+class CutGraph:
+    """The whole train graph with its sends and receives, and what each stage's graph is made of."""
+    graph: Graph                                 # every stage's nodes, in one order; runs in one process
+    stage_of: dict[int, int]                     # id(node) -> stage
+    weight_stage: dict[str, int]
+    outputs: list[dict[str, Value]] = field(default_factory=list)     # each stage's outputs
+
+    @property
+    def count(self) -> int:
+        return len(self.outputs)
+
+    def stage_graph(self, s: int) -> Graph:
+        """Stage ``s``'s graph: its nodes, its weights and their updates, the inputs it reads."""
+        g = self.graph
+        mine = Graph(g.phase, dict(g.inputs), {k: w for k, w in g.weights.items() if self.weight_stage[k] == s},
+                     [n for n in g.nodes if self.stage_of[id(n)] == s], dict(self.outputs[s]),
+                     {k: v for k, v in g.updates.items() if self.weight_stage[k] == s}, dict(g.losses))
+        mine.precision = g.precision
+        keep_live(mine)
+        return mine
+
+    def sent(self) -> list[dict]:
+        """Every send: from, to, what (its value's type), its bytes (symbolic in the batch)."""
+        return [{"from": self.stage_of[id(n)], "to": n.attrs["peer"], "tag": n.attrs["tag"],
+                 "type": str(n.inputs[0].type), "bytes": sent_bytes(n), "scope": n.scope}
+                for n in self.graph.nodes if n.op == "send"]
+
+
+def _constant(node: Node) -> bool:
+    return not node.inputs and get_op(node.op).pure
+
+
+def cut(graph: Graph, stages: Stages) -> CutGraph:
+    """``graph`` with a send and a receive for every value that crosses stages (see the module's
+    docstring); ``graph`` itself is consumed."""
+    k = stages.count
+    where = assign(graph, stages)
+    by_layer = stages.stage_of_layer()
+    weight_stage = {}
+    for name, w in graph.weights.items():
+        if w.layer not in by_layer:
+            raise UserError(f"weight '{name}' belongs to no layer of the train step; it cannot be given a stage")
+        weight_stage[name] = by_layer[w.layer]
+    owner = {w.value.id: (name, weight_stage[name]) for name, w in graph.weights.items()}
+    readers = graph.consumers()
+    output_ids = {v.id for v in graph.outputs.values()}
+    tags = itertools.count()
+    last: list[Value | None] = [None] * k                # each stage's last send or receive
+    received: dict[tuple[int, int], Value] = {}          # (value id, stage) -> its receive there
+    copies: dict[tuple[int, int], Value] = {}            # (constant's value id, stage) -> its copy
+    constant_of = {o.id: n for n in graph.nodes if _constant(n) for o in n.outputs}
+    nodes: list[Node] = []
+    stage_of: dict[int, int] = {}
+
+    def emit(node: Node, s: int) -> None:
+        nodes.append(node)
+        stage_of[id(node)] = s
+
+    def chained(s: int) -> list[Value]:
+        return [last[s]] if last[s] is not None else []
+
+    for node in graph.nodes:
+        s = where[id(node)]
+        if _constant(node) and all(where[id(r)] != s for o in node.outputs for r in readers.get(o.id, ())):
+            if node.outputs[0].id not in output_ids:
+                continue                          # only copies of it are read (made below)
+        inputs = []
+        for v in node.inputs:
+            if v.id in owner and owner[v.id][1] != s:
+                layer = graph.weights[owner[v.id][0]].layer
+                raise UserError(f"weight '{owner[v.id][0]}' of layer '{layer}' (stage {owner[v.id][1]}) is read by "
+                                f"layer '{node.scope}' in stage {s}: layers that share a weight must be in one stage")
+            if v.id in constant_of and where[id(constant_of[v.id])] != s:
+                if (v.id, s) not in copies:
+                    original = constant_of[v.id]
+                    copy = Node(original.op, [], dict(original.attrs), original.scope)
+                    copy.outputs = [Value(o.type, copy, o.name) for o in original.outputs]
+                    emit(copy, s)
+                    copies[(v.id, s)] = copy.outputs[0]
+                v = copies[(v.id, s)]
+            inputs.append(received.get((v.id, s), v))
+        node.inputs = inputs
+        emit(node, s)
+        for o in node.outputs:
+            # a constant's other readers have copies of it
+            to = set() if _constant(node) else {where[id(r)] for r in readers.get(o.id, ())} - {s}
+            if o.id in output_ids:
+                to |= set(range(k)) - {s}
+            for t in sorted(to):
+                tag = next(tags)
+                send = Node("send", [o, *chained(s)], {"peer": t, "tag": tag}, f"{node.scope}.send")
+                send.outputs = [Value(TensorType((), "int64"), send)]
+                emit(send, s)
+                last[s] = send.outputs[0]
+                recv = Node("recv", chained(t), {"peer": s, "tag": tag, "shape": tuple(o.shape), "dtype": o.dtype},
+                            f"{node.scope}.recv")
+                recv.outputs = [Value(o.type, recv, o.name)]
+                emit(recv, t)
+                last[t] = received[(o.id, t)] = recv.outputs[0]
+    for name, v in graph.updates.items():
+        if v.producer is not None and stage_of[id(v.producer)] != weight_stage[name]:
+            raise UserError(f"the update of '{name}' is computed outside its layer's stage")
+    per_stage = []
+    for s in range(k):
+        outs = {name: received.get((v.id, s), v) for name, v in graph.outputs.items()}
+        if last[s] is not None and last[s].producer.op == "send":
+            outs[STAGE_DONE] = last[s]
+        per_stage.append(outs)
+    whole = Graph(graph.phase, graph.inputs, graph.weights, nodes, dict(graph.outputs), dict(graph.updates),
+                  dict(graph.losses))
+    whole.precision = graph.precision
+    for s in range(k):
+        if STAGE_DONE in per_stage[s]:
+            whole.outputs[f"{STAGE_DONE}{s}"] = per_stage[s][STAGE_DONE]
+    return CutGraph(whole, stage_of, weight_stage, per_stage)
