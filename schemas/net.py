@@ -52,6 +52,8 @@ def build_net_model(layer_models: list[type[LayerBase]]) -> type[BaseModel]:
         quantization: Optional[QuantizationSpec] = None
         # the float32 math policy on the GPU: strict FMA or TF32 convolutions (docs/spec.md)
         precision: Optional[Literal["strict", "tf32"]] = None
+        # auto: `toolkit compile` places the layers by cost over its --devices (docs/spec.md)
+        placement: Optional[Literal["auto"]] = None
         # an extension: sizes per symbolic dimension that infer and serve compile plans for
         # (the batch's, a sequence length's), unless --buckets says otherwise
         buckets: BucketsSpec = None

@@ -175,7 +175,14 @@ COMMANDS: tuple[Command, ...] = (
                help="with --phase train: the data-parallel step of this many ranks, with its "
                     "gradient all-reduce buckets (what `mpiexec -n RANKS toolkit train` runs)"),
         WEIGHTS.but(help="weights to freeze into infer and test graphs (default: the fillers')"),
-        DEVICE, *OPTIMIZE, SET)),
+        DEVICE,
+        option("--place", choices=["auto"], default=None,
+               help="auto: choose each layer's device by cost over --devices (as the net file's placement: auto)"),
+        option("--devices", metavar="DEV,DEV,...", default=None,
+               help="with --place auto: the devices to place over (default: --device and cpu:1, or gpu and cpu)"),
+        option("--emit", metavar="FILE.yaml", default=None,
+               help="with --place auto: write the net with the chosen devices as its layers' device: keys"),
+        *OPTIMIZE, SET)),
     Command("quantize", "an int8 model folder from a float model and calibration data", run="quantize_cmd:run_quantize",
             options=(
         NET, WEIGHTS.but(help="the float weights, .safetensors (default for zoo:NAME: the published weights)"),

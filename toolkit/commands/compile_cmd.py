@@ -22,6 +22,7 @@ from ..runtime.session import batch_symbol
 from ..settings import precision_policy
 from ..training.feeding import train_spec
 from ..zoo.resolve import load_net
+from .placing import place_net, placement_report, print_placement
 
 
 def _figure(d: Dim, bindings) -> int:
@@ -47,6 +48,9 @@ def fused_members(graph) -> dict[str, dict[str, int]]:
 def run_compile(args) -> int:
     args.device = check_device(args.device)
     net = load_net(args.net, parse_overrides(args.overrides))
+    placed = place_net(args, net)          # --place auto: the net with its layers' chosen devices
+    if placed is not None:
+        net = placed.net
     disable = disabled_passes(net, args.disable, args.no_optimize)
     start = time.perf_counter()
     if args.ranks > 1 and args.phase != "train":
@@ -100,6 +104,8 @@ def run_compile(args) -> int:
         report["cuda_graph"] = {"captured": plan.graph_run is not None, "why_not": plan.capture_blocker}
         # the float32 math policy of the GPU's convolutions (docs/spec.md, "float32 math on the GPU")
         report["precision"] = precision_policy(graph.precision)
+    if placed is not None:
+        report["placement"] = placement_report(placed)
     if data_parallel is not None:
         buckets = bucket_summary(graph)
         report["allreduce"] = {"ranks": args.ranks, "bucket_mb": data_parallel.bucket_mb, "buckets": len(buckets),
@@ -142,6 +148,8 @@ def _print_explain(report: dict, args, symbol: str | None, disable) -> None:
           + (f"; {mem['gathered_concats']} concatenation(s) gathered in place (their parts written into the output)"
              if mem.get("gathered_concats") else ""))
     print("ops: " + ", ".join(f"{k} {v}" for k, v in report["ops"].items()))
+    if "placement" in report:
+        print_placement(report)
     graph_run = report.get("cuda_graph")
     if graph_run is not None:
         print("CUDA graph: " + ("captured after the first run, then one launch per run" if graph_run["captured"]

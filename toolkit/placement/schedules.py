@@ -58,26 +58,28 @@ JOINS_BRANCHES = "batch_gemms"
 
 def auto(net: Net, phase: str, model: CostModel, bindings: Mapping[str, int], devices: list[Device | str],
          sharing: Sharing | None = None, weights: Mapping | None = None,
-         disable: tuple[str, ...] = ()) -> Schedule:
+         disable: tuple[str, ...] = (), default: Device | str | None = None) -> Schedule:
     """The placer's choice for ``net``: placer.place on the one-device graph, with and without its
     branches' GEMMs batched, and the block-parallel placement (each block's branches dealt over
     the devices: a list scheduler decides layer by layer and cannot see that two branches on one
     device batch their GEMMs again); each predicted on the graph it compiles to, the fastest
-    that fits kept. The first device is the default (where inputs arrive)."""
+    that fits kept. ``default``: where the inputs arrive and unplaced layers run (default: the
+    first device)."""
     devices = [parse_device(d) for d in devices]
+    default = parse_device(default) if default is not None else devices[0]
     candidates: list[tuple[dict[str, str], str]] = []
     views = [disable] + ([disable + (JOINS_BRANCHES,)] if JOINS_BRANCHES not in disable else [])
     for view in views:
-        chosen = place(placed_graph(net, phase, {}, devices[0], weights, view), model, bindings, devices,
-                       devices[0], sharing)
+        chosen = place(placed_graph(net, phase, {}, default, weights, view), model, bindings, devices,
+                       default, sharing)
         candidates.append((chosen.layers, chosen.how + ("" if view == disable else f", branches apart "
                                                                                      f"({JOINS_BRANCHES} off)")))
     if len(devices) > 1 and blocks(net_graph(net, phase)):
         candidates.append((parallel(net_graph(net, phase), devices), "each block's branches dealt over the devices"))
     best: Schedule | None = None
     for layers, how in candidates:
-        graph = placed_graph(net, phase, layers, devices[0], weights, disable)
-        predicted = simulate(graph, model, bindings, devices[0], sharing=sharing, how=how)
+        graph = placed_graph(net, phase, layers, default, weights, disable)
+        predicted = simulate(graph, model, bindings, default, sharing=sharing, how=how)
         if predicted.fits(model, sharing) and (best is None or predicted.seconds < best.seconds * (1 - 1e-9)):
             best = predicted
     if best is None:
