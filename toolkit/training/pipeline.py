@@ -97,17 +97,17 @@ def build_pipeline(net: Net, solver: SolverConfig, stages: int, micro_batches: i
     return Pipeline(chosen, cut(step, chosen), forward, micro_batches)
 
 
-def check_micro_batches(batch_size: int, rows: int, micro_batches: int) -> None:
-    """Every batch of a run splits into equal micro-batches (they share one compiled step)."""
+def check_micro_batches(batch_size: int, short: int, micro_batches: int) -> None:
+    """Every batch a run takes splits into equal micro-batches (they share one compiled step);
+    ``short``: the rows of the epoch's last, short batch when the run reaches it, else 0."""
     if micro_batches > batch_size:
         raise UserError(f"train.distributed.micro_batches is {micro_batches}, more than the "
                         f"{batch_size} rows of a batch")
-    last = rows % batch_size
-    for size in (batch_size, last) if last else (batch_size,):
+    for size in (batch_size, short) if short else (batch_size,):
         if size % micro_batches:
             raise UserError(f"a batch of {size} rows does not split into {micro_batches} equal micro-batches "
                             f"(train.distributed.micro_batches must divide train.data.batch_size"
-                            + (f" and the epoch's last batch, {last} of {rows} rows)" if last else ")"))
+                            + (f" and the rows of the epoch's last batch, {short})" if short else ")"))
 
 
 def micro_batch_feed(batch: dict[str, np.ndarray], forward: Graph, micro_batches: int,
@@ -126,9 +126,10 @@ def micro_batch_feed(batch: dict[str, np.ndarray], forward: Graph, micro_batches
     return feed
 
 
-def pipeline_of(net: Net, solver: SolverConfig, spec, comm, device, rows: int) -> Pipeline:
+def pipeline_of(net: Net, solver: SolverConfig, spec, comm, device, short: int) -> Pipeline:
     """The pipeline a run of ``spec`` (its train section) trains by on this job's ranks, or the
-    one line that says why it cannot."""
+    one line that says why it cannot; ``short``: the rows of the epoch's last batch where the
+    run reaches it and it is short, else 0."""
     d = spec.distributed
     k = d.stages
     size = comm.size if comm is not None else 1
@@ -146,7 +147,7 @@ def pipeline_of(net: Net, solver: SolverConfig, spec, comm, device, rows: int) -
         raise UserError("train.distributed.sync_batchnorm is for data-parallel ranks; a pipeline's BatchNorm "
                         "computes its statistics per micro-batch")
     batch = spec.data.batch_size
-    check_micro_batches(batch, rows, d.micro_batches)
+    check_micro_batches(batch, short, d.micro_batches)
     return build_pipeline(net, solver, k, d.micro_batches, batch // d.micro_batches)
 
 

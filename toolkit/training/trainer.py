@@ -55,11 +55,9 @@ class Trainer:
         self.stream = stream
         self.train_set, self.test_set = load_data(net, spec)
         # pipeline parallelism: the ranks are the stages of one step (training/pipeline.py)
-        self.pipeline = None
-        if spec.distributed.stages > 1:
-            self.pipeline = pipeline_of(net, self.cfg, spec, self.comm, device, len(self.train_set))
+        pipelined = spec.distributed.stages > 1
         # the global batch: K data-parallel ranks read the batches of one process at K x batch_size
-        self.global_batch = spec.data.batch_size * (1 if self.pipeline else self.ranks)
+        self.global_batch = spec.data.batch_size * (1 if pipelined else self.ranks)
         self.order = BatchOrder(len(self.train_set), self.global_batch, spec.data.shuffle, spec.seed)
         if spec.max_iter:
             self.max_iter = spec.max_iter
@@ -67,6 +65,10 @@ class Trainer:
             self.max_iter = spec.epochs * self.order.per_epoch
         else:
             raise UserError("train needs max_iter or epochs (e.g. --set train.max_iter=1000)")
+        self.pipeline = None
+        if pipelined:
+            short = len(self.train_set) % self.global_batch if self.max_iter >= self.order.per_epoch else 0
+            self.pipeline = pipeline_of(net, self.cfg, spec, self.comm, parse_device(device), short)
 
         self.disable = disabled_passes(net) if disable is None else disable
         self.device = device = parse_device(device)
