@@ -14,6 +14,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from mpi_helpers import HAVE_MPI, MPIEXEC, ROOT, TOOLKIT  # noqa: F401
 from safetensors.numpy import load_file
@@ -131,3 +132,21 @@ def test_a_killed_stage_stops_the_job_naming_it(tmp_path):
     assert not [p for p in pids.groups() if _running(int(p))]
     from toolkit.training.checkpoint import find_resume_point, read_checkpoint
     assert read_checkpoint(find_resume_point(str(out))).iteration % 50 == 0
+
+
+def test_resume_of_a_pipeline_under_mpiexec_is_bit_exact(tmp_path):
+    sets = ("train.max_iter=30", "train.snapshot=15", "train.distributed.stages=2", "train.distributed.micro_batches=2")
+    train(tmp_path / "whole", "zoo/lenet/net.yaml", 32, 2, *sets)
+    train(tmp_path / "part", "zoo/lenet/net.yaml", 32, 2, *sets)
+    from toolkit.training.checkpoint import PATTERN
+    ckpt = tmp_path / "part" / "checkpoints"
+    for extra in [p for p in ckpt.iterdir() if int(PATTERN.match(p.name).group(1)) != 15]:
+        extra.unlink()                       # back to iteration 15
+    proc = run_job(["train", "zoo/lenet/net.yaml", "--resume", str(tmp_path / "part"), "--set",
+                    "train.data.batch_size=32", "--set", "train.display=1", *[a for s in sets for a in ("--set", s)]], 2)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    a = load_file(str(tmp_path / "whole" / "model.safetensors"))
+    b = load_file(str(tmp_path / "part" / "model.safetensors"))
+    assert a.keys() == b.keys()
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
