@@ -167,13 +167,19 @@ COMMANDS: tuple[Command, ...] = (
             options=(
         NET, phase("infer", help="the phase whose graph is compiled (train: with its backward pass and updates)"),
         option("--explain", action="store_true",
-               help="print per-pass nodes, FLOPs, peak memory and changes (the default output)"),
+               help="print per-pass nodes, FLOPs, peak memory and changes (the default output); given by name, "
+                    "also the step time the measured cost model predicts (with --json too; the kernels are "
+                    "timed on first use and cached)"),
         option("--json", action="store_true", help="print one JSON object (docs/spec.md section 4)"),
         option("--dump", action="store_true", help="print the final graph as text"),
         option("--batch", type=positive_int, default=1, help="batch size for the memory plan"),
         option("--ranks", type=positive_int, default=1,
                help="with --phase train: the data-parallel step of this many ranks, with its "
                     "gradient all-reduce buckets (what `mpiexec -n RANKS toolkit train` runs)"),
+        option("--stages", type=positive_int, default=1,
+               help="with --phase train: the step cut into this many pipeline stages (what `mpiexec -n STAGES "
+                    "toolkit train --set train.distributed.stages=STAGES` runs): each stage's layers, FLOPs, "
+                    "predicted time, weights and memory, the bytes sent and the bubble"),
         WEIGHTS.but(help="weights to freeze into infer and test graphs (default: the fillers')"),
         DEVICE,
         option("--place", choices=["auto"], default=None,

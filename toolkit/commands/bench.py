@@ -12,6 +12,7 @@ from ..compile import disabled_passes, solver_config
 from ..errors import UserError
 from ..frontend import Net
 from ..frontend.spec import parse_overrides
+from ..placement.predict import predicted_step
 from ..settings import precision_policy
 from ..zoo.resolve import load_net
 from .bench_layers import format_table, json_rows, per_layer_table
@@ -50,6 +51,13 @@ def _int8_layers(net: Net, plan, train: bool) -> tuple[int, int] | None:
     return counted if counted[0] else None
 
 
+def _predicted_text(predicted: dict, median_ms: float) -> str:
+    """The measured cost model's prediction, beside the measured median on the summary line."""
+    if predicted["ms"] is None:
+        return ""
+    return f"; predicted {predicted['ms']:.3f} ms by the cost model ({100 * (predicted['ms'] / median_ms - 1):+.0f}%)"
+
+
 def run_bench(args) -> int:
     args.device = check_device(args.device)
     args.dtype = resolve_train_dtype(args.dtype, args.device) if args.train else resolve_dtype(args.dtype, args.device)
@@ -76,6 +84,8 @@ def run_bench(args) -> int:
         "items_per_s": round(args.batch / (median / 1e3), 1),
         "kernel_calls": len(plan.calls), "peak_bytes": plan.peak_bytes,
     }
+    # the measured cost model's prediction of the same step (toolkit/placement/predict.py)
+    report["predicted"] = predicted_step(plan)
     int8 = _int8_layers(net, plan, args.train)
     if int8 is not None:
         report["int8_layers"] = {"int8": int8[0], "layers": int8[1]}
@@ -97,7 +107,7 @@ def run_bench(args) -> int:
     print(f"{report['net']} {report['mode']} batch {args.batch} on {args.device} ({kind}{math}): "
           f"median {median:.3f} ms (p10 {report['p10_ms']:.3f}, p90 {report['p90_ms']:.3f}), "
           f"{report['items_per_s']:.0f} items/s, {len(plan.calls)} kernel calls, "
-          f"{plan.peak_bytes / 2**20:.1f} MiB arena")
+          f"{plan.peak_bytes / 2**20:.1f} MiB arena" + _predicted_text(report["predicted"], median))
     if rows is not None:
         print(f"per layer, median of {args.iters} profiled runs, each after a timed one: {profiled:.3f} ms in all "
               f"(a timer on each of {len(plan.steps)} calls) vs {median:.3f} ms unprofiled median")

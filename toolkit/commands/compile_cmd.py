@@ -17,6 +17,7 @@ from ..ops.flops import graph_flops
 from ..optim.data_parallel import DataParallel, bucket_summary
 from ..passes.pipeline import PassRecord, memory_reuse
 from ..passes.pipeline import contracts as pass_contracts
+from ..placement.predict import predicted_line, predicted_step
 from ..runtime.plan import Plan, memory_figures
 from ..runtime.session import batch_symbol
 from ..settings import precision_policy
@@ -52,6 +53,11 @@ def run_compile(args) -> int:
     if placed is not None:
         net = placed.net
     disable = disabled_passes(net, args.disable, args.no_optimize)
+    if args.stages > 1:                    # the pipeline's stages (training/pipeline_report.py)
+        from ..training.pipeline_report import check_stages_option, pipeline_report, print_pipeline_report
+        check_stages_option(args)
+        print_pipeline_report(pipeline_report(net, args.stages, args.batch, args.device, disable), args.net, args.json)
+        return 0
     start = time.perf_counter()
     if args.ranks > 1 and args.phase != "train":
         raise UserError("--ranks is for --phase train (the data-parallel train step)")
@@ -104,6 +110,8 @@ def run_compile(args) -> int:
         report["cuda_graph"] = {"captured": plan.graph_run is not None, "why_not": plan.capture_blocker}
         # the float32 math policy of the GPU's convolutions (docs/spec.md, "float32 math on the GPU")
         report["precision"] = precision_policy(graph.precision)
+    if args.explain and data_parallel is None:   # by name only: the first measurement takes seconds
+        report["predicted"] = predicted_step(plan)
     if placed is not None:
         report["placement"] = placement_report(placed)
     if data_parallel is not None:
@@ -148,6 +156,9 @@ def _print_explain(report: dict, args, symbol: str | None, disable) -> None:
           + (f"; {mem['gathered_concats']} concatenation(s) gathered in place (their parts written into the output)"
              if mem.get("gathered_concats") else ""))
     print("ops: " + ", ".join(f"{k} {v}" for k, v in report["ops"].items()))
+    predicted = report.get("predicted")
+    if predicted is not None:
+        print(predicted_line(predicted, size))
     if "placement" in report:
         print_placement(report)
     graph_run = report.get("cuda_graph")

@@ -1,0 +1,83 @@
+"""The schedule simulation (toolkit/placement/simulate.py) on a hand-made diamond, against times
+worked out by hand from a FlopsModel whose numbers are exact."""
+from __future__ import annotations
+
+import pytest
+
+from toolkit.ir.graph import Graph, Node, TensorType, Value
+from toolkit.placement.model import FlopsModel, Link
+from toolkit.placement.simulate import dependency_waves, list_schedule, wave_schedule
+
+
+def _node(op: str, inputs: list[Value], scope: str, attrs: dict | None = None) -> Node:
+    node = Node(op, inputs, attrs or {}, scope)
+    node.outputs = [Value(TensorType((250,), "float32"), node)]      # 1,000 bytes each
+    return node
+
+
+def _diamond():
+    """a -> (b, c) -> d: four unary ops of 0 FLOPs, so each costs the kernel overhead alone."""
+    g = Graph("infer")
+    x = Value(TensorType((250,), "float32"), name="x")
+    g.inputs = {"x": x}
+    a = _node("relu", [x], "a")
+    b = _node("relu", a.outputs, "b")
+    c = _node("relu", a.outputs, "c")
+    d = _node("add", [b.outputs[0], c.outputs[0]], "d")
+    return [a, b, c, d]
+
+
+# every op 1 ms; a copy 0.5 ms + 1,000 bytes at 2 kB/s = 1 ms in all
+MODEL = FlopsModel({}, {"cpu": 1e12}, kernel_overhead_s=1e-3, default_link=Link(0.5e-3, 2e6))
+
+
+def _where(placed: dict[str, str]):
+    return lambda node: placed.get(node.scope, "cpu")
+
+
+def test_one_lane_runs_the_nodes_one_after_another_whatever_their_device():
+    nodes = _diamond()
+    t = list_schedule(nodes, _where({"c": "cpu:1"}), MODEL, lanes="one")
+    # a 0-1, b 1-2, c waits for a's value to arrive on cpu:1 (1 + 1 ms) then 2-3, d waits for c's
+    # value back on cpu (3 + 1 ms) then 4-5
+    assert t.start == pytest.approx([0.0, 1e-3, 2e-3, 4e-3])
+    assert t.seconds == pytest.approx(5e-3)
+
+
+def test_lanes_per_device_overlap_the_branches_and_pay_the_transfers():
+    nodes = _diamond()
+    t = list_schedule(nodes, _where({"c": "cpu:1"}), MODEL, lanes="device")
+    # b runs 1-2 on cpu while c runs 2-3 on cpu:1 (its input arrives at 2); d starts at 3 + 1
+    assert t.start == pytest.approx([0.0, 1e-3, 2e-3, 4e-3])
+    assert t.busy == pytest.approx({"cpu": 3e-3, "cpu:1": 1e-3})
+    same = list_schedule(nodes, _where({}), MODEL, lanes="device")
+    assert same.seconds == pytest.approx(4e-3)        # one device: four ops, no transfers
+    # a link ten times faster makes the split worth it: a 0-1, b 1-2 | c 1.1-2.1, d at 2.2, ends 3.2
+    fast = FlopsModel({}, {"cpu": 1e12}, kernel_overhead_s=1e-3, default_link=Link(0.05e-3, 2e7))
+    assert list_schedule(nodes, _where({"c": "cpu:1"}), fast, lanes="device").seconds == pytest.approx(3.2e-3)
+
+
+def test_a_transfer_node_is_the_copy_and_carries_the_value_without_a_second_charge():
+    g_nodes = _diamond()
+    a, b, c, d = g_nodes
+    move = Node("transfer", [a.outputs[0]], {"src": "cpu", "dst": "cpu:1"}, "c")
+    move.outputs = [Value(a.outputs[0].type, move)]
+    c.inputs = [move.outputs[0]]
+    t = list_schedule([a, b, move, c, d], _where({"c": "cpu:1"}), MODEL, lanes="device")
+    # the copy runs on cpu:1 from 1 to 2, c 2-3; d reads c's value on cpu: 3 + 1, ends 5
+    assert t.start == pytest.approx([0.0, 1e-3, 1e-3, 2e-3, 4e-3])
+    assert t.seconds == pytest.approx(5e-3)
+
+
+def test_waves_deal_each_waves_nodes_to_the_threads_and_wait_for_the_longest_share():
+    nodes = _diamond()
+    assert dependency_waves(nodes) == [[0], [1, 2], [3]]
+    assert wave_schedule(nodes, _where({}), MODEL, workers=2).seconds == pytest.approx(3e-3)
+    assert wave_schedule(nodes, _where({}), MODEL, workers=1).seconds == pytest.approx(4e-3)
+    # the plan's own waves, given: all four in one wave on two threads is two ops per thread
+    assert wave_schedule(nodes, _where({}), MODEL, workers=2, waves=[[0, 1, 2, 3]]).seconds == pytest.approx(2e-3)
+
+
+def test_an_unknown_lane_rule_is_refused():
+    with pytest.raises(ValueError, match="lanes"):
+        list_schedule(_diamond(), _where({}), MODEL, lanes="threads")

@@ -1,0 +1,437 @@
+"""The cost model measured on this machine: ``MeasuredModel`` answers ``CostModel``'s questions
+from kernel timings, and ``measured_model(graph, bindings, default_device)`` makes one for a
+graph, measuring what this machine has not measured before.
+
+An op's time is the median of its step's time over profiled runs of the graph's own plan
+(``Plan.profile``, as ``toolkit bench --per-layer`` times it), so each kernel is timed among its
+neighbours, with the caches as a real run leaves them. Times are kept per (op, kernel dtype,
+bound shapes and attributes, device kind, threads per kernel): ``cpu`` and ``cpu:1`` are the
+same cores and kernels, so they share their entries. A shape not measured gets a fitted time
+(``Fit``): time = a + b * FLOPs + c * bytes over the measured nodes of its op, else of every op
+on that device kind. That form because the kernels here are of three kinds: a fixed per-call
+cost (Python dispatch, a thread team's start) that dominates small ops, GEMMs and convolutions
+that go at a FLOP rate, and elementwise and data-movement ops bound by the bytes they touch; a
+single FLOP rate would call a large copy free and a reshape of a big tensor as slow as its bytes.
+
+Transfers between devices are measured copies (the ``transfer`` kernel between ``cpu`` and
+``cpu:1``, several sizes) fitted to a latency and a bandwidth per pair of device kinds. Only the
+host is measured: a GPU's kernels and copies are not (``op_seconds`` and ``transfer_seconds``
+refuse a device kind with no measurement, as ``FlopsModel`` refuses a device with no rate).
+
+A device's memory limit is the memory this process may still allocate (hostmem.py) for the
+host's devices; every ``cpu:N`` shares it, so a placer must count their arenas together.
+``arena_bytes`` gives each device's arena as the memory planner makes it for the measured
+placement.
+
+Measurements are cached per machine under the cache folder (``placement/``), in a file keyed by
+the processor's model name, the cores this process may use and the toolkit's version; a file
+that does not parse, or names another machine or version, is ignored and rewritten.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+
+from ..backend.devices import Device, parse_device
+from ..cachedir import cache_root
+from ..hostcpu import usable_cores
+from ..hostmem import available_memory
+from ..ir.binding import bind_attrs
+from ..ir.dims import evaluate
+from ..ir.graph import FLOAT_DTYPES, Graph, Node, TensorType, Value
+from ..ops import Builder
+from ..ops.base import get_op
+from ..runtime.execution import kernel_dtype
+from ..version import __version__
+from .model import Link, value_bytes
+
+CACHE_FORMAT = 1
+PROFILED_RUNS = 15
+WARMUP_RUNS = 5
+MIN_PROFILED_SECONDS = 0.5       # a measurement spans at least this, so that a burst of load is outvoted
+MAX_PROFILED_RUNS = 5000
+KEPT_MEASUREMENTS = 5            # an op's time is the median of its latest measurements, in whichever nets
+LINK_SIZES = (1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24)     # bytes of the copies a link is fitted to
+
+
+# ---------------------------------------------------------------- what a measurement is keyed by
+
+def processor_name() -> str:
+    """The processor's model name as the system reports it (``lscpu``'s 'Model name')."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def machine_identity() -> dict:
+    """What a cache file must name to be trusted: the measurements hold only for this processor,
+    this many cores and this version's kernels."""
+    return {"format": CACHE_FORMAT, "processor": processor_name(), "cores": usable_cores(),
+            "version": __version__}
+
+
+def cache_path() -> Path:
+    ident = machine_identity()
+    digest = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
+    return cache_root() / "placement" / f"costs-{digest}.json"
+
+
+def _bound_shape(v: Value, bindings: Mapping[str, int]) -> tuple[int, ...]:
+    return tuple(int(evaluate(d, bindings)) for d in v.shape)
+
+
+def _attr_text(value) -> str:
+    """A stable text of bound attributes (sorted keys; no object addresses)."""
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{k}:{_attr_text(value[k])}" for k in sorted(value, key=str)) + "}"
+    if isinstance(value, (list, tuple)):
+        return "(" + ",".join(_attr_text(v) for v in value) + ")"
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return repr(value)
+    if isinstance(value, np.ndarray):
+        return f"array{value.shape}{value.dtype}"
+    return type(value).__name__
+
+
+def op_key(node: Node, bindings: Mapping[str, int], kind: str, threads: int) -> str:
+    """What a measured time is filed under: the op, its kernel's dtype, its bound input and output
+    shapes and attributes, the device kind and the threads each kernel may use."""
+    text = "|".join([node.op, kernel_dtype(node), kind, str(threads),
+                     ";".join(f"{_bound_shape(v, bindings)}{v.dtype}" for v in node.inputs),
+                     ";".join(f"{_bound_shape(v, bindings)}{v.dtype}" for v in node.outputs),
+                     _attr_text(bind_attrs(node.attrs, bindings))])
+    return f"{node.op}/{kind}/{hashlib.sha1(text.encode()).hexdigest()[:20]}"
+
+
+def node_flops(node: Node, bindings: Mapping[str, int]) -> float:
+    opdef = get_op(node.op)
+    if opdef.flops is None:
+        return 0.0
+    return float(evaluate(opdef.flops([v.type for v in node.inputs], [v.type for v in node.outputs], node.attrs),
+                          bindings))
+
+
+def node_bytes(node: Node, bindings: Mapping[str, int]) -> float:
+    return float(sum(value_bytes(v, bindings) for v in list(node.inputs) + node.outputs))
+
+
+# ---------------------------------------------------------------- the model of shapes not measured
+
+@dataclass(frozen=True)
+class Fit:
+    """time = fixed + per_flop * FLOPs + per_byte * bytes, each coefficient at least 0."""
+    fixed_s: float
+    per_flop_s: float
+    per_byte_s: float
+    samples: int
+
+    def seconds(self, flops: float, nbytes: float) -> float:
+        return self.fixed_s + self.per_flop_s * flops + self.per_byte_s * nbytes
+
+
+def fit_samples(samples: list[tuple[float, float, float]]) -> Fit | None:
+    """Least squares of time on (1, FLOPs, bytes) over ``samples`` [(flops, bytes, seconds)], with
+    no coefficient below 0 (a feature whose coefficient comes out negative is dropped and the
+    rest refitted), relative to each sample's time so that the many small kernels count as much as
+    the few large ones. None with no samples."""
+    if not samples:
+        return None
+    a = np.array([[1.0, f, b] for f, b, _ in samples])
+    t = np.array([s for _, _, s in samples])
+    weight = 1.0 / np.maximum(t, 1e-7)
+    active = [0, 1, 2]
+    while True:
+        cols = a[:, active] * weight[:, None]
+        coef, *_ = np.linalg.lstsq(cols, t * weight, rcond=None)
+        if (coef >= 0).all() or len(active) == 1:
+            break
+        active.pop(int(np.argmin(coef)))
+    full = [0.0, 0.0, 0.0]
+    for i, c in zip(active, coef):
+        full[i] = max(float(c), 0.0)
+    return Fit(full[0], full[1], full[2], len(samples))
+
+
+# ---------------------------------------------------------------- the cache file
+
+def _valid_seconds(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and 0 <= x < 3600
+
+
+def _valid_op_entry(v) -> bool:
+    return (isinstance(v, list) and len(v) == 3
+            and all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
+                    for x in v[:2])
+            and isinstance(v[2], list) and 0 < len(v[2]) <= KEPT_MEASUREMENTS and all(map(_valid_seconds, v[2])))
+
+
+def load_cache(path: Path | None = None) -> dict:
+    """The cached measurements of this machine: {"ops": {key: [flops, bytes, [seconds, ...]]}
+    (the latest ``KEPT_MEASUREMENTS`` measurements of each),
+    "links": {"src->dst": [latency_s, bytes_per_s]}}; empty where the file is missing, does not
+    parse, or names another machine or version (never trusted then)."""
+    empty = {"ops": {}, "links": {}}
+    path = path or cache_path()
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return empty
+    if not isinstance(data, dict) or data.get("machine") != machine_identity():
+        return empty
+    ops, links = data.get("ops"), data.get("links")
+    if not isinstance(ops, dict) or not isinstance(links, dict):
+        return empty
+    good_ops = {k: v for k, v in ops.items() if isinstance(k, str) and _valid_op_entry(v)}
+    good_links = {k: list(v) for k, v in links.items()
+                  if isinstance(k, str) and isinstance(v, list) and len(v) == 2 and _valid_seconds(v[0])
+                  and isinstance(v[1], (int, float)) and math.isfinite(v[1]) and v[1] > 0}
+    return {"ops": good_ops, "links": good_links}
+
+
+def save_cache(cache: dict, path: Path | None = None) -> None:
+    """Write ``cache`` whole (a new file renamed over the old, so a reader never sees half)."""
+    path = path or cache_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"machine": machine_identity(), **cache}))
+        os.replace(tmp, path)
+    except OSError:
+        pass                     # a read-only cache folder: measure again next time
+
+
+# ---------------------------------------------------------------- the model
+
+@dataclass
+class MeasuredModel:
+    """``CostModel`` from this machine's measurements (see the module's docstring). ``ops``:
+    key -> (seconds, FLOPs, bytes); ``links``: (source kind, destination kind) -> ``Link``;
+    ``threads``: the threads each kernel was measured with (1 where branches run side by side)."""
+    bindings: Mapping[str, int]
+    ops: dict[str, tuple[float, float, float]]
+    links: dict[tuple[str, str], Link]
+    threads: int
+    arenas: dict[str, int] = field(default_factory=dict)
+    fits: dict[tuple[str, str], Fit | None] = field(default_factory=dict)
+
+    def key(self, node: Node, device: Device) -> str:
+        return op_key(node, self.bindings, parse_device(device).kind, self.threads)
+
+    def measured(self, node: Node, device: Device) -> bool:
+        """Whether ``node``'s time on ``device`` is a measurement (else it is fitted)."""
+        return self.key(node, device) in self.ops
+
+    def fit(self, op: str, kind: str) -> Fit | None:
+        """The fitted time of ``op`` on a device kind: over its own measured nodes where there
+        are at least 3, else over every op measured on that kind."""
+        if (op, kind) not in self.fits:
+            prefix, every = f"{op}/{kind}/", f"/{kind}/"
+            own = [(f, b, s) for k, (s, f, b) in self.ops.items() if k.startswith(prefix)]
+            if len(own) < 3:
+                own = [(f, b, s) for k, (s, f, b) in self.ops.items() if every in k]
+            self.fits[(op, kind)] = fit_samples(own)
+        return self.fits[(op, kind)]
+
+    def op_seconds(self, node: Node, device: Device) -> float:
+        device = parse_device(device)
+        if node.op == "transfer":
+            return self.transfer_seconds(node.inputs[0], node.attrs["src"], node.attrs["dst"])
+        found = self.ops.get(self.key(node, device))
+        if found is not None:
+            return found[0]
+        fit = self.fit(node.op, device.kind)
+        if fit is None:
+            raise KeyError(f"no kernel timings measured on a {device.kind} device")
+        return fit.seconds(node_flops(node, self.bindings), node_bytes(node, self.bindings))
+
+    def transfer_seconds(self, value: Value, src: Device, dst: Device) -> float:
+        src, dst = parse_device(src), parse_device(dst)
+        if src == dst:
+            return 0.0
+        link = self.links.get((src.kind, dst.kind))
+        if link is None:
+            raise KeyError(f"no copies measured from {src.kind} to {dst.kind}")
+        return link.seconds(value_bytes(value, self.bindings))
+
+    def memory_limit(self, device: Device) -> int | None:
+        """The host's devices: the memory this process may still allocate (all ``cpu:N``
+        together); a device whose memory is not the host's: None (not measured)."""
+        return available_memory() if parse_device(device).host_memory else None
+
+    def arena_bytes(self, device: Device) -> int | None:
+        """The arena the memory planner made on ``device`` for the measured placement."""
+        return self.arenas.get(str(parse_device(device)))
+
+
+# ---------------------------------------------------------------- measuring
+
+def _stand_in(v: Value, bindings, rng) -> np.ndarray:
+    shape = _bound_shape(v, bindings)
+    if v.dtype in FLOAT_DTYPES:
+        return (rng.standard_normal(shape) * 0.1).astype(v.dtype)
+    return np.zeros(shape, dtype=v.dtype)
+
+
+def _plan_of(graph: Graph, bindings, device, concurrent: bool | None):
+    from ..runtime.plan import Plan
+    rng = np.random.default_rng(0)
+    weights = {}
+    for name, w in graph.weights.items():
+        init = w.init or {}
+        if init.get("type") == "constant":         # solver slots, the loss scale: as a run starts them
+            weights[name] = np.full(_bound_shape(w.value, {}), init.get("value", 0.0), dtype=w.value.dtype)
+        else:
+            weights[name] = _stand_in(w.value, {}, rng)
+    plan = Plan(graph, bindings, weights, device, concurrent=concurrent, capture=False)
+    inputs = {}
+    for name, v in graph.inputs.items():
+        if name.startswith("@"):                   # the solver's per-step scalars
+            inputs[name] = np.full(_bound_shape(v, bindings), 1e-3, dtype=v.dtype)
+        else:
+            inputs[name] = _stand_in(v, bindings, rng)
+    return plan, inputs
+
+
+def profile_steps(plan, inputs, runs: int = PROFILED_RUNS, warmup: int = WARMUP_RUNS,
+                  min_seconds: float = MIN_PROFILED_SECONDS) -> list[float]:
+    """Each step's median seconds, scaled so that the steps add up to the median run, over at
+    least ``runs`` profiled runs, and as many more as fill
+    ``min_seconds`` (up to ``MAX_PROFILED_RUNS``), after ``warmup`` plain runs and a tenth of that
+    time: on a shared machine another process's burst can last longer than a few runs of a small
+    net, and the median only sees past it when the runs are spread over a longer time."""
+    start = time.perf_counter()
+    done = 0
+    while done < warmup or time.perf_counter() - start < min_seconds / 10:
+        plan.run(inputs)
+        done += 1
+    rows, walls = [], []
+    start = time.perf_counter()
+    while len(rows) < runs or (time.perf_counter() - start < min_seconds and len(rows) < MAX_PROFILED_RUNS):
+        began = time.perf_counter()
+        rows.append([s for _, s in plan.profile(inputs)])
+        walls.append(time.perf_counter() - began)
+    medians = np.median(np.array(rows), axis=0)
+    # scaled so that they add up to the median run, the copies of its inputs and the gaps between
+    # calls included: on a busy machine nearly every run is interrupted somewhere, but each
+    # step's median is one of its uninterrupted times, and their sum fell 35% short of the median
+    # run under a load of 8 on 2 cores
+    total = medians.sum()
+    scale = float(np.median(walls) / total) if total > 0 else 1.0
+    return [float(x) * scale for x in medians]
+
+
+def _file(cache: dict, key: str, node: Node, bindings, seconds: float) -> None:
+    """Add a measurement of ``key``, keeping the latest ``KEPT_MEASUREMENTS``."""
+    entry = cache["ops"].get(key)
+    kept = entry[2] if entry is not None else []
+    kept = (kept + [seconds])[-KEPT_MEASUREMENTS:]
+    cache["ops"][key] = [node_flops(node, bindings), node_bytes(node, bindings), kept]
+
+
+def measure_graph(graph: Graph, bindings, device, cache: dict, concurrent: bool | None = None,
+                  runs: int = PROFILED_RUNS) -> tuple[int, dict[str, int]]:
+    """Profile ``graph``'s plan and file each step's median time in ``cache["ops"]``; nodes the
+    plan evaluates once when it is built (no step) cost 0. Returns (threads per kernel, each
+    device's arena bytes)."""
+    from ..backend.placement import Placement
+    plan, inputs = _plan_of(graph, bindings, device, concurrent)
+    threads = 1 if plan.execution.concurrent else plan.execution.threads
+    where = Placement.of(graph, device)
+    seconds = profile_steps(plan, inputs, runs)
+    stepped = set()
+    for node, s in zip(plan.steps, seconds):
+        stepped.add(id(node))
+        if node.op != "transfer":
+            _file(cache, op_key(node, bindings, where.node(node).kind, threads), node, bindings, s)
+    for node in graph.nodes:
+        if id(node) not in stepped and node.op != "transfer":
+            _file(cache, op_key(node, bindings, where.node(node).kind, threads), node, bindings, 0.0)
+    arenas = {str(d): int(n) for d, n in plan.memory.peak_by_device.items()}
+    return threads, arenas
+
+
+def _copy_graph(nbytes: int, src: str, dst: str) -> Graph:
+    g = Graph("infer")
+    x = Value(TensorType((nbytes // 4,), "float32"), name="x")
+    g.inputs = {"x": x}
+    g.outputs = {"y": Builder(g, "copy").op("transfer", x, src=src, dst=dst)}
+    return g
+
+
+def measure_link(src: str, dst: str, sizes=LINK_SIZES, runs: int = PROFILED_RUNS) -> Link:
+    """A link fitted to the median times of the ``transfer`` kernel copying ``sizes`` bytes."""
+    samples = []
+    for nbytes in sizes:
+        g = _copy_graph(nbytes, src, dst)
+        plan, inputs = _plan_of(g, {}, src, None)
+        (seconds,) = [s for node, s in zip(plan.steps, profile_steps(plan, inputs, runs, min_seconds=0.1))
+                      if node.op == "transfer"]
+        samples.append((nbytes, seconds))
+    n = np.array([b for b, _ in samples], dtype=float)
+    t = np.array([s for _, s in samples])
+    per_byte, latency = np.polyfit(n, t, 1, w=1.0 / np.maximum(t, 1e-7))
+    per_byte = max(float(per_byte), 1e-13)
+    return Link(max(float(latency), 0.0), 1.0 / per_byte)
+
+
+HOST_LINK = ("cpu", "cpu")
+
+
+def measured_model(graph: Graph, bindings: Mapping[str, int], default_device: Device | str = "cpu",
+                   concurrent: bool | None = None, cache_file: Path | None = None) -> MeasuredModel:
+    """The measured model of ``graph`` bound to ``bindings`` (its nodes placed by their layers'
+    ``device:`` keys, else on ``default_device``): read from this machine's cache, measuring the
+    graph's plan (a few seconds) when some node's time is not there yet, and the host's copies
+    once per machine. ``concurrent``: the kernels as a plan with branches side by side runs them
+    (one thread each); default: the ``TOOLKIT_CONCURRENT`` setting."""
+    from ..backend.placement import Placement
+    from ..runtime.execution import choose_execution
+    device = parse_device(default_device)
+    where = Placement.of(graph, device)
+    for d in where.devices(graph):
+        if not d.host_memory:
+            raise KeyError(f"the measured cost model times host devices only, not {d}")
+    cache = load_cache(cache_file)
+    execution = choose_execution(where.devices(graph), bindings, None, concurrent, None, True, None)
+    threads = 1 if execution.concurrent else execution.threads
+    changed = False
+    missing = [n for n in graph.nodes
+               if n.op != "transfer" and op_key(n, bindings, where.node(n).kind, threads) not in cache["ops"]]
+    arenas: dict[str, int] = {}
+    if missing:
+        threads, arenas = measure_graph(graph, bindings, device, cache, concurrent)
+        changed = True
+    if "cpu->cpu" not in cache["links"]:
+        link = measure_link("cpu", "cpu:1")
+        cache["links"]["cpu->cpu"] = [link.latency_s, link.bytes_per_s]
+        changed = True
+    if changed:
+        save_cache(cache, cache_file)
+    if not arenas:
+        arenas = _arenas(graph, bindings, device, execution.concurrent)
+    links = {tuple(k.split("->")): Link(*v) for k, v in cache["links"].items()}
+    ops = {k: (float(np.median(v[2])), v[0], v[1]) for k, v in cache["ops"].items()}
+    return MeasuredModel(dict(bindings), ops, links, threads, arenas)
+
+
+def _arenas(graph: Graph, bindings, device, concurrent: bool) -> dict[str, int]:
+    from ..backend.placement import Placement
+    from ..runtime.build import build_plan
+    from ..runtime.layout import plan_build_memory
+    built = build_plan(graph, bindings, None, Placement.of(graph, device))
+    memory = plan_build_memory(built, list(graph.outputs), not concurrent)
+    return {str(d): int(n) for d, n in memory.peak_by_device.items()}
