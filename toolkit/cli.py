@@ -176,6 +176,10 @@ COMMANDS: tuple[Command, ...] = (
         option("--ranks", type=positive_int, default=1,
                help="with --phase train: the data-parallel step of this many ranks, with its "
                     "gradient all-reduce buckets (what `mpiexec -n RANKS toolkit train` runs)"),
+        option("--stages", type=positive_int, default=1,
+               help="with --phase train: the step cut into this many pipeline stages (what `mpiexec -n STAGES "
+                    "toolkit train --set train.distributed.stages=STAGES` runs): each stage's layers, FLOPs, "
+                    "predicted time, weights and memory, the bytes sent and the bubble"),
         WEIGHTS.but(help="weights to freeze into infer and test graphs (default: the fillers')"),
         DEVICE,
         option("--place", choices=["auto"], default=None,

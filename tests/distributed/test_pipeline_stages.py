@@ -156,3 +156,43 @@ def test_layers_sharing_a_weight_across_stages_are_refused():
     stages = Stages([["a"], ["c"]], [1, 1])
     with pytest.raises(UserError, match="layers that share a weight must be in one stage"):
         cut(g, stages)
+
+
+def test_compile_explains_the_stages_their_weights_the_bytes_sent_and_the_bubble():
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, "-m", "toolkit.cli", "compile", LENET, "--phase", "train", "--stages", "2",
+                           "--batch", "32", "--set", "train.distributed.micro_batches=4", "--json"],
+                          cwd=root, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["bubble"] == pytest.approx(1 / 5) and report["micro_batch_rows"] == 8
+    stages = report["per_stage"]
+    assert [n for s in stages for n in s["layers"]] == \
+        ["conv1", "relu1", "pool1", "conv2", "relu2", "pool2", "ip1", "relu3", "ip2", "loss"]
+    model = Net.load(LENET).init_weights()
+    whole = sum(a.nbytes for k, a in model.items())
+    assert sum(s["weight_bytes"] for s in stages) == whole
+    assert all(s["weight_bytes"] == s["slot_bytes"] for s in stages)          # SGD's momentum: one slot each
+    # the cut after pool1: [8, 16, 4, 4] float32 down and its gradient up, per micro-batch; the
+    # two logged losses (loss, the objective) up to rank 0 once a step
+    boundary = 8 * 16 * 4 * 4 * 4
+    assert stages[0]["layers"][-1] == "pool1"
+    assert report["bytes_down"] == 4 * boundary and report["bytes_up"] == 4 * boundary + 2 * 4
+    slowest = max(s["predicted_ms"] for s in stages)
+    assert report["predicted_step_ms"] == pytest.approx(slowest * 5 / 4, rel=1e-3)
+    assert sum(s["flops_share"] for s in stages) == pytest.approx(1, abs=1e-3)
+
+
+def test_compile_stages_is_for_the_train_phase():
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, "-m", "toolkit.cli", "compile", LENET, "--stages", "2"],
+                          cwd=root, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and proc.stderr.strip() == \
+        "error: --stages is for --phase train (the pipeline-parallel train step)"

@@ -1,0 +1,115 @@
+"""What ``toolkit compile --phase train --stages K`` says of a pipeline: each stage's layers, its
+FLOPs, its predicted time per step, the weights and the peak memory its rank holds, the bytes
+the stages send each other per step, and GPipe's bubble.
+
+The stages are cut by FLOPs (training/stages.py). A stage's predicted time is the one-process
+step's time, measured here (the median of a few runs of its plan), times the stage's share of
+the FLOPs; the pipeline's step is then (M+K-1) micro-batch slots of the slowest stage's
+micro-batch time, of which (K-1)/(M+K-1) is the bubble. Sending is left out of the prediction
+(its bytes are shown).
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import time
+
+import numpy as np
+
+from ..compile import optimize, solver_config, train_graph
+from ..errors import UserError
+from ..ir.dims import evaluate
+from ..optim.solvers import host_values, is_slot
+from ..placement.model import value_bytes
+from ..runtime.plan import Plan, memory_figures
+from .feeding import train_spec
+from .pipeline import build_pipeline, check_micro_batches
+
+
+def pipeline_report(net, stages: int, batch: int, device, disable: tuple[str, ...] = ()) -> dict:
+    """The figures above for ``net`` at a step of ``batch`` rows (the micro-batches' count from
+    the net's train.distributed.micro_batches)."""
+    micro = train_spec(net).distributed.micro_batches
+    check_micro_batches(batch, 0, micro)
+    rows = batch // micro
+    p = build_pipeline(net, solver_config(net), stages, micro, rows)
+    bindings = {s: rows for s in p.cut.graph.symbols()}
+    one_ms = measured_step_ms(net, batch, device, disable)
+    total_flops = sum(p.stages.flops) or 1
+    rows_out = []
+    for s in range(stages):
+        g = p.cut.stage_graph(s)
+        weights = sum(value_bytes(w.value, {}) for k, w in g.weights.items() if not is_slot(k))
+        slots = sum(value_bytes(w.value, {}) for k, w in g.weights.items() if is_slot(k))
+        memory = memory_figures(optimize(g, disable, device=device), bindings, device)
+        share = p.stages.flops[s] / total_flops
+        rows_out.append({"stage": s, "layers": p.stages.layers[s], "flops": int(p.stages.flops[s]),
+                         "flops_share": round(share, 4),
+                         "predicted_ms": round(one_ms * share, 4),
+                         "weight_bytes": weights, "slot_bytes": slots, "peak_bytes": memory["peak_bytes"]})
+    sent = p.cut.sent()
+    down = sum(int(evaluate(r["bytes"], bindings)) for r in sent if r["from"] < r["to"])
+    up = sum(int(evaluate(r["bytes"], bindings)) for r in sent if r["from"] > r["to"])
+    report = {"stages": stages, "micro_batches": micro, "schedule": "gpipe", "batch": batch,
+              "micro_batch_rows": rows, "per_stage": rows_out, "balanced_by": "FLOPs (ops' counts)",
+              "one_process_ms": round(one_ms, 4), "bubble": round(p.bubble(), 4),
+              "messages": len(sent), "bytes_down": down, "bytes_up": up}
+    slowest = max(r["predicted_ms"] for r in rows_out)
+    report["predicted_step_ms"] = round(slowest * (micro + stages - 1) / micro, 4)
+    return report
+
+
+def measured_step_ms(net, batch: int, device, disable: tuple[str, ...] = (), runs: int = 5) -> float:
+    """The one-process train step's time at ``batch`` rows on this machine: the median of
+    ``runs`` runs of its plan (after one that warms it), on arrays of the inputs' shapes."""
+    cfg = solver_config(net)
+    one = optimize(train_graph(net, cfg), disable, device=device)
+    bindings = {s: batch for s in one.symbols()}
+    arrays = net.init_weights()
+    for name, w in one.weights.items():
+        arrays.setdefault(name, np.zeros(w.value.type.concrete({}), w.value.dtype))
+    plan = Plan(one, bindings, {k: arrays[k] for k in one.weights}, device)
+    rng = np.random.default_rng(0)
+    scalars = host_values(cfg, 0.0, 1, "float32")       # a learning rate of 0: the weights stay
+    feed = {}
+    for name, v in one.inputs.items():
+        shape = v.type.concrete(bindings)
+        feed[name] = scalars[name] if name in scalars else (
+            rng.standard_normal(shape).astype(v.dtype) if v.dtype.startswith("float") else np.zeros(shape, v.dtype))
+    plan.run(feed)
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        plan.run(feed)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+def print_pipeline_report(report: dict, net_name: str, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(report))
+        return
+    k, m = report["stages"], report["micro_batches"]
+    print(f"train step of {net_name} in {k} pipeline stages, {m} micro-batches of {report['micro_batch_rows']} "
+          f"rows (batch {report['batch']}, GPipe), stages balanced by {report['balanced_by']}")
+    print(f"{'stage':>5s}  {'layers':32s} {'FLOPs':>12s} {'share':>6s} {'pred. ms':>9s} {'weights MiB':>11s} "
+          f"{'slots MiB':>9s} {'peak MiB':>9s}")
+    for r in report["per_stage"]:
+        names = r["layers"]
+        span = f"{names[0]}..{names[-1]} ({len(names)})"
+        ms = "-" if r["predicted_ms"] is None else f"{r['predicted_ms']:.3f}"
+        print(f"{r['stage']:>5d}  {span:32s} {r['flops']:>12,d} {r['flops_share']:>6.1%} {ms:>9s} "
+              f"{r['weight_bytes'] / 2**20:>11.3f} {r['slot_bytes'] / 2**20:>9.3f} {r['peak_bytes'] / 2**20:>9.3f}")
+    print(f"sent per step: {report['messages']} messages, {report['bytes_down']:,d} bytes of activations down the "
+          f"stages, {report['bytes_up']:,d} bytes of gradients and losses up")
+    print(f"bubble (GPipe, equal stages): (K-1)/(M+K-1) = {k - 1}/{m + k - 1} = {report['bubble']:.3f} of a step")
+    print(f"predicted step time: {report['predicted_step_ms']:.3f} ms ((M+K-1)/M x the slowest stage, each stage "
+          f"its FLOPs' share of one process's step, {report['one_process_ms']:.3f} ms as measured here; "
+          f"sending not counted)")
+
+
+def check_stages_option(args) -> None:
+    if args.phase != "train":
+        raise UserError("--stages is for --phase train (the pipeline-parallel train step)")
+    if args.ranks > 1:
+        raise UserError("--stages and --ranks together (data-parallel replicas of a pipeline) are not built yet")
