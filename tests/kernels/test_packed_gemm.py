@@ -1,5 +1,5 @@
 """The toolkit's own GEMM on a weight packed ahead (toolkit/codegen/microkernel.py), which the
-forward convolutions use on AVX-512 processors: against PyTorch's conv2d over the shapes that
+forward convolutions use on AVX-512 and AVX2 processors: against PyTorch's conv2d over the shapes that
 reach each of its edges (rows that do not fill a panel, columns that do not fill a vector or a
 tile, K over one block, groups, each thread's rows from a panel boundary at batch 1), with the
 weight frozen (packed when the plan is built) and fed at run time (packed in the kernel)."""
@@ -18,8 +18,8 @@ from toolkit.ir.graph import Graph, TensorType, Value  # noqa: E402
 from toolkit.ops.base import Builder  # noqa: E402
 from toolkit.runtime.plan import Plan  # noqa: E402
 
-pytestmark = pytest.mark.skipif(toolchain.compiler() is None or not microkernel.available(),
-                                reason="needs a C compiler and an AVX-512 processor")
+pytestmark = pytest.mark.skipif(toolchain.compiler() is None or not microkernel.gemm_available(),
+                                reason="needs a C compiler and an AVX-512 or AVX2+FMA processor")
 
 
 @pytest.fixture(autouse=True)
@@ -135,11 +135,13 @@ def test_bias_residual_and_relu_applied_as_the_tile_is_stored(rng, monkeypatch, 
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-6 * float(np.nanmax(np.abs(want))))
 
 
-def test_a_compiler_without_avx512_compiles_the_plain_form(rng, monkeypatch):
+@pytest.mark.parametrize("flags", [("-mno-avx512f",), ("-mno-avx2", "-mno-fma")],
+                         ids=["AVX2 tile", "plain C"])
+def test_a_compiler_without_avx512_compiles_the_plain_form(rng, monkeypatch, flags):
     """A compiler that does not target AVX-512 on this processor (here: told not to) compiles the
-    plain C form of the same kernel, equal to PyTorch, bias, residual, ReLU and NaN included,
-    rather than failing the unit."""
-    monkeypatch.setattr(toolchain, "FLAGS", toolchain.FLAGS + ("-mno-avx512f",))
+    AVX2 tile, and one that targets neither the plain C form of the same kernel, equal to
+    PyTorch, bias, residual, ReLU and NaN included, rather than failing the unit."""
+    monkeypatch.setattr(toolchain, "FLAGS", toolchain.FLAGS + flags)
     for args in [(1, 300, 21, (7, 9), 1, 1, 0, 1, True, 1), (2, 12, 18, (10, 10), 3, 1, 1, 3, False, 1)]:
         plan, feeds, want = _plan(rng, *args)
         assert "tk_pgemm_ep(" in plan.native_source

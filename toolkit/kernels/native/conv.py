@@ -47,7 +47,7 @@ from .elementwise import FLOATS
 # Two settings, read when a kernel is built (toolkit/settings.py): ``winograd``, 3x3 stride-1
 # convolutions through Winograd's F(2x2, 3x3) where they have enough tiles (winograd.py), else
 # im2col; ``packed_gemm``, forward GEMMs through the toolkit's own kernel on a weight packed ahead
-# (codegen/microkernel.py) where the processor has AVX-512, else the BLAS library's.
+# (codegen/microkernel.py) where the processor has AVX-512 or AVX2 with FMA, else the BLAS library's.
 MIN_PACKED_COLUMNS = 48         # one tile of the packed kernel (3 vectors of 16)
 # im2col by blocks of output rows where an image's columns outgrow this (see block_rows)
 COLS_BLOCK_BYTES = 384 << 10
@@ -223,7 +223,7 @@ def _forward(ctx, ins, outs, pool, program=None):
     # below a tile's 48 columns the packed kernel's wasted lanes and fixed costs lose (the zoo's
     # LeNet on 8x8 digits: 2% slower at batch 64), as it does ahead of a fused max pooling there;
     # one column (a classifier) goes to dot products over the weight's rows (weight_gemm)
-    packed = (knobs.packed_gemm and dtype == "float32" and not wino and microkernel.available()
+    packed = (knobs.packed_gemm and dtype == "float32" and not wino and microkernel.gemm_available()
               and (block_ld if blocked else s.p) >= MIN_PACKED_COLUMNS and not pool)
     prologue = []
     if packed:
@@ -311,7 +311,7 @@ def _forward(ctx, ins, outs, pool, program=None):
 
     if wino:
         built = winograd.forward_body(ctx, names, s, x, w, y, finish, threads, per_image,
-                                      packed=knobs.packed_gemm and dtype == "float32" and microkernel.available())
+                                      packed=knobs.packed_gemm and dtype == "float32" and microkernel.gemm_available())
         if built is None:
             return None
         extra, kernel_body = built
