@@ -28,6 +28,10 @@ CONV = [
     ("depthwise-x2-s2-p10", (2, 3, 7, 6), (6, 1, 3, 3), (2, 2), (1, 0), (1, 1), 3),
     ("depthwise-dil2-p2", (2, 4, 7, 8), (4, 1, 3, 3), (1, 1), (2, 2), (2, 2), 4),
     ("depthwise-k5-s12-wide", (1, 2, 9, 21), (2, 1, 5, 5), (1, 2), (0, 2), (1, 1), 2),
+    # 3x3 at stride 1 and 2 over rows of 8 outputs and more (the vectorised plane function:
+    # masked loads at both edges, the last vector overlapping the one before it)
+    ("depthwise-3x3-wide-x2", (1, 2, 5, 21), (4, 1, 3, 3), (1, 1), (1, 1), (1, 1), 2),
+    ("depthwise-3x3-s2-wide", (2, 3, 6, 37), (3, 1, 3, 3), (2, 2), (1, 1), (1, 1), 3),
     ("1x1", (3, 5, 4, 3), (2, 5, 1, 1), (1, 1), (0, 0), (1, 1), 1),
     ("mixed-dil12-g2", (2, 4, 7, 9), (4, 2, 2, 3), (1, 2), (1, 2), (1, 2), 2),
     # stride 1: the native input gradient gathers (flipped weight, padding k-1-pad), except where

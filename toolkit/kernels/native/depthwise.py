@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...codegen.loops import Buf, For, If, Kernel, Let, Names, Set, Store, ThreadIndex, lift, select
+from ...codegen import depthwise3x3
+from ...codegen.loops import Buf, Extern, For, If, Kernel, Let, Names, Set, Store, ThreadIndex, lift, select
 from ...codegen.native import NativeCall
+from ...ops.fused import store_program
 from .conv_parts import ConvShape, epilogue_buffers, epilogue_statements, i64, valid_span
 
 
@@ -50,11 +52,55 @@ MAX_TAPS = 49            # kernels up to 7x7 keep every tap's weight in a variab
 
 
 def forward(ctx, ins, outs, s: ConvShape, has_bias: bool, out_shape, program=None) -> NativeCall | None:
-    """A kernel of at most MAX_TAPS taps sums each output in a register (``_forward_padded``);
-    larger ones take a pass over the output plane per tap (``_forward_by_taps``)."""
+    """A 3x3 kernel at stride 1 or 2 with at most a ReLU after it goes to the hand-vectorised
+    plane function (``_forward_3x3``); any other of at most MAX_TAPS taps sums each output in a
+    register (``_forward_padded``); larger ones take a pass over the output plane per tap
+    (``_forward_by_taps``)."""
+    relu = _plane_relu(ctx, s, program, out_shape)
+    if relu is not None:
+        return _forward_3x3(ctx, ins, outs, s, has_bias, out_shape, relu)
     if s.kh * s.kw <= MAX_TAPS:
         return _forward_padded(ctx, ins, outs, s, has_bias, out_shape, program)
     return _forward_by_taps(ctx, ins, outs, s, has_bias, out_shape, program)
+
+
+def _plane_relu(ctx, s: ConvShape, program, out_shape) -> bool | None:
+    """Whether a ReLU follows, where codegen/depthwise3x3.py's function computes this
+    convolution: float32, 3x3, stride 1 or 2 both ways, no dilation, at most one padded column
+    or row each side, rows of at least 8 outputs (a vector), and no epilogue but a ReLU; None
+    where it does not."""
+    if (ctx.dtype != "float32" or (s.kh, s.kw) != (3, 3) or (s.dh, s.dw) != (1, 1) or s.sh != s.sw
+            or s.sh not in (1, 2) or s.ph != s.pw or s.ph not in (0, 1) or s.w > depthwise3x3.MAX_WIDTH):
+        return None
+    if s.ow < 8:
+        return None                       # under one vector a row: the loop language's kernel
+    if program is None:
+        return False
+    views = ctx.attrs.get("views", ())
+    in_store = store_program(*program, lambda i: tuple(ctx.in_shapes[i]) == tuple(out_shape)
+                             and not (i < len(views) and views[i]))
+    if in_store is None or in_store[0] is not None:
+        return None                       # a residual, or another program
+    return in_store[1]
+
+
+def _forward_3x3(ctx, ins, outs, s: ConvShape, has_bias: bool, out_shape, relu: bool) -> NativeCall:
+    """One call of ``tk_dw3x3`` per output plane (image, channel), the planes split among the
+    threads; a fused ReLU is applied by the function as it stores, on the output array."""
+    names = Names()
+    x = Buf("x", "float32", s.n * s.c * s.h * s.w)
+    w = Buf("w", "float32", s.o * 9)
+    b = Buf("bias", "float32", s.o) if has_bias else None
+    y = Buf("y", "float32", int(np.prod(out_shape)), const=False)
+    params = [x, w] + ([b] if b else []) + [y]
+    arrays = [ins[0], ins[1]] + ([ins[2]] if b else []) + [outs[0]]
+    plane, n, o = names.var("plane"), names.var("n"), names.var("o")
+    call = Extern("tk_dw3x3", ((x, (n * s.c + o // s.og) * (s.h * s.w)), i64(s.h), i64(s.w), (w, o * 9),
+                               (b, o) if b else None, (y, plane * s.p), i64(s.oh), i64(s.ow), i64(s.sh),
+                               i64(s.ph), lift(int(relu), "int32")), depthwise3x3.C_SOURCE)
+    loop = For(plane, i64(0), i64(s.n * s.o), [Let(n, plane // s.o), Let(o, plane % s.o), call],
+               parallel=ctx.threads > 1)
+    return NativeCall(Kernel("depthwise", params, [loop], ctx.threads), arrays)
 
 
 def _forward_padded(ctx, ins, outs, s: ConvShape, has_bias: bool, out_shape, program=None) -> NativeCall | None:
