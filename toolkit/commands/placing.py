@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from ..backend.devices import CPU, Device, parse_device
 from ..backend.options import check_device
@@ -21,17 +22,18 @@ from ..fileio import atomic_write
 from ..frontend import Net
 from ..frontend.render import render_net
 from ..frontend.spec import parse_overrides
-from ..placement.model import FlopsModel, Link
+from ..ir.graph import Graph
+from ..placement.cost import measured_model
+from ..placement.model import CostModel, FlopsModel, Link
 from ..placement.placer import Schedule, host_sharing
 from ..placement.schedules import auto
 from ..runtime.parallel import default_threads
 from ..settings import current
 from ..zoo.resolve import load_net
 
-# The FLOP-rate model's figures until a measured model answers (placement/cost.py): a core group
-# of this class of machine (AVX2, two cores) at about 30 GFLOP/s with a 5 us call, a GPU at
-# 20 TFLOP/s with a 10 us launch; copies within the host at 10 GB/s, to and from a GPU at 12 GB/s
-# after 10 us. Rough: they rank placements, they do not time them.
+# The FLOP-rate model's figures, where a device is not measured (a GPU): the host at about
+# 30 GFLOP/s with a 5 us call, a GPU at 20 TFLOP/s; copies within the host at 10 GB/s, to and
+# from a GPU at 12 GB/s after 10 us. Rough: they rank placements, they do not time them.
 RATES = {"cpu": 30e9, "gpu": 20e12}
 LINKS = {("cpu", "gpu"): Link(1e-5, 12e9), ("gpu", "cpu"): Link(1e-5, 12e9)}
 
@@ -43,6 +45,7 @@ class Placed:
     devices: list[Device]
     schedule: Schedule
     runs: str           # how the devices run the plan, as the simulation took it
+    model: str          # which cost model predicted it
 
 
 def parse_devices(text: str) -> list[Device]:
@@ -72,6 +75,16 @@ def check_emit(path: str) -> Path:
     return target
 
 
+def cost_model(devices: list[Device], device: Device, bindings) -> tuple[Callable[[Graph], CostModel], str]:
+    """The model the placer asks of a graph, and its name: the measured one (placement/cost.py:
+    this machine's timings of the graph's kernels, measured once and cached) where every device
+    is the host's, else the FLOP-rate model (a GPU's kernels are not measured)."""
+    if device.host_memory and all(d.host_memory for d in devices):
+        return (lambda graph: measured_model(graph, bindings, device)), "measured model (this machine's kernel timings)"
+    flops = FlopsModel(bindings, RATES, links=LINKS)
+    return (lambda graph: flops), "FLOP-rate model (rough: it ranks placements, it does not time them)"
+
+
 def place_net(args, net: Net) -> Placed | None:
     """The placer's choice for ``toolkit compile`` (None when neither ``--place auto`` nor the net's
     ``placement: auto`` asks for one); ``--emit`` writes it."""
@@ -86,12 +99,13 @@ def place_net(args, net: Net) -> Placed | None:
     devices = parse_devices(args.devices) if args.devices else default_devices(args.device)
     graph = net.graph(args.phase)
     bindings = {s: args.batch for s in graph.symbols()}
-    model = FlopsModel(bindings, RATES, links=LINKS)
     sharing = host_sharing(devices, concurrent=current().concurrent, threads=default_threads())
     weights = net.init_weights() if args.phase != "train" else None
-    # the inputs arrive on --device, whichever devices the layers may go to
     disable = disabled_passes(net, args.disable, args.no_optimize)
-    schedule = auto(net, args.phase, model, bindings, devices, sharing, weights, disable, default=args.device)
+    model_of, model_name = cost_model(devices, args.device, bindings)
+    # the inputs arrive on --device, whichever devices the layers may go to
+    schedule = auto(net, args.phase, None, bindings, devices, sharing, weights, disable, default=args.device,
+                    model_of=model_of)
     # in the net's order, for the reader; what is not a layer of the file (a solver's scalars) is left out
     schedule.layers = {spec.name: schedule.layers[spec.name] for spec in net.spec.layers
                        if spec.name in schedule.layers}
@@ -104,7 +118,7 @@ def place_net(args, net: Net) -> Placed | None:
     lanes = sharing.lanes.get("host", 1)
     runs = ("the host's devices take turns on its cores, one node at a time" if lanes == 1 else
             f"the host's devices share its {lanes} threads, {lanes} independent nodes at a time")
-    return Placed(placed, devices, schedule, runs)
+    return Placed(placed, devices, schedule, runs, model_name)
 
 
 def placement_report(placed: Placed) -> dict:
@@ -112,8 +126,7 @@ def placement_report(placed: Placed) -> dict:
     s = placed.schedule
     return {"devices": [str(d) for d in placed.devices], "how": s.how, "predicted_ms": round(s.seconds * 1e3, 4),
             "layers": s.layers, "busy_ms": {k: round(v * 1e3, 4) for k, v in s.busy.items()},
-            "memory_bytes": s.memory, "runs": placed.runs,
-            "model": "FLOP-rate model (rough: it ranks placements, it does not time them)"}
+            "memory_bytes": s.memory, "runs": placed.runs, "model": placed.model}
 
 
 def print_placement(report: dict) -> None:

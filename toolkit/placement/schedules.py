@@ -21,7 +21,7 @@ has one reader and the next has one producer.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Mapping
 
 from ..backend.devices import Device, parse_device
 from ..backend.placement import layer_of_scope
@@ -58,20 +58,23 @@ JOINS_BRANCHES = "batch_gemms"
 
 def auto(net: Net, phase: str, model: CostModel, bindings: Mapping[str, int], devices: list[Device | str],
          sharing: Sharing | None = None, weights: Mapping | None = None,
-         disable: tuple[str, ...] = (), default: Device | str | None = None) -> Schedule:
+         disable: tuple[str, ...] = (), default: Device | str | None = None,
+         model_of: Callable[[Graph], CostModel] | None = None) -> Schedule:
     """The placer's choice for ``net``: placer.place on the one-device graph, with and without its
     branches' GEMMs batched, and the block-parallel placement (each block's branches dealt over
     the devices: a list scheduler decides layer by layer and cannot see that two branches on one
     device batch their GEMMs again); each predicted on the graph it compiles to, the fastest
     that fits kept. ``default``: where the inputs arrive and unplaced layers run (default: the
-    first device)."""
+    first device). ``model_of``: the model to ask about a graph (a measured model measures the
+    kernels it has not timed yet: those of each candidate's own graph), default ``model``."""
+    ask = model_of or (lambda graph: model)
     devices = [parse_device(d) for d in devices]
     default = parse_device(default) if default is not None else devices[0]
     candidates: list[tuple[dict[str, str], str]] = []
     views = [disable] + ([disable + (JOINS_BRANCHES,)] if JOINS_BRANCHES not in disable else [])
     for view in views:
-        chosen = place(placed_graph(net, phase, {}, default, weights, view), model, bindings, devices,
-                       default, sharing)
+        seen = placed_graph(net, phase, {}, default, weights, view)
+        chosen = place(seen, ask(seen), bindings, devices, default, sharing)
         candidates.append((chosen.layers, chosen.how + ("" if view == disable else f", branches apart "
                                                                                      f"({JOINS_BRANCHES} off)")))
     if len(devices) > 1 and blocks(net_graph(net, phase)):
@@ -79,8 +82,9 @@ def auto(net: Net, phase: str, model: CostModel, bindings: Mapping[str, int], de
     best: Schedule | None = None
     for layers, how in candidates:
         graph = placed_graph(net, phase, layers, default, weights, disable)
-        predicted = simulate(graph, model, bindings, default, sharing=sharing, how=how)
-        if predicted.fits(model, sharing) and (best is None or predicted.seconds < best.seconds * (1 - 1e-9)):
+        judge = ask(graph)
+        predicted = simulate(graph, judge, bindings, default, sharing=sharing, how=how)
+        if predicted.fits(judge, sharing) and (best is None or predicted.seconds < best.seconds * (1 - 1e-9)):
             best = predicted
     if best is None:
         raise UserError("no placement over " + ", ".join(map(str, devices)) + " fits their memory")
