@@ -1,5 +1,5 @@
 """The hand-vectorised 3x3 depthwise plane function (toolkit/codegen/depthwise3x3.py) that
-MobileNet's depthwise layers take: against PyTorch's conv2d with the bias and a ReLU fused, at
+MobileNet's depthwise layers take on an AVX2 processor: against PyTorch's conv2d with the bias and a ReLU fused, at
 stride 1 and 2, padded or not, with a channel multiplier, across the widths that reach its edges
 (masked loads at either end, the last vector overlapping the one before it), a NaN kept by the
 ReLU; where it does not apply the loop language's kernel stays."""
@@ -15,10 +15,12 @@ from toolkit import settings  # noqa: E402
 from toolkit.codegen import toolchain  # noqa: E402
 from toolkit.compile import optimize  # noqa: E402
 from toolkit.ir.graph import Graph, TensorType, Value  # noqa: E402
+from toolkit.kernels.native import depthwise  # noqa: E402
 from toolkit.ops.base import Builder  # noqa: E402
 from toolkit.runtime.plan import Plan  # noqa: E402
 
-pytestmark = pytest.mark.skipif(toolchain.compiler() is None, reason="needs a C compiler")
+pytestmark = pytest.mark.skipif(toolchain.compiler() is None or not depthwise.avx2_only(),
+                                reason="needs a C compiler and an AVX2 processor without AVX-512")
 
 
 @pytest.fixture(autouse=True)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...codegen import depthwise3x3
+from ...codegen import depthwise3x3, microkernel
 from ...codegen.loops import Buf, Extern, For, If, Kernel, Let, Names, Set, Store, ThreadIndex, lift, select
 from ...codegen.native import NativeCall
 from ...ops.fused import store_program
@@ -64,11 +64,20 @@ def forward(ctx, ins, outs, s: ConvShape, has_bias: bool, out_shape, program=Non
     return _forward_by_taps(ctx, ins, outs, s, has_bias, out_shape, program)
 
 
+def avx2_only() -> bool:
+    """An AVX2 processor without AVX-512: the plane function's vectors are AVX2's 8 floats, and
+    it was measured against the loop language's kernel there only (an AVX-512 processor's
+    compiler vectorises that kernel 16 wide)."""
+    return microkernel.gemm_available() and not microkernel.available()
+
+
 def _plane_relu(ctx, s: ConvShape, program, out_shape) -> bool | None:
     """Whether a ReLU follows, where codegen/depthwise3x3.py's function computes this
-    convolution: float32, 3x3, stride 1 or 2 both ways, no dilation, at most one padded column
-    or row each side, rows of at least 8 outputs (a vector), and no epilogue but a ReLU; None
-    where it does not."""
+    convolution: on an AVX2 processor without AVX-512, float32, 3x3, stride 1 or 2 both ways, no
+    dilation, at most one padded column or row each side, rows of at least 8 outputs (a vector),
+    and no epilogue but a ReLU; None where it does not."""
+    if not avx2_only():
+        return None
     if (ctx.dtype != "float32" or (s.kh, s.kw) != (3, 3) or (s.dh, s.dw) != (1, 1) or s.sh != s.sw
             or s.sh not in (1, 2) or s.ph != s.pw or s.ph not in (0, 1) or s.w > depthwise3x3.MAX_WIDTH):
         return None
