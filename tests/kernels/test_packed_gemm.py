@@ -101,6 +101,16 @@ def test_fewer_columns_than_a_tile_keep_other_kernels(rng, hw):
     np.testing.assert_allclose(np.asarray(plan.run(feeds)["y"]), want, rtol=0, atol=2e-6 * float(np.abs(want).max()))
 
 
+@pytest.mark.parametrize("c, o, threads", [(64, 40, 1), (1283, 13, 1), (70, 1001, 2), (9, 3, 1)])
+def test_one_position_takes_dot_products_over_the_weight_rows(rng, c, o, threads):
+    """A classifier as a 1x1 convolution over one position (MobileNet v2's 1280 x 1000): dot
+    products of the input with each weight row (codegen/rowdot.py), four rows at a time and the
+    rest one by one, a masked last vector where K is not a multiple of the vector."""
+    plan, feeds, want = _plan(rng, 1, c, o, (1, 1), 1, 1, 0, 1, True, threads)
+    assert "tk_rowdot(" in plan.native_source
+    np.testing.assert_allclose(np.asarray(plan.run(feeds)["y"]), want, rtol=0, atol=2e-6 * float(np.abs(want).max()))
+
+
 @pytest.mark.parametrize("n, c, o, hw, threads, relu", [
     (1, 300, 21, (7, 9), 1, True),      # K over a block: the epilogue on the last block's store only
     (1, 64, 37, (7, 9), 2, True),       # batch 1, two threads, each from a panel edge

@@ -240,7 +240,7 @@ def _forward(ctx, ins, outs, pool, program=None):
         with one column (a classifier as a 1x1 convolution over one position), dot products
         over W's rows, which read the weight once where the BLAS GEMM packs all of it per call
         (MobileNet v2's 1280 x 1000 classifier: 0.71 ms)."""
-        if s.p == 1 and not pool and dtype == "float32" and microkernel.available():
+        if s.p == 1 and not pool and dtype == "float32" and microkernel.gemm_available():
             # rows of W against the one column (codegen/rowdot.py: threads split the rows)
             first = (i64(g * s.og) if isinstance(g, int) else g * s.og) + o_lo
             return Extern("tk_rowdot", ((b_buf, b_off), (w, first * s.k), i64(s.k), rows, (c_buf, c_off)),
