@@ -307,30 +307,33 @@ def _plan_of(graph: Graph, bindings, device, concurrent: bool | None):
 
 
 def profile_steps(plan, inputs, runs: int = PROFILED_RUNS, warmup: int = WARMUP_RUNS,
-                  min_seconds: float = MIN_PROFILED_SECONDS) -> list[float]:
-    """Each step's median seconds, scaled so that the steps add up to the median run, over at
-    least ``runs`` profiled runs, and as many more as fill
+                  min_seconds: float = MIN_PROFILED_SECONDS, whole_run: bool = True) -> list[float]:
+    """Each step's median seconds over at least ``runs`` profiled runs, and as many more as fill
     ``min_seconds`` (up to ``MAX_PROFILED_RUNS``), after ``warmup`` plain runs and a tenth of that
     time: on a shared machine another process's burst can last longer than a few runs of a small
-    net, and the median only sees past it when the runs are spread over a longer time."""
+    net, and the median only sees past it when the runs are spread over a longer time.
+
+    ``whole_run``: each profiled run follows a plain one, timed, and the medians are scaled to add
+    up to the plain runs' median, so that the copies of a run's inputs and the gaps between its
+    calls are in the steps' times, and the interruptions of a busy machine: nearly every run is
+    interrupted somewhere, but each step's median is one of its uninterrupted times, and their sum
+    fell 35% short of the median run under a load of 8 on 2 cores."""
     start = time.perf_counter()
     done = 0
     while done < warmup or time.perf_counter() - start < min_seconds / 10:
         plan.run(inputs)
         done += 1
-    rows, walls = [], []
+    rows, plain = [], []
     start = time.perf_counter()
     while len(rows) < runs or (time.perf_counter() - start < min_seconds and len(rows) < MAX_PROFILED_RUNS):
-        began = time.perf_counter()
+        if whole_run:
+            began = time.perf_counter()
+            plan.run(inputs)
+            plain.append(time.perf_counter() - began)
         rows.append([s for _, s in plan.profile(inputs)])
-        walls.append(time.perf_counter() - began)
     medians = np.median(np.array(rows), axis=0)
-    # scaled so that they add up to the median run, the copies of its inputs and the gaps between
-    # calls included: on a busy machine nearly every run is interrupted somewhere, but each
-    # step's median is one of its uninterrupted times, and their sum fell 35% short of the median
-    # run under a load of 8 on 2 cores
     total = medians.sum()
-    scale = float(np.median(walls) / total) if total > 0 else 1.0
+    scale = float(np.median(plain) / total) if whole_run and total > 0 else 1.0
     return [float(x) * scale for x in medians]
 
 
@@ -378,7 +381,8 @@ def measure_link(src: str, dst: str, sizes=LINK_SIZES, runs: int = PROFILED_RUNS
     for nbytes in sizes:
         g = _copy_graph(nbytes, src, dst)
         plan, inputs = _plan_of(g, {}, src, None)
-        (seconds,) = [s for node, s in zip(plan.steps, profile_steps(plan, inputs, runs, min_seconds=0.1))
+        (seconds,) = [s for node, s in zip(plan.steps, profile_steps(plan, inputs, runs, min_seconds=0.1,
+                                                                            whole_run=False))
                       if node.op == "transfer"]
         samples.append((nbytes, seconds))
     n = np.array([b for b, _ in samples], dtype=float)
