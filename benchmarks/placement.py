@@ -10,10 +10,11 @@ connected layer on the second device).
 Each placement's plan is built once (the infer phase, weights frozen in, as `toolkit bench`
 builds it) and timed in interleaved rounds (every placement once per round, ``--iters`` runs
 each, after warm-up); the figure is the median over the rounds of each round's median. The
-prediction is the placer's simulation with the FLOP-rate model `toolkit compile --place auto`
-uses, under the sharing of the devices this process's plans run with: the host's devices one
-node at a time, or as many at once as there are threads with ``TOOLKIT_CONCURRENT=1``. Run it
-once with and once without that variable: the setting is read once per process.
+prediction is the placer's simulation with the model `toolkit compile --place auto` uses (the
+measured one on the host: each placement's kernels timed once per machine, cached), under the
+sharing of the devices this process's plans run with: the host's devices one node at a time,
+or as many at once as there are threads with ``TOOLKIT_CONCURRENT=1``. Run it once with and
+once without that variable: the setting is read once per process.
 """
 from __future__ import annotations
 
@@ -30,9 +31,8 @@ sys.path.insert(0, str(ROOT))
 
 from toolkit.backend.devices import parse_device  # noqa: E402
 from toolkit.benchmarking import bench_plan, time_plan  # noqa: E402
-from toolkit.commands.placing import LINKS, RATES  # noqa: E402
+from toolkit.commands.placing import cost_model  # noqa: E402
 from toolkit.frontend.spec import parse_overrides  # noqa: E402
-from toolkit.placement.model import FlopsModel  # noqa: E402
 from toolkit.placement.placer import host_sharing  # noqa: E402
 from toolkit.placement.schedules import compare, net_graph  # noqa: E402
 from toolkit.runtime.parallel import default_threads  # noqa: E402
@@ -52,9 +52,10 @@ def measure(name: str, batch: int, devices: list[str], rounds: int, iters: int) 
     net = load_net(name)
     graph = net_graph(net, "infer")
     bindings = {s: batch for s in graph.symbols()}
-    model = FlopsModel(bindings, RATES, links=LINKS)
     sharing = host_sharing(devices, concurrent=current().concurrent, threads=default_threads())
-    rows = compare(net, "infer", model, bindings, devices, sharing, manual(net, devices[1]), net.init_weights())
+    model_of, _name = cost_model([parse_device(d) for d in devices], parse_device(devices[0]), bindings)
+    rows = compare(net, "infer", None, bindings, devices, sharing, manual(net, devices[1]), net.init_weights(),
+                   model_of=model_of)
     plans = {}
     for row in rows:
         keys = [f"layers.{k}.device={v}" for k, v in row.layers.items() if k in {s.name for s in net.spec.layers}]

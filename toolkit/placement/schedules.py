@@ -172,22 +172,24 @@ class Row:
     predicted: Schedule
 
 
-def compare(net: Net, phase: str, model: CostModel, bindings: Mapping[str, int], devices: list[Device | str],
+def compare(net: Net, phase: str, model: CostModel | None, bindings: Mapping[str, int], devices: list[Device | str],
             sharing: Sharing | None = None, manual: Mapping[str, Mapping[str, str]] | None = None,
-            weights: Mapping | None = None) -> list[Row]:
+            weights: Mapping | None = None, model_of: Callable[[Graph], CostModel] | None = None) -> list[Row]:
     """Every layer on each device, the three schedules, the placer's choice and ``manual``
-    placements {name: {layer: device}}, each predicted on the graph its placement compiles to."""
+    placements {name: {layer: device}}, each predicted on the graph its placement compiles to
+    (by ``model_of(graph)`` where given, else ``model``)."""
+    ask = model_of or (lambda graph: model)
     devices = [parse_device(d) for d in devices]
     default = devices[0]
     lowered = net_graph(net, phase)
     one_device = placed_graph(net, phase, {}, default, weights)
     candidates: dict[str, dict[str, str]] = {f"serial on {d}": serial(lowered, d) for d in devices}
     candidates["parallel"] = parallel(lowered, devices)
-    candidates["greedy"] = greedy(one_device, model, bindings, devices, sharing)
-    candidates["auto"] = auto(net, phase, model, bindings, devices, sharing, weights).layers
+    candidates["greedy"] = greedy(one_device, ask(one_device), bindings, devices, sharing)
+    candidates["auto"] = auto(net, phase, model, bindings, devices, sharing, weights, model_of=model_of).layers
     candidates.update({k: dict(v) for k, v in (manual or {}).items()})
     rows = []
     for name, layers in candidates.items():
         graph = placed_graph(net, phase, layers, default, weights)
-        rows.append(Row(name, layers, simulate(graph, model, bindings, default, sharing=sharing, how=name)))
+        rows.append(Row(name, layers, simulate(graph, ask(graph), bindings, default, sharing=sharing, how=name)))
     return rows
