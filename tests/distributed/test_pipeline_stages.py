@@ -19,7 +19,7 @@ from toolkit.ops.base import Builder
 from toolkit.ops.interpreter import interpret
 from toolkit.optim.solvers import host_values
 from toolkit.runtime.plan import Plan
-from toolkit.training.pipeline import build_pipeline, check_micro_batches, micro_batch_feed
+from toolkit.training.pipeline import build_pipeline, check_micro_batches, micro_batch_feed, micro_batches_of
 from toolkit.training.stages import Stages, balance, cut
 
 LENET = "zoo/lenet/net.yaml"
@@ -136,14 +136,16 @@ def test_what_a_pipeline_cannot_do_is_one_line():
     net, cfg, *_ = lenet_step(8)
     with pytest.raises(UserError, match="at most 10 stages"):
         build_pipeline(net, cfg, 11, 1, 8)
-    with pytest.raises(UserError, match="does not split into 3 equal micro-batches"):
-        check_micro_batches(32, 0, 3)
-    with pytest.raises(UserError, match=r"the rows of the epoch's last batch, 6\)"):
-        check_micro_batches(32, 6, 4)
-    with pytest.raises(UserError, match="more than the 4 rows"):
-        check_micro_batches(4, 0, 8)
-    check_micro_batches(32, 8, 4)
-    check_micro_batches(32, 0, 4)
+    with pytest.raises(UserError, match=r"micro_batches is 3, which does not divide train.data.batch_size \(32\)"):
+        check_micro_batches(32, 3)
+    with pytest.raises(UserError, match="micro_batches is 8, which does not divide"):
+        check_micro_batches(4, 8)
+    check_micro_batches(32, 4)
+
+
+def test_a_short_batch_runs_as_the_most_equal_micro_batches_that_divide_it():
+    assert [micro_batches_of(rows, 4) for rows in (32, 30, 158, 7, 2, 1)] == [4, 3, 2, 1, 2, 1]
+    assert micro_batches_of(30, 1) == 1
 
 
 def test_layers_sharing_a_weight_across_stages_are_refused():

@@ -87,27 +87,28 @@ class Pipeline:
 
 
 def build_pipeline(net: Net, solver: SolverConfig, stages: int, micro_batches: int, micro_batch_rows: int,
-                   dtype: str | None = None) -> Pipeline:
+                   dtype: str | None = None, chosen: Stages | None = None) -> Pipeline:
     """The step of ``net`` cut into ``stages`` stages balanced by FLOPs at ``micro_batch_rows``
-    rows a micro-batch."""
+    rows a micro-batch (or into the ``chosen`` stages)."""
     step, forward = micro_batch_graph(net, solver, micro_batches, dtype)
-    bindings = {s: micro_batch_rows for s in step.symbols()}
-    layers = [layer.name for layer in net.spec.layers]
-    chosen = partition(step, layers, stages, bindings)
+    if chosen is None:
+        bindings = {s: micro_batch_rows for s in step.symbols()}
+        layers = [layer.name for layer in net.spec.layers]
+        chosen = partition(step, layers, stages, bindings)
     return Pipeline(chosen, cut(step, chosen), forward, micro_batches)
 
 
-def check_micro_batches(batch_size: int, short: int, micro_batches: int) -> None:
-    """Every batch a run takes splits into equal micro-batches (they share one compiled step);
-    ``short``: the rows of the epoch's last, short batch when the run reaches it, else 0."""
-    if micro_batches > batch_size:
-        raise UserError(f"train.distributed.micro_batches is {micro_batches}, more than the "
-                        f"{batch_size} rows of a batch")
-    for size in (batch_size, short) if short else (batch_size,):
-        if size % micro_batches:
-            raise UserError(f"a batch of {size} rows does not split into {micro_batches} equal micro-batches "
-                            f"(train.distributed.micro_batches must divide train.data.batch_size"
-                            + (f" and the rows of the epoch's last batch, {short})" if short else ")"))
+def micro_batches_of(rows: int, micro_batches: int) -> int:
+    """How many equal micro-batches a batch of ``rows`` runs as: ``micro_batches``, or for a
+    batch they do not divide (an epoch's short last batch) the most, fewer, that divide it."""
+    return next(m for m in range(min(micro_batches, rows), 0, -1) if rows % m == 0)
+
+
+def check_micro_batches(batch_size: int, micro_batches: int) -> None:
+    """The batch splits into ``micro_batches`` equal micro-batches (they share one compiled step)."""
+    if batch_size % micro_batches:
+        raise UserError(f"train.distributed.micro_batches is {micro_batches}, which does not divide "
+                        f"train.data.batch_size ({batch_size}): the micro-batches are equal")
 
 
 def micro_batch_feed(batch: dict[str, np.ndarray], forward: Graph, micro_batches: int,
@@ -126,10 +127,9 @@ def micro_batch_feed(batch: dict[str, np.ndarray], forward: Graph, micro_batches
     return feed
 
 
-def pipeline_of(net: Net, solver: SolverConfig, spec, comm, device, short: int) -> Pipeline:
+def pipeline_of(net: Net, solver: SolverConfig, spec, comm, device) -> Pipeline:
     """The pipeline a run of ``spec`` (its train section) trains by on this job's ranks, or the
-    one line that says why it cannot; ``short``: the rows of the epoch's last batch where the
-    run reaches it and it is short, else 0."""
+    one line that says why it cannot."""
     d = spec.distributed
     k = d.stages
     size = comm.size if comm is not None else 1
@@ -147,7 +147,7 @@ def pipeline_of(net: Net, solver: SolverConfig, spec, comm, device, short: int) 
         raise UserError("train.distributed.sync_batchnorm is for data-parallel ranks; a pipeline's BatchNorm "
                         "computes its statistics per micro-batch")
     batch = spec.data.batch_size
-    check_micro_batches(batch, short, d.micro_batches)
+    check_micro_batches(batch, d.micro_batches)
     return build_pipeline(net, solver, k, d.micro_batches, batch // d.micro_batches)
 
 

@@ -30,7 +30,7 @@ def pipeline_report(net, stages: int, batch: int, device, disable: tuple[str, ..
     """The figures above for ``net`` at a step of ``batch`` rows (the micro-batches' count from
     the net's train.distributed.micro_batches)."""
     micro = train_spec(net).distributed.micro_batches
-    check_micro_batches(batch, 0, micro)
+    check_micro_batches(batch, micro)
     rows = batch // micro
     p = build_pipeline(net, solver_config(net), stages, micro, rows)
     bindings = {s: rows for s in p.cut.graph.symbols()}

@@ -28,7 +28,7 @@ from .checkpoint import Checkpoint, write_checkpoint
 from .data import BatchOrder
 from .evaluate import mean_outputs, mean_outputs_shared, test_graph
 from .feeding import iteration_feed, load_data, net_dtype, rank_rows, train_spec
-from .pipeline import describe, micro_batch_feed, pipeline_of
+from .pipeline import build_pipeline, describe, micro_batch_feed, micro_batches_of, pipeline_of
 from .plans import PlanCache, compile_reporter
 from .progress import MetricsLog, NoLog, Progress, Silent, plot
 from .resume import check_not_finished, resume_into
@@ -67,8 +67,8 @@ class Trainer:
             raise UserError("train needs max_iter or epochs (e.g. --set train.max_iter=1000)")
         self.pipeline = None
         if pipelined:
-            short = len(self.train_set) % self.global_batch if self.max_iter >= self.order.per_epoch else 0
-            self.pipeline = pipeline_of(net, self.cfg, spec, self.comm, parse_device(device), short)
+            self.pipeline = pipeline_of(net, self.cfg, spec, self.comm, parse_device(device))
+            self._short_steps: dict[int, tuple] = {}     # micro-batch count -> (pipeline, graph, plans)
 
         self.disable = disabled_passes(net) if disable is None else disable
         self.device = device = parse_device(device)
@@ -208,10 +208,11 @@ class Trainer:
         """Runs iteration i; its outputs stay where they were computed (see scalars.py)."""
         rows = self.order.rows(i)
         if self.pipeline:
-            batch = iteration_feed(self.train_set, rows, self.net, self.spec, i, self.pipeline.forward)
-            feed = micro_batch_feed(batch, self.pipeline.forward, self.pipeline.micro_batches, self.dtype)
+            pipeline, graph, plans = self._stage_step(len(rows))
+            batch = iteration_feed(self.train_set, rows, self.net, self.spec, i, pipeline.forward)
+            feed = micro_batch_feed(batch, pipeline.forward, pipeline.micro_batches, self.dtype)
             feed.update(host_values(self.cfg, self.lr_at(i), i + 1, self.dtype))
-            outs = self.train_plans.run({k: v for k, v in feed.items() if k in self.graph.inputs})
+            outs = plans.run({k: v for k, v in feed.items() if k in graph.inputs})
             self.comm.finish_sends()          # this step's sends have left their buffers
             return outs
         weight = None
@@ -220,6 +221,22 @@ class Trainer:
         feed = iteration_feed(self.train_set, rows, self.net, self.spec, i, self.graph, weight)
         feed.update(host_values(self.cfg, self.lr_at(i), i + 1, self.dtype))
         return self.train_plans.run(feed)
+
+    def _stage_step(self, rows: int) -> tuple:
+        """This rank's stage of the step for a batch of ``rows``: the run's, or for a short batch
+        that its micro-batch count does not divide, a step of fewer micro-batches over the same
+        stages (built once, on every rank alike: every rank sees the same batches)."""
+        m = micro_batches_of(rows, self.pipeline.micro_batches)
+        if m == self.pipeline.micro_batches:
+            return self.pipeline, self.graph, self.train_plans
+        if m not in self._short_steps:
+            p = build_pipeline(self.net, self.cfg, self.pipeline.stages.count, m, rows // m,
+                               chosen=self.pipeline.stages)
+            graph = optimize(p.cut.stage_graph(self.rank), self.disable, device=self.device)
+            plans = PlanCache(graph, self.store, self.runtime, self.device, self.train_plans.reuse_memory,
+                              on_build=self.train_plans.on_build)
+            self._short_steps[m] = (p, graph, plans)
+        return self._short_steps[m]
 
     def step(self, i: int) -> dict[str, float]:
         """Runs iteration i and reads its loss (and each loss top) back as floats."""
