@@ -2,7 +2,7 @@
 can capture them (runtime/capture.py) as it captures blas.py's GEMMs.
 
 The forward convolution (``conv2d`` with its bias, also as the head of a fused epilogue), the fused
-``conv2d_max_pool2d`` (cuDNN's convolution, then the max over the pooling windows on CuPy) and
+``conv2d_max_pool2d`` (cuDNN's convolution, then pooling.py's max pooling kernel) and
 the input gradient (``conv2d_grad_input``) take over from the im2col kernels of arrays.py, which
 stay as each one's fallback: when cuDNN cannot be loaded, when the ``cudnn`` setting is off
 (``TOOLKIT_CUDNN=0``), for a dtype cuDNN does not take, or when cuDNN offers no algorithm for the
@@ -55,6 +55,7 @@ from ...settings import current, off_text
 from . import blas
 from .dnn_bfloat16 import BFLOAT16, IN_BFLOAT16, InBfloat16, operand_type
 from .dnn_routes import CHOSEN, adopt_routes, export_routes, policy, weight_gradient_route, workspace_limit
+from .pooling import fused_max_pool
 
 # cudnnDataType_t, cudnnTensorFormat_t, cudnnConvolutionMode_t, cudnnMathType_t,
 # cudnnDeterminism_t (cudnn_graph.h / cudnn_cnn.h, unchanged from cuDNN 7 to 9)
@@ -399,7 +400,7 @@ def conv2d(ctx):
 
 def conv2d_max_pool2d(ctx):
     """cuDNN's convolution into a buffer of the plan's own, then the max over each pooling
-    window's strided view of it (the fusion pass guarantees unpadded, floor-mode windows)."""
+    window of it (the fusion pass guarantees unpadded, floor-mode windows)."""
     cp = gpu_module()
     conv_attrs, pool = split_attrs(ctx.attrs)
     n, _c, h, w = ctx.in_shapes[0]
@@ -413,9 +414,14 @@ def conv2d_max_pool2d(ctx):
     (pkh, pkw), (psh, psw) = pool["kernel"], pool["stride"]
     windows = [conv_out[:, :, i:i + psh * (out_h - 1) + 1:psh, j:j + psw * (out_w - 1) + 1:psw]
                for i in range(pkh) for j in range(pkw)]
+    # pooling.py's one kernel over the windows; CuPy's maxima, one per offset, for other dtypes
+    pool_kernel = fused_max_pool(conv_shape, ctx.out_shapes[0], pool, ctx.dtype)
 
     def run(ins, outs):
         forward(ins, conv_out)
+        if pool_kernel is not None and outs[0].flags.c_contiguous:
+            pool_kernel(conv_out, outs[0])
+            return
         cp.copyto(outs[0], windows[0])
         for view in windows[1:]:
             cp.maximum(outs[0], view, out=outs[0])
