@@ -198,3 +198,57 @@ def test_compile_stages_is_for_the_train_phase():
                           cwd=root, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and proc.stderr.strip() == \
         "error: --stages is for --phase train (the pipeline-parallel train step)"
+
+
+BATCHNORM = """
+name: bn
+inputs:
+  data: {shape: [N, 4], dtype: float32}
+  label: {shape: [N], dtype: int64}
+layers:
+  - {name: ip1, type: InnerProduct, bottom: data, top: ip1, num_output: 6}
+  - {name: bn1, type: BatchNorm, bottom: ip1, top: bn1}
+  - {name: relu1, type: ReLU, bottom: bn1, top: relu1}
+  - {name: ip2, type: InnerProduct, bottom: relu1, top: ip2, num_output: 3}
+  - {name: loss, type: SoftmaxWithLoss, bottom: [ip2, label], top: loss}
+"""
+
+
+def test_batchnorm_in_a_pipeline_normalises_each_micro_batch_by_its_own_statistics(tmp_path):
+    """The step over 2 micro-batches is two one-process steps' gradients at the micro-batch,
+    averaged, with the running statistics updated by the first micro-batch and then the second."""
+    from toolkit.compile import add_gradients
+    from toolkit.optim.solvers import SolverConfig
+    path = tmp_path / "bn.yaml"
+    path.write_text(BATCHNORM)
+    net = Net.load(str(path))
+    plain = SolverConfig()                       # plain SGD: an update is w - lr x gradient
+    rng = np.random.default_rng(3)
+    p = build_pipeline(net, plain, 2, 2, 4, "float64")
+    weights = {k: (rng.standard_normal(tuple(w.value.shape)) if w.trainable else
+                   (np.ones if "var" in k else np.zeros)(tuple(w.value.shape)))
+               for k, w in p.cut.graph.weights.items()}
+    batch = {"data": rng.standard_normal((8, 4)), "label": rng.integers(0, 3, 8)}
+    assert {"bn1", "ip2"} & set(p.stages.layers[1]) and "ip1" in p.stages.layers[0]
+    # the reference: each micro-batch through a one-process graph of its own rows
+    one = net.graph("train", "float64")
+    grads = add_gradients(one)
+    for name, g in grads.items():
+        one.outputs[f"grad:{name}"] = g
+    state = dict(weights)
+    summed = {}
+    for m in range(2):
+        rows = slice(4 * m, 4 * m + 4)
+        out, updates = interpret(one, {k: v[rows] for k, v in batch.items()}, state)
+        for name in grads:
+            summed[name] = summed.get(name, 0) + 0.5 * out[f"grad:{name}"]
+        state = {**state, **updates}              # the running statistics move on
+    scalars = host_values(plain, 1.0, 1, "float64")
+    feed = {**micro_batch_feed(batch, p.forward, 2, "float64"), **scalars}
+    with use(Solo()):
+        _, got = interpret(p.cut.graph, {k: v for k, v in feed.items() if k in p.cut.graph.inputs}, weights)
+    assert any("running" in k or "mean" in k for k in one.updates)
+    for name in one.updates:
+        np.testing.assert_allclose(got[name], state[name], rtol=1e-12, atol=1e-14, err_msg=name)
+    for name, g in summed.items():
+        np.testing.assert_allclose(weights[name] - got[name], g, rtol=1e-10, atol=1e-13, err_msg=name)
