@@ -10,7 +10,7 @@ stride 2 two pairs of vectors split into their even and odd columns; the bias st
 the ReLU is applied in the register before the one store. A vector whose columns reach past
 the row (at either edge) loads masked, the columns outside reading 0, so the padding costs no
 copy and no scalar loop; the last vector of a row overlaps the one before it rather than
-running past the row. Rows of fewer than 8 outputs stay with the loop language's kernel.
+running past the row, and a row of fewer than 8 outputs (a 7x7 map) is one vector.
 
 Without AVX2 the same contract compiles in plain C.
 """
@@ -66,13 +66,21 @@ static inline __m256 tk_dw3x3_vec(const float *const *rows, const __m256 *wv, __
 }
 
 /* y[oh][ow] = relu?(bias + sum over ki, kj of wt[ki*3 + kj] * x[oh*s - pad + ki][ow*s - pad + kj]),
-   input h x w, output oh_n x ow_n (at least 8 wide), positions outside the input read as 0:
-   vectors of 8 outputs from column 0, the last one overlapping the one before it rather than
-   running past the row; those whose loads stay inside the row ([lo, last]) load plainly, the
-   others masked */
+   input h x w, output oh_n x ow_n, positions outside the input read as 0: vectors of 8 outputs
+   from column 0, the last one overlapping the one before it rather than running past the row;
+   those whose loads stay inside the row ([lo, last]) load plainly, the others masked; a row of
+   fewer than 8 outputs one masked vector, its first lanes stored */
 static inline void tk_dw3x3_row(const float *const *rows, const __m256 *wv, __m256 vstart, float *yr, int64_t w,
                                 int64_t ow_n, int64_t s, int64_t pad, int relu, int64_t lo, int64_t last) {
     const __m256 vzero = _mm256_setzero_ps();
+    if (ow_n < 8) {           /* one vector, masked, its first ow_n lanes stored */
+        __m256 acc = tk_dw3x3_vec(rows, wv, vstart, -pad, w, s, 0);
+        if (relu) acc = _mm256_blendv_ps(_mm256_max_ps(acc, vzero), acc, _mm256_cmp_ps(acc, acc, _CMP_UNORD_Q));
+        float lanes[8];
+        _mm256_storeu_ps(lanes, acc);
+        for (int64_t j = 0; j < ow_n; j++) yr[j] = lanes[j];
+        return;
+    }
     for (int64_t ow0 = 0;; ow0 += 8) {
         if (ow0 > ow_n - 8) ow0 = ow_n - 8;
         int64_t col = ow0 * s - pad;

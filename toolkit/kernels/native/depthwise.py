@@ -74,15 +74,13 @@ def avx2_only() -> bool:
 def _plane_relu(ctx, s: ConvShape, program, out_shape) -> bool | None:
     """Whether a ReLU follows, where codegen/depthwise3x3.py's function computes this
     convolution: on an AVX2 processor without AVX-512, float32, 3x3, stride 1 or 2 both ways, no
-    dilation, at most one padded column or row each side, rows of at least 8 outputs (a vector),
-    and no epilogue but a ReLU; None where it does not."""
+    dilation, at most one padded column or row each side, and no epilogue but a ReLU; None where
+    it does not."""
     if not avx2_only():
         return None
     if (ctx.dtype != "float32" or (s.kh, s.kw) != (3, 3) or (s.dh, s.dw) != (1, 1) or s.sh != s.sw
             or s.sh not in (1, 2) or s.ph != s.pw or s.ph not in (0, 1) or s.w > depthwise3x3.MAX_WIDTH):
         return None
-    if s.ow < 8:
-        return None                       # under one vector a row: the loop language's kernel
     if program is None:
         return False
     views = ctx.attrs.get("views", ())
