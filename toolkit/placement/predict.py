@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..errors import UserError
 from .cost import MeasuredModel, measured_model
 from .simulate import list_schedule, wave_schedule
 
@@ -54,6 +55,8 @@ def predicted_step(plan) -> dict:
         return predict_plan(plan).as_json()
     except KeyError as e:
         return {"ms": None, "why_not": str(e.args[0])}
+    except UserError as e:       # the measurement's own plan refused (too big for the memory left)
+        return {"ms": None, "why_not": str(e)}
 
 
 def predicted_line(predicted: dict, size: str) -> str:
