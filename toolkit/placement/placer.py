@@ -1,8 +1,12 @@
 """Choosing a device for each layer: a list-scheduling placer with memory limits, and the schedule
 simulation that predicts a placement's step time by a ``CostModel``.
 
-The simulation (``simulate``): each device runs its nodes one at a time, in the order given; a
-node starts when its device is free and every input has arrived; a value read on another device
+The simulation (``simulate``): each executor runs its nodes in the order given, as many at once
+as it has lanes; an executor is a device of its own, or the host's cores that its devices share
+(``Sharing``: in this toolkit's plans ``cpu`` and ``cpu:1`` take turns, one node at a time, or
+as many as there are threads under ``TOOLKIT_CONCURRENT=1``, a lane free as soon as its node
+ends where the plan's waves wait for the whole wave). A node starts when a lane of its executor
+is free and every input has arrived; a value read on another device
 than its own arrives ``transfer_seconds`` after it was made (once per value and destination, as
 place_devices moves it), the link running beside the devices' work. Constants are everywhere
 at no cost; graph inputs start on the default device, weights with their layer. The predicted
@@ -31,9 +35,11 @@ that could wait. m-SCT's linear program buys little at layer granularity, where 
 keeps its chain of fused ops together. The memory rule is m-ETF's: a device is a candidate for a
 group only while the group's weights and the values it makes fit in the room left.
 
-Two guards follow the list schedule. Every one-device placement that fits is simulated too, and
-a one-layer-group move that lowers the prediction is taken, a few rounds at most; the best
-placement found wins. So the placer is never worse by the model than every layer on one device.
+Guards follow the list schedule. The same list schedule in the graph's order (the slides'
+greedy schedule) and every one-device placement that fits are simulated too, each in the order
+a plan runs the nodes (the graph's), and a one-layer-group move that lowers the prediction is
+taken, a few rounds at most; the best placement found wins. So the placer is never worse by the
+model than every layer on one device.
 """
 from __future__ import annotations
 
