@@ -76,6 +76,7 @@ def test_rank_0_names_the_stages_consecutive_runs_of_layers_covering_the_net(tmp
     assert [s[0] for s in stages] == ["0", "1"]
     assert stages[0][1] == "ip1" and stages[1][2] == "loss"
     assert int(stages[0][3]) + int(stages[1][3]) == 8
+    assert "trained mlp for 2 iterations; not tested (pipeline stages);" in proc.stdout
 
 
 def run_job(args: list[str], ranks: int) -> subprocess.CompletedProcess:

@@ -84,7 +84,10 @@ def _train(args, comm) -> int:
         best = result.best
         kept = (f"; best {best['metric']} {best['value']:.4f} at iteration {best['iteration']} in {best['file']}"
                 if best else "")
-        print(f"trained {net.name} for {result.iterations} iterations; {metrics or 'no test data'}; "
+        # a pipeline-parallel run runs no test passes (training/pipeline.py)
+        untested = "not tested (pipeline stages)" if net.spec.train and net.spec.train.distributed.stages > 1 \
+            else "no test data"
+        print(f"trained {net.name} for {result.iterations} iterations; {metrics or untested}; "
               f"weights in {result.folder / 'model.safetensors'}{kept}")
     return result.status
 
