@@ -6,7 +6,7 @@ import pytest
 
 from toolkit.ir.graph import Graph, Node, TensorType, Value
 from toolkit.placement.model import FlopsModel, Link
-from toolkit.placement.simulate import dependency_waves, list_schedule, wave_schedule
+from toolkit.placement.simulate import dependency_waves, list_schedule, wave_schedule, waves_seconds
 
 
 def _node(op: str, inputs: list[Value], scope: str, attrs: dict | None = None) -> Node:
@@ -81,3 +81,9 @@ def test_waves_deal_each_waves_nodes_to_the_threads_and_wait_for_the_longest_sha
 def test_an_unknown_lane_rule_is_refused():
     with pytest.raises(ValueError, match="lanes"):
         list_schedule(_diamond(), _where({}), MODEL, lanes="threads")
+
+
+def test_the_time_of_waves_is_the_sum_of_their_longest_shares():
+    # shares dealt in turn: in wave [1, 2, 4] on two threads, steps 1 and 4 (2 + 5 s) beside step 2 (3 s)
+    assert waves_seconds([[0], [1, 2, 4], [3]], [1.0, 2.0, 3.0, 4.0, 5.0], 2) == 1.0 + 7.0 + 4.0
+    assert waves_seconds([[0, 1]], [1.0, 2.0], 1) == 3.0

@@ -52,6 +52,7 @@ from ..ops.base import get_op
 from ..runtime.execution import kernel_dtype
 from ..version import __version__
 from .model import Link, value_bytes
+from .simulate import waves_seconds
 
 CACHE_FORMAT = 1
 PROFILED_RUNS = 15
@@ -314,7 +315,8 @@ def profile_steps(plan, inputs, runs: int = PROFILED_RUNS, warmup: int = WARMUP_
     net, and the median only sees past it when the runs are spread over a longer time.
 
     ``whole_run``: each profiled run follows a plain one, timed, and the medians are scaled to add
-    up to the plain runs' median, so that the copies of a run's inputs and the gaps between its
+    up to the plain runs' median (as the plan runs them: one after another, or in its waves on the
+    threads), so that the copies of a run's inputs and the gaps between its
     calls are in the steps' times, and the interruptions of a busy machine: nearly every run is
     interrupted somewhere, but each step's median is one of its uninterrupted times, and their sum
     fell 35% short of the median run under a load of 8 on 2 cores."""
@@ -332,7 +334,11 @@ def profile_steps(plan, inputs, runs: int = PROFILED_RUNS, warmup: int = WARMUP_
             plain.append(time.perf_counter() - began)
         rows.append([s for _, s in plan.profile(inputs)])
     medians = np.median(np.array(rows), axis=0)
-    total = medians.sum()
+    # what the steps' times add up to in a plain run: their sum, or their waves' on the threads
+    # (a profiled run of a concurrent plan times its steps one after another)
+    waves = getattr(plan.schedule, "waves", None)
+    total = (waves_seconds(waves, medians, plan.execution.threads) if plan.execution.concurrent and waves
+             else medians.sum())
     scale = float(np.median(plain) / total) if whole_run and total > 0 else 1.0
     return [float(x) * scale for x in medians]
 

@@ -96,6 +96,15 @@ def dependency_waves(nodes: Sequence[Node]) -> list[list[int]]:
     return grouped
 
 
+def waves_seconds(grouped: list[list[int]], seconds: Sequence[float], workers: int) -> float:
+    """The time of waves of steps taking ``seconds`` each on ``workers`` threads."""
+    total = 0.0
+    for wave in grouped:
+        n = max(1, min(workers, len(wave)))
+        total += max(sum(seconds[i] for i in wave[k::n]) for k in range(n))
+    return total
+
+
 def wave_schedule(nodes: Sequence[Node], device_of: Callable[[Node], Device], model: CostModel, workers: int,
                   waves: list[list[int]] | None = None) -> Timeline:
     """The waves of ``nodes`` on ``workers`` threads (see the module's docstring)."""
