@@ -398,9 +398,6 @@ def measure_link(src: str, dst: str, sizes=LINK_SIZES, runs: int = PROFILED_RUNS
     return Link(max(float(latency), 0.0), 1.0 / per_byte)
 
 
-HOST_LINK = ("cpu", "cpu")
-
-
 def measured_model(graph: Graph, bindings: Mapping[str, int], default_device: Device | str = "cpu",
                    concurrent: bool | None = None, cache_file: Path | None = None) -> MeasuredModel:
     """The measured model of ``graph`` bound to ``bindings`` (its nodes placed by their layers'
