@@ -108,6 +108,7 @@ HELPERS = textwrap.dedent("""
                 np.testing.assert_array_equal(got, want.astype(dtype), err_msg=f"{name} {dtype} {attrs}")
                 again = host(plan.run({f"x{k}": a for k, a in enumerate(operands)})["y"])
                 assert np.array_equal(got.view(np.uint8), again.view(np.uint8)), ("not repeatable", name)
+                assert plan.captured == capture, (name, plan.capture_blocker)
                 ran += 1
         return ran
 """) % (POOL_OPS,)
@@ -126,6 +127,8 @@ STAND_IN_SCRIPT = STAND_IN + RAW_MODULE + HELPERS + textwrap.dedent("""
     assert {(op, dtype) for op, dtype in pooling.BUILT} == {(op, d) for op in POOL_OPS
                                                              for d in ("float32", "float16", "float64")}
     ran = sum(check_against_cpu(dtype, np.random.default_rng(3)) for dtype in ("float32", "float64", "float16"))
+    # captured (the CUDA graph simulator): its replay equals the first, uncaptured run bit for bit
+    ran += check_against_cpu("float32", np.random.default_rng(4), capture=True)
     # each op's kernel on the GPU is this module's over the array program (one registration for
     # every dtype), and the plans above built it for each float dtype
     for op in POOL_OPS:
@@ -145,14 +148,15 @@ STAND_IN_SCRIPT = STAND_IN + RAW_MODULE + HELPERS + textwrap.dedent("""
 @needs_cxx
 def test_the_pooling_kernels_equal_the_cpu_kernels_on_the_stand_in(tmp_path):
     """Every op-table case (tolerances of tests/runtime/gpu_stand_in.py), then NaN, infinities,
-    ties, padding, ceil_mode, overlapping and sparse windows, NCHW and NHWC, bit for bit."""
+    ties, padding, ceil_mode, overlapping and sparse windows, NCHW and NHWC, bit for bit, and a
+    captured plan's replays equal to its first run."""
     result = run_stand_in(STAND_IN_SCRIPT, tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     table, ran = map(int, result.stdout.split()[-2:])
     # per dtype: 9 NCHW geometries x (max, its gradient) + 16 x (avg, its gradient) + the ties case
     # + 4 conv2d_max_pool2d + 3 NHWC geometries x (max, 2 avg, their gradients)
     assert table == 3 * (9 * 2 + 16 * 2 + 1 + 4 + 3 * 5)
-    assert ran == 3 * 6 * 10 * 2
+    assert ran == 4 * 6 * 10 * 2          # 3 dtypes and float32 captured: 6 geometries x 10 cases x 2 layouts
 
 
 @pytest.mark.gpu

@@ -3,7 +3,9 @@ and dropout.
 
 Convolution and pooling are the CPU kernels' own builders (kernels/cpu/conv.py, pool.py) given
 CuPy as their array module: im2col by strided-window copies, one cuBLAS GEMM per group, col2im
-by scatter-adds over each kernel offset's strided slice. The losses and accuracy never leave
+by scatter-adds over each kernel offset's strided slice. They are the fallbacks of dnn.py's
+cuDNN convolutions and of pooling.py's CUDA pooling kernels (which take float16, float32 and
+float64; quantized max pooling stays here). The losses and accuracy never leave
 the device: a label out of range makes the loss NaN (which the trainer reports) instead of
 raising, since raising would read a flag back to the host every step.
 

@@ -1,9 +1,10 @@
 """GPU kernels of the channels-last layout (ops/nhwc.py): the convolution through cuDNN with
 NHWC tensors and the filter in cuDNN's NHWC format ([O, kH, kW, C/group]), which its Tensor
 Core kernels for float16 read without the transposes an NCHW convolution pays inside cuDNN;
-the reorders and pooling are the CPU kernels' array programs over CuPy (one transposing copy
-per reorder, one strided pass per pooling window offset). float32 follows the precision policy
-in the three directions, as the NCHW convolutions do (dnn_routes.py's ``policy``).
+the reorders are the CPU kernels' array programs over CuPy (one transposing copy each), and so
+is pooling for a dtype that pooling.py's CUDA kernels do not take (they specialise these ops).
+float32 follows the precision policy in the three directions, as the NCHW convolutions do
+(dnn_routes.py's ``policy``).
 
 The convolutions (forward, and the input and weight gradients of a train step) fall back to the
 NCHW im2col kernels between reorders (kernels/cpu/nhwc.py over
