@@ -13,7 +13,9 @@ lowest value for max (-inf) and 0 for average; average divides by ``avg_divisor`
 count_include_pad), multiplying by its reciprocal in the storage type as the CPU does; max
 propagates NaN as np.maximum does. Max's gradient goes to each window's first maximum in
 row-major window order (a window whose maximum is NaN passes none, as the CPU's equality test
-passes none): one kernel writes each window's winning offset, a second gathers, for each input
+passes none; a non-finite g reaches its window's maximum alone, as in PyTorch, where the CPU's
+multiplication by a 0/1 mask also gives NaN to the window's other elements, inf * 0): one kernel
+writes each window's winning offset, a second gathers, for each input
 element, the gradients of the windows that chose it. Both gradients are gathers, each element's
 terms added in the CPU's order of window offsets, so there are no atomics: a captured plan equals
 the kernel-by-kernel one bit for bit, and float32 and float64 results equal the CPU kernel's bit
