@@ -97,3 +97,12 @@ def test_a_gpu_missing_here_is_one_line():
         expect_error(run_cli("compile", BRANCHNET, "--place", "auto", "--devices", "cpu,gpu"), "gpu")
     else:
         pytest.skip("this machine has a GPU")
+
+
+def test_the_train_step_is_placed_with_its_loss(tmp_path):
+    placed = tmp_path / "placed.yaml"
+    r = run_cli("compile", BRANCHNET, "--phase", "train", "--place", "auto", "--devices", "cpu:1", "--emit", placed)
+    assert r.status == 0, r.err
+    chosen = _devices(placed)
+    assert chosen["loss"] == "cpu:1" and chosen["classifier"] == "cpu:1"
+    assert chosen["prob"] is None and chosen["accuracy"] is None          # not in the train step
