@@ -129,6 +129,11 @@ STAND_IN_SCRIPT = STAND_IN + RAW_MODULE + HELPERS + textwrap.dedent("""
     ran = sum(check_against_cpu(dtype, np.random.default_rng(3)) for dtype in ("float32", "float64", "float16"))
     # captured (the CUDA graph simulator): its replay equals the first, uncaptured run bit for bit
     ran += check_against_cpu("float32", np.random.default_rng(4), capture=True)
+    # 64-bit element indices, as arrays of 2^31 elements and more take them
+    pooling.MAX_BLOCKS = 2 ** 31
+    assert "typedef long long IX" in pooling.Pooling((1, 1, 4, 4), (1, 1, 2, 2), dict(
+        kernel=(2, 2), stride=(2, 2), pad=(0, 0)), "float32", False).unit
+    ran += check_against_cpu("float64", np.random.default_rng(5))
     # each op's kernel on the GPU is this module's over the array program (one registration for
     # every dtype), and the plans above built it for each float dtype
     for op in POOL_OPS:
@@ -156,7 +161,7 @@ def test_the_pooling_kernels_equal_the_cpu_kernels_on_the_stand_in(tmp_path):
     # per dtype: 9 NCHW geometries x (max, its gradient) + 16 x (avg, its gradient) + the ties case
     # + 4 conv2d_max_pool2d + 3 NHWC geometries x (max, 2 avg, their gradients)
     assert table == 3 * (9 * 2 + 16 * 2 + 1 + 4 + 3 * 5)
-    assert ran == 4 * 6 * 10 * 2          # 3 dtypes and float32 captured: 6 geometries x 10 cases x 2 layouts
+    assert ran == 5 * 6 * 10 * 2          # 3 dtypes, captured, 64-bit: 6 geometries x 10 cases x 2 layouts
 
 
 @pytest.mark.gpu

@@ -216,7 +216,8 @@ class Pooling:
         self.last = np.int32(1 if channels_last else 0)
         (kh, kw), (sh, sw), (ph, pw) = attrs["kernel"], attrs["stride"], attrs["pad"]
         big = max(int(np.prod(self.x_shape, dtype=np.int64)), int(np.prod(self.y_shape, dtype=np.int64)))
-        index = "int" if big + (kh + sh) * (kw + sw) * 4 < 2 ** 31 else "long long"
+        # int where no element index, nor one a grid-stride step past the last, reaches 2^31
+        index = "int" if big + MAX_BLOCKS * THREADS_PER_BLOCK < 2 ** 31 else "long long"
         winner = "unsigned char" if kh * kw < 255 else "int"
         self.winner_dtype = np.uint8 if winner == "unsigned char" else np.int32
         self.unit = _unit(dtype, index, winner)
