@@ -109,8 +109,9 @@ def place_net(args, net: Net) -> Placed | None:
     # in the net's order, for the reader; what is not a layer of the file (a solver's scalars) is left out
     schedule.layers = {spec.name: schedule.layers[spec.name] for spec in net.spec.layers
                        if spec.name in schedule.layers}
-    keys = [f"layers.{layer}.device={device}" for layer, device in schedule.layers.items()]
-    placed = load_net(args.net, parse_overrides(list(args.overrides) + keys + ["placement=null"]))
+    # as key paths, not --set texts: a layer's name may hold a dot
+    keys = [(("layers", layer, "device"), device) for layer, device in schedule.layers.items()]
+    placed = load_net(args.net, parse_overrides(list(args.overrides)) + keys + [(("placement",), None)])
     if target is not None:
         text = "\n".join(line for line in render_net(placed, folder=target.parent).splitlines()
                          if line != "placement: null") + "\n"
