@@ -11,19 +11,20 @@ element forward and one per input element backward.
 The semantics are the CPU kernels' (PyTorch's): a window position outside the input holds the
 lowest value for max (-inf) and 0 for average; average divides by ``avg_divisor`` (ceil_mode and
 count_include_pad), multiplying by its reciprocal in the storage type as the CPU does; max
-propagates NaN as np.maximum does. Max's gradient goes to each window's first maximum in
-row-major window order (a window whose maximum is NaN passes none, as the CPU's equality test
-passes none; a non-finite g reaches its window's maximum alone, as in PyTorch, where the CPU's
-multiplication by a 0/1 mask also gives NaN to the window's other elements, inf * 0): one kernel
-writes each window's winning offset, a second gathers, for each input
-element, the gradients of the windows that chose it. Both gradients are gathers, each element's
-terms added in the CPU's order of window offsets, so there are no atomics: a captured plan equals
-the kernel-by-kernel one bit for bit, and float32 and float64 results equal the CPU kernel's bit
-for bit (its sums run in the same order, its products are rounded before they are added:
-``__fmul_rn`` keeps NVRTC from contracting them into an FMA). float16 is read and written as
-CudaDialect does (``unsigned short`` + tk_h2f / tk_f2h) and summed in float32: one rounding at
-the end where the CPU's float16 kernel rounds at every term. Other dtypes (max pooling's uint8
-and int8, bfloat16) keep the array program this module specialises.
+propagates NaN as np.maximum does. Max's gradient goes to each window's first maximum in row-major
+window order (a window whose maximum is NaN passes none, as the CPU's equality test passes none,
+where PyTorch's passes it to the NaN; a non-finite g reaches its window's maximum alone, as in
+PyTorch, where the CPU's multiplication by a 0/1 mask also gives NaN to the window's other
+elements, inf * 0): one kernel writes each window's winning offset, a second gathers, for each
+input element, the gradients of the windows that chose it. Both gradients are gathers, each
+element's terms added in the CPU's order of window offsets, so there are no atomics: a captured
+plan equals the kernel-by-kernel one bit for bit, and float32 and float64 results equal the CPU
+kernel's bit for bit (the same sums in the same order; a product is rounded before it is added,
+``__fmul_rn`` keeping NVRTC from contracting the two into an FMA). float16 is read and written as
+CudaDialect does (``unsigned short`` + tk_h2f / tk_f2h) and computed in float32: the CPU's float32
+result on the same inputs rounded once, where the array program's float16 sums round at every
+term. Other dtypes (max pooling's uint8 and int8, bfloat16) keep the array program this module
+specialises.
 
 Compiled by NVRTC when a plan is built (``cuda.compiled_source``); the tests compile the same
 source for the host (tests/runtime/gpu_stand_in.py).
@@ -285,7 +286,7 @@ def avg_pool_grad_launcher(pool: Pooling):
     """launch(g, dx): each input element's sum of g * 1 / divisor over the windows holding it."""
     gather = pool.kernel("tk_pool_gather")
     inverse = pool.inverse_divisors()
-    no_winner = cp.empty((1,), np.uint8 if pool.winner_dtype == np.uint8 else np.int32)
+    no_winner = cp.empty((1,), pool.winner_dtype)
     grid, block = pool.grid(_count(pool.x_shape))
 
     def launch(g, dx):
