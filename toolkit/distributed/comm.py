@@ -155,7 +155,8 @@ class MpiCommunicator(Solo):
     def recv(self, peer: int, tag: int, out: np.ndarray | None = None) -> np.ndarray:
         if out is None:
             raise RuntimeError("the reference interpreter runs send and recv in one process only")
-        self._blocked(lambda: self.comm.Recv(out, source=peer, tag=tag))
+        request = self.comm.Irecv(out, source=peer, tag=tag)
+        self._blocked(lambda: _wait_yielding(request))
         return out
 
     def sum_floats(self, values: list[float]) -> list[float]:
@@ -186,6 +187,14 @@ class MpiCommunicator(Solo):
 
     def abort(self, code: int) -> None:
         self.comm.Abort(code)
+
+
+def _wait_yielding(request, pause_s: float = 50e-6) -> None:
+    """Waits for ``request`` while giving the core away between polls: MPI's own wait spins,
+    and a pipeline stage waiting for its neighbour would take the core the neighbour (on a
+    machine of few cores) needs to send what it waits for."""
+    while not request.Test():
+        time.sleep(pause_s)
 
 
 _current: Solo = Solo()
