@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..distributed.comm import current as _comm
-from ..ir.dims import product
+from ..ir.dims import Dim, product
 from ..ir.graph import TensorType
 from .base import OpDef, register
 
@@ -50,7 +50,7 @@ def _no_flops(ins, outs, attrs):
     return 0
 
 
-def sent_bytes(node) -> object:
+def sent_bytes(node) -> Dim:
     """The bytes a send or receive moves, symbolic in the batch (a Dim)."""
     v = node.inputs[0] if node.op == "send" else node.outputs[0]
     return product(v.shape) * ITEMSIZE.get(v.dtype, 4)

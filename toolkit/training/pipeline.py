@@ -116,14 +116,11 @@ def micro_batch_feed(batch: dict[str, np.ndarray], forward: Graph, micro_batches
     """A batch's arrays (named as the forward graph's inputs) as the micro-batches' inputs, with
     each micro-batch's share of the objective."""
     feed = {}
-    rows = None
     for name in forward.inputs:
-        parts = np.split(batch[name], micro_batches)
-        rows = len(batch[name])
-        for m, part in enumerate(parts):
+        for m, part in enumerate(np.split(batch[name], micro_batches)):
             feed[micro_name(name, m)] = part
-    for m in range(micro_batches):
-        feed[f"{MICRO_WEIGHT}{m}"] = np.asarray(1.0 / micro_batches if rows else 0.0, dtype=dtype)
+    for m in range(micro_batches):           # equal micro-batches: equal shares
+        feed[f"{MICRO_WEIGHT}{m}"] = np.asarray(1.0 / micro_batches, dtype=dtype)
     return feed
 
 

@@ -42,7 +42,8 @@ from .watch import TensorBoard, trackers
 class Trainer:
     """``comm``: the job's communicator when this process is one rank of a data-parallel run
     (toolkit/distributed/); each rank then trains on its share of every global batch, and rank 0
-    alone writes."""
+    alone writes. With ``train.distributed.stages`` the ranks are a pipeline's stages instead
+    (training/pipeline.py): each runs and updates its stage of every batch's step."""
 
     def __init__(self, net: Net, out: Path, weights: str | None = None, resume: str | None = None,
                  device: Device | str = CPU, stream=None, disable: tuple[str, ...] | None = None, comm=None,
