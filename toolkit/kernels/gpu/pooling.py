@@ -365,4 +365,5 @@ def fused_max_pool(x_shape, y_shape, pool_attrs: dict, dtype: str):
     if dtype not in STORAGE:
         return None
     attrs = dict(pool_attrs, pad=tuple(pool_attrs.get("pad", (0, 0))))
+    BUILT["conv2d_max_pool2d", dtype] += 1
     return max_pool_launcher(Pooling(x_shape, y_shape, attrs, dtype, channels_last=False))
