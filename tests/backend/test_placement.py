@@ -124,3 +124,22 @@ def test_a_bad_device_key_points_at_its_line(tmp_path, capsys):
     assert main(["check", str(path)]) == 2
     err = capsys.readouterr().err
     assert f"{path}:7:" in err and "device" in err and "Traceback" not in err
+
+
+def test_a_layer_whose_name_has_dots_runs_on_its_device(tmp_path):
+    """ONNX models name layers "layer1.0.conv1": the scope's longest head naming a placed layer
+    decides, so "ip.one.grad" runs where "ip.one" does and "ip" (no device) on the default."""
+    text = (NET.replace("name: ip1, type: InnerProduct, bottom: pool1, top: ip1, num_output: 10DEV_IP",
+                        "name: ip.one, type: InnerProduct, bottom: pool1, top: ip1, num_output: 10, device: cpu:1")
+            .replace("DEV_RELU", "").replace("DEV_POOL", ""))
+    (tmp_path / "net.yaml").write_text(text)
+    net = Net.load(str(tmp_path / "net.yaml"))
+    plan, inputs = bench_plan(net, 4, True)
+    placement = Placement.of(plan.graph, "cpu")
+    on = {n.scope: placement.node(n) for n in plan.graph.nodes if n.op != "transfer"}
+    placed = [s for s in on if s.split("+")[0].startswith("ip.one")]
+    assert placed and all(on[s] == parse_device("cpu:1") for s in placed), on
+    assert on[next(s for s in on if s.startswith("conv1"))] == parse_device("cpu")
+    assert _transfers(plan.graph)
+    whole, _ = bench_plan(_net(tmp_path, placed=False, name="plain.yaml"), 4, True)
+    np.testing.assert_allclose(float(plan.run(inputs)["loss"]), float(whole.run(inputs)["loss"]), rtol=1e-6)

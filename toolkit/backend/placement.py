@@ -37,7 +37,14 @@ class Placement:
         """Where ``node`` runs: a transfer's destination, its layer's device, or the default."""
         if node.op == "transfer":
             return parse_device(node.attrs["dst"])
-        return self.layers.get(layer_of_scope(node.scope), self.default)
+        if not self.layers:
+            return self.default
+        # a layer's name may hold dots (an ONNX model's "layer1.0.conv1"): the longest head of
+        # the scope that names a placed layer, "fc.one" of "fc.one.grad", not its first word
+        head = node.scope.split("+", 1)[0]
+        while head not in self.layers and "." in head:
+            head = head.rsplit(".", 1)[0]
+        return self.layers.get(head, self.default)
 
     def weight(self, weight) -> Device:
         """Where a weight lives: with the layer that owns it."""
