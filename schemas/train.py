@@ -90,7 +90,7 @@ class DistributedSpec(Strict):
     # per rank, each batch run as micro_batches micro-batches on the schedule named
     stages: PositiveInt = 1
     micro_batches: PositiveInt = 1
-    schedule: Literal["gpipe"] = "gpipe"
+    schedule: Literal["gpipe", "1f1b"] = "gpipe"
 
 
 class BestSpec(Strict):

@@ -1,6 +1,6 @@
 """Pipeline-parallel training under `mpiexec` (docs/spec.md section 8), started by the tests
 themselves: K stages with M micro-batches give the weights and every logged loss of one process
-at the same batch over 30 steps (LeNet and an MLP, K = 2 and 3, M = 1, 2 and 4), rank 0 writes
+at the same batch over 30 steps (LeNet and an MLP, K = 2 and 3, M = 1, 2 and 4, GPipe and 1F1B), rank 0 writes
 the whole model, each rank holds its stage's weights, a killed rank stops the job, and what a
 pipeline cannot do ends the job with one line and exit 2."""
 from __future__ import annotations
@@ -52,15 +52,17 @@ def net_file(name: str, tmp_path: Path) -> str:
 
 # 1438 training rows: at batch 32 the 45th batch is the epoch's last, 30 rows, which 4
 # micro-batches do not divide (it runs as 3); 50 iterations run past it
-@pytest.mark.parametrize("net,stages,micro,steps", [("lenet", 2, 2, 30), ("lenet", 2, 4, 50), ("mlp", 2, 4, 30),
-                                                    ("mlp", 3, 2, 30), ("lenet", 2, 1, 30)])
-def test_k_stages_give_one_process_at_the_same_batch(tmp_path, net, stages, micro, steps):
+@pytest.mark.parametrize("net,stages,micro,steps,schedule", [
+    ("lenet", 2, 2, 30, "gpipe"), ("lenet", 2, 4, 50, "gpipe"), ("mlp", 2, 4, 30, "gpipe"), ("mlp", 3, 2, 30, "gpipe"),
+    ("lenet", 2, 1, 30, "gpipe"), ("lenet", 2, 4, 50, "1f1b"), ("mlp", 3, 4, 30, "1f1b")])
+def test_k_stages_give_one_process_at_the_same_batch(tmp_path, net, stages, micro, steps, schedule):
     path = net_file(net, tmp_path)
     sets = (f"train.max_iter={steps}",)
     train(tmp_path / "one", path, 32, 1, *sets)
     proc = train(tmp_path / "many", path, 32, stages, *sets, f"train.distributed.stages={stages}",
-                 f"train.distributed.micro_batches={micro}")
-    said = re.search(rf"pipeline of {stages} stages, {micro} micro-batches \(gpipe, bubble ([\d.]+)", proc.stderr)
+                 f"train.distributed.micro_batches={micro}", f"train.distributed.schedule={schedule}")
+    said = re.search(rf"pipeline of {stages} stages, {micro} micro-batches \({schedule}, bubble ([\d.]+)",
+                     proc.stderr)
     assert said and float(said.group(1)) == pytest.approx((stages - 1) / (micro + stages - 1), abs=0.005)
     assert_same_training(tmp_path / "one", tmp_path / "many")
     # the whole model, checkpoint included, though each rank held a part

@@ -56,15 +56,16 @@ def lenet_step(rows: int, seed: int = 0):
     return net, cfg, one, weights, batch, host_values(cfg, 0.1, 1, "float64")
 
 
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 @pytest.mark.parametrize("stages,micro", [(2, 1), (2, 2), (2, 4), (3, 2), (4, 4)])
-def test_the_cut_step_in_one_process_is_the_step_at_the_whole_batch(stages, micro):
+def test_the_cut_step_in_one_process_is_the_step_at_the_whole_batch(stages, micro, schedule):
     net, cfg, one, weights, batch, scalars = lenet_step(16)
     expected_out, expected = interpret(one, {**batch, **scalars}, weights)
-    p = build_pipeline(net, cfg, stages, micro, 16 // micro, "float64")
+    p = build_pipeline(net, cfg, stages, micro, 16 // micro, "float64", schedule=schedule)
     feed = {**micro_batch_feed(batch, p.forward, micro, "float64"), **scalars}
     feed = {k: v for k, v in feed.items() if k in p.cut.graph.inputs}
     with use(Solo()) as comm:
-        out, updates = interpret(p.cut.graph, feed, weights)
+        out, updates = interpret(p.cut.one_process(), feed, weights)
         assert not comm.mailbox                           # every message sent was received
     assert set(updates) == set(expected)
     for k in expected:
@@ -73,7 +74,7 @@ def test_the_cut_step_in_one_process_is_the_step_at_the_whole_batch(stages, micr
     # compiled, with the passes, the plan's kernels send and receive the same
     compiled_weights = {k: np.array(v) for k, v in weights.items()}
     with use(Solo()):
-        plan = Plan(optimize(p.cut.graph), {"N": 16 // micro}, compiled_weights)
+        plan = Plan(optimize(p.cut.one_process()), {"N": 16 // micro}, compiled_weights)
         got = plan.run(feed)
     assert float(got["@objective"]) == pytest.approx(float(expected_out["@objective"]), rel=1e-12)
     for k in expected:
@@ -246,9 +247,39 @@ def test_batchnorm_in_a_pipeline_normalises_each_micro_batch_by_its_own_statisti
     scalars = host_values(plain, 1.0, 1, "float64")
     feed = {**micro_batch_feed(batch, p.forward, 2, "float64"), **scalars}
     with use(Solo()):
-        _, got = interpret(p.cut.graph, {k: v for k, v in feed.items() if k in p.cut.graph.inputs}, weights)
+        _, got = interpret(p.cut.one_process(), {k: v for k, v in feed.items() if k in p.cut.graph.inputs}, weights)
     assert any("running" in k or "mean" in k for k in one.updates)
     for name in one.updates:
         np.testing.assert_allclose(got[name], state[name], rtol=1e-12, atol=1e-14, err_msg=name)
     for name, g in summed.items():
         np.testing.assert_allclose(weights[name] - got[name], g, rtol=1e-10, atol=1e-13, err_msg=name)
+
+
+def test_the_schedules_orders_of_forward_and_backward_passes():
+    from toolkit.training.stages import slots
+    assert slots(0, 2, 3, "gpipe") == [(0, "F"), (1, "F"), (2, "F"), (2, "B"), (1, "B"), (0, "B")]
+    # 1F1B: a stage runs ahead by the stages after it, then one forward, one backward
+    assert slots(0, 2, 4, "1f1b") == [(0, "F"), (1, "F"), (0, "B"), (2, "F"), (1, "B"), (3, "F"), (2, "B"),
+                                      (3, "B")]
+    assert slots(1, 2, 4, "1f1b") == [(0, "F"), (0, "B"), (1, "F"), (1, "B"), (2, "F"), (2, "B"), (3, "F"),
+                                      (3, "B")]
+    assert slots(0, 3, 2, "1f1b") == [(0, "F"), (1, "F"), (0, "B"), (1, "B")]
+    for s in range(3):
+        order = slots(s, 3, 5, "1f1b")
+        assert sorted(order) == sorted(slots(s, 3, 5, "gpipe"))
+        in_flight = peak = 0
+        for _, phase in order:
+            in_flight += 1 if phase == "F" else -1
+            peak = max(peak, in_flight)
+        assert peak == 3 - s                      # activations of K - s micro-batches at most
+
+
+def test_1f1b_holds_fewer_micro_batches_activations_than_gpipe():
+    from toolkit.runtime.plan import memory_figures
+    net, cfg, *_ = lenet_step(8)
+    peaks = {}
+    for schedule in ("gpipe", "1f1b"):
+        p = build_pipeline(net, cfg, 2, 8, 8, "float32", schedule=schedule)
+        peaks[schedule] = memory_figures(optimize(p.cut.stage_graph(0)), {"N": 8})["peak_bytes"]
+    # stage 0 holds its activations of 8 micro-batches under GPipe, of 2 under 1F1B
+    assert peaks["1f1b"] < 0.6 * peaks["gpipe"], peaks

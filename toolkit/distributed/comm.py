@@ -156,7 +156,13 @@ class MpiCommunicator(Solo):
         if out is None:
             raise RuntimeError("the reference interpreter runs send and recv in one process only")
         request = self.comm.Irecv(out, source=peer, tag=tag)
-        self._blocked(lambda: _wait_yielding(request))
+        try:
+            self._blocked(lambda: _wait_yielding(request))
+        except self.MPI.Exception:
+            # the sender died mid-message: its supervisor names it and the launcher then stops
+            # the job; failing at once would stop it first, naming this rank instead
+            time.sleep(_PEER_DEATH_GRACE_S)
+            raise
         return out
 
     def sum_floats(self, values: list[float]) -> list[float]:
@@ -187,6 +193,10 @@ class MpiCommunicator(Solo):
 
     def abort(self, code: int) -> None:
         self.comm.Abort(code)
+
+
+# how long a rank whose receive failed waits for the job to be stopped for the dead sender
+_PEER_DEATH_GRACE_S = 10.0
 
 
 def _wait_yielding(request, pause_s: float = 50e-6) -> None:

@@ -34,7 +34,7 @@ from ..optim.solvers import SolverConfig, add_solver, host_input
 from .stages import CutGraph, Stages, cut, partition
 
 MICRO_WEIGHT = "@micro_weight"
-SCHEDULES = ("gpipe",)
+SCHEDULES = ("gpipe", "1f1b")
 
 
 def micro_name(name: str, m: int) -> str:
@@ -42,9 +42,10 @@ def micro_name(name: str, m: int) -> str:
 
 
 def micro_batch_graph(net: Net, solver: SolverConfig, micro_batches: int, dtype: str | None = None
-                      ) -> tuple[Graph, Graph]:
-    """The train step over ``micro_batches`` micro-batches, uncut, before any pass; and the
-    forward graph of one micro-batch it repeats (whose inputs name what a batch feeds)."""
+                      ) -> tuple[Graph, Graph, dict[int, int]]:
+    """The train step over ``micro_batches`` micro-batches, uncut, before any pass; the forward
+    graph of one micro-batch it repeats (whose inputs name what a batch feeds); and which
+    micro-batch's forward pass each of its forward nodes is, by id(node)."""
     if solver.mixed_precision is not None:
         raise UserError("train.distributed.stages does not run mixed precision yet: leave out "
                         "train.solver.mixed_precision")
@@ -54,13 +55,16 @@ def micro_batch_graph(net: Net, solver: SolverConfig, micro_batches: int, dtype:
     b = Builder(step, "pipeline")
     current = {name: w.value for name, w in forward.weights.items()}   # a state's value after m
     terms: dict[str, list[Value]] = {name: [] for name in forward.outputs}
+    micro_of: dict[int, int] = {}
     for m in range(micro_batches):
         values: dict[int, Value] = {}
         for name, v in forward.inputs.items():
             step.inputs[micro_name(name, m)] = values[v.id] = Value(v.type, name=micro_name(name, m))
         for name, w in forward.weights.items():
             values[w.value.id] = current[name]
-        step.nodes += copy_nodes(forward.nodes, values)
+        copied = copy_nodes(forward.nodes, values)
+        micro_of.update((id(n), m) for n in copied)
+        step.nodes += copied
         share = host_input(step, f"{MICRO_WEIGHT}{m}", forward.outputs[OBJECTIVE].dtype)
         for name, v in forward.outputs.items():
             terms[name].append(b.mul(values[v.id], share))
@@ -69,7 +73,7 @@ def micro_batch_graph(net: Net, solver: SolverConfig, micro_batches: int, dtype:
     step.outputs = {name: b.add_all(parts) for name, parts in terms.items()}
     step.updates = {name: current[name] for name in forward.updates}
     add_solver(step, add_gradients(step, None, step.outputs[OBJECTIVE]), solver)
-    return step, forward
+    return step, forward, micro_of
 
 
 @dataclass
@@ -79,6 +83,7 @@ class Pipeline:
     cut: CutGraph
     forward: Graph
     micro_batches: int
+    schedule: str = "gpipe"
 
     def bubble(self) -> float:
         """GPipe's idle share of a step with stages of equal time: (K-1)/(M+K-1)."""
@@ -87,15 +92,17 @@ class Pipeline:
 
 
 def build_pipeline(net: Net, solver: SolverConfig, stages: int, micro_batches: int, micro_batch_rows: int,
-                   dtype: str | None = None, chosen: Stages | None = None) -> Pipeline:
+                   dtype: str | None = None, chosen: Stages | None = None, schedule: str = "gpipe") -> Pipeline:
     """The step of ``net`` cut into ``stages`` stages balanced by FLOPs at ``micro_batch_rows``
-    rows a micro-batch (or into the ``chosen`` stages)."""
-    step, forward = micro_batch_graph(net, solver, micro_batches, dtype)
+    rows a micro-batch (or into the ``chosen`` stages), each stage's work in ``schedule``'s order."""
+    if schedule not in SCHEDULES:
+        raise UserError(f"train.distributed.schedule is {schedule!r}; the schedules are {', '.join(SCHEDULES)}")
+    step, forward, micro_of = micro_batch_graph(net, solver, micro_batches, dtype)
     if chosen is None:
         bindings = {s: micro_batch_rows for s in step.symbols()}
         layers = [layer.name for layer in net.spec.layers]
         chosen = partition(step, layers, stages, bindings)
-    return Pipeline(chosen, cut(step, chosen), forward, micro_batches)
+    return Pipeline(chosen, cut(step, chosen, micro_of, micro_batches, schedule), forward, micro_batches, schedule)
 
 
 def micro_batches_of(rows: int, micro_batches: int) -> int:
@@ -145,7 +152,7 @@ def pipeline_of(net: Net, solver: SolverConfig, spec, comm, device) -> Pipeline:
                         "computes its statistics per micro-batch")
     batch = spec.data.batch_size
     check_micro_batches(batch, d.micro_batches)
-    return build_pipeline(net, solver, k, d.micro_batches, batch // d.micro_batches)
+    return build_pipeline(net, solver, k, d.micro_batches, batch // d.micro_batches, schedule=d.schedule)
 
 
 def describe(p: Pipeline) -> str:
@@ -153,5 +160,5 @@ def describe(p: Pipeline) -> str:
     total = sum(p.stages.flops) or 1
     parts = [f"stage {s}: {names[0]}..{names[-1]} ({len(names)} layers, {100 * f / total:.0f}% of the FLOPs)"
              for s, (names, f) in enumerate(zip(p.stages.layers, p.stages.flops))]
-    return (f"pipeline of {p.stages.count} stages, {p.micro_batches} micro-batches (gpipe, bubble "
+    return (f"pipeline of {p.stages.count} stages, {p.micro_batches} micro-batches ({p.schedule}, bubble "
             f"{p.bubble():.2f} of a step with equal stages): " + "; ".join(parts))

@@ -1,6 +1,6 @@
 """What ``toolkit compile --phase train --stages K`` says of a pipeline: each stage's layers, its
 FLOPs, its predicted time per step, the weights and the peak memory its rank holds, the bytes
-the stages send each other per step, and GPipe's bubble.
+the stages send each other per step, and the bubble (GPipe's and 1F1B's alike).
 
 The stages are cut by FLOPs (training/stages.py). A stage's predicted time is the one-process
 step's time, measured here (the median of a few runs of its plan), times the stage's share of
@@ -29,10 +29,11 @@ from .pipeline import build_pipeline, check_micro_batches
 def pipeline_report(net, stages: int, batch: int, device, disable: tuple[str, ...] = ()) -> dict:
     """The figures above for ``net`` at a step of ``batch`` rows (the micro-batches' count from
     the net's train.distributed.micro_batches)."""
-    micro = train_spec(net).distributed.micro_batches
+    distributed = train_spec(net).distributed
+    micro = distributed.micro_batches
     check_micro_batches(batch, micro)
     rows = batch // micro
-    p = build_pipeline(net, solver_config(net), stages, micro, rows)
+    p = build_pipeline(net, solver_config(net), stages, micro, rows, schedule=distributed.schedule)
     bindings = {s: rows for s in p.cut.graph.symbols()}
     one_ms = measured_step_ms(net, batch, device, disable)
     total_flops = sum(p.stages.flops) or 1
@@ -50,7 +51,7 @@ def pipeline_report(net, stages: int, batch: int, device, disable: tuple[str, ..
     sent = p.cut.sent()
     down = sum(int(evaluate(r["bytes"], bindings)) for r in sent if r["from"] < r["to"])
     up = sum(int(evaluate(r["bytes"], bindings)) for r in sent if r["from"] > r["to"])
-    report = {"stages": stages, "micro_batches": micro, "schedule": "gpipe", "batch": batch,
+    report = {"stages": stages, "micro_batches": micro, "schedule": p.schedule, "batch": batch,
               "micro_batch_rows": rows, "per_stage": rows_out, "balanced_by": "FLOPs (ops' counts)",
               "one_process_ms": round(one_ms, 4), "bubble": round(p.bubble(), 4),
               "messages": len(sent), "bytes_down": down, "bytes_up": up}
@@ -91,7 +92,7 @@ def print_pipeline_report(report: dict, net_name: str, as_json: bool) -> None:
         return
     k, m = report["stages"], report["micro_batches"]
     print(f"train step of {net_name} in {k} pipeline stages, {m} micro-batches of {report['micro_batch_rows']} "
-          f"rows (batch {report['batch']}, GPipe), stages balanced by {report['balanced_by']}")
+          f"rows (batch {report['batch']}, {report['schedule']}), stages balanced by {report['balanced_by']}")
     print(f"{'stage':>5s}  {'layers':32s} {'FLOPs':>12s} {'share':>6s} {'pred. ms':>9s} {'weights MiB':>11s} "
           f"{'slots MiB':>9s} {'peak MiB':>9s}")
     for r in report["per_stage"]:
@@ -102,7 +103,7 @@ def print_pipeline_report(report: dict, net_name: str, as_json: bool) -> None:
               f"{r['weight_bytes'] / 2**20:>11.3f} {r['slot_bytes'] / 2**20:>9.3f} {r['peak_bytes'] / 2**20:>9.3f}")
     print(f"sent per step: {report['messages']} messages, {report['bytes_down']:,d} bytes of activations down the "
           f"stages, {report['bytes_up']:,d} bytes of gradients and losses up")
-    print(f"bubble (GPipe, equal stages): (K-1)/(M+K-1) = {k - 1}/{m + k - 1} = {report['bubble']:.3f} of a step")
+    print(f"bubble (equal stages): (K-1)/(M+K-1) = {k - 1}/{m + k - 1} = {report['bubble']:.3f} of a step")
     print(f"predicted step time: {report['predicted_step_ms']:.3f} ms ((M+K-1)/M x the slowest stage, each stage "
           f"its FLOPs' share of one process's step, {report['one_process_ms']:.3f} ms as measured here; "
           f"sending not counted)")

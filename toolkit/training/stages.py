@@ -12,20 +12,26 @@ the last stage among what it reads, or, reading only inputs, to the stage that r
 a ``send`` on the one and a ``recv`` on the other (ops/p2p.py): the forward activations go down
 the pipeline, their gradients come back up, and the logged losses go from the last stage to
 every other, so that every rank logs and checks the same numbers. A constant (a node that reads
-nothing) is copied to each stage that reads it instead. Every stage's sends and receives are
-chained in the order of the whole graph: with sends that never block, each receive then waits
-only for a send that comes earlier in one global order, which no rank can be stuck before.
-The chained graph, uncut, runs in one process too (the receives take from a mailbox).
+nothing) is copied to each stage that reads it instead.
+
+Each stage's nodes are then put in its schedule's order (``slots``: GPipe's or 1F1B's order of
+the micro-batches' forward and backward passes; ``phases`` tells which pass a node is of), and
+its sends and receives chained in that order, so that no pass moves a receive ahead of a send
+the other rank waits for. The stages' orders are merged into one (``_interleave``), which
+shows that the schedule cannot hang (with sends that never block, each receive waits only for
+a send earlier in that one order) and runs in one process (``CutGraph.one_process``: the
+receives take from a mailbox).
 """
 from __future__ import annotations
 
+import heapq
 import itertools
 from dataclasses import dataclass, field
 from typing import Mapping
 
 from ..errors import UserError
 from ..ir.dims import evaluate
-from ..ir.graph import Graph, Node, TensorType, Value
+from ..ir.graph import Graph, Node, TensorType, Value, copy_graph
 from ..ir.live import keep_live
 from ..ops.base import get_op
 from ..ops.p2p import sent_bytes
@@ -170,6 +176,18 @@ class CutGraph:
         keep_live(mine)
         return mine
 
+    def one_process(self) -> Graph:
+        """A copy of the whole graph for one process, each receive also reading its send's token:
+        passes that move nodes then keep every receive after its send (across stages, nothing
+        else orders them)."""
+        values: dict[int, Value] = {}
+        whole = copy_graph(self.graph, values)
+        tokens = {n.attrs["tag"]: n.outputs[0] for n in whole.nodes if n.op == "send"}
+        for n in whole.nodes:
+            if n.op == "recv":
+                n.inputs.append(tokens[n.attrs["tag"]])
+        return whole
+
     def sent(self) -> list[dict]:
         """Every send: from, to, what (its value's type), its bytes (symbolic in the batch)."""
         return [{"from": self.stage_of[id(n)], "to": n.attrs["peer"], "tag": n.attrs["tag"],
@@ -181,11 +199,103 @@ def _constant(node: Node) -> bool:
     return not node.inputs and get_op(node.op).pure
 
 
-def cut(graph: Graph, stages: Stages) -> CutGraph:
+def slots(stage: int, stages: int, micro_batches: int, schedule: str) -> list[tuple[int, str]]:
+    """The order a stage runs its micro-batches' forward ("F") and backward ("B") passes in.
+    GPipe: every forward pass, then every backward pass (the last micro-batch's first, as
+    autodiff emits them). 1F1B: as many forward passes as stages after this one, then one
+    forward and one backward in turn, then the backward passes left: a stage holds the
+    activations of at most K micro-batches at once instead of M."""
+    m = micro_batches
+    if schedule == "gpipe":
+        return [(i, "F") for i in range(m)] + [(i, "B") for i in reversed(range(m))]
+    warm = min(stages - stage - 1, m)
+    order = [(i, "F") for i in range(warm)]
+    f = warm
+    for b in range(m):
+        if f < m:
+            order.append((f, "F"))
+            f += 1
+        order.append((b, "B"))
+    return order
+
+
+def phases(graph: Graph, micro_of: Mapping[int, int]) -> dict[int, tuple[int, str] | None]:
+    """Each node's (micro-batch, "F" or "B"), by id(node): a node of micro-batch m's forward pass
+    (``micro_of``) is (m, "F"); a node that reads values of one micro-batch alone is (m, "B");
+    one that reads several (a weight's gradients summed, the updates, the objective) is None,
+    and so is one that reads none (constants), each then run where its inputs are ready."""
+    of_value: dict[int, frozenset[int]] = {}
+    phase: dict[int, tuple[int, str] | None] = {}
+    for node in graph.nodes:
+        if id(node) in micro_of:
+            ms = frozenset([micro_of[id(node)]])
+            phase[id(node)] = (micro_of[id(node)], "F")
+        else:
+            ms = frozenset().union(*(of_value.get(v.id, frozenset()) for v in node.inputs))
+            phase[id(node)] = (next(iter(ms)), "B") if len(ms) == 1 else None
+        of_value.update((o.id, ms) for o in node.outputs)
+    return phase
+
+
+def _stage_order(nodes: list[Node], rank: dict[int, int]) -> list[Node]:
+    """``nodes`` (one stage's, in the uncut order) sorted by ``rank`` (a schedule slot) as far as
+    their dependences allow: a node runs once its inputs are made, the lowest slot first, and
+    in the uncut order within a slot."""
+    made_here = {o.id for n in nodes for o in n.outputs}
+    waiting = {id(n): sum(1 for v in n.inputs if v.id in made_here) for n in nodes}
+    readers: dict[int, list[Node]] = {}
+    for n in nodes:
+        for v in n.inputs:
+            if v.id in made_here:
+                readers.setdefault(v.id, []).append(n)
+    position = {id(n): i for i, n in enumerate(nodes)}
+    ready = [(rank[id(n)], position[id(n)], n) for n in nodes if waiting[id(n)] == 0]
+    heapq.heapify(ready)
+    out = []
+    while ready:
+        _, _, n = heapq.heappop(ready)
+        out.append(n)
+        for o in n.outputs:
+            for r in readers.get(o.id, ()):
+                waiting[id(r)] -= 1
+                if waiting[id(r)] == 0:
+                    heapq.heappush(ready, (rank[id(r)], position[id(r)], r))
+    assert len(out) == len(nodes), "a stage's nodes read each other in a circle"
+    return out
+
+
+def _interleave(orders: list[list[Node]]) -> list[Node]:
+    """The stages' orders merged into one that runs in one process: a receive after its send.
+    Each stage's sends never wait, so if no stage can go on the schedule would hang a job."""
+    sent: set[int] = set()
+    at = [0] * len(orders)
+    out: list[Node] = []
+    while any(at[s] < len(o) for s, o in enumerate(orders)):
+        moved = False
+        for s, order in enumerate(orders):
+            while at[s] < len(order):
+                n = order[at[s]]
+                if n.op == "recv" and n.attrs["tag"] not in sent:
+                    break
+                if n.op == "send":
+                    sent.add(n.attrs["tag"])
+                out.append(n)
+                at[s] += 1
+                moved = True
+        if not moved:
+            raise RuntimeError("the stages' schedule would hang: every stage waits for a receive")
+    return out
+
+
+def cut(graph: Graph, stages: Stages, micro_of: Mapping[int, int] | None = None, micro_batches: int = 1,
+        schedule: str = "gpipe") -> CutGraph:
     """``graph`` with a send and a receive for every value that crosses stages (see the module's
-    docstring); ``graph`` itself is consumed."""
+    docstring), each stage's nodes ordered by ``schedule`` over the micro-batches that
+    ``micro_of`` (id(node) -> micro-batch, for the forward passes' nodes) tells apart; ``graph``
+    itself is consumed."""
     k = stages.count
     where = assign(graph, stages)
+    phase = phases(graph, micro_of or {})
     by_layer = stages.stage_of_layer()
     weight_stage = {}
     for name, w in graph.weights.items():
@@ -196,19 +306,17 @@ def cut(graph: Graph, stages: Stages) -> CutGraph:
     readers = graph.consumers()
     output_ids = {v.id for v in graph.outputs.values()}
     tags = itertools.count()
-    last: list[Value | None] = [None] * k                # each stage's last send or receive
     received: dict[tuple[int, int], Value] = {}          # (value id, stage) -> its receive there
     copies: dict[tuple[int, int], Value] = {}            # (constant's value id, stage) -> its copy
     constant_of = {o.id: n for n in graph.nodes if _constant(n) for o in n.outputs}
-    nodes: list[Node] = []
+    per_stage_nodes: list[list[Node]] = [[] for _ in range(k)]
     stage_of: dict[int, int] = {}
+    slot_of: dict[int, tuple[int, str] | None] = {}
 
-    def emit(node: Node, s: int) -> None:
-        nodes.append(node)
+    def emit(node: Node, s: int, slot: tuple[int, str] | None) -> None:
+        per_stage_nodes[s].append(node)
         stage_of[id(node)] = s
-
-    def chained(s: int) -> list[Value]:
-        return [last[s]] if last[s] is not None else []
+        slot_of[id(node)] = slot
 
     for node in graph.nodes:
         s = where[id(node)]
@@ -226,12 +334,12 @@ def cut(graph: Graph, stages: Stages) -> CutGraph:
                     original = constant_of[v.id]
                     copy = Node(original.op, [], dict(original.attrs), original.scope)
                     copy.outputs = [Value(o.type, copy, o.name) for o in original.outputs]
-                    emit(copy, s)
+                    emit(copy, s, None)
                     copies[(v.id, s)] = copy.outputs[0]
                 v = copies[(v.id, s)]
             inputs.append(received.get((v.id, s), v))
         node.inputs = inputs
-        emit(node, s)
+        emit(node, s, phase[id(node)])
         for o in node.outputs:
             # a constant's other readers have copies of it
             to = set() if _constant(node) else {where[id(r)] for r in readers.get(o.id, ())} - {s}
@@ -239,18 +347,45 @@ def cut(graph: Graph, stages: Stages) -> CutGraph:
                 to |= set(range(k)) - {s}
             for t in sorted(to):
                 tag = next(tags)
-                send = Node("send", [o, *chained(s)], {"peer": t, "tag": tag}, f"{node.scope}.send")
+                send = Node("send", [o], {"peer": t, "tag": tag}, f"{node.scope}.send")
                 send.outputs = [Value(TensorType((), "int64"), send)]
-                emit(send, s)
-                last[s] = send.outputs[0]
-                recv = Node("recv", chained(t), {"peer": s, "tag": tag, "shape": tuple(o.shape), "dtype": o.dtype},
+                emit(send, s, phase[id(node)])
+                recv = Node("recv", [], {"peer": s, "tag": tag, "shape": tuple(o.shape), "dtype": o.dtype},
                             f"{node.scope}.recv")
                 recv.outputs = [Value(o.type, recv, o.name)]
-                emit(recv, t)
-                last[t] = received[(o.id, t)] = recv.outputs[0]
+                emit(recv, t, phase[id(node)])
+                received[(o.id, t)] = recv.outputs[0]
     for name, v in graph.updates.items():
         if v.producer is not None and stage_of[id(v.producer)] != weight_stage[name]:
             raise UserError(f"the update of '{name}' is computed outside its layer's stage")
+    orders = []
+    last: list[Value | None] = [None] * k                # each stage's last send or receive
+    for s in range(k):
+        # what belongs to no one micro-batch runs in the earliest slot of what reads it (the
+        # gradient's seed times a micro-batch's share), a constant first, and the sums over the
+        # micro-batches and the updates last
+        rank = {(m, ph): i for i, (m, ph) in enumerate(slots(s, k, micro_batches, schedule))}
+        ranks: dict[int, int] = {}
+        read_by: dict[int, list[Node]] = {}
+        for n in per_stage_nodes[s]:
+            for v in n.inputs:
+                read_by.setdefault(v.id, []).append(n)
+        for n in reversed(per_stage_nodes[s]):
+            if slot_of[id(n)] in rank:
+                ranks[id(n)] = rank[slot_of[id(n)]]
+            elif not n.inputs and n.op != "recv":       # a receive of a sum: last, as its send
+                ranks[id(n)] = -1
+            else:
+                ranks[id(n)] = min((ranks[id(r)] for o in n.outputs for r in read_by.get(o.id, ())),
+                                   default=len(rank))
+        order = _stage_order(per_stage_nodes[s], ranks)
+        for n in order:                   # the sends and receives chained in the stage's order
+            if n.op in ("send", "recv"):
+                if last[s] is not None:
+                    n.inputs.append(last[s])
+                last[s] = n.outputs[0]
+        orders.append(order)
+    nodes = _interleave(orders)
     per_stage = []
     for s in range(k):
         outs = {name: received.get((v.id, s), v) for name, v in graph.outputs.items()}

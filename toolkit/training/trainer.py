@@ -232,7 +232,7 @@ class Trainer:
             return self.pipeline, self.graph, self.train_plans
         if m not in self._short_steps:
             p = build_pipeline(self.net, self.cfg, self.pipeline.stages.count, m, rows // m,
-                               chosen=self.pipeline.stages)
+                               chosen=self.pipeline.stages, schedule=self.pipeline.schedule)
             graph = optimize(p.cut.stage_graph(self.rank), self.disable, device=self.device)
             plans = PlanCache(graph, self.store, self.runtime, self.device, self.train_plans.reuse_memory,
                               on_build=self.train_plans.on_build)
