@@ -15,6 +15,7 @@ from toolkit import settings  # noqa: E402
 from toolkit.codegen import microkernel, toolchain  # noqa: E402
 from toolkit.compile import optimize  # noqa: E402
 from toolkit.ir.graph import Graph, TensorType, Value  # noqa: E402
+from toolkit.kernels.native import conv as native_conv  # noqa: E402
 from toolkit.ops.base import Builder  # noqa: E402
 from toolkit.runtime.plan import Plan  # noqa: E402
 
@@ -23,9 +24,24 @@ pytestmark = pytest.mark.skipif(toolchain.compiler() is None or not microkernel.
 
 
 @pytest.fixture(autouse=True)
-def native_on():
+def native_on(monkeypatch):
+    # every K to the packed kernel, so that its blocks of K are tested on AVX2 processors too,
+    # where convolutions take it below conv.AVX2_PACKED_MAX_K only
+    monkeypatch.setattr(native_conv, "AVX2_PACKED_MAX_K", 1 << 30)
     with settings.use(native=True):
         yield
+
+
+@pytest.mark.skipif(microkernel.available(), reason="the rule of a processor with AVX2 and not AVX-512")
+@pytest.mark.parametrize("c, k, packed", [(28, 3, True), (255, 1, True), (256, 1, False), (64, 3, False)])
+def test_avx2_takes_the_packed_kernel_below_one_block_of_k(rng, monkeypatch, c, k, packed):
+    """On AVX2 the packed kernel wins where K fits one block of 256 and loses to OpenBLAS above
+    it (conv.py's measurement): K = 28 * 9 and 255 take it, K = 256 and 64 * 9 the BLAS."""
+    monkeypatch.setattr(native_conv, "AVX2_PACKED_MAX_K", 256)
+    with settings.use(winograd=False):
+        plan, feeds, want = _plan(rng, 1, c, 24, (9, 9), k, 1, k // 2, 1, True, 1)
+    assert ("tk_pgemm_ep(" in plan.native_source) == packed
+    np.testing.assert_allclose(np.asarray(plan.run(feeds)["y"]), want, rtol=0, atol=2e-6 * float(np.abs(want).max()))
 
 
 def test_panels_hold_each_row_in_its_lane():

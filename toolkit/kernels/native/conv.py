@@ -47,8 +47,15 @@ from .elementwise import FLOATS
 # Two settings, read when a kernel is built (toolkit/settings.py): ``winograd``, 3x3 stride-1
 # convolutions through Winograd's F(2x2, 3x3) where they have enough tiles (winograd.py), else
 # im2col; ``packed_gemm``, forward GEMMs through the toolkit's own kernel on a weight packed ahead
-# (codegen/microkernel.py) where the processor has AVX-512 or AVX2 with FMA, else the BLAS library's.
+# (codegen/microkernel.py) where the processor has AVX-512 (or AVX2 with FMA, for K under
+# AVX2_PACKED_MAX_K), else the BLAS library's.
 MIN_PACKED_COLUMNS = 48         # one tile of the packed kernel (3 vectors of 16)
+# On AVX2 (no AVX-512) the packed kernel's 4 x 24 tile reads B's rows in place, where OpenBLAS
+# packs them: measured hot on one thread of the AVX2 EPYC, it wins where K fits one block of 256
+# (MobileNet v2's expansions and narrow projections, ResNet-50's K = 64 layers: 80-93 GFLOP/s
+# against OpenBLAS's 59-89) and loses 5-15% above it (ResNet-50's and GoogLeNet's K = 256-4608
+# over 49-784 columns: 62-83 against 69-92), so there it is taken below this K only.
+AVX2_PACKED_MAX_K = 256
 # im2col by blocks of output rows where an image's columns outgrow this (see block_rows)
 COLS_BLOCK_BYTES = 384 << 10
 MIN_BLOCK_POSITIONS = 192
@@ -224,6 +231,7 @@ def _forward(ctx, ins, outs, pool, program=None):
     # LeNet on 8x8 digits: 2% slower at batch 64), as it does ahead of a fused max pooling there;
     # one column (a classifier) goes to dot products over the weight's rows (weight_gemm)
     packed = (knobs.packed_gemm and dtype == "float32" and not wino and microkernel.gemm_available()
+              and (microkernel.available() or s.k < AVX2_PACKED_MAX_K)
               and (block_ld if blocked else s.p) >= MIN_PACKED_COLUMNS and not pool)
     prologue = []
     if packed:
@@ -311,7 +319,7 @@ def _forward(ctx, ins, outs, pool, program=None):
 
     if wino:
         built = winograd.forward_body(ctx, names, s, x, w, y, finish, threads, per_image,
-                                      packed=knobs.packed_gemm and dtype == "float32" and microkernel.gemm_available())
+                                      packed=knobs.packed_gemm and dtype == "float32" and microkernel.available())
         if built is None:
             return None
         extra, kernel_body = built
