@@ -2,7 +2,8 @@
 """Pipeline-parallel training on one machine: one process with one thread at batch B against K
 stages (mpiexec -n K, one thread a rank) at the same batch B in M micro-batches, GPipe.
 
-    python benchmarks/pipeline.py [NET] [--batch 256] [--stages 2] [--micro 1,2,4,8] [--steps 100] [--rounds 3]
+    python benchmarks/pipeline.py [NET] [--batch 256] [--stages 2] [--micro 1,2,4,8] [--schedule gpipe]
+                                  [--steps 100] [--rounds 3]
 
 For each configuration: the step time (the median step of --steps steps after 10 warm-up
 steps, then the median over --rounds rounds, the configurations interleaved within a round),
@@ -60,7 +61,8 @@ def worker(args) -> None:
     from toolkit.zoo.resolve import load_net
     overrides = [(("train", "data", "batch_size"), args.batch), (("train", "max_iter"), 100000),
                  (("train", "distributed", "stages"), args.stages),
-                 (("train", "distributed", "micro_batches"), args.micro)]
+                 (("train", "distributed", "micro_batches"), args.micro),
+                 (("train", "distributed", "schedule"), args.schedule)]
     net = load_net(args.net, overrides)
     comm = world()
     with tempfile.TemporaryDirectory() as tmp, use(comm) if comm else contextlib.nullcontext():
@@ -87,7 +89,7 @@ def worker(args) -> None:
 
 def measure(args, stages: int, micro: int) -> dict:
     cmd = [sys.executable, __file__, args.net, "--worker", "--batch", str(args.batch), "--stages", str(stages),
-           "--micro", str(micro), "--steps", str(args.steps)]
+           "--micro", str(micro), "--schedule", args.schedule, "--steps", str(args.steps)]
     if stages > 1:
         cmd = [str(Path(sys.executable).parent / "mpiexec"), "-n", str(stages), *cmd]
     env = dict(os.environ, TOOLKIT_THREADS="1", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
@@ -103,6 +105,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--stages", type=int, default=2)
     ap.add_argument("--micro", default="1,2,4,8")
+    ap.add_argument("--schedule", choices=["gpipe", "1f1b"], default="gpipe")
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--worker", action="store_true")
@@ -120,10 +123,10 @@ def main() -> None:
             runs[c].append(measure(args, *c))
     one = statistics.median(r["step_ms"] for r in runs[(1, 1)])
     whole = runs[(1, 1)][0]["ranks"][0]["weight_bytes"]
-    print(f"{Path(args.net).name}, batch {args.batch}, one thread a process, median of {args.rounds} rounds "
-          f"of the median of {args.steps} steps")
+    print(f"{Path(args.net).name}, batch {args.batch}, {args.schedule}, one thread a process, "
+          f"median of {args.rounds} rounds of the median of {args.steps} steps")
     print(f"{'config':>16s} {'step ms':>9s} {'vs one':>7s} {'weights/rank (of whole)':>26s} "
-          f"{'idle share by rank':>22s} {'GPipe bubble':>13s}")
+          f"{'idle share by rank':>22s} {'(K-1)/(M+K-1)':>13s}")
     for (k, m), rs in runs.items():
         step = statistics.median(r["step_ms"] for r in rs)
         shares = "/".join(f"{r['weight_bytes'] / whole:.2f}" for r in rs[0]["ranks"])

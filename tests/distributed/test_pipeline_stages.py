@@ -142,6 +142,12 @@ def test_what_a_pipeline_cannot_do_is_one_line():
     with pytest.raises(UserError, match="micro_batches is 8, which does not divide"):
         check_micro_batches(4, 8)
     check_micro_batches(32, 4)
+    from toolkit.optim.loss_scaling import MixedPrecision
+    from toolkit.optim.solvers import SolverConfig
+    with pytest.raises(UserError, match="does not run mixed precision yet"):
+        build_pipeline(net, SolverConfig(mixed_precision=MixedPrecision()), 2, 1, 8)
+    with pytest.raises(UserError, match="the schedules are gpipe, 1f1b"):
+        build_pipeline(net, cfg, 2, 1, 8, schedule="interleaved")
 
 
 def test_a_short_batch_runs_as_the_most_equal_micro_batches_that_divide_it():

@@ -86,7 +86,7 @@ class Pipeline:
     schedule: str = "gpipe"
 
     def bubble(self) -> float:
-        """GPipe's idle share of a step with stages of equal time: (K-1)/(M+K-1)."""
+        """The idle share of a step with stages of equal time, GPipe's and 1F1B's: (K-1)/(M+K-1)."""
         k, m = self.stages.count, self.micro_batches
         return (k - 1) / (m + k - 1)
 
