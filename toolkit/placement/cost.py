@@ -297,14 +297,18 @@ def _plan_of(graph: Graph, bindings, device, concurrent: bool | None):
             weights[name] = np.full(_bound_shape(w.value, {}), init.get("value", 0.0), dtype=w.value.dtype)
         else:
             weights[name] = _stand_in(w.value, {}, rng)
-    plan = Plan(graph, bindings, weights, device, concurrent=concurrent, capture=False)
+    return Plan(graph, bindings, weights, device, concurrent=concurrent, capture=False)
+
+
+def _inputs_of(graph: Graph, bindings) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(1)
     inputs = {}
     for name, v in graph.inputs.items():
         if name.startswith("@"):                   # the solver's per-step scalars
             inputs[name] = np.full(_bound_shape(v, bindings), 1e-3, dtype=v.dtype)
         else:
             inputs[name] = _stand_in(v, bindings, rng)
-    return plan, inputs
+    return inputs
 
 
 def profile_steps(plan, inputs, runs: int = PROFILED_RUNS, warmup: int = WARMUP_RUNS,
@@ -352,12 +356,14 @@ def _file(cache: dict, key: str, node: Node, bindings, seconds: float) -> None:
 
 
 def measure_graph(graph: Graph, bindings, device, cache: dict, concurrent: bool | None = None,
-                  runs: int = PROFILED_RUNS) -> tuple[int, dict[str, int]]:
-    """Profile ``graph``'s plan and file each step's median time in ``cache["ops"]``; nodes the
-    plan evaluates once when it is built (no step) cost 0. Returns (threads per kernel, each
-    device's arena bytes)."""
+                  runs: int = PROFILED_RUNS, plan=None) -> tuple[int, dict[str, int]]:
+    """Profile ``graph``'s plan (``plan`` where the caller has built it, else one built here with
+    stand-in weights) and file each step's median time in ``cache["ops"]``; nodes the plan
+    evaluates once when it is built (no step) cost 0. Returns (threads per kernel, each device's
+    arena bytes)."""
     from ..backend.placement import Placement
-    plan, inputs = _plan_of(graph, bindings, device, concurrent)
+    plan = plan if plan is not None else _plan_of(graph, bindings, device, concurrent)
+    inputs = _inputs_of(graph, bindings)
     threads = 1 if plan.execution.concurrent else plan.execution.threads
     where = Placement.of(graph, device)
     seconds = profile_steps(plan, inputs, runs)
@@ -386,7 +392,7 @@ def measure_link(src: str, dst: str, sizes=LINK_SIZES, runs: int = PROFILED_RUNS
     samples = []
     for nbytes in sizes:
         g = _copy_graph(nbytes, src, dst)
-        plan, inputs = _plan_of(g, {}, src, None)
+        plan, inputs = _plan_of(g, {}, src, None), _inputs_of(g, {})
         (seconds,) = [s for node, s in zip(plan.steps, profile_steps(plan, inputs, runs, min_seconds=0.1,
                                                                             whole_run=False))
                       if node.op == "transfer"]
@@ -399,12 +405,14 @@ def measure_link(src: str, dst: str, sizes=LINK_SIZES, runs: int = PROFILED_RUNS
 
 
 def measured_model(graph: Graph, bindings: Mapping[str, int], default_device: Device | str = "cpu",
-                   concurrent: bool | None = None, cache_file: Path | None = None) -> MeasuredModel:
+                   concurrent: bool | None = None, cache_file: Path | None = None, plan=None) -> MeasuredModel:
     """The measured model of ``graph`` bound to ``bindings`` (its nodes placed by their layers'
     ``device:`` keys, else on ``default_device``): read from this machine's cache, measuring the
     graph's plan (a few seconds) when some node's time is not there yet, and the host's copies
     once per machine. ``concurrent``: the kernels as a plan with branches side by side runs them
-    (one thread each); default: the ``TOOLKIT_CONCURRENT`` setting."""
+    (one thread each); default: the ``TOOLKIT_CONCURRENT`` setting. ``plan``: the graph's plan
+    where the caller has one (a benchmark's), measured instead of a second one built here; its
+    runs with stand-in inputs update a train step's weights, as any run does."""
     from ..backend.placement import Placement
     from ..runtime.execution import choose_execution
     device = parse_device(default_device)
@@ -420,7 +428,7 @@ def measured_model(graph: Graph, bindings: Mapping[str, int], default_device: De
                if n.op != "transfer" and op_key(n, bindings, where.node(n).kind, threads) not in cache["ops"]]
     arenas: dict[str, int] = {}
     if missing:
-        threads, arenas = measure_graph(graph, bindings, device, cache, concurrent)
+        threads, arenas = measure_graph(graph, bindings, device, cache, concurrent, plan=plan)
         changed = True
     if "cpu->cpu" not in cache["links"]:
         link = measure_link("cpu", "cpu:1")

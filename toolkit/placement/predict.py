@@ -35,7 +35,8 @@ def predict_plan(plan, model: MeasuredModel | None = None) -> Prediction:
     graph (measured on first use, cached after)."""
     placement = plan.build.placement
     if model is None:
-        model = measured_model(plan.graph, plan.bindings, placement.default, concurrent=plan.execution.concurrent)
+        model = measured_model(plan.graph, plan.bindings, placement.default, concurrent=plan.execution.concurrent,
+                               plan=plan)
     steps = list(plan.steps)
     if plan.execution.concurrent and plan.schedule.waves is not None:
         timeline = wave_schedule(steps, placement.node, model, plan.execution.threads, plan.schedule.waves)
