@@ -98,9 +98,26 @@ def test_a_measured_time_is_answered_as_measured_a_shape_not_measured_by_the_fit
     assert limit is not None and abs(limit - available_memory()) < 256 << 20 and model.memory_limit("gpu") is None
 
 
+def test_a_node_at_a_size_not_measured_is_predicted_from_the_same_node_at_the_sizes_that_were():
+    g = _matmuls((64,))
+    (node,) = [n for n in g.nodes if n.op == "matmul"]
+    family = cost.family_key(node, "cpu", 2)
+    assert family == cost.family_key(_matmuls((64,)).nodes[0], "cpu", 2)
+    # measured at N = 4 and 8 as 1 us + 1 ns per FLOP: N = 32 follows the line
+    line = {n: 1e-6 + 1e-9 * 2 * n * 64 * 64 for n in (4, 8, 32)}
+    samples = [(line[n], 2.0 * n * 64 * 64, 0.0) for n in (4, 8)]
+    model = MeasuredModel({"N": 32}, {}, {}, threads=2, families={family: samples})
+    assert not model.measured(node, "cpu")
+    assert model.op_seconds(node, "cpu") == pytest.approx(line[32], rel=1e-9)
+    # one size measured: its time scaled by the FLOPs
+    one = MeasuredModel({"N": 32}, {}, {}, threads=2, families={family: samples[:1]})
+    assert one.op_seconds(node, "cpu") == pytest.approx(line[4] * 8, rel=1e-9)
+
+
 def test_a_corrupt_or_foreign_cache_file_is_ignored_and_a_good_one_read_back(tmp_path):
     path = tmp_path / "costs.json"
-    good = {"ops": {"matmul/cpu/abc": [1024.0, 4096.0, [1e-5, 2e-5, 3e-5]]}, "links": {"cpu->cpu": [1e-6, 1e10]}}
+    good = {"ops": {"matmul/cpu/abc": [1024.0, 4096.0, [1e-5, 2e-5, 3e-5], "f00"]},
+            "links": {"cpu->cpu": [1e-6, 1e10]}}
     save_cache(good, path)
     assert load_cache(path) == good
     for text in ["{not json", json.dumps([1, 2]), json.dumps({"machine": {**machine_identity(), "processor": "other"},
@@ -109,11 +126,11 @@ def test_a_corrupt_or_foreign_cache_file_is_ignored_and_a_good_one_read_back(tmp
         path.write_text(text)
         assert load_cache(path) == {"ops": {}, "links": {}}
     # entries that are not times are dropped one by one, the rest kept
-    bad = {"machine": machine_identity(), "ops": {"a": [1, 2, [float("nan")]], "b": [1, 2, []], "c": "x",
-                                                  "d": [1, 2, [1e-6]]},
+    bad = {"machine": machine_identity(), "ops": {"a": [1, 2, [float("nan")], "f"], "b": [1, 2, [], "f"], "c": "x",
+                                                  "e": [1, 2, [1e-6]], "d": [1, 2, [1e-6], "f"]},
            "links": {"cpu->cpu": [1e-6, -5], "cpu->gpu": [1e-6, 1e9]}}
     path.write_text(json.dumps(bad))
-    assert load_cache(path) == {"ops": {"d": [1, 2, [1e-6]]}, "links": {"cpu->gpu": [1e-6, 1e9]}}
+    assert load_cache(path) == {"ops": {"d": [1, 2, [1e-6], "f"]}, "links": {"cpu->gpu": [1e-6, 1e9]}}
 
 
 def _branchnet_plan(batch=8, placed=()):

@@ -45,7 +45,7 @@ from ..cachedir import cache_root
 from ..hostcpu import usable_cores
 from ..hostmem import available_memory
 from ..ir.binding import bind_attrs
-from ..ir.dims import evaluate
+from ..ir.dims import Sym, evaluate, format_dim
 from ..ir.graph import FLOAT_DTYPES, Graph, Node, TensorType, Value
 from ..ops import Builder
 from ..ops.base import get_op
@@ -54,7 +54,7 @@ from ..version import __version__
 from .model import Link, value_bytes
 from .simulate import waves_seconds
 
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2
 PROFILED_RUNS = 15
 WARMUP_RUNS = 5
 MIN_PROFILED_SECONDS = 0.5       # a measurement spans at least this, so that a burst of load is outvoted
@@ -105,6 +105,8 @@ def _attr_text(value) -> str:
         return repr(value)
     if isinstance(value, np.ndarray):
         return f"array{value.shape}{value.dtype}"
+    if isinstance(value, Sym):
+        return format_dim(value)
     return type(value).__name__
 
 
@@ -116,6 +118,17 @@ def op_key(node: Node, bindings: Mapping[str, int], kind: str, threads: int) -> 
                      ";".join(f"{_bound_shape(v, bindings)}{v.dtype}" for v in node.outputs),
                      _attr_text(bind_attrs(node.attrs, bindings))])
     return f"{node.op}/{kind}/{hashlib.sha1(text.encode()).hexdigest()[:20]}"
+
+
+def family_key(node: Node, kind: str, threads: int) -> str:
+    """What the measurements of one node at several sizes share: ``op_key`` with the symbolic
+    sizes left unbound (``N*16``), so that a node at a batch not measured is predicted from the
+    same node at the batches that were."""
+    text = "|".join([node.op, kernel_dtype(node), kind, str(threads),
+                     ";".join(f"({','.join(format_dim(d) for d in v.shape)}){v.dtype}" for v in node.inputs),
+                     ";".join(f"({','.join(format_dim(d) for d in v.shape)}){v.dtype}" for v in node.outputs),
+                     _attr_text(node.attrs)])
+    return hashlib.sha1(text.encode()).hexdigest()[:20]
 
 
 def node_flops(node: Node, bindings: Mapping[str, int]) -> float:
@@ -167,6 +180,26 @@ def fit_samples(samples: list[tuple[float, float, float]]) -> Fit | None:
     return Fit(full[0], full[1], full[2], len(samples))
 
 
+def scaled_from(samples: list[tuple[float, float, float]], flops: float, nbytes: float) -> float:
+    """A node's time from the same node at other sizes [(seconds, FLOPs, bytes)]: time = a + b x
+    work (its FLOPs, or its bytes where it has none), fitted with a and b at least 0 where the
+    samples have two sizes or more, else the one sample scaled by the work."""
+    use_flops = all(f > 0 for _, f, _ in samples) and flops > 0
+    points = sorted({(f if use_flops else b, s) for s, f, b in samples})
+    work = flops if use_flops else nbytes
+    if len({w for w, _ in points}) < 2:
+        w0, t0 = points[0]
+        return t0 * work / w0 if w0 > 0 else t0
+    w = np.array([p[0] for p in points])
+    t = np.array([p[1] for p in points])
+    slope, fixed = np.polyfit(w, t, 1)
+    if slope < 0:
+        return float(np.mean(t))
+    if fixed < 0:
+        slope, fixed = float(np.sum(w * t) / np.sum(w * w)), 0.0
+    return float(fixed + slope * work)
+
+
 # ---------------------------------------------------------------- the cache file
 
 def _valid_seconds(x) -> bool:
@@ -174,14 +207,15 @@ def _valid_seconds(x) -> bool:
 
 
 def _valid_op_entry(v) -> bool:
-    return (isinstance(v, list) and len(v) == 3
+    return (isinstance(v, list) and len(v) == 4 and isinstance(v[3], str)
             and all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
                     for x in v[:2])
             and isinstance(v[2], list) and 0 < len(v[2]) <= KEPT_MEASUREMENTS and all(map(_valid_seconds, v[2])))
 
 
 def load_cache(path: Path | None = None) -> dict:
-    """The cached measurements of this machine: {"ops": {key: [flops, bytes, [seconds, ...]]}
+    """The cached measurements of this machine: {"ops": {key: [flops, bytes, [seconds, ...],
+    family]}
     (the latest ``KEPT_MEASUREMENTS`` measurements of each),
     "links": {"src->dst": [latency_s, bytes_per_s]}}; empty where the file is missing, does not
     parse, or names another machine or version (never trusted then)."""
@@ -228,12 +262,15 @@ class MeasuredModel:
     threads: int
     arenas: dict[str, int] = field(default_factory=dict)
     fits: dict[tuple[str, str], Fit | None] = field(default_factory=dict)
+    # family_key -> [(seconds, FLOPs, bytes)]: the same node measured at other sizes
+    families: dict[str, list] = field(default_factory=dict)
 
     def key(self, node: Node, device: Device) -> str:
         return op_key(node, self.bindings, parse_device(device).kind, self.threads)
 
     def measured(self, node: Node, device: Device) -> bool:
-        """Whether ``node``'s time on ``device`` is a measurement (else it is fitted)."""
+        """Whether ``node``'s time on ``device`` is a measurement (else it is predicted from the
+        same node at other sizes, or fitted)."""
         return self.key(node, device) in self.ops
 
     def fit(self, op: str, kind: str) -> Fit | None:
@@ -254,10 +291,14 @@ class MeasuredModel:
         found = self.ops.get(self.key(node, device))
         if found is not None:
             return found[0]
+        flops, nbytes = node_flops(node, self.bindings), node_bytes(node, self.bindings)
+        same = self.families.get(family_key(node, device.kind, self.threads))
+        if same:
+            return scaled_from(same, flops, nbytes)
         fit = self.fit(node.op, device.kind)
         if fit is None:
             raise KeyError(f"no kernel timings measured on a {device.kind} device")
-        return fit.seconds(node_flops(node, self.bindings), node_bytes(node, self.bindings))
+        return fit.seconds(flops, nbytes)
 
     def transfer_seconds(self, value: Value, src: Device, dst: Device) -> float:
         src, dst = parse_device(src), parse_device(dst)
@@ -347,12 +388,14 @@ def profile_steps(plan, inputs, runs: int = PROFILED_RUNS, warmup: int = WARMUP_
     return [float(x) * scale for x in medians]
 
 
-def _file(cache: dict, key: str, node: Node, bindings, seconds: float) -> None:
-    """Add a measurement of ``key``, keeping the latest ``KEPT_MEASUREMENTS``."""
+def _file(cache: dict, node: Node, bindings, kind: str, threads: int, seconds: float) -> None:
+    """Add a measurement of ``node``, keeping the latest ``KEPT_MEASUREMENTS``."""
+    key = op_key(node, bindings, kind, threads)
     entry = cache["ops"].get(key)
     kept = entry[2] if entry is not None else []
     kept = (kept + [seconds])[-KEPT_MEASUREMENTS:]
-    cache["ops"][key] = [node_flops(node, bindings), node_bytes(node, bindings), kept]
+    cache["ops"][key] = [node_flops(node, bindings), node_bytes(node, bindings), kept,
+                         family_key(node, kind, threads)]
 
 
 def measure_graph(graph: Graph, bindings, device, cache: dict, concurrent: bool | None = None,
@@ -371,10 +414,10 @@ def measure_graph(graph: Graph, bindings, device, cache: dict, concurrent: bool 
     for node, s in zip(plan.steps, seconds):
         stepped.add(id(node))
         if node.op != "transfer":
-            _file(cache, op_key(node, bindings, where.node(node).kind, threads), node, bindings, s)
+            _file(cache, node, bindings, where.node(node).kind, threads, s)
     for node in graph.nodes:
         if id(node) not in stepped and node.op != "transfer":
-            _file(cache, op_key(node, bindings, where.node(node).kind, threads), node, bindings, 0.0)
+            _file(cache, node, bindings, where.node(node).kind, threads, 0.0)
     arenas = {str(d): int(n) for d, n in plan.memory.peak_by_device.items()}
     return threads, arenas
 
@@ -440,7 +483,10 @@ def measured_model(graph: Graph, bindings: Mapping[str, int], default_device: De
         arenas = _arenas(graph, bindings, device, execution.concurrent)
     links = {tuple(k.split("->")): Link(*v) for k, v in cache["links"].items()}
     ops = {k: (float(np.median(v[2])), v[0], v[1]) for k, v in cache["ops"].items()}
-    return MeasuredModel(dict(bindings), ops, links, threads, arenas)
+    families: dict[str, list] = {}
+    for k, v in cache["ops"].items():
+        families.setdefault(v[3], []).append(ops[k])
+    return MeasuredModel(dict(bindings), ops, links, threads, arenas, families=families)
 
 
 def _arenas(graph: Graph, bindings, device, concurrent: bool) -> dict[str, int]:
