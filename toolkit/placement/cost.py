@@ -4,14 +4,17 @@ graph, measuring what this machine has not measured before.
 
 An op's time is the median of its step's time over profiled runs of the graph's own plan
 (``Plan.profile``, as ``toolkit bench --per-layer`` times it), so each kernel is timed among its
-neighbours, with the caches as a real run leaves them. Times are kept per (op, kernel dtype,
+neighbours, with the caches as a real run leaves them; the medians are scaled to add up to the
+plan's median plain run (``profile_steps`` says why). Times are kept per (op, kernel dtype,
 bound shapes and attributes, device kind, threads per kernel): ``cpu`` and ``cpu:1`` are the
-same cores and kernels, so they share their entries. A shape not measured gets a fitted time
-(``Fit``): time = a + b * FLOPs + c * bytes over the measured nodes of its op, else of every op
-on that device kind. That form because the kernels here are of three kinds: a fixed per-call
-cost (Python dispatch, a thread team's start) that dominates small ops, GEMMs and convolutions
-that go at a FLOP rate, and elementwise and data-movement ops bound by the bytes they touch; a
-single FLOP rate would call a large copy free and a reshape of a big tensor as slow as its bytes.
+same cores and kernels, so they share their entries. A shape not measured is predicted from
+the same node measured at other sizes (``family_key``: its symbolic shapes unbound), time = a +
+b * its work (``scaled_from``); failing that, a fitted time (``Fit``): time = a + b * FLOPs +
+c * bytes over the measured nodes of its op, else of every op on that device kind. That form
+because the kernels here are of three kinds: a fixed per-call cost (Python dispatch, a thread
+team's start) that dominates small ops, GEMMs and convolutions that go at a FLOP rate, and
+elementwise and data-movement ops bound by the bytes they touch; a single FLOP rate would call a
+large copy free.
 
 Transfers between devices are measured copies (the ``transfer`` kernel between ``cpu`` and
 ``cpu:1``, several sizes) fitted to a latency and a bandwidth per pair of device kinds. Only the
