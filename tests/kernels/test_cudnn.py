@@ -62,7 +62,7 @@ def _cases(tmp_path, dtypes: str, **env):
 @needs_cxx
 def test_every_convolution_case_through_cudnn_equals_the_cpu_kernel(tmp_path):
     chosen, ran = _cases(tmp_path, "float32,float64,float16")
-    assert ran == 3 * 69           # 64 NCHW cases, and the 5 of the blocked layout (its im2col kernel)
+    assert ran == 3 * 77           # 72 NCHW cases, and the 5 of the blocked layout (its im2col kernel)
     assert all(how == "cudnn" for (how, _op), _n in chosen), chosen
     assert {op for (_how, op), _n in chosen} == {"conv2d", "conv2d_grad_input", "conv2d_grad_weight",
                                                  "conv2d_max_pool2d"}
@@ -72,7 +72,7 @@ def test_every_convolution_case_through_cudnn_equals_the_cpu_kernel(tmp_path):
 def test_the_switch_and_a_missing_library_fall_back_to_im2col(tmp_path):
     # "no", as any off word of docs/settings.md: only "0" switched cuDNN off before the settings table
     chosen, _ran = _cases(tmp_path, "float32", TOOLKIT_CUDNN="no")
-    assert chosen == [(("im2col", "TOOLKIT_CUDNN=0"), 64)], chosen
+    assert chosen == [(("im2col", "TOOLKIT_CUDNN=0"), 72)], chosen
     chosen, _ran = _cases(tmp_path, "float32", TOOLKIT_CUDNN_LIBRARY=str(tmp_path / "no-such-libcudnn.so"))
     assert len(chosen) == 1 and chosen[0][0][0] == "im2col" and "cuDNN cannot be loaded" in chosen[0][0][1], chosen
 

@@ -22,7 +22,9 @@ SCRIPT = STAND_IN + RAW_MODULE + textwrap.dedent("""
     from tests.runtime.gpu_stand_in import compare_every_op
     registered = {op for (op, dev, _t) in KERNELS.entries if dev == "gpu"}
     cpu_ops = {op for (op, dev, _t) in KERNELS.entries if dev == "cpu"}
-    assert cpu_ops - registered == set(), sorted(cpu_ops - registered)
+    # pipeline stages run on the CPU only (train.distributed.stages refuses a GPU device)
+    cpu_only = {"send", "recv"}
+    assert cpu_ops - registered == cpu_only, sorted(cpu_ops - registered)
     ran = {dtype: compare_every_op(dtype) for dtype in ("float32", "float64", "float16")}
     assert min(ran.values()) > 80, ran
     print("op cases:", ran)
