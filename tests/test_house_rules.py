@@ -155,3 +155,16 @@ def test_a_tier_entry_takes_a_folder_a_file_a_test_and_its_parameters():
     assert not listed("tests/runtime/test_team.py::test_steps", entries)
     assert not listed("tests/irx/test_dims.py::test_x", entries)
     assert not listed("tests/ops/test_op_table_more.py::test_y", entries)
+
+
+def test_test_files_have_unique_names():
+    """pytest imports test files by their base name (the default prepend import mode): two files
+    of one name in different folders make the second an import error, in whichever run collects
+    both (a CI run failed on tests/distributed/test_pipeline.py beside tests/passes/')."""
+    seen: dict[str, Path] = {}
+    clashes = []
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        if path.name in seen:
+            clashes.append(f"{seen[path.name].relative_to(ROOT)} and {path.relative_to(ROOT)}")
+        seen.setdefault(path.name, path)
+    assert not clashes, clashes

@@ -24,7 +24,7 @@ TABLE_EXCLUSIONS: dict[str, str] = {
                        "checks the pair in one process, tests/parallel/test_data_parallel.py under mpiexec",
     "allreduce_wait": "the other half of that pair: tests/parallel/test_collectives.py",
     "send": "one half of a pair sharing a mailbox (a message between ranks): tests/distributed/test_pipeline_stages.py "
-            "checks the pair in one process, tests/distributed/test_pipeline.py under mpiexec",
+            "checks the pair in one process, tests/distributed/test_pipeline_parallel.py under mpiexec",
     "recv": "the other half of that pair: tests/distributed/test_pipeline_stages.py",
     "matmul_bias_gradient": "two outputs (the table's cases have one): tests/runtime/test_capture.py checks "
                             "its CPU kernel and the GPU's against numpy, and the pass that makes it",
