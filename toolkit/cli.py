@@ -131,6 +131,9 @@ COMMANDS: tuple[Command, ...] = (
         option("--per-layer", action="store_true",
                help="also profile the timed iterations and print the time of each layer (forward and, "
                     "with --train, backward), as Caffe's `caffe time`"),
+        option("--predict", action="store_true",
+               help="also print the step time the measured cost model predicts for this plan (its kernels "
+                    "profiled on first use, at least 15 more runs, then cached per machine)"),
         option("--json", action="store_true", help="print one JSON object (docs/spec.md section 4)"), SET)),
     Command("train", "train a net (its train section: data, solver, schedule)", run="train_cmd:run_train", options=(
         NET.but(nargs="?", help="the net file or zoo:NAME (with --resume: default the run's own net.yaml)"),

@@ -190,7 +190,8 @@ def test_compile_explain_and_bench_give_the_prediction_beside_what_they_show(tmp
         text = run_cli("compile", "zoo:branchnet", "--explain", "--batch", "8", *placed)
         as_json = run_cli("compile", "zoo:branchnet", "--explain", "--json", "--batch", "8", *placed)
         plain = run_cli("compile", "zoo:branchnet", "--json", "--batch", "8", *placed)
-        bench = run_cli("bench", "zoo:branchnet", "--batch", "8", "--iters", "5", "--json", *placed)
+        bench = run_cli("bench", "zoo:branchnet", "--batch", "8", "--iters", "5", "--json", "--predict", *placed)
+        unasked = run_cli("bench", "zoo:branchnet", "--batch", "8", "--iters", "5", "--json", *placed)
     assert text.status == as_json.status == plain.status == bench.status == 0
     (line,) = [line for line in text.out.splitlines() if line.startswith("predicted step time at N=8: ")]
     predicted = json.loads(as_json.out)["predicted"]
@@ -200,3 +201,4 @@ def test_compile_explain_and_bench_give_the_prediction_beside_what_they_show(tmp
     assert "predicted" not in json.loads(plain.out)            # measured only when asked for by name
     report = json.loads(bench.out)
     assert report["predicted"]["ms"] > 0 and report["predicted"]["kernels"] == report["kernel_calls"]
+    assert unasked.status == 0 and "predicted" not in json.loads(unasked.out)    # bench measures it only asked

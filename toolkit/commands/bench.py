@@ -84,8 +84,10 @@ def run_bench(args) -> int:
         "items_per_s": round(args.batch / (median / 1e3), 1),
         "kernel_calls": len(plan.calls), "peak_bytes": plan.peak_bytes,
     }
-    # the measured cost model's prediction of the same step (toolkit/placement/predict.py)
-    report["predicted"] = predicted_step(plan)
+    # the measured cost model's prediction of the same step (toolkit/placement/predict.py), when
+    # asked: profiling a real-size net's kernels takes at least 15 more runs of it
+    if args.predict:
+        report["predicted"] = predicted_step(plan)
     int8 = _int8_layers(net, plan, args.train)
     if int8 is not None:
         report["int8_layers"] = {"int8": int8[0], "layers": int8[1]}
@@ -107,7 +109,8 @@ def run_bench(args) -> int:
     print(f"{report['net']} {report['mode']} batch {args.batch} on {args.device} ({kind}{math}): "
           f"median {median:.3f} ms (p10 {report['p10_ms']:.3f}, p90 {report['p90_ms']:.3f}), "
           f"{report['items_per_s']:.0f} items/s, {len(plan.calls)} kernel calls, "
-          f"{plan.peak_bytes / 2**20:.1f} MiB arena" + _predicted_text(report["predicted"], median))
+          f"{plan.peak_bytes / 2**20:.1f} MiB arena"
+          + (_predicted_text(report["predicted"], median) if "predicted" in report else ""))
     if rows is not None:
         print(f"per layer, median of {args.iters} profiled runs, each after a timed one: {profiled:.3f} ms in all "
               f"(a timer on each of {len(plan.steps)} calls) vs {median:.3f} ms unprofiled median")
