@@ -2,7 +2,7 @@
 ones do, on the numpy stand-in for CuPy with the host build of cuDNN (which records each
 direction's math type and reads TF32 operands where it is not FMA).
 
-The layout pass keeps float32 NCHW, so each op's kernel is built directly, on a one-node graph
+Each op's kernel is built directly (the layout pass puts float32 channels last only under tf32), on a one-node graph
 of the op table's first float32 case: under ``precision: tf32`` (the graph's policy, or the
 setting) cuDNN gets its default math (TF32 allowed) in all three directions, and the result is
 the CPU kernel's within TF32's rounding; under strict it gets FMA and the CPU kernel's result
@@ -18,25 +18,34 @@ import pytest
 from tests.runtime.gpu_stand_in import CXX, RAW_MODULE, STAND_IN, run_stand_in
 from toolkit.backend.devices import gpu_available
 
+
+def run_one_node(case, device, precision):
+    """The op-table case ``case`` as a one-node float32 graph under the float32 policy
+    ``precision``, run by a plan on ``device``: its output as float64 (on the stand-in or a GPU)."""
+    import numpy as np
+
+    from tests.ops.op_cases import feeds, one_node_graph
+    from toolkit.runtime.plan import Plan, RuntimeState
+    arrays = case.inputs("float32")
+    graph, _vals, y = one_node_graph(case, arrays, case.attrs_for("float32"))
+    graph.outputs["y"] = y
+    graph.precision = precision
+    plan = Plan(graph, {}, {}, device, RuntimeState(np.random.default_rng(0)), native=False)
+    out = plan.run(feeds(arrays))["y"]
+    return np.array(out.get() if hasattr(out, "get") else out, dtype=np.float64)
+
+
 SCRIPT = textwrap.dedent("""
     import ctypes, json
     import numpy as np
-    from tests.ops.op_cases import CASES, feeds, one_node_graph
+    from tests.ops.op_cases import CASES
     from toolkit.backend.registry import load_device
-    from toolkit.runtime.plan import Plan, RuntimeState
     from toolkit.settings import use
     load_device("gpu")
     from toolkit.kernels.gpu import dnn, nhwc
     seen = (ctypes.c_int * 3).in_dll(dnn.library(), "fake_cudnn_math")
     DIRECTIONS = {"nhwc_conv2d": 0, "nhwc_conv2d_backward_data": 1, "nhwc_conv2d_backward_filter": 2}
-    def run(case, device, precision):
-        arrays = case.inputs("float32")
-        graph, _vals, y = one_node_graph(case, arrays, case.attrs_for("float32"))
-        graph.outputs["y"] = y
-        graph.precision = precision
-        plan = Plan(graph, {}, {}, device, RuntimeState(np.random.default_rng(0)), native=False)
-        out = plan.run(feeds(arrays))["y"]
-        return np.array(out.get() if hasattr(out, "get") else out, dtype=np.float64)
+    from tests.kernels.test_nhwc_precision import run_one_node as run
     report = {}
     for op, k in DIRECTIONS.items():
         case = next(c for c in CASES if c.op == op)
@@ -78,22 +87,13 @@ def test_a_float32_channels_last_convolution_under_tf32_on_the_device():
     of the CPU kernel, tf32 within 1e-2 (cuDNN may keep FMA kernels for the table's small cases)."""
     import numpy as np
 
-    from tests.ops.op_cases import CASES, feeds, one_node_graph
+    from tests.ops.op_cases import CASES
     from toolkit.backend.registry import load_device
-    from toolkit.runtime.plan import Plan, RuntimeState
     load_device("gpu")
     from toolkit.kernels.gpu import dnn
     if dnn.unavailable():
         pytest.skip(dnn.unavailable())
-
-    def run(case, device, precision):
-        arrays = case.inputs("float32")
-        graph, _vals, y = one_node_graph(case, arrays, case.attrs_for("float32"))
-        graph.outputs["y"] = y
-        graph.precision = precision
-        plan = Plan(graph, {}, {}, device, RuntimeState(np.random.default_rng(0)), native=False)
-        out = plan.run(feeds(arrays))["y"]
-        return np.array(out.get() if hasattr(out, "get") else out, dtype=np.float64)
+    run = run_one_node
     for op in ("nhwc_conv2d", "nhwc_conv2d_backward_data", "nhwc_conv2d_backward_filter"):
         case = next(c for c in CASES if c.op == op)
         want = run(case, "cpu", None)
