@@ -15,25 +15,9 @@ import textwrap
 
 import pytest
 
+from tests.kernels.one_node_plan import run_one_node
 from tests.runtime.gpu_stand_in import CXX, RAW_MODULE, STAND_IN, run_stand_in
 from toolkit.backend.devices import gpu_available
-
-
-def run_one_node(case, device, precision):
-    """The op-table case ``case`` as a one-node float32 graph under the float32 policy
-    ``precision``, run by a plan on ``device``: its output as float64 (on the stand-in or a GPU)."""
-    import numpy as np
-
-    from tests.ops.op_cases import feeds, one_node_graph
-    from toolkit.runtime.plan import Plan, RuntimeState
-    arrays = case.inputs("float32")
-    graph, _vals, y = one_node_graph(case, arrays, case.attrs_for("float32"))
-    graph.outputs["y"] = y
-    graph.precision = precision
-    plan = Plan(graph, {}, {}, device, RuntimeState(np.random.default_rng(0)), native=False)
-    out = plan.run(feeds(arrays))["y"]
-    return np.array(out.get() if hasattr(out, "get") else out, dtype=np.float64)
-
 
 SCRIPT = textwrap.dedent("""
     import ctypes, json
@@ -45,7 +29,7 @@ SCRIPT = textwrap.dedent("""
     from toolkit.kernels.gpu import dnn, nhwc
     seen = (ctypes.c_int * 3).in_dll(dnn.library(), "fake_cudnn_math")
     DIRECTIONS = {"nhwc_conv2d": 0, "nhwc_conv2d_backward_data": 1, "nhwc_conv2d_backward_filter": 2}
-    from tests.kernels.test_nhwc_precision import run_one_node as run
+    from tests.kernels.one_node_plan import run_one_node as run
     report = {}
     for op, k in DIRECTIONS.items():
         case = next(c for c in CASES if c.op == op)
