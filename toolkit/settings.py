@@ -72,6 +72,9 @@ KNOBS: tuple[Knob, ...] = (
     # at batch 64 and at batch 1.
     Knob("concurrent", "switch", False, "TOOLKIT_CONCURRENT",
          "run a CPU plan's independent branches side by side instead of splitting each op's batch"),
+    Knob("device_groups", "switch", True, "TOOLKIT_DEVICE_GROUPS",
+         "run a plan placed over several host devices (cpu:0, cpu:1, ...) as core groups, each "
+         "device's steps on its own thread with its share of the cores (off: one after another)"),
     # -- the generated C kernels ------------------------------------------------------------------
     Knob("native", "switch", True, "TOOLKIT_NATIVE",
          "generate, compile and run C kernels on the CPU (off: the numpy kernels)", also_off=("numpy",)),
