@@ -24,6 +24,7 @@ from ..ir.binding import bind_attrs
 from ..ir.graph import Node
 from ..ops.base import get_op
 from .build import PlanBuild
+from .device_groups import group_share
 from .execution import Execution, kernel_context, kernel_dtype
 from .layout import ValueViews
 from .memory import MemoryPlan
@@ -69,7 +70,10 @@ class CallMaker:
     def make(self, native: bool | None) -> Calls:
         built, execution, out, view = self.built, self.execution, self.out, self.views
         out.workers = Workers.shared(execution.threads) if execution.threads > 1 else None
-        split_workers = None if execution.concurrent else out.workers
+        # core groups (device_groups.py): a group's numpy kernels run on its one thread, each
+        # group's kernels on scratch of their own
+        split_workers = None if execution.concurrent or execution.groups else out.workers
+        group_of = {d: g for g, d in enumerate(execution.groups)}
         native_on = native if native is not None else toolchain.available()
         natives: list[tuple[int, NativeCall, list, list]] = []
         python: list[tuple[int, Node, list, list]] = []
@@ -89,6 +93,8 @@ class CallMaker:
                         native_call = with_sizes(native_call, built.bindings)
             if execution.concurrent:              # its own scratch: steps of a wave run at once
                 self.share_of[id(node)] = len(out.calls) + 1
+            elif group_of:
+                self.share_of[id(node)] = group_share(group_of[where])
             if native_call is not None:
                 natives.append((len(out.calls), native_call, ins, outs))
                 out.impls.append("native")

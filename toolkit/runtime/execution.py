@@ -17,6 +17,7 @@ from ..ir.binding import bind_attrs
 from ..ir.graph import FLOAT_DTYPES, Node
 from ..settings import current as current_settings
 from .concurrency import concurrent_default
+from .device_groups import group_threads, grouped_devices
 from .parallel import default_threads
 
 
@@ -53,7 +54,8 @@ class Execution:
     ``on_streams``, streams.py) rather than each op split across the cores (parallel.py).
     ``run_time_sizes``: builders registered for it take symbolic sizes when they run, so plans
     of other lengths reuse the compiled library. ``reuse_memory``: the memory planner's buffer
-    reuse (``--disable plan_memory`` turns it off)."""
+    reuse (``--disable plan_memory`` turns it off). ``groups``: the host devices run as core
+    groups, each on its own thread (device_groups.py; () when the plan runs on one, or not so)."""
 
     threads: int
     concurrent: bool
@@ -61,14 +63,29 @@ class Execution:
     run_time_sizes: bool
     reuse_memory: bool
     runtime: RuntimeState
+    groups: tuple[Device, ...] = ()
+
+    @property
+    def kernel_threads(self) -> int:
+        """The threads each kernel is built for: one where branches run side by side, a group's
+        share of the cores where devices run as core groups, else every thread of the plan."""
+        if self.concurrent:
+            return 1
+        if self.groups:
+            return group_threads(self.threads, len(self.groups))
+        return self.threads
 
 
 def choose_execution(devices: list[Device], bindings, threads: int | None, concurrent: bool | None,
                      run_time_sizes: bool | None, reuse_memory: bool,
-                     runtime: RuntimeState | None) -> Execution:
+                     runtime: RuntimeState | None, running: list[Device] | None = None) -> Execution:
     """The plan's ``Execution`` on ``devices``; None for an argument: its default (every free
-    core, the ``TOOLKIT_CONCURRENT`` and ``TOOLKIT_RUN_TIME_SIZES`` switches, a fresh state)."""
+    core, the ``TOOLKIT_CONCURRENT`` and ``TOOLKIT_RUN_TIME_SIZES`` switches, a fresh state).
+    ``running``: the devices its steps run on where they may run at once
+    (device_groups.overlapping_devices): several host devices run as core groups (default:
+    ``devices``)."""
     threads = default_threads() if threads is None else threads
+    groups = grouped_devices(list(devices) if running is None else running, threads)
     wanted = concurrent_default() if concurrent is None else concurrent
     on_host = all(d.host_threads for d in devices)
     on_streams = bool(wanted and all(d.streams for d in devices))
@@ -78,11 +95,13 @@ def choose_execution(devices: list[Device], bindings, threads: int | None, concu
         # and a way back should one misbehave
         run_time_sizes = current_settings().run_time_sizes
     return Execution(threads=threads,
-                     concurrent=bool(wanted and on_host and threads > 1) or on_streams,
+                     # core groups run a multi-device plan's branches side by side already
+                     concurrent=bool(wanted and on_host and threads > 1 and not groups) or on_streams,
                      on_streams=on_streams,
                      run_time_sizes=bool(run_time_sizes and bindings),
                      reuse_memory=reuse_memory,
-                     runtime=runtime or RuntimeState(np.random.default_rng(0)))
+                     runtime=runtime or RuntimeState(np.random.default_rng(0)),
+                     groups=groups)
 
 
 def kernel_dtype(node: Node) -> str:
@@ -105,5 +124,5 @@ def kernel_context(node: Node, shapes, bindings, device: Device, execution: Exec
     return KernelContext(node, bind_attrs(node.attrs, bindings),
                          [shapes[v.id] for v in node.inputs], [shapes[v.id] for v in node.outputs],
                          kernel_dtype(node), device, execution.runtime, device.xp, share=share,
-                         threads=1 if execution.concurrent else execution.threads,
+                         threads=execution.kernel_threads,
                          reuse_memory=execution.reuse_memory, precision=precision)

@@ -10,7 +10,8 @@ output buffers, valid until the next run.
   build.py       shapes, kernels chosen, build-time nodes evaluated, weights placed (``PlanBuild``)
   layout.py      the memory plan of the build, its arenas, each value's array
   calls.py       one call per step: native (linked) or numpy (split across the cores)
-  scheduling.py  the calls in order, in waves of threads or on CUDA streams
+  scheduling.py  the calls in order, in waves of threads, on CUDA streams, or a thread per host
+                 device (device_groups.py: ``cpu:0`` and ``cpu:1`` as two core groups)
   running.py     inputs in, the calls run, the weights' updates copied back; whether a GPU
                  plan's run is recorded as one CUDA graph (capture.py records and replays it)
 ``memory_figures`` makes the build and the memory plan alone, so it cannot disagree with a plan.
@@ -27,6 +28,7 @@ from ..backend.placement import Placement
 from ..ir.graph import Graph, Node
 from .build import PlanBuild, build_plan
 from .calls import CallMaker
+from .device_groups import overlapping_devices
 from .execution import RuntimeState, choose_execution
 from .layout import ValueViews, plan_build_memory
 from .running import Runner, choose_capture
@@ -88,7 +90,8 @@ class Plan:
         self.bindings = dict(bindings)
         placement = Placement.of(graph, device)
         self.execution = choose_execution(placement.devices(graph), self.bindings, options.threads,
-                                          options.concurrent, options.run_time_sizes, options.reuse_memory, runtime)
+                                          options.concurrent, options.run_time_sizes, options.reuse_memory, runtime,
+                                          running=overlapping_devices(graph, placement))
         self.build = built = build_plan(graph, self.bindings, weights, placement, self.execution, options.keep_inputs)
         out_names = list(graph.outputs) if options.outputs is None else options.outputs
         # concurrent waves need values of different branches apart: a buffer handed from one
