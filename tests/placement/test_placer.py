@@ -162,22 +162,55 @@ def test_layers_fused_into_one_node_are_placed_together():
 
 
 def test_devices_that_share_the_hosts_cores_take_turns():
-    # cpu and cpu:1 are two arenas on the same cores: run one node at a time, a split only adds
-    # transfers, and the placer keeps every layer on one device
+    # with core groups off, cpu and cpu:1 are two arenas on the same cores: run one node at a
+    # time, a split only adds transfers, and the placer keeps every layer on one device
     net = _two_branches()
     link = Link(1e-5, 1e10)
     m = model(link)
     t, tx, j = net.matmul_seconds(1e9), link.seconds(activation_bytes(512)), net.add_seconds(1e9)
-    serial = host_sharing(["cpu", "cpu:1"])
+    serial = host_sharing(["cpu", "cpu:1"], threads=2, groups=False)
     split = simulate(net.g, m, BATCH, "cpu", {"a": "cpu", "b": "cpu:1", "join": "cpu"}, sharing=serial)
     assert split.seconds == pytest.approx(max(t, tx) + t + tx + j)
     s = place(net.g, m, BATCH, ["cpu", "cpu:1"], sharing=serial)
     assert set(s.layers.values()) == {"cpu"} and s.seconds == pytest.approx(2 * t + j)
     # concurrent waves on two threads run the branches side by side on one device, no transfer
-    waves = host_sharing(["cpu", "cpu:1"], concurrent=True, threads=2)
+    waves = host_sharing(["cpu", "cpu:1"], concurrent=True, threads=2, groups=False)
     assert simulate(net.g, m, BATCH, "cpu", sharing=waves).seconds == pytest.approx(t + j)
     s = place(net.g, m, BATCH, ["cpu", "cpu:1"], sharing=waves)
     assert s.seconds == pytest.approx(t + j)
+
+
+class GroupCosts(FlopsModel):
+    """The FLOP-rate model with what a grouped run costs beyond its nodes (cost.py measures it)."""
+    start_s, wait_s = 3e-5, 2e-6
+
+    def group_seconds(self, waits: int) -> float:
+        return self.start_s + waits * self.wait_s
+
+
+def test_core_groups_run_two_equal_independent_branches_side_by_side():
+    """cpu and cpu:1 as core groups: two equal branches on the two devices take the longer of the
+    two (plus the moves and the groups' own cost), not their sum; one device runs them in turn."""
+    net = _two_branches()
+    link = Link(1e-5, 1e10)
+    m = GroupCosts(BATCH, {"cpu": 1e9}, kernel_overhead_s=OVERHEAD, default_link=link)
+    t, tx, j = net.matmul_seconds(1e9), link.seconds(activation_bytes(512)), net.add_seconds(1e9)
+    groups = host_sharing(["cpu", "cpu:1"], threads=2, groups=True)
+    assert groups.groups and groups.describe().startswith("each host device runs its own nodes")
+    split = simulate(net.g, m, BATCH, "cpu", {"a": "cpu", "b": "cpu:1", "join": "cpu"}, sharing=groups)
+    # a on cpu [0, t]; x moves to cpu:1, b runs, its output moves back; the join after both;
+    # the groups' start, and one wait: the join's for b (x is the run's input, there from the start)
+    overhead = m.start_s + m.wait_s
+    assert split.seconds == pytest.approx(max(t, tx + t + tx) + j + overhead)
+    assert split.busy == pytest.approx({"cpu": t + j, "cpu:1": t})
+    one = simulate(net.g, m, BATCH, "cpu", sharing=groups)
+    assert one.seconds == pytest.approx(2 * t + j)           # one device: no group, no cost
+    s = place(net.g, m, BATCH, ["cpu", "cpu:1"], sharing=groups)
+    assert s.layers["a"] != s.layers["b"] and s.seconds == pytest.approx(tx + t + j + m.start_s + m.wait_s)
+    # branches too small to pay for the groups' start stay on one device
+    small = GroupCosts(BATCH, {"cpu": 1e9}, kernel_overhead_s=OVERHEAD, default_link=link)
+    small.start_s = 2 * t
+    assert set(place(net.g, small, BATCH, ["cpu", "cpu:1"], sharing=groups).layers.values()) == {"cpu"}
 
 
 def test_a_placement_names_every_layer_of_a_fused_node():

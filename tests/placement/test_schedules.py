@@ -56,18 +56,19 @@ def test_every_layer_on_one_device_is_predicted_as_the_sum_of_its_kernels():
 
 @pytest.mark.parametrize("net_name,phase", [(INCEPTION, "infer"), (INCEPTION, "train"), ("zoo:branchnet", "infer"),
                                             ("zoo:branchnet", "train")])
-@pytest.mark.parametrize("sharing", ["own cores", "serial host", "concurrent host"])
+@pytest.mark.parametrize("sharing", ["own cores", "core groups", "serial host", "concurrent host"])
 def test_the_placers_choice_is_within_ten_percent_of_the_best_schedule_by_the_model(net_name, phase, sharing):
     net = load_net(net_name)
     devices = ["cpu", "cpu:1"]
-    share = {"own cores": Sharing(), "serial host": host_sharing(devices),
-             "concurrent host": host_sharing(devices, concurrent=True, threads=2)}[sharing]
+    share = {"own cores": Sharing(), "core groups": host_sharing(devices, threads=2, groups=True),
+             "serial host": host_sharing(devices, groups=False),
+             "concurrent host": host_sharing(devices, concurrent=True, threads=2, groups=False)}[sharing]
     rows = {r.name: r.predicted.seconds for r in compare(net, phase, _model(), BATCH, devices, share,
                                                          weights=net.init_weights())}
     assert set(rows) == {"serial on cpu", "serial on cpu:1", "parallel", "greedy", "auto"}
     assert rows["auto"] <= rows["serial on cpu"] * (1 + 1e-12)
     assert rows["auto"] <= 1.1 * min(rows.values())
-    if sharing != "own cores":
+    if sharing in ("serial host", "concurrent host"):
         # cpu and cpu:1 share the cores: a split only adds transfers, so one device is best
         assert rows["auto"] == pytest.approx(rows["serial on cpu"])
         assert rows["parallel"] > rows["serial on cpu"]

@@ -5,8 +5,8 @@ The placer (toolkit/placement/schedules.py's ``auto``) chooses a device for each
 phase compiled; the choice becomes the layers' ``device:`` keys, of the net compiled here and of
 the file ``--emit`` writes (readable, editable, trainable). The devices default to ``--device``
 and a second arena of the host (``cpu,cpu:1``; ``gpu,cpu`` under ``--device gpu``). The devices
-run as this toolkit's plans run them (placer.host_sharing): the host's devices take turns on
-its cores, or share its threads under ``TOOLKIT_CONCURRENT=1``.
+run as this toolkit's plans run them (placer.host_sharing): the host's devices as core groups,
+each beside the others (runtime/device_groups.py).
 """
 from __future__ import annotations
 
@@ -116,10 +116,7 @@ def place_net(args, net: Net) -> Placed | None:
         text = "\n".join(line for line in render_net(placed, folder=target.parent).splitlines()
                          if line != "placement: null") + "\n"
         atomic_write(target, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
-    lanes = sharing.lanes.get("host", 1)
-    runs = ("the host's devices take turns on its cores, one node at a time" if lanes == 1 else
-            f"the host's devices share its {lanes} threads, {lanes} independent nodes at a time")
-    return Placed(placed, devices, schedule, runs, model_name)
+    return Placed(placed, devices, schedule, sharing.describe(), model_name)
 
 
 def placement_report(placed: Placed) -> dict:

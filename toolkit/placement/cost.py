@@ -52,6 +52,7 @@ from ..ir.dims import Sym, evaluate, format_dim
 from ..ir.graph import FLOAT_DTYPES, Graph, Node, TensorType, Value
 from ..ops import Builder
 from ..ops.base import get_op
+from ..runtime.device_groups import group_makespan
 from ..runtime.execution import kernel_dtype
 from ..version import __version__
 from .model import Link, value_bytes
@@ -220,8 +221,8 @@ def load_cache(path: Path | None = None) -> dict:
     """The cached measurements of this machine: {"ops": {key: [flops, bytes, [seconds, ...],
     family]}
     (the latest ``KEPT_MEASUREMENTS`` measurements of each),
-    "links": {"src->dst": [latency_s, bytes_per_s]}}; empty where the file is missing, does not
-    parse, or names another machine or version (never trusted then)."""
+    "links": {"src->dst": [latency_s, bytes_per_s], "groups": [start_s, wait_s]}}; empty where
+    the file is missing, does not parse, or names another machine or version (never trusted then)."""
     empty = {"ops": {}, "links": {}}
     path = path or cache_path()
     try:
@@ -267,6 +268,14 @@ class MeasuredModel:
     fits: dict[tuple[str, str], Fit | None] = field(default_factory=dict)
     # family_key -> [(seconds, FLOPs, bytes)]: the same node measured at other sizes
     families: dict[str, list] = field(default_factory=dict)
+    # what running the host's devices as core groups costs beyond their steps: each run's start
+    # and end (the helper threads woken and joined), and each wait for another device's step
+    group_start_s: float = 0.0
+    group_wait_s: float = 0.0
+
+    def group_seconds(self, waits: int) -> float:
+        """What a grouped run with ``waits`` waits across devices costs beyond its steps."""
+        return self.group_start_s + waits * self.group_wait_s
 
     def key(self, node: Node, device: Device) -> str:
         return op_key(node, self.bindings, parse_device(device).kind, self.threads)
@@ -331,7 +340,7 @@ def _stand_in(v: Value, bindings, rng) -> np.ndarray:
     return np.zeros(shape, dtype=v.dtype)
 
 
-def _plan_of(graph: Graph, bindings, device, concurrent: bool | None):
+def _plan_of(graph: Graph, bindings, device, concurrent: bool | None, threads: int | None = None):
     from ..runtime.plan import Plan
     rng = np.random.default_rng(0)
     weights = {}
@@ -341,7 +350,7 @@ def _plan_of(graph: Graph, bindings, device, concurrent: bool | None):
             weights[name] = np.full(_bound_shape(w.value, {}), init.get("value", 0.0), dtype=w.value.dtype)
         else:
             weights[name] = _stand_in(w.value, {}, rng)
-    return Plan(graph, bindings, weights, device, concurrent=concurrent, capture=False)
+    return Plan(graph, bindings, weights, device, concurrent=concurrent, capture=False, threads=threads)
 
 
 def _inputs_of(graph: Graph, bindings) -> dict[str, np.ndarray]:
@@ -356,18 +365,21 @@ def _inputs_of(graph: Graph, bindings) -> dict[str, np.ndarray]:
 
 
 def profile_steps(plan, inputs, runs: int = PROFILED_RUNS, warmup: int = WARMUP_RUNS,
-                  min_seconds: float = MIN_PROFILED_SECONDS, whole_run: bool = True) -> list[float]:
+                  min_seconds: float = MIN_PROFILED_SECONDS, whole_run: bool = True,
+                  group_costs: tuple[float, float] = (0.0, 0.0)) -> list[float]:
     """Each step's median seconds over at least ``runs`` profiled runs, and as many more as fill
     ``min_seconds`` (up to ``MAX_PROFILED_RUNS``), after ``warmup`` plain runs and a tenth of that
     time: on a shared machine another process's burst can last longer than a few runs of a small
     net, and the median only sees past it when the runs are spread over a longer time.
 
     ``whole_run``: each profiled run follows a plain one, timed, and the medians are scaled to add
-    up to the plain runs' median (as the plan runs them: one after another, or in its waves on the
-    threads), so that the copies of a run's inputs and the gaps between its
-    calls are in the steps' times, and the interruptions of a busy machine: nearly every run is
-    interrupted somewhere, but each step's median is one of its uninterrupted times, and their sum
-    fell 35% short of the median run under a load of 8 on 2 cores."""
+    up to the plain runs' median (as the plan runs them: one after another, in its waves on the
+    threads, or each device's steps on its own thread: device_groups.group_makespan), so that
+    the copies of a run's inputs and the gaps between its calls are in the steps' times, and the
+    interruptions of a busy machine: nearly every run is interrupted somewhere, but each step's
+    median is one of its uninterrupted times, and their sum fell 35% short of the median run
+    under a load of 8 on 2 cores. A grouped plan's run less its groups' own cost (``group_costs``:
+    start, per wait; the model adds it back as a whole) is what its steps are scaled to."""
     start = time.perf_counter()
     done = 0
     while done < warmup or time.perf_counter() - start < min_seconds / 10:
@@ -382,12 +394,20 @@ def profile_steps(plan, inputs, runs: int = PROFILED_RUNS, warmup: int = WARMUP_
             plain.append(time.perf_counter() - began)
         rows.append([s for _, s in plan.profile(inputs)])
     medians = np.median(np.array(rows), axis=0)
-    # what the steps' times add up to in a plain run: their sum, or their waves' on the threads
-    # (a profiled run of a concurrent plan times its steps one after another)
-    waves = getattr(plan.schedule, "waves", None)
-    total = (waves_seconds(waves, medians, plan.execution.threads) if plan.execution.concurrent and waves
-             else medians.sum())
-    scale = float(np.median(plain) / total) if whole_run and total > 0 else 1.0
+    # what the steps' times add up to in a plain run: their sum, their waves' on the threads or
+    # their devices' groups' (a profiled run times its steps one after another)
+    waves, groups = getattr(plan.schedule, "waves", None), getattr(plan.schedule, "groups", None)
+    if plan.execution.concurrent and waves:
+        total = waves_seconds(waves, medians, plan.execution.threads)
+    elif groups is not None:
+        total = group_makespan(groups, [float(x) for x in medians])
+    else:
+        total = float(medians.sum())
+    run = float(np.median(plain)) if plain else 0.0
+    if groups is not None:
+        # the groups' own cost is the model's to add (MeasuredModel.group_seconds), not the steps'
+        run = max(run - group_costs[0] - group_costs[1] * groups.cross_edges(), run / 4)
+    scale = run / total if whole_run and total > 0 else 1.0
     return [float(x) * scale for x in medians]
 
 
@@ -402,17 +422,19 @@ def _file(cache: dict, node: Node, bindings, kind: str, threads: int, seconds: f
 
 
 def measure_graph(graph: Graph, bindings, device, cache: dict, concurrent: bool | None = None,
-                  runs: int = PROFILED_RUNS, plan=None) -> tuple[int, dict[str, int]]:
+                  runs: int = PROFILED_RUNS, plan=None, threads: int | None = None,
+                  group_costs: tuple[float, float] = (0.0, 0.0)) -> tuple[int, dict[str, int]]:
     """Profile ``graph``'s plan (``plan`` where the caller has built it, else one built here with
     stand-in weights) and file each step's median time in ``cache["ops"]``; nodes the plan
-    evaluates once when it is built (no step) cost 0. Returns (threads per kernel, each device's
-    arena bytes)."""
+    evaluates once when it is built (no step) cost 0. ``threads``: the plan's threads (default:
+    every free core). ``group_costs``: (start, wait) of a grouped run (``measure_groups``), left out
+    of its steps' times. Returns (threads per kernel, each device's arena bytes)."""
     from ..backend.placement import Placement
-    plan = plan if plan is not None else _plan_of(graph, bindings, device, concurrent)
+    plan = plan if plan is not None else _plan_of(graph, bindings, device, concurrent, threads)
     inputs = _inputs_of(graph, bindings)
-    threads = 1 if plan.execution.concurrent else plan.execution.threads
+    threads = plan.execution.kernel_threads
     where = Placement.of(graph, device)
-    seconds = profile_steps(plan, inputs, runs)
+    seconds = profile_steps(plan, inputs, runs, group_costs=group_costs)
     stepped = set()
     for node, s in zip(plan.steps, seconds):
         stepped.add(id(node))
@@ -450,16 +472,51 @@ def measure_link(src: str, dst: str, sizes=LINK_SIZES, runs: int = PROFILED_RUNS
     return Link(max(float(latency), 0.0), 1.0 / per_byte)
 
 
+def measure_groups(runs: int = 2000) -> tuple[float, float]:
+    """(a grouped run's start and end, each wait across devices), in seconds: the median time of
+    two core groups' run of empty steps, with no wait and with ten (runtime/device_groups.py)."""
+    from ..backend.devices import CPU
+    from ..runtime.device_groups import GroupRun, group_schedule
+    other = parse_device("cpu:1")
+
+    def median_run(edges: int) -> float:
+        on, reads, writes = [CPU, other], [[], []], [[(0, 0, 8)], [(1, 0, 8)]]
+        if edges:
+            on, reads, writes = [], [], []
+            for k in range(edges):                 # cpu writes a value, cpu:1 reads it
+                on += [CPU, other]
+                reads += [[], [(0, 8 * k, 8 * k + 8)]]
+                writes += [[(0, 8 * k, 8 * k + 8)], [(1, 8 * k, 8 * k + 8)]]
+        run = GroupRun(group_schedule((CPU, other), on, reads, writes, [False] * len(on), threads=1),
+                       [lambda: None] * len(on))
+        for _ in range(runs // 10):
+            run()
+        times = []
+        for _ in range(runs):
+            began = time.perf_counter()
+            run()
+            times.append(time.perf_counter() - began)
+        return float(np.median(times))
+    start = median_run(0)
+    return start, max((median_run(10) - start) / 10, 1e-9)
+
+
 def measured_model(graph: Graph, bindings: Mapping[str, int], default_device: Device | str = "cpu",
-                   concurrent: bool | None = None, cache_file: Path | None = None, plan=None) -> MeasuredModel:
+                   concurrent: bool | None = None, cache_file: Path | None = None, plan=None,
+                   threads: int | None = None) -> MeasuredModel:
     """The measured model of ``graph`` bound to ``bindings`` (its nodes placed by their layers'
     ``device:`` keys, else on ``default_device``): read from this machine's cache, measuring the
     graph's plan (a few seconds) when some node's time is not there yet, and the host's copies
     once per machine. ``concurrent``: the kernels as a plan with branches side by side runs them
     (one thread each); default: the ``TOOLKIT_CONCURRENT`` setting. ``plan``: the graph's plan
     where the caller has one (a benchmark's), measured instead of a second one built here; its
-    runs with stand-in inputs update a train step's weights, as any run does."""
+    runs with stand-in inputs update a train step's weights, as any run does. ``threads``: the
+    plan's threads (default: every free core); a graph placed over several host devices that
+    may run at once runs them as core groups (runtime/device_groups.py), each kernel on its
+    group's share, and is measured so. ``threads=1`` on a one-device graph gives the kernels'
+    times on one core: a two-group placement's on a two-core machine, for the placer to weigh."""
     from ..backend.placement import Placement
+    from ..runtime.device_groups import overlapping_devices
     from ..runtime.execution import choose_execution
     device = parse_device(default_device)
     where = Placement.of(graph, device)
@@ -467,14 +524,19 @@ def measured_model(graph: Graph, bindings: Mapping[str, int], default_device: De
         if not d.host_memory:
             raise KeyError(f"the measured cost model times host devices only, not {d}")
     cache = load_cache(cache_file)
-    execution = choose_execution(where.devices(graph), bindings, None, concurrent, None, True, None)
-    threads = 1 if execution.concurrent else execution.threads
+    execution = choose_execution(where.devices(graph), bindings, threads, concurrent, None, True, None,
+                                 running=overlapping_devices(graph, where))
+    asked, threads = threads, execution.kernel_threads
     changed = False
     missing = [n for n in graph.nodes
                if n.op != "transfer" and op_key(n, bindings, where.node(n).kind, threads) not in cache["ops"]]
     arenas: dict[str, int] = {}
+    if "groups" not in cache["links"]:
+        cache["links"]["groups"] = list(measure_groups())
+        changed = True
     if missing:
-        threads, arenas = measure_graph(graph, bindings, device, cache, concurrent, plan=plan)
+        threads, arenas = measure_graph(graph, bindings, device, cache, concurrent, plan=plan, threads=asked,
+                                        group_costs=tuple(cache["links"]["groups"]))
         changed = True
     if "cpu->cpu" not in cache["links"]:
         link = measure_link("cpu", "cpu:1")
@@ -484,12 +546,14 @@ def measured_model(graph: Graph, bindings: Mapping[str, int], default_device: De
         save_cache(cache, cache_file)
     if not arenas:
         arenas = _arenas(graph, bindings, device, execution.concurrent)
-    links = {tuple(k.split("->")): Link(*v) for k, v in cache["links"].items()}
+    links = {tuple(k.split("->")): Link(*v) for k, v in cache["links"].items() if "->" in k}
+    group_start, group_wait = cache["links"]["groups"]
     ops = {k: (float(np.median(v[2])), v[0], v[1]) for k, v in cache["ops"].items()}
     families: dict[str, list] = {}
     for k, v in cache["ops"].items():
         families.setdefault(v[3], []).append(ops[k])
-    return MeasuredModel(dict(bindings), ops, links, threads, arenas, families=families)
+    return MeasuredModel(dict(bindings), ops, links, threads, arenas, families=families, group_start_s=group_start,
+                         group_wait_s=group_wait)
 
 
 def _arenas(graph: Graph, bindings, device, concurrent: bool) -> dict[str, int]:

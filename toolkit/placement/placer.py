@@ -3,9 +3,12 @@ simulation that predicts a placement's step time by a ``CostModel``.
 
 The simulation (``simulate``): each executor runs its nodes in the order given, as many at once
 as it has lanes; an executor is a device of its own, or the host's cores that its devices share
-(``Sharing``: in this toolkit's plans ``cpu`` and ``cpu:1`` take turns, one node at a time, or
-as many as there are threads under ``TOOLKIT_CONCURRENT=1``, a lane free as soon as its node
-ends where the plan's waves wait for the whole wave). A node starts when a lane of its executor
+(``Sharing``). In this toolkit's plans ``cpu`` and ``cpu:1`` are core groups
+(runtime/device_groups.py): each runs its own nodes, one at a time, beside the other, each
+kernel on its share of the cores (the cost model of a placed graph times its kernels so).
+With ``TOOLKIT_DEVICE_GROUPS=0`` they take turns, one node at a time, or as many as there are
+threads under ``TOOLKIT_CONCURRENT=1``, a lane free as soon as its node ends where the plan's
+waves wait for the whole wave. A node starts when a lane of its executor
 is free and every input has arrived; a value read on another device
 than its own arrives ``transfer_seconds`` after it was made (once per value and destination, as
 place_devices moves it), the link running beside the devices' work. Constants are everywhere
@@ -47,10 +50,12 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping
 
 from ..backend.devices import Device, parse_device
-from ..backend.placement import layer_of_scope
+from ..backend.placement import Placement, layer_of_scope
 from ..errors import UserError
 from ..ir.graph import Graph, Node, Value
 from ..passes.rewrite import CONSTANT_OPS
+from ..runtime.device_groups import overlapping_devices
+from ..settings import current
 from .model import CostModel, value_bytes
 
 IMPROVEMENT_ROUNDS = 3
@@ -62,11 +67,22 @@ class Sharing:
     (devices not named have an executor of their own) and ``lanes`` {executor name: how many
     nodes it runs at once} (default 1). The slides' model, every device its own processor, is
     ``Sharing()``; this toolkit's host runtime is ``host_sharing``: ``cpu`` and ``cpu:1`` are two
-    memory arenas on the same cores, so their nodes take turns."""
+    core groups, each its own executor (or, with core groups off, two memory arenas on the same
+    cores, whose nodes take turns)."""
     executor: Mapping[str, str] = field(default_factory=dict)
     lanes: Mapping[str, int] = field(default_factory=dict)
     # the host's devices draw on one memory: their bytes count together against its limit
     host_memory_shared: bool = False
+    # the host's devices run as core groups, each beside the others
+    groups: bool = False
+
+    def describe(self) -> str:
+        """How the host's devices run, in words (``toolkit compile --place auto`` prints it)."""
+        if self.groups:
+            return "each host device runs its own nodes on its share of the cores, one node at a time each"
+        lanes = self.lanes.get("host", 1)
+        return ("the host's devices take turns on its cores, one node at a time" if lanes == 1 else
+                f"the host's devices share its {lanes} threads, {lanes} independent nodes at a time")
 
     def of(self, device: Device) -> tuple[str, int]:
         name = self.executor.get(str(device), str(device))
@@ -78,12 +94,20 @@ class Sharing:
         return "host" if self.host_memory_shared and device.host_memory else str(device)
 
 
-def host_sharing(devices: Iterable[Device | str], concurrent: bool = False, threads: int = 1) -> Sharing:
-    """How a plan of this toolkit runs ``devices``: every host device (``cpu:N``) on the host's
-    cores, one node at a time (each op splitting its batch over the threads), or with
-    ``concurrent`` (``TOOLKIT_CONCURRENT=1``) ``threads`` nodes at a time whatever their device;
-    a GPU is a processor of its own."""
+def host_sharing(devices: Iterable[Device | str], concurrent: bool = False, threads: int = 1,
+                 groups: bool | None = None) -> Sharing:
+    """How a plan of this toolkit runs ``devices``: with ``groups`` (the ``device_groups``
+    setting, on by default; with more than one thread) every host device (``cpu:N``) is an
+    executor of its own, one node at a time (``threads`` at a time under ``concurrent``: right
+    for a placement on one device, whose plan runs waves, optimistic for one over several,
+    whose plan runs groups); without, the host's devices share its cores, one node at a time
+    (each op splitting its batch over the threads), or with ``concurrent``
+    (``TOOLKIT_CONCURRENT=1``) ``threads`` nodes at a time whatever their device. A GPU is a
+    processor of its own."""
+    groups = current().device_groups if groups is None else groups
     host = [parse_device(d) for d in devices if parse_device(d).host_memory]
+    if groups and threads > 1:
+        return Sharing({}, {str(d): threads if concurrent else 1 for d in host}, host_memory_shared=True, groups=True)
     return Sharing({str(d): "host" for d in host}, {"host": threads if concurrent else 1}, host_memory_shared=True)
 
 
@@ -252,7 +276,25 @@ def simulate(graph: Graph, model: CostModel, bindings: Mapping[str, int], defaul
     # every layer a node came from runs where the node does (``conv1+relu1``: both on conv1's)
     placed = {layer_of_scope(part): layer_device(layer_of_scope(n.scope))
               for n in graph.nodes if _runs(n) for part in n.scope.split("+") if " " not in part}
-    return _schedule(sim, dict(sorted(placed.items())), how)
+    schedule = _schedule(sim, dict(sorted(placed.items())), how)
+    schedule.seconds += _group_cost(graph, model, Placement(default, chosen), sim.sharing)
+    return schedule
+
+
+def _group_cost(graph: Graph, model: CostModel, where: Placement, sharing: Sharing) -> float:
+    """What running the host's devices as core groups costs beyond the nodes (the helpers' start,
+    a wait per value crossing devices; ``MeasuredModel.group_seconds``), where the plan will run
+    them so: core groups on, and two devices that may run at once (runtime/device_groups.py)."""
+    cost = getattr(model, "group_seconds", None)
+    if cost is None or not sharing.groups:
+        return 0.0
+    running = overlapping_devices(graph, where)
+    if len(running) < 2 or not all(d.host_threads for d in running):
+        return 0.0
+    crossing = {(v.id, where.node(n)) for n in graph.nodes if n.op not in CONSTANT_OPS for v in n.inputs
+                if v.producer is not None and v.producer.op not in CONSTANT_OPS
+                and where.node(v.producer) != where.node(n)}
+    return cost(len(crossing))
 
 
 def _group_needs(graph: Graph, groups: Mapping[str, str], bindings) -> dict[str, int]:

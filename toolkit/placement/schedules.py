@@ -8,8 +8,11 @@ parallel, greedy) and the placer's choice, as placements of a net that one simul
 - **greedy**: each layer, in the graph's order, to the device where its first node finishes
   first (earliest finish time, no look-ahead);
 - **auto** (``auto``): the placer (placer.py, HEFT with memory limits) on the one-device
-  graph and on that graph with the branches' GEMMs left unbatched, and the parallel placement as
-  one more candidate; the fastest prediction that fits wins.
+  graph and on that graph with the branches' GEMMs left unbatched, the parallel placement and
+  every layer on the default device as more candidates; the fastest prediction that fits wins.
+  Where the host's devices run as core groups, the placer weighs each node at its time on a
+  group's share of the cores (``share_model``), and each candidate is judged by the model of the
+  graph it compiles to, measured as its plan runs (a one-device plan's kernels on every core).
 
 Each placement is predicted on the graph the compiler makes of it (``placed_graph``: the net's
 layers given those devices, then the whole pass pipeline, transfers included), so fusions a
@@ -30,6 +33,9 @@ from ..errors import UserError
 from ..frontend import Net
 from ..ir.graph import Graph
 from ..passes.rewrite import CONSTANT_OPS
+from ..runtime.device_groups import group_threads
+from ..runtime.parallel import default_threads
+from .cost import MeasuredModel, measured_model
 from .model import CostModel
 from .placer import Schedule, Sharing, layer_groups, place, simulate
 
@@ -70,11 +76,15 @@ def auto(net: Net, phase: str, model: CostModel, bindings: Mapping[str, int], de
     ask = model_of or (lambda graph: model)
     devices = [parse_device(d) for d in devices]
     default = parse_device(default) if default is not None else devices[0]
-    candidates: list[tuple[dict[str, str], str]] = []
+    # every layer on one device is a candidate too, judged like the others: a placer weighing
+    # nodes at a core group's share could otherwise never compare it at every core's speed
+    home = default if default in devices else devices[0]
+    candidates: list[tuple[dict[str, str], str]] = [(serial(net_graph(net, phase), home), f"every layer on {home}")]
     views = [disable] + ([disable + (JOINS_BRANCHES,)] if JOINS_BRANCHES not in disable else [])
     for view in views:
         seen = placed_graph(net, phase, {}, default, weights, view)
-        chosen = place(seen, ask(seen), bindings, devices, default, sharing)
+        chosen = place(seen, share_model(seen, ask(seen), bindings, devices, default, sharing), bindings, devices,
+                       default, sharing)
         candidates.append((chosen.layers, chosen.how + ("" if view == disable else f", branches apart "
                                                                                      f"({JOINS_BRANCHES} off)")))
     if len(devices) > 1 and blocks(net_graph(net, phase)):
@@ -89,6 +99,21 @@ def auto(net: Net, phase: str, model: CostModel, bindings: Mapping[str, int], de
     if best is None:
         raise UserError("no placement over " + ", ".join(map(str, devices)) + " fits their memory")
     return best
+
+
+def share_model(graph: Graph, model: CostModel, bindings: Mapping[str, int], devices: list[Device],
+                default: Device, sharing: Sharing | None) -> CostModel:
+    """The model a placer weighs ``graph``'s nodes by: where the host's devices run as core groups
+    and ``model`` is measured on this machine, the same graph measured with each kernel on one
+    group's share of the cores (the plan's threads over the host devices), since a placement
+    that uses several devices runs each kernel so; else ``model``."""
+    host = [d for d in devices if d.host_memory]
+    if sharing is None or not sharing.groups or len(host) < 2 or not isinstance(model, MeasuredModel):
+        return model
+    share = group_threads(default_threads(), len(host))
+    if share == model.threads:
+        return model
+    return measured_model(graph, bindings, default, threads=share)
 
 
 def _forward_layers(graph: Graph) -> tuple[list[str], dict[str, set[str]], dict[str, set[str]]]:
@@ -185,7 +210,8 @@ def compare(net: Net, phase: str, model: CostModel | None, bindings: Mapping[str
     one_device = placed_graph(net, phase, {}, default, weights)
     candidates: dict[str, dict[str, str]] = {f"serial on {d}": serial(lowered, d) for d in devices}
     candidates["parallel"] = parallel(lowered, devices)
-    candidates["greedy"] = greedy(one_device, ask(one_device), bindings, devices, sharing)
+    candidates["greedy"] = greedy(one_device, share_model(one_device, ask(one_device), bindings, devices, default,
+                                                          sharing), bindings, devices, sharing)
     candidates["auto"] = auto(net, phase, model, bindings, devices, sharing, weights, model_of=model_of).layers
     candidates.update({k: dict(v) for k, v in (manual or {}).items()})
     rows = []

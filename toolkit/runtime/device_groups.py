@@ -188,6 +188,19 @@ def group_schedule(devices: tuple[Device, ...], step_devices: list[Device], read
     return GroupSchedule(devices, group_of, order, waits, frozenset(signals), threads)
 
 
+def group_makespan(schedule: GroupSchedule, seconds: list[float]) -> float:
+    """How long the groups take to run steps of ``seconds`` each: each group's steps one after
+    another, each after the other groups' steps it waits for (what the cost model predicts a
+    grouped plan's run by, and scales its profiled steps to)."""
+    finish = [0.0] * len(seconds)
+    free = [0.0] * len(schedule.order)
+    for s in range(len(seconds)):             # the plan's order puts every wait's step first
+        g = schedule.group_of[s]
+        start = max([free[g]] + [finish[schedule.order[h][count - 1]] for h, count in schedule.waits[s]])
+        finish[s] = free[g] = start + seconds[s]
+    return max(free, default=0.0)
+
+
 class _Stopped(Exception):
     """Another group failed: this one stops at its next wait."""
 
