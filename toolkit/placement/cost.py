@@ -6,7 +6,8 @@ An op's time is the median of its step's time over profiled runs of the graph's 
 (``Plan.profile``, as ``toolkit bench --per-layer`` times it), so each kernel is timed among its
 neighbours, with the caches as a real run leaves them; the medians are scaled to add up to the
 plan's median plain run (``profile_steps`` says why). Times are kept per (op, kernel dtype,
-bound shapes and attributes, device kind, threads per kernel): ``cpu`` and ``cpu:1`` are the
+bound shapes and attributes, device kind, threads per kernel, ``1/2`` for one thread in each of
+two core groups: ``kernel_runs``): ``cpu`` and ``cpu:1`` are the
 same cores and kernels, so they share their entries. A shape not measured is predicted from
 the same node measured at other sizes (``family_key``: its symbolic shapes unbound), time = a +
 b * its work (``scaled_from``); failing that, a fitted time (``Fit``): time = a + b * FLOPs +
@@ -114,7 +115,18 @@ def _attr_text(value) -> str:
     return type(value).__name__
 
 
-def op_key(node: Node, bindings: Mapping[str, int], kind: str, threads: int) -> str:
+def kernel_runs(execution) -> int | str:
+    """How a plan's kernels run, as its measurements are filed: the threads each kernel uses, and
+    where devices run as core groups, how many groups run beside it (``1/2``): a kernel beside
+    another group's takes longer than alone on its share of the cores (the cores' caches and
+    memory, and on a busy machine the cores themselves, are shared), and only a grouped plan's
+    own measurement says how much longer."""
+    if execution.groups:
+        return f"{execution.kernel_threads}/{len(execution.groups)}"
+    return execution.kernel_threads
+
+
+def op_key(node: Node, bindings: Mapping[str, int], kind: str, threads: int | str) -> str:
     """What a measured time is filed under: the op, its kernel's dtype, its bound input and output
     shapes and attributes, the device kind and the threads each kernel may use."""
     text = "|".join([node.op, kernel_dtype(node), kind, str(threads),
@@ -124,7 +136,7 @@ def op_key(node: Node, bindings: Mapping[str, int], kind: str, threads: int) -> 
     return f"{node.op}/{kind}/{hashlib.sha1(text.encode()).hexdigest()[:20]}"
 
 
-def family_key(node: Node, kind: str, threads: int) -> str:
+def family_key(node: Node, kind: str, threads: int | str) -> str:
     """What the measurements of one node at several sizes share: ``op_key`` with the symbolic
     sizes left unbound (``N*16``), so that a node at a batch not measured is predicted from the
     same node at the batches that were."""
@@ -259,11 +271,12 @@ def save_cache(cache: dict, path: Path | None = None) -> None:
 class MeasuredModel:
     """``CostModel`` from this machine's measurements (see the module's docstring). ``ops``:
     key -> (seconds, FLOPs, bytes); ``links``: (source kind, destination kind) -> ``Link``;
-    ``threads``: the threads each kernel was measured with (1 where branches run side by side)."""
+    ``threads``: how each kernel was measured (``kernel_runs``: its threads, 1 where branches run
+    side by side, ``1/2`` beside another core group)."""
     bindings: Mapping[str, int]
     ops: dict[str, tuple[float, float, float]]
     links: dict[tuple[str, str], Link]
-    threads: int
+    threads: int | str
     arenas: dict[str, int] = field(default_factory=dict)
     fits: dict[tuple[str, str], Fit | None] = field(default_factory=dict)
     # family_key -> [(seconds, FLOPs, bytes)]: the same node measured at other sizes
@@ -411,7 +424,7 @@ def profile_steps(plan, inputs, runs: int = PROFILED_RUNS, warmup: int = WARMUP_
     return [float(x) * scale for x in medians]
 
 
-def _file(cache: dict, node: Node, bindings, kind: str, threads: int, seconds: float) -> None:
+def _file(cache: dict, node: Node, bindings, kind: str, threads: int | str, seconds: float) -> None:
     """Add a measurement of ``node``, keeping the latest ``KEPT_MEASUREMENTS``."""
     key = op_key(node, bindings, kind, threads)
     entry = cache["ops"].get(key)
@@ -423,16 +436,16 @@ def _file(cache: dict, node: Node, bindings, kind: str, threads: int, seconds: f
 
 def measure_graph(graph: Graph, bindings, device, cache: dict, concurrent: bool | None = None,
                   runs: int = PROFILED_RUNS, plan=None, threads: int | None = None,
-                  group_costs: tuple[float, float] = (0.0, 0.0)) -> tuple[int, dict[str, int]]:
+                  group_costs: tuple[float, float] = (0.0, 0.0)) -> tuple[int | str, dict[str, int]]:
     """Profile ``graph``'s plan (``plan`` where the caller has built it, else one built here with
     stand-in weights) and file each step's median time in ``cache["ops"]``; nodes the plan
     evaluates once when it is built (no step) cost 0. ``threads``: the plan's threads (default:
     every free core). ``group_costs``: (start, wait) of a grouped run (``measure_groups``), left out
-    of its steps' times. Returns (threads per kernel, each device's arena bytes)."""
+    of its steps' times. Returns (how its kernels ran: ``kernel_runs``, each device's arena bytes)."""
     from ..backend.placement import Placement
     plan = plan if plan is not None else _plan_of(graph, bindings, device, concurrent, threads)
     inputs = _inputs_of(graph, bindings)
-    threads = plan.execution.kernel_threads
+    threads = kernel_runs(plan.execution)
     where = Placement.of(graph, device)
     seconds = profile_steps(plan, inputs, runs, group_costs=group_costs)
     stepped = set()
@@ -472,23 +485,24 @@ def measure_link(src: str, dst: str, sizes=LINK_SIZES, runs: int = PROFILED_RUNS
     return Link(max(float(latency), 0.0), 1.0 / per_byte)
 
 
-def measure_groups(runs: int = 2000) -> tuple[float, float]:
+def measure_groups(runs: int = 1000, handoffs: int = 20) -> tuple[float, float]:
     """(a grouped run's start and end, each wait across devices), in seconds: the median time of
-    two core groups' run of empty steps, with no wait and with ten (runtime/device_groups.py)."""
+    two core groups' run of empty steps with no wait, and of a chain of empty steps that passes
+    from one group to the other ``handoffs`` times, each wait then a sleep and a wake-up
+    (runtime/device_groups.py). A plan's waits find their step done already as often as not:
+    the chain's is the cost of the wait that does not."""
     from ..backend.devices import CPU
     from ..runtime.device_groups import GroupRun, group_schedule
     other = parse_device("cpu:1")
 
-    def median_run(edges: int) -> float:
-        on, reads, writes = [CPU, other], [[], []], [[(0, 0, 8)], [(1, 0, 8)]]
-        if edges:
-            on, reads, writes = [], [], []
-            for k in range(edges):                 # cpu writes a value, cpu:1 reads it
-                on += [CPU, other]
-                reads += [[], [(0, 8 * k, 8 * k + 8)]]
-                writes += [[(0, 8 * k, 8 * k + 8)], [(1, 8 * k, 8 * k + 8)]]
-        run = GroupRun(group_schedule((CPU, other), on, reads, writes, [False] * len(on), threads=1),
-                       [lambda: None] * len(on))
+    def median_run(steps: int) -> float:
+        on = [CPU if k % 2 == 0 else other for k in range(steps)]
+        reads = [[(k - 1, 0, 8)] if k else [] for k in range(steps)]      # each reads the one before
+        writes = [[(k, 0, 8)] for k in range(steps)]
+        if steps == 2:
+            reads = [[], []]                                                 # two steps apart: no wait
+        run = GroupRun(group_schedule((CPU, other), on, reads, writes, [False] * steps, threads=1),
+                       [lambda: None] * steps)
         for _ in range(runs // 10):
             run()
         times = []
@@ -497,8 +511,8 @@ def measure_groups(runs: int = 2000) -> tuple[float, float]:
             run()
             times.append(time.perf_counter() - began)
         return float(np.median(times))
-    start = median_run(0)
-    return start, max((median_run(10) - start) / 10, 1e-9)
+    start = median_run(2)
+    return start, max((median_run(handoffs + 1) - start) / handoffs, 1e-9)
 
 
 def measured_model(graph: Graph, bindings: Mapping[str, int], default_device: Device | str = "cpu",
@@ -526,7 +540,7 @@ def measured_model(graph: Graph, bindings: Mapping[str, int], default_device: De
     cache = load_cache(cache_file)
     execution = choose_execution(where.devices(graph), bindings, threads, concurrent, None, True, None,
                                  running=overlapping_devices(graph, where))
-    asked, threads = threads, execution.kernel_threads
+    asked, threads = threads, kernel_runs(execution)
     changed = False
     missing = [n for n in graph.nodes
                if n.op != "transfer" and op_key(n, bindings, where.node(n).kind, threads) not in cache["ops"]]
