@@ -259,6 +259,9 @@ class _Helper:
 
 _helpers: list[_Helper] = []
 _helpers_lock = threading.Lock()
+# one grouped run at a time in the process: the helpers are shared, and two runs dealing jobs to
+# them from two threads could each find its other group queued behind the other run's
+_run_lock = threading.Lock()
 
 
 def _helper_threads(n: int) -> list[_Helper]:
@@ -300,10 +303,11 @@ class GroupRun:
 
     def __call__(self) -> None:
         progress = _Progress(len(self.programs))
-        for g, helper in enumerate(self.helpers, start=1):
-            helper.jobs.put((self.cores[g], lambda g=g: self._run_group(g, progress)))
-        self._run_group(0, progress)
-        for helper in self.helpers:
-            helper.done.get()
+        with _run_lock:
+            for g, helper in enumerate(self.helpers, start=1):
+                helper.jobs.put((self.cores[g], lambda g=g: self._run_group(g, progress)))
+            self._run_group(0, progress)
+            for helper in self.helpers:
+                helper.done.get()
         if progress.failed:
             raise min(progress.failed, key=lambda item: item[0])[1]
