@@ -2,6 +2,9 @@
 """The measured cost model against the clock: for each net, phase and placement over ``cpu`` and
 ``cpu:1``, the step time the model predicts (toolkit/placement/predict.py, as `toolkit bench`
 prints it) beside the measured median of the same plan, and whether the placements rank alike.
+A placement whose two devices have work that can run at once runs them as two core groups
+(runtime/device_groups.py; the table's "runs" column; ``TOOLKIT_DEVICE_GROUPS=0``: one step after
+another, as before).
 
     python benchmarks/cost_model.py [--net lenet --net inception ...] [--batch 16] [--rounds 3]
     TOOLKIT_CONCURRENT=1 python benchmarks/cost_model.py --net branchnet --net inception
@@ -64,15 +67,15 @@ def net_path(source: str, tmp: Path) -> str:
     return str(out / "net.yaml")
 
 
-def one(path: str, layers: list[str], batch: int, train: bool, iters: int) -> tuple[float, float, int]:
-    """(predicted ms, measured median ms, fitted kernels) of one placement."""
+def one(path: str, layers: list[str], batch: int, train: bool, iters: int) -> tuple[float, float, int, str]:
+    """(predicted ms, measured median ms, fitted kernels, how the plan runs) of one placement."""
     net = load_net(path, parse_overrides([f"layers.{name}.device=cpu:1" for name in layers]))
     if train:
         net = _with_objective(net)
     plan, inputs = bench_plan(net, batch, train)
     predicted = predict_plan(plan)
     measured = float(np.median(time_plan(plan, inputs, iters, 3)))
-    return predicted.seconds * 1e3, measured * 1e3, predicted.fitted
+    return predicted.seconds * 1e3, measured * 1e3, predicted.fitted, predicted.schedule
 
 
 def main() -> int:
@@ -94,16 +97,17 @@ def main() -> int:
                 for name in nets:
                     for phase in phases:
                         for label, layers in NETS[name][1].items():
-                            pred, meas, fitted = one(paths[name], layers, args.batch, phase == "train", args.iters)
+                            pred, meas, fitted, runs = one(paths[name], layers, args.batch, phase == "train",
+                                                           args.iters)
                             records.append({"round": r, "net": name, "phase": phase, "placement": label,
-                                            "predicted_ms": pred, "measured_ms": meas, "fitted": fitted,
+                                            "predicted_ms": pred, "measured_ms": meas, "fitted": fitted, "runs": runs,
                                             "load": os.getloadavg()[0], "time": time.time()})
     if args.json:
         Path(args.json).write_text(json.dumps(records, indent=1))
     print(f"batch {args.batch}, {args.rounds} interleaved rounds, TOOLKIT_CONCURRENT="
           f"{os.environ.get('TOOLKIT_CONCURRENT', '0')}, load {np.median([r['load'] for r in records]):.1f}\n")
-    print("| net | phase | placement | predicted ms | measured ms | error | each round |")
-    print("| --- | --- | --- | ---: | ---: | ---: | --- |")
+    print("| net | phase | placement | runs | predicted ms | measured ms | error | each round |")
+    print("| --- | --- | --- | --- | ---: | ---: | ---: | --- |")
     ranks = []
     for name in nets:
         for phase in phases:
@@ -113,8 +117,8 @@ def main() -> int:
                 pred = float(np.median([x["predicted_ms"] for x in mine]))
                 meas = float(np.median([x["measured_ms"] for x in mine]))
                 each = " ".join(f"{100 * (x['predicted_ms'] / x['measured_ms'] - 1):+.0f}%" for x in mine)
-                print(f"| {name} | {phase} | {label} | {pred:.3f} | {meas:.3f} | {100 * (pred / meas - 1):+.1f}% "
-                      f"| {each} |")
+                print(f"| {name} | {phase} | {label} | {mine[0]['runs']} | {pred:.3f} | {meas:.3f} "
+                      f"| {100 * (pred / meas - 1):+.1f}% | {each} |")
                 rows.append((label, pred, meas))
             by_pred = [x[0] for x in sorted(rows, key=lambda x: x[1])]
             by_meas = [x[0] for x in sorted(rows, key=lambda x: x[2])]

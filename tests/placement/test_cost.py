@@ -195,11 +195,11 @@ def test_compile_explain_and_bench_give_the_prediction_beside_what_they_show(tmp
     assert text.status == as_json.status == plain.status == bench.status == 0
     (line,) = [line for line in text.out.splitlines() if line.startswith("predicted step time at N=8: ")]
     predicted = json.loads(as_json.out)["predicted"]
-    # the transfers are steps too: 2 here, each way once; the tanh branch runs beside the others
-    # on cpu:1's core group
-    assert predicted["schedule"] == "groups" and predicted["fitted"] == 0 and predicted["ms"] > 0
+    # the transfers are steps too: 2 here, each way once; the tanh branch is too little work to
+    # run beside the others on a core group of its own (runtime/device_groups.py)
+    assert predicted["schedule"] == "serial" and predicted["fitted"] == 0 and predicted["ms"] > 0
     assert f"{predicted['kernels']} of {predicted['kernels']} kernels timed on this machine" in line
-    assert "the plan running each device's steps on its own cores" in line
+    assert "the plan running its steps one after another" in line
     assert "predicted" not in json.loads(plain.out)            # measured only when asked for by name
     report = json.loads(bench.out)
     assert report["predicted"]["ms"] > 0 and report["predicted"]["kernels"] == report["kernel_calls"]

@@ -16,6 +16,7 @@ import toolkit.benchmarking as bench
 from toolkit import settings
 from toolkit.backend.devices import CPU, parse_device
 from toolkit.frontend.spec import parse_overrides
+from toolkit.runtime import device_groups
 from toolkit.runtime.device_groups import GroupRun, group_schedule
 from toolkit.runtime.plan import Plan
 from toolkit.zoo.resolve import load_net
@@ -50,6 +51,14 @@ train:
   max_iter: 10
 """
 B_CHAIN = ["b1", "b1_relu", "b1_drop", "b2"]
+
+
+@pytest.fixture(autouse=True)
+def small_nets_run_as_groups(request, monkeypatch):
+    """These nets are small, so that the tests are quick: their plans run as groups whatever
+    their work (the threshold has a test of its own)."""
+    if "threshold" not in request.node.name:
+        monkeypatch.setattr(device_groups, "MIN_GROUP_FLOPS", 0)
 
 
 @pytest.fixture
@@ -166,6 +175,21 @@ def test_devices_that_only_hand_a_chain_back_and_forth_run_one_after_another(mon
     assert infer.schedule.groups is None and infer.execution.kernel_threads == 2
     train, _ = bench.bench_plan(placed, 4, True)
     assert train.schedule.groups is not None and train.execution.kernel_threads == 1
+
+
+def test_the_threshold_keeps_too_little_work_on_one_device(monkeypatch):
+    """branchnet's tanh branch on cpu:1 is 0.3 MFLOP at batch 16: less than the handoffs cost,
+    so the plan runs one step after another; the Inception block's 3x3 tower there (over 100
+    MFLOP at batch 16) runs as two groups."""
+    monkeypatch.setattr(bench, "Plan", functools.partial(Plan, threads=2, concurrent=False))
+    small = load_net("zoo:branchnet", parse_overrides(["layers.branch_tanh.device=cpu:1",
+                                                       "layers.act_tanh.device=cpu:1"]))
+    plan, _ = bench.bench_plan(small, 16, False)
+    assert plan.schedule.groups is None and plan.execution.kernel_threads == 2
+    tower = ["t2_reduce", "t2_reduce_relu", "t2", "t2_relu"]
+    large = load_net(INCEPTION, parse_overrides([f"layers.{name}.device=cpu:1" for name in tower]))
+    plan, _ = bench.bench_plan(large, 16, False)
+    assert plan.schedule.groups is not None and plan.execution.kernel_threads == 1
 
 
 def _timed(calls, log):

@@ -539,7 +539,7 @@ def measured_model(graph: Graph, bindings: Mapping[str, int], default_device: De
             raise KeyError(f"the measured cost model times host devices only, not {d}")
     cache = load_cache(cache_file)
     execution = choose_execution(where.devices(graph), bindings, threads, concurrent, None, True, None,
-                                 running=overlapping_devices(graph, where))
+                                 running=overlapping_devices(graph, where, bindings))
     asked, threads = threads, kernel_runs(execution)
     changed = False
     missing = [n for n in graph.nodes

@@ -267,6 +267,11 @@ def simulate(graph: Graph, model: CostModel, bindings: Mapping[str, int], defaul
     def layer_device(layer: str) -> Device:
         return chosen.get(layer, default)
 
+    sharing = sharing or Sharing()
+    if sharing.groups and len(overlapping_devices(graph, Placement(default, chosen), bindings)) < 2:
+        # the plan will not run its devices as core groups (one device, a chain, too little
+        # work on the second): they take turns, one node at a time
+        sharing = Sharing({d: "host" for d in sharing.lanes}, {"host": 1}, host_memory_shared=True)
     sim = _Simulation(graph, model, bindings, default, layer_device, sharing)
     for node in (graph.nodes if order is None else order):
         if _runs(node):
@@ -277,18 +282,18 @@ def simulate(graph: Graph, model: CostModel, bindings: Mapping[str, int], defaul
     placed = {layer_of_scope(part): layer_device(layer_of_scope(n.scope))
               for n in graph.nodes if _runs(n) for part in n.scope.split("+") if " " not in part}
     schedule = _schedule(sim, dict(sorted(placed.items())), how)
-    schedule.seconds += _group_cost(graph, model, Placement(default, chosen), sim.sharing)
+    schedule.seconds += _group_cost(graph, model, Placement(default, chosen), sim.sharing, bindings)
     return schedule
 
 
-def _group_cost(graph: Graph, model: CostModel, where: Placement, sharing: Sharing) -> float:
+def _group_cost(graph: Graph, model: CostModel, where: Placement, sharing: Sharing, bindings) -> float:
     """What running the host's devices as core groups costs beyond the nodes (the helpers' start,
     a wait per value crossing devices; ``MeasuredModel.group_seconds``), where the plan will run
     them so: core groups on, and two devices that may run at once (runtime/device_groups.py)."""
     cost = getattr(model, "group_seconds", None)
     if cost is None or not sharing.groups:
         return 0.0
-    running = overlapping_devices(graph, where)
+    running = overlapping_devices(graph, where, bindings)
     if len(running) < 2 or not all(d.host_threads for d in running):
         return 0.0
     crossing = {(v.id, where.node(n)) for n in graph.nodes if n.op not in CONSTANT_OPS for v in n.inputs

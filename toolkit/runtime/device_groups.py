@@ -16,7 +16,8 @@ another device is not overwritten before the transfer has run (the transfer's re
 A plan on one device never comes here: its steps run as before (``schedule``), and neither
 does a plan whose devices only hand one chain of work back and forth (LeNet with ``ip1`` on
 ``cpu:1``: ``devices_overlap``), which loses more by its kernels' fewer threads than it could
-gain. Numpy kernels
+gain, or whose second busiest device has less than ``MIN_GROUP_FLOPS`` of work, which loses
+more to the handoffs. Numpy kernels
 are not split by rows in a group (they run on the group's one thread; the generated kernels are
 what use a group's cores), and each group borrows its own scratch (``group_share``).
 
@@ -31,16 +32,26 @@ import os
 import queue
 import threading
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Mapping
 
 from ..backend.devices import Device
 from ..hostcpu import usable_cores
+from ..ir.dims import evaluate
 from ..ir.graph import Graph
 from ..ops.base import get_op
 from ..settings import current
 from .concurrency import conflicts
 
 CONSTANT_OPS = ("constant", "scalar")      # no step: copied to each device that reads them
+
+# Below this much work (FLOPs a run) on the second busiest device, handing steps between two
+# threads costs more than running them beside each other saves: a grouped run's start and each
+# wait that sleeps cost tens of microseconds on a quiet 2-core EPYC and up to a time slice on a
+# busy one. Measured there (load 4-5): LeNet's train step at batch 16 with ip1 on cpu:1 (0.8
+# MFLOP on cpu:1) took 2.2 ms as two groups against 0.95 ms on one device; branchnet's infer
+# step at batch 16 with a branch on cpu:1 (0.3 MFLOP there) 0.09 against 0.03 ms; the Inception
+# block's towers at batch 16 (20-600 MFLOP a device) came within the rounds' spread of it.
+MIN_GROUP_FLOPS = 20_000_000
 
 
 def running_devices(graph: Graph, placement) -> list[Device]:
@@ -92,11 +103,31 @@ def devices_overlap(graph: Graph, placement, devices: list[Device]) -> bool:
     return False
 
 
-def overlapping_devices(graph: Graph, placement) -> list[Device]:
+def device_flops(graph: Graph, placement, bindings: Mapping[str, int]) -> dict[Device, float]:
+    """The FLOPs of each device's steps in a run under ``bindings``."""
+    work: dict[Device, float] = {}
+    for node in graph.nodes:
+        if node.op in CONSTANT_OPS:
+            continue
+        opdef = get_op(node.op)
+        flops = 0.0
+        if opdef.flops is not None:
+            flops = float(evaluate(opdef.flops([v.type for v in node.inputs], [v.type for v in node.outputs],
+                                               node.attrs), bindings))
+        where = placement.node(node)
+        work[where] = work.get(where, 0.0) + flops
+    return work
+
+
+def overlapping_devices(graph: Graph, placement, bindings: Mapping[str, int]) -> list[Device]:
     """The devices the graph's steps run on where two or more may run at once
-    (``devices_overlap``), else the one they run on first (a plan on one device, or a chain)."""
+    (``devices_overlap``) and the second busiest has ``MIN_GROUP_FLOPS`` of work, else the one
+    they run on first (a plan on one device, a chain, or work too small to share)."""
     running = running_devices(graph, placement)
-    if len(running) > 1 and not devices_overlap(graph, placement, running):
+    if len(running) < 2:
+        return running
+    work = sorted(device_flops(graph, placement, bindings).values(), reverse=True)
+    if len(work) < 2 or work[1] < MIN_GROUP_FLOPS or not devices_overlap(graph, placement, running):
         return running[:1]
     return running
 

@@ -91,7 +91,7 @@ class Plan:
         placement = Placement.of(graph, device)
         self.execution = choose_execution(placement.devices(graph), self.bindings, options.threads,
                                           options.concurrent, options.run_time_sizes, options.reuse_memory, runtime,
-                                          running=overlapping_devices(graph, placement))
+                                          running=overlapping_devices(graph, placement, self.bindings))
         self.build = built = build_plan(graph, self.bindings, weights, placement, self.execution, options.keep_inputs)
         out_names = list(graph.outputs) if options.outputs is None else options.outputs
         # concurrent waves need values of different branches apart: a buffer handed from one
