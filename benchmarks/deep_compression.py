@@ -165,7 +165,10 @@ def main(argv=None) -> int:
     try:
         layers = decode(args.prototxt, args.packed)
     except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(e, file=sys.stderr)             # its problems already begin "error:"
+        return 2
+    except OSError as e:
+        print(f"error: {e.filename}: {e.strerror}", file=sys.stderr)
         return 2
     kinds = {name: kind for name, kind, _, _ in weighted_layers(args.prototxt)}
     Path(args.out).write_bytes(caffemodel_bytes(layers, kinds))

@@ -135,13 +135,22 @@ def scores(fp32, other, labels) -> dict:
 
 
 def caffemodel_of(weights: str, prototxt: str, tmp: Path) -> Path:
+    """The caffemodel of ``weights``: itself, or a packed ``.net`` decoded."""
     if not weights.endswith(".net"):
         return Path(weights)
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from deep_compression import caffemodel_bytes, decode, weighted_layers
+
+    from toolkit.errors import UserError
+    try:
+        layers = decode(prototxt, weights)
+    except UserError as e:
+        raise SystemExit(str(e)) from None
+    except OSError as e:
+        raise SystemExit(f"error: {e.filename}: {e.strerror}") from None
     kinds = {name: kind for name, kind, _, _ in weighted_layers(prototxt)}
     out = tmp / "squeezenet.caffemodel"
-    out.write_bytes(caffemodel_bytes(decode(prototxt, weights), kinds))
+    out.write_bytes(caffemodel_bytes(layers, kinds))
     return out
 
 
@@ -201,9 +210,11 @@ def run(args) -> int:
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         caffemodel = caffemodel_of(args.weights, args.prototxt, tmp)
-        subprocess.run([sys.executable, "-m", "toolkit.cli", "import", "caffe", args.prototxt, "--weights",
-                        str(caffemodel), "--transform", "caffe-imagenet", "--out", str(tmp / "fp32")],
-                       cwd=ROOT, check=True, capture_output=True)
+        imported = subprocess.run([sys.executable, "-m", "toolkit.cli", "import", "caffe", args.prototxt,
+                                   "--weights", str(caffemodel), "--transform", "caffe-imagenet",
+                                   "--out", str(tmp / "fp32")], cwd=ROOT, capture_output=True, text=True)
+        if imported.returncode:
+            raise SystemExit(imported.stderr.strip() or f"error: toolkit import caffe {args.prototxt} failed")
         net_file, weights_file = tmp / "fp32" / "net.yaml", tmp / "fp32" / "model.safetensors"
         net = load_net(str(net_file))
         name, transform, calib_raw = read_photos(net, calibration, folder)
