@@ -53,3 +53,26 @@ def test_the_committed_list_names_real_photos_with_imagenet_labels():
     # the label is the photo's WordNet id's place among the 1000 sorted ids
     wnids = sorted(e["file"].split("_")[0] for e in labelled)
     assert all(wnids[e["label"]] == e["file"].split("_")[0] for e in labelled)
+
+
+def test_gather_writes_each_listed_file_from_its_repository_at_its_commit(tmp_path):
+    import subprocess
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(git[:3] + ["init", "-q"], check=True)
+    (repo / "images").mkdir()
+    (repo / "images" / "cat.jpg").write_bytes(b"first")
+    subprocess.run(git + ["add", "images/cat.jpg"], check=True)
+    subprocess.run(git + ["commit", "-q", "-m", "one"], check=True)
+    first = subprocess.run(git[:3] + ["rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    (repo / "images" / "cat.jpg").write_bytes(b"second")
+    subprocess.run(git + ["commit", "-q", "-am", "two"], check=True)
+    sources = {"groups": [{"repo": "a/b", "commit": first, "prefix": "ab-", "files": ["images/cat.jpg"]},
+                          {"repo": "c/d", "commit": "0" * 40, "files": [["x.JPEG", 3]]}]}
+    (tmp_path / "sources.json").write_text(json.dumps(sources))
+    args = _script().parse_args(["gather", "--repo", f"a/b={repo}", "--photos", str(tmp_path / "photos"),
+                                 "--sources", str(tmp_path / "sources.json")])
+    assert _script().gather(args) == 0
+    assert sorted(p.name for p in (tmp_path / "photos").iterdir()) == ["ab-cat.jpg"]     # c/d: no snapshot given
+    assert (tmp_path / "photos" / "ab-cat.jpg").read_bytes() == b"first"                # the listed commit's
