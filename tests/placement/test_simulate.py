@@ -87,3 +87,64 @@ def test_the_time_of_waves_is_the_sum_of_their_longest_shares():
     # shares dealt in turn: in wave [1, 2, 4] on two threads, steps 1 and 4 (2 + 5 s) beside step 2 (3 s)
     assert waves_seconds([[0], [1, 2, 4], [3]], [1.0, 2.0, 3.0, 4.0, 5.0], 2) == 1.0 + 7.0 + 4.0
     assert waves_seconds([[0, 1]], [1.0, 2.0], 1) == 3.0
+
+
+class _Each:
+    """Every step 1 ms, every copy 0.5 ms; a grouped run costs 0.3 ms to start and 0.1 ms a wait."""
+    group_start_s, group_wait_s = 3e-4, 1e-4
+
+    def op_seconds(self, node, device):
+        return 0.5e-3 if node.op == "transfer" else 1e-3
+
+    def transfer_seconds(self, value, src, dst):
+        return 0.5e-3
+
+    def measured(self, node, device):
+        return True
+
+    def group_seconds(self, waits):
+        return self.group_start_s + waits * self.group_wait_s
+
+
+def test_a_grouped_plan_is_predicted_by_its_devices_side_by_side(monkeypatch, tmp_path):
+    """Two chains of InnerProducts, one on each core group: the prediction is each device's steps
+    beside the other's, waits across them and the groups' own cost, not the sum of the steps."""
+    import functools
+
+    import toolkit.benchmarking as bench
+    from toolkit.frontend.spec import parse_overrides
+    from toolkit.placement.predict import predict_plan
+    from toolkit.runtime import device_groups
+    from toolkit.runtime.plan import Plan
+    from toolkit.zoo.resolve import load_net
+    path = tmp_path / "chains.yaml"
+    path.write_text("""
+name: chains
+inputs: {data: {shape: [N, 64], dtype: float32}}
+layers:
+  - {name: a1, type: InnerProduct, bottom: data, top: a1, num_output: 64}
+  - {name: a2, type: InnerProduct, bottom: a1, top: a2, num_output: 64}
+  - {name: b1, type: InnerProduct, bottom: data, top: b1, num_output: 64}
+  - {name: b2, type: InnerProduct, bottom: b1, top: b2, num_output: 64}
+  - {name: joined, type: Concat, bottom: [a2, b2], top: joined}
+outputs: [joined]
+""")
+    monkeypatch.setattr(device_groups, "MIN_GROUP_FLOPS", 0)
+    monkeypatch.setattr(bench, "Plan", functools.partial(Plan, threads=2, concurrent=False))
+    placed = load_net(str(path), parse_overrides(["layers.b1.device=cpu:1", "layers.b2.device=cpu:1"]))
+    plan, _ = bench.bench_plan(placed, 4, False)
+    groups = plan.schedule.groups
+    assert groups is not None
+    on = [[plan.steps[s] for s in steps] for steps in groups.order]
+    cpu1 = [n.op for n in on[1]]
+    # cpu:1: the input's copy, then its chain (whatever the passes made of it); cpu: its chain,
+    # then the copy of cpu:1's output back and the concatenation, after cpu:1's last step
+    assert cpu1[0] == "transfer" and "transfer" not in cpu1[1:]
+    assert [n.op for n in on[0]][-2:] == ["transfer", "concat"]
+    cpu_chain, cpu1_chain = len(on[0]) - 2, len(cpu1) - 1
+    by_hand = max(cpu_chain * 1e-3, 0.5e-3 + cpu1_chain * 1e-3) + 0.5e-3 + 1e-3
+    predicted = predict_plan(plan, _Each())
+    assert predicted.schedule == "groups"
+    assert predicted.seconds == pytest.approx(by_hand + 3e-4 + groups.cross_edges() * 1e-4)
+    serial = sum(0.5e-3 if n.op == "transfer" else 1e-3 for n in plan.steps)
+    assert predicted.seconds < serial
