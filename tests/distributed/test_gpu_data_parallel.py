@@ -31,7 +31,7 @@ from safetensors.numpy import load_file
 from toolkit.backend.devices import gpu_available
 
 sys.path.insert(0, str(ROOT))
-from tests.runtime.gpu_stand_in import CXX, fake_cublas, fake_cudnn  # noqa: E402
+from tests.runtime.gpu_stand_in import CXX, emulation_folder, fake_cublas, fake_cudnn  # noqa: E402
 
 needs_mpi = pytest.mark.skipif(not HAVE_MPI, reason="the dist extra (mpi4py and an MPI wheel) is not installed")
 needs_cxx = pytest.mark.skipif(CXX is None, reason="emulating CUDA kernels needs a C++ compiler (g++ or c++)")
@@ -47,21 +47,6 @@ SITECUSTOMIZE = textwrap.dedent("""
         fake_nccl.install(sys.modules["cupy"], int(os.environ["STAND_IN_GPUS"]),
                           nccl=os.environ.get("STAND_IN_NCCL") != "0")
         rank = os.environ.get("PMI_RANK", "solo")
-        class SharedRawModule(fake.RawModule):
-            # the emulated kernels compiled once for every process of the test: each library
-            # written under a name of its own and moved into place whole, so that ranks compiling
-            # the same kernel at once never load a half-written one
-            def __init__(self, code, options=()):
-                source = CUDA_SHIM + code
-                lib = os.path.join(os.environ["CUDA_EMULATION_DIR"],
-                                   hashlib.sha256(source.encode()).hexdigest()[:16] + ".so")
-                if not os.path.exists(lib):
-                    part = f"{lib}.{os.getpid()}"
-                    subprocess.run([os.environ["CXX_FOR_CUDA_EMULATION"], "-O1", "-shared", "-fPIC", "-x", "c++",
-                                    "-", "-o", part], input=source, text=True, check=True)
-                    os.replace(part, lib)
-                self.lib = ctypes.CDLL(lib)
-        fake.RawModule = SharedRawModule
         broken = os.environ.get("STAND_IN_BREAK")
         if broken == "init":                                # NCCL refuses to start (as it would everywhere)
             def refuse(ndev, uid, nccl_rank):
@@ -90,11 +75,9 @@ def stand_in_env(tmp_path: Path, gpus: int, nccl: bool = True, broken: str | Non
     site = tmp_path / "site"
     site.mkdir(exist_ok=True)
     (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
-    emulated = tmp_path / "emulated"
-    emulated.mkdir(exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "MPI_"))}
     env.update(PYTHONPATH=os.pathsep.join([str(site), str(ROOT)]), STAND_IN_ROOT=str(ROOT), STAND_IN_GPUS=str(gpus),
-               STAND_IN_NCCL="1" if nccl else "0", CUDA_EMULATION_DIR=str(emulated),
+               STAND_IN_NCCL="1" if nccl else "0", CUDA_EMULATION_DIR=str(emulation_folder(tmp_path)),
                CXX_FOR_CUDA_EMULATION=CXX or "c++", TOOLKIT_CUBLAS_LIBRARY=fake_cublas(tmp_path),
                TOOLKIT_CUBLASLT_LIBRARY=fake_cublas(tmp_path), TOOLKIT_CUDNN_LIBRARY=fake_cudnn(tmp_path))
     if broken:

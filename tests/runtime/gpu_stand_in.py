@@ -9,6 +9,7 @@ on a real device.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -57,8 +58,14 @@ RAW_MODULE = textwrap.dedent("""
             source = CUDA_SHIM + code
             folder = os.environ["CUDA_EMULATION_DIR"]
             lib = os.path.join(folder, hashlib.sha256(source.encode()).hexdigest()[:16] + ".so")
-            subprocess.run([os.environ["CXX_FOR_CUDA_EMULATION"], "-O1", "-shared", "-fPIC", "-x", "c++", "-",
-                            "-o", lib], input=source, text=True, check=True)
+            # compiled once for the whole session (the folder is the session's, named by the
+            # source's hash): written under a name of its own and moved into place whole, so
+            # processes compiling the same kernel at once never load a half-written one
+            if not os.path.exists(lib):
+                part = f"{lib}.{os.getpid()}"
+                subprocess.run([os.environ["CXX_FOR_CUDA_EMULATION"], "-O1", "-shared", "-fPIC", "-x", "c++",
+                                "-", "-o", part], input=source, text=True, check=True)
+                os.replace(part, lib)
             self.lib = ctypes.CDLL(lib)
         def get_function(self, name):
             function = getattr(self.lib, name)
@@ -131,15 +138,29 @@ def compare_every_op(dtype: str) -> int:
 HALF_SKIP = {"round_precision"}
 
 
+def emulation_folder(fallback) -> Path:
+    """Where emulated kernels and the host libraries are built: the test session's cache (one for
+    every pytest-xdist worker and child process; tests/conftest.py), each file named by its
+    source's hash, so a test compiles only what no earlier test of the session did; ``fallback``
+    outside a pytest session."""
+    session = os.environ.get("TOOLKIT_TEST_SESSION_CACHE")
+    folder = Path(session) / "cuda-emulation" if session else Path(fallback)
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
 def _host_library(name: str, folder) -> str:
-    """tests/runtime/NAME.c built in ``folder`` as libNAME.so, with the CUDA dialect's float16
-    conversions pasted in."""
+    """tests/runtime/NAME.c built as libNAME-HASH.so in the session's emulation folder (else
+    ``folder``), with the CUDA dialect's float16 conversions pasted in."""
     from toolkit.codegen.render import HALF_HELPERS
     source = Path(__file__).with_name(f"{name}.c").read_text().replace("TK_HALF_HELPERS", HALF_HELPERS)
-    lib = Path(folder) / f"lib{name}.so"
+    digest = hashlib.sha256(source.encode()).hexdigest()[:16]
+    lib = emulation_folder(folder) / f"lib{name}-{digest}.so"
     if not lib.exists():
-        subprocess.run([CXX or "cc", "-O2", "-shared", "-fPIC", "-x", "c", "-", "-o", str(lib), "-lm"],
+        part = lib.with_name(f"{lib.name}.{os.getpid()}")
+        subprocess.run([CXX or "cc", "-O2", "-shared", "-fPIC", "-x", "c", "-", "-o", str(part), "-lm"],
                        input=source, text=True, check=True)
+        os.replace(part, lib)
     return str(lib)
 
 
@@ -156,7 +177,7 @@ def fake_cudnn(folder) -> str:
 
 def run_stand_in(script: str, tmp_path, *args, env_extra: dict | None = None) -> subprocess.CompletedProcess:
     fake = fake_cublas(tmp_path)
-    env = dict(os.environ, CUDA_EMULATION_DIR=str(tmp_path), CXX_FOR_CUDA_EMULATION=CXX or "c++",
+    env = dict(os.environ, CUDA_EMULATION_DIR=str(emulation_folder(tmp_path)), CXX_FOR_CUDA_EMULATION=CXX or "c++",
                TOOLKIT_CUBLAS_LIBRARY=fake, TOOLKIT_CUBLASLT_LIBRARY=fake,
                TOOLKIT_CUDNN_LIBRARY=fake_cudnn(tmp_path))
     env.update(env_extra or {})
