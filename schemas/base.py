@@ -25,9 +25,11 @@ Bool = StrictBool
 
 
 class Strict(BaseModel):
-    """Unknown keys are errors everywhere in a net file."""
+    """Unknown keys are errors everywhere in a net file. Validators are built on first use
+    (``defer_build``): a command validates a net over the few layer types it names
+    (``layers.net_model_for``), and building all of the catalog's took most of its start-up."""
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=False)
+    model_config = ConfigDict(extra="forbid", populate_by_name=False, defer_build=True)
 
 
 class ConstantFiller(Strict):

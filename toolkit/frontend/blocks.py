@@ -19,10 +19,10 @@ class BlockFailed(Exception):
 
 
 def _layers_of(lowering, raw: list, block: tuple) -> list:
-    from layers import LAYERS, NetSpec
+    from layers import LAYERS, net_model_for
 
     from .spec import validate_block
-    layers, problems = validate_block(raw, block, lowering.positions, NetSpec,
+    layers, problems = validate_block(raw, block, lowering.positions, net_model_for({"layers": raw}),
                                       {t: d.params for t, d in LAYERS.items()})
     if problems:
         lowering.problems.extend(problems)

@@ -72,7 +72,7 @@ class Net:
         """A net file, or ``zoo:NAME``, with its bases merged and ``--set`` overrides applied.
         ``resolve`` finds the files of ``zoo:`` names (the net's and its bases'): the model zoo's
         (``toolkit.zoo.resolve.load_net`` passes it)."""
-        from layers import LAYERS, NetSpec
+        from layers import LAYERS, NetSpec, net_model_for
         model = None
         if text is None and path.endswith(".onnx"):
             return cls.load_onnx(path, overrides, resolve)
@@ -82,7 +82,8 @@ class Net:
         composed = compose(path, resolve, text)
         try:
             spec, raw, positions = validate_net(composed.data, composed.positions, NetSpec,
-                                                {k: d.params for k, d in LAYERS.items()}, overrides)
+                                                {k: d.params for k, d in LAYERS.items()}, overrides,
+                                                narrow=net_model_for)
             net = cls(spec, positions, path)
         except SpecError as error:
             error = _with_wiring_problems(error)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Any, get_args
+from typing import Any, Callable, get_args
 
 import yaml
 from pydantic import BaseModel, TypeAdapter, ValidationError
@@ -48,8 +48,11 @@ def parse_overrides(items: list[str]) -> list[tuple[tuple, object]]:
 
 def validate_net(data: Any, positions: Positions, net_model: type[BaseModel],
                  layer_models: dict[str, type[BaseModel]],
-                 overrides: list[tuple[tuple, Any]] = ()) -> tuple[BaseModel, dict, Positions]:
-    """A net already read (and composed) as plain data, with ``--set`` overrides applied last."""
+                 overrides: list[tuple[tuple, Any]] = (),
+                 narrow: Callable[[dict], type[BaseModel]] | None = None) -> tuple[BaseModel, dict, Positions]:
+    """A net already read (and composed) as plain data, with ``--set`` overrides applied last;
+    ``narrow`` gives the model for the data as overridden in place of ``net_model`` (the net model
+    over the layer types it names: ``layers.net_model_for``)."""
     if not isinstance(data, dict):
         raise SpecError(Problem("a net file is a mapping with 'name', 'inputs' and 'layers'",
                                 positions.locate(())))
@@ -58,6 +61,8 @@ def validate_net(data: Any, positions: Positions, net_model: type[BaseModel],
     for path, value in sorted(overrides, key=lambda o: not (o[0] and o[0][-1] == "type")):
         written = _apply_override(data, path, value)
         _mark_overridden(positions, written, f"--set {'.'.join(map(str, path))}")
+    if narrow is not None:
+        net_model = narrow(data)
     try:
         spec = net_model.model_validate(data)
     except ValidationError as e:
