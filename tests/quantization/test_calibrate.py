@@ -92,7 +92,7 @@ def test_histograms_of_all_batches_at_once_equal_onnx_runtimes_calibraters(metho
     data = batches(4)
     whole = {name: [np.stack(arrays)] for name, arrays in data.items()}
     observer = HistogramObserver(method.lower(), extra.get("symmetric", False), extra.get("num_bins"),
-                                 percentile=extra.get("percentile", 99.999))
+                                 percentile=extra.get("percentile", 99.999), one_sided=False)
     want = ort_calibrater(tmp_path, getattr(calibrate.CalibrationMethod, method), data, **extra)
     assert_ranges(feed(observer, whole), want)
 
@@ -115,7 +115,7 @@ def test_percentile_equals_onnx_runtimes_histogram_collector(symmetric, percenti
     (128, None, True)])                             # (ORT's entropy ignores symmetric: so here)
 def test_entropy_equals_onnx_runtimes_histogram_collector(num_bins, names, symmetric):
     data = {k: v for k, v in batches(2).items() if names is None or k in names}
-    got = feed(HistogramObserver("entropy", symmetric, num_bins=num_bins), data)
+    got = feed(HistogramObserver("entropy", symmetric, num_bins=num_bins, one_sided=False), data)
     want = ort_histogram("entropy", symmetric, data, num_bins)
     assert_ranges(got, want)
     if names is None:
@@ -129,9 +129,43 @@ def test_entropy_of_sparse_heavy_tailed_samples_equals_onnx_runtimes():
     stores q as int64), which moves the threshold here."""
     data = {f"t{seed}": [np.random.default_rng(seed).standard_t(2, n).astype(np.float32)]
             for seed, n in ((2, 500), (35, 500), (37, 1000))}      # samples where rounding q would move it
-    got = feed(HistogramObserver("entropy", num_bins=512), data)
+    got = feed(HistogramObserver("entropy", num_bins=512, one_sided=False), data)
     assert_ranges(got, ort_histogram("entropy", False, data, 512))
     assert all(got[k][1] < v[0].max() and got[k][0] > v[0].min() for k, v in data.items())    # tails clipped
+
+
+def _entropy_of(x: np.ndarray, **options) -> tuple[float, float]:
+    observer = HistogramObserver("entropy", **options)
+    for i in range(0, len(x), 50_000):
+        observer.update({"t": x[i:i + 50_000]})
+    return observer.ranges()["t"]
+
+
+def test_entropy_of_a_relu_output_is_searched_one_sided_over_256_levels():
+    """A ReLU's output (half exact zeros, then a normal's positive half) is quantized to uint8 over
+    [0, t]: searched over windows [0, t] of 256 levels, its threshold is no longer far inside the
+    99.999th percentile (ORT's symmetric 128-level search put it at 2.82, two thirds of it)."""
+    x = np.maximum(np.random.default_rng(0).normal(0, 1, 1_000_000), 0).astype(np.float32)
+    percentile = feed(HistogramObserver("percentile", True), {"t": [x]})["t"][1]
+    assert 4.2 < percentile < 4.4
+    lo, hi = _entropy_of(x)
+    assert lo == 0.0 and hi >= 0.95 * percentile
+    assert _entropy_of(x, one_sided=False, num_bins=2048)[1] < 0.7 * percentile     # ORT's search, as before
+
+
+def test_entropy_thresholds_of_known_distributions():
+    """Where the best window is known: uniform values (any window inside them clips mass that
+    256 levels over all of them would hold, and a uniform level is quantized without loss), with a
+    ReLU's spike of zeros and one far outlier, end at the uniform's top, the outlier clipped; a
+    standard normal's symmetric 128-level window clips its tails near 4.2 sigma."""
+    rng = np.random.default_rng(1)
+    x = np.concatenate([np.zeros(200_000), rng.uniform(0, 1, 200_000), [3.0]]).astype(np.float32)
+    rng.shuffle(x)
+    lo, hi = _entropy_of(x)
+    assert lo == 0.0 and 0.995 < hi < 1.01
+    normal = rng.normal(0, 1, 1_000_000).astype(np.float32)
+    lo, hi = _entropy_of(normal)
+    assert -4.5 < lo < -3.9 and 3.9 < hi < 4.5 and abs(lo + hi) < 0.05
 
 
 def test_histograms_hold_bins_not_activations():
@@ -144,7 +178,7 @@ def test_histograms_hold_bins_not_activations():
         observer.update({"t": np.clip(rng.normal(0, 1, (16, 64)), -4, 4).astype(np.float32)})
         if k in (10, 199):
             sizes.append(sum(np.asarray(x).nbytes for x in observer.histograms["t"]))
-    assert sizes[0] == sizes[1] < 40_000       # 2048 int64 counts and their float32 edges
+    assert sizes[0] == sizes[1] < 60_000       # 4096 int64 counts and their float32 edges
     assert observer.histograms["t"][0].sum() == 200 * 16 * 64
 
 
@@ -163,7 +197,7 @@ def test_make_observer_checks_its_arguments():
     assert isinstance(make_observer("minmax"), MinMaxObserver)
     # ONNX Runtime's create_calibrator defaults: percentile of the magnitudes, the others not
     assert [make_observer(m).symmetric for m in ("minmax", "percentile", "entropy")] == [False, True, False]
-    assert make_observer("entropy").num_bins == 2048 and make_observer("percentile").percentile == 99.999
+    assert make_observer("entropy").num_bins == 4096 and make_observer("percentile").percentile == 99.999
     for method, options, said in [("kl", {}, "not one of minmax, percentile, entropy"),
                                   ("minmax", {"num_bins": 3}, "takes no num_bins"),
                                   ("percentile", {"percentile": 101}, "not between 0 and 100")]:

@@ -1,6 +1,6 @@
 """Observers that turn named tensors, fed batch by batch, into the range each is quantized over:
 MinMax (the running minimum and maximum), Percentile (a histogram's central ``percentile``)
-and Entropy (the clipping threshold whose 128-level histogram is nearest the float one in KL
+and Entropy (the clipping threshold whose quantized histogram is nearest the float one in KL
 divergence, TensorRT's method). Each holds a few numbers or a histogram per tensor, never
 the activations, so memory stays flat however many batches are fed.
 
@@ -8,7 +8,16 @@ The results equal ONNX Runtime's calibrators' (onnxruntime/quantization/calibrat
 ``MinMaxCalibrater`` and ``HistogramCollector``) fed the same arrays in the same batches: the
 same histograms, grown the same way when a later batch reaches further, and the same
 float32 arithmetic in the KL search. ORT's ``EntropyCalibrater`` defaults to 128 bins, which
-leaves its search one candidate (the whole range); here entropy keeps TensorRT's 2048."""
+leaves its search one candidate (the whole range); here entropy keeps TensorRT's 2048 bins a
+side (4096 over the values' symmetric range).
+
+One difference from ORT, on by default (``one_sided``): a tensor with no negative value (a
+ReLU's output, quantized to uint8 over [0, t]) is searched one-sided, windows [0, t] quantized
+to 256 levels, as TensorRT's and ORT's own entropy calibrators do for unsigned data. ORT's
+HistogramCollector searches every tensor over symmetric windows [-t, t] of 128 levels, which
+for a ReLU output leaves 64 levels on the side the values are on, and so picks a threshold
+several times narrower than the one the 256 levels of uint8 can afford. A signed tensor is
+searched symmetric with 128 levels, as ORT does."""
 from __future__ import annotations
 
 from typing import Mapping
@@ -19,8 +28,10 @@ from ..errors import UserError
 
 METHODS = ("minmax", "percentile", "entropy")
 DEFAULT_PERCENTILE = 99.999
-DEFAULT_BINS = {"percentile": 2048, "entropy": 2048}
+DEFAULT_BINS = {"percentile": 2048, "entropy": 4096}
 QUANTIZED_BINS = 128
+# an unsigned tensor's levels (uint8's 256) when entropy searches it one-sided
+UNSIGNED_QUANTIZED_BINS = 256
 # a histogram widened past this many bins (a batch reaching thousands of times past the first
 # one's range) is refused rather than grown: ORT would grow it without bound
 MAX_BINS = 1 << 22
@@ -64,7 +75,8 @@ class HistogramObserver:
     counts so far keep their bins). Either range is then clipped to the values' min and max."""
 
     def __init__(self, method: str = "percentile", symmetric: bool = False, num_bins: int | None = None,
-                 num_quantized_bins: int = QUANTIZED_BINS, percentile: float = DEFAULT_PERCENTILE):
+                 num_quantized_bins: int = QUANTIZED_BINS, percentile: float = DEFAULT_PERCENTILE,
+                 one_sided: bool = True):
         if method not in ("percentile", "entropy"):
             raise UserError(f"histogram calibration method '{method}' is not 'percentile' or 'entropy'")
         if not 0 <= percentile <= 100:
@@ -72,6 +84,9 @@ class HistogramObserver:
         self.method, self.symmetric, self.percentile = method, symmetric, percentile
         self.num_bins = DEFAULT_BINS[method] if num_bins is None else int(num_bins)
         self.num_quantized_bins = int(num_quantized_bins)
+        # entropy: a tensor with no negative value searched over [0, t] with 256 levels (False: ORT's
+        # symmetric windows for every tensor)
+        self.one_sided = bool(one_sided)
         if self.num_bins < 1 or self.num_quantized_bins < 1:
             raise UserError("a histogram needs at least one bin")
         # name -> (counts, edges, min, max[, threshold])
@@ -140,7 +155,8 @@ class HistogramObserver:
     def ranges(self) -> dict[str, tuple[float, float]]:
         if self.method == "percentile":
             return {name: self._percentile_range(h) for name, h in self.histograms.items()}
-        return {name: _entropy_range(h, self.num_quantized_bins) for name, h in self.histograms.items()}
+        return {name: _entropy_range(h, self.num_quantized_bins, self.one_sided)
+                for name, h in self.histograms.items()}
 
     def _percentile_range(self, histogram: tuple) -> tuple[float, float]:
         counts, edges, lo, hi = histogram[:4]
@@ -195,45 +211,61 @@ def _kl(p: np.ndarray, q: np.ndarray) -> np.float32:
     return np.sum(terms, axis=0).astype(np.float32)
 
 
-def _entropy_range(histogram: tuple, num_quantized_bins: int) -> tuple[float, float]:
-    """The symmetric window of the histogram, centred on its zero bin, whose clipped
-    distribution p is nearest (KL) its ``num_quantized_bins``-level quantization q; then clipped
-    to the values' min and max."""
+def _entropy_range(histogram: tuple, num_quantized_bins: int, one_sided: bool = False) -> tuple[float, float]:
+    """The window of the histogram whose clipped distribution p is nearest (KL) its quantization
+    q, then clipped to the values' min and max: symmetric windows centred on the zero bin,
+    ``num_quantized_bins`` levels over the window; or, ``one_sided`` and no value below zero,
+    windows [0, t] of 256 levels (uint8's), as TensorRT searches unsigned data."""
     counts, edges, lo, hi = histogram[:4]
     bins = counts.size
     zero_bin = bins // 2
-    half_q = num_quantized_bins // 2
+    if one_sided and lo >= 0 and bins >= 2:
+        levels = UNSIGNED_QUANTIZED_BINS
+        if zero_bin + 1 < bins:
+            # a ReLU's exact zeros are no distribution to fit (zero is exact in any window): their
+            # spike would make every window that merges bins look worse, so the zero bin counts as
+            # its neighbour does (TensorRT's calibrator does the same)
+            counts = counts.copy()
+            counts[zero_bin] = counts[zero_bin + 1]
+        # the histogram spans (-t, t): the values' bins are the upper half
+        candidates = [(zero_bin, zero_bin + i) for i in range(min(levels, bins - zero_bin), bins - zero_bin + 1)]
+    else:
+        levels = num_quantized_bins
+        candidates = [(zero_bin - i, min(zero_bin + i + 1, bins)) for i in range(levels // 2, zero_bin + 1)]
     best, best_div = (np.float32(0), np.float32(0)), None
-    for i in range(half_q, zero_bin + 1):
-        start, end = zero_bin - i, min(zero_bin + i + 1, bins)
-        sliced = counts[start:end]
-        p = sliced.copy()
-        p[0] += counts[:start].sum()          # what the window clips joins its end bins
-        p[-1] += counts[end:].sum()
-        nonzeros = (p != 0).astype(np.int64)
-        merged = sliced.size // num_quantized_bins
-        whole = num_quantized_bins * merged
-        quantized = sliced[:whole].reshape(num_quantized_bins, merged).sum(axis=1) if merged else \
-            np.zeros(num_quantized_bins, dtype=np.int64)
-        quantized[-1] += sliced[whole:].sum()
-        # each level spread over its bins that p has counts in (to an integer, as ORT stores it)
-        norm = nonzeros[:whole].reshape(num_quantized_bins, merged).sum(axis=1) if merged else \
-            np.zeros(num_quantized_bins, dtype=np.int64)
-        spread = np.zeros(num_quantized_bins, dtype=np.int64)
-        used = norm != 0
-        spread[used] = (quantized[used] / norm[used]).astype(np.int64)
-        q = np.zeros(p.size, dtype=np.int64)
-        q[:whole] = np.repeat(spread, merged)
-        p, q = _smooth(p), _smooth(q)
-        div = np.float32(np.inf) if p is None or q is None else _kl(p, q)
+    for start, end in candidates:
+        div = _window_divergence(counts, start, end, levels)
         if best_div is None or div < best_div:       # the first of equal divergences, as argmin
             best, best_div = (edges[start], edges[end]), div
     left, right = best
     return float(max(left, lo)), float(min(right, hi))
 
 
+def _window_divergence(counts: np.ndarray, start: int, end: int, levels: int) -> np.float32:
+    """KL divergence of the histogram clipped to bins [start, end) (what the window clips joins
+    its end bins) from that window quantized to ``levels`` levels (ORT's arithmetic)."""
+    sliced = counts[start:end]
+    p = sliced.copy()
+    p[0] += counts[:start].sum()
+    p[-1] += counts[end:].sum()
+    nonzeros = (p != 0).astype(np.int64)
+    merged = sliced.size // levels
+    whole = levels * merged
+    quantized = sliced[:whole].reshape(levels, merged).sum(axis=1) if merged else np.zeros(levels, dtype=np.int64)
+    quantized[-1] += sliced[whole:].sum()
+    # each level spread over its bins that p has counts in (to an integer, as ORT stores it)
+    norm = nonzeros[:whole].reshape(levels, merged).sum(axis=1) if merged else np.zeros(levels, dtype=np.int64)
+    spread = np.zeros(levels, dtype=np.int64)
+    used = norm != 0
+    spread[used] = (quantized[used] / norm[used]).astype(np.int64)
+    q = np.zeros(p.size, dtype=np.int64)
+    q[:whole] = np.repeat(spread, merged)
+    p, q = _smooth(p), _smooth(q)
+    return np.float32(np.inf) if p is None or q is None else _kl(p, q)
+
+
 def make_observer(method: str = "minmax", symmetric: bool | None = None, **options):
-    """An observer for ``method`` (one of METHODS); ``options``: ``num_bins``,
+    """An observer for ``method`` (one of METHODS); ``options``: ``num_bins``, ``one_sided``,
     ``num_quantized_bins``, ``percentile`` of the histogram methods. ``symmetric`` None: ONNX
     Runtime's defaults (create_calibrator): percentile of the magnitudes, the others not."""
     if method not in METHODS:
