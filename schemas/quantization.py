@@ -8,8 +8,10 @@ quantization of the infer phase.
       float:                          # layers that stay float, each with why (a name alone: "listed")
         - prob
         - {layer: ip2, reason: measured better in float}
+      bias_correction:                # layer -> added to its bias, one amount per output channel
+        conv1: [0.0012, -0.0031]
       calibration:                    # for the record: what produced the scales
-        {method: minmax, examples: 256, data: heldout.npz, dtype: uint8,
+        {method: minmax, examples: 256, data: heldout.npz, dtype: uint8, bias_correction: true,
          files: [{file: heldout.npz, rows: 359}], toolkit_version: 0.1.0}
 
 What the schema cannot say (a zero point in its dtype's range, a top or layer the net has) is
@@ -61,6 +63,7 @@ class CalibrationRecord(Strict):
     dtype: Optional[Literal["uint8", "int8"]] = None          # the activations'
     files: list[CalibrationFile] = []                         # the data's files, each with its rows
     toolkit_version: Optional[Annotated[str, Field(min_length=1)]] = None
+    bias_correction: Optional[bool] = None                    # whether bias_correction was measured
 
 
 class QuantizationSpec(Strict):
@@ -69,6 +72,10 @@ class QuantizationSpec(Strict):
     # stays usable in this class's annotations
     float_layers: list[Union[Name, FloatLayer]] = Field([], alias="float")
     calibration: Optional[CalibrationRecord] = None
+    # a quantized convolution's or InnerProduct's layer -> what its int8 form adds to its bias, per
+    # output channel: the mean error its int8 weights and input put into its output over the
+    # calibration data (empirical bias correction, toolkit/quantization/bias.py)
+    bias_correction: dict[Name, list[Annotated[float, Field(allow_inf_nan=False)]]] = {}
 
     def float_reasons(self) -> dict[str, str]:
         """Layer name -> why it stays float."""

@@ -515,7 +515,7 @@ def train(net: NetSource | None = None, *, out: str | None = None, resume: str |
 
 def quantize(net: NetSource, *, calibrate: "Mapping[str, np.ndarray] | str | os.PathLike", out: str | os.PathLike,
              weights: str | os.PathLike | None = None, method: str = "minmax", examples: int = 256,
-             dtype: str = "uint8", keep_float: Sequence[str] = (),
+             dtype: str = "uint8", keep_float: Sequence[str] = (), bias_correction: bool = True,
              set: Mapping[str, object] | Sequence[str] | None = None):  # noqa: A002  (the CLI's name)
     """Quantize a float model to int8 as ``toolkit quantize`` does, and write its model folder.
 
@@ -531,6 +531,9 @@ def quantize(net: NetSource, *, calibrate: "Mapping[str, np.ndarray] | str | os.
         examples: how many calibration examples are drawn, in a seeded order.
         dtype: the activations' type, ``"uint8"`` (with a zero point) or ``"int8"`` (symmetric).
         keep_float: layers to keep in float; softmax layers always are.
+        bias_correction: add to each int8 convolution's and InnerProduct's bias the mean error its
+            int8 form puts into its output over the calibration examples (``--no-bias-correction``:
+            False).
         set: overrides, as ``--set`` does.
 
     Returns:
@@ -562,4 +565,4 @@ def quantize(net: NetSource, *, calibrate: "Mapping[str, np.ndarray] | str | os.
         raise TypeError(f"calibrate: expected arrays by input name or an .npz path, not {type(calibrate).__name__}")
     return quantize_model(loaded, weights_file, data, _text_arg("out", out, allow_none=False), data_name=name,
                           method=method, max_examples=examples, dtype=dtype, keep_float=list(keep_float),
-                          data_files=files)
+                          data_files=files, bias_correction=bool(bias_correction))

@@ -43,14 +43,19 @@ def test_the_command_writes_a_model_folder_whose_int8_net_scores_as_the_float_on
     # the input transform scales the pixels to [0, 1]: uint8 steps of 1/255 from zero
     assert section["activations"]["data"] == {"scale": np.float32(1 / 255).item(), "zero_point": 0, "dtype": "uint8"}
     assert section["calibration"] == {"method": "minmax", "examples": 256, "data": "train.csv", "dtype": "uint8",
-                                      "files": [{"file": "train.csv", "rows": 1438}],
+                                      "bias_correction": True, "files": [{"file": "train.csv", "rows": 1438}],
                                       "toolkit_version": toolkit.__version__}
     assert section["float"] == [{"layer": "prob", "reason": "softmax: probabilities stay float"}]
+    # each int8 convolution and InnerProduct has a correction per output channel
+    assert {k: len(v) for k, v in section["bias_correction"].items()} == {"conv1": 16, "conv2": 32, "ip1": 64,
+                                                                          "ip2": 10}
+    assert "bias correction: 4 convolutions and InnerProducts corrected" in r.out
     int8 = _accuracy(out / "net.yaml", str(out / "model.safetensors"), x, y)
     float32 = _accuracy("zoo:lenet", None, x, y)
     assert float32 == pytest.approx(FLOAT_ACCURACY, abs=1e-4) and abs(int8 - float32) <= 0.005, (int8, float32)
     r = cli("compile", out / "net.yaml", "--explain")
-    assert r.status == 0 and "quantize: conv1: int8: qconv2d + relu, uint8 in, uint8 out" in r.out, r.out
+    assert r.status == 0 and "quantize: conv1: int8: qconv2d + relu, bias corrected, uint8 in, uint8 out" in r.out, \
+        r.out
     r = cli("infer", out / "net.yaml", "--weights", out / "model.safetensors", "--input", folder / "test.csv",
             "--output", tmp_path / "p.csv")
     assert r.status == 0, r.err
@@ -64,7 +69,7 @@ def test_every_method_and_int8_activations_from_python(splits, tmp_path, method)
                               method=method, dtype="int8", examples=128)
     section = yaml.safe_load(result.net_file.read_text())["quantization"]
     assert section["calibration"] == {"method": method, "examples": 128, "data": "arrays", "dtype": "int8",
-                                      "toolkit_version": toolkit.__version__}
+                                      "bias_correction": True, "toolkit_version": toolkit.__version__}
     assert all(a["dtype"] == "int8" and a["zero_point"] == 0 for a in section["activations"].values())
     int8 = _accuracy(result.net_file, str(result.weights_file), x, y)
     assert abs(int8 - FLOAT_ACCURACY) <= 0.005, (method, int8)
@@ -115,7 +120,8 @@ def test_the_zoo_card_of_a_quantized_model_carries_its_calibration(splits, tmp_p
     assert r.status == 0, r.err
     record = yaml.safe_load((out / "net.yaml").read_text())["quantization"]["calibration"]
     assert record == {"method": "percentile", "examples": 64, "data": "calib.npz", "dtype": "int8",
-                      "files": [{"file": "calib.npz", "rows": 100}], "toolkit_version": toolkit.__version__}
+                      "bias_correction": True, "files": [{"file": "calib.npz", "rows": 100}],
+                      "toolkit_version": toolkit.__version__}
     zoo = tmp_path / "zoo"
     r = cli("zoo", "publish", out, "--to", zoo, "--name", "lenet-int8", "--licence", "CC0-1.0", "--task", "digits")
     assert r.status == 0, r.err
@@ -196,4 +202,5 @@ def test_toolkit_test_of_a_quantized_model_scores_the_int8_net(splits, tmp_path)
         (int8, float32, loss)
     assert int8["accuracy"] == pytest.approx(float((prob.argmax(axis=1) == y).mean()), abs=1e-6)
     r = cli("compile", out / "net.yaml", "--phase", "test", "--explain")
-    assert r.status == 0 and "quantize: conv1: int8: qconv2d + relu, uint8 in, uint8 out" in r.out, r.out
+    assert r.status == 0 and "quantize: conv1: int8: qconv2d + relu, bias corrected, uint8 in, uint8 out" in r.out, \
+        r.out

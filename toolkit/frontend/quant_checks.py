@@ -1,6 +1,6 @@
 """The quantization section's rules that need the net (schemas/quantization.py holds the rest),
 each problem located at the key it is about (``FILE:LINE:COL``): a zero point outside its
-dtype's range, a top the infer phase does not make, a float layer the infer phase does not have.
+dtype's range, a top the infer phase does not make, a float or bias-corrected layer the infer phase does not have.
 The section is about the infer phase only: that is the graph the quantize pass rewrites.
 """
 from __future__ import annotations
@@ -38,4 +38,9 @@ def quantization_problems(spec, positions: Positions, infer_blobs: dict | None) 
             path = ("quantization", "float", j) + (() if isinstance(item, str) else ("layer",))
             problems.append(Problem(f"quantization.float: the infer phase has no layer '{name}'"
                                     f"{did_you_mean(name, layers)}", positions.locate(path, prefer_key=False)))
+    for name in section.bias_correction:
+        if name not in layers:
+            problems.append(Problem(f"quantization.bias_correction: the infer phase has no layer '{name}'"
+                                    f"{did_you_mean(name, layers)}",
+                                    positions.locate(("quantization", "bias_correction", name))))
     return problems

@@ -28,6 +28,10 @@ them into blocked or fused kernels the quantized ops do not replace. A layer's s
 name: the last value its top names (values keep their top's name through the rewrites before this
 pass: rewrite.py's Substitution hands a replaced value's name to its replacement).
 
+A layer the section's ``bias_correction`` names has that amount added to its bias (one a
+channel; a layer without a bias gets one) before the bias is quantized: the mean error its int8
+form put into its output over the calibration data (toolkit/quantization/bias.py measures it).
+
 Every layer of the graph gets one note for ``toolkit compile --explain``: int8 (and in what form)
 or float and why (no scale for its input, listed float, an op that has no quantized form).
 """
@@ -182,6 +186,7 @@ class Quantizer:
         self.ctx = ctx
         self.params = named_params(graph, section)
         self.float_reasons = section.float_reasons()
+        self.bias_correction = section.bias_correction
         self.readers = graph.consumers()
         self.kept = kept_ids(graph)
         self.subst = Substitution()
@@ -281,8 +286,9 @@ class Quantizer:
             return False
         xq, xa = form
         wq, w_scales = quantize_weights(h.weight)
+        bias, corrected = self.corrected_bias(h)
         try:
-            bq = None if h.bias is None else quantize_bias(h.bias, xa.scale, w_scales)
+            bq = None if bias is None else quantize_bias(bias, xa.scale, w_scales)
         except ValueError as e:
             self.verdict(h.node, f"float: {e}")
             return False
@@ -304,7 +310,7 @@ class Quantizer:
         for n in h.absorbed:                 # an in-place ReLU layer says where it went
             self.folded.setdefault(layer_of(n), f"int8: folded into {layer_of(h.node)}")
         folded = "".join(f" + {n.op}" for n in h.absorbed)
-        what = f"{y.producer.op}{folded}, {xa.dtype} in"
+        what = f"{y.producer.op}{folded}{', bias corrected' if corrected else ''}, {xa.dtype} in"
         if out_q:
             self.quantized[h.out.id] = (y, out_act)
             self.subst.replace(h.out, b.op("dequantize_linear", y, scale=out_act.scale,
@@ -315,6 +321,20 @@ class Quantizer:
             why = "no scale for its output" if out_act is None else "no quantized layer reads it"
             self.verdict(h.node, f"int8: {what}, float32 out ({why})")
         return True
+
+    def corrected_bias(self, h: Head) -> tuple[np.ndarray | None, bool]:
+        """The head's bias plus its layer's bias correction (a zero bias where it had none), and
+        whether there was one."""
+        layer = layer_of(h.node)
+        amounts = self.bias_correction.get(layer)
+        if amounts is None:
+            return h.bias, False
+        channels = h.weight.shape[0]
+        if len(amounts) != channels:
+            raise UserError(f"quantization.bias_correction.{layer}: {len(amounts)} amounts for a layer of "
+                            f"{channels} output channels")
+        base = np.zeros(channels, np.float32) if h.bias is None else h.bias.astype(np.float32)
+        return base + np.asarray(amounts, np.float32), True
 
     def rewrite_int8_op(self, node: Node, b: Emitter) -> bool:
         """An add, concat or average pooling on the int8 values of its inputs, its result at its

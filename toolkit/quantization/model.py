@@ -9,7 +9,9 @@ weights stay float32 in the file: the quantize pass makes the per-channel int8 w
 when a plan is built, so the float net and its int8 form are one file each, never out of step.
 
 Softmax layers stay float (their outputs are probabilities that int8 would flatten), as do the
-layers the caller lists.
+layers the caller lists. With ``bias_correction`` (bias.py) the section also holds, for each
+quantized convolution and InnerProduct, the amount per output channel the quantize pass adds to
+its bias; the float weights in the file stay as they were.
 """
 from __future__ import annotations
 
@@ -22,12 +24,16 @@ import numpy as np
 
 from ..errors import UserError
 from ..fileio import atomic_write
+from .bias import measure_bias_correction
 from .collect import DEFAULT_EXAMPLES, RowSource, collect_ranges
 from .scales import quantization_section
 
 # layer types whose outputs stay float, and why (shown by `toolkit compile --explain`)
 FLOAT_TYPES = {"Softmax": "softmax: probabilities stay float"}
 INPUT_FILE = "input.json"
+# whether ``toolkit quantize`` measures bias correction unless told (docs/performance/real-nets.md
+# has the measurements it was decided on)
+DEFAULT_BIAS_CORRECTION = True
 
 
 @dataclass
@@ -39,6 +45,7 @@ class QuantizedModel:
     tops: list[str]                                  # the tops given a scale
     float_layers: dict[str, str] = field(default_factory=dict)   # layer -> why it stays float
     examples: int = 0
+    bias_corrected: list[str] = field(default_factory=list)     # the layers given a bias correction
 
 
 def _float_layers(net, asked: Iterable[str]) -> dict[str, str]:
@@ -65,6 +72,10 @@ def _section_text(section: dict, float_layers: dict[str, str]) -> str:
     if float_layers:
         lines.append("  float:")
         lines += [f"    - {{layer: {name}, reason: {_quoted(why)}}}" for name, why in float_layers.items()]
+    corrections = section.get("bias_correction")
+    if corrections:
+        lines.append("  bias_correction:")
+        lines += [f"    {name}: [{', '.join(repr(v) for v in amounts)}]" for name, amounts in corrections.items()]
     record = section.get("calibration")
     if record:
         lines.append("  calibration:")
@@ -72,6 +83,8 @@ def _section_text(section: dict, float_layers: dict[str, str]) -> str:
             if key == "files" and value:
                 lines.append("    files:")
                 lines += [f"      - {{file: {_quoted(f['file'])}, rows: {f['rows']}}}" for f in value]
+            elif isinstance(value, bool):
+                lines.append(f"    {key}: {'true' if value else 'false'}")
             elif value is not None and key != "files":
                 lines.append(f"    {key}: {_quoted(value) if isinstance(value, str) else repr(value)}")
     return "\n".join(lines) + "\n"
@@ -84,11 +97,13 @@ def _quoted(text: str) -> str:
 def quantize_model(net, weights_file: str | Path, data: "Mapping[str, np.ndarray] | RowSource", out: str | Path, *,
                    data_name: str, method: str = "minmax", max_examples: int = DEFAULT_EXAMPLES,
                    dtype: str = "uint8", keep_float: Iterable[str] = (), say=None,
-                   data_files: Iterable[tuple[str, int]] = ()) -> QuantizedModel:
+                   data_files: Iterable[tuple[str, int]] = (),
+                   bias_correction: bool = DEFAULT_BIAS_CORRECTION) -> QuantizedModel:
     """Calibrates ``net`` (a loaded Net, no quantization section of its own) with ``weights_file``
     over ``data`` (arrays by input name, or a row stream as ``toolkit infer`` opens its inputs)
     and writes the quantized model folder ``out`` (new, or an empty folder). Its section records
-    what produced it: the method, the examples drawn, the activations' dtype, ``data_files``
+    what produced it: the method, the examples drawn, the activations' dtype, whether bias
+    correction was measured (``bias_correction``: over the same examples, bias.py), ``data_files``
     (each file's name and row count) and the toolkit's version."""
     from ..frontend.render import render_net
     from ..version import __version__
@@ -107,9 +122,14 @@ def quantize_model(net, weights_file: str | Path, data: "Mapping[str, np.ndarray
                             say=lambda line: fed.append(line) or (say(line) if say else None))
     examples = min(max_examples, _rows(data))
     record = {"method": method, "examples": examples, "data": data_name, "dtype": dtype,
+              "bias_correction": bool(bias_correction),
               "files": [{"file": name, "rows": int(rows)} for name, rows in data_files],
               "toolkit_version": __version__}
     section = quantization_section(ranges, dtype, calibration=record)
+    if bias_correction:
+        section["bias_correction"] = measure_bias_correction(
+            net, str(weights_file), data, section["activations"], float_layers, max_examples=max_examples,
+            say=say)
     text = render_net(net, folder=out).rstrip("\n") + "\n" + _section_text(section, float_layers)
     out.mkdir(parents=True, exist_ok=True)
     weights_out = out / "model.safetensors"
@@ -119,7 +139,8 @@ def quantize_model(net, weights_file: str | Path, data: "Mapping[str, np.ndarray
         atomic_write(out / INPUT_FILE, lambda tmp: shutil.copyfile(about, tmp))
     net_out = out / "net.yaml"
     atomic_write(net_out, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
-    return QuantizedModel(out, net_out, weights_out, list(section["activations"]), float_layers, examples)
+    return QuantizedModel(out, net_out, weights_out, list(section["activations"]), float_layers, examples,
+                          list(section.get("bias_correction", {})))
 
 
 def _rows(data) -> int:
