@@ -52,9 +52,12 @@ def net_file(name: str, tmp_path: Path) -> str:
 
 # 1438 training rows: at batch 32 the 45th batch is the epoch's last, 30 rows, which 4
 # micro-batches do not divide (it runs as 3); 50 iterations run past it
+# K = 2 and 3, both schedules, in the whole suite; the other mixes are the longer run (make test-slow)
 @pytest.mark.parametrize("net,stages,micro,steps,schedule", [
-    ("lenet", 2, 2, 30, "gpipe"), ("lenet", 2, 4, 50, "gpipe"), ("mlp", 2, 4, 30, "gpipe"), ("mlp", 3, 2, 30, "gpipe"),
-    ("lenet", 2, 1, 30, "gpipe"), ("lenet", 2, 4, 50, "1f1b"), ("mlp", 3, 4, 30, "1f1b")])
+    ("lenet", 2, 2, 30, "gpipe"), pytest.param("lenet", 2, 4, 50, "gpipe", marks=pytest.mark.slow),
+    pytest.param("mlp", 2, 4, 30, "gpipe", marks=pytest.mark.slow), ("mlp", 3, 2, 30, "gpipe"),
+    pytest.param("lenet", 2, 1, 30, "gpipe", marks=pytest.mark.slow), ("lenet", 2, 4, 50, "1f1b"),
+    ("mlp", 3, 4, 30, "1f1b")])
 def test_k_stages_give_one_process_at_the_same_batch(tmp_path, net, stages, micro, steps, schedule):
     path = net_file(net, tmp_path)
     sets = (f"train.max_iter={steps}",)

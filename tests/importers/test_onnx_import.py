@@ -67,7 +67,9 @@ def test_the_pytorch_model_tests(kind):
     assert not missing, f"{kind}: no longer pass: {missing}"
 
 
-@pytest.mark.parametrize("name", LIGHT)
+# VGG-19's ops (convolutions, ReLU, max pooling, Gemm) are AlexNet's and ZFNet's, at 15 s of the
+# reference interpreter: the longer run (make test-slow)
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "vgg19" else n for n in LIGHT])
 def test_the_light_real_models_give_their_expected_outputs(name):
     from onnx import numpy_helper
     from onnx.backend.test.runner import Runner
