@@ -182,7 +182,8 @@ COMMANDS: tuple[Command, ...] = (
         option("--stages", type=positive_int, default=1,
                help="with --phase train: the step cut into this many pipeline stages (what `mpiexec -n STAGES "
                     "toolkit train --set train.distributed.stages=STAGES` runs): each stage's layers, FLOPs, "
-                    "predicted time, weights and memory, the bytes sent and the bubble"),
+                    "predicted time, weights and memory, the bytes sent and the bubble; with --ranks a multiple "
+                    "of STAGES, the data-parallel replicas of the pipeline too"),
         WEIGHTS.but(help="weights to freeze into infer and test graphs (default: the fillers')"),
         DEVICE,
         option("--place", choices=["auto"], default=None,

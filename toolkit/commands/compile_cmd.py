@@ -56,7 +56,8 @@ def run_compile(args) -> int:
     if args.stages > 1:                    # the pipeline's stages (training/pipeline_report.py)
         from ..training.pipeline_report import check_stages_option, pipeline_report, print_pipeline_report
         check_stages_option(args)
-        print_pipeline_report(pipeline_report(net, args.stages, args.batch, args.device, disable), args.net, args.json)
+        print_pipeline_report(pipeline_report(net, args.stages, args.batch, args.device, disable, args.ranks),
+                              args.net, args.json)
         return 0
     start = time.perf_counter()
     if args.ranks > 1 and args.phase != "train":

@@ -100,15 +100,15 @@ class Solo:
 
 
 class MpiCommunicator(Solo):
-    """MPI_COMM_WORLD through mpi4py."""
+    """MPI_COMM_WORLD through mpi4py (or ``comm``, a part of it: ``split``)."""
 
     launched = True
 
-    def __init__(self):
+    def __init__(self, comm=None):
         super().__init__()
         from mpi4py import MPI
         self.MPI = MPI
-        self.comm = MPI.COMM_WORLD
+        self.comm = MPI.COMM_WORLD if comm is None else comm
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         self._requests: dict[int, tuple] = {}
         self._sends: dict[int, tuple] = {}       # tag -> (request, the array it sends)
@@ -193,6 +193,11 @@ class MpiCommunicator(Solo):
 
     def abort(self, code: int) -> None:
         self.comm.Abort(code)
+
+    def split(self, color: int, key: int) -> "MpiCommunicator":
+        """The ranks of the same ``color``, numbered by ``key``, as a communicator of their own
+        (every rank must call it at the same point)."""
+        return MpiCommunicator(self.comm.Split(color, key))
 
 
 # how long a rank whose receive failed waits for the job to be stopped for the dead sender

@@ -14,22 +14,33 @@ stage's part of that order; a stage starts micro-batch m+1 as soon as it has sen
 stages work at once except at the ends of the step (the bubble, (K-1)/(M+K-1) of it with
 stages of equal time).
 
+With R data-parallel replicas of the pipeline (``stages x replicas`` ranks, grouped as
+distributed/grid.py says) each replica takes its share of the global batch, as a data-parallel
+rank does, and weighs its micro-batches by their rows over the global batch's; each stage's
+gradients are then summed over the replicas of that stage, in buckets of that stage's weights
+alone (``ReplicaSums``, optim/data_parallel.py's buckets), before its updates, and the logged
+losses over the replicas of the last stage before they are sent to the other stages. Every
+replica of a stage thus applies the same update to the same weights: they stay equal.
+
 BatchNorm computes its batch statistics per micro-batch (a forward pass is a micro-batch's),
 and its running statistics are updated once per micro-batch, in order, as M small batches
 would update them: a net with BatchNorm trains as it would at the micro-batch size, not as one
-process at the whole batch.
+process at the whole batch. With replicas, each replica moves its own running statistics (by
+its own micro-batches); the model written holds replica 0's, as data parallelism's holds rank 0's.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..compile import add_gradients
+from ..distributed.grid import replica_ranks, stage_ranks
 from ..errors import UserError
 from ..frontend import OBJECTIVE, Net
 from ..ir.graph import Graph, Value, copy_nodes
 from ..ops.base import Builder
+from ..optim.data_parallel import buckets as gradient_buckets
 from ..optim.solvers import SolverConfig, add_solver, host_input
 from .stages import CutGraph, Stages, cut, partition
 
@@ -41,11 +52,41 @@ def micro_name(name: str, m: int) -> str:
     return f"{name}@{m}"
 
 
-def micro_batch_graph(net: Net, solver: SolverConfig, micro_batches: int, dtype: str | None = None
+@dataclass
+class ReplicaSums:
+    """How the data-parallel replicas of a pipeline sum their gradients and losses (see the
+    module's docstring). ``buckets``: the weights of each bucket, each bucket one stage's,
+    numbered across the stages (so that one process can run every stage's); chosen by the
+    first step built and kept by every other (a short batch's), so that the replicas of a
+    stage, whatever their micro-batch count, sum the same buckets."""
+    replicas: int
+    bucket_mb: float = 25.0
+    overlap: bool = True
+    buckets: list[list[str]] = field(default_factory=list)
+
+    def sum_gradients(self, step: Graph, grads: dict[str, Value], stages: Stages) -> dict[str, Value]:
+        """The gradients summed over the replicas of their stage, bucket by bucket."""
+        if not self.buckets:
+            stage_of = stages.stage_of_layer()
+            for s in range(stages.count):
+                mine = {n: g for n, g in grads.items() if stage_of.get(step.weights[n].layer, 0) == s}
+                self.buckets += gradient_buckets(step, mine, self.bucket_mb)
+        b = Builder(step, "pipeline")
+        summed: dict[str, Value] = {}
+        for k, names in enumerate(self.buckets):
+            values = [grads[n] for n in names]
+            token = b.op("allreduce_start", *values, bucket=k)
+            summed.update(zip(names, b.op_multi("allreduce_wait", token, *values, bucket=k, overlap=self.overlap)))
+        return summed
+
+
+def micro_batch_graph(net: Net, solver: SolverConfig, micro_batches: int, dtype: str | None = None,
+                      replicas: ReplicaSums | None = None, stages: Stages | None = None
                       ) -> tuple[Graph, Graph, dict[int, int]]:
     """The train step over ``micro_batches`` micro-batches, uncut, before any pass; the forward
     graph of one micro-batch it repeats (whose inputs name what a batch feeds); and which
-    micro-batch's forward pass each of its forward nodes is, by id(node)."""
+    micro-batch's forward pass each of its forward nodes is, by id(node). With ``replicas``
+    (and the ``stages`` they sum by) the gradients and the outputs are summed over them."""
     if solver.mixed_precision is not None:
         raise UserError("train.distributed.stages does not run mixed precision yet: leave out "
                         "train.solver.mixed_precision")
@@ -72,7 +113,13 @@ def micro_batch_graph(net: Net, solver: SolverConfig, micro_batches: int, dtype:
             current[name] = values.get(v.id, v)
     step.outputs = {name: b.add_all(parts) for name, parts in terms.items()}
     step.updates = {name: current[name] for name in forward.updates}
-    add_solver(step, add_gradients(step, None, step.outputs[OBJECTIVE]), solver)
+    grads = add_gradients(step, None, step.outputs[OBJECTIVE])
+    if replicas is not None:
+        grads = replicas.sum_gradients(step, grads, stages)
+        # the logged losses: each replica's share of the global batch's, summed (after the
+        # backward pass began from this replica's own share)
+        step.outputs = {name: b.op("allreduce_sum", v) for name, v in step.outputs.items()}
+    add_solver(step, grads, solver)
     return step, forward, micro_of
 
 
@@ -84,6 +131,11 @@ class Pipeline:
     forward: Graph
     micro_batches: int
     schedule: str = "gpipe"
+    replicas: ReplicaSums | None = None
+
+    @property
+    def replica_count(self) -> int:
+        return self.replicas.replicas if self.replicas else 1
 
     def bubble(self) -> float:
         """The idle share of a step with stages of equal time, GPipe's and 1F1B's: (K-1)/(M+K-1)."""
@@ -92,9 +144,11 @@ class Pipeline:
 
 
 def build_pipeline(net: Net, solver: SolverConfig, stages: int, micro_batches: int, micro_batch_rows: int,
-                   dtype: str | None = None, chosen: Stages | None = None, schedule: str = "gpipe") -> Pipeline:
+                   dtype: str | None = None, chosen: Stages | None = None, schedule: str = "gpipe",
+                   replicas: ReplicaSums | None = None) -> Pipeline:
     """The step of ``net`` cut into ``stages`` stages balanced by FLOPs at ``micro_batch_rows``
-    rows a micro-batch (or into the ``chosen`` stages), each stage's work in ``schedule``'s order."""
+    rows a micro-batch (or into the ``chosen`` stages), each stage's work in ``schedule``'s order;
+    with ``replicas``, the step of one replica among them."""
     if schedule not in SCHEDULES:
         raise UserError(f"train.distributed.schedule is {schedule!r}; the schedules are {', '.join(SCHEDULES)}")
     step, forward, micro_of = micro_batch_graph(net, solver, micro_batches, dtype)
@@ -102,7 +156,10 @@ def build_pipeline(net: Net, solver: SolverConfig, stages: int, micro_batches: i
         bindings = {s: micro_batch_rows for s in step.symbols()}
         layers = [layer.name for layer in net.spec.layers]
         chosen = partition(step, layers, stages, bindings)
-    return Pipeline(chosen, cut(step, chosen, micro_of, micro_batches, schedule), forward, micro_batches, schedule)
+    if replicas is not None:        # the sums go by stage: built again once the stages are known
+        step, forward, micro_of = micro_batch_graph(net, solver, micro_batches, dtype, replicas, chosen)
+    return Pipeline(chosen, cut(step, chosen, micro_of, micro_batches, schedule), forward, micro_batches, schedule,
+                    replicas)
 
 
 def micro_batches_of(rows: int, micro_batches: int) -> int:
@@ -119,15 +176,16 @@ def check_micro_batches(batch_size: int, micro_batches: int) -> None:
 
 
 def micro_batch_feed(batch: dict[str, np.ndarray], forward: Graph, micro_batches: int,
-                     dtype: str) -> dict[str, np.ndarray]:
+                     dtype: str, share: float = 1.0) -> dict[str, np.ndarray]:
     """A batch's arrays (named as the forward graph's inputs) as the micro-batches' inputs, with
-    each micro-batch's share of the objective."""
+    each micro-batch's share of the objective (``share``: the batch's share of the global
+    batch, which a replica's batch is a part of)."""
     feed = {}
     for name in forward.inputs:
         for m, part in enumerate(np.split(batch[name], micro_batches)):
             feed[micro_name(name, m)] = part
     for m in range(micro_batches):           # equal micro-batches: equal shares
-        feed[f"{MICRO_WEIGHT}{m}"] = np.asarray(1.0 / micro_batches, dtype=dtype)
+        feed[f"{MICRO_WEIGHT}{m}"] = np.asarray(share / micro_batches, dtype=dtype)
     return feed
 
 
@@ -141,10 +199,8 @@ def pipeline_of(net: Net, solver: SolverConfig, spec, comm, device) -> Pipeline:
         raise UserError(f"train.distributed.stages is {k}: a pipeline runs one stage a rank, under "
                         f"`mpiexec -n {k} toolkit train ...`")
     if size % k:
-        raise UserError(f"train.distributed.stages is {k}, which does not divide the job's {size} ranks")
-    if size != k:
-        raise UserError(f"{size} ranks for {k} stages: data-parallel replicas of a pipeline are not built yet; "
-                        f"run `mpiexec -n {k}`")
+        raise UserError(f"train.distributed.stages is {k}, which does not divide the job's {size} ranks "
+                        f"(the ranks are stages x replicas)")
     if not device.host_memory:
         raise UserError(f"a pipeline-parallel run trains on the CPU only, not on {device}")
     if d.sync_batchnorm:
@@ -152,7 +208,9 @@ def pipeline_of(net: Net, solver: SolverConfig, spec, comm, device) -> Pipeline:
                         "computes its statistics per micro-batch")
     batch = spec.data.batch_size
     check_micro_batches(batch, d.micro_batches)
-    return build_pipeline(net, solver, k, d.micro_batches, batch // d.micro_batches, schedule=d.schedule)
+    replicas = ReplicaSums(size // k, d.bucket_mb, d.overlap) if size > k else None
+    return build_pipeline(net, solver, k, d.micro_batches, batch // d.micro_batches, schedule=d.schedule,
+                          replicas=replicas)
 
 
 def describe(p: Pipeline) -> str:
@@ -160,5 +218,17 @@ def describe(p: Pipeline) -> str:
     total = sum(p.stages.flops) or 1
     parts = [f"stage {s}: {names[0]}..{names[-1]} ({len(names)} layers, {100 * f / total:.0f}% of the FLOPs)"
              for s, (names, f) in enumerate(zip(p.stages.layers, p.stages.flops))]
-    return (f"pipeline of {p.stages.count} stages, {p.micro_batches} micro-batches ({p.schedule}, bubble "
+    line = (f"pipeline of {p.stages.count} stages, {p.micro_batches} micro-batches ({p.schedule}, bubble "
             f"{p.bubble():.2f} of a step with equal stages): " + "; ".join(parts))
+    if p.replicas:
+        line += "\n" + describe_replicas(p.stages.count, p.replicas.replicas)
+    return line
+
+
+def describe_replicas(stages: int, replicas: int) -> str:
+    """Which ranks are which replica, and which sum each stage's gradients (distributed/grid.py)."""
+    pipes = "; ".join(f"replica {r}: ranks {', '.join(map(str, replica_ranks(r, stages)))}" for r in range(replicas))
+    sums = "; ".join(f"stage {s}: ranks {', '.join(map(str, stage_ranks(s, stages, replicas)))}"
+                     for s in range(stages))
+    return (f"{replicas} data-parallel replicas of the pipeline ({pipes}), each taking its share of the global "
+            f"batch; each stage's gradients summed over its replicas ({sums})")

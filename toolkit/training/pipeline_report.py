@@ -1,6 +1,8 @@
 """What ``toolkit compile --phase train --stages K`` says of a pipeline: each stage's layers, its
 FLOPs, its predicted time per step, the weights and the peak memory its rank holds, the bytes
-the stages send each other per step, and the bubble (GPipe's and 1F1B's alike).
+the stages send each other per step, and the bubble (GPipe's and 1F1B's alike); with ``--ranks``
+a multiple of the stages, the data-parallel replicas of the pipeline: which ranks are which
+replica, each replica's batch, and each stage's gradient all-reduce over its replicas.
 
 The stages are cut by FLOPs (training/stages.py). A stage's predicted time is the one-process
 step's time, measured here (the median of a few runs of its plan), times the stage's share of
@@ -17,23 +19,27 @@ import time
 import numpy as np
 
 from ..compile import optimize, solver_config, train_graph
+from ..distributed.grid import replica_ranks, stage_ranks
 from ..errors import UserError
 from ..ir.dims import evaluate
+from ..optim.data_parallel import bucket_summary
 from ..optim.solvers import host_values, is_slot
 from ..placement.model import value_bytes
 from ..runtime.plan import Plan, memory_figures
 from .feeding import train_spec
-from .pipeline import build_pipeline, check_micro_batches
+from .pipeline import ReplicaSums, build_pipeline, check_micro_batches
 
 
-def pipeline_report(net, stages: int, batch: int, device, disable: tuple[str, ...] = ()) -> dict:
-    """The figures above for ``net`` at a step of ``batch`` rows (the micro-batches' count from
-    the net's train.distributed.micro_batches)."""
+def pipeline_report(net, stages: int, batch: int, device, disable: tuple[str, ...] = (), ranks: int = 0) -> dict:
+    """The figures above for ``net`` at a step of ``batch`` rows a replica (the micro-batches'
+    count from the net's train.distributed.micro_batches), on ``ranks`` ranks (the stages when 0)."""
     distributed = train_spec(net).distributed
     micro = distributed.micro_batches
     check_micro_batches(batch, micro)
     rows = batch // micro
-    p = build_pipeline(net, solver_config(net), stages, micro, rows, schedule=distributed.schedule)
+    replicas = max(ranks, stages) // stages
+    sums = ReplicaSums(replicas, distributed.bucket_mb, distributed.overlap) if replicas > 1 else None
+    p = build_pipeline(net, solver_config(net), stages, micro, rows, schedule=distributed.schedule, replicas=sums)
     bindings = {s: rows for s in p.cut.graph.symbols()}
     one_ms = measured_step_ms(net, batch, device, disable)
     total_flops = sum(p.stages.flops) or 1
@@ -48,6 +54,10 @@ def pipeline_report(net, stages: int, batch: int, device, disable: tuple[str, ..
                          "flops_share": round(share, 4),
                          "predicted_ms": round(one_ms * share, 4),
                          "weight_bytes": weights, "slot_bytes": slots, "peak_bytes": memory["peak_bytes"]})
+        if sums is not None:              # this stage's sum over its replicas, once a step
+            buckets = bucket_summary(g)
+            rows_out[-1]["allreduce"] = {"ranks": stage_ranks(s, stages, replicas), "buckets": len(buckets),
+                                         "bytes": sum(b["bytes"] for b in buckets)}
     sent = p.cut.sent()
     down = sum(int(evaluate(r["bytes"], bindings)) for r in sent if r["from"] < r["to"])
     up = sum(int(evaluate(r["bytes"], bindings)) for r in sent if r["from"] > r["to"])
@@ -55,6 +65,10 @@ def pipeline_report(net, stages: int, batch: int, device, disable: tuple[str, ..
               "micro_batch_rows": rows, "per_stage": rows_out, "balanced_by": "FLOPs (ops' counts)",
               "one_process_ms": round(one_ms, 4), "bubble": round(p.bubble(), 4),
               "messages": len(sent), "bytes_down": down, "bytes_up": up}
+    if sums is not None:
+        report["replicas"] = {"count": replicas, "ranks": replicas * stages, "batch_per_replica": batch,
+                              "global_batch": batch * replicas, "bucket_mb": distributed.bucket_mb,
+                              "by_replica": [replica_ranks(r, stages) for r in range(replicas)]}
     slowest = max(r["predicted_ms"] for r in rows_out)
     report["predicted_step_ms"] = round(slowest * (micro + stages - 1) / micro, 4)
     return report
@@ -107,10 +121,21 @@ def print_pipeline_report(report: dict, net_name: str, as_json: bool) -> None:
     print(f"predicted step time: {report['predicted_step_ms']:.3f} ms ((M+K-1)/M x the slowest stage, each stage "
           f"its FLOPs' share of one process's step, {report['one_process_ms']:.3f} ms as measured here; "
           f"sending not counted)")
+    replicas = report.get("replicas")
+    if replicas:
+        groups = "; ".join(f"replica {r}: ranks {', '.join(map(str, ranks))}"
+                           for r, ranks in enumerate(replicas["by_replica"]))
+        print(f"{replicas['count']} data-parallel replicas of the pipeline on {replicas['ranks']} ranks ({groups}): "
+              f"batch {replicas['batch_per_replica']} a replica, global batch {replicas['global_batch']}")
+        for r in report["per_stage"]:
+            a = r["allreduce"]
+            print(f"stage {r['stage']}'s gradients summed over ranks {', '.join(map(str, a['ranks']))}: "
+                  f"{a['buckets']} bucket(s) of about {replicas['bucket_mb']:g} MB, {a['bytes']:,d} bytes per step")
 
 
 def check_stages_option(args) -> None:
     if args.phase != "train":
         raise UserError("--stages is for --phase train (the pipeline-parallel train step)")
-    if args.ranks > 1:
-        raise UserError("--stages and --ranks together (data-parallel replicas of a pipeline) are not built yet")
+    if args.ranks > 1 and args.ranks % args.stages:
+        raise UserError(f"--stages {args.stages} does not divide --ranks {args.ranks} (the ranks are stages x "
+                        f"replicas)")

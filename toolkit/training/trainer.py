@@ -15,6 +15,8 @@ import numpy as np
 from ..backend.devices import CPU, Device, parse_device, to_host
 from ..backend.measured import adopt, recorded
 from ..compile import disabled_passes, optimize, train_graph
+from ..distributed.comm import use
+from ..distributed.grid import PipelineGrid, place
 from ..errors import UserError
 from ..frontend import OBJECTIVE, Net
 from ..frontend.train_checks import LOGGED, logged_name
@@ -55,10 +57,15 @@ class Trainer:
         self.cfg = SolverConfig.from_spec(spec.solver)
         self.stream = stream
         self.train_set, self.test_set = load_data(net, spec)
-        # pipeline parallelism: the ranks are the stages of one step (training/pipeline.py)
+        # pipeline parallelism: the ranks are the stages of one step (training/pipeline.py), or
+        # stages x replicas of it (distributed/grid.py); this rank's stage and replica
         pipelined = spec.distributed.stages > 1
-        # the global batch: K data-parallel ranks read the batches of one process at K x batch_size
-        self.global_batch = spec.data.batch_size * (1 if pipelined else self.ranks)
+        stages = spec.distributed.stages if pipelined else 1
+        self.stage, self.replica = place(self.rank, stages)
+        self.replicas = max(self.ranks // stages, 1)
+        # the global batch: R data-parallel ranks (or replicas of a pipeline) read the batches of
+        # one process at R x batch_size
+        self.global_batch = spec.data.batch_size * self.replicas
         self.order = BatchOrder(len(self.train_set), self.global_batch, spec.data.shuffle, spec.seed)
         if spec.max_iter:
             self.max_iter = spec.max_iter
@@ -69,6 +76,8 @@ class Trainer:
         self.pipeline = None
         if pipelined:
             self.pipeline = pipeline_of(net, self.cfg, spec, self.comm, parse_device(device))
+            if self.replicas > 1:     # the kernels' sends, receives and sums on their parts of the job
+                self.comm = PipelineGrid(self.comm, stages)
             self._short_steps: dict[int, tuple] = {}     # micro-batch count -> (pipeline, graph, plans)
 
         self.disable = disabled_passes(net) if disable is None else disable
@@ -105,8 +114,11 @@ class Trainer:
                         print(f"{resumed.path}: {line}", file=self.stream or sys.stderr, flush=True)
         if self.pipeline:                         # each rank holds its stage's weights alone
             stage = self.pipeline.cut
-            self.graph = optimize(stage.stage_graph(self.rank), self.disable, device=device)
-            self.store = {k: v for k, v in self.store.items() if stage.weight_stage[k] == self.rank}
+            self.graph = optimize(stage.stage_graph(self.stage), self.disable, device=device)
+            self.store = {k: v for k, v in self.store.items() if stage.weight_stage[k] == self.stage}
+            if self.replicas > 1:                 # every replica of a stage starts from replica 0's state
+                for k in sorted(self.store):
+                    self.comm.across.broadcast(self.store[k])
             if self.rank == 0:
                 print(describe(self.pipeline), file=self.stream or sys.stderr, flush=True)
         elif self.comm:                           # every rank starts from rank 0's state
@@ -189,10 +201,24 @@ class Trainer:
         (every rank must call it at the same point); None otherwise."""
         if not self.pipeline:
             return None
+        parts = self.comm.gather_all(self.host_store())
+        stages = self.pipeline.stages.count
         whole: dict[str, np.ndarray] = {}
-        for part in self.comm.gather_all(self.host_store()):
+        for part in parts[:stages]:               # replica 0's stages (distributed/grid.py)
             whole.update(part)
+        self._check_replicas_agree(parts, stages)
         return whole
+
+    def _check_replicas_agree(self, parts: list[dict[str, np.ndarray]], stages: int) -> None:
+        """Every replica of a stage holds the same weights and solver slots (their updates sum
+        the same gradients); only BatchNorm's running statistics are each replica's own."""
+        weights = self.pipeline.cut.graph.weights
+        for rank in range(stages, len(parts)):
+            first = parts[rank % stages]
+            for k, v in parts[rank].items():
+                if (is_slot(k) or weights[k].trainable) and not np.array_equal(v, first[k]):
+                    raise RuntimeError(f"'{k}' differs between replica 0 and replica {rank // stages} of stage "
+                                       f"{rank % stages}: the replicas' gradient sums disagree")
 
     def host_store(self) -> dict[str, np.ndarray]:
         """The weights and solver slots as host arrays (copies only where they live on a GPU)."""
@@ -209,12 +235,16 @@ class Trainer:
         """Runs iteration i; its outputs stay where they were computed (see scalars.py)."""
         rows = self.order.rows(i)
         if self.pipeline:
+            share = 1.0
+            if self.replicas > 1:             # this replica's rows of the global batch, as a rank's
+                rows, share = rank_rows(rows, self.replica, self.spec.data.batch_size)
             pipeline, graph, plans = self._stage_step(len(rows))
             batch = iteration_feed(self.train_set, rows, self.net, self.spec, i, pipeline.forward)
-            feed = micro_batch_feed(batch, pipeline.forward, pipeline.micro_batches, self.dtype)
+            feed = micro_batch_feed(batch, pipeline.forward, pipeline.micro_batches, self.dtype, share)
             feed.update(host_values(self.cfg, self.lr_at(i), i + 1, self.dtype))
-            outs = plans.run({k: v for k, v in feed.items() if k in graph.inputs})
-            self.comm.finish_sends()          # this step's sends have left their buffers
+            with use(self.comm):
+                outs = plans.run({k: v for k, v in feed.items() if k in graph.inputs})
+                self.comm.finish_sends()      # this step's sends have left their buffers
             return outs
         weight = None
         if self.comm:
@@ -232,8 +262,9 @@ class Trainer:
             return self.pipeline, self.graph, self.train_plans
         if m not in self._short_steps:
             p = build_pipeline(self.net, self.cfg, self.pipeline.stages.count, m, rows // m,
-                               chosen=self.pipeline.stages, schedule=self.pipeline.schedule)
-            graph = optimize(p.cut.stage_graph(self.rank), self.disable, device=self.device)
+                               chosen=self.pipeline.stages, schedule=self.pipeline.schedule,
+                               replicas=self.pipeline.replicas)
+            graph = optimize(p.cut.stage_graph(self.stage), self.disable, device=self.device)
             plans = PlanCache(graph, self.store, self.runtime, self.device, self.train_plans.reuse_memory,
                               on_build=self.train_plans.on_build)
             self._short_steps[m] = (p, graph, plans)
