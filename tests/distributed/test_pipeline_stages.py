@@ -289,3 +289,63 @@ def test_1f1b_holds_fewer_micro_batches_activations_than_gpipe():
         peaks[schedule] = memory_figures(optimize(p.cut.stage_graph(0)), {"N": 8})["peak_bytes"]
     # stage 0 holds its activations of 8 micro-batches under GPipe, of 2 under 1F1B
     assert peaks["1f1b"] < 0.6 * peaks["gpipe"], peaks
+
+
+def test_replicas_sum_each_stages_gradients_in_buckets_of_its_own_and_the_losses_on_the_last():
+    """With replicas, each bucket holds one stage's gradients (its stage's ranks sum it), the
+    buckets are numbered across the stages, and the logged losses are summed on the last stage
+    before they are sent; with the sums the identity (one process) the step is unchanged."""
+    from toolkit.training.pipeline import ReplicaSums
+    net, cfg, one, weights, batch, scalars = lenet_step(16)
+    expected_out, expected = interpret(one, {**batch, **scalars}, weights)
+    sums = ReplicaSums(2, bucket_mb=0.01)           # 10 kB buckets: stage 1's gradients fill several
+    p = build_pipeline(net, cfg, 2, 2, 8, "float64", replicas=sums)
+    trainable = {k for k, w in one.weights.items() if w.trainable}
+    assert sorted(n for names in sums.buckets for n in names) == sorted(trainable)
+    seen = []
+    for s in range(2):
+        g = p.cut.stage_graph(s)
+        starts = [n for n in g.nodes if n.op == "allreduce_start"]
+        names = {v.id: k for k, w in g.weights.items() for v in [w.value]}
+        held = {k for k in g.weights if k in trainable}
+        assert sum(len(n.inputs) for n in starts) == len(held)
+        assert all(held >= set(sums.buckets[n.attrs["bucket"]]) for n in starts)
+        seen += [n.attrs["bucket"] for n in starts]
+        assert not names.keys() & {v.id for n in starts for v in n.inputs}     # gradients, not weights
+        assert len([n for n in g.nodes if n.op == "allreduce_sum"]) == (2 if s == 1 else 0)   # loss, objective
+    assert sorted(seen) == list(range(len(sums.buckets))) and len(sums.buckets) > 2
+    feed = {**micro_batch_feed(batch, p.forward, 2, "float64"), **scalars}
+    with use(Solo()) as comm:
+        out, updates = interpret(p.cut.one_process(), {k: v for k, v in feed.items() if k in p.cut.graph.inputs},
+                                 weights)
+        assert not comm.mailbox and not comm.pending
+    for k in expected:
+        np.testing.assert_allclose(updates[k], expected[k], rtol=1e-12, atol=1e-14, err_msg=k)
+    assert out["@objective"] == pytest.approx(float(expected_out["@objective"]), rel=1e-13)
+    # a replica's share of the global batch weighs its micro-batches
+    half = micro_batch_feed(batch, p.forward, 2, "float64", share=0.5)
+    assert float(half["@micro_weight0"]) == 0.25
+
+
+def test_compile_explains_the_replicas_of_a_pipeline():
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[2]
+    command = [sys.executable, "-m", "toolkit.cli", "compile", LENET, "--phase", "train", "--stages", "2",
+               "--batch", "32", "--set", "train.distributed.micro_batches=4"]
+    proc = subprocess.run(command + ["--ranks", "4", "--json"], cwd=root, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["replicas"]["by_replica"] == [[0, 1], [2, 3]]
+    assert report["replicas"]["global_batch"] == 64 and report["micro_batch_rows"] == 8
+    stages = report["per_stage"]
+    assert [s["allreduce"]["ranks"] for s in stages] == [[0, 2], [1, 3]]
+    # each stage sums its own weights' gradients: together the whole net's, float32
+    whole = sum(a.nbytes for a in Net.load(LENET).init_weights().values())
+    assert [s["allreduce"]["bytes"] for s in stages] == [s["weight_bytes"] for s in stages]
+    assert sum(s["allreduce"]["bytes"] for s in stages) == whole
+    proc = subprocess.run(command + ["--ranks", "3"], cwd=root, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and proc.stderr.strip() == \
+        "error: --stages 2 does not divide --ranks 3 (the ranks are stages x replicas)"

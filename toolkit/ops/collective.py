@@ -79,7 +79,7 @@ def _wait_infer(types, attrs):
     return [TensorType(g.shape, g.dtype) for g in grads]
 
 
-def _allreduce_wait(token, *grads, bucket, rng=None):
+def _allreduce_wait(token, *grads, bucket, overlap=True, rng=None):   # overlap: where a pass puts it
     return tuple(unpack(_comm().wait_allreduce(bucket), [np.shape(g) for g in grads]))
 
 
