@@ -87,7 +87,8 @@ class DistributedSpec(Strict):
     bucket_mb: Annotated[float, Field(gt=0)] = 25.0
     overlap: bool = True          # start each bucket's all-reduce during the backward pass
     # pipeline parallelism (training/pipeline.py): the train step cut into this many stages, one
-    # per rank, each batch run as micro_batches micro-batches on the schedule named
+    # per rank (a job of a multiple of them: that many data-parallel replicas of the pipeline),
+    # each batch run as micro_batches micro-batches on the schedule named
     stages: PositiveInt = 1
     micro_batches: PositiveInt = 1
     schedule: Literal["gpipe", "1f1b"] = "gpipe"
