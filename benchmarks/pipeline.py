@@ -1,9 +1,11 @@
 #!/usr/bin/env python
 """Pipeline-parallel training on one machine: one process with one thread at batch B against K
-stages (mpiexec -n K, one thread a rank) at the same batch B in M micro-batches, GPipe.
+stages (mpiexec -n K, one thread a rank) at the same batch B in M micro-batches, GPipe; with
+--replicas R also R data-parallel ranks at B/R each (one stage) and K stages x R replicas
+(mpiexec -n K*R) at B/R a replica, the same global batch B.
 
     python benchmarks/pipeline.py [NET] [--batch 256] [--stages 2] [--micro 1,2,4,8] [--schedule gpipe]
-                                  [--steps 100] [--rounds 3]
+                                  [--replicas R] [--steps 100] [--rounds 3]
 
 For each configuration: the step time (the median step of --steps steps after 10 warm-up
 steps, then the median over --rounds rounds, the configurations interleaved within a round),
@@ -71,7 +73,7 @@ def worker(args) -> None:
             trainer.step(i)
         if comm:
             comm.largest(0)                               # line the ranks up before timing
-            comm.waited_s = 0.0
+            trainer.comm.waited_s = 0.0                   # (a grid's: every part's)
         times = []
         for i in range(10, 10 + args.steps):
             start = time.perf_counter()
@@ -81,17 +83,18 @@ def worker(args) -> None:
             times.append(time.perf_counter() - start)
         weights = sum(v.nbytes for k, v in trainer.store.items() if not is_slot(k))
         mine = {"step_ms": 1e3 * statistics.median(times), "weight_bytes": weights,
-                "idle": (comm.waited_s / sum(times)) if comm else 0.0}
+                "idle": (trainer.comm.waited_s / sum(times)) if comm else 0.0}
         ranks = comm.gather_all(mine) if comm else [mine]
         if trainer.rank == 0:
             print(json.dumps({"step_ms": ranks[0]["step_ms"], "ranks": ranks}))
 
 
-def measure(args, stages: int, micro: int) -> dict:
-    cmd = [sys.executable, __file__, args.net, "--worker", "--batch", str(args.batch), "--stages", str(stages),
-           "--micro", str(micro), "--schedule", args.schedule, "--steps", str(args.steps)]
-    if stages > 1:
-        cmd = [str(Path(sys.executable).parent / "mpiexec"), "-n", str(stages), *cmd]
+def measure(args, stages: int, micro: int, replicas: int = 1) -> dict:
+    """One configuration's figures: ``stages`` x ``replicas`` ranks, each replica at B/R rows."""
+    cmd = [sys.executable, __file__, args.net, "--worker", "--batch", str(args.batch // replicas),
+           "--stages", str(stages), "--micro", str(micro), "--schedule", args.schedule, "--steps", str(args.steps)]
+    if stages * replicas > 1:
+        cmd = [str(Path(sys.executable).parent / "mpiexec"), "-n", str(stages * replicas), *cmd]
     env = dict(os.environ, TOOLKIT_THREADS="1", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env, timeout=900)
     if out.returncode:
@@ -108,6 +111,8 @@ def main() -> None:
     ap.add_argument("--schedule", choices=["gpipe", "1f1b"], default="gpipe")
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--replicas", type=int, default=1,
+                    help="also R data-parallel ranks and K stages x R replicas, at the same global batch")
     ap.add_argument("--worker", action="store_true")
     args = ap.parse_args()
     if args.worker:
@@ -116,24 +121,29 @@ def main() -> None:
     if args.net is None:
         args.net = str(Path(tempfile.mkdtemp()) / "mlp1024.yaml")
         Path(args.net).write_text(MLP)
-    configs = [(1, 1)] + [(args.stages, int(m)) for m in args.micro.split(",")]
+    micros = [int(m) for m in args.micro.split(",")]
+    configs = [(1, 1, 1)] + [(args.stages, m, 1) for m in micros]      # (stages, micro-batches, replicas)
+    if args.replicas > 1:
+        configs += [(1, 1, args.replicas)] + [(args.stages, m, args.replicas) for m in micros]
     runs: dict[tuple, list[dict]] = {c: [] for c in configs}
     for _ in range(args.rounds):
         for c in configs:
             runs[c].append(measure(args, *c))
-    one = statistics.median(r["step_ms"] for r in runs[(1, 1)])
-    whole = runs[(1, 1)][0]["ranks"][0]["weight_bytes"]
-    print(f"{Path(args.net).name}, batch {args.batch}, {args.schedule}, one thread a process, "
-          f"median of {args.rounds} rounds of the median of {args.steps} steps")
-    print(f"{'config':>16s} {'step ms':>9s} {'vs one':>7s} {'weights/rank (of whole)':>26s} "
-          f"{'idle share by rank':>22s} {'(K-1)/(M+K-1)':>13s}")
-    for (k, m), rs in runs.items():
-        step = statistics.median(r["step_ms"] for r in rs)
-        shares = "/".join(f"{r['weight_bytes'] / whole:.2f}" for r in rs[0]["ranks"])
-        idle = "/".join(f"{statistics.median(r['ranks'][i]['idle'] for r in rs):.3f}" for i in range(k))
+    one = statistics.median(r["step_ms"] for r in runs[(1, 1, 1)])
+    whole = runs[(1, 1, 1)][0]["ranks"][0]["weight_bytes"]
+    print(f"{Path(args.net).name}, global batch {args.batch}, {args.schedule}, one thread a process, "
+          f"median of {args.rounds} rounds of the median of {args.steps} steps, {os.cpu_count()} cores")
+    print(f"{'config':>18s} {'ranks':>5s} {'step ms':>9s} {'vs one':>7s} {'weights/rank (of whole)':>26s} "
+          f"{'idle share by rank':>30s} {'(K-1)/(M+K-1)':>13s}")
+    for (k, m, r), rs in runs.items():
+        step = statistics.median(x["step_ms"] for x in rs)
+        shares = "/".join(f"{x['weight_bytes'] / whole:.2f}" for x in rs[0]["ranks"])
+        idle = "/".join(f"{statistics.median(x['ranks'][i]['idle'] for x in rs):.3f}" for i in range(k * r))
         bubble = (k - 1) / (m + k - 1)
-        name = "one process" if k == 1 else f"K={k} M={m}"
-        print(f"{name:>16s} {step:>9.2f} {one / step:>6.2f}x {shares:>26s} {idle:>22s} {bubble:>13.3f}")
+        name = ("one process" if k * r == 1 else f"K={k} M={m}" if r == 1 else f"{r} replicas x 1 stage"
+                if k == 1 else f"K={k} x {r} repl. M={m}")
+        print(f"{name:>18s} {k * r:>5d} {step:>9.2f} {one / step:>6.2f}x {shares:>26s} {idle:>30s} "
+              f"{bubble if k > 1 else 0:>13.3f}")
 
 
 if __name__ == "__main__":
