@@ -10,9 +10,11 @@ quantization of the infer phase.
         - {layer: ip2, reason: measured better in float}
       bias_correction:                # layer -> added to its bias, one amount per output channel
         conv1: [0.0012, -0.0031]
+      equalized:                      # layer whose output channels were scaled -> the layers reading them
+        conv1: [conv2]
       calibration:                    # for the record: what produced the scales
         {method: minmax, examples: 256, data: heldout.npz, dtype: uint8, bias_correction: true,
-         files: [{file: heldout.npz, rows: 359}], toolkit_version: 0.1.0}
+         equalization: true, files: [{file: heldout.npz, rows: 359}], toolkit_version: 0.1.0}
 
 What the schema cannot say (a zero point in its dtype's range, a top or layer the net has) is
 checked against the net when it loads (toolkit/frontend/quant_checks.py), at the key's line.
@@ -64,6 +66,7 @@ class CalibrationRecord(Strict):
     files: list[CalibrationFile] = []                         # the data's files, each with its rows
     toolkit_version: Optional[Annotated[str, Field(min_length=1)]] = None
     bias_correction: Optional[bool] = None                    # whether bias_correction was measured
+    equalization: Optional[bool] = None                       # whether the weights were equalized first
 
 
 class QuantizationSpec(Strict):
@@ -76,6 +79,10 @@ class QuantizationSpec(Strict):
     # output channel: the mean error its int8 weights and input put into its output over the
     # calibration data (empirical bias correction, toolkit/quantization/bias.py)
     bias_correction: dict[Name, list[Annotated[float, Field(allow_inf_nan=False)]]] = {}
+    # a layer whose output channels cross-layer equalization scaled -> the layers reading them, whose
+    # input channels it scaled back (toolkit/quantization/equalize.py): for the record and --explain,
+    # the weights file holds the scaled weights
+    equalized: dict[Name, list[Name]] = {}
 
     def float_reasons(self) -> dict[str, str]:
         """Layer name -> why it stays float."""

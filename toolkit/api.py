@@ -516,6 +516,7 @@ def train(net: NetSource | None = None, *, out: str | None = None, resume: str |
 def quantize(net: NetSource, *, calibrate: "Mapping[str, np.ndarray] | str | os.PathLike", out: str | os.PathLike,
              weights: str | os.PathLike | None = None, method: str = "minmax", examples: int = 256,
              dtype: str = "uint8", keep_float: Sequence[str] = (), bias_correction: bool = True,
+             equalize: bool | None = None,
              set: Mapping[str, object] | Sequence[str] | None = None):  # noqa: A002  (the CLI's name)
     """Quantize a float model to int8 as ``toolkit quantize`` does, and write its model folder.
 
@@ -534,6 +535,10 @@ def quantize(net: NetSource, *, calibrate: "Mapping[str, np.ndarray] | str | os.
         bias_correction: add to each int8 convolution's and InnerProduct's bias the mean error its
             int8 form puts into its output over the calibration examples (``--no-bias-correction``:
             False).
+        equalize: before calibration, scale each convolution's or InnerProduct's output channels
+            against the weights of the layers that read them (cross-layer equalization, the same
+            function in float; the folder's weights are the scaled ones). None: the default of
+            ``toolkit quantize`` (``--equalize``).
         set: overrides, as ``--set`` does.
 
     Returns:
@@ -545,7 +550,7 @@ def quantize(net: NetSource, *, calibrate: "Mapping[str, np.ndarray] | str | os.
         toolkit.UserError: a problem with the net, the weights, the data or an argument, with the
             message the command would print.
     """
-    from .quantization.model import quantize_model
+    from .quantization.model import DEFAULT_EQUALIZE, quantize_model
 
     loaded = _net(net, _overrides(set))
     weights_file = loaded.default_weights(_text_arg("weights", weights))
@@ -565,4 +570,5 @@ def quantize(net: NetSource, *, calibrate: "Mapping[str, np.ndarray] | str | os.
         raise TypeError(f"calibrate: expected arrays by input name or an .npz path, not {type(calibrate).__name__}")
     return quantize_model(loaded, weights_file, data, _text_arg("out", out, allow_none=False), data_name=name,
                           method=method, max_examples=examples, dtype=dtype, keep_float=list(keep_float),
-                          data_files=files, bias_correction=bool(bias_correction))
+                          data_files=files, bias_correction=bool(bias_correction),
+                          equalize=DEFAULT_EQUALIZE if equalize is None else bool(equalize))

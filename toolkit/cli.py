@@ -214,6 +214,10 @@ COMMANDS: tuple[Command, ...] = (
         option("--bias-correction", action=argparse.BooleanOptionalAction, default=True,
                help="add to each int8 convolution's and InnerProduct's bias the mean error its int8 form puts "
                     "into its output over the calibration examples (default: on; measured better on real photos)"),
+        option("--equalize", action=argparse.BooleanOptionalAction, default=None,
+               help="before calibration, scale each convolution's and InnerProduct's output channels against the "
+                    "weights of the layers that read them (cross-layer equalization: the same function in float, "
+                    "the channels' ranges evened out for 8 bits; default: on; measured better on real photos)"),
         SET)),
     Command("graph", "draw a phase's graph, before or after the passes, as .svg or .dot", run="graph_cmd:run_graph",
             options=(

@@ -11,7 +11,7 @@ from ..errors import UserError
 
 def run_quantize(args) -> int:
     from ..frontend.spec import parse_overrides
-    from ..quantization.model import quantize_model
+    from ..quantization.model import DEFAULT_EQUALIZE, quantize_model
     from ..training.data import InputTransform, recorded_input
     from ..zoo.resolve import load_net
     from .io import open_inputs
@@ -33,13 +33,18 @@ def run_quantize(args) -> int:
                      note=lambda line: print(line, file=sys.stderr)) as stream:
         model = quantize_model(net, weights, stream, args.out, data_name=names, method=args.method,
                                max_examples=args.examples, dtype=args.dtype, keep_float=args.float or (),
-                               data_files=_files_and_rows(stream), bias_correction=args.bias_correction)
+                               data_files=_files_and_rows(stream), bias_correction=args.bias_correction,
+                               equalize=DEFAULT_EQUALIZE if args.equalize is None else args.equalize)
     kept = ", ".join(f"{name} ({why})" for name, why in model.float_layers.items()) or "none"
     print(f"quantized {net.name}: {len(model.tops)} tops calibrated by {args.method} over {model.examples} "
           f"examples of {names}; {args.dtype} activations, int8 weights per channel; float layers: {kept}")
     if args.bias_correction:
         print(f"bias correction: {len(model.bias_corrected)} convolutions and InnerProducts corrected by the mean "
               f"error of their int8 form over the calibration examples")
+    if model.equalized:
+        readers = len({r for rs in model.equalized.values() for r in rs})
+        print(f"equalization: {len(model.equalized)} layers' output channels scaled against the weights of the "
+              f"{readers} layers that read them")
     print(f"wrote {model.net_file} and {model.weights_file}; `toolkit compile {model.net_file} --explain` "
           "says which layers run in int8")
     return 0

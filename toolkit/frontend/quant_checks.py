@@ -43,4 +43,10 @@ def quantization_problems(spec, positions: Positions, infer_blobs: dict | None) 
             problems.append(Problem(f"quantization.bias_correction: the infer phase has no layer '{name}'"
                                     f"{did_you_mean(name, layers)}",
                                     positions.locate(("quantization", "bias_correction", name))))
+    for name, readers in section.equalized.items():
+        for j, layer in enumerate([name, *readers]):
+            if layer not in layers:
+                path = ("quantization", "equalized", name) + (() if j == 0 else (j - 1,))
+                problems.append(Problem(f"quantization.equalized: the infer phase has no layer '{layer}'"
+                                        f"{did_you_mean(layer, layers)}", positions.locate(path, prefer_key=j == 0)))
     return problems

@@ -31,6 +31,9 @@ pass: rewrite.py's Substitution hands a replaced value's name to its replacement
 A layer the section's ``bias_correction`` names has that amount added to its bias (one a
 channel; a layer without a bias gets one) before the bias is quantized: the mean error its int8
 form put into its output over the calibration data (toolkit/quantization/bias.py measures it).
+A layer the section's ``equalized`` names (its output channels, or its readers' input channels,
+scaled by toolkit/quantization/equalize.py before calibration) is quantized as any other: its
+weights file holds the scaled weights; its verdict says "equalized".
 
 Every layer of the graph gets one note for ``toolkit compile --explain``: int8 (and in what form)
 or float and why (no scale for its input, listed float, an op that has no quantized form).
@@ -187,6 +190,9 @@ class Quantizer:
         self.params = named_params(graph, section)
         self.float_reasons = section.float_reasons()
         self.bias_correction = section.bias_correction
+        # layers whose weights cross-layer equalization scaled (their output channels, or their input
+        # channels back): said by --explain, the weights are the file's
+        self.equalized = set(section.equalized) | {r for readers in section.equalized.values() for r in readers}
         self.readers = graph.consumers()
         self.kept = kept_ids(graph)
         self.subst = Substitution()
@@ -310,7 +316,8 @@ class Quantizer:
         for n in h.absorbed:                 # an in-place ReLU layer says where it went
             self.folded.setdefault(layer_of(n), f"int8: folded into {layer_of(h.node)}")
         folded = "".join(f" + {n.op}" for n in h.absorbed)
-        what = f"{y.producer.op}{folded}{', bias corrected' if corrected else ''}, {xa.dtype} in"
+        equalized = ", equalized" if layer_of(h.node) in self.equalized else ""
+        what = f"{y.producer.op}{folded}{', bias corrected' if corrected else ''}{equalized}, {xa.dtype} in"
         if out_q:
             self.quantized[h.out.id] = (y, out_act)
             self.subst.replace(h.out, b.op("dequantize_linear", y, scale=out_act.scale,

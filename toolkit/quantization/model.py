@@ -24,8 +24,10 @@ import numpy as np
 
 from ..errors import UserError
 from ..fileio import atomic_write
+from ..inference import infer_phase
 from .bias import measure_bias_correction
 from .collect import DEFAULT_EXAMPLES, RowSource, collect_ranges
+from .equalize import equalize as equalize_weights
 from .scales import quantization_section
 
 # layer types whose outputs stay float, and why (shown by `toolkit compile --explain`)
@@ -34,6 +36,9 @@ INPUT_FILE = "input.json"
 # whether ``toolkit quantize`` measures bias correction unless told (docs/performance/real-nets.md
 # has the measurements it was decided on)
 DEFAULT_BIAS_CORRECTION = True
+# whether ``toolkit quantize`` equalizes the weights (equalize.py) unless told (docs/performance/real-nets.md
+# has the measurements it was decided on)
+DEFAULT_EQUALIZE = True
 
 
 @dataclass
@@ -46,6 +51,7 @@ class QuantizedModel:
     float_layers: dict[str, str] = field(default_factory=dict)   # layer -> why it stays float
     examples: int = 0
     bias_corrected: list[str] = field(default_factory=list)     # the layers given a bias correction
+    equalized: dict[str, list[str]] = field(default_factory=dict)  # layer -> the layers reading its scaled channels
 
 
 def _float_layers(net, asked: Iterable[str]) -> dict[str, str]:
@@ -72,6 +78,10 @@ def _section_text(section: dict, float_layers: dict[str, str]) -> str:
     if float_layers:
         lines.append("  float:")
         lines += [f"    - {{layer: {name}, reason: {_quoted(why)}}}" for name, why in float_layers.items()]
+    equalized = section.get("equalized")
+    if equalized:
+        lines.append("  equalized:")
+        lines += [f"    {name}: [{', '.join(readers)}]" for name, readers in equalized.items()]
     corrections = section.get("bias_correction")
     if corrections:
         lines.append("  bias_correction:")
@@ -98,13 +108,21 @@ def quantize_model(net, weights_file: str | Path, data: "Mapping[str, np.ndarray
                    data_name: str, method: str = "minmax", max_examples: int = DEFAULT_EXAMPLES,
                    dtype: str = "uint8", keep_float: Iterable[str] = (), say=None,
                    data_files: Iterable[tuple[str, int]] = (),
-                   bias_correction: bool = DEFAULT_BIAS_CORRECTION) -> QuantizedModel:
+                   bias_correction: bool = DEFAULT_BIAS_CORRECTION,
+                   equalize: bool = DEFAULT_EQUALIZE, quantize_outputs: bool = False) -> QuantizedModel:
     """Calibrates ``net`` (a loaded Net, no quantization section of its own) with ``weights_file``
     over ``data`` (arrays by input name, or a row stream as ``toolkit infer`` opens its inputs)
     and writes the quantized model folder ``out`` (new, or an empty folder). Its section records
     what produced it: the method, the examples drawn, the activations' dtype, whether bias
-    correction was measured (``bias_correction``: over the same examples, bias.py), ``data_files``
-    (each file's name and row count) and the toolkit's version."""
+    correction was measured (``bias_correction``: over the same examples, bias.py), whether the
+    weights were equalized first (``equalize``: equalize.py, over the same examples; the folder's
+    weights are then the equalized ones, the same function in float), ``data_files`` (each file's
+    name and row count) and the toolkit's version.
+
+    The net's outputs that no layer reads get no scale (unless ``quantize_outputs``): the layer
+    that computes one writes it in float32 from its int32 sums, and an add, concatenation or
+    pooling that computes one runs in float, since rounding a result to 8 bits only for it to be
+    dequantized for the caller loses precision and saves nothing."""
     from ..frontend.render import render_net
     from ..version import __version__
     out = Path(out)
@@ -117,30 +135,64 @@ def quantize_model(net, weights_file: str | Path, data: "Mapping[str, np.ndarray
         raise UserError(f"{weights_file}: write the weights as .safetensors to quantize them (a model folder's "
                         "weights file)")
     float_layers = _float_layers(net, keep_float)
+    weights: "str | dict[str, np.ndarray]" = str(weights_file)
+    equalized: dict[str, list[str]] = {}
+    if equalize:
+        arrays = infer_phase(net, "cpu", "float32").load_weights(str(weights_file))
+        weights, equalized = equalize_weights(net, arrays, data, max_examples=max_examples)
+        if say is not None:
+            say(f"equalization: {len(equalized)} layers' output channels scaled against their readers'")
     fed = []
-    ranges = collect_ranges(net, str(weights_file), data, method=method, max_examples=max_examples,
+    ranges = collect_ranges(net, weights, data, method=method, max_examples=max_examples,
                             say=lambda line: fed.append(line) or (say(line) if say else None))
+    if not quantize_outputs:
+        ranges = {top: r for top, r in ranges.items() if top not in _unread_outputs(net)}
     examples = min(max_examples, _rows(data))
     record = {"method": method, "examples": examples, "data": data_name, "dtype": dtype,
-              "bias_correction": bool(bias_correction),
+              "bias_correction": bool(bias_correction), "equalization": bool(equalize),
               "files": [{"file": name, "rows": int(rows)} for name, rows in data_files],
               "toolkit_version": __version__}
     section = quantization_section(ranges, dtype, calibration=record)
+    if equalized:
+        section["equalized"] = equalized
     if bias_correction:
         section["bias_correction"] = measure_bias_correction(
-            net, str(weights_file), data, section["activations"], float_layers, max_examples=max_examples,
+            net, weights, data, section["activations"], float_layers, max_examples=max_examples,
             say=say)
     text = render_net(net, folder=out).rstrip("\n") + "\n" + _section_text(section, float_layers)
     out.mkdir(parents=True, exist_ok=True)
     weights_out = out / "model.safetensors"
-    atomic_write(weights_out, lambda tmp: shutil.copyfile(weights_file, tmp))
+    if equalized:
+        _save_safetensors(weights_out, weights, _metadata(weights_file))
+    else:
+        atomic_write(weights_out, lambda tmp: shutil.copyfile(weights_file, tmp))
     about = Path(net.file).parent / INPUT_FILE
     if about.is_file():
         atomic_write(out / INPUT_FILE, lambda tmp: shutil.copyfile(about, tmp))
     net_out = out / "net.yaml"
     atomic_write(net_out, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
     return QuantizedModel(out, net_out, weights_out, list(section["activations"]), float_layers, examples,
-                          list(section.get("bias_correction", {})))
+                          list(section.get("bias_correction", {})), equalized)
+
+
+def _unread_outputs(net) -> set[str]:
+    """The infer phase's outputs that no layer reads, by top name."""
+    graph = net.graph("infer", "float32")
+    readers = graph.consumers()
+    return {v.name for v in graph.outputs.values() if v.name and not readers.get(v.id)}
+
+
+def _save_safetensors(path: Path, arrays: Mapping[str, np.ndarray], metadata: dict[str, str] | None) -> None:
+    from safetensors.numpy import save_file
+    contiguous = {k: np.asarray(v, order="C") for k, v in arrays.items()}    # 0-d arrays stay 0-d
+    atomic_write(path, lambda tmp: save_file(contiguous, tmp, metadata=metadata))
+
+
+def _metadata(weights_file: Path) -> dict[str, str] | None:
+    """The float weights file's own metadata, kept in the equalized file."""
+    from safetensors import safe_open
+    with safe_open(str(weights_file), framework="numpy") as f:
+        return dict(f.metadata() or {}) or None
 
 
 def _rows(data) -> int:
