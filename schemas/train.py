@@ -92,6 +92,9 @@ class DistributedSpec(Strict):
     stages: PositiveInt = 1
     micro_batches: PositiveInt = 1
     schedule: Literal["gpipe", "1f1b"] = "gpipe"
+    # the memory each pipeline rank may hold for its stage (weights, slots and the step's arena),
+    # which the cut keeps every stage under; default: the memory available, split among the ranks
+    stage_memory_mb: Optional[Annotated[float, Field(gt=0)]] = None
 
 
 class BestSpec(Strict):
