@@ -95,6 +95,9 @@ class DistributedSpec(Strict):
     # the memory each pipeline rank may hold for its stage (weights, slots and the step's arena),
     # which the cut keeps every stage under; default: the memory available, split among the ranks
     stage_memory_mb: Optional[Annotated[float, Field(gt=0)]] = None
+    # what the cut balances: the layers' time as this machine's cost model measures it (FLOPs
+    # where it cannot), or their FLOPs alone (the same cut on every machine)
+    balance: Literal["time", "flops"] = "time"
 
 
 class BestSpec(Strict):
