@@ -17,7 +17,8 @@ repositories, then measure:
 ``--weights`` takes the packed ``.net`` or a ``.caffemodel``. The photos are split by a fixed
 rule: the labelled photos whose class index is 5 modulo 10 calibrate (100 photos), every other
 photo is evaluated; the two sets share no photo (checked). Each calibration method is measured
-with and without bias correction (``--bias-correction on|off|both``). Reported per model: top-1 agreement
+with and without bias correction (``--bias-correction on|off|both``), with cross-layer equalization
+or without (``--equalize on|off|both``, default on). Reported per model: top-1 agreement
 with the float32 model, the mean top-5 overlap (shared classes of the two top-5 lists, out of 5),
 and on the labelled photos top-1 / top-5 accuracy.
 """
@@ -56,6 +57,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     r.add_argument("--dtype", choices=("uint8", "int8"), default="uint8", help="the toolkit's activation type")
     r.add_argument("--bias-correction", choices=("on", "off", "both"), default="both",
                    help="the toolkit's int8 models with bias correction, without, or both (default)")
+    r.add_argument("--equalize", choices=("on", "off", "both"), default="on",
+                   help="the toolkit's int8 models with cross-layer equalization (default), without, or both")
     r.add_argument("--no-ort", action="store_true", help="leave ONNX Runtime's int8 out")
     r.add_argument("--limit", type=int, help="evaluate only the first N evaluation photos (a quick look)")
     r.add_argument("--json", metavar="FILE", help="write every figure here")
@@ -230,19 +233,22 @@ def run(args) -> int:
         fp32 = infer(toolkit.load(str(net_file), weights=str(weights_file)))
         figures["rows"]["toolkit fp32"] = scores(fp32, fp32, labels)
         print(f"toolkit fp32: {figures['rows']['toolkit fp32']} ({time.time() - started:.0f} s)", file=sys.stderr)
-        corrections = {"on": (True,), "off": (False,), "both": (False, True)}[args.bias_correction]
-        for method, corrected in [(m, c) for m in args.method or METHODS for c in corrections]:
-            out = tmp / f"int8-{method}-{'bc' if corrected else 'plain'}"
+        choices = {"on": (True,), "off": (False,), "both": (False, True)}
+        for method, equalized, corrected in [(m, e, c) for m in args.method or METHODS
+                                             for e in choices[args.equalize] for c in choices[args.bias_correction]]:
+            out = tmp / f"int8-{method}-{'eq' if equalized else 'plain'}-{'bc' if corrected else 'plain'}"
             started = time.time()
             result = toolkit.quantize(str(net_file), weights=str(weights_file), calibrate={name: calib_raw},
                                       out=str(out), method=method, examples=len(calib_raw), dtype=args.dtype,
-                                      keep_float=args.float, bias_correction=corrected)
+                                      keep_float=args.float, bias_correction=corrected, equalize=equalized)
             took = time.time() - started
             int8 = infer(toolkit.load(str(result.net_file), weights=str(result.weights_file)))
-            key = f"toolkit int8 {method}" + (", bias corrected" if corrected else "") \
+            key = f"toolkit int8 {method}" + (", equalized" if equalized else "") \
+                + (", bias corrected" if corrected else "") \
                 + (f", {args.dtype} activations" if args.dtype != "uint8" else "") \
                 + (f", float: {', '.join(args.float)}" if args.float else "")
             figures["rows"][key] = row = scores(fp32, int8, labels)
+            row["logit_rms_error"] = float(np.sqrt(np.mean((int8.reshape(fp32.shape) - fp32) ** 2)))
             row["float_layers"] = dict(result.float_layers)
             row["quantize_seconds"] = round(took, 1)
             print(f"{key}: {row}", file=sys.stderr)

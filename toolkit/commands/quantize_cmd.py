@@ -38,13 +38,13 @@ def run_quantize(args) -> int:
     kept = ", ".join(f"{name} ({why})" for name, why in model.float_layers.items()) or "none"
     print(f"quantized {net.name}: {len(model.tops)} tops calibrated by {args.method} over {model.examples} "
           f"examples of {names}; {args.dtype} activations, int8 weights per channel; float layers: {kept}")
-    if args.bias_correction:
-        print(f"bias correction: {len(model.bias_corrected)} convolutions and InnerProducts corrected by the mean "
-              f"error of their int8 form over the calibration examples")
     if model.equalized:
         readers = len({r for rs in model.equalized.values() for r in rs})
         print(f"equalization: {len(model.equalized)} layers' output channels scaled against the weights of the "
               f"{readers} layers that read them")
+    if args.bias_correction:
+        print(f"bias correction: {len(model.bias_corrected)} convolutions and InnerProducts corrected by the mean "
+              f"error of their int8 form over the calibration examples")
     print(f"wrote {model.net_file} and {model.weights_file}; `toolkit compile {model.net_file} --explain` "
           "says which layers run in int8")
     return 0
