@@ -174,11 +174,13 @@ def test_compile_explains_the_stages_their_weights_the_bytes_sent_and_the_bubble
     from pathlib import Path
     root = Path(__file__).resolve().parents[2]
     proc = subprocess.run([sys.executable, "-m", "toolkit.cli", "compile", LENET, "--phase", "train", "--stages", "2",
-                           "--batch", "32", "--set", "train.distributed.micro_batches=4", "--json"],
+                           "--batch", "32", "--set", "train.distributed.micro_batches=4", "--set",
+                           "train.distributed.balance=flops", "--json"],
                           cwd=root, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert report["bubble"] == pytest.approx(1 / 5) and report["micro_batch_rows"] == 8
+    assert report["balanced_by"] == "FLOPs" and report["limit_moved"] is None
     stages = report["per_stage"]
     assert [n for s in stages for n in s["layers"]] == \
         ["conv1", "relu1", "pool1", "conv2", "relu2", "pool2", "ip1", "relu3", "ip2", "loss"]

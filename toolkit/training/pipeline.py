@@ -31,6 +31,7 @@ its own micro-batches); the model written holds replica 0's, as data parallelism
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Mapping
 
 import numpy as np
 
@@ -42,9 +43,12 @@ from ..ir.graph import Graph, Value, copy_nodes
 from ..ops.base import Builder
 from ..optim.data_parallel import buckets as gradient_buckets
 from ..optim.solvers import SolverConfig, add_solver, host_input
-from .stages import CutGraph, Stages, cut, partition
+from .stage_costs import MEASURED, measured_layer_seconds, stage_memory_limit
+from .stages import CutGraph, Stages, cut, mib, partition
 
 MICRO_WEIGHT = "@micro_weight"
+# a cut whose predicted memory comes within this share of the limit is planned to be sure
+NEAR_LIMIT = 0.8
 SCHEDULES = ("gpipe", "1f1b")
 
 
@@ -145,21 +149,58 @@ class Pipeline:
 
 def build_pipeline(net: Net, solver: SolverConfig, stages: int, micro_batches: int, micro_batch_rows: int,
                    dtype: str | None = None, chosen: Stages | None = None, schedule: str = "gpipe",
-                   replicas: ReplicaSums | None = None) -> Pipeline:
-    """The step of ``net`` cut into ``stages`` stages balanced by FLOPs at ``micro_batch_rows``
-    rows a micro-batch (or into the ``chosen`` stages), each stage's work in ``schedule``'s order;
-    with ``replicas``, the step of one replica among them."""
+                   replicas: ReplicaSums | None = None, memory_limit: int | None = None,
+                   layer_seconds: Mapping[str, float] | None = None, device=None) -> Pipeline:
+    """The step of ``net`` cut into ``stages`` stages balanced by ``layer_seconds`` (each layer's
+    measured time a micro-batch) or else FLOPs at ``micro_batch_rows`` rows a micro-batch, each
+    stage's memory under ``memory_limit`` bytes where given (or into the ``chosen`` stages),
+    each stage's work in ``schedule``'s order; with ``replicas``, the step of one replica among
+    them. Where a stage's predicted memory comes near the limit, the memory planner plans each
+    stage on ``device`` (``planned_bytes``), and a cut it finds over the limit is chosen again
+    with the prediction raised by what the planner held beyond it."""
     if schedule not in SCHEDULES:
         raise UserError(f"train.distributed.schedule is {schedule!r}; the schedules are {', '.join(SCHEDULES)}")
     step, forward, micro_of = micro_batch_graph(net, solver, micro_batches, dtype)
     if chosen is None:
         bindings = {s: micro_batch_rows for s in step.symbols()}
         layers = [layer.name for layer in net.spec.layers]
-        chosen = partition(step, layers, stages, bindings)
+        by = MEASURED if layer_seconds else "FLOPs"
+        chosen = partition(step, layers, stages, bindings, micro_of, micro_batches, schedule, memory_limit,
+                           layer_seconds, by)
+        margin = 0
+        for _ in range(3):         # the prediction errs by some per cent (docs/guides/distributed.md)
+            if memory_limit is None or max(chosen.memory) + margin < NEAR_LIMIT * memory_limit:
+                break
+            planned = planned_bytes(net, solver, chosen, micro_batches, micro_batch_rows, dtype, schedule, device)
+            if max(planned) <= memory_limit:
+                break
+            margin += max(a - p for a, p in zip(planned, chosen.memory) if a > memory_limit)
+            step, forward, micro_of = micro_batch_graph(net, solver, micro_batches, dtype)
+            chosen = partition(step, layers, stages, bindings, micro_of, micro_batches, schedule, memory_limit,
+                               layer_seconds, by, margin)
     if replicas is not None:        # the sums go by stage: built again once the stages are known
         step, forward, micro_of = micro_batch_graph(net, solver, micro_batches, dtype, replicas, chosen)
     return Pipeline(chosen, cut(step, chosen, micro_of, micro_batches, schedule), forward, micro_batches, schedule,
                     replicas)
+
+
+def planned_bytes(net: Net, solver: SolverConfig, chosen: Stages, micro_batches: int, micro_batch_rows: int,
+                  dtype: str | None, schedule: str, device) -> list[int]:
+    """What each stage's rank holds as the memory planner plans it: its weights, its slots and
+    its step's arena, with no replicas (their sums hold no more than the gradients)."""
+    from ..compile import optimize
+    from ..placement.model import value_bytes
+    from ..runtime.plan import memory_figures
+    step, _, micro_of = micro_batch_graph(net, solver, micro_batches, dtype)
+    bindings = {s: micro_batch_rows for s in step.symbols()}
+    whole = cut(step, chosen, micro_of, micro_batches, schedule)
+    device = device or "cpu"
+    out = []
+    for s in range(chosen.count):
+        g = whole.stage_graph(s)
+        held = sum(value_bytes(w.value, {}) for w in g.weights.values())
+        out.append(held + memory_figures(optimize(g, device=device), bindings, device)["peak_bytes"])
+    return out
 
 
 def micro_batches_of(rows: int, micro_batches: int) -> int:
@@ -209,17 +250,27 @@ def pipeline_of(net: Net, solver: SolverConfig, spec, comm, device) -> Pipeline:
     batch = spec.data.batch_size
     check_micro_batches(batch, d.micro_batches)
     replicas = ReplicaSums(size // k, d.bucket_mb, d.overlap) if size > k else None
-    return build_pipeline(net, solver, k, d.micro_batches, batch // d.micro_batches, schedule=d.schedule,
-                          replicas=replicas)
+    rows = batch // d.micro_batches
+    # rank 0 times the layers (measuring what this machine's cache lacks), so every rank cuts alike
+    seconds = None
+    if d.balance == "time":
+        seconds = comm.share(measured_layer_seconds(net, solver, rows, device) if comm.rank == 0 else None)
+    return build_pipeline(net, solver, k, d.micro_batches, rows, schedule=d.schedule, replicas=replicas,
+                          memory_limit=stage_memory_limit(d, size), layer_seconds=seconds, device=device)
 
 
 def describe(p: Pipeline) -> str:
     """The line a run starts with: each stage's layers and predicted share of the work."""
-    total = sum(p.stages.flops) or 1
-    parts = [f"stage {s}: {names[0]}..{names[-1]} ({len(names)} layers, {100 * f / total:.0f}% of the FLOPs)"
-             for s, (names, f) in enumerate(zip(p.stages.layers, p.stages.flops))]
-    line = (f"pipeline of {p.stages.count} stages, {p.micro_batches} micro-batches ({p.schedule}, bubble "
-            f"{p.bubble():.2f} of a step with equal stages): " + "; ".join(parts))
+    st = p.stages
+    work = st.time if st.time else st.flops
+    total = sum(work) or 1
+    what = "time" if st.by == MEASURED else "FLOPs"
+    parts = [f"stage {s}: {names[0]}..{names[-1]} ({len(names)} layers, {100 * f / total:.0f}% of the {what}"
+             + (f", {mib(st.memory[s])} MiB predicted" if st.memory else "") + ")"
+             for s, (names, f) in enumerate(zip(st.layers, work))]
+    line = (f"pipeline of {st.count} stages, {p.micro_batches} micro-batches ({p.schedule}, bubble "
+            f"{p.bubble():.2f} of a step with equal stages), balanced by {st.by}"
+            + (f" under {mib(st.limit)} MiB a rank" if st.limit is not None else "") + ": " + "; ".join(parts))
     if p.replicas:
         line += "\n" + describe_replicas(p.stages.count, p.replicas.replicas)
     return line

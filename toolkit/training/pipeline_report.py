@@ -4,9 +4,11 @@ the stages send each other per step, and the bubble (GPipe's and 1F1B's alike); 
 a multiple of the stages, the data-parallel replicas of the pipeline: which ranks are which
 replica, each replica's batch, and each stage's gradient all-reduce over its replicas.
 
-The stages are cut by FLOPs (training/stages.py). A stage's predicted time is the one-process
-step's time, measured here (the median of a few runs of its plan), times the stage's share of
-the FLOPs; the pipeline's step is then (M+K-1) micro-batch slots of the slowest stage's
+The stages are cut by the layers' measured time, else their FLOPs, under each rank's memory
+limit (training/stages.py, stage_costs.py); where the limit moved the cut, the report says from
+where and what the stage would have held. A stage's predicted time is the one-process step's
+time, measured here (the median of a few runs of its plan), times the stage's share of the
+measured time (or of the FLOPs); the pipeline's step is then (M+K-1) micro-batch slots of the slowest stage's
 micro-batch time, of which (K-1)/(M+K-1) is the bubble. Sending is left out of the prediction
 (its bytes are shown).
 """
@@ -28,6 +30,8 @@ from ..placement.model import value_bytes
 from ..runtime.plan import Plan, memory_figures
 from .feeding import train_spec
 from .pipeline import ReplicaSums, build_pipeline, check_micro_batches
+from .stage_costs import measured_layer_seconds, stage_memory_limit
+from .stages import Stages, mib
 
 
 def pipeline_report(net, stages: int, batch: int, device, disable: tuple[str, ...] = (), ranks: int = 0) -> dict:
@@ -39,21 +43,29 @@ def pipeline_report(net, stages: int, batch: int, device, disable: tuple[str, ..
     rows = batch // micro
     replicas = max(ranks, stages) // stages
     sums = ReplicaSums(replicas, distributed.bucket_mb, distributed.overlap) if replicas > 1 else None
-    p = build_pipeline(net, solver_config(net), stages, micro, rows, schedule=distributed.schedule, replicas=sums)
+    cfg = solver_config(net)
+    limit = stage_memory_limit(distributed, max(ranks, stages))
+    seconds = measured_layer_seconds(net, cfg, rows, device) if distributed.balance == "time" else None
+    p = build_pipeline(net, cfg, stages, micro, rows, schedule=distributed.schedule, replicas=sums,
+                       memory_limit=limit, layer_seconds=seconds, device=device)
     bindings = {s: rows for s in p.cut.graph.symbols()}
     one_ms = measured_step_ms(net, batch, device, disable)
     total_flops = sum(p.stages.flops) or 1
+    total_time = sum(p.stages.time) or 1
     rows_out = []
     for s in range(stages):
         g = p.cut.stage_graph(s)
         weights = sum(value_bytes(w.value, {}) for k, w in g.weights.items() if not is_slot(k))
         slots = sum(value_bytes(w.value, {}) for k, w in g.weights.items() if is_slot(k))
         memory = memory_figures(optimize(g, disable, device=device), bindings, device)
-        share = p.stages.flops[s] / total_flops
+        share = p.stages.time[s] / total_time          # of the measured time, or of the FLOPs
         rows_out.append({"stage": s, "layers": p.stages.layers[s], "flops": int(p.stages.flops[s]),
-                         "flops_share": round(share, 4),
+                         "flops_share": round(p.stages.flops[s] / total_flops, 4), "time_share": round(share, 4),
                          "predicted_ms": round(one_ms * share, 4),
-                         "weight_bytes": weights, "slot_bytes": slots, "peak_bytes": memory["peak_bytes"]})
+                         "weight_bytes": weights, "slot_bytes": slots, "peak_bytes": memory["peak_bytes"],
+                         # what the rank holds, as the memory planner plans it, and as the cut predicted it
+                         "rank_bytes": weights + slots + memory["peak_bytes"],
+                         "predicted_bytes": p.stages.memory[s]})
         if sums is not None:              # this stage's sum over its replicas, once a step
             buckets = bucket_summary(g)
             rows_out[-1]["allreduce"] = {"ranks": stage_ranks(s, stages, replicas), "buckets": len(buckets),
@@ -62,7 +74,8 @@ def pipeline_report(net, stages: int, batch: int, device, disable: tuple[str, ..
     down = sum(int(evaluate(r["bytes"], bindings)) for r in sent if r["from"] < r["to"])
     up = sum(int(evaluate(r["bytes"], bindings)) for r in sent if r["from"] > r["to"])
     report = {"stages": stages, "micro_batches": micro, "schedule": p.schedule, "batch": batch,
-              "micro_batch_rows": rows, "per_stage": rows_out, "balanced_by": "FLOPs (ops' counts)",
+              "micro_batch_rows": rows, "per_stage": rows_out, "balanced_by": p.stages.by,
+              "memory_limit_bytes": limit, "limit_moved": limit_moved(p.stages),
               "one_process_ms": round(one_ms, 4), "bubble": round(p.bubble(), 4),
               "messages": len(sent), "bytes_down": down, "bytes_up": up}
     if sums is not None:
@@ -72,6 +85,16 @@ def pipeline_report(net, stages: int, batch: int, device, disable: tuple[str, ..
     slowest = max(r["predicted_ms"] for r in rows_out)
     report["predicted_step_ms"] = round(slowest * (micro + stages - 1) / micro, 4)
     return report
+
+
+def limit_moved(stages: Stages) -> dict | None:
+    """Where the memory limit moved the cut: the last layer before each cut without it and with
+    it, and the stage that would have held the most, at its predicted bytes."""
+    if stages.unlimited is None:
+        return None
+    over = max(range(stages.count), key=lambda s: stages.unlimited_memory[s])
+    return {"from": [names[-1] for names in stages.unlimited[:-1]], "to": [names[-1] for names in stages.layers[:-1]],
+            "stage": over, "would_peak_bytes": stages.unlimited_memory[over]}
 
 
 def measured_step_ms(net, batch: int, device, disable: tuple[str, ...] = (), runs: int = 5) -> float:
@@ -105,21 +128,31 @@ def print_pipeline_report(report: dict, net_name: str, as_json: bool) -> None:
         print(json.dumps(report))
         return
     k, m = report["stages"], report["micro_batches"]
+    limit = report["memory_limit_bytes"]
+    under = "no memory limit" if limit is None else f"each rank's memory under {mib(limit)} MiB"
     print(f"train step of {net_name} in {k} pipeline stages, {m} micro-batches of {report['micro_batch_rows']} "
-          f"rows (batch {report['batch']}, {report['schedule']}), stages balanced by {report['balanced_by']}")
+          f"rows (batch {report['batch']}, {report['schedule']}), balanced by {report['balanced_by']}, {under}")
     print(f"{'stage':>5s}  {'layers':32s} {'FLOPs':>12s} {'share':>6s} {'pred. ms':>9s} {'weights MiB':>11s} "
-          f"{'slots MiB':>9s} {'peak MiB':>9s}")
+          f"{'slots MiB':>9s} {'peak MiB':>9s} {'rank MiB':>9s} {'pred. MiB':>9s}")
     for r in report["per_stage"]:
         names = r["layers"]
         span = f"{names[0]}..{names[-1]} ({len(names)})"
         ms = "-" if r["predicted_ms"] is None else f"{r['predicted_ms']:.3f}"
-        print(f"{r['stage']:>5d}  {span:32s} {r['flops']:>12,d} {r['flops_share']:>6.1%} {ms:>9s} "
-              f"{r['weight_bytes'] / 2**20:>11.3f} {r['slot_bytes'] / 2**20:>9.3f} {r['peak_bytes'] / 2**20:>9.3f}")
+        print(f"{r['stage']:>5d}  {span:32s} {r['flops']:>12,d} {r['time_share']:>6.1%} {ms:>9s} "
+              f"{r['weight_bytes'] / 2**20:>11.3f} {r['slot_bytes'] / 2**20:>9.3f} {r['peak_bytes'] / 2**20:>9.3f} "
+              f"{r['rank_bytes'] / 2**20:>9.3f} {r['predicted_bytes'] / 2**20:>9.3f}")
+    print("(share: of the measured time or of the FLOPs, as balanced; rank MiB: weights, slots and the planner's "
+          "peak; pred. MiB: the cut's prediction of it)")
+    moved = report["limit_moved"]
+    if moved:
+        print(f"the memory limit moved the cut from after {', '.join(moved['from'])} to after "
+              f"{', '.join(moved['to'])}: without it stage {moved['stage']} would peak at "
+              f"{mib(moved['would_peak_bytes'])} MiB")
     print(f"sent per step: {report['messages']} messages, {report['bytes_down']:,d} bytes of activations down the "
           f"stages, {report['bytes_up']:,d} bytes of gradients and losses up")
     print(f"bubble (equal stages): (K-1)/(M+K-1) = {k - 1}/{m + k - 1} = {report['bubble']:.3f} of a step")
     print(f"predicted step time: {report['predicted_step_ms']:.3f} ms ((M+K-1)/M x the slowest stage, each stage "
-          f"its FLOPs' share of one process's step, {report['one_process_ms']:.3f} ms as measured here; "
+          f"its share of one process's step, {report['one_process_ms']:.3f} ms as measured here; "
           f"sending not counted)")
     replicas = report.get("replicas")
     if replicas:
