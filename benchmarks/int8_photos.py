@@ -34,7 +34,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = Path(__file__).resolve().parent / "int8_photos_sources.json"
-METHODS = ("minmax", "percentile", "entropy")
+METHODS = ("minmax", "percentile", "entropy", "mse")
 CALIBRATION_RESIDUE = 5          # labelled photos with class index % 10 == 5 calibrate
 
 

@@ -58,7 +58,7 @@ class CalibrationFile(Strict):
 class CalibrationRecord(Strict):
     """How the scales were found: recorded, not acted on (``toolkit quantize`` writes it, a zoo
     card carries it)."""
-    method: Literal["minmax", "percentile", "entropy"]
+    method: Literal["minmax", "percentile", "entropy", "mse"]
     examples: PositiveInt
     data: Annotated[str, Field(min_length=1)]
     percentile: Optional[Percentile] = None

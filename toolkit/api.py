@@ -514,7 +514,7 @@ def train(net: NetSource | None = None, *, out: str | None = None, resume: str |
 
 
 def quantize(net: NetSource, *, calibrate: "Mapping[str, np.ndarray] | str | os.PathLike", out: str | os.PathLike,
-             weights: str | os.PathLike | None = None, method: str = "minmax", examples: int = 256,
+             weights: str | os.PathLike | None = None, method: str = "mse", examples: int = 256,
              dtype: str = "uint8", keep_float: Sequence[str] = (), bias_correction: bool = True,
              equalize: bool | None = None,
              set: Mapping[str, object] | Sequence[str] | None = None):  # noqa: A002  (the CLI's name)
@@ -528,7 +528,8 @@ def quantize(net: NetSource, *, calibrate: "Mapping[str, np.ndarray] | str | os.
         out: the model folder to write, new or empty: ``net.yaml`` with its ``quantization``
             section (docs/spec.md section 10) and ``model.safetensors``.
         weights: the float weights (``.safetensors``). Default: a zoo model's published weights.
-        method: ``"minmax"``, ``"percentile"`` (99.999) or ``"entropy"`` (KL divergence).
+        method: ``"mse"`` (the range whose 8-bit values have the least squared error), ``"minmax"``,
+            ``"percentile"`` (99.999) or ``"entropy"`` (KL divergence).
         examples: how many calibration examples are drawn, in a seeded order.
         dtype: the activations' type, ``"uint8"`` (with a zero point) or ``"int8"`` (symmetric).
         keep_float: layers to keep in float; softmax layers always are.

@@ -1,10 +1,12 @@
 """Observers that turn named tensors, fed batch by batch, into the range each is quantized over:
-MinMax (the running minimum and maximum), Percentile (a histogram's central ``percentile``)
-and Entropy (the clipping threshold whose quantized histogram is nearest the float one in KL
-divergence, TensorRT's method). Each holds a few numbers or a histogram per tensor, never
-the activations, so memory stays flat however many batches are fed.
+MinMax (the running minimum and maximum), Percentile (a histogram's central ``percentile``),
+Entropy (the clipping threshold whose quantized histogram is nearest the float one in KL
+divergence, TensorRT's method) and MSE (the range whose 8-bit quantization of the histogram has
+the least squared error, the criterion of PyTorch's HistogramObserver, searched here over the
+values' range scaled by 0.30, 0.31, .. 1.00). Each holds a few numbers or a histogram per tensor,
+never the activations, so memory stays flat however many batches are fed.
 
-The results equal ONNX Runtime's calibrators' (onnxruntime/quantization/calibrate.py:
+The results of the first three equal ONNX Runtime's calibrators' (onnxruntime/quantization/calibrate.py:
 ``MinMaxCalibrater`` and ``HistogramCollector``) fed the same arrays in the same batches: the
 same histograms, grown the same way when a later batch reaches further, and the same
 float32 arithmetic in the KL search. ORT's ``EntropyCalibrater`` defaults to 128 bins, which
@@ -26,9 +28,11 @@ import numpy as np
 
 from ..errors import UserError
 
-METHODS = ("minmax", "percentile", "entropy")
+METHODS = ("minmax", "percentile", "entropy", "mse")
 DEFAULT_PERCENTILE = 99.999
-DEFAULT_BINS = {"percentile": 2048, "entropy": 4096}
+DEFAULT_BINS = {"percentile": 2048, "entropy": 4096, "mse": 8192}
+# mse: the candidate ranges, the values' [min, max] (zero included) scaled by each of these
+MSE_FRACTIONS = np.round(np.linspace(0.3, 1.0, 71), 2)
 QUANTIZED_BINS = 128
 # an unsigned tensor's levels (uint8's 256) when entropy searches it one-sided
 UNSIGNED_QUANTIZED_BINS = 256
@@ -77,8 +81,8 @@ class HistogramObserver:
     def __init__(self, method: str = "percentile", symmetric: bool = False, num_bins: int | None = None,
                  num_quantized_bins: int = QUANTIZED_BINS, percentile: float = DEFAULT_PERCENTILE,
                  one_sided: bool = True):
-        if method not in ("percentile", "entropy"):
-            raise UserError(f"histogram calibration method '{method}' is not 'percentile' or 'entropy'")
+        if method not in ("percentile", "entropy", "mse"):
+            raise UserError(f"histogram calibration method '{method}' is not 'percentile', 'entropy' or 'mse'")
         if not 0 <= percentile <= 100:
             raise UserError(f"percentile {percentile} is not between 0 and 100")
         self.method, self.symmetric, self.percentile = method, symmetric, percentile
@@ -155,6 +159,8 @@ class HistogramObserver:
     def ranges(self) -> dict[str, tuple[float, float]]:
         if self.method == "percentile":
             return {name: self._percentile_range(h) for name, h in self.histograms.items()}
+        if self.method == "mse":
+            return {name: _mse_range(h, self.symmetric) for name, h in self.histograms.items()}
         return {name: _entropy_range(h, self.num_quantized_bins, self.one_sided)
                 for name, h in self.histograms.items()}
 
@@ -171,6 +177,33 @@ class HistogramObserver:
             cut = (100.0 - self.percentile) / 200.0
             left, right = edges[np.searchsorted(cdf, cut)], edges[np.searchsorted(cdf, 1.0 - cut)]
         return float(max(left, lo)), float(min(right, hi))
+
+
+def _mse_range(histogram: tuple, symmetric: bool = False) -> tuple[float, float]:
+    """The range, of the values' [min, max] (zero included) scaled by each of MSE_FRACTIONS, whose
+    8-bit quantization of the histogram's bin centres has the least squared error summed over the
+    counts (the first of equal errors): 256 levels with a zero point, or 255 symmetric about zero
+    (``symmetric``). Values past a range saturate to its ends, as quantize_linear does."""
+    counts, edges, lo, hi = histogram[:4]
+    lo, hi = min(float(lo), 0.0), max(float(hi), 0.0)
+    if hi <= lo:
+        return lo, hi
+    centres = (edges[:-1].astype(np.float64) + edges[1:]) / 2
+    weights = counts.astype(np.float64)
+    best, best_error = (lo, hi), None
+    for fraction in MSE_FRACTIONS:
+        a, b = lo * fraction, hi * fraction
+        if symmetric:
+            m = max(-a, b)
+            step, zero, levels = 2 * m / 254, 0.0, (-127, 127)
+        else:
+            step = (b - a) / 255
+            zero, levels = np.round(-a / step), (0, 255)
+        q = (np.clip(np.round(centres / step) + zero, *levels) - zero) * step
+        error = float(np.dot(weights, (q - centres) ** 2))
+        if best_error is None or error < best_error:
+            best, best_error = (a, b) if not symmetric else (-max(-a, b), max(-a, b)), error
+    return float(best[0]), float(best[1])
 
 
 def _check_bins(name: str, bins: int) -> None:

@@ -36,6 +36,9 @@ INPUT_FILE = "input.json"
 # whether ``toolkit quantize`` measures bias correction unless told (docs/performance/real-nets.md
 # has the measurements it was decided on)
 DEFAULT_BIAS_CORRECTION = True
+# the calibration method ``toolkit quantize`` uses unless told (docs/performance/real-nets.md has the
+# measurements it was decided on)
+DEFAULT_METHOD = "mse"
 # whether ``toolkit quantize`` equalizes the weights (equalize.py) unless told (docs/performance/real-nets.md
 # has the measurements it was decided on)
 DEFAULT_EQUALIZE = True
@@ -105,7 +108,7 @@ def _quoted(text: str) -> str:
 
 
 def quantize_model(net, weights_file: str | Path, data: "Mapping[str, np.ndarray] | RowSource", out: str | Path, *,
-                   data_name: str, method: str = "minmax", max_examples: int = DEFAULT_EXAMPLES,
+                   data_name: str, method: str = DEFAULT_METHOD, max_examples: int = DEFAULT_EXAMPLES,
                    dtype: str = "uint8", keep_float: Iterable[str] = (), say=None,
                    data_files: Iterable[tuple[str, int]] = (),
                    bias_correction: bool = DEFAULT_BIAS_CORRECTION,
