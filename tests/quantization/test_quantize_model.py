@@ -2,7 +2,7 @@
 (as `toolkit data` writes it) and scored on its held-out split, which calibration never sees.
 The folder is a model folder as any other (infer and toolkit.load take it); its int8 net's
 held-out accuracy is within 0.5 points of the float net's; every mistake is one line, exit 2,
-and nothing is written."""
+and nothing is written. The net's outputs that no layer reads get no scale and are computed in float."""
 from __future__ import annotations
 
 import numpy as np
@@ -215,3 +215,35 @@ def test_toolkit_test_of_a_quantized_model_scores_the_int8_net(splits, tmp_path)
     r = cli("compile", out / "net.yaml", "--phase", "test", "--explain")
     assert r.status == 0 and "quantize: conv1: int8: qconv2d + relu, bias corrected, uint8 in, uint8 out" in r.out, \
         r.out
+
+
+# -- the net's outputs stay float ----------------------------------------------------------------------
+
+POOLED = """name: pooled
+inputs:
+  data: {shape: [N, 2, 4, 4], dtype: float32}
+layers:
+  - {name: conv1, type: Convolution, bottom: data, top: conv1, num_output: 3, kernel_size: 1}
+  - {name: relu1, type: ReLU, bottom: conv1, top: conv1}
+  - {name: pool, type: Pooling, bottom: conv1, top: pool, pool: ave, global_pooling: true}
+outputs: [pool]
+"""
+
+
+def test_the_nets_output_gets_no_scale_and_is_computed_in_float(tmp_path):
+    """The output (a global average pooling no layer reads) is not rounded to 8 bits: it has no
+    scale, the pooling runs in float on the convolution's float32 output, and the int8 net's output
+    is the float one's up to the convolution's own rounding (its input and weights)."""
+    net_file = tmp_path / "net.yaml"
+    net_file.write_text(POOLED)
+    rng = np.random.default_rng(5)
+    from safetensors.numpy import save_file
+    save_file({"conv1.weight": rng.normal(0, 1, (3, 2, 1, 1)).astype(np.float32),
+               "conv1.bias": np.float32([0.5, 1.0, 2.0])}, str(tmp_path / "w.safetensors"))
+    calibrate = {"data": rng.uniform(0, 1, (32, 2, 4, 4)).astype(np.float32)}
+    r = toolkit.quantize(str(net_file), weights=tmp_path / "w.safetensors", calibrate=calibrate, out=tmp_path / "q")
+    section = yaml.safe_load(r.net_file.read_text())["quantization"]
+    assert list(section["activations"]) == ["data", "conv1"]
+    explained = cli("compile", r.net_file, "--explain").out
+    assert "quantize: conv1: int8: qconv2d + relu, bias corrected, uint8 in, float32 out" in explained, explained
+    assert "quantize: pool: float: no scale for its output" in explained, explained
