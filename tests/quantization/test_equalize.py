@@ -86,6 +86,29 @@ outputs: [d, c]
     assert equalization_pairs(load_net(str(net_file)).graph("infer", "float32")) == []
 
 
+def test_layers_that_share_a_weight_are_left_alone(tmp_path):
+    net_file = tmp_path / "tied.yaml"
+    net_file.write_text("""name: tied
+inputs:
+  data: {shape: [N, 2, 4, 4], dtype: float32}
+layers:
+  - {name: a, type: Convolution, bottom: data, top: a, num_output: 2, kernel_size: 1}
+  - {name: b, type: Convolution, bottom: a, top: b, num_output: 2, kernel_size: 1}
+  - {name: c, type: Convolution, bottom: b, top: c, num_output: 2, kernel_size: 1}
+  - {name: d, type: Convolution, bottom: c, top: d, num_output: 2, kernel_size: 1}
+outputs: [d]
+""")
+    graph = load_net(str(net_file)).graph("infer", "float32")
+    assert [(p.layer, [r.layer for r in p.readers]) for p in equalization_pairs(graph)] == \
+        [("a", ["b"]), ("b", ["c"]), ("c", ["d"])]
+    # b and c read one weight array (as a net with tied weights lowers): a (whose reader b is tied),
+    # b and c are left alone
+    tied = graph.weights["b.weight"].value
+    c = next(n for n in graph.nodes if n.op == "conv2d" and n.scope == "c")
+    c.inputs[1] = tied
+    assert equalization_pairs(graph) == []
+
+
 def test_equalization_keeps_the_float_outputs_and_evens_the_channel_ranges_as_computed(fire):
     net, net_file = fire
     weights = fire_weights()

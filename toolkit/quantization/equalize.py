@@ -132,13 +132,16 @@ def equalization_pairs(graph) -> list[Producer]:
     # top name -> its last value: what a run asked for that top returns, where a reader's input is measured
     last = {out.name: out for node in graph.nodes for out in node.outputs if out.name}
     walk = _Walk(graph, readers, outputs, last)
+    # a weight two layers share (tied weights) would be scaled for both: such layers are left alone
+    shared = {name for name, w in graph.weights.items() if len(readers.get(w.value.id, [])) > 1}
     found = []
     for node in graph.nodes:
         made = _producer(graph, node)
         if made is None:
             continue
         producer, out = made
-        if walk(out, 0, producer.readers):
+        if walk(out, 0, producer.readers) and not ({producer.weight, producer.bias} |
+                                                   {r.weight for r in producer.readers}) & shared:
             found.append(producer)
     return found
 
