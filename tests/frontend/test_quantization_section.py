@@ -70,7 +70,7 @@ def where(text: str, at: str) -> tuple[int, int]:
     ("    - prob\n", "    - prop\n", "prop",
      "quantization.float: the infer phase has no layer 'prop'; did you mean 'prob'?"),
     ("{layer: ip1,", "{layer: ip9,", "ip9", "the infer phase has no layer 'ip9'"),
-    ("method: entropy", "method: kl", "kl", "bad 'method': input should be 'minmax', 'percentile' or 'entropy'"),
+    ("method: entropy", "method: kl", "kl", "bad 'method': input should be 'minmax', 'percentile', 'entropy' or 'mse'"),
     ("examples: 256", "examples: 0", "0, data", "greater than 0"),
     ("data: heldout.npz}", "data: heldout.npz, bins: 2048}", "bins", "bins"),
 ])
@@ -90,3 +90,14 @@ def test_a_top_of_another_phase_only_is_not_a_top_of_the_infer_phase():
     (line, col, message), = problems(text)
     assert message == "quantization.activations: the infer phase has no top or input 'lossy'"
     assert (line, col) == where(text, "lossy: {scale")
+
+
+@pytest.mark.parametrize("entry, at, words", [
+    ("  equalized: {conv9: [ip1]}\n", "conv9", "quantization.equalized: the infer phase has no layer 'conv9'"),
+    ("  equalized: {conv1: [ip7]}\n", "ip7", "quantization.equalized: the infer phase has no layer 'ip7'"),
+])
+def test_an_equalized_layer_the_infer_phase_lacks_is_one_problem_at_it(entry, at, words):
+    text = NET.replace("  calibration:", entry + "  calibration:", 1)
+    (line, col, message), = problems(text)
+    assert message.startswith(words), message
+    assert (line, col) == where(text, at)
