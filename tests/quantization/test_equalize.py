@@ -208,6 +208,14 @@ def test_the_option_records_and_explains_it(fire, tmp_path):
     r = cli("compile", tmp_path / "q" / "net.yaml", "--explain")
     assert r.status == 0 and "quantize: squeeze: int8: qconv2d + relu, bias corrected, equalized, uint8 in" in r.out, \
         r.out
+    # the folder's float weights are the equalized ones: the float net computes the same with them
+    x = {"data": rng.uniform(-1, 1, (4, 3, 6, 6)).astype(np.float32)}
+    given = toolkit.load(str(net_file), weights=str(tmp_path / "w.safetensors")).infer(x)["pool"]
+    written = toolkit.load(str(net_file), weights=str(tmp_path / "q" / "model.safetensors")).infer(x)["pool"]
+    assert np.abs(written - given).max() <= 1e-5 * np.abs(given).max()
+    from safetensors.numpy import load_file
+    scaled = load_file(tmp_path / "q" / "model.safetensors")["conv1.weight"]
+    assert not np.array_equal(scaled, fire_weights()["conv1.weight"])
     r = cli("quantize", net_file, "--weights", tmp_path / "w.safetensors", "--calibrate", tmp_path / "cal.npz",
             "--out", tmp_path / "q2", "--no-equalize")
     assert r.status == 0, r.err
