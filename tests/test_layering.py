@@ -66,9 +66,9 @@ ALLOWED: dict[str, set[str]] = {
     # serving knows no training, no compiler: the model it serves is handed to it
     "toolkit/serve": GROUND,
     # calibration runs the fp32 infer phase (inference.py) over data transformed as infer does
-    "toolkit/quantization": GROUND | {"toolkit/ir", "toolkit/backend", "toolkit/passes", "toolkit/runtime",
-                                      "toolkit/frontend", "toolkit/compile", "toolkit/training", "toolkit/zoo",
-                                      "toolkit/inference"},
+    "toolkit/quantization": GROUND | {"toolkit/ir", "toolkit/ops", "toolkit/backend", "toolkit/passes",
+                                      "toolkit/runtime", "toolkit/frontend", "toolkit/compile", "toolkit/training",
+                                      "toolkit/zoo", "toolkit/inference"},
     "toolkit/api": GROUND | {"toolkit/ir", "toolkit/backend", "toolkit/runtime", "toolkit/frontend", "toolkit/compile",
                              "toolkit/training", "toolkit/zoo", "toolkit/inference", "toolkit/quantization"},
     # the faces: anything below them

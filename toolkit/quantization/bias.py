@@ -26,12 +26,13 @@ import numpy as np
 
 from ..compile import optimize
 from ..inference import infer_phase
+from ..ops.conv import conv_out_size
+from ..ops.quant import dequantize_linear_reference, quantize_linear_reference
 from ..passes.pipeline import pass_names
 from ..passes.quantize import Head, layer_of, match_head, quantize_weights
 from ..passes.rewrite import kept_ids
 from ..training.data import InputTransform
 from .collect import DEFAULT_BATCH, DEFAULT_EXAMPLES, RowSource, _Arrays, _check_counts, calibration_batches
-from .scales import QRANGES
 
 
 @dataclass
@@ -82,11 +83,10 @@ def _layers(graph, activations: Mapping[str, Mapping], float_layers) -> list[_La
 
 
 def _fake_quantized(x: np.ndarray, layer: _Layer) -> np.ndarray:
-    """``x`` quantized at the layer's input scale and dequantized, as quantize_linear rounds it."""
-    lo, hi = QRANGES[layer.dtype, False]          # quantize_linear saturates to the dtype's whole range
-    scale = np.float32(layer.scale)
-    q = np.clip(np.rint(x / scale) + layer.zero_point, lo, hi)
-    return ((q - layer.zero_point) * scale).astype(np.float32)
+    """``x`` quantized at the layer's input scale and dequantized, as the int8 net's
+    quantize_linear and dequantize_linear compute it."""
+    q = quantize_linear_reference(x, layer.scale, layer.zero_point, layer.dtype)
+    return dequantize_linear_reference(q, layer.scale, layer.zero_point)
 
 
 def _tap_sums(x: np.ndarray, head: Head) -> tuple[np.ndarray, int]:
@@ -100,7 +100,7 @@ def _tap_sums(x: np.ndarray, head: Head) -> tuple[np.ndarray, int]:
     (sh, sw), (ph, pw), (dh, dw) = a["stride"], a["pad"], a["dilation"]
     kh, kw = head.weight.shape[2:]
     n, c, h, w = x.shape
-    oh, ow = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1, (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    oh, ow = conv_out_size(h, kh, sh, ph, dh), conv_out_size(w, kw, sw, pw, dw)
     padded = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw))) if ph or pw else x
     sums = np.empty((c, kh, kw))
     for i in range(kh):
