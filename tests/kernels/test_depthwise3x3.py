@@ -2,8 +2,8 @@
 MobileNet's depthwise layers take on an AVX2 processor: against PyTorch's conv2d with the bias
 and a ReLU fused, at stride 1 and 2, padded or not, with a channel multiplier, across the widths
 that reach its edges (masked loads at either end, the last vector overlapping the one before it,
-rows of fewer than 8 outputs), a NaN kept by the ReLU; where it does not apply the loop
-language's kernel stays."""
+rows of fewer than 8 outputs, stride 1's pairs of output rows and the odd row after them), a
+NaN kept by the ReLU; where it does not apply the loop language's kernel stays."""
 from __future__ import annotations
 
 import numpy as np
@@ -71,6 +71,10 @@ def _plan(rng, n, c, mult, hw, stride, pad, epilogue, threads=1, dilation=1):
     (1, 3, 1, (7, 7), 1, 1, 1),         # its 7x7 layers
     (1, 4, 1, (112, 112), 1, 1, 1),     # MobileNet's widest stride-1 layer, whole interior vectors
     (1, 4, 1, (112, 112), 2, 1, 1),     # and its stride-2 one
+    (1, 2, 1, (7, 40), 1, 0, 1),        # stride 1 by pairs of rows: 5 rows unpadded, the last one alone
+    (2, 3, 1, (2, 19), 1, 1, 2),        # one pair reading a row of zeros above and below
+    (1, 2, 2, (3, 6), 1, 0, 1),         # one output row of 4: no pair, one masked vector
+    (1, 3, 1, (14, 14), 1, 1, 1),       # MobileNet's 14x14 layers: both vectors of a pair masked
 ])
 @pytest.mark.parametrize("epilogue", [None, "relu"])
 def test_plane_function_equals_torch(rng, n, c, mult, hw, stride, pad, threads, epilogue):

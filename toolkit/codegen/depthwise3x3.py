@@ -10,7 +10,9 @@ stride 2 two pairs of vectors split into their even and odd columns; the bias st
 the ReLU is applied in the register before the one store. A vector whose columns reach past
 the row (at either edge) loads masked, the columns outside reading 0, so the padding costs no
 copy and no scalar loop; the last vector of a row overlaps the one before it rather than
-running past the row, and a row of fewer than 8 outputs (a 7x7 map) is one vector.
+running past the row, and a row of fewer than 8 outputs (a 7x7 map) is one vector. At stride 1
+the output rows go by pairs: the four input rows of two output rows are loaded once each, the
+middle two feeding both (12 loads a pair of vectors for 18 FMAs, where one row at a time loads 18).
 
 Without AVX2 the same contract compiles in plain C.
 """
@@ -65,6 +67,64 @@ static inline __m256 tk_dw3x3_vec(const float *const *rows, const __m256 *wv, __
     return _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), acc[2]);
 }
 
+/* the ReLU in the register (a NaN kept: max would turn it into 0) */
+static inline __m256 tk_dw3x3_relu(__m256 acc, int relu) {
+    if (!relu) return acc;
+    return _mm256_blendv_ps(_mm256_max_ps(acc, _mm256_setzero_ps()), acc, _mm256_cmp_ps(acc, acc, _CMP_UNORD_Q));
+}
+
+/* stride 1: the 8 outputs from column col of two output rows, from their four input rows; each
+   input row's three shifted vectors loaded once and used by both output rows it reaches (12
+   loads for 18 FMAs where two calls of tk_dw3x3_vec load 18), a chain per (output row, input
+   row) as there */
+static inline void tk_dw3x3_vec2(const float *const *rows, const __m256 *wv, __m256 start, int64_t col, int64_t w,
+                                 int inside, __m256 *out0, __m256 *out1) {
+    __m256 a0[3], a1[3];
+    for (int r = 0; r < 4; r++) {
+        const float *row = rows[r];
+        __m256 l0 = tk_dw3x3_load(row, col, w, inside), l1 = tk_dw3x3_load(row, col + 1, w, inside),
+               l2 = tk_dw3x3_load(row, col + 2, w, inside);
+        if (r < 3) {                 /* tap row r of output row 0 */
+            __m256 a = r == 0 ? start : _mm256_setzero_ps();
+            a = _mm256_fmadd_ps(wv[r * 3], l0, a);
+            a = _mm256_fmadd_ps(wv[r * 3 + 1], l1, a);
+            a0[r] = _mm256_fmadd_ps(wv[r * 3 + 2], l2, a);
+        }
+        if (r > 0) {                 /* tap row r - 1 of output row 1 */
+            int k = r - 1;
+            __m256 a = k == 0 ? start : _mm256_setzero_ps();
+            a = _mm256_fmadd_ps(wv[k * 3], l0, a);
+            a = _mm256_fmadd_ps(wv[k * 3 + 1], l1, a);
+            a1[k] = _mm256_fmadd_ps(wv[k * 3 + 2], l2, a);
+        }
+    }
+    *out0 = _mm256_add_ps(_mm256_add_ps(a0[0], a0[1]), a0[2]);
+    *out1 = _mm256_add_ps(_mm256_add_ps(a1[0], a1[1]), a1[2]);
+}
+
+/* two output rows at stride 1 (y0 and y1 = y0 + ow_n), their vectors placed as tk_dw3x3_row's */
+static inline void tk_dw3x3_row2(const float *const *rows, const __m256 *wv, __m256 vstart, float *y0, float *y1,
+                                 int64_t w, int64_t ow_n, int64_t pad, int relu, int64_t lo, int64_t last) {
+    __m256 v0, v1;
+    if (ow_n < 8) {
+        tk_dw3x3_vec2(rows, wv, vstart, -pad, w, 0, &v0, &v1);
+        float lanes0[8], lanes1[8];
+        _mm256_storeu_ps(lanes0, tk_dw3x3_relu(v0, relu));
+        _mm256_storeu_ps(lanes1, tk_dw3x3_relu(v1, relu));
+        for (int64_t j = 0; j < ow_n; j++) { y0[j] = lanes0[j]; y1[j] = lanes1[j]; }
+        return;
+    }
+    for (int64_t ow0 = 0;; ow0 += 8) {
+        if (ow0 > ow_n - 8) ow0 = ow_n - 8;
+        int64_t col = ow0 - pad;
+        if (ow0 >= lo && ow0 <= last) tk_dw3x3_vec2(rows, wv, vstart, col, w, 1, &v0, &v1);
+        else tk_dw3x3_vec2(rows, wv, vstart, col, w, 0, &v0, &v1);
+        _mm256_storeu_ps(y0 + ow0, tk_dw3x3_relu(v0, relu));
+        _mm256_storeu_ps(y1 + ow0, tk_dw3x3_relu(v1, relu));
+        if (ow0 == ow_n - 8) break;
+    }
+}
+
 /* y[oh][ow] = relu?(bias + sum over ki, kj of wt[ki*3 + kj] * x[oh*s - pad + ki][ow*s - pad + kj]),
    input h x w, output oh_n x ow_n, positions outside the input read as 0: vectors of 8 outputs
    from column 0, the last one overlapping the one before it rather than running past the row;
@@ -101,7 +161,17 @@ static void tk_dw3x3(const float *x, int64_t h, int64_t w, const float *wt, cons
     const __m256 vstart = _mm256_set1_ps(bias ? bias[0] : 0.0f);
     int64_t lo = (pad + s - 1) / s;                              /* col >= 0 */
     int64_t last = s == 1 ? w + pad - 10 : (w + pad - 18) / 2;   /* the loads end inside the row */
-    for (int64_t oh = 0; oh < oh_n; oh++) {
+    int64_t oh = 0;
+    if (s == 1)                   /* output rows by pairs, sharing their middle two input rows */
+        for (; oh + 2 <= oh_n; oh += 2) {
+            const float *rows[4];
+            for (int r = 0; r < 4; r++) {
+                int64_t ih = oh - pad + r;
+                rows[r] = ih >= 0 && ih < h ? x + ih * w : zeros;
+            }
+            tk_dw3x3_row2(rows, wv, vstart, y + oh * ow_n, y + (oh + 1) * ow_n, w, ow_n, pad, relu, lo, last);
+        }
+    for (; oh < oh_n; oh++) {     /* stride 2, and an odd last row at stride 1 */
         const float *rows[3];
         for (int ki = 0; ki < 3; ki++) {
             int64_t ih = oh * s - pad + ki;
