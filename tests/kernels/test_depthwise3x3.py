@@ -2,7 +2,7 @@
 MobileNet's depthwise layers take on an AVX2 processor: against PyTorch's conv2d with the bias
 and a ReLU fused, at stride 1 and 2, padded or not, with a channel multiplier, across the widths
 that reach its edges (masked loads at either end, the last vector overlapping the one before it,
-rows of fewer than 8 outputs, stride 1's pairs of output rows and the odd row after them), a
+rows of fewer than 8 outputs, the pairs of output rows and the odd row after them), a
 NaN kept by the ReLU; where it does not apply the loop language's kernel stays."""
 from __future__ import annotations
 
@@ -75,6 +75,7 @@ def _plan(rng, n, c, mult, hw, stride, pad, epilogue, threads=1, dilation=1):
     (2, 3, 1, (2, 19), 1, 1, 2),        # one pair reading a row of zeros above and below
     (1, 2, 2, (3, 6), 1, 0, 1),         # one output row of 4: no pair, one masked vector
     (1, 3, 1, (14, 14), 1, 1, 1),       # MobileNet's 14x14 layers: both vectors of a pair masked
+    (1, 2, 1, (11, 20), 2, 0, 1),       # stride 2 by pairs sharing a row: 5 rows unpadded, the last alone
 ])
 @pytest.mark.parametrize("epilogue", [None, "relu"])
 def test_plane_function_equals_torch(rng, n, c, mult, hw, stride, pad, threads, epilogue):

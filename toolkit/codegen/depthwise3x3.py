@@ -10,9 +10,10 @@ stride 2 two pairs of vectors split into their even and odd columns; the bias st
 the ReLU is applied in the register before the one store. A vector whose columns reach past
 the row (at either edge) loads masked, the columns outside reading 0, so the padding costs no
 copy and no scalar loop; the last vector of a row overlaps the one before it rather than
-running past the row, and a row of fewer than 8 outputs (a 7x7 map) is one vector. At stride 1
-the output rows go by pairs: the four input rows of two output rows are loaded once each, the
-middle two feeding both (12 loads a pair of vectors for 18 FMAs, where one row at a time loads 18).
+running past the row, and a row of fewer than 8 outputs (a 7x7 map) is one vector. The output
+rows go by pairs, each input row loaded once for both: at stride 1 the four input rows of two
+output rows, the middle two feeding both (12 loads a pair of vectors for 18 FMAs, where one row
+at a time loads 18); at stride 2 five rows, the middle one shared.
 
 Without AVX2 the same contract compiles in plain C.
 """
@@ -125,6 +126,58 @@ static inline void tk_dw3x3_row2(const float *const *rows, const __m256 *wv, __m
     }
 }
 
+/* stride 2: the 8 outputs from column col of two output rows, from their five input rows; the
+   middle row's even and odd columns split once for both output rows (5 rows' loads and shuffles
+   where two calls of tk_dw3x3_vec take 6). Its own function rather than tk_dw3x3_vec2 with the
+   stride as a parameter: that form, measured, made the compiler's stride-1 code 8-14% slower */
+static inline void tk_dw3x3_vec2_s2(const float *const *rows, const __m256 *wv, __m256 start, int64_t col,
+                                    int64_t w, int inside, __m256 *out0, __m256 *out1) {
+    __m256 a0[3], a1[3];
+    for (int r = 0; r < 5; r++) {
+        __m256 e0, o0, e2, o2;
+        tk_dw3x3_split(rows[r], col, w, inside, &e0, &o0);
+        tk_dw3x3_split(rows[r], col + 2, w, inside, &e2, &o2);
+        if (r < 3) {                 /* tap row r of output row 0 */
+            __m256 a = r == 0 ? start : _mm256_setzero_ps();
+            a = _mm256_fmadd_ps(wv[r * 3], e0, a);
+            a = _mm256_fmadd_ps(wv[r * 3 + 1], o0, a);
+            a0[r] = _mm256_fmadd_ps(wv[r * 3 + 2], e2, a);
+        }
+        if (r >= 2) {                /* tap row r - 2 of output row 1 */
+            int k = r - 2;
+            __m256 a = k == 0 ? start : _mm256_setzero_ps();
+            a = _mm256_fmadd_ps(wv[k * 3], e0, a);
+            a = _mm256_fmadd_ps(wv[k * 3 + 1], o0, a);
+            a1[k] = _mm256_fmadd_ps(wv[k * 3 + 2], e2, a);
+        }
+    }
+    *out0 = _mm256_add_ps(_mm256_add_ps(a0[0], a0[1]), a0[2]);
+    *out1 = _mm256_add_ps(_mm256_add_ps(a1[0], a1[1]), a1[2]);
+}
+
+/* two output rows at stride 2, as tk_dw3x3_row2 */
+static inline void tk_dw3x3_row2_s2(const float *const *rows, const __m256 *wv, __m256 vstart, float *y0, float *y1,
+                                    int64_t w, int64_t ow_n, int64_t pad, int relu, int64_t lo, int64_t last) {
+    __m256 v0, v1;
+    if (ow_n < 8) {
+        tk_dw3x3_vec2_s2(rows, wv, vstart, -pad, w, 0, &v0, &v1);
+        float lanes0[8], lanes1[8];
+        _mm256_storeu_ps(lanes0, tk_dw3x3_relu(v0, relu));
+        _mm256_storeu_ps(lanes1, tk_dw3x3_relu(v1, relu));
+        for (int64_t j = 0; j < ow_n; j++) { y0[j] = lanes0[j]; y1[j] = lanes1[j]; }
+        return;
+    }
+    for (int64_t ow0 = 0;; ow0 += 8) {
+        if (ow0 > ow_n - 8) ow0 = ow_n - 8;
+        int64_t col = ow0 * 2 - pad;
+        if (ow0 >= lo && ow0 <= last) tk_dw3x3_vec2_s2(rows, wv, vstart, col, w, 1, &v0, &v1);
+        else tk_dw3x3_vec2_s2(rows, wv, vstart, col, w, 0, &v0, &v1);
+        _mm256_storeu_ps(y0 + ow0, tk_dw3x3_relu(v0, relu));
+        _mm256_storeu_ps(y1 + ow0, tk_dw3x3_relu(v1, relu));
+        if (ow0 == ow_n - 8) break;
+    }
+}
+
 /* y[oh][ow] = relu?(bias + sum over ki, kj of wt[ki*3 + kj] * x[oh*s - pad + ki][ow*s - pad + kj]),
    input h x w, output oh_n x ow_n, positions outside the input read as 0: vectors of 8 outputs
    from column 0, the last one overlapping the one before it rather than running past the row;
@@ -171,7 +224,16 @@ static void tk_dw3x3(const float *x, int64_t h, int64_t w, const float *wt, cons
             }
             tk_dw3x3_row2(rows, wv, vstart, y + oh * ow_n, y + (oh + 1) * ow_n, w, ow_n, pad, relu, lo, last);
         }
-    for (; oh < oh_n; oh++) {     /* stride 2, and an odd last row at stride 1 */
+    else                          /* and at stride 2, sharing the middle one of their five */
+        for (; oh + 2 <= oh_n; oh += 2) {
+            const float *rows[5];
+            for (int r = 0; r < 5; r++) {
+                int64_t ih = oh * 2 - pad + r;
+                rows[r] = ih >= 0 && ih < h ? x + ih * w : zeros;
+            }
+            tk_dw3x3_row2_s2(rows, wv, vstart, y + oh * ow_n, y + (oh + 1) * ow_n, w, ow_n, pad, relu, lo, last);
+        }
+    for (; oh < oh_n; oh++) {     /* an odd last row */
         const float *rows[3];
         for (int ki = 0; ki < 3; ki++) {
             int64_t ih = oh * s - pad + ki;
