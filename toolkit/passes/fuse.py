@@ -18,6 +18,8 @@ from .rewrite import kept_ids
 # Elementwise ops a fused program may hold: pure, one output, same dtype in and out (a cast
 # changes the dtype: a group holds values of one type).
 NOT_FUSABLE = frozenset({"cast"})
+# the points of a pipeline stage's schedule that no fused group spans
+PIPELINE_POINTS = frozenset({"send", "recv"})
 
 
 def fuse_conv_max_pool(graph: Graph, ctx: PassContext) -> bool:
@@ -195,6 +197,12 @@ def fuse_elementwise(graph: Graph, ctx: PassContext) -> bool:
         for v in node.inputs:                 # an outside reader closes the group it reads
             g = owner.get(v.id)
             if g is not None and g not in joined:
+                g.open = False
+        if node.op in PIPELINE_POINTS:
+            # a pipeline stage's schedule puts work on either side of each send and receive (a
+            # micro-batch's gradient added to its running sum in that micro-batch's backward
+            # pass): a group joined across one would run later, holding what it reads until then
+            for g in groups:
                 g.open = False
         if joined:
             # every group this node reads is still open (no outside reader has seen its values),

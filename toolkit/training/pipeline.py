@@ -6,7 +6,9 @@ The step is one graph before it is cut: the net's forward pass once per micro-ba
 share of the global batch (``@micro_weight{m}``: its rows over the batch's rows, as
 data-parallel ranks weigh theirs), then one backward pass from that sum and one update. The
 gradients reaching each weight are therefore summed over the micro-batches, and the update is
-the update of one process at the whole batch (for losses that are means over the rows).
+the update of one process at the whole batch (for losses that are means over the rows). With
+GPipe each weight's sum is a running one, added to in each micro-batch's backward pass
+(``running_sums``), so that a stage never holds a gradient of every micro-batch at once.
 
 The schedule is GPipe's: every micro-batch's forward pass, in order, then every backward pass,
 in reverse order (the order autodiff emits them in), then the updates. Each rank runs its
@@ -39,12 +41,12 @@ from ..compile import add_gradients
 from ..distributed.grid import replica_ranks, stage_ranks
 from ..errors import UserError
 from ..frontend import OBJECTIVE, Net
-from ..ir.graph import Graph, Value, copy_nodes
+from ..ir.graph import Graph, Node, Value, copy_nodes
 from ..ops.base import Builder
 from ..optim.data_parallel import buckets as gradient_buckets
 from ..optim.solvers import SolverConfig, add_solver, host_input
 from .stage_costs import MEASURED, measured_layer_seconds, stage_memory_limit
-from .stages import CutGraph, Stages, cut, mib, partition
+from .stages import GRADIENT_SUM, CutGraph, Stages, cut, mib, partition, phases, slots, sums_as_they_come
 
 MICRO_WEIGHT = "@micro_weight"
 # a cut whose predicted memory comes within this share of the limit is planned to be sure
@@ -85,12 +87,14 @@ class ReplicaSums:
 
 
 def micro_batch_graph(net: Net, solver: SolverConfig, micro_batches: int, dtype: str | None = None,
-                      replicas: ReplicaSums | None = None, stages: Stages | None = None
-                      ) -> tuple[Graph, Graph, dict[int, int]]:
+                      replicas: ReplicaSums | None = None, stages: Stages | None = None,
+                      schedule: str = "gpipe") -> tuple[Graph, Graph, dict[int, int]]:
     """The train step over ``micro_batches`` micro-batches, uncut, before any pass; the forward
     graph of one micro-batch it repeats (whose inputs name what a batch feeds); and which
-    micro-batch's forward pass each of its forward nodes is, by id(node). With ``replicas``
-    (and the ``stages`` they sum by) the gradients and the outputs are summed over them."""
+    micro-batch's forward pass each of its forward nodes is, by id(node). Each weight's
+    gradients are summed in the order ``schedule`` runs the backward passes (``running_sums``).
+    With ``replicas`` (and the ``stages`` they sum by) the gradients and the outputs are summed
+    over them."""
     if solver.mixed_precision is not None:
         raise UserError("train.distributed.stages does not run mixed precision yet: leave out "
                         "train.solver.mixed_precision")
@@ -117,7 +121,8 @@ def micro_batch_graph(net: Net, solver: SolverConfig, micro_batches: int, dtype:
             current[name] = values.get(v.id, v)
     step.outputs = {name: b.add_all(parts) for name, parts in terms.items()}
     step.updates = {name: current[name] for name in forward.updates}
-    grads = add_gradients(step, None, step.outputs[OBJECTIVE])
+    grads = running_sums(step, add_gradients(step, None, step.outputs[OBJECTIVE]), micro_of,
+                         summation_order(micro_batches, schedule))
     if replicas is not None:
         grads = replicas.sum_gradients(step, grads, stages)
         # the logged losses: each replica's share of the global batch's, summed (after the
@@ -125,6 +130,58 @@ def micro_batch_graph(net: Net, solver: SolverConfig, micro_batches: int, dtype:
         step.outputs = {name: b.op("allreduce_sum", v) for name, v in step.outputs.items()}
     add_solver(step, grads, solver)
     return step, forward, micro_of
+
+
+def summation_order(micro_batches: int, schedule: str) -> list[int]:
+    """The order a weight's gradients are summed over the micro-batches in: GPipe's backward
+    passes' (``slots``: the last micro-batch's first, autodiff's order too), so that each is
+    added as it is made. 1F1B's backward passes run the other way, and summed in that order the
+    float32 sums round otherwise: LeNet's 50 steps on the digits (numpy's kernels) then leave one
+    process's weights by more than 1e-5 (from step 22 on; autodiff's order stays within 1e-6), so
+    1F1B keeps autodiff's order, whose sum waits for its last backward pass."""
+    order = [m for m, ph in slots(0, 1, micro_batches, schedule) if ph == "B"]
+    return order if sums_as_they_come(schedule) else list(reversed(range(micro_batches)))
+
+
+def running_sums(step: Graph, grads: dict[str, Value], micro_of: Mapping[int, int],
+                 order: list[int]) -> dict[str, Value]:
+    """``grads`` with each weight's sum over the micro-batches made again as a running sum in
+    ``order``: ((g_a + g_b) + g_c) ... for a, b, c, ... in that order. In the backward passes'
+    order each micro-batch's gradient is added, and can be freed, in its own backward pass (the
+    cut runs each add where its newest part is made: stages.py ``GRADIENT_SUM``), and a stage
+    holds one running sum of its weights' gradients rather than M. Autodiff makes the same sum
+    at the end of the graph, where a stage's order ran it after every backward pass."""
+    position = {m: i for i, m in enumerate(order)}
+    phase = phases(step, micro_of)
+    b = Builder(step, GRADIENT_SUM)
+    dropped: set[int] = set()
+    summed = {}
+    for name, g in grads.items():
+        parts, chain = _sum_parts(g)
+        if not chain:
+            summed[name] = g
+            continue
+        # a part of no one micro-batch's backward pass (none here: a weight's gradient is each
+        # micro-batch's) keeps autodiff's place, after the micro-batches' parts
+        parts.sort(key=lambda v: position.get((phase.get(id(v.producer)) or (None,))[0], len(order)))
+        dropped.update(id(n) for n in chain)
+        summed[name] = b.add_all(parts)
+    step.nodes = [n for n in step.nodes if id(n) not in dropped]
+    return summed
+
+
+def _sum_parts(g: Value) -> tuple[list[Value], list[Node]]:
+    """The parts autodiff's sum ``g`` adds (``Builder.add_all``'s chain of ``add`` nodes in its
+    scope ``autodiff``) and the chain's nodes; ([g], []) where ``g`` is not such a sum."""
+    chain = []
+    parts: list[Value] = []
+    v = g
+    while v.producer is not None and v.producer.op == "add" and v.producer.scope == "autodiff":
+        chain.append(v.producer)
+        parts.append(v.producer.inputs[1])
+        v = v.producer.inputs[0]
+    parts.append(v)
+    return parts[::-1], chain
 
 
 @dataclass
@@ -160,7 +217,7 @@ def build_pipeline(net: Net, solver: SolverConfig, stages: int, micro_batches: i
     with the prediction raised by what the planner held beyond it."""
     if schedule not in SCHEDULES:
         raise UserError(f"train.distributed.schedule is {schedule!r}; the schedules are {', '.join(SCHEDULES)}")
-    step, forward, micro_of = micro_batch_graph(net, solver, micro_batches, dtype)
+    step, forward, micro_of = micro_batch_graph(net, solver, micro_batches, dtype, schedule=schedule)
     if chosen is None:
         bindings = {s: micro_batch_rows for s in step.symbols()}
         layers = [layer.name for layer in net.spec.layers]
@@ -175,11 +232,11 @@ def build_pipeline(net: Net, solver: SolverConfig, stages: int, micro_batches: i
             if max(planned) <= memory_limit:
                 break
             margin += max(a - p for a, p in zip(planned, chosen.memory) if a > memory_limit)
-            step, forward, micro_of = micro_batch_graph(net, solver, micro_batches, dtype)
+            step, forward, micro_of = micro_batch_graph(net, solver, micro_batches, dtype, schedule=schedule)
             chosen = partition(step, layers, stages, bindings, micro_of, micro_batches, schedule, memory_limit,
                                layer_seconds, by, margin)
     if replicas is not None:        # the sums go by stage: built again once the stages are known
-        step, forward, micro_of = micro_batch_graph(net, solver, micro_batches, dtype, replicas, chosen)
+        step, forward, micro_of = micro_batch_graph(net, solver, micro_batches, dtype, replicas, chosen, schedule)
     return Pipeline(chosen, cut(step, chosen, micro_of, micro_batches, schedule), forward, micro_batches, schedule,
                     replicas)
 
@@ -191,7 +248,7 @@ def planned_bytes(net: Net, solver: SolverConfig, chosen: Stages, micro_batches:
     from ..compile import optimize
     from ..placement.model import value_bytes
     from ..runtime.plan import memory_figures
-    step, _, micro_of = micro_batch_graph(net, solver, micro_batches, dtype)
+    step, _, micro_of = micro_batch_graph(net, solver, micro_batches, dtype, schedule=schedule)
     bindings = {s: micro_batch_rows for s in step.symbols()}
     whole = cut(step, chosen, micro_of, micro_batches, schedule)
     device = device or "cpu"

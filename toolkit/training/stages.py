@@ -45,6 +45,8 @@ from ..ops.p2p import sent_bytes
 # the output that keeps a stage's last send alive (dead-code elimination keeps only what an
 # output or an update needs)
 STAGE_DONE = "@stage_done"
+# the scope of the adds that sum a weight's gradients over the micro-batches as they come
+GRADIENT_SUM = "pipeline.gradient_sum"
 
 
 def mib(nbytes: float) -> str:
@@ -124,6 +126,12 @@ def _min_max_cut(n: int, k: int, cost: Callable[[int, int, int], float],
     return cuts[::-1]
 
 
+def sums_as_they_come(schedule: str) -> bool:
+    """Whether ``schedule``'s stages sum each weight's gradients as the backward passes make them
+    (GPipe's) or after the last (1F1B's: training/pipeline.py ``summation_order``)."""
+    return schedule == "gpipe"
+
+
 def in_flight(stage: int, stages: int, micro_batches: int, schedule: str) -> int:
     """How many micro-batches' activations a stage holds at once: GPipe's every one, 1F1B's
     the stages from this one to the last (``slots``)."""
@@ -137,16 +145,19 @@ class LayerCosts:
 
     - ``time``: its work per micro-batch, measured seconds or FLOPs (``by`` says which);
     - ``held``: its weights and the solver's slots, held all along;
-    - ``grads``: its trainable weights' bytes: a gradient of each per micro-batch is live until
-      their sum at the end of the step (autodiff sums them there), so M of them at the peak;
+    - ``grads``: its trainable weights' bytes: with GPipe each weight's gradients are summed as
+      the backward passes make them (training/pipeline.py ``running_sums``), so a stage holds
+      the running sum and the gradients its backward pass is making, two of them at the peak;
+      with 1F1B the sum waits for the last backward pass (``summation_order`` says why), and a
+      gradient of each micro-batch done is live until then, M of them at the end;
     - ``kept``: ``kept[lo, hi]``, the bytes of one micro-batch's forward values read by the
       backward pass of layers lo..hi (first and last): a stage holding any of those layers keeps
       them (a value it receives, too) for every micro-batch in flight;
     - ``work``: the largest value one micro-batch's forward pass of the layer makes: twice it
       (the value and its gradient) is the working space beside what is kept.
 
-    A stage's memory is then held + the most of (in flight) x kept + (the micro-batches done) x
-    grads as the backward passes free the one and make the other + twice the largest work: what the
+    A stage's memory is then held + the most of (in flight) x kept + the gradients live as the
+    backward passes free the one and make the other + twice the largest work: what the
     memory planner's peak (the arena) plus the weights and slots come to, within the error
     docs/guides/distributed.md measures."""
     order: list[str]
@@ -171,12 +182,23 @@ class LayerCosts:
         """One micro-batch's forward values that layers start..end-1's backward passes read."""
         return int(self._crossing[end, start])
 
-    def stage_bytes(self, start: int, end: int, in_flight: int, micro_batches: int) -> int:
-        """What a rank holding layers start..end-1 holds at its peak (see the class's docstring)."""
+    def stage_bytes(self, start: int, end: int, in_flight: int, micro_batches: int, running: bool = True) -> int:
+        """What a rank holding layers start..end-1 holds at its peak (see the class's docstring);
+        ``running``: whether its gradients are summed as they come (``sums_as_they_come``)."""
         kept, grads = self.kept_bytes(start, end), self._grads[end] - self._grads[start]
-        # b micro-batches' backward passes done: min(in flight, M - b) of them keep their
-        # activations and b have their gradients live; the most is at b = M - in flight or M
-        live = max(in_flight * kept + (micro_batches - in_flight) * grads, micro_batches * grads)
+        if not running:
+            # b micro-batches' backward passes done: min(in flight, M - b) of them keep their
+            # activations and b have their gradients live; the most is at b = M - in flight or M
+            live = max(in_flight * kept + (micro_batches - in_flight) * grads, micro_batches * grads)
+            return self._held[end] - self._held[start] + live + 2 * max(self.work[start:end])
+        # a backward pass after b others starts with min(in flight, M - b) micro-batches'
+        # activations kept and, for b >= 1, the running sum of the gradients; it ends with one
+        # micro-batch's activations fewer and its own gradients made beside the sum, which it
+        # then adds (the adds run last in the pass). The most is at the first pass's start or
+        # end or the second's end
+        m = micro_batches
+        live = max(min(in_flight, m) * kept, min(in_flight, m - 1) * kept + grads,
+                   max(min(in_flight, m - 2), 0) * kept + min(m, 2) * grads)
         # the working space: a layer's largest value and its gradient, live together in its backward pass
         return self._held[end] - self._held[start] + live + 2 * max(self.work[start:end])
 
@@ -242,8 +264,8 @@ def layer_costs(graph: Graph, order: list[str], bindings: Mapping[str, int], mic
 def stage_memory(costs: LayerCosts, starts: list[int], micro_batches: int, schedule: str) -> list[int]:
     """Each stage's predicted bytes for the cut whose stages begin at ``starts``."""
     k, bounds = len(starts), starts + [len(costs.order)]
-    return [costs.stage_bytes(bounds[s], bounds[s + 1], in_flight(s, k, micro_batches, schedule), micro_batches)
-            for s in range(k)]
+    return [costs.stage_bytes(bounds[s], bounds[s + 1], in_flight(s, k, micro_batches, schedule), micro_batches,
+                              sums_as_they_come(schedule)) for s in range(k)]
 
 
 def choose_cut(costs: LayerCosts, k: int, micro_batches: int, schedule: str, limit: int | None,
@@ -256,7 +278,8 @@ def choose_cut(costs: LayerCosts, k: int, micro_batches: int, schedule: str, lim
     n = len(costs.order)
 
     def memory(j: int, s: int, i: int) -> int:
-        return costs.stage_bytes(s, i, in_flight(j, k, micro_batches, schedule), micro_batches) + margin
+        return costs.stage_bytes(s, i, in_flight(j, k, micro_batches, schedule), micro_batches,
+                                 sums_as_they_come(schedule)) + margin
 
     free = balance(costs.time, k)
     if limit is None or max(stage_memory(costs, free, micro_batches, schedule)) + margin <= limit:
@@ -543,7 +566,18 @@ def cut(graph: Graph, stages: Stages, micro_of: Mapping[int, int] | None = None,
         for n in per_stage_nodes[s]:
             for v in n.inputs:
                 read_by.setdefault(v.id, []).append(n)
+        # an add of a weight's running sum over the micro-batches runs in the backward pass of
+        # the newest part it adds, freeing that part there (training/pipeline.py running_sums)
+        made_in: dict[int, int] = {}
+        for n in per_stage_nodes[s]:
+            if slot_of[id(n)] in rank:
+                made_in.update((o.id, rank[slot_of[id(n)]]) for o in n.outputs)
+            elif n.scope == GRADIENT_SUM and any(v.id in made_in for v in n.inputs):
+                ranks[id(n)] = max(made_in[v.id] for v in n.inputs if v.id in made_in)
+                made_in.update((o.id, ranks[id(n)]) for o in n.outputs)
         for n in reversed(per_stage_nodes[s]):
+            if id(n) in ranks:
+                continue
             if slot_of[id(n)] in rank:
                 ranks[id(n)] = rank[slot_of[id(n)]]
             elif not n.inputs and n.op != "recv":       # a receive of a sum: last, as its send
