@@ -56,7 +56,8 @@ def net_file(name: str, tmp_path: Path) -> str:
 @pytest.mark.parametrize("net,stages,micro,steps,schedule", [
     ("lenet", 2, 2, 30, "gpipe"), pytest.param("lenet", 2, 4, 50, "gpipe", marks=pytest.mark.slow),
     pytest.param("mlp", 2, 4, 30, "gpipe", marks=pytest.mark.slow), ("mlp", 3, 2, 30, "gpipe"),
-    pytest.param("lenet", 2, 1, 30, "gpipe", marks=pytest.mark.slow), ("lenet", 2, 4, 50, "1f1b"),
+    pytest.param("lenet", 2, 1, 30, "gpipe", marks=pytest.mark.slow),
+    pytest.param("lenet", 2, 8, 30, "gpipe", marks=pytest.mark.slow), ("lenet", 2, 4, 50, "1f1b"),
     ("mlp", 3, 4, 30, "1f1b")])
 def test_k_stages_give_one_process_at_the_same_batch(tmp_path, net, stages, micro, steps, schedule):
     path = net_file(net, tmp_path)
