@@ -53,33 +53,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # Where the environment forbids writing bytecode (PYTHONDONTWRITEBYTECODE, as container images
 # often set), every process the suite starts (hundreds of `toolkit` commands, ranks, servers,
-# the documentation's examples) would compile the repository's modules from source
-# again on a fresh checkout, a quarter of a command's start; the installed packages have theirs
-# from pip. The process that owns the session compiles them once, before its workers start, and
-# removes at its end the bytecode files it wrote.
-_PACKAGES = ("toolkit", "layers", "schemas", "peers", "benchmarks", "tests")
-_WROTE_BYTECODE: list[Path] = []
-
-
-def _compile_the_repository() -> None:
-    import importlib.util
-    import py_compile
-    for package in _PACKAGES:
-        for source in sorted((ROOT / package).rglob("*.py")):
-            cached = Path(importlib.util.cache_from_source(str(source)))
-            there = cached.exists()
-            if there and cached.stat().st_mtime >= source.stat().st_mtime:
-                continue
-            try:
-                py_compile.compile(str(source), cfile=str(cached), doraise=True)
-            except (py_compile.PyCompileError, OSError):
-                continue          # a file that is no module (a fuzz input): imported by none
-            if not there:
-                _WROTE_BYTECODE.append(cached)
-
-
+# the documentation's examples) would compile the repository's modules from source again, a
+# quarter of a command's start. The suite's processes write their bytecode into the session's
+# cache instead (PYTHONPYCACHEPREFIX), never into the checkout, and it goes with the cache.
 if _OWNS_CACHE and sys.dont_write_bytecode:
-    _compile_the_repository()
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    os.environ["PYTHONPYCACHEPREFIX"] = os.path.join(_SESSION_CACHE, "bytecode")
 
 
 @pytest.fixture
@@ -131,5 +110,3 @@ def pytest_collection_modifyitems(config, items):
 def pytest_unconfigure(config):
     if _OWNS_CACHE:
         shutil.rmtree(_SESSION_CACHE, ignore_errors=True)
-        for cached in _WROTE_BYTECODE:
-            cached.unlink(missing_ok=True)
