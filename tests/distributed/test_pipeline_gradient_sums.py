@@ -5,6 +5,8 @@ memory planner's peak of each stage against the step whose sum waits for the ste
 predicted memory against the planner's."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 import toolkit.training.pipeline as pipeline
@@ -45,20 +47,49 @@ def mlp(tmp_path_factory):
     return net, solver_config(net)
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
-def test_a_weights_gradients_are_summed_in_the_order_gpipes_backward_passes_run(mlp, schedule):
-    """GPipe runs the backward passes from the last micro-batch to the first, and its sum adds
-    them so; 1F1B runs them the other way, but its sum keeps that order (autodiff's: in 1F1B's
-    the float32 sums round otherwise, and LeNet drifts from one process: ``summation_order``)."""
+def test_a_weights_gradients_are_summed_in_the_order_gpipes_backward_passes_run(mlp):
+    """GPipe runs the backward passes from the last micro-batch to the first, and its running sum
+    adds them so."""
     net, cfg = mlp
-    step, _, micro_of = micro_batch_graph(net, cfg, 4, schedule=schedule)
-    assert summation_order(4, schedule) == [3, 2, 1, 0]
+    step, _, micro_of = micro_batch_graph(net, cfg, 4, schedule="gpipe")
+    assert summation_order(4, "gpipe") == [3, 2, 1, 0]
     phase = phases(step, micro_of)
     sums = [n for n in step.nodes if n.scope == GRADIENT_SUM and n.outputs[0].shape == (256, 64)]
     assert len(sums) == 3                   # ip1's weight: ((g_3 + g_2) + g_1) + g_0
     added = [phase[id(sums[0].inputs[0].producer)][0]] + [phase[id(n.inputs[1].producer)][0] for n in sums]
     assert added == [3, 2, 1, 0]
     assert all(n.inputs[0] is prev.outputs[0] for prev, n in zip(sums, sums[1:]))
+
+
+def test_1f1b_keeps_autodiffs_one_sum_after_its_backward_passes(mlp):
+    """1F1B runs the backward passes from the first micro-batch to the last; summed in that order
+    the float32 sums round otherwise than one process's, and LeNet drifts from it
+    (``summation_order``), so its step keeps autodiff's sum, in autodiff's order."""
+    net, cfg = mlp
+    step, _, _ = micro_batch_graph(net, cfg, 4, schedule="1f1b")
+    assert summation_order(4, "1f1b") == [3, 2, 1, 0]
+    assert not [n for n in step.nodes if n.scope == GRADIENT_SUM]
+
+
+def test_the_pipeline_sums_as_they_come_only_where_the_memory_limit_needs_it(mlp):
+    """Without a limit, or under one the cut fits with one sum at the step's end, a GPipe step
+    keeps that sum (the faster step); under a limit that it would not fit, or that would move its
+    cut, the sums run as the backward passes make them (test_pipeline_memory.py holds what
+    `toolkit compile --explain` says of it)."""
+    from toolkit.training.pipeline import build_pipeline
+    net, cfg = mlp
+    free = build_pipeline(net, cfg, 2, 8, ROWS)
+    roomy = build_pipeline(net, cfg, 2, 8, ROWS, memory_limit=2**30)
+    for p in (free, roomy):
+        assert not p.stages.running_sums
+        assert not [n for s in range(2) for n in p.cut.stage_graph(s).nodes if n.scope == GRADIENT_SUM]
+    at_the_end = max(planned_bytes(net, cfg, free.stages, 8, ROWS, None, "gpipe", None))
+    running = max(planned_bytes(net, cfg, replace(free.stages, running_sums=True), 8, ROWS, None, "gpipe", None))
+    assert running < at_the_end - GRADS[1]          # 8 gradients of stage 1 held against 2
+    tight = build_pipeline(net, cfg, 2, 8, ROWS, memory_limit=(running + at_the_end) // 2)
+    assert tight.stages.running_sums and tight.stages.layers == free.stages.layers
+    assert [n for s in range(2) for n in tight.cut.stage_graph(s).nodes if n.scope == GRADIENT_SUM]
+    assert max(planned_bytes(net, cfg, tight.stages, 8, ROWS, None, "gpipe", None)) == running
 
 
 def sums_at_the_end(step, grads, *_):

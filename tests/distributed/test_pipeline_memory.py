@@ -190,6 +190,7 @@ def test_compile_explains_where_the_limit_moved_the_cut():
     moved = report["limit_moved"]
     assert moved["from"] == ["pool1"] and moved["to"] == ["conv2"] and moved["stage"] == 1
     assert moved["would_peak_bytes"] > 0.28 * MIB
+    assert report["gradient_sums"] == "running"       # the limit binds: GPipe sums as it goes
     for stage in report["per_stage"]:
         assert stage["rank_bytes"] == stage["weight_bytes"] + stage["slot_bytes"] + stage["peak_bytes"]
         assert stage["rank_bytes"] <= 0.28 * MIB
@@ -199,6 +200,7 @@ def test_compile_explains_where_the_limit_moved_the_cut():
     said = [line for line in lines if line.startswith("the memory limit moved the cut")]
     assert said == [f"the memory limit moved the cut from after pool1 to after conv2: without it stage 1 would "
                     f"peak at {moved['would_peak_bytes'] / MIB:.3f} MiB"]
+    assert any(line.startswith("each weight's gradients summed as the backward passes make them") for line in lines)
 
 
 def test_compile_balances_by_measured_time_by_default_and_refuses_a_limit_no_cut_fits():
@@ -206,6 +208,7 @@ def test_compile_balances_by_measured_time_by_default_and_refuses_a_limit_no_cut
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert report["balanced_by"] == "measured time" and report["limit_moved"] is None
+    assert report["gradient_sums"] == "after the backward passes"
     assert sum(s["time_share"] for s in report["per_stage"]) == pytest.approx(1, abs=1e-3)
     proc = compile_stages("train.distributed.balance=flops", "train.distributed.stage_memory_mb=0.1")
     assert proc.returncode == 2 and proc.stdout == ""

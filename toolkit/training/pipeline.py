@@ -6,9 +6,10 @@ The step is one graph before it is cut: the net's forward pass once per micro-ba
 share of the global batch (``@micro_weight{m}``: its rows over the batch's rows, as
 data-parallel ranks weigh theirs), then one backward pass from that sum and one update. The
 gradients reaching each weight are therefore summed over the micro-batches, and the update is
-the update of one process at the whole batch (for losses that are means over the rows). With
-GPipe each weight's sum is a running one, added to in each micro-batch's backward pass
-(``running_sums``), so that a stage never holds a gradient of every micro-batch at once.
+the update of one process at the whole batch (for losses that are means over the rows). Where a
+rank's memory limit binds, GPipe's sum is a running one, added to in each micro-batch's backward
+pass (``running_sums``), so that a stage never holds a gradient of every micro-batch at once;
+elsewhere it is one fused sum after the last backward pass, the faster step.
 
 The schedule is GPipe's: every micro-batch's forward pass, in order, then every backward pass,
 in reverse order (the order autodiff emits them in), then the updates. Each rank runs its
@@ -88,11 +89,12 @@ class ReplicaSums:
 
 def micro_batch_graph(net: Net, solver: SolverConfig, micro_batches: int, dtype: str | None = None,
                       replicas: ReplicaSums | None = None, stages: Stages | None = None,
-                      schedule: str = "gpipe") -> tuple[Graph, Graph, dict[int, int]]:
+                      schedule: str = "gpipe", running: bool = True) -> tuple[Graph, Graph, dict[int, int]]:
     """The train step over ``micro_batches`` micro-batches, uncut, before any pass; the forward
     graph of one micro-batch it repeats (whose inputs name what a batch feeds); and which
-    micro-batch's forward pass each of its forward nodes is, by id(node). Each weight's
-    gradients are summed in the order ``schedule`` runs the backward passes (``running_sums``).
+    micro-batch's forward pass each of its forward nodes is, by id(node). With ``running`` and
+    GPipe, each weight's gradients are summed as the backward passes make them (``running_sums``);
+    otherwise autodiff sums them after the last, in one fused sum.
     With ``replicas`` (and the ``stages`` they sum by) the gradients and the outputs are summed
     over them."""
     if solver.mixed_precision is not None:
@@ -121,8 +123,9 @@ def micro_batch_graph(net: Net, solver: SolverConfig, micro_batches: int, dtype:
             current[name] = values.get(v.id, v)
     step.outputs = {name: b.add_all(parts) for name, parts in terms.items()}
     step.updates = {name: current[name] for name in forward.updates}
-    grads = running_sums(step, add_gradients(step, None, step.outputs[OBJECTIVE]), micro_of,
-                         summation_order(micro_batches, schedule))
+    grads = add_gradients(step, None, step.outputs[OBJECTIVE])
+    if sums_as_they_come(schedule, running):
+        grads = running_sums(step, grads, micro_of, summation_order(micro_batches, schedule))
     if replicas is not None:
         grads = replicas.sum_gradients(step, grads, stages)
         # the logged losses: each replica's share of the global batch's, summed (after the
@@ -217,13 +220,30 @@ def build_pipeline(net: Net, solver: SolverConfig, stages: int, micro_batches: i
     with the prediction raised by what the planner held beyond it."""
     if schedule not in SCHEDULES:
         raise UserError(f"train.distributed.schedule is {schedule!r}; the schedules are {', '.join(SCHEDULES)}")
-    step, forward, micro_of = micro_batch_graph(net, solver, micro_batches, dtype, schedule=schedule)
+    running = chosen.running_sums if chosen is not None else False
+    step, forward, micro_of = micro_batch_graph(net, solver, micro_batches, dtype, schedule=schedule,
+                                                running=running)
     if chosen is None:
         bindings = {s: micro_batch_rows for s in step.symbols()}
         layers = [layer.name for layer in net.spec.layers]
         by = MEASURED if layer_seconds else "FLOPs"
-        chosen = partition(step, layers, stages, bindings, micro_of, micro_batches, schedule, memory_limit,
-                           layer_seconds, by)
+        try:
+            chosen = partition(step, layers, stages, bindings, micro_of, micro_batches, schedule, memory_limit,
+                               layer_seconds, by, running=False)
+        except UserError:
+            if not sums_as_they_come(schedule):
+                raise
+            chosen = None
+        if sums_as_they_come(schedule) and (chosen is None or chosen.unlimited is not None):
+            # the limit binds: summed as the backward passes make them, a stage's weights'
+            # gradients are held twice at most rather than once a micro-batch; where it does
+            # not, the one fused sum after the last backward pass is the faster step (its M-1
+            # two-input adds cost a GPipe step about 10% on benchmarks/pipeline.py's MLP)
+            running = True
+            step, forward, micro_of = micro_batch_graph(net, solver, micro_batches, dtype, schedule=schedule,
+                                                        running=True)
+            chosen = partition(step, layers, stages, bindings, micro_of, micro_batches, schedule, memory_limit,
+                               layer_seconds, by, running=True)
         margin = 0
         for _ in range(3):         # the prediction errs by some per cent (docs/guides/distributed.md)
             if memory_limit is None or max(chosen.memory) + margin < NEAR_LIMIT * memory_limit:
@@ -232,11 +252,13 @@ def build_pipeline(net: Net, solver: SolverConfig, stages: int, micro_batches: i
             if max(planned) <= memory_limit:
                 break
             margin += max(a - p for a, p in zip(planned, chosen.memory) if a > memory_limit)
-            step, forward, micro_of = micro_batch_graph(net, solver, micro_batches, dtype, schedule=schedule)
+            step, forward, micro_of = micro_batch_graph(net, solver, micro_batches, dtype, schedule=schedule,
+                                                        running=running)
             chosen = partition(step, layers, stages, bindings, micro_of, micro_batches, schedule, memory_limit,
-                               layer_seconds, by, margin)
+                               layer_seconds, by, margin, running=running)
     if replicas is not None:        # the sums go by stage: built again once the stages are known
-        step, forward, micro_of = micro_batch_graph(net, solver, micro_batches, dtype, replicas, chosen, schedule)
+        step, forward, micro_of = micro_batch_graph(net, solver, micro_batches, dtype, replicas, chosen, schedule,
+                                                    running)
     return Pipeline(chosen, cut(step, chosen, micro_of, micro_batches, schedule), forward, micro_batches, schedule,
                     replicas)
 
@@ -248,7 +270,8 @@ def planned_bytes(net: Net, solver: SolverConfig, chosen: Stages, micro_batches:
     from ..compile import optimize
     from ..placement.model import value_bytes
     from ..runtime.plan import memory_figures
-    step, _, micro_of = micro_batch_graph(net, solver, micro_batches, dtype, schedule=schedule)
+    step, _, micro_of = micro_batch_graph(net, solver, micro_batches, dtype, schedule=schedule,
+                                          running=chosen.running_sums)
     bindings = {s: micro_batch_rows for s in step.symbols()}
     whole = cut(step, chosen, micro_of, micro_batches, schedule)
     device = device or "cpu"

@@ -76,6 +76,7 @@ def pipeline_report(net, stages: int, batch: int, device, disable: tuple[str, ..
     report = {"stages": stages, "micro_batches": micro, "schedule": p.schedule, "batch": batch,
               "micro_batch_rows": rows, "per_stage": rows_out, "balanced_by": p.stages.by,
               "memory_limit_bytes": limit, "limit_moved": limit_moved(p.stages),
+              "gradient_sums": "running" if p.stages.running_sums else "after the backward passes",
               "one_process_ms": round(one_ms, 4), "bubble": round(p.bubble(), 4),
               "messages": len(sent), "bytes_down": down, "bytes_up": up}
     if sums is not None:
@@ -148,6 +149,9 @@ def print_pipeline_report(report: dict, net_name: str, as_json: bool) -> None:
         print(f"the memory limit moved the cut from after {', '.join(moved['from'])} to after "
               f"{', '.join(moved['to'])}: without it stage {moved['stage']} would peak at "
               f"{mib(moved['would_peak_bytes'])} MiB")
+    if report["gradient_sums"] == "running":
+        print("each weight's gradients summed as the backward passes make them, the memory limit needing it "
+              "(two held at most, not one a micro-batch; the step is slower than with one sum at its end)")
     print(f"sent per step: {report['messages']} messages, {report['bytes_down']:,d} bytes of activations down the "
           f"stages, {report['bytes_up']:,d} bytes of gradients and losses up")
     print(f"bubble (equal stages): (K-1)/(M+K-1) = {k - 1}/{m + k - 1} = {report['bubble']:.3f} of a step")

@@ -126,10 +126,11 @@ def _min_max_cut(n: int, k: int, cost: Callable[[int, int, int], float],
     return cuts[::-1]
 
 
-def sums_as_they_come(schedule: str) -> bool:
+def sums_as_they_come(schedule: str, running: bool = True) -> bool:
     """Whether ``schedule``'s stages sum each weight's gradients as the backward passes make them
-    (GPipe's) or after the last (1F1B's: training/pipeline.py ``summation_order``)."""
-    return schedule == "gpipe"
+    (GPipe's, where ``running``: training/pipeline.py ``build_pipeline`` asks for it where the
+    memory limit needs it) or after the last (1F1B's: training/pipeline.py ``summation_order``)."""
+    return running and schedule == "gpipe"
 
 
 def in_flight(stage: int, stages: int, micro_batches: int, schedule: str) -> int:
@@ -218,6 +219,7 @@ class Stages:
     by: str = "FLOPs"
     unlimited: list[list[str]] | None = None      # the cut with no limit, where the limit moved it
     unlimited_memory: list[int] = field(default_factory=list)
+    running_sums: bool = True     # whether its gradients are summed as they come (``sums_as_they_come``)
 
     @property
     def count(self) -> int:
@@ -261,15 +263,16 @@ def layer_costs(graph: Graph, order: list[str], bindings: Mapping[str, int], mic
     return LayerCosts(order, [float(time.get(name, 0.0)) for name in order], held, grads, kept, work, by)
 
 
-def stage_memory(costs: LayerCosts, starts: list[int], micro_batches: int, schedule: str) -> list[int]:
+def stage_memory(costs: LayerCosts, starts: list[int], micro_batches: int, schedule: str,
+                 running: bool = True) -> list[int]:
     """Each stage's predicted bytes for the cut whose stages begin at ``starts``."""
     k, bounds = len(starts), starts + [len(costs.order)]
     return [costs.stage_bytes(bounds[s], bounds[s + 1], in_flight(s, k, micro_batches, schedule), micro_batches,
-                              sums_as_they_come(schedule)) for s in range(k)]
+                              sums_as_they_come(schedule, running)) for s in range(k)]
 
 
 def choose_cut(costs: LayerCosts, k: int, micro_batches: int, schedule: str, limit: int | None,
-               margin: int = 0) -> tuple[list[int], list[int]]:
+               margin: int = 0, running: bool = True) -> tuple[list[int], list[int]]:
     """Where the ``k`` stages begin: the slowest stage as fast as it can be with each stage's
     predicted memory (its activations of the micro-batches ``schedule`` holds) plus ``margin``
     (what the memory planner was seen to hold beyond the prediction) at most ``limit`` bytes;
@@ -279,14 +282,14 @@ def choose_cut(costs: LayerCosts, k: int, micro_batches: int, schedule: str, lim
 
     def memory(j: int, s: int, i: int) -> int:
         return costs.stage_bytes(s, i, in_flight(j, k, micro_batches, schedule), micro_batches,
-                                 sums_as_they_come(schedule)) + margin
+                                 sums_as_they_come(schedule, running)) + margin
 
     free = balance(costs.time, k)
-    if limit is None or max(stage_memory(costs, free, micro_batches, schedule)) + margin <= limit:
+    if limit is None or max(stage_memory(costs, free, micro_batches, schedule, running)) + margin <= limit:
         return free, free
     starts = balance(costs.time, k, lambda j, s, i: memory(j, s, i) <= limit)
     if starts is None:
-        smallest = max(stage_memory(costs, _min_max_cut(n, k, memory), micro_batches, schedule)) + margin
+        smallest = max(stage_memory(costs, _min_max_cut(n, k, memory), micro_batches, schedule, running)) + margin
         raise UserError(f"no cut of the train step into {k} stages fits train.distributed.stage_memory_mb "
                         f"({mib(limit)} MiB a rank): the smallest peak any cut achieves is {mib(smallest)} MiB")
     return starts, free
@@ -295,7 +298,7 @@ def choose_cut(costs: LayerCosts, k: int, micro_batches: int, schedule: str, lim
 def partition(graph: Graph, net_layers: list[str], k: int, bindings: Mapping[str, int],
               micro_of: Mapping[int, int] | None = None, micro_batches: int = 1, schedule: str = "gpipe",
               limit: int | None = None, time: Mapping[str, float] | None = None, by: str = "FLOPs",
-              margin: int = 0) -> Stages:
+              margin: int = 0, running: bool = True) -> Stages:
     """The layers of ``graph`` in ``k`` stages whose slowest is as fast as it can be (``time``:
     each layer's measured seconds a micro-batch, else its FLOPs at ``bindings``, a micro-batch),
     each stage's predicted memory (plus ``margin``) under ``limit`` bytes where one is given
@@ -306,7 +309,7 @@ def partition(graph: Graph, net_layers: list[str], k: int, bindings: Mapping[str
                         f"at most {len(order)} stages")
     flops = layer_flops(graph, order, bindings)
     costs = layer_costs(graph, order, bindings, micro_of or {}, time, by)
-    starts, free = choose_cut(costs, k, micro_batches, schedule, limit, margin)
+    starts, free = choose_cut(costs, k, micro_batches, schedule, limit, margin, running)
 
     def layers_of(begins: list[int]) -> list[list[str]]:
         bounds = begins + [len(order)]
@@ -315,10 +318,11 @@ def partition(graph: Graph, net_layers: list[str], k: int, bindings: Mapping[str
     layers, bounds = layers_of(starts), starts + [len(order)]
     chosen = Stages(layers, [sum(flops[name] for name in names) for names in layers],
                     [costs.stage_time(bounds[s], bounds[s + 1]) for s in range(k)],
-                    stage_memory(costs, starts, micro_batches, schedule), limit, costs.by)
+                    stage_memory(costs, starts, micro_batches, schedule, running), limit, costs.by,
+                    running_sums=sums_as_they_come(schedule, running))
     if starts != free:        # what it would hold, as the planner was seen to hold it (``margin``)
         chosen.unlimited = layers_of(free)
-        chosen.unlimited_memory = [b + margin for b in stage_memory(costs, free, micro_batches, schedule)]
+        chosen.unlimited_memory = [b + margin for b in stage_memory(costs, free, micro_batches, schedule, running)]
     return chosen
 
 
