@@ -19,7 +19,7 @@ its convolution is corrected with it).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Mapping
 
 import numpy as np
@@ -31,8 +31,7 @@ from ..ops.quant import dequantize_linear_reference, quantize_linear_reference
 from ..passes.pipeline import pass_names
 from ..passes.quantize import Head, layer_of, match_head, quantize_weights
 from ..passes.rewrite import kept_ids
-from ..training.data import InputTransform
-from .collect import DEFAULT_BATCH, DEFAULT_EXAMPLES, RowSource, _Arrays, _check_counts, calibration_batches
+from .collect import DEFAULT_BATCH, DEFAULT_EXAMPLES, RowSource, _Arrays, _check_counts, float_runs
 
 
 @dataclass
@@ -132,7 +131,7 @@ def measure_bias_correction(net, weights: "str | Mapping[str, np.ndarray] | None
     InnerProduct whose input is a top of ``activations`` (top -> {scale, zero_point, dtype}) and
     whose layer is not in ``float_layers``. ``net``: a file, ``zoo:NAME`` or a loaded Net."""
     source = _Arrays(data) if isinstance(data, Mapping) else data
-    total = _check_counts(source, max_examples, batch_size)
+    _check_counts(source, max_examples, batch_size)
     phase = infer_phase(net, device, "float32")
     loaded = dict(weights) if isinstance(weights, Mapping) else phase.load_weights(weights)
     graph = optimize(phase.net.graph("infer", "float32"), _passes_after_fold(), dict(loaded), device)
@@ -141,18 +140,8 @@ def measure_bias_correction(net, weights: "str | Mapping[str, np.ndarray] | None
         return {}
     tops = list(dict.fromkeys(layer.top for layer in layers))
     computed = [t for t in tops if t not in phase.graph.inputs]
-    outputs = list(dict.fromkeys([*phase.graph.outputs, *computed]))
-    run_phase = replace(phase, graph=phase.net.graph("infer", "float32", outputs=outputs))
-    size = min(batch_size, max_examples, total)
-    last = min(max_examples, total) % size
-    session = run_phase.session(dict(loaded), sorted({size, last} - {0}))
-    step = InputTransform.of(phase.net) if transform else None
     fed = 0
-    for batch in calibration_batches(source, max_examples, batch_size, seed):
-        batch = {k: v for k, v in batch.items() if k in run_phase.graph.inputs}
-        if step is not None:
-            batch = step(batch)
-        values = dict(session.run(batch)) if computed else {}
+    for batch, values in float_runs(phase, loaded, source, computed, max_examples, batch_size, seed, transform):
         values.update({t: batch[t] for t in tops if t in batch})
         for layer in layers:
             x = np.asarray(values[layer.top], dtype=np.float32)

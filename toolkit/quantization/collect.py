@@ -84,6 +84,28 @@ def _runs(indices: np.ndarray) -> list[tuple[int, int]]:
     return [(a, b) for a, b in runs]
 
 
+def float_runs(phase, weights: Mapping[str, np.ndarray], source: RowSource, tops: list[str],
+               max_examples: int = DEFAULT_EXAMPLES, batch_size: int = DEFAULT_BATCH, seed: int = 0,
+               transform: bool = True) -> Iterator[tuple[dict[str, np.ndarray], dict[str, np.ndarray]]]:
+    """The fp32 infer ``phase`` compiled with ``tops`` (tops it computes) kept as outputs, run
+    over the calibration batches of ``source``: for each, the batch as fed (transformed as
+    ``toolkit infer`` transforms it, where ``transform``) and the values computed (the phase's
+    outputs and ``tops``; nothing is run where ``tops`` is empty)."""
+    total = _check_counts(source, max_examples, batch_size)
+    # the model's outputs and the tops asked for: a top that only an output's path computes
+    # is kept by the plan as an output of its own (the passes do not fuse it away)
+    graph = phase.net.graph("infer", "float32", outputs=list(dict.fromkeys([*phase.graph.outputs, *tops])))
+    size = min(batch_size, max_examples, total)
+    last = min(max_examples, total) % size
+    session = replace(phase, graph=graph).session(dict(weights), sorted({size, last} - {0}))
+    step = InputTransform.of(phase.net) if transform else None
+    for batch in calibration_batches(source, max_examples, batch_size, seed):
+        batch = {k: v for k, v in batch.items() if k in graph.inputs}
+        if step is not None:
+            batch = step(batch)
+        yield batch, (dict(session.run(batch)) if tops else {})
+
+
 def float_tops(net, dtype: str = "float32") -> list[str]:
     """The names of the infer phase's float blobs, its inputs first then each layer's tops in
     the net's order (an in-place top, such as a ReLU's, names the value after the layer)."""
@@ -108,7 +130,7 @@ def collect_ranges(net, weights: "str | Mapping[str, np.ndarray] | None", data: 
         raise UserError(f"calibration method '{method}' is not one of {', '.join(METHODS)}")
     observer = make_observer(method, symmetric, **options)
     source = _Arrays(data) if isinstance(data, Mapping) else data
-    total = _check_counts(source, max_examples, batch_size)
+    _check_counts(source, max_examples, batch_size)
     phase = infer_phase(net, device, "float32", overrides=overrides)
     available = float_tops(phase.net, "float32")
     wanted = list(dict.fromkeys(available if tops is None else tops))
@@ -120,23 +142,10 @@ def collect_ranges(net, weights: "str | Mapping[str, np.ndarray] | None", data: 
     computed = [t for t in wanted if t not in inputs]
     loaded = (dict(weights) if isinstance(weights, Mapping) and weights is not None
               else phase.load_weights(weights))
-    # the model's outputs and the tops asked for: a top that only an output's path computes
-    # is kept by the plan as an output of its own (the passes do not fuse it away)
-    outputs = list(dict.fromkeys([*phase.graph.outputs, *computed]))
-    graph = phase.net.graph("infer", "float32", outputs=outputs)
-    run_phase = replace(phase, graph=graph)
-    size = min(batch_size, max_examples, total)
-    last = min(max_examples, total) % size
-    session = run_phase.session(loaded, sorted({size, last} - {0}))
-    step = InputTransform.of(phase.net) if transform else None
     fed = 0
-    for batch in calibration_batches(source, max_examples, batch_size, seed):
-        batch = {k: v for k, v in batch.items() if k in graph.inputs}
-        if step is not None:
-            batch = step(batch)
+    for batch, results in float_runs(phase, loaded, source, computed, max_examples, batch_size, seed, transform):
         observer.update({t: batch[t] for t in inputs if t in batch})
         if computed:
-            results = session.run(batch)
             observer.update({t: results[t] for t in computed})
         fed += len(next(iter(batch.values())))
         if say is not None:

@@ -28,14 +28,13 @@ The graph is the float infer graph as lowered (before any pass): its weights are
 file's arrays, by name, and the transform returns them scaled."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Mapping
 
 import numpy as np
 
 from ..inference import infer_phase
-from ..training.data import InputTransform
-from .collect import DEFAULT_BATCH, DEFAULT_EXAMPLES, RowSource, _Arrays, _check_counts, calibration_batches
+from .collect import DEFAULT_BATCH, DEFAULT_EXAMPLES, RowSource, _Arrays, float_runs
 
 DEFAULT_STRENGTH = 0.5
 # ops y = f(x) with f(x * s) == f(x) * s for a positive scale s per channel
@@ -268,21 +267,10 @@ def measure_top_ranges(net, weights: Mapping[str, np.ndarray], data: "Mapping[st
     """Top -> the largest magnitude of each of its channels, for each top the producers' readers
     read, over the calibration data (the same seeded draw as ``collect_ranges``)."""
     source = _Arrays(data) if isinstance(data, Mapping) else data
-    total = _check_counts(source, max_examples, batch_size)
     phase = infer_phase(net, device, "float32")
     tops = list(dict.fromkeys(r.top for p in producers for r in p.readers))
-    outputs = list(dict.fromkeys([*phase.graph.outputs, *tops]))
-    run_phase = replace(phase, graph=phase.net.graph("infer", "float32", outputs=outputs))
-    size = min(batch_size, max_examples, total)
-    last = min(max_examples, total) % size
-    session = run_phase.session(dict(weights), sorted({size, last} - {0}))
-    step = InputTransform.of(phase.net) if transform else None
     largest: dict[str, np.ndarray] = {}
-    for batch in calibration_batches(source, max_examples, batch_size, seed):
-        batch = {k: v for k, v in batch.items() if k in run_phase.graph.inputs}
-        if step is not None:
-            batch = step(batch)
-        values = session.run(batch)
+    for _, values in float_runs(phase, weights, source, tops, max_examples, batch_size, seed, transform):
         for t in tops:
             x = np.abs(np.asarray(values[t], np.float32))
             m = x.max(axis=tuple(i for i in range(x.ndim) if i != 1))
