@@ -13,7 +13,8 @@ import toolkit.training.pipeline as pipeline
 from toolkit.compile import solver_config
 from toolkit.frontend.net import Net
 from toolkit.training.pipeline import micro_batch_graph, planned_bytes, summation_order
-from toolkit.training.stages import GRADIENT_SUM, Stages, in_flight, layer_costs, layer_order, phases, stage_memory
+from toolkit.training.stage_balance import Stages, in_flight, layer_costs, layer_order, stage_memory
+from toolkit.training.stages import GRADIENT_SUM, phases
 
 MLP = """
 name: mlp

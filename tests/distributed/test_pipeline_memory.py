@@ -17,7 +17,7 @@ from toolkit.compile import solver_config
 from toolkit.errors import UserError
 from toolkit.frontend.net import Net
 from toolkit.training.pipeline import build_pipeline, micro_batch_graph, planned_bytes
-from toolkit.training.stages import LayerCosts, choose_cut, layer_costs, layer_order, partition
+from toolkit.training.stage_balance import LayerCosts, choose_cut, layer_costs, layer_order, partition
 
 MIB = 2**20
 LENET = "zoo/lenet/net.yaml"

@@ -20,7 +20,8 @@ from toolkit.ops.interpreter import interpret
 from toolkit.optim.solvers import host_values
 from toolkit.runtime.plan import Plan
 from toolkit.training.pipeline import build_pipeline, check_micro_batches, micro_batch_feed, micro_batches_of
-from toolkit.training.stages import Stages, balance, cut
+from toolkit.training.stage_balance import Stages, balance
+from toolkit.training.stages import cut
 
 LENET = "zoo/lenet/net.yaml"
 
@@ -110,7 +111,7 @@ def test_each_stage_holds_its_own_weights_and_messages_go_down_then_up():
 
 
 def _layer_flops(p):
-    from toolkit.training.stages import layer_flops
+    from toolkit.training.stage_balance import layer_flops
     order = [n for names in p.stages.layers for n in names]
     flops = layer_flops(p.cut.graph, order, {s: 2 for s in p.cut.graph.symbols()})
     return [flops[n] for n in order]

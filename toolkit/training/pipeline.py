@@ -46,8 +46,9 @@ from ..ir.graph import Graph, Node, Value, copy_nodes
 from ..ops.base import Builder
 from ..optim.data_parallel import buckets as gradient_buckets
 from ..optim.solvers import SolverConfig, add_solver, host_input
+from .stage_balance import Stages, mib, partition, sums_as_they_come
 from .stage_costs import MEASURED, measured_layer_seconds, stage_memory_limit
-from .stages import GRADIENT_SUM, CutGraph, Stages, cut, mib, partition, phases, slots, sums_as_they_come
+from .stages import GRADIENT_SUM, CutGraph, cut, phases, slots
 
 MICRO_WEIGHT = "@micro_weight"
 # a cut whose predicted memory comes within this share of the limit is planned to be sure

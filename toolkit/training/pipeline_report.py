@@ -5,7 +5,7 @@ a multiple of the stages, the data-parallel replicas of the pipeline: which rank
 replica, each replica's batch, and each stage's gradient all-reduce over its replicas.
 
 The stages are cut by the layers' measured time, else their FLOPs, under each rank's memory
-limit (training/stages.py, stage_costs.py); where the limit moved the cut, the report says from
+limit (training/stage_balance.py, stage_costs.py); where the limit moved the cut, the report says from
 where and what the stage would have held. A stage's predicted time is the one-process step's
 time, measured here (the median of a few runs of its plan), times the stage's share of the
 measured time (or of the FLOPs); the pipeline's step is then (M+K-1) micro-batch slots of the slowest stage's
@@ -30,8 +30,8 @@ from ..placement.model import value_bytes
 from ..runtime.plan import Plan, memory_figures
 from .feeding import train_spec
 from .pipeline import ReplicaSums, build_pipeline, check_micro_batches
+from .stage_balance import Stages, mib
 from .stage_costs import measured_layer_seconds, stage_memory_limit
-from .stages import Stages, mib
 
 
 def pipeline_report(net, stages: int, batch: int, device, disable: tuple[str, ...] = (), ranks: int = 0) -> dict:

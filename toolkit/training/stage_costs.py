@@ -1,4 +1,4 @@
-"""What the pipeline's partitioner weighs beyond the graph (training/stages.py): each layer's time
+"""What the pipeline's partitioner weighs beyond the graph (training/stage_balance.py): each layer's time
 a micro-batch as this machine's cost model measures it, and the memory a rank may hold.
 
 A layer's time is the sum of its nodes' times in the one-process train step at a micro-batch's
@@ -18,7 +18,7 @@ from __future__ import annotations
 from ..compile import optimize, train_graph
 from ..errors import UserError
 from ..hostmem import available_memory
-from .stages import layer_of
+from .stage_balance import layer_of
 
 MEASURED = "measured time"
 
