@@ -21,6 +21,40 @@ from __future__ import annotations
 
 MAX_WIDTH = 4096          # the row of zeros is on the stack
 
+# Two output rows of one stride, made from a vector function of two rows (tk_dw3x3_vec2 at stride
+# 1, tk_dw3x3_vec2_s2 at 2): the same C for both strides, written once. The vector functions stay
+# two (see tk_dw3x3_vec2_s2's comment on why).
+_ROW_PAIR = r"""/* two output rows at stride @STRIDE@ (y0 and y1 = y0 + ow_n), their vectors placed as tk_dw3x3_row's */
+static inline void tk_dw3x3_row2@SUFFIX@(const float *const *rows, const __m256 *wv, __m256 vstart,
+                                 float *y0, float *y1, int64_t w, int64_t ow_n, int64_t pad, int relu,
+                                 int64_t lo, int64_t last) {
+    __m256 v0, v1;
+    if (ow_n < 8) {
+        tk_dw3x3_vec2@SUFFIX@(rows, wv, vstart, -pad, w, 0, &v0, &v1);
+        float lanes0[8], lanes1[8];
+        _mm256_storeu_ps(lanes0, tk_dw3x3_relu(v0, relu));
+        _mm256_storeu_ps(lanes1, tk_dw3x3_relu(v1, relu));
+        for (int64_t j = 0; j < ow_n; j++) { y0[j] = lanes0[j]; y1[j] = lanes1[j]; }
+        return;
+    }
+    for (int64_t ow0 = 0;; ow0 += 8) {
+        if (ow0 > ow_n - 8) ow0 = ow_n - 8;
+        int64_t col = ow0@TIMES@ - pad;
+        if (ow0 >= lo && ow0 <= last) tk_dw3x3_vec2@SUFFIX@(rows, wv, vstart, col, w, 1, &v0, &v1);
+        else tk_dw3x3_vec2@SUFFIX@(rows, wv, vstart, col, w, 0, &v0, &v1);
+        _mm256_storeu_ps(y0 + ow0, tk_dw3x3_relu(v0, relu));
+        _mm256_storeu_ps(y1 + ow0, tk_dw3x3_relu(v1, relu));
+        if (ow0 == ow_n - 8) break;
+    }
+}
+"""
+
+
+def _row_pair(stride: int) -> str:
+    suffix, times = ("", "") if stride == 1 else ("_s2", f" * {stride}")
+    return _ROW_PAIR.replace("@STRIDE@", str(stride)).replace("@SUFFIX@", suffix).replace("@TIMES@", times) + "\n"
+
+
 C_SOURCE = r"""
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -103,29 +137,7 @@ static inline void tk_dw3x3_vec2(const float *const *rows, const __m256 *wv, __m
     *out1 = _mm256_add_ps(_mm256_add_ps(a1[0], a1[1]), a1[2]);
 }
 
-/* two output rows at stride 1 (y0 and y1 = y0 + ow_n), their vectors placed as tk_dw3x3_row's */
-static inline void tk_dw3x3_row2(const float *const *rows, const __m256 *wv, __m256 vstart, float *y0, float *y1,
-                                 int64_t w, int64_t ow_n, int64_t pad, int relu, int64_t lo, int64_t last) {
-    __m256 v0, v1;
-    if (ow_n < 8) {
-        tk_dw3x3_vec2(rows, wv, vstart, -pad, w, 0, &v0, &v1);
-        float lanes0[8], lanes1[8];
-        _mm256_storeu_ps(lanes0, tk_dw3x3_relu(v0, relu));
-        _mm256_storeu_ps(lanes1, tk_dw3x3_relu(v1, relu));
-        for (int64_t j = 0; j < ow_n; j++) { y0[j] = lanes0[j]; y1[j] = lanes1[j]; }
-        return;
-    }
-    for (int64_t ow0 = 0;; ow0 += 8) {
-        if (ow0 > ow_n - 8) ow0 = ow_n - 8;
-        int64_t col = ow0 - pad;
-        if (ow0 >= lo && ow0 <= last) tk_dw3x3_vec2(rows, wv, vstart, col, w, 1, &v0, &v1);
-        else tk_dw3x3_vec2(rows, wv, vstart, col, w, 0, &v0, &v1);
-        _mm256_storeu_ps(y0 + ow0, tk_dw3x3_relu(v0, relu));
-        _mm256_storeu_ps(y1 + ow0, tk_dw3x3_relu(v1, relu));
-        if (ow0 == ow_n - 8) break;
-    }
-}
-
+""" + _row_pair(1) + r"""
 /* stride 2: the 8 outputs from column col of two output rows, from their five input rows; the
    middle row's even and odd columns split once for both output rows (5 rows' loads and shuffles
    where two calls of tk_dw3x3_vec take 6). Its own function rather than tk_dw3x3_vec2 with the
@@ -155,29 +167,7 @@ static inline void tk_dw3x3_vec2_s2(const float *const *rows, const __m256 *wv, 
     *out1 = _mm256_add_ps(_mm256_add_ps(a1[0], a1[1]), a1[2]);
 }
 
-/* two output rows at stride 2, as tk_dw3x3_row2 */
-static inline void tk_dw3x3_row2_s2(const float *const *rows, const __m256 *wv, __m256 vstart, float *y0, float *y1,
-                                    int64_t w, int64_t ow_n, int64_t pad, int relu, int64_t lo, int64_t last) {
-    __m256 v0, v1;
-    if (ow_n < 8) {
-        tk_dw3x3_vec2_s2(rows, wv, vstart, -pad, w, 0, &v0, &v1);
-        float lanes0[8], lanes1[8];
-        _mm256_storeu_ps(lanes0, tk_dw3x3_relu(v0, relu));
-        _mm256_storeu_ps(lanes1, tk_dw3x3_relu(v1, relu));
-        for (int64_t j = 0; j < ow_n; j++) { y0[j] = lanes0[j]; y1[j] = lanes1[j]; }
-        return;
-    }
-    for (int64_t ow0 = 0;; ow0 += 8) {
-        if (ow0 > ow_n - 8) ow0 = ow_n - 8;
-        int64_t col = ow0 * 2 - pad;
-        if (ow0 >= lo && ow0 <= last) tk_dw3x3_vec2_s2(rows, wv, vstart, col, w, 1, &v0, &v1);
-        else tk_dw3x3_vec2_s2(rows, wv, vstart, col, w, 0, &v0, &v1);
-        _mm256_storeu_ps(y0 + ow0, tk_dw3x3_relu(v0, relu));
-        _mm256_storeu_ps(y1 + ow0, tk_dw3x3_relu(v1, relu));
-        if (ow0 == ow_n - 8) break;
-    }
-}
-
+""" + _row_pair(2) + r"""
 /* y[oh][ow] = relu?(bias + sum over ki, kj of wt[ki*3 + kj] * x[oh*s - pad + ki][ow*s - pad + kj]),
    input h x w, output oh_n x ow_n, positions outside the input read as 0: vectors of 8 outputs
    from column 0, the last one overlapping the one before it rather than running past the row;
