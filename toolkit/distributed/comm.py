@@ -100,15 +100,17 @@ class Solo:
 
 
 class MpiCommunicator(Solo):
-    """MPI_COMM_WORLD through mpi4py (or ``comm``, a part of it: ``split``)."""
+    """MPI_COMM_WORLD through mpi4py (or ``comm``, a part of it: ``split``). ``yielding``: its
+    sums wait giving the core away between polls (``_wait_yielding``), as a receive always does."""
 
     launched = True
 
-    def __init__(self, comm=None):
+    def __init__(self, comm=None, yielding: bool = False):
         super().__init__()
         from mpi4py import MPI
         self.MPI = MPI
         self.comm = MPI.COMM_WORLD if comm is None else comm
+        self.yielding = yielding
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         self._requests: dict[int, tuple] = {}
         self._sends: dict[int, tuple] = {}       # tag -> (request, the array it sends)
@@ -122,7 +124,11 @@ class MpiCommunicator(Solo):
     def allreduce(self, array: np.ndarray) -> np.ndarray:
         send = np.ascontiguousarray(array)
         out = np.empty_like(send)
-        self._blocked(lambda: self.comm.Allreduce(send, out, op=self.MPI.SUM))
+        if self.yielding:
+            request = self.comm.Iallreduce(send, out, op=self.MPI.SUM)
+            self._blocked(lambda: _wait_yielding(request))
+        else:
+            self._blocked(lambda: self.comm.Allreduce(send, out, op=self.MPI.SUM))
         return out
 
     def start_allreduce(self, bucket: int, flat: np.ndarray, out: np.ndarray | None = None) -> None:
@@ -133,7 +139,10 @@ class MpiCommunicator(Solo):
     def wait_allreduce(self, bucket: int) -> np.ndarray:
         request, _, out = self._requests.pop(bucket)    # the send buffer lives until here
         start = time.perf_counter()
-        request.Wait()
+        if self.yielding:
+            _wait_yielding(request)
+        else:
+            request.Wait()
         waited = time.perf_counter() - start
         self.waited_s += waited
         self.gradient_wait_s += waited
@@ -194,10 +203,10 @@ class MpiCommunicator(Solo):
     def abort(self, code: int) -> None:
         self.comm.Abort(code)
 
-    def split(self, color: int, key: int) -> "MpiCommunicator":
+    def split(self, color: int, key: int, yielding: bool = False) -> "MpiCommunicator":
         """The ranks of the same ``color``, numbered by ``key``, as a communicator of their own
         (every rank must call it at the same point)."""
-        return MpiCommunicator(self.comm.Split(color, key))
+        return MpiCommunicator(self.comm.Split(color, key), yielding)
 
 
 # how long a rank whose receive failed waits for the job to be stopped for the dead sender

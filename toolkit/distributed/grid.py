@@ -16,11 +16,9 @@ agrees on (stopping, gathering the model, the ranks' pids) goes over the whole j
 """
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
-from .comm import MpiCommunicator, Solo, _wait_yielding
+from .comm import MpiCommunicator, Solo
 
 
 def place(rank: int, stages: int) -> tuple[int, int]:
@@ -51,7 +49,10 @@ class PipelineGrid(Solo):
         self.stages, self.replicas = stages, world.size // stages
         self.stage, self.replica = place(world.rank, stages)
         self.pipe = world.split(self.replica, self.stage)
-        self.across = world.split(self.stage, self.replica)
+        # the replicas' sums wait giving the core away while they poll, as a receive does: with
+        # more ranks than cores, a rank spinning in MPI's wait would hold the core that the rank
+        # it waits for needs
+        self.across = world.split(self.stage, self.replica, yielding=True)
 
     # statistics: the time blocked, over every part
     @property
@@ -85,27 +86,15 @@ class PipelineGrid(Solo):
     def recv(self, peer: int, tag: int, out: np.ndarray | None = None) -> np.ndarray:
         return self.pipe.recv(peer, tag, out)
 
-    # the replicas of this stage. Their waits give the core away while they poll, as a receive
-    # does: with more ranks than cores, a rank spinning in MPI's wait would hold the core that
-    # the rank it waits for needs
+    # the replicas of this stage
     def allreduce(self, array: np.ndarray) -> np.ndarray:
-        across = self.across
-        send = np.ascontiguousarray(array)
-        out = np.empty_like(send)
-        request = across.comm.Iallreduce(send, out, op=across.MPI.SUM)
-        across._blocked(lambda: _wait_yielding(request))
-        return out
+        return self.across.allreduce(array)
 
     def start_allreduce(self, bucket: int, flat: np.ndarray, out: np.ndarray | None = None) -> None:
         self.across.start_allreduce(bucket, flat, out)
 
     def wait_allreduce(self, bucket: int) -> np.ndarray:
-        across = self.across
-        request, _, out = across._requests.pop(bucket)      # the send buffer lives until here
-        start = time.perf_counter()
-        across._blocked(lambda: _wait_yielding(request))
-        across.gradient_wait_s += time.perf_counter() - start
-        return out
+        return self.across.wait_allreduce(bucket)
 
     def sum_floats(self, values: list[float]) -> list[float]:
         return self.across.sum_floats(values)
