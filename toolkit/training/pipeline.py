@@ -253,8 +253,6 @@ def build_pipeline(net: Net, solver: SolverConfig, stages: int, micro_batches: i
             if max(planned) <= memory_limit:
                 break
             margin += max(a - p for a, p in zip(planned, chosen.memory) if a > memory_limit)
-            step, forward, micro_of = micro_batch_graph(net, solver, micro_batches, dtype, schedule=schedule,
-                                                        running=running)
             chosen = partition(step, layers, stages, bindings, micro_of, micro_batches, schedule, memory_limit,
                                layer_seconds, by, margin, running=running)
     if replicas is not None:        # the sums go by stage: built again once the stages are known

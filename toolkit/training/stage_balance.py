@@ -114,11 +114,12 @@ class LayerCosts:
 
     - ``time``: its work per micro-batch, measured seconds or FLOPs (``by`` says which);
     - ``held``: its weights and the solver's slots, held all along;
-    - ``grads``: its trainable weights' bytes: with GPipe each weight's gradients are summed as
-      the backward passes make them (training/pipeline.py ``running_sums``), so a stage holds
-      the running sum and the gradients its backward pass is making, two of them at the peak;
-      with 1F1B the sum waits for the last backward pass (``summation_order`` says why), and a
-      gradient of each micro-batch done is live until then, M of them at the end;
+    - ``grads``: its trainable weights' bytes: where the gradients are summed as the backward
+      passes make them (``sums_as_they_come``: GPipe under a memory limit that needs it,
+      training/pipeline.py ``running_sums``), a stage holds the running sum and the gradients
+      its backward pass is making, two of them at the peak; otherwise the sum waits for the last
+      backward pass, and a gradient of each micro-batch done is live until then, M of them at
+      the end;
     - ``kept``: ``kept[lo, hi]``, the bytes of one micro-batch's forward values read by the
       backward pass of layers lo..hi (first and last): a stage holding any of those layers keeps
       them (a value it receives, too) for every micro-batch in flight;
