@@ -68,7 +68,7 @@ ALLOWED: dict[str, set[str]] = {
     # calibration runs the fp32 infer phase (inference.py) over data transformed as infer does
     "toolkit/quantization": GROUND | {"toolkit/ir", "toolkit/ops", "toolkit/backend", "toolkit/passes",
                                       "toolkit/runtime", "toolkit/frontend", "toolkit/compile", "toolkit/training",
-                                      "toolkit/zoo", "toolkit/inference"},
+                                      "toolkit/zoo", "toolkit/inference", "toolkit/weights"},
     "toolkit/api": GROUND | {"toolkit/ir", "toolkit/backend", "toolkit/runtime", "toolkit/frontend", "toolkit/compile",
                              "toolkit/training", "toolkit/zoo", "toolkit/inference", "toolkit/quantization"},
     # the faces: anything below them

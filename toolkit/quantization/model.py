@@ -25,6 +25,7 @@ import numpy as np
 from ..errors import UserError
 from ..fileio import atomic_write
 from ..inference import infer_phase
+from ..weights import save_weights
 from .bias import measure_bias_correction
 from .collect import DEFAULT_EXAMPLES, RowSource, collect_ranges
 from .equalize import equalize as equalize_weights
@@ -149,7 +150,8 @@ def quantize_model(net, weights_file: str | Path, data: "Mapping[str, np.ndarray
     ranges = collect_ranges(net, weights, data, method=method, max_examples=max_examples,
                             say=lambda line: fed.append(line) or (say(line) if say else None))
     if not quantize_outputs:
-        ranges = {top: r for top, r in ranges.items() if top not in _unread_outputs(net)}
+        unread = _unread_outputs(net)
+        ranges = {top: r for top, r in ranges.items() if top not in unread}
     examples = min(max_examples, _rows(data))
     record = {"method": method, "examples": examples, "data": data_name, "dtype": dtype,
               "bias_correction": bool(bias_correction), "equalization": bool(equalize),
@@ -166,7 +168,7 @@ def quantize_model(net, weights_file: str | Path, data: "Mapping[str, np.ndarray
     out.mkdir(parents=True, exist_ok=True)
     weights_out = out / "model.safetensors"
     if equalized:
-        _save_safetensors(weights_out, weights, _metadata(weights_file))
+        save_weights(str(weights_out), weights, _metadata(weights_file))
     else:
         atomic_write(weights_out, lambda tmp: shutil.copyfile(weights_file, tmp))
     about = Path(net.file).parent / INPUT_FILE
@@ -183,12 +185,6 @@ def _unread_outputs(net) -> set[str]:
     graph = net.graph("infer", "float32")
     readers = graph.consumers()
     return {v.name for v in graph.outputs.values() if v.name and not readers.get(v.id)}
-
-
-def _save_safetensors(path: Path, arrays: Mapping[str, np.ndarray], metadata: dict[str, str] | None) -> None:
-    from safetensors.numpy import save_file
-    contiguous = {k: np.asarray(v, order="C") for k, v in arrays.items()}    # 0-d arrays stay 0-d
-    atomic_write(path, lambda tmp: save_file(contiguous, tmp, metadata=metadata))
 
 
 def _metadata(weights_file: Path) -> dict[str, str] | None:
