@@ -96,8 +96,9 @@ def _as_reader(graph, node, v, offset: int) -> Reader | None:
     return None
 
 
-def _producer(graph, node) -> tuple[Producer, object] | None:
-    """``node`` as a producer, with the value its output channels leave in (after its bias add)."""
+def _producer(graph, node, readers: Mapping) -> tuple[Producer, object] | None:
+    """``node`` as a producer, with the value its output channels leave in (after its bias add);
+    ``readers``: the graph's consumers."""
     if node.op not in ("conv2d", "matmul") or len(node.inputs) < 2:
         return None
     weight = _named_weight(graph, node.inputs[1])
@@ -112,10 +113,10 @@ def _producer(graph, node) -> tuple[Producer, object] | None:
     a = node.attrs
     if a["trans_a"] or out.rank != 2 or not a["trans_b"]:
         return None
-    readers = graph.consumers().get(out.id, [])
+    uses = readers.get(out.id, [])
     bias = None
-    if len(readers) == 1 and readers[0].op == "add" and out not in graph.outputs.values():
-        add = readers[0]
+    if len(uses) == 1 and uses[0].op == "add" and out not in graph.outputs.values():
+        add = uses[0]
         other = add.inputs[1] if add.inputs[0] is out else add.inputs[0]
         name = _named_weight(graph, other)
         if name is not None and tuple(other.shape) == (int(out.shape[1]),):
@@ -135,7 +136,7 @@ def equalization_pairs(graph) -> list[Producer]:
     shared = {name for name, w in graph.weights.items() if len(readers.get(w.value.id, [])) > 1}
     found = []
     for node in graph.nodes:
-        made = _producer(graph, node)
+        made = _producer(graph, node, readers)
         if made is None:
             continue
         producer, out = made
