@@ -76,6 +76,11 @@ RULES = [
     ("the best model by a metric of a layer not in phase test", NET.replace("  - {name: accuracy", "#"),
      "  max_iter: 2", ["  best: {metric: accuracy}"], "accuracy", True,
      "the test phase measures no 'accuracy' (it measures: test_loss)"),
+    ("a pipeline balanced by neither time nor FLOPs", NET, "  max_iter: 2", ["  distributed:", "    balance: fastest"],
+     "fastest", True, "bad 'balance': input should be 'time' or 'flops'"),
+    ("a pipeline rank's memory limit not positive", NET, "  max_iter: 2",
+     ["  distributed:", "    stage_memory_mb: -3"], "-3", True,
+     "bad 'stage_memory_mb': input should be greater than 0"),
 ]
 
 
